@@ -1,0 +1,34 @@
+"""hvd_lossy: error-bounded lossy compression for the embedding all-to-all of DLRM training.
+
+The codec works without Horovod::
+
+    frame = hvd_lossy.compress(lookups, 0.03)          # relative bound: 3% of the value range
+    restored = hvd_lossy.decompress(frame)
+
+The Horovod drop-in is ``import hvd_lossy.torch as hvd``.
+"""
+from ._codec import (
+    CodecError,
+    FrameError,
+    compress,
+    compress_chunks,
+    decompress,
+    decompress_chunks,
+    frame_info,
+    max_frame_bytes,
+    split_frames,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CodecError",
+    "FrameError",
+    "compress",
+    "compress_chunks",
+    "decompress",
+    "decompress_chunks",
+    "frame_info",
+    "max_frame_bytes",
+    "split_frames",
+]

@@ -1,0 +1,247 @@
+"""Python face of the native codec: tensors in, frames (torch.uint8 tensors) out.
+
+The only module that imports the compiled extension ``hvd_lossy._C``.
+"""
+import torch
+
+from . import _C
+
+FrameError = _C.FrameError
+CodecError = _C.CodecError
+
+_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_CODE_DTYPES = {v: k for k, v in _DTYPE_CODES.items()}
+_MODES = {"abs": 0, "rel": 1}
+_LEVELS = (1, 2)
+
+
+def _dtype_code(tensor):
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    try:
+        return _DTYPE_CODES[tensor.dtype]
+    except KeyError:
+        raise ValueError(
+            f"unsupported dtype {tensor.dtype}, expected torch.float32, torch.float16 or torch.bfloat16"
+        ) from None
+
+
+def _mode_code(mode):
+    try:
+        return _MODES[mode]
+    except (KeyError, TypeError):
+        raise ValueError(f"unsupported mode {mode!r}, expected 'rel' or 'abs'") from None
+
+
+def _check_level(level):
+    if level not in _LEVELS:
+        raise ValueError(f"unsupported level {level!r}, expected 1 (fast bit packing) or 2 (entropy coded)")
+    return int(level)
+
+
+def _check_bound(eb):
+    try:
+        value = float(eb)
+    except (TypeError, ValueError):
+        raise TypeError(f"error_bound must be a number, got {eb!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"error_bound must be a finite number >= 0, got {eb!r}")
+    return value
+
+
+def _check_device(tensor):
+    if tensor.device.type == "cuda" and not getattr(_C, "WITH_CUDA", False):
+        raise ValueError("tensor is on a CUDA device but hvd_lossy was built without CUDA; "
+                         "rebuild with HVD_LOSSY_WITH_CUDA=ON")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {tensor.device}, expected cpu or cuda")
+
+
+def _stream(tensor):
+    return torch.cuda.current_stream(tensor.device).cuda_stream
+
+
+def max_frame_bytes(rows, row_len, ndim):
+    """Worst-case size in bytes of the frame of a tensor with ``rows`` rows of ``row_len`` elements."""
+    return _C.max_frame_bytes(int(rows), int(row_len), int(ndim))
+
+
+def _rows_of(shape):
+    if len(shape) <= 1:
+        return 1, (shape[0] if shape else 1)
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    return rows, shape[-1]
+
+
+def compress(tensor, error_bound, mode="rel", level=1, dedup=True):
+    """Compresses a tensor into one self-describing frame.
+
+    Arguments:
+        tensor: float32, float16 or bfloat16 tensor, CPU or CUDA, any shape and strides. Its last
+            dimension is a row (one embedding vector); a 1-D tensor is one row.
+        error_bound: ``mode="rel"``: a fraction of the tensor's finite value range (max - min);
+            ``mode="abs"``: the absolute bound, in the tensor's units. 0 means lossless.
+        mode: ``"rel"`` or ``"abs"``.
+        level: 1 (quantize, drop duplicate rows, bit-pack; fastest) or 2 (adds an entropy coder).
+        dedup: store identical rows once.
+
+    Returns:
+        A 1-D ``torch.uint8`` tensor on the input's device. Every finite element decodes within
+        the absolute bound: ``|float64(x) - float64(x_hat)| <= eb_abs``; NaN and +-Inf are kept.
+    """
+    code = _dtype_code(tensor)
+    eb = _check_bound(error_bound)
+    m, lv = _mode_code(mode), _check_level(level)
+    _check_device(tensor)
+    src = tensor.contiguous()
+    shape = list(src.shape)
+    cap = max_frame_bytes(*_rows_of(shape), len(shape))
+    out = torch.empty(cap, dtype=torch.uint8, device=src.device)
+    if src.is_cuda:
+        size = _C.compress_cuda(src.data_ptr(), code, shape, eb, m, lv, bool(dedup),
+                                out.data_ptr(), cap, _stream(src))
+    else:
+        size = _C.compress(src.data_ptr(), code, shape, eb, m, lv, bool(dedup), out.data_ptr(), cap)
+    return out[:size].clone() if size < cap // 2 else out[:size]
+
+
+def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True):
+    """Compresses consecutive pieces of dim 0 into back-to-back frames, in one native call.
+
+    Arguments:
+        tensor: as for :func:`compress`; dim 0 is split into ``len(rows)`` pieces.
+        rows: rows (dim-0 entries) of each piece; they must sum to ``tensor.shape[0]``.
+        error_bounds: one bound for all pieces, or a list with one per piece.
+        mode, level, dedup: as for :func:`compress`.
+
+    Returns:
+        ``(buffer, sizes)``: a 1-D ``torch.uint8`` tensor holding the frames back to back and the
+        list of their sizes in bytes.
+    """
+    code = _dtype_code(tensor)
+    m, lv = _mode_code(mode), _check_level(level)
+    _check_device(tensor)
+    if tensor.dim() == 0:
+        raise ValueError("compress_chunks needs a tensor with at least one dimension, got a 0-d tensor")
+    rows = [int(r) for r in rows]
+    for i, r in enumerate(rows):
+        if r < 0:
+            raise ValueError(f"rows[{i}] is {r}, expected >= 0")
+    if sum(rows) != tensor.shape[0]:
+        raise ValueError(f"rows sum to {sum(rows)} but the tensor has {tensor.shape[0]} rows in dim 0")
+    if isinstance(error_bounds, (list, tuple)):
+        if len(error_bounds) != len(rows):
+            raise ValueError(f"got {len(error_bounds)} error bounds for {len(rows)} pieces")
+        ebs = [_check_bound(e) for e in error_bounds]
+    else:
+        ebs = [_check_bound(error_bounds)] * len(rows)
+    src = tensor.contiguous()
+    trailing = list(src.shape[1:])
+    row_len = 1
+    for s in trailing[-1:]:
+        row_len = s
+    cap = 0
+    for r in rows:
+        shape = [r, *trailing]
+        cap += max_frame_bytes(*_rows_of(shape), len(shape))
+    out = torch.empty(cap, dtype=torch.uint8, device=src.device)
+    if src.is_cuda:
+        sizes = _C.compress_many_cuda(src.data_ptr(), code, rows, trailing, ebs, m, lv, bool(dedup),
+                                      out.data_ptr(), cap, _stream(src))
+    else:
+        sizes = _C.compress_many(src.data_ptr(), code, rows, trailing, ebs, m, lv, bool(dedup),
+                                 out.data_ptr(), cap)
+    total = sum(sizes)
+    return (out[:total].clone() if total < cap // 2 else out[:total]), list(sizes)
+
+
+def _as_frame_bytes(frame):
+    if not isinstance(frame, torch.Tensor) or frame.dtype != torch.uint8:
+        got = frame.dtype if isinstance(frame, torch.Tensor) else type(frame).__name__
+        raise TypeError(f"a frame is a torch.uint8 tensor, got {got}")
+    if frame.dim() != 1:
+        raise ValueError(f"a frame is a 1-D tensor, got shape {tuple(frame.shape)}")
+    return frame.contiguous()
+
+
+def _host_header(frame):
+    """Header fields of a frame; for a CUDA frame only the header travels to the host."""
+    head = frame[: _C.HEADER_BYTES + 64].cpu() if frame.is_cuda else frame
+    size = frame.numel()
+    if frame.is_cuda:
+        # frame_info validates section sizes against the total, which needs the full length.
+        return _C.frame_info_prefix(head.data_ptr(), head.numel(), size)
+    return _C.frame_info(head.data_ptr(), size)
+
+
+def frame_info(frame):
+    """Describes a frame without decoding it.
+
+    Returns:
+        dict with ``dtype`` (torch dtype), ``shape``, ``eb_abs`` (absolute bound, float64),
+        ``eb_param``, ``mode``, ``level``, ``lossless``, ``n_rows``, ``row_len``, ``n_unique``,
+        ``n_outliers``, section sizes, ``raw_bytes``, ``frame_bytes`` and ``ratio``
+        (raw over frame bytes).
+    """
+    frame = _as_frame_bytes(frame)
+    info = _host_header(frame)
+    info["dtype"] = _CODE_DTYPES[info.pop("dtype_code")]
+    info["shape"] = tuple(info["shape"])
+    numel = 1
+    for s in info["shape"]:
+        numel *= s
+    info["raw_bytes"] = numel * info["dtype"].itemsize
+    info["ratio"] = info["raw_bytes"] / info["frame_bytes"]
+    return info
+
+
+def decompress(frame):
+    """Decodes a frame into a tensor of its original dtype and shape, on the frame's device.
+
+    Raises:
+        FrameError (a ValueError) if the frame is truncated, corrupted or not an hvd_lossy frame.
+    """
+    frame = _as_frame_bytes(frame)
+    info = frame_info(frame)
+    out = torch.empty(info["shape"], dtype=info["dtype"], device=frame.device)
+    nbytes = out.numel() * out.element_size()
+    if frame.is_cuda:
+        _C.decompress_cuda(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _stream(frame))
+    else:
+        _C.decompress(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes)
+    return out
+
+
+def split_frames(buffer):
+    """Sizes of the back-to-back frames in ``buffer`` (frames are self-delimiting)."""
+    buffer = _as_frame_bytes(buffer)
+    host = buffer.cpu() if buffer.is_cuda else buffer
+    sizes, offset, total = [], 0, host.numel()
+    base = host.data_ptr()
+    while offset < total:
+        size = _C.frame_bytes(base + offset, total - offset)
+        sizes.append(size)
+        offset += size
+    return sizes
+
+
+def decompress_chunks(buffer, sizes=None):
+    """Decodes back-to-back frames (as made by :func:`compress_chunks`) into a list of tensors.
+
+    Arguments:
+        buffer: 1-D ``torch.uint8`` tensor of frames.
+        sizes: their sizes in bytes; None walks the frames by the sizes in their headers.
+    """
+    buffer = _as_frame_bytes(buffer)
+    if sizes is None:
+        sizes = split_frames(buffer)
+    sizes = [int(s) for s in sizes]
+    if sum(sizes) != buffer.numel():
+        raise ValueError(f"frame sizes sum to {sum(sizes)} but the buffer holds {buffer.numel()} bytes")
+    out, offset = [], 0
+    for s in sizes:
+        out.append(decompress(buffer[offset:offset + s]))
+        offset += s
+    return out

@@ -1,0 +1,157 @@
+// pybind11 module hvd_lossy._C: converts arguments, releases the GIL, calls the codec. Tensors
+// cross as raw data pointers (torch's data_ptr()), so the module needs no torch headers.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "codec.h"
+
+namespace py = pybind11;
+
+namespace {
+
+template <typename T>
+T* ptr(uintptr_t p) {
+  return reinterpret_cast<T*>(p);
+}
+
+hl::CompressParams params(int dtype, int mode, int level, bool dedup, double eb) {
+  hl::CompressParams p;
+  p.dtype = (uint8_t)dtype;
+  p.mode = (uint8_t)mode;
+  p.level = (uint8_t)level;
+  p.dedup = dedup;
+  p.error_bound = eb;
+  return p;
+}
+
+py::dict header_dict(const HlFrameHeader& h, const std::vector<int64_t>& shape) {
+  py::dict d;
+  d["dtype_code"] = (int)h.dtype;
+  d["shape"] = shape;
+  d["level"] = (int)h.level;
+  d["mode"] = (h.flags & HL_FLAG_REL) ? "rel" : "abs";
+  d["lossless"] = bool(h.flags & HL_FLAG_LOSSLESS);
+  d["eb_param"] = h.eb_param;
+  d["eb_abs"] = h.eb_abs;
+  d["n_rows"] = h.n_rows;
+  d["row_len"] = h.row_len;
+  d["n_unique"] = h.n_unique;
+  d["n_outliers"] = h.n_outliers;
+  d["map_bytes"] = h.map_bytes;
+  d["code_bytes"] = h.code_bytes;
+  d["outlier_bytes"] = h.outlier_bytes;
+  d["frame_bytes"] = h.total_bytes;
+  d["checksum"] = h.checksum;
+  return d;
+}
+
+}  // namespace
+
+#ifdef HL_WITH_CUDA
+void register_cuda(py::module_& m);
+#endif
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "hvd_lossy native codec (CPU; CUDA when built with it)";
+  py::register_exception<hl::FrameError>(m, "FrameError", PyExc_ValueError);
+  py::register_exception<hl::CodecError>(m, "CodecError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const hl::ArgumentError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  m.attr("FORMAT_VERSION") = HL_VERSION;
+  m.attr("HEADER_BYTES") = HL_HEADER_BYTES;
+#ifdef HL_WITH_CUDA
+  m.attr("WITH_CUDA") = true;
+  register_cuda(m);
+#else
+  m.attr("WITH_CUDA") = false;
+#endif
+
+  m.def("max_frame_bytes",
+        [](uint64_t rows, uint64_t row_len, int ndim) {
+          return hl_max_frame_bytes(rows, row_len, ndim);
+        },
+        py::arg("rows"), py::arg("row_len"), py::arg("ndim"),
+        "Worst-case frame size in bytes for a tensor of rows x row_len elements.");
+
+  m.def("compress_many",
+        [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
+           const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
+           int level, bool dedup, uintptr_t out, uint64_t out_cap, int threads) {
+          return hl::compress_many_cpu(ptr<const void>(in), params(dtype, mode, level, dedup, 0.0),
+                                       rows, trailing, ebs, ptr<uint8_t>(out), out_cap, threads);
+        },
+        py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
+        py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
+        py::arg("out"), py::arg("out_cap"), py::arg("threads") = 0,
+        py::call_guard<py::gil_scoped_release>(),
+        "Compresses consecutive chunks into back-to-back frames; returns their sizes.");
+
+  m.def("compress",
+        [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, double eb, int mode,
+           int level, bool dedup, uintptr_t out, uint64_t out_cap, int threads) {
+          return hl::compress_cpu(ptr<const void>(in), params(dtype, mode, level, dedup, eb),
+                                  shape, ptr<uint8_t>(out), out_cap, threads);
+        },
+        py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("error_bound"),
+        py::arg("mode"), py::arg("level"), py::arg("dedup"), py::arg("out"), py::arg("out_cap"),
+        py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>(),
+        "Compresses one tensor into a frame; returns its size.");
+
+  m.def("frame_info",
+        [](uintptr_t frame, uint64_t size) {
+          std::vector<int64_t> shape;
+          HlFrameHeader h = hl::parse_header(ptr<const uint8_t>(frame), size, &shape);
+          return header_dict(h, shape);
+        },
+        py::arg("frame"), py::arg("size"), "Validated header of a frame as a dict.");
+
+  m.def("frame_info_prefix",
+        [](uintptr_t head, uint64_t head_len, uint64_t size) {
+          // A device frame's header is copied to the host alone; the shape ends within 160 bytes.
+          uint64_t need = size < HL_HEADER_BYTES + 8 * HL_MAX_NDIM ? size
+                                                                   : HL_HEADER_BYTES + 8 * HL_MAX_NDIM;
+          if (head_len < need) throw hl::ArgumentError("frame header prefix too short");
+          std::vector<int64_t> shape;
+          HlFrameHeader h = hl::parse_header(ptr<const uint8_t>(head), size, &shape);
+          return header_dict(h, shape);
+        },
+        py::arg("head"), py::arg("head_len"), py::arg("size"));
+
+  m.def("frame_bytes",
+        [](uintptr_t frame, uint64_t avail) -> uint64_t {
+          if (avail < HL_HEADER_BYTES)
+            throw hl::FrameError("frame is truncated: " + std::to_string(avail) +
+                                 " bytes left, a frame has at least " +
+                                 std::to_string(HL_HEADER_BYTES));
+          HlFrameHeader h;
+          memcpy(&h, ptr<const uint8_t>(frame), sizeof(h));
+          if (h.magic != HL_MAGIC) throw hl::FrameError("not an hvd_lossy frame: bad magic");
+          if (h.total_bytes < HL_HEADER_BYTES || h.total_bytes > avail)
+            throw hl::FrameError("frame is truncated: its header says " +
+                                 std::to_string(h.total_bytes) + " bytes, " +
+                                 std::to_string(avail) + " left");
+          return h.total_bytes;
+        },
+        py::arg("frame"), py::arg("avail"),
+        "Size of the frame starting at `frame` (for walking back-to-back frames).");
+
+  m.def("decompress",
+        [](uintptr_t frame, uint64_t size, uintptr_t out, uint64_t out_bytes, int threads) {
+          hl::decompress_cpu(ptr<const uint8_t>(frame), size, ptr<void>(out), out_bytes, threads);
+        },
+        py::arg("frame"), py::arg("size"), py::arg("out"), py::arg("out_bytes"),
+        py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>(),
+        "Decodes a frame into a buffer of out_bytes.");
+
+  m.def("checksum",
+        [](uintptr_t frame, uint64_t size) {
+          return hl::frame_checksum(ptr<const uint8_t>(frame), size);
+        },
+        py::arg("frame"), py::arg("size"));
+}

@@ -1,0 +1,202 @@
+// Bit-level pieces shared by the CPU and CUDA codecs, so the two cannot drift apart: dtype
+// conversion, quantization and its exact reconstruction, zigzag, bit widths, the checksum mix
+// and the level-2 (rANS) constants. Everything here is __host__ __device__ on nvcc.
+#pragma once
+
+#include <math.h>
+#include <string.h>
+
+#include "frame.h"
+
+namespace hl {
+
+// ---- dtype bits <-> float ------------------------------------------------------------------
+// Written with integer arithmetic rather than compiler intrinsics so that the host and the
+// device round identically (round to nearest, ties to even, subnormals kept).
+
+HL_HD uint32_t f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+HL_HD float bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+HL_HD float f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t man = h & 0x3ffu;
+  if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (man << 13));  // inf / nan
+  if (exp == 0) {
+    // zero or subnormal: value = man * 2^-24, exact in float
+    float v = (float)man * 5.9604644775390625e-08f;
+    return sign ? -v : v;
+  }
+  return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+HL_HD uint16_t f32_to_f16(float f) {
+  uint32_t x = f32_bits(f);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0));
+  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);  // rounds to >= 65520: inf
+  if (ax < 0x38800000u) {
+    // result is subnormal (or zero) in fp16: shift the 24-bit significand into place
+    if (ax < 0x33000000u) return (uint16_t)sign;  // below half the smallest subnormal
+    uint32_t e = ax >> 23;
+    uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e;  // 14..24 bits dropped
+    uint32_t kept = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (kept & 1))) kept++;
+    return (uint16_t)(sign | kept);
+  }
+  uint32_t kept = (ax >> 13) - (112u << 10);
+  uint32_t rem = ax & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (kept & 1))) kept++;
+  return (uint16_t)(sign | kept);
+}
+
+HL_HD float bf16_to_f32(uint16_t b) { return bits_f32((uint32_t)b << 16); }
+
+HL_HD uint16_t f32_to_bf16(float f) {
+  uint32_t x = f32_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);  // quiet nan
+  uint32_t rounding = 0x7fffu + ((x >> 16) & 1);
+  return (uint16_t)((x + rounding) >> 16);
+}
+
+// Element access by dtype. Raw bits travel as uint32 (fp16/bf16 in the low half).
+template <int DT>
+struct Elem;
+template <>
+struct Elem<HL_FLOAT32> {
+  typedef uint32_t raw_t;
+  static HL_HD double to_double(raw_t r) { return (double)bits_f32(r); }
+  static HL_HD raw_t from_float(float f) { return f32_bits(f); }
+};
+template <>
+struct Elem<HL_FLOAT16> {
+  typedef uint16_t raw_t;
+  static HL_HD double to_double(raw_t r) { return (double)f16_to_f32(r); }
+  static HL_HD raw_t from_float(float f) { return f32_to_f16(f); }
+};
+template <>
+struct Elem<HL_BFLOAT16> {
+  typedef uint16_t raw_t;
+  static HL_HD double to_double(raw_t r) { return (double)bf16_to_f32(r); }
+  static HL_HD raw_t from_float(float f) { return f32_to_bf16(f); }
+};
+
+// ---- quantization ---------------------------------------------------------------------------
+
+HL_HD uint32_t zigzag(int32_t q) { return ((uint32_t)q << 1) ^ (uint32_t)(q >> 31); }
+HL_HD int32_t unzigzag(uint32_t z) { return (int32_t)(z >> 1) ^ -(int32_t)(z & 1); }
+
+// The decoder's exact arithmetic: one double product, rounded to float, then to the dtype.
+template <int DT>
+HL_HD typename Elem<DT>::raw_t reconstruct(int32_t q, double step) {
+  return Elem<DT>::from_float((float)((double)q * step));
+}
+
+// Quantizes one element. Returns true with *z set to its zigzag code when the reconstruction is
+// within eb_abs; false when the element must be stored as an outlier (NaN, +-Inf, code out of
+// range, or rounding that would miss the bound).
+template <int DT>
+HL_HD bool quantize(typename Elem<DT>::raw_t raw, double inv_step, double step, double eb_abs,
+                    uint32_t* z) {
+  double x = Elem<DT>::to_double(raw);
+  double t = x * inv_step;
+  if (!(fabs(t) <= HL_QMAX)) return false;  // also catches NaN
+  int32_t q = (int32_t)rint(t);
+  double xh = Elem<DT>::to_double(reconstruct<DT>(q, step));
+  if (!(fabs(x - xh) <= eb_abs)) return false;
+  *z = zigzag(q);
+  return true;
+}
+
+// ---- integers -----------------------------------------------------------------------------
+
+HL_HD uint32_t bit_width(uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  return 32 - __clz(v);
+#else
+  return v ? 32 - __builtin_clz(v) : 0;
+#endif
+}
+
+// ---- checksum ------------------------------------------------------------------------------
+// murmur3's 64-bit finalizer: a bijection, so changing any single word changes the sum.
+HL_HD uint64_t mix64(uint64_t z) {
+  z ^= z >> 33;
+  z *= 0xff51afd7ed558ccdull;
+  z ^= z >> 33;
+  z *= 0xc4ceb9fe1a85ec53ull;
+  z ^= z >> 33;
+  return z;
+}
+// Term of the checksum sum for the little-endian 8-byte word at index i (tail zero-padded).
+HL_HD uint64_t checksum_term(uint64_t word, uint64_t i) {
+  return mix64(word ^ (i * 0x9e3779b97f4a7c15ull));
+}
+HL_HD uint32_t checksum_fold(uint64_t sum, uint64_t total_bytes) {
+  uint64_t h = mix64(sum ^ total_bytes);
+  return (uint32_t)(h ^ (h >> 32));
+}
+
+// ---- level 2: rANS over zigzag codes ---------------------------------------------------------
+// Code section layout (level 2):
+//   uint16 n_present                      symbols with nonzero frequency, 1..256
+//   n_present x { uint8 symbol, uint16 freq }   ascending symbol, freqs sum to 1 << HL_RANS_BITS
+//   uint32 n_escapes, uint32 escape[n_escapes]  codes >= 255 in order of occurrence (symbol 255)
+//   uint32 stream_bytes[n_streams]         n_streams = ceil(n_codes / HL_RANS_CHUNK)
+//   streams, back to back: stream k codes symbols [k*CHUNK, min(n,(k+1)*CHUNK)); it starts with
+//   its final 32-bit encoder state, then the bytes the encoder emitted, in the order the
+//   decoder reads them.
+// The coder is the byte-wise 32-bit rANS of ryg_rans: state in [L, 256 L), L = 2^23.
+// Frequencies are normalized with hl::normalize_freqs, identical on host and device.
+#define HL_RANS_BITS 12
+#define HL_RANS_L (1u << 23)
+#define HL_RANS_CHUNK 4096
+#define HL_RANS_ESC 255
+
+// counts[256] -> freqs[256] summing to 1 << HL_RANS_BITS; every present symbol gets >= 1.
+// Deterministic: the remainder goes to (or comes from) the largest entries, lowest symbol first.
+HL_HD void normalize_freqs(const uint64_t* counts, uint32_t* freqs) {
+  uint64_t total = 0;
+  for (int s = 0; s < 256; ++s) total += counts[s];
+  const uint32_t target = 1u << HL_RANS_BITS;
+  int64_t sum = 0;
+  for (int s = 0; s < 256; ++s) {
+    uint32_t f = 0;
+    if (counts[s]) {
+      f = (uint32_t)((counts[s] * (uint64_t)target) / total);
+      if (f == 0) f = 1;
+    }
+    freqs[s] = f;
+    sum += f;
+  }
+  while (sum != (int64_t)target) {
+    int best = -1;
+    for (int s = 0; s < 256; ++s)
+      if (freqs[s] > 1 && (best < 0 || freqs[s] > freqs[best])) best = s;
+    if (best < 0) {  // only when every present symbol sits at 1 and sum < target
+      for (int s = 0; s < 256; ++s)
+        if (freqs[s]) { best = s; break; }
+    }
+    if (sum < (int64_t)target) {
+      freqs[best] += (uint32_t)((int64_t)target - sum);
+      sum = target;
+    } else {
+      freqs[best] -= 1;
+      sum -= 1;
+    }
+  }
+}
+
+}  // namespace hl

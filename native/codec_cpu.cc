@@ -1,0 +1,633 @@
+// Reference CPU codec (C++17, OpenMP): the format of frame.h, templated on the element type.
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "codec.h"
+#include "codec_common.h"
+#include "pack.h"
+#include "rans.h"
+
+namespace hl {
+namespace {
+
+// Code of an element that goes to the outlier section; zigzag codes stay below 2^31.
+constexpr uint32_t kOutlierMark = 0xffffffffu;
+
+const char* dtype_name(uint8_t dt) {
+  switch (dt) {
+    case HL_FLOAT32: return "float32";
+    case HL_FLOAT16: return "float16";
+    case HL_BFLOAT16: return "bfloat16";
+  }
+  return "unknown";
+}
+
+// rint for |t| <= 2^30 without SSE4.1's roundsd: adding 1.5 * 2^52 leaves no fraction bits,
+// so the FPU's round-to-nearest-even does the rounding. Same result as rint on the device.
+inline double round_even(double t) {
+  const double magic = 6755399441055744.0;
+  volatile double guard = t + magic;  // keeps the compiler from folding (t + m) - m into t
+  return guard - magic;
+}
+
+template <int DT>
+struct Tensor {
+  typedef typename Elem<DT>::raw_t raw_t;
+  const raw_t* x;
+  uint64_t n_rows, row_len;
+  uint64_t size() const { return n_rows * row_len; }
+};
+
+// Smallest and largest finite value, as double (lo > hi when there is none).
+template <int DT>
+void finite_range(const Tensor<DT>& t, int threads, double* lo_out, double* hi_out) {
+  double lo = INFINITY, hi = -INFINITY;
+  const int64_t n = (int64_t)t.size();
+#pragma omp parallel for num_threads(threads) reduction(min : lo) reduction(max : hi) \
+    if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    double v = Elem<DT>::to_double(t.x[i]);
+    if (isfinite(v)) {
+      lo = v < lo ? v : lo;
+      hi = v > hi ? v : hi;
+    }
+  }
+  *lo_out = lo;
+  *hi_out = hi;
+}
+
+// Quantizes every element (zigzag code, or kOutlierMark) and flags rows holding an outlier.
+template <int DT>
+void quantize_all(const Tensor<DT>& t, double eb_abs, int threads, uint32_t* codes,
+                  uint8_t* row_outlier) {
+  const double step = 2.0 * eb_abs;
+  const double inv_step = 1.0 / step;
+  const int64_t rows = (int64_t)t.n_rows;
+  const uint64_t d = t.row_len;
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * d > 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    const typename Elem<DT>::raw_t* x = t.x + r * d;
+    uint32_t* z = codes + r * d;
+    uint32_t any = 0;
+    for (uint64_t i = 0; i < d; ++i) {
+      // Same decisions as hl::quantize (codec_common.h), written without branches.
+      double v = Elem<DT>::to_double(x[i]);
+      double s = v * inv_step;
+      bool in_range = fabs(s) <= HL_QMAX;
+      int32_t q = in_range ? (int32_t)round_even(s) : 0;
+      double back = Elem<DT>::to_double(reconstruct<DT>(q, step));
+      bool ok = in_range && fabs(v - back) <= eb_abs;
+      z[i] = ok ? zigzag(q) : kOutlierMark;
+      any |= !ok;
+    }
+    row_outlier[r] = (uint8_t)any;
+  }
+}
+
+template <int DT>
+void raw_codes(const Tensor<DT>& t, int threads, uint32_t* codes) {
+  const int64_t n = (int64_t)t.size();
+#pragma omp parallel for num_threads(threads) schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) codes[i] = t.x[i];
+}
+
+uint64_t row_hash(const uint32_t* z, uint64_t d) {
+  uint64_t h = 0x243f6a8885a308d3ull ^ d;
+  uint64_t i = 0;
+  for (; i + 2 <= d; i += 2) {
+    uint64_t w = (uint64_t)z[i] | ((uint64_t)z[i + 1] << 32);
+    h = (h ^ mix64(w)) * 0x9e3779b97f4a7c15ull;
+  }
+  if (i < d) h = (h ^ mix64(z[i])) * 0x9e3779b97f4a7c15ull;
+  return mix64(h);
+}
+
+// Rows are duplicates when their codes match and, where a row holds outliers, so do the raw bits
+// at the outlier positions (the mark alone says nothing of the value).
+template <int DT>
+bool same_row(const Tensor<DT>& t, const uint32_t* codes, const uint8_t* row_outlier, uint64_t a,
+              uint64_t b) {
+  const uint64_t d = t.row_len;
+  if (memcmp(codes + a * d, codes + b * d, d * 4) != 0) return false;
+  if (!row_outlier || !row_outlier[a]) return true;
+  for (uint64_t i = 0; i < d; ++i)
+    if (codes[a * d + i] == kOutlierMark && t.x[a * d + i] != t.x[b * d + i]) return false;
+  return true;
+}
+
+// Numbers rows by first occurrence of their content. Returns n_unique; map[r] = unique index,
+// first[u] = first row holding unique u.
+template <int DT>
+uint64_t dedup_rows(const Tensor<DT>& t, const uint32_t* codes, const uint8_t* row_outlier,
+                    int threads, std::vector<uint32_t>* map, std::vector<uint64_t>* first) {
+  const uint64_t rows = t.n_rows;
+  std::vector<uint64_t> hashes(rows);
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * t.row_len > 65536)
+  for (int64_t r = 0; r < (int64_t)rows; ++r) hashes[r] = row_hash(codes + r * t.row_len, t.row_len);
+  uint64_t cap = 16;
+  while (cap < 2 * rows) cap <<= 1;
+  std::vector<uint32_t> slots(cap, 0xffffffffu);  // unique index, or empty
+  map->resize(rows);
+  first->clear();
+  for (uint64_t r = 0; r < rows; ++r) {
+    uint64_t s = hashes[r] & (cap - 1);
+    for (;;) {
+      uint32_t u = slots[s];
+      if (u == 0xffffffffu) {
+        slots[s] = (uint32_t)first->size();
+        (*map)[r] = (uint32_t)first->size();
+        first->push_back(r);
+        break;
+      }
+      uint64_t fr = (*first)[u];
+      if (hashes[fr] == hashes[r] && same_row(t, codes, row_outlier, fr, r)) {
+        (*map)[r] = u;
+        break;
+      }
+      s = (s + 1) & (cap - 1);
+    }
+  }
+  return first->size();
+}
+
+// Dropping duplicates pays when the codes it saves (counted at 2 bits, a low estimate for lossy
+// codes) outweigh the map it adds. Decided from counts alone, so the CUDA codec decides alike.
+bool dedup_pays(uint64_t n_rows, uint64_t n_unique, uint64_t row_len) {
+  const uint64_t map_bits = n_rows * bit_width((uint32_t)(n_unique - 1));
+  return 2 * (n_rows - n_unique) * row_len >= map_bits;
+}
+
+struct Outlier {
+  uint64_t pos;
+  uint32_t raw;
+};
+
+struct Sections {
+  std::vector<uint8_t> map;
+  std::vector<uint8_t> code;
+  std::vector<Outlier> outliers;
+  uint8_t level = 1;
+  uint64_t n_unique = 0;
+};
+
+std::vector<uint8_t> packed(const uint32_t* v, uint64_t n, int threads) {
+  const uint64_t nb = hl_div_up(n, HL_BLOCK);
+  std::vector<uint8_t> widths(nb);
+  block_widths(v, n, widths.data(), threads);
+  std::vector<uint8_t> out(nb + payload_bytes(widths.data(), nb));
+  pack_blocks(v, n, widths.data(), out.data(), threads);
+  return out;
+}
+
+// Builds the map, code and outlier sections from per-element codes.
+template <int DT>
+Sections build_sections(const Tensor<DT>& t, std::vector<uint32_t>& codes,
+                        const uint8_t* row_outlier, bool dedup, uint8_t level, int threads) {
+  Sections s;
+  const uint64_t d = t.row_len;
+  std::vector<uint32_t> map;
+  std::vector<uint64_t> first;
+  uint64_t n_unique = t.n_rows;
+  if (dedup && t.n_rows > 1 && d > 0) {
+    n_unique = dedup_rows(t, codes.data(), row_outlier, threads, &map, &first);
+    if (!dedup_pays(t.n_rows, n_unique, d)) n_unique = t.n_rows;
+  }
+  const bool identity = n_unique == t.n_rows;
+  s.n_unique = n_unique;
+
+  std::vector<uint32_t> gathered;
+  uint32_t* ucodes = codes.data();
+  if (!identity) {
+    gathered.resize(n_unique * d);
+#pragma omp parallel for num_threads(threads) schedule(static) if (n_unique * d > 65536)
+    for (int64_t u = 0; u < (int64_t)n_unique; ++u)
+      memcpy(&gathered[u * d], &codes[first[u] * d], d * 4);
+    ucodes = gathered.data();
+    s.map = packed(map.data(), t.n_rows, threads);
+  }
+  if (row_outlier) {
+    for (uint64_t u = 0; u < n_unique; ++u) {
+      uint64_t r = identity ? u : first[u];
+      if (!row_outlier[r]) continue;
+      for (uint64_t i = 0; i < d; ++i) {
+        if (ucodes[u * d + i] != kOutlierMark) continue;
+        s.outliers.push_back({u * d + i, (uint32_t)t.x[r * d + i]});
+        ucodes[u * d + i] = 0;
+      }
+    }
+  }
+  s.code = packed(ucodes, n_unique * d, threads);
+  if (level == 2 && n_unique * d > 0) {
+    std::vector<uint8_t> entropy = rans_encode(ucodes, n_unique * d, threads);
+    if (entropy.size() < s.code.size()) {
+      s.code.swap(entropy);
+      s.level = 2;
+    }
+  }
+  return s;
+}
+
+uint32_t checksum_with_zero_field(const uint8_t* frame, uint64_t size, int threads) {
+  // The checksum field sits in the header's first 16 bytes; sum those with it zeroed.
+  uint8_t head[16];
+  memcpy(head, frame, 16);
+  memset(head + offsetof(HlFrameHeader, checksum), 0, 4);
+  uint64_t w0, w1;
+  memcpy(&w0, head, 8);
+  memcpy(&w1, head + 8, 8);
+  uint64_t sum = checksum_term(w0, 0) + checksum_term(w1, 1);
+  const uint8_t* p = frame + 16;
+  const uint64_t rest = size - 16;
+  const int64_t words = (int64_t)(rest / 8);
+#pragma omp parallel for num_threads(threads) reduction(+ : sum) if (words > 65536)
+  for (int64_t i = 0; i < words; ++i) {
+    uint64_t w;
+    memcpy(&w, p + 8 * i, 8);
+    sum += checksum_term(w, (uint64_t)i + 2);
+  }
+  if (rest % 8) {
+    uint64_t w = 0;
+    memcpy(&w, p + 8 * words, rest % 8);
+    sum += checksum_term(w, (uint64_t)words + 2);
+  }
+  return checksum_fold(sum, size);
+}
+
+void shape_to_rows(const std::vector<int64_t>& shape, uint64_t* n_rows, uint64_t* row_len) {
+  if (shape.size() > HL_MAX_NDIM)
+    throw ArgumentError("tensor has " + std::to_string(shape.size()) + " dimensions, at most " +
+                        std::to_string(HL_MAX_NDIM) + " supported");
+  uint64_t rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) {
+    if (shape[i] < 0) throw ArgumentError("negative dimension " + std::to_string(shape[i]));
+    rows *= (uint64_t)shape[i];
+  }
+  *n_rows = shape.empty() ? 1 : (shape.size() == 1 ? 1 : rows);
+  *row_len = shape.empty() ? 1 : (uint64_t)shape.back();
+}
+
+template <int DT>
+uint64_t encode(const Tensor<DT>& t, const CompressParams& p, const std::vector<int64_t>& shape,
+                uint8_t* out, uint64_t out_cap, int threads, bool force_lossless) {
+  double lo = 0, hi = 0;
+  if (p.mode == HL_MODE_REL && p.error_bound > 0) finite_range(t, threads, &lo, &hi);
+  const double eb_abs = absolute_bound(p, lo, hi);
+  const bool lossless = force_lossless || eb_abs == 0;
+
+  std::vector<uint32_t> codes(t.size());
+  std::vector<uint8_t> row_outlier;
+  if (lossless) {
+    raw_codes(t, threads, codes.data());
+  } else {
+    row_outlier.resize(t.n_rows);
+    quantize_all(t, eb_abs, threads, codes.data(), row_outlier.data());
+  }
+  Sections s = build_sections(t, codes, lossless ? nullptr : row_outlier.data(), p.dedup,
+                              p.level, threads);
+
+  const int ndim = (int)shape.size();
+  const uint64_t shape_bytes = 8ull * ndim;
+  const uint64_t outlier_bytes = HL_OUTLIER_BYTES * s.outliers.size();
+  const uint64_t total =
+      HL_HEADER_BYTES + shape_bytes + s.map.size() + s.code.size() + outlier_bytes;
+  if (!lossless && total > hl_max_frame_bytes(t.n_rows, t.row_len, ndim))
+    return encode(t, p, shape, out, out_cap, threads, true);
+  if (total > out_cap)
+    throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
+                        " bytes, the frame needs " + std::to_string(total));
+
+  HlFrameHeader h;
+  memset(&h, 0, sizeof(h));
+  h.magic = HL_MAGIC;
+  h.version = HL_VERSION;
+  h.dtype = p.dtype;
+  h.level = s.level;
+  h.flags = (uint8_t)((p.mode == HL_MODE_REL ? HL_FLAG_REL : 0) |
+                      (lossless ? HL_FLAG_LOSSLESS : 0) |
+                      (s.n_unique == t.n_rows ? HL_FLAG_IDENTITY_MAP : 0));
+  h.ndim = (uint8_t)ndim;
+  h.eb_param = p.error_bound;
+  h.eb_abs = eb_abs;
+  h.n_rows = t.n_rows;
+  h.row_len = t.row_len;
+  h.n_unique = s.n_unique;
+  h.n_outliers = s.outliers.size();
+  h.map_bytes = s.map.size();
+  h.code_bytes = s.code.size();
+  h.outlier_bytes = outlier_bytes;
+  h.total_bytes = total;
+
+  uint8_t* w = out;
+  memcpy(w, &h, sizeof(h));
+  w += sizeof(h);
+  memcpy(w, shape.data(), shape_bytes);
+  w += shape_bytes;
+  if (!s.map.empty()) memcpy(w, s.map.data(), s.map.size());
+  w += s.map.size();
+  if (!s.code.empty()) memcpy(w, s.code.data(), s.code.size());
+  w += s.code.size();
+  for (const Outlier& o : s.outliers) {
+    memcpy(w, &o.pos, 8);
+    memcpy(w + 8, &o.raw, 4);
+    w += HL_OUTLIER_BYTES;
+  }
+  h.checksum = checksum_with_zero_field(out, total, threads);
+  memcpy(out + offsetof(HlFrameHeader, checksum), &h.checksum, 4);
+  return total;
+}
+
+uint64_t compress_one(const void* input, const CompressParams& p,
+                      const std::vector<int64_t>& shape, uint8_t* out, uint64_t out_cap,
+                      int threads) {
+  uint64_t rows, len;
+  shape_to_rows(shape, &rows, &len);
+  switch (p.dtype) {
+    case HL_FLOAT32:
+      return encode(Tensor<HL_FLOAT32>{static_cast<const uint32_t*>(input), rows, len}, p, shape,
+                    out, out_cap, threads, false);
+    case HL_FLOAT16:
+      return encode(Tensor<HL_FLOAT16>{static_cast<const uint16_t*>(input), rows, len}, p, shape,
+                    out, out_cap, threads, false);
+    case HL_BFLOAT16:
+      return encode(Tensor<HL_BFLOAT16>{static_cast<const uint16_t*>(input), rows, len}, p,
+                    shape, out, out_cap, threads, false);
+  }
+  throw ArgumentError("unsupported dtype code " + std::to_string(p.dtype));
+}
+
+// ---- decoding --------------------------------------------------------------------------------
+
+template <int DT>
+void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threads) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  raw_t* out = static_cast<raw_t*>(out_v);
+  const uint64_t d = h.row_len;
+  const uint64_t nu = h.n_unique * d;
+  const bool identity = h.flags & HL_FLAG_IDENTITY_MAP;
+  const bool lossless = h.flags & HL_FLAG_LOSSLESS;
+  const uint8_t* map_p = frame + HL_HEADER_BYTES + 8ull * h.ndim;
+  const uint8_t* code_p = map_p + h.map_bytes;
+  const uint8_t* out_p = code_p + h.code_bytes;
+
+  std::vector<uint32_t> codes(nu);
+  if (h.level == 1)
+    unpack_blocks(code_p, h.code_bytes, nu, 32, codes.data(), "code section", threads);
+  else
+    rans_decode(code_p, h.code_bytes, nu, codes.data(), threads);
+
+  std::vector<raw_t> uniq;
+  raw_t* u = out;
+  if (!identity) {
+    uniq.resize(nu);
+    u = uniq.data();
+  }
+  if (lossless) {
+    const uint32_t limit = sizeof(raw_t) == 2 ? 0xffffu : 0xffffffffu;
+    bool bad = false;
+    for (uint64_t i = 0; i < nu; ++i) {
+      bad |= codes[i] > limit;
+      u[i] = (raw_t)codes[i];
+    }
+    if (bad) throw FrameError("frame is corrupted: a lossless code exceeds the dtype's bits");
+  } else {
+    const double step = 2.0 * h.eb_abs;
+#pragma omp parallel for num_threads(threads) schedule(static) if (nu > 65536)
+    for (int64_t i = 0; i < (int64_t)nu; ++i) u[i] = reconstruct<DT>(unzigzag(codes[i]), step);
+  }
+
+  uint64_t prev = 0;
+  for (uint64_t k = 0; k < h.n_outliers; ++k) {
+    uint64_t pos;
+    uint32_t raw;
+    memcpy(&pos, out_p + HL_OUTLIER_BYTES * k, 8);
+    memcpy(&raw, out_p + HL_OUTLIER_BYTES * k + 8, 4);
+    if (pos >= nu || (k > 0 && pos <= prev) || (sizeof(raw_t) == 2 && raw > 0xffffu))
+      throw FrameError("frame is corrupted: outlier " + std::to_string(k) + " at position " +
+                       std::to_string(pos) + " is out of order or out of range (" +
+                       std::to_string(nu) + " elements)");
+    u[pos] = (raw_t)raw;
+    prev = pos;
+  }
+
+  if (identity) return;
+  std::vector<uint32_t> map(h.n_rows);
+  unpack_blocks(map_p, h.map_bytes, h.n_rows, 32, map.data(), "row map", threads);
+  uint64_t next = 0;
+  for (uint64_t r = 0; r < h.n_rows; ++r) {
+    if (map[r] > next || map[r] >= h.n_unique)
+      throw FrameError("frame is corrupted: row map entry " + std::to_string(r) + " is " +
+                       std::to_string(map[r]) + ", expected at most " + std::to_string(next));
+    if (map[r] == next) ++next;
+  }
+  if (next != h.n_unique)
+    throw FrameError("frame is corrupted: row map uses " + std::to_string(next) + " of " +
+                     std::to_string(h.n_unique) + " unique rows");
+#pragma omp parallel for num_threads(threads) schedule(static) if (h.n_rows * d > 65536)
+  for (int64_t r = 0; r < (int64_t)h.n_rows; ++r)
+    memcpy(out + r * d, u + (uint64_t)map[r] * d, d * sizeof(raw_t));
+}
+
+}  // namespace
+
+void check_params(const CompressParams& p) {
+  if (p.dtype > HL_BFLOAT16)
+    throw ArgumentError("unsupported dtype code " + std::to_string(p.dtype) +
+                        ", expected float32, float16 or bfloat16");
+  if (p.mode != HL_MODE_ABS && p.mode != HL_MODE_REL)
+    throw ArgumentError("unsupported mode code " + std::to_string(p.mode) +
+                        ", expected abs (0) or rel (1)");
+  if (p.level != 1 && p.level != 2)
+    throw ArgumentError("unsupported level " + std::to_string(p.level) + ", expected 1 or 2");
+  if (!(p.error_bound >= 0) || !isfinite(p.error_bound))
+    throw ArgumentError("error_bound must be a finite number >= 0, got " +
+                        std::to_string(p.error_bound));
+}
+
+double absolute_bound(const CompressParams& p, double lo, double hi) {
+  double eb = p.error_bound;
+  if (p.mode == HL_MODE_REL) eb = hi > lo ? p.error_bound * (hi - lo) : 0.0;
+  if (!isfinite(eb))
+    throw ArgumentError("error_bound " + std::to_string(p.error_bound) +
+                        " times the value range overflows a double");
+  return eb;
+}
+
+uint64_t compress_cpu(const void* input, const CompressParams& p,
+                      const std::vector<int64_t>& shape, uint8_t* out, uint64_t out_cap,
+                      int threads) {
+  check_params(p);
+  for (int64_t s : shape)
+    if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
+  return compress_one(input, p, shape, out, out_cap, resolve_threads(threads));
+}
+
+std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams& p,
+                                        const std::vector<int64_t>& rows,
+                                        const std::vector<int64_t>& trailing,
+                                        const std::vector<double>& error_bounds, uint8_t* out,
+                                        uint64_t out_cap, int threads) {
+  check_params(p);
+  threads = resolve_threads(threads);
+  const size_t n = rows.size();
+  if (!error_bounds.empty() && error_bounds.size() != n)
+    throw ArgumentError("got " + std::to_string(error_bounds.size()) + " error bounds for " +
+                        std::to_string(n) + " chunks");
+  uint64_t row_elems = 1;
+  for (int64_t s : trailing) {
+    if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
+    row_elems *= (uint64_t)s;
+  }
+  std::vector<CompressParams> params(n, p);
+  std::vector<std::vector<int64_t>> shapes(n);
+  std::vector<uint64_t> in_off(n + 1, 0), out_off(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (rows[i] < 0)
+      throw ArgumentError("chunk " + std::to_string(i) + " has " + std::to_string(rows[i]) +
+                          " rows, expected >= 0");
+    if (!error_bounds.empty()) {
+      params[i].error_bound = error_bounds[i];
+      check_params(params[i]);
+    }
+    shapes[i].push_back(rows[i]);
+    shapes[i].insert(shapes[i].end(), trailing.begin(), trailing.end());
+    uint64_t r, len;
+    shape_to_rows(shapes[i], &r, &len);
+    in_off[i + 1] = in_off[i] + (uint64_t)rows[i] * row_elems;
+    out_off[i + 1] = out_off[i] + hl_max_frame_bytes(r, len, (int)shapes[i].size());
+  }
+  if (out_off[n] > out_cap)
+    throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
+                        " bytes, the frames may need " + std::to_string(out_off[n]));
+  const uint8_t* in = static_cast<const uint8_t*>(input);
+  const uint64_t eb = hl_elem_bytes(p.dtype);
+  std::vector<uint64_t> sizes(n, 0);
+  // Many small chunks: one thread each. Few large ones: each chunk uses all threads.
+  const bool across = (int)n >= threads;
+  std::string error;
+#pragma omp parallel for num_threads(threads) schedule(dynamic) if (across && n > 1)
+  for (int64_t i = 0; i < (int64_t)n; ++i) {
+    try {
+      sizes[i] = compress_one(in + in_off[i] * eb, params[i], shapes[i], out + out_off[i],
+                              out_off[i + 1] - out_off[i], across ? 1 : threads);
+    } catch (const std::exception& e) {
+#pragma omp critical
+      error = e.what();
+    }
+  }
+  if (!error.empty()) throw CodecError(error);
+  uint64_t w = 0;  // close the gaps left by the worst-case slots
+  for (size_t i = 0; i < n; ++i) {
+    if (w != out_off[i]) memmove(out + w, out + out_off[i], sizes[i]);
+    w += sizes[i];
+  }
+  return sizes;
+}
+
+HlFrameHeader parse_header(const uint8_t* frame, uint64_t size, std::vector<int64_t>* shape) {
+  if (size < HL_HEADER_BYTES)
+    throw FrameError("frame is truncated: " + std::to_string(size) +
+                     " bytes, a frame has at least " + std::to_string(HL_HEADER_BYTES));
+  HlFrameHeader h;
+  memcpy(&h, frame, sizeof(h));
+  if (h.magic != HL_MAGIC) {
+    char buf[96];
+    snprintf(buf, sizeof(buf), "not an hvd_lossy frame: magic 0x%08x, expected 0x%08x", h.magic,
+             HL_MAGIC);
+    throw FrameError(buf);
+  }
+  if (h.version != HL_VERSION)
+    throw FrameError("unsupported frame version " + std::to_string(h.version) + ", expected " +
+                     std::to_string(HL_VERSION));
+  if (h.dtype > HL_BFLOAT16)
+    throw FrameError("frame is corrupted: dtype code " + std::to_string(h.dtype));
+  if (h.level != 1 && h.level != 2)
+    throw FrameError("frame is corrupted: level " + std::to_string(h.level));
+  if (h.flags & ~(HL_FLAG_REL | HL_FLAG_LOSSLESS | HL_FLAG_IDENTITY_MAP))
+    throw FrameError("frame is corrupted: unknown flags 0x" + std::to_string(h.flags));
+  if (h.ndim > HL_MAX_NDIM || h.reserved[0] || h.reserved[1] || h.reserved[2])
+    throw FrameError("frame is corrupted: ndim " + std::to_string(h.ndim));
+  if (h.total_bytes != size)
+    throw FrameError("frame is truncated or has trailing bytes: " + std::to_string(size) +
+                     " bytes, its header says " + std::to_string(h.total_bytes));
+  if (!(h.eb_abs >= 0) || !isfinite(h.eb_abs))
+    throw FrameError("frame is corrupted: error bound " + std::to_string(h.eb_abs));
+  const uint64_t shape_end = HL_HEADER_BYTES + 8ull * h.ndim;
+  if (shape_end > size) throw FrameError("frame is truncated inside its shape");
+  std::vector<int64_t> dims(h.ndim);
+  if (h.ndim) memcpy(dims.data(), frame + HL_HEADER_BYTES, 8ull * h.ndim);
+  uint64_t rows = 1, len = 1;
+  for (int i = 0; i < h.ndim; ++i)
+    if (dims[i] < 0) throw FrameError("frame is corrupted: dimension " + std::to_string(dims[i]));
+  if (h.ndim >= 2)
+    for (int i = 0; i + 1 < h.ndim; ++i)
+      if (__builtin_mul_overflow(rows, (uint64_t)dims[i], &rows))
+        throw FrameError("frame is corrupted: shape overflows");
+  if (h.ndim >= 1) len = (uint64_t)dims[h.ndim - 1];
+  uint64_t elems;
+  if (__builtin_mul_overflow(rows, len, &elems) || elems > (1ull << 60))
+    throw FrameError("frame is corrupted: shape overflows");
+  if (h.n_rows != rows || h.row_len != len)
+    throw FrameError("frame is corrupted: header rows x length " + std::to_string(h.n_rows) +
+                     " x " + std::to_string(h.row_len) + " disagree with its shape");
+  const bool identity = h.flags & HL_FLAG_IDENTITY_MAP;
+  if (h.n_unique > h.n_rows || (identity && (h.n_unique != h.n_rows || h.map_bytes != 0)) ||
+      (h.n_rows > 0 && h.n_unique == 0) || (!identity && h.n_rows > 0xffffffffull))
+    throw FrameError("frame is corrupted: " + std::to_string(h.n_unique) + " unique rows of " +
+                     std::to_string(h.n_rows));
+  if ((h.flags & HL_FLAG_LOSSLESS) && h.n_outliers)
+    throw FrameError("frame is corrupted: a lossless frame with outliers");
+  if (h.n_outliers > size / HL_OUTLIER_BYTES || h.outlier_bytes != HL_OUTLIER_BYTES * h.n_outliers)
+    throw FrameError("frame is corrupted: " + std::to_string(h.n_outliers) + " outliers in " +
+                     std::to_string(h.outlier_bytes) + " bytes");
+  if (h.map_bytes > size || h.code_bytes > size ||
+      shape_end + h.map_bytes + h.code_bytes + h.outlier_bytes != size)
+    throw FrameError("frame is corrupted: section sizes " + std::to_string(h.map_bytes) + " + " +
+                     std::to_string(h.code_bytes) + " + " + std::to_string(h.outlier_bytes) +
+                     " do not fill the frame of " + std::to_string(size) + " bytes");
+  // Every block or stream costs bytes, so the code and map sections bound the work and memory
+  // a decoder commits to before it reads them.
+  const uint64_t n_codes = h.n_unique * len;
+  const uint64_t min_code_bytes = h.level == 1 ? hl_div_up(n_codes, HL_BLOCK)
+                                               : 8 * hl_div_up(n_codes, HL_RANS_CHUNK) + 7;
+  if ((h.level == 2 && n_codes == 0) || h.code_bytes < min_code_bytes ||
+      (!identity && h.map_bytes < hl_div_up(h.n_rows, HL_BLOCK)))
+    throw FrameError("frame is corrupted: sections too small for " + std::to_string(h.n_rows) +
+                     " rows of " + std::to_string(len));
+  if (shape) *shape = dims;
+  return h;
+}
+
+uint32_t frame_checksum(const uint8_t* frame, uint64_t size) {
+  if (size < 16) throw FrameError("frame is truncated");
+  return checksum_with_zero_field(frame, size, resolve_threads(0));
+}
+
+void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out_bytes,
+                    int threads) {
+  threads = resolve_threads(threads);
+  HlFrameHeader h = parse_header(frame, size, nullptr);
+  uint32_t sum = checksum_with_zero_field(frame, size, threads);
+  if (sum != h.checksum) {
+    char buf[128];
+    snprintf(buf, sizeof(buf), "frame is corrupted: checksum 0x%08x, its header says 0x%08x",
+             sum, h.checksum);
+    throw FrameError(buf);
+  }
+  const uint64_t need = h.n_rows * h.row_len * hl_elem_bytes(h.dtype);
+  if (out_bytes != need)
+    throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
+                        " bytes, the frame decodes to " + std::to_string(need));
+  switch (h.dtype) {
+    case HL_FLOAT32: return decode<HL_FLOAT32>(h, frame, out, threads);
+    case HL_FLOAT16: return decode<HL_FLOAT16>(h, frame, out, threads);
+    case HL_BFLOAT16: return decode<HL_BFLOAT16>(h, frame, out, threads);
+  }
+}
+
+}  // namespace hl

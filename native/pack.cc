@@ -1,0 +1,185 @@
+// Bit-plane block packing on the host. Values below 256 (the usual case: lossy codes of a few
+// bits) take an SSE2 path that extracts a bit plane of 16 byte-sized values per movemask; wider
+// values take the portable loop.
+#include "pack.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace hl {
+namespace {
+
+inline uint32_t block_max(const uint32_t* v, uint64_t count) {
+  uint32_t m = 0;
+  for (uint64_t i = 0; i < count; ++i) m |= v[i];  // OR has the same bit width as max
+  return m;
+}
+
+// Copies a possibly partial block into 32 zero-padded values.
+inline const uint32_t* padded_block(const uint32_t* v, uint64_t n, uint64_t b, uint32_t* tmp) {
+  uint64_t start = b * HL_BLOCK;
+  if (start + HL_BLOCK <= n) return v + start;
+  uint64_t count = n - start;
+  for (uint64_t i = 0; i < HL_BLOCK; ++i) tmp[i] = i < count ? v[start + i] : 0;
+  return tmp;
+}
+
+void pack_block(const uint32_t* v, uint32_t w, uint8_t* out) {
+#if defined(__SSE2__)
+  if (w <= 8) {
+    // Narrow to bytes (values < 256 fit the signed saturations), then bit j of 16 bytes is the
+    // sign bit of each byte after shifting its 16-bit lane left by 7 - j.
+    const __m128i* p = reinterpret_cast<const __m128i*>(v);
+    __m128i lo = _mm_packus_epi16(_mm_packs_epi32(_mm_loadu_si128(p), _mm_loadu_si128(p + 1)),
+                                  _mm_packs_epi32(_mm_loadu_si128(p + 2), _mm_loadu_si128(p + 3)));
+    __m128i hi = _mm_packus_epi16(_mm_packs_epi32(_mm_loadu_si128(p + 4), _mm_loadu_si128(p + 5)),
+                                  _mm_packs_epi32(_mm_loadu_si128(p + 6), _mm_loadu_si128(p + 7)));
+    for (uint32_t j = 0; j < w; ++j) {
+      __m128i sh = _mm_cvtsi32_si128((int)(7 - j));
+      uint32_t a = (uint32_t)_mm_movemask_epi8(_mm_sll_epi16(lo, sh));
+      uint32_t b = (uint32_t)_mm_movemask_epi8(_mm_sll_epi16(hi, sh));
+      store_u32(out + 4 * j, a | (b << 16));
+    }
+    return;
+  }
+#endif
+  for (uint32_t j = 0; j < w; ++j) {
+    uint32_t word = 0;
+    for (uint32_t i = 0; i < HL_BLOCK; ++i) word |= ((v[i] >> j) & 1u) << i;
+    store_u32(out + 4 * j, word);
+  }
+}
+
+// spread[b] has byte k equal to bit k of b: turns one byte of a bit plane into 8 byte lanes.
+struct SpreadTable {
+  uint64_t t[256];
+  SpreadTable() {
+    for (int b = 0; b < 256; ++b) {
+      uint64_t s = 0;
+      for (int k = 0; k < 8; ++k) s |= (uint64_t)((b >> k) & 1) << (8 * k);
+      t[b] = s;
+    }
+  }
+};
+const SpreadTable kSpread;
+
+void unpack_block(const uint8_t* in, uint32_t w, uint32_t* v) {
+  if (w <= 8) {
+    uint64_t lanes[4] = {0, 0, 0, 0};  // 32 byte lanes
+    for (uint32_t j = 0; j < w; ++j) {
+      uint32_t word = load_u32(in + 4 * j);
+      for (int k = 0; k < 4; ++k) lanes[k] |= kSpread.t[(word >> (8 * k)) & 0xff] << j;
+    }
+    uint8_t bytes[32];
+    memcpy(bytes, lanes, 32);  // little-endian: byte i of the lanes is value i
+    for (int i = 0; i < HL_BLOCK; ++i) v[i] = bytes[i];
+    return;
+  }
+  for (int i = 0; i < HL_BLOCK; ++i) v[i] = 0;
+  for (uint32_t j = 0; j < w; ++j) {
+    uint32_t word = load_u32(in + 4 * j);
+    for (int i = 0; i < HL_BLOCK; ++i) v[i] |= ((word >> i) & 1u) << j;
+  }
+}
+
+}  // namespace
+
+void block_widths(const uint32_t* v, uint64_t n, uint8_t* widths, int threads) {
+  const int64_t nb = (int64_t)hl_div_up(n, HL_BLOCK);
+#pragma omp parallel for num_threads(threads) schedule(static) if (nb > 4096)
+  for (int64_t b = 0; b < nb; ++b) {
+    uint64_t start = (uint64_t)b * HL_BLOCK;
+    uint64_t count = n - start < HL_BLOCK ? n - start : HL_BLOCK;
+    widths[b] = (uint8_t)bit_width(block_max(v + start, count));
+  }
+}
+
+uint64_t payload_bytes(const uint8_t* widths, uint64_t n_blocks) {
+  uint64_t s = 0;
+  for (uint64_t b = 0; b < n_blocks; ++b) s += widths[b];
+  return 4 * s;
+}
+
+void pack_blocks(const uint32_t* v, uint64_t n, const uint8_t* widths, uint8_t* out,
+                 int threads) {
+  const uint64_t nb = hl_div_up(n, HL_BLOCK);
+  memcpy(out, widths, nb);
+  uint8_t* payload = out + nb;
+  if (threads <= 1 || nb <= 4096) {
+    uint32_t tmp[HL_BLOCK];
+    uint64_t off = 0;
+    for (uint64_t b = 0; b < nb; ++b) {
+      pack_block(padded_block(v, n, b, tmp), widths[b], payload + off);
+      off += 4u * widths[b];
+    }
+    return;
+  }
+  // Each thread packs a contiguous range of blocks after locating its start offset.
+#pragma omp parallel num_threads(threads)
+  {
+    int t = omp_get_thread_num_safe();
+    int nt = omp_get_num_threads_safe();
+    uint64_t lo = nb * t / nt, hi = nb * (t + 1) / nt;
+    uint64_t off = 4 * [&] {
+      uint64_t s = 0;
+      for (uint64_t b = 0; b < lo; ++b) s += widths[b];
+      return s;
+    }();
+    uint32_t tmp[HL_BLOCK];
+    for (uint64_t b = lo; b < hi; ++b) {
+      pack_block(padded_block(v, n, b, tmp), widths[b], payload + off);
+      off += 4u * widths[b];
+    }
+  }
+}
+
+void unpack_blocks(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_width, uint32_t* v,
+                   const char* what, int threads) {
+  const uint64_t nb = hl_div_up(n, HL_BLOCK);
+  if (nb > len) {
+    throw FrameError(std::string("frame is corrupted: the ") + what + " holds " +
+                     std::to_string(len) + " bytes, too few for the widths of " +
+                     std::to_string(nb) + " blocks");
+  }
+  const uint8_t* widths = in;
+  for (uint64_t b = 0; b < nb; ++b) {
+    if (widths[b] > max_width) {
+      throw FrameError(std::string("frame is corrupted: the ") + what + " has a block of " +
+                       std::to_string(widths[b]) + " bits, at most " +
+                       std::to_string(max_width) + " expected");
+    }
+  }
+  uint64_t need = nb + payload_bytes(widths, nb);
+  if (need != len) {
+    throw FrameError(std::string("frame is corrupted: the ") + what + " holds " +
+                     std::to_string(len) + " bytes but its blocks take " + std::to_string(need));
+  }
+  const uint8_t* payload = in + nb;
+  auto run = [&](uint64_t lo, uint64_t hi, uint64_t off) {
+    uint32_t tmp[HL_BLOCK];
+    for (uint64_t b = lo; b < hi; ++b) {
+      uint64_t start = b * HL_BLOCK;
+      bool full = start + HL_BLOCK <= n;
+      unpack_block(payload + off, widths[b], full ? v + start : tmp);
+      if (!full)
+        for (uint64_t i = start; i < n; ++i) v[i] = tmp[i - start];
+      off += 4u * widths[b];
+    }
+  };
+  if (threads <= 1 || nb <= 4096) {
+    run(0, nb, 0);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    int t = omp_get_thread_num_safe();
+    int nt = omp_get_num_threads_safe();
+    uint64_t lo = nb * t / nt, hi = nb * (t + 1) / nt;
+    uint64_t off = 0;
+    for (uint64_t b = 0; b < lo; ++b) off += widths[b];
+    run(lo, hi, 4 * off);
+  }
+}
+
+}  // namespace hl

@@ -1,0 +1,81 @@
+// Host-side block packing (see "Packed integer arrays" in frame.h) and a bounds-checked reader.
+// The CUDA path packs the same bit planes with warp ballots.
+#pragma once
+
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+#include "codec.h"
+#include "codec_common.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace hl {
+
+#ifdef _OPENMP
+inline int omp_get_thread_num_safe() { return omp_get_thread_num(); }
+inline int omp_get_num_threads_safe() { return omp_get_num_threads(); }
+inline int max_threads() { return omp_get_max_threads(); }
+#else
+inline int omp_get_thread_num_safe() { return 0; }
+inline int omp_get_num_threads_safe() { return 1; }
+inline int max_threads() { return 1; }
+#endif
+// threads <= 0 means all cores.
+inline int resolve_threads(int threads) { return threads > 0 ? threads : max_threads(); }
+
+inline void store_u32(uint8_t* p, uint32_t v) { memcpy(p, &v, 4); }
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+// Width of each block of 32 values: the bit width of the block's largest value.
+void block_widths(const uint32_t* v, uint64_t n, uint8_t* widths, int threads);
+
+// Payload bytes of blocks with these widths (4 bytes a bit plane).
+uint64_t payload_bytes(const uint8_t* widths, uint64_t n_blocks);
+
+// Writes widths then bit-plane payloads: n_blocks + payload_bytes(widths) bytes at out.
+void pack_blocks(const uint32_t* v, uint64_t n, const uint8_t* widths, uint8_t* out, int threads);
+
+// Reads n values packed at [in, in+len). Throws FrameError, naming `what`, unless the section
+// holds exactly the blocks it announces with widths of at most max_width.
+void unpack_blocks(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_width, uint32_t* v,
+                   const char* what, int threads);
+
+// Bounds-checked sequential reader over one section of a frame.
+class Reader {
+ public:
+  Reader(const uint8_t* p, uint64_t len, const char* what) : p_(p), len_(len), what_(what) {}
+  const uint8_t* take(uint64_t n) {
+    if (n > len_ - pos_) {
+      throw FrameError(std::string("frame is truncated or corrupted: the ") + what_ +
+                       " needs " + std::to_string(n) + " more bytes at offset " +
+                       std::to_string(pos_) + " but holds " + std::to_string(len_));
+    }
+    const uint8_t* r = p_ + pos_;
+    pos_ += n;
+    return r;
+  }
+  template <typename T>
+  T read() {
+    T v;
+    memcpy(&v, take(sizeof(T)), sizeof(T));
+    return v;
+  }
+  uint64_t remaining() const { return len_ - pos_; }
+
+ private:
+  const uint8_t* p_;
+  uint64_t len_;
+  uint64_t pos_ = 0;
+  const char* what_;
+};
+
+}  // namespace hl

@@ -1,0 +1,16 @@
+// Level-2 entropy stage on the host: rANS over zigzag codes (layout in codec_common.h).
+#pragma once
+
+#include <vector>
+
+#include "codec.h"
+
+namespace hl {
+
+// Encodes n codes into a level-2 code section.
+std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads);
+
+// Decodes a level-2 code section of exactly len bytes into n codes. Throws FrameError.
+void rans_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* z, int threads);
+
+}  // namespace hl

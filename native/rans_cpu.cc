@@ -1,0 +1,184 @@
+// Byte-wise 32-bit rANS (after ryg_rans) in independent streams of HL_RANS_CHUNK codes, so the
+// decoder, and a GPU encoder, can work on streams in parallel.
+#include <string>
+
+#include "codec_common.h"
+#include "pack.h"
+#include "rans.h"
+
+namespace hl {
+namespace {
+
+constexpr uint32_t kScale = 1u << HL_RANS_BITS;
+
+inline uint32_t symbol_of(uint32_t z) { return z < HL_RANS_ESC ? z : HL_RANS_ESC; }
+
+struct Table {
+  uint32_t freq[256];
+  uint32_t cum[257];
+};
+
+void build_cum(Table* t) {
+  t->cum[0] = 0;
+  for (int s = 0; s < 256; ++s) t->cum[s + 1] = t->cum[s] + t->freq[s];
+}
+
+// Encodes codes [lo, hi) backwards; returns state followed by bytes in decoder order.
+std::vector<uint8_t> encode_stream(const uint32_t* z, uint64_t lo, uint64_t hi, const Table& t) {
+  std::vector<uint8_t> rev;
+  rev.reserve(2 * (hi - lo) + 4);
+  uint32_t x = HL_RANS_L;
+  for (uint64_t i = hi; i-- > lo;) {
+    uint32_t s = symbol_of(z[i]);
+    uint32_t f = t.freq[s];
+    uint32_t x_max = ((HL_RANS_L >> HL_RANS_BITS) << 8) * f;
+    while (x >= x_max) {
+      rev.push_back((uint8_t)(x & 0xff));
+      x >>= 8;
+    }
+    x = ((x / f) << HL_RANS_BITS) + (x % f) + t.cum[s];
+  }
+  std::vector<uint8_t> out(4 + rev.size());
+  store_u32(out.data(), x);
+  for (size_t i = 0; i < rev.size(); ++i) out[4 + i] = rev[rev.size() - 1 - i];
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads) {
+  uint64_t counts[256] = {0};
+  uint64_t n_esc = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    uint32_t s = symbol_of(z[i]);
+    counts[s]++;
+    n_esc += s == HL_RANS_ESC;
+  }
+  Table t;
+  normalize_freqs(counts, t.freq);
+  build_cum(&t);
+
+  const uint64_t n_streams = hl_div_up(n, HL_RANS_CHUNK);
+  std::vector<std::vector<uint8_t>> streams(n_streams);
+#pragma omp parallel for num_threads(threads) schedule(dynamic) if (n_streams > 8)
+  for (int64_t k = 0; k < (int64_t)n_streams; ++k) {
+    uint64_t lo = (uint64_t)k * HL_RANS_CHUNK;
+    uint64_t hi = lo + HL_RANS_CHUNK < n ? lo + HL_RANS_CHUNK : n;
+    streams[k] = encode_stream(z, lo, hi, t);
+  }
+
+  std::vector<uint8_t> out;
+  auto put = [&out](const void* p, size_t len) {
+    const uint8_t* b = static_cast<const uint8_t*>(p);
+    out.insert(out.end(), b, b + len);
+  };
+  uint16_t n_present = 0;
+  for (int s = 0; s < 256; ++s) n_present += t.freq[s] != 0;
+  put(&n_present, 2);
+  for (int s = 0; s < 256; ++s) {
+    if (!t.freq[s]) continue;
+    uint8_t sym = (uint8_t)s;
+    uint16_t f = (uint16_t)t.freq[s];
+    put(&sym, 1);
+    put(&f, 2);
+  }
+  uint32_t n_esc32 = (uint32_t)n_esc;
+  put(&n_esc32, 4);
+  for (uint64_t i = 0; i < n; ++i)
+    if (z[i] >= HL_RANS_ESC) put(&z[i], 4);
+  for (auto& s : streams) {
+    uint32_t len = (uint32_t)s.size();
+    put(&len, 4);
+  }
+  for (auto& s : streams) put(s.data(), s.size());
+  return out;
+}
+
+void rans_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* z, int threads) {
+  Reader r(in, len, "entropy-coded code section");
+  Table t = {};
+  uint32_t n_present = r.read<uint16_t>();
+  if (n_present < 1 || n_present > 256)
+    throw FrameError("frame is corrupted: entropy table lists " + std::to_string(n_present) +
+                     " symbols, expected 1..256");
+  int prev = -1;
+  for (uint32_t i = 0; i < n_present; ++i) {
+    int sym = r.read<uint8_t>();
+    uint32_t f = r.read<uint16_t>();
+    if (sym <= prev || f == 0)
+      throw FrameError("frame is corrupted: entropy table entries must have ascending symbols "
+                       "and nonzero frequencies");
+    t.freq[sym] = f;
+    prev = sym;
+  }
+  build_cum(&t);
+  if (t.cum[256] != kScale)
+    throw FrameError("frame is corrupted: entropy frequencies sum to " +
+                     std::to_string(t.cum[256]) + ", expected " + std::to_string(kScale));
+  uint8_t lut[kScale];
+  for (int s = 0; s < 256; ++s)
+    for (uint32_t c = t.cum[s]; c < t.cum[s + 1]; ++c) lut[c] = (uint8_t)s;
+
+  uint64_t n_esc = r.read<uint32_t>();
+  if (n_esc > n)
+    throw FrameError("frame is corrupted: " + std::to_string(n_esc) + " escapes for " +
+                     std::to_string(n) + " codes");
+  const uint8_t* esc = r.take(4 * n_esc);
+  const uint64_t n_streams = hl_div_up(n, HL_RANS_CHUNK);
+  const uint8_t* lens = r.take(4 * n_streams);
+  std::vector<uint64_t> start(n_streams + 1, 0);
+  for (uint64_t k = 0; k < n_streams; ++k) start[k + 1] = start[k] + load_u32(lens + 4 * k);
+  const uint8_t* data = r.take(start[n_streams]);
+  if (r.remaining() != 0)
+    throw FrameError("frame is corrupted: " + std::to_string(r.remaining()) +
+                     " stray bytes after the entropy-coded streams");
+
+  // Escapes are consumed in code order, so each stream needs to know how many came before it.
+  // Decode symbols per stream in parallel, then resolve escapes in one ordered pass.
+  bool bad = false;
+#pragma omp parallel for num_threads(threads) schedule(dynamic) if (n_streams > 8) \
+    reduction(|| : bad)
+  for (int64_t k = 0; k < (int64_t)n_streams; ++k) {
+    uint64_t lo = (uint64_t)k * HL_RANS_CHUNK;
+    uint64_t hi = lo + HL_RANS_CHUNK < n ? lo + HL_RANS_CHUNK : n;
+    const uint8_t* p = data + start[k];
+    const uint8_t* end = data + start[k + 1];
+    if (end - p < 4) {
+      bad = true;
+      continue;
+    }
+    uint32_t x = load_u32(p);
+    p += 4;
+    if (x < HL_RANS_L || x >= (HL_RANS_L << 8)) {
+      bad = true;
+      continue;
+    }
+    for (uint64_t i = lo; i < hi; ++i) {
+      uint32_t slot = x & (kScale - 1);
+      uint32_t s = lut[slot];
+      z[i] = s;
+      x = t.freq[s] * (x >> HL_RANS_BITS) + slot - t.cum[s];
+      while (x < HL_RANS_L) {
+        if (p == end) {
+          bad = true;
+          break;
+        }
+        x = (x << 8) | *p++;
+      }
+      if (bad) break;
+    }
+    if (!bad && (x != HL_RANS_L || p != end)) bad = true;
+  }
+  if (bad) throw FrameError("frame is corrupted: an entropy-coded stream does not decode");
+  uint64_t k = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    if (z[i] != HL_RANS_ESC) continue;
+    if (k == n_esc) throw FrameError("frame is corrupted: more escaped codes than escapes");
+    uint32_t v = load_u32(esc + 4 * k++);
+    if (v < HL_RANS_ESC) throw FrameError("frame is corrupted: escape value below 255");
+    z[i] = v;
+  }
+  if (k != n_esc) throw FrameError("frame is corrupted: unused escapes in the entropy section");
+}
+
+}  // namespace hl
