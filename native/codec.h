@@ -66,4 +66,21 @@ void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out
 // Checksum of a frame as stored in its header (the checksum field read as zero).
 uint32_t frame_checksum(const uint8_t* frame, uint64_t size);
 
+// ---- CUDA (codec_cuda.cu; only when built with HL_WITH_CUDA) ------------------------------
+// Same contracts as the CPU functions above, byte-identical frames; every pointer is device
+// memory except `rows`, `trailing`, `error_bounds`, `shape` and the returned sizes. `stream` is
+// a cudaStream_t. The functions enqueue their work on the stream; they return once the frame
+// sizes are known on the host (one device-to-host copy of the sizes), never syncing the device.
+std::vector<uint64_t> compress_many_cuda(const void* input_dev, const CompressParams& p,
+                                         const std::vector<int64_t>& rows,
+                                         const std::vector<int64_t>& trailing,
+                                         const std::vector<double>& error_bounds,
+                                         uint8_t* out_dev, uint64_t out_cap, void* stream);
+uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
+                       const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
+                       void* stream);
+// The header must already have been validated on the host (parse_header on a copy of it).
+void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uint64_t out_bytes,
+                     void* stream);
+
 }  // namespace hl
