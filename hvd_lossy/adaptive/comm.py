@@ -1,0 +1,158 @@
+"""Collectives for the controller: mpi4py when it shares Horovod's world, else Horovod's own.
+
+The controller needs two collectives, both blocking and called by every rank in the same order:
+``allgather_array`` (fixed-shape float64/int64 numpy arrays, the statistics) and
+``allgather_object`` (small picklable objects, the configuration check). Under ``mpirun`` mpi4py's
+COMM_WORLD is Horovod's world. Under ``horovodrun --gloo`` each process is its own MPI world of size
+1, so the controller falls back to Horovod's collectives and says so once.
+"""
+
+import sys
+import warnings
+
+import numpy as np
+
+__all__ = ["resolve_comm", "LocalComm", "MPIComm", "HorovodComm"]
+
+
+class LocalComm:
+    """One process, no communication."""
+
+    name = "local"
+    rank = 0
+    size = 1
+
+    def allgather_array(self, array):
+        return np.asarray(array)[None].copy()
+
+    def allgather_object(self, obj):
+        return [obj]
+
+
+class MPIComm:
+    """An mpi4py communicator."""
+
+    name = "mpi"
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+
+    def allgather_array(self, array):
+        array = np.ascontiguousarray(array)
+        out = np.empty((self.size,) + array.shape, dtype=array.dtype)
+        self.comm.Allgather(array, out)
+        return out
+
+    def allgather_object(self, obj):
+        return self.comm.allgather(obj)
+
+
+class HorovodComm:
+    """Horovod's collectives (horovod.torch must be initialised)."""
+
+    name = "horovod"
+
+    def __init__(self):
+        import horovod.torch as hvd
+
+        self.hvd = hvd
+        self.rank = hvd.rank()
+        self.size = hvd.size()
+        self._count = 0
+
+    def _name(self):
+        # Every rank issues the same collectives in the same order, so the names match up.
+        self._count += 1
+        return f"hvd_lossy.adaptive.{self._count}"
+
+    def allgather_array(self, array):
+        import torch
+
+        array = np.ascontiguousarray(array)
+        flat = torch.from_numpy(array.reshape(1, -1).copy())
+        out = self.hvd.allgather(flat, name=self._name()).numpy()
+        return out.reshape((self.size,) + array.shape)
+
+    def allgather_object(self, obj):
+        return self.hvd.allgather_object(obj, name=self._name())
+
+
+_warned_fallback = False
+
+
+def _horovod_world():
+    """(rank, size) of an initialised horovod.torch, else None."""
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is None:
+        return None
+    try:
+        if not hvd.is_initialized():
+            return None
+    except (AttributeError, ValueError):
+        return None
+    return hvd.rank(), hvd.size()
+
+
+def resolve_comm(comm=None):
+    """The controller's communicator.
+
+    Arguments:
+        comm: None (automatic), ``"mpi"`` (mpi4py COMM_WORLD), ``"horovod"``, ``"local"`` (one
+            process), an mpi4py communicator, or an object with ``rank``, ``size``,
+            ``allgather_array`` and ``allgather_object``.
+
+    Returns:
+        An object with ``rank``, ``size``, ``name``, ``allgather_array``, ``allgather_object``.
+
+    Automatic: without an initialised Horovod, mpi4py's COMM_WORLD (one process without mpi4py).
+    With Horovod, mpi4py's COMM_WORLD if it holds the same ranks in the same order, else Horovod's
+    collectives, with a one-time warning.
+    """
+    if comm is None:
+        return _auto_comm()
+    if isinstance(comm, str):
+        if comm == "local":
+            return LocalComm()
+        if comm == "horovod":
+            return HorovodComm()
+        if comm == "mpi":
+            from mpi4py import MPI
+
+            return MPIComm(MPI.COMM_WORLD)
+        raise ValueError(f"comm must be 'mpi', 'horovod', 'local', None or a communicator, "
+                         f"got {comm!r}")
+    if hasattr(comm, "Allgather") and hasattr(comm, "Get_size"):
+        return MPIComm(comm)
+    if all(hasattr(comm, a) for a in ("rank", "size", "allgather_array", "allgather_object")):
+        return comm
+    raise TypeError(f"comm must be 'mpi', 'horovod', 'local', None, an mpi4py communicator or an "
+                    f"object with allgather_array/allgather_object, got {type(comm).__name__}")
+
+
+def _auto_comm():
+    global _warned_fallback
+    hvd_world = _horovod_world()
+    try:
+        from mpi4py import MPI
+
+        world = MPI.COMM_WORLD
+    except ImportError:
+        world = None
+    if hvd_world is None:
+        return MPIComm(world) if world is not None else LocalComm()
+    hvd_rank, hvd_size = hvd_world
+    if world is not None and world.Get_size() == hvd_size:
+        # Same size on every rank, so every rank takes this branch and the check is collective.
+        if world.allgather(hvd_rank) == list(range(hvd_size)):
+            return MPIComm(world)
+    if hvd_size == 1:
+        return LocalComm()
+    if not _warned_fallback:
+        _warned_fallback = True
+        size = "unavailable" if world is None else f"size {world.Get_size()}"
+        warnings.warn(f"hvd_lossy.adaptive: mpi4py's COMM_WORLD ({size}) is not Horovod's world "
+                      f"of {hvd_size} ranks (horovodrun --gloo?); exchanging table statistics "
+                      f"with Horovod's collectives instead", RuntimeWarning, stacklevel=3)
+    return HorovodComm()
