@@ -1,0 +1,130 @@
+"""Command line of the DLRM example, and the checks that turn nonsense input into one clear
+message instead of a traceback from inside a collective."""
+
+import argparse
+import os
+
+import data
+
+DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data",
+                            "criteo_kaggle_sample")
+
+
+class UsageError(ValueError):
+    """Arguments that cannot work; every rank raises it identically and exits non-zero."""
+
+
+def _ints(text):
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated integers, got %r" % text) from None
+
+
+def _backward(text):
+    if text in ("same", "none", "fp16"):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected 'same', 'none', 'fp16' or a number, got %r" % text) from None
+
+
+def parser():
+    p = argparse.ArgumentParser(
+        description="Hybrid-parallel DLRM on Criteo with an error-bounded lossy embedding all-to-all.")
+    src = p.add_argument_group("data")
+    src.add_argument("--data", default=DEFAULT_DATA,
+                     help="folder with train.txt (and dev.txt/test.txt) in the Criteo Kaggle format "
+                          "(default: the bundled sample)")
+    src.add_argument("--synthetic", type=int, default=0, metavar="N",
+                     help="train on N synthetic rows with a planted signal instead of --data")
+    src.add_argument("--synthetic-test", type=int, default=0, metavar="N",
+                     help="held-out synthetic rows (default: N/10, at least one batch)")
+    src.add_argument("--max-table-rows", type=int, default=None,
+                     help="cap on rows per embedding table (default: none for files, 100000 for synthetic)")
+    src.add_argument("--categorical", choices=["vocab", "hash"], default="vocab",
+                     help="ids to rows: vocabulary from train.txt with an OOV row, or hashing")
+    src.add_argument("--max-rows", type=int, default=None, help="read at most this many rows per file")
+
+    m = p.add_argument_group("model and optimisation")
+    m.add_argument("--embedding-dim", type=int, default=16)
+    m.add_argument("--bottom-mlp", type=_ints, default=[64], help="hidden sizes (output is --embedding-dim)")
+    m.add_argument("--top-mlp", type=_ints, default=[64, 32], help="hidden sizes (output is one logit)")
+    m.add_argument("--batch-size", type=int, default=256, help="global batch, split evenly over ranks")
+    m.add_argument("--epochs", type=int, default=1)
+    m.add_argument("--steps", type=int, default=None, help="stop after this many steps (overrides --epochs)")
+    m.add_argument("--lr", type=float, default=0.05, help="learning rate of the dense part")
+    m.add_argument("--emb-lr", type=float, default=None, help="learning rate of the embeddings (default: --lr)")
+    m.add_argument("--optimizer", choices=["adagrad", "sgd"], default="adagrad")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+
+    c = p.add_argument_group("all-to-all compression")
+    c.add_argument("--compression", choices=["none", "fp16", "lossy", "adaptive"], default="none")
+    c.add_argument("--error-bound", type=float, default=0.03,
+                   help="forward error bound (lossy), or the adaptive controller's base bound")
+    c.add_argument("--eb-mode", choices=["rel", "abs"], default="rel",
+                   help="rel: bound relative to each chunk's value range; abs: absolute")
+    c.add_argument("--backward-error-bound", type=_backward, default="same",
+                   help="gradient all-to-all: 'same' as forward (default), 'none' (uncompressed), "
+                        "'fp16', or an error bound in --eb-mode")
+    c.add_argument("--policy", default=None, help="adaptive controller policy")
+    c.add_argument("--schedule", default=None, help="adaptive controller schedule")
+    c.add_argument("--plain-horovod", action="store_true",
+                   help="use horovod.torch.alltoall directly (reference for --compression none)")
+
+    o = p.add_argument_group("output")
+    o.add_argument("--metrics-out", default=None, metavar="PATH", help="write the metrics JSON here (rank 0)")
+    o.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots here (rank 0)")
+    o.add_argument("--eval-points", type=int, default=5,
+                   help="intermediate evaluations on a held-out prefix, for the AUC curve")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def check(args, world):
+    """Raises UsageError for arguments that cannot work with `world` ranks."""
+    if args.batch_size < 1:
+        raise UsageError("--batch-size must be >= 1, got %d" % args.batch_size)
+    if args.batch_size % world:
+        raise UsageError("--batch-size %d is not divisible by the %d ranks (each rank takes B/world rows)"
+                         % (args.batch_size, world))
+    if world > data.N_SPARSE:
+        raise UsageError("%d ranks but only %d embedding tables; table-wise sharding needs a table per rank"
+                         % (world, data.N_SPARSE))
+    if args.embedding_dim < 1:
+        raise UsageError("--embedding-dim must be >= 1, got %d" % args.embedding_dim)
+    if args.max_table_rows is not None and args.max_table_rows < 2:
+        raise UsageError("--max-table-rows must be >= 2 (a one-row table cannot tell ids apart), got %d"
+                         % args.max_table_rows)
+    if args.synthetic < 0:
+        raise UsageError("--synthetic must be >= 0 rows, got %d" % args.synthetic)
+    if args.synthetic and args.max_table_rows is None:
+        args.max_table_rows = 100000
+    if args.epochs < 1 or (args.steps is not None and args.steps < 1):
+        raise UsageError("--epochs and --steps must be >= 1, got %d and %s" % (args.epochs, args.steps))
+    if args.lr <= 0 or (args.emb_lr is not None and args.emb_lr <= 0):
+        raise UsageError("--lr and --emb-lr must be > 0, got %g and %s" % (args.lr, args.emb_lr))
+    if args.error_bound < 0 or (isinstance(args.backward_error_bound, float) and args.backward_error_bound < 0):
+        raise UsageError("error bounds must be >= 0, got --error-bound %g --backward-error-bound %s"
+                         % (args.error_bound, args.backward_error_bound))
+    if args.plain_horovod and args.compression != "none":
+        raise UsageError("--plain-horovod uses horovod.torch.alltoall, which cannot compress; "
+                         "got --compression %s" % args.compression)
+
+
+def check_source(source, args):
+    """Raises UsageError when the data cannot fill one global batch or a table is degenerate."""
+    for name, rows in zip(data.TABLE_NAMES, source.cardinalities):
+        if rows < 2:
+            raise UsageError("table %s has %d row(s); need >= 2" % (name, rows))
+    if source.steps_per_epoch < 1:
+        raise UsageError("--batch-size %d is larger than the %d training rows"
+                         % (args.batch_size, _train_rows(source)))
+    if source.n_eval < 1:
+        raise UsageError("no held-out rows to evaluate on")
+
+
+def _train_rows(source):
+    return len(source.train) if hasattr(source, "train") else source.gen.n["train"]

@@ -1,0 +1,226 @@
+"""Hybrid-parallel DLRM on Criteo with a compressed embedding all-to-all.
+
+    mpirun -np 2 python examples/dlrm/train.py --compression lossy --error-bound 0.03
+    horovodrun -np 2 python examples/dlrm/train.py --synthetic 1000000 --batch-size 2048 \
+        --compression adaptive --metrics-out m.json --plots plots/
+
+Dense parts (bottom MLP, interaction, top MLP) are replicated and data-parallel: their gradients
+are summed with hvd.DistributedOptimizer. Embedding tables are sharded table-wise (largest first
+onto the least-loaded rank) and model-parallel: lookups and their gradients move through
+hvd_lossy.torch.alltoall (exchange.py). The loss of each rank is its rows' BCE sum divided by the
+global batch, so the summed dense gradients and each owner's embedding gradients are exactly those
+of the global-batch mean loss.
+"""
+
+import hashlib
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import horovod.torch as hvd  # noqa: E402
+
+import cli  # noqa: E402
+import comm  # noqa: E402
+import data  # noqa: E402
+import metrics  # noqa: E402
+import sharding  # noqa: E402
+import sources  # noqa: E402
+from exchange import EmbeddingExchange  # noqa: E402
+from model import DenseArch, LocalTables  # noqa: E402
+
+
+# torch's sparse Adagrad/SGD warn once per process about disabled invariant checks; the sparse
+# gradients here come from nn.Embedding and are well-formed.
+warnings.filterwarnings("ignore", message="Sparse invariant checks")
+
+
+def build_model(args, source, rank, world):
+    """Dense part (same init on every rank), local tables, their optimizers and the exchange."""
+    dim = args.embedding_dim
+    owners = sharding.place_tables([n * dim for n in source.cardinalities], world)
+    owned = sharding.tables_of(owners, rank)
+    torch.manual_seed(args.seed)
+    dense_arch = DenseArch(data.N_DENSE, data.N_SPARSE, dim, args.bottom_mlp, args.top_mlp)
+    hvd.broadcast_parameters(dense_arch.state_dict(), root_rank=0)
+    tables = LocalTables(source.cardinalities, owned, dim, args.seed)
+    opt_cls = torch.optim.Adagrad if args.optimizer == "adagrad" else torch.optim.SGD
+    # op=Sum: each rank's loss is already divided by the global batch (see the module docstring).
+    dense_opt = hvd.DistributedOptimizer(opt_cls(dense_arch.parameters(), lr=args.lr),
+                                         named_parameters=dense_arch.named_parameters(), op=hvd.Sum)
+    emb_opt = opt_cls(tables.parameters(), lr=args.emb_lr or args.lr) if owned else None
+    return owners, owned, dense_arch, tables, dense_opt, emb_opt
+
+
+def forward(batch, ex, dense_arch, tables, b, observe=None):
+    """Logits of this rank's slice. `observe(table_index, lookups)` sees each owned table's
+    lookups for the global batch before they are sent (the adaptive controller's input)."""
+    dense, sparse, _ = batch[:3]
+    ids = ex.gather_ids(sparse)
+    lookups = tables(ids)
+    if observe is not None:
+        for i, t in enumerate(tables.owned):
+            observe(t, lookups[i].detach())
+    emb = ex.exchange(lookups, b)
+    return dense_arch.forward_top(dense_arch.forward_bottom(dense), emb)
+
+
+def evaluate(source, ex, dense_arch, tables, rank, world, limit=None):
+    """auc/logloss/accuracy over the held-out rows (or their first `limit`), gathered across ranks."""
+    b = source.batch_size // world
+    logits, labels = [], []
+    dense_arch.eval()
+    with torch.no_grad():
+        for batch in sources.eval_batches(source, rank, world, limit):
+            out = forward(batch, ex, dense_arch, tables, b)
+            valid = batch[3]
+            logits.append(out[valid])
+            labels.append(batch[2][valid])
+    dense_arch.train()
+    # allgather concatenates in rank order; the order of rows does not matter to the metrics.
+    all_logits = hvd.allgather(torch.cat(logits).double(), name="eval.logits").numpy()
+    all_labels = hvd.allgather(torch.cat(labels).double(), name="eval.labels").numpy()
+    return metrics.evaluate(all_labels, all_logits)
+
+
+def train(args):
+    rank, world = hvd.rank(), hvd.size()
+    cli.check(args, world)
+    torch.set_num_threads(args.threads)
+    source = sources.build(args, world)
+    cli.check_source(source, args)
+    owners, owned, dense_arch, tables, dense_opt, emb_opt = build_model(args, source, rank, world)
+    link = comm.Link(args, owners, rank, world, source.cardinalities)
+    ex = EmbeddingExchange(owners, rank, world, link.alltoall, lambda t: hvd.allgather(t, name="ids"))
+    b = args.batch_size // world
+
+    total = args.steps if args.steps else args.epochs * source.steps_per_epoch
+    eval_at = _eval_steps(total, args.eval_points)
+    curve_rows = min(source.n_eval, 8 * args.batch_size)
+    checksum = hashlib.sha256()
+    losses, evals, iter_s, splits = [], [], [], []
+    bar = _progress(total, rank == 0 and not args.no_progress)
+    link.reset()
+    t_start = time.perf_counter()
+    step = 0
+    for epoch in range(args.epochs if not args.steps else sys.maxsize):
+        for k in range(source.steps_per_epoch):
+            if step == total:
+                break
+            batch = source.batch(epoch, k, rank, world)
+            for t in batch:
+                checksum.update(t.numpy().tobytes())
+            t0 = time.perf_counter()
+            link.begin_step()
+            logits = forward(batch, ex, dense_arch, tables, b, link.observe)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                logits, batch[2], reduction="sum") / args.batch_size
+            dense_opt.zero_grad()
+            if emb_opt:
+                emb_opt.zero_grad()
+            loss.backward()
+            dense_opt.step()
+            if emb_opt:
+                emb_opt.step()
+            link.step()
+            iter_s.append(time.perf_counter() - t0)
+            splits.append(link.step_split(iter_s[-1], ex))
+            global_loss = hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item()
+            losses.append(global_loss)
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss="%.4f" % global_loss)
+            if step in eval_at:
+                ev = evaluate(source, ex, dense_arch, tables, rank, world, curve_rows)
+                evals.append(dict(ev, step=step))
+        if step == total:
+            break
+    train_seconds = time.perf_counter() - t_start
+    bar.close()
+    wire = link.totals()
+    final = evaluate(source, ex, dense_arch, tables, rank, world)
+    digests = hvd.allgather_object(checksum.hexdigest(), name="checksum")
+    result = dict(
+        final, steps=step, epochs_run=step / source.steps_per_epoch, world=world,
+        batch_size=args.batch_size, train_seconds=train_seconds,
+        iter_seconds_median=statistics.median(iter_s), loss_final=losses[-1],
+        data_checksum=hashlib.sha256("".join(digests).encode()).hexdigest(),
+        loss_curve=losses, eval_curve=evals, time_split=splits,
+        table_names=data.TABLE_NAMES, table_rows=source.cardinalities, owners=owners,
+        args=vars(args))
+    result.update(wire)
+    result.update(link.table_report())
+    return result
+
+
+def _eval_steps(total, points):
+    return {max(1, round(total * (i + 1) / (points + 1))) for i in range(points)} if points else set()
+
+
+def _progress(total, enabled):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    if enabled and tqdm is not None:
+        return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
+
+    class _Silent:
+        def update(self, n):
+            pass
+
+        def set_postfix(self, **kw):
+            pass
+
+        def close(self):
+            pass
+    return _Silent()
+
+
+def write_outputs(args, result):
+    if args.metrics_out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.metrics_out)), exist_ok=True)
+        with open(args.metrics_out, "w") as f:
+            json.dump(result, f, indent=1, default=_json_default)
+    if args.plots:
+        import plots
+        plots.write_all(result, args.plots)
+
+
+def _json_default(x):
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    raise TypeError("not JSON serialisable: %r" % type(x))
+
+
+def summary_line(r):
+    return ("auc %.4f  logloss %.4f  acc %.4f  steps %d  %.1f s  a2a %.2f MB sent / %.2f MB plain (x%.1f)"
+            % (r["auc"], r["logloss"], r["accuracy"], r["steps"], r["train_seconds"],
+               r["a2a_bytes_sent"] / 1e6, r["a2a_bytes_plain"] / 1e6, r["compression_ratio"]))
+
+
+def main(argv=None):
+    args = cli.parser().parse_args(argv)
+    hvd.init()
+    try:
+        result = train(args)
+    except (cli.UsageError, data.DataError) as e:
+        # Every rank reaches the same verdict from the same input; one message is enough.
+        if hvd.rank() == 0:
+            print("train.py: error: %s" % e, file=sys.stderr)
+        sys.exit(2)
+    if hvd.rank() == 0:
+        write_outputs(args, result)
+        print(summary_line(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,300 @@
+"""The DLRM example (examples/dlrm): loader, synthetic data, sharding, metrics, model pieces, and
+2-rank runs under mpirun."""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DLRM = os.path.join(ROOT, "examples", "dlrm")
+SAMPLE = os.path.join(ROOT, "data", "criteo_kaggle_sample")
+sys.path.insert(0, DLRM)
+
+import cli  # noqa: E402
+import data  # noqa: E402
+import metrics  # noqa: E402
+import sharding  # noqa: E402
+import synthetic  # noqa: E402
+from exchange import EmbeddingExchange  # noqa: E402
+from model import LocalTables, interact  # noqa: E402
+
+
+def _row(label="0", dense=None, cats=None):
+    dense = dense if dense is not None else ["1"] * 13
+    cats = cats if cats is not None else ["68fd1e64"] * 26
+    return "\t".join([label] + dense + cats) + "\n"
+
+
+# ---------------------------------------------------------------- loader
+
+
+def test_bundled_sample_loads_with_all_fields():
+    labels, dense, ids = data.read_raw(os.path.join(SAMPLE, "train.txt"))
+    assert labels.shape == (7200,) and dense.shape == (7200, 13) and ids.shape == (7200, 26)
+    assert set(np.unique(labels)) == {0.0, 1.0}
+    assert 0.18 < labels.mean() < 0.25  # the README's click rate, 0.215
+    # First row of train.txt: I1=1, I4=0, I12 missing; C20 (index 19) = 07b5194c... see the file.
+    with open(os.path.join(SAMPLE, "train.txt")) as f:
+        fields = f.readline().rstrip("\n").split("\t")
+    for j in range(13):
+        want = 0.0 if fields[1 + j] == "" else np.log1p(max(int(fields[1 + j]), 0))
+        assert dense[0, j] == pytest.approx(want, rel=1e-6)
+    for j in range(26):
+        v = fields[14 + j]
+        assert ids[0, j] == (data.MISSING_ID if v == "" else int(v, 16))
+
+
+def test_dense_transform_is_log1p_with_negatives_clamped_and_missing_zero():
+    raw = np.array([[0.0, 3.0, -2.0]])
+    missing = np.array([[False, False, False]])
+    assert np.allclose(data.transform_dense(raw, missing), [[0.0, np.log(4.0), 0.0]])
+    assert data.transform_dense(np.array([[5.0]]), np.array([[True]]))[0, 0] == 0.0
+
+
+def test_missing_file_is_a_data_error_naming_the_path(tmp_path):
+    path = tmp_path / "nope.txt"
+    with pytest.raises(data.DataError, match="nope.txt does not exist"):
+        data.read_raw(str(path))
+    with pytest.raises(data.DataError, match="not a folder"):
+        data.load_splits(str(tmp_path / "missing_dir"))
+
+
+def test_wrong_column_count_is_a_data_error_naming_the_line(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_text(_row() + _row() + "0\t1\t2\n")
+    with pytest.raises(data.DataError, match=r"line 3 has 3 tab-separated fields, expected 40"):
+        data.read_raw(str(path))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (_row(label="2"), "label must be 0 or 1"),
+    (_row(dense=["x"] + ["1"] * 12), "line 1"),
+    (_row(cats=["zz"] + ["68fd1e64"] * 25), "line 1"),
+    (_row(cats=["123456789"] + ["68fd1e64"] * 25), "at most 8 hex digits"),
+])
+def test_unparseable_field_is_a_data_error(tmp_path, bad, match):
+    path = tmp_path / "train.txt"
+    path.write_text(bad)
+    with pytest.raises(data.DataError, match=match):
+        data.read_raw(str(path))
+
+
+def test_vocabulary_maps_unseen_ids_to_the_oov_row_and_orders_by_frequency():
+    ids = np.array([[5], [7], [7], [9], [7], [9]], np.uint64)
+    vocab = data.Vocabulary.fit(ids)
+    assert vocab.cardinalities == [4]  # OOV + 3 seen ids
+    enc = vocab.encode(np.array([[7], [9], [5], [1234]], np.uint64))
+    assert enc[:, 0].tolist() == [1, 2, 3, 0]
+    capped = data.Vocabulary.fit(ids, max_table_rows=2)
+    assert capped.cardinalities == [2]
+    assert capped.encode(np.array([[7], [9]], np.uint64))[:, 0].tolist() == [1, 0]
+
+
+def test_load_splits_encodes_every_split_within_its_tables():
+    for mode, cap in (("vocab", None), ("hash", 1000)):
+        splits = data.load_splits(SAMPLE, mode, cap)
+        assert set(splits) == {"train", "dev", "test"}
+        for ds in splits.values():
+            assert ds.sparse.min() >= 0
+            assert (ds.sparse < np.array(ds.cardinalities)).all()
+        if cap:
+            assert max(splits["train"].cardinalities) == cap
+    # Vocabulary from train: every train id has its own row, so no train id is OOV.
+    assert (data.load_splits(SAMPLE)["train"].sparse > 0).all()
+
+
+# ---------------------------------------------------------------- synthetic data
+
+
+def test_synthetic_rows_depend_only_on_seed_not_on_how_they_are_read():
+    a = synthetic.SyntheticCriteo(20000, 1000, seed=3, max_table_rows=50000)
+    b = synthetic.SyntheticCriteo(20000, 1000, seed=3, max_table_rows=50000)
+    whole = a.rows("train", 0, 12000)
+    parts = [b.rows("train", lo, hi) for lo, hi in ((0, 1), (1, 5000), (5000, 12000))]
+    for x, y in zip(whole, (np.concatenate(p) for p in zip(*parts))):
+        assert np.array_equal(x, y)
+    other = synthetic.SyntheticCriteo(20000, 1000, seed=4, max_table_rows=50000).rows("train", 0, 12000)
+    assert not np.array_equal(whole[1], other[1])
+    assert not np.array_equal(a.rows("test", 0, 1000)[1], whole[1][:1000])
+
+
+def test_synthetic_rows_far_into_a_large_stream_need_only_their_chunk():
+    gen = synthetic.SyntheticCriteo(50_000_000, 10, seed=1, max_table_rows=1000)
+    dense, sparse, labels = gen.rows("train", 40_000_000, 40_000_100)
+    assert dense.shape == (100, 13) and sparse.shape == (100, 26) and labels.shape == (100,)
+    assert len(gen._cache) == 1
+
+
+def test_synthetic_tables_are_capped_kaggle_sizes_with_zipf_skew():
+    gen = synthetic.SyntheticCriteo(40000, 10, seed=0, max_table_rows=100000)
+    assert gen.cardinalities == [min(c, 100000) for c in data.KAGGLE_CARDINALITIES]
+    _, sparse, _ = gen.rows("train", 0, 40000)
+    assert (sparse >= 0).all() and (sparse < np.array(gen.cardinalities)).all()
+    big = sparse[:, 2]  # 100,000-row table: the head holds much more than a uniform share
+    top10 = np.sort(np.bincount(big))[::-1][:10].sum() / len(big)
+    assert top10 > 0.2  # uniform would give 1e-4
+
+
+def test_synthetic_labels_carry_the_planted_teacher_signal():
+    gen = synthetic.SyntheticCriteo(30000, 10, seed=2, max_table_rows=100000)
+    dense, sparse, labels = gen.rows("train", 0, 30000)
+    assert 0.15 < labels.mean() < 0.35
+    teacher = gen.teacher_logit(dense, sparse)
+    assert metrics.auc(labels, teacher) > 0.75
+    # The signal is in the ids, where the embeddings must find it: the id part alone beats chance.
+    assert metrics.auc(labels, gen.teacher_logit(np.zeros_like(dense), sparse)) > 0.7
+
+
+# ---------------------------------------------------------------- sharding
+
+
+def _brute_force_makespan(sizes, world):
+    return min(max(sharding.loads(list(p), sizes, world))
+               for p in itertools.product(range(world), repeat=len(sizes)))
+
+
+def test_placement_is_greedy_largest_first_onto_least_loaded_rank():
+    # 9 -> rank 0; 7 -> rank 1; 5 -> rank 1 (load 7 < 9); 1 -> rank 0 (load 9 < 12).
+    assert sharding.place_tables([5, 9, 1, 7], 2) == [1, 0, 0, 1]
+    owners = sharding.place_tables(data.KAGGLE_CARDINALITIES, 4)
+    assert sorted(set(owners)) == [0, 1, 2, 3]
+    assert owners == sharding.place_tables(data.KAGGLE_CARDINALITIES, 4)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_placement_load_is_within_four_thirds_of_optimal(seed):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 100, 8).tolist()
+    for world in (2, 3):
+        greedy = max(sharding.loads(sharding.place_tables(sizes, world), sizes, world))
+        assert greedy <= 4 / 3 * _brute_force_makespan(sizes, world)
+
+
+def test_placement_balances_the_kaggle_tables_on_two_ranks():
+    sizes = [min(c, 100000) for c in data.KAGGLE_CARDINALITIES]
+    load = sharding.loads(sharding.place_tables(sizes, 2), sizes, 2)
+    assert max(load) - min(load) <= max(sizes)
+    assert sharding.tables_of([1, 0, 1], 1) == [0, 2]
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def _pairwise_auc(labels, scores):
+    pos = scores[labels == 1]
+    neg = scores[labels == 0]
+    wins = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    return wins / (len(pos) * len(neg))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_auc_equals_brute_force_pairwise_count_with_ties(seed):
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, 300)
+    scores = rng.integers(0, 20, 300).astype(float) + labels * rng.integers(0, 3)  # many ties
+    assert metrics.auc(labels, scores) == pytest.approx(_pairwise_auc(labels, scores), abs=1e-12)
+
+
+def test_auc_of_one_class_is_nan_and_metrics_match_definitions():
+    assert np.isnan(metrics.auc(np.ones(4), np.arange(4.0)))
+    ev = metrics.evaluate(np.array([1.0, 0.0]), np.array([0.0, -2.0]))
+    p = 1 / (1 + np.exp(2.0))
+    assert ev["logloss"] == pytest.approx(-(np.log(0.5) + np.log(1 - p)) / 2)
+    assert ev["accuracy"] == 0.5 and ev["auc"] == 1.0
+
+
+# ---------------------------------------------------------------- model and exchange
+
+
+def test_interaction_is_all_pairwise_dots_after_the_bottom_output():
+    torch.manual_seed(0)
+    bottom, lookups = torch.randn(3, 4), torch.randn(3, 5, 4)
+    out = interact(bottom, lookups)
+    feats = [bottom] + [lookups[:, t] for t in range(5)]
+    want = [(feats[i] * feats[j]).sum(1) for i in range(6) for j in range(i)]
+    assert out.shape == (3, 4 + 15)
+    assert torch.allclose(out[:, :4], bottom)
+    assert torch.allclose(out[:, 4:], torch.stack(want, 1), atol=1e-6)
+
+
+def test_table_init_depends_on_table_and_seed_not_on_owner():
+    cards = [10, 20, 30]
+    a = LocalTables(cards, [0, 2], 4, seed=7)
+    b = LocalTables(cards, [2], 4, seed=7)
+    assert torch.equal(a.tables[1].weight, b.tables[0].weight)
+    assert not torch.equal(LocalTables(cards, [2], 4, seed=8).tables[0].weight, b.tables[0].weight)
+
+
+class _ThreadWorld:
+    """alltoall/allgather among threads, to check the exchange's layout without MPI."""
+
+    def __init__(self, world):
+        self.world, self.box = world, {}
+        self.barrier = threading.Barrier(world)
+
+    def ops(self, rank):
+        def allgather(t):
+            self.box[("g", rank)] = t
+            self.barrier.wait()
+            out = torch.cat([self.box[("g", r)] for r in range(self.world)])
+            self.barrier.wait()
+            return out
+
+        def alltoall(t, splits):
+            self.box[("a", rank)] = (t, splits.tolist())
+            self.barrier.wait()
+            got = []
+            for src in range(self.world):
+                st, ss = self.box[("a", src)]
+                got.append(st[sum(ss[:rank]):sum(ss[:rank + 1])])
+            self.barrier.wait()
+            return torch.cat(got), None
+        return alltoall, allgather
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_exchange_gives_each_rank_all_tables_for_its_rows_in_global_order(world):
+    cards = [17, 5, 40, 9, 23, 11, 8]
+    dim, b = 3, 4
+    owners = sharding.place_tables(cards, world)
+    rng = np.random.default_rng(0)
+    ids = torch.from_numpy(np.stack([rng.integers(0, c, b * world) for c in cards], 1))
+    full = LocalTables(cards, range(len(cards)), dim, seed=1)
+    want = full(ids).transpose(0, 1)  # (B, T, D)
+    tw, results = _ThreadWorld(world), {}
+
+    def run(rank):
+        a2a, ag = tw.ops(rank)
+        ex = EmbeddingExchange(owners, rank, world, a2a, ag)
+        tables = LocalTables(cards, sharding.tables_of(owners, rank), dim, seed=1)
+        with torch.no_grad():
+            results[rank] = ex.exchange(tables(ex.gather_ids(ids[rank * b:(rank + 1) * b])), b)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for r in range(world):
+        assert torch.equal(results[r], want[r * b:(r + 1) * b])
+
+
+# ---------------------------------------------------------------- command line
+
+
+def test_batch_size_not_divisible_by_ranks_is_a_usage_error():
+    args = cli.parser().parse_args(["--batch-size", "101"])
+    with pytest.raises(cli.UsageError, match="--batch-size 101 is not divisible by the 2 ranks"):
+        cli.check(args, 2)
+
+
+def test_one_row_tables_are_a_usage_error():
+    with pytest.raises(cli.UsageError, match="--max-table-rows must be >= 2"):
+        cli.check(cli.parser().parse_args(["--max-table-rows", "1"]), 2)
