@@ -1,0 +1,253 @@
+"""Specification of the codec: the error bound, round trips, dedup, sizes and bad input."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hvd_lossy
+from hvd_lossy import FrameError
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SPECIALS = [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 3.4e38, -3.4e38, 1e-45, -1e-40,
+            1e-8, 65504.0, 1.0, -1.0]
+
+
+def max_error(x, y):
+    """max |x - x_hat| in float64 over the finite elements of x."""
+    x64, y64 = x.double(), y.double()
+    finite = torch.isfinite(x64)
+    if not finite.any():
+        return 0.0
+    return (x64[finite] - y64[finite]).abs().max().item()
+
+
+def assert_bound_and_specials(x, frame):
+    info = hvd_lossy.frame_info(frame)
+    y = hvd_lossy.decompress(frame)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert max_error(x, y) <= info["eb_abs"]
+    # NaN and infinities come back exactly where they were.
+    assert torch.equal(torch.isnan(x), torch.isnan(y))
+    inf = torch.isinf(x)
+    assert torch.equal(x[inf], y[inf])
+    return info, y
+
+
+@st.composite
+def tensors(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    ndim = draw(st.integers(0, 3))
+    shape = tuple(draw(st.lists(st.integers(0, 9), min_size=ndim, max_size=ndim)))
+    numel = math.prod(shape)
+    scale = draw(st.sampled_from([1e-30, 1e-3, 1.0, 1e3, 1e30]))
+    seed = draw(st.integers(0, 2**31))
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(numel, generator=g, dtype=torch.float64) * scale)
+    specials = draw(st.lists(st.tuples(st.integers(0, max(numel - 1, 0)), st.sampled_from(SPECIALS)),
+                             max_size=4))
+    for i, v in specials:
+        if numel:
+            x[i] = v
+    x = x.to(dtype).reshape(shape)
+    if draw(st.booleans()) and numel > 1 and ndim >= 2:
+        # repeated rows, as hot embedding lookups give
+        x = x.reshape(-1, shape[-1])
+        x[len(x) // 2:] = x[: len(x) - len(x) // 2].clone()
+        x = x.reshape(shape)
+    return x
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(x=tensors(),
+       eb=st.sampled_from([0.0, 1e-6, 1e-3, 0.01, 0.03, 0.05, 0.3, 1.0]),
+       mode=st.sampled_from(["rel", "abs"]),
+       level=st.sampled_from([1, 2]),
+       dedup=st.booleans())
+def test_roundtrip_respects_error_bound_on_every_element(x, eb, mode, level, dedup):
+    frame = hvd_lossy.compress(x, eb, mode=mode, level=level, dedup=dedup)
+    info, y = assert_bound_and_specials(x, frame)
+    if eb == 0:
+        assert info["lossless"]
+    if info["lossless"]:
+        assert torch.equal(x.view(torch.int16 if x.element_size() == 2 else torch.int32),
+                           y.view(torch.int16 if x.element_size() == 2 else torch.int32))
+    assert frame.numel() <= hvd_lossy.max_frame_bytes(info["n_rows"], info["row_len"], len(x.shape))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_values_on_bin_edges_stay_within_bound(dtype):
+    eb = 0.01
+    step = 2 * eb
+    k = torch.arange(-200, 200, dtype=torch.float64)
+    # exactly halfway between two reconstruction levels, and one ulp either side
+    edges = (k + 0.5) * step
+    x = torch.cat([edges, torch.nextafter(edges, edges + 1), torch.nextafter(edges, edges - 1)])
+    x = x.to(dtype).reshape(-1, 8)
+    frame = hvd_lossy.compress(x, eb, mode="abs")
+    info, _ = assert_bound_and_specials(x, frame)
+    assert info["eb_abs"] == eb
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_special_values_survive_lossy_compression(dtype):
+    x = torch.tensor(SPECIALS * 4, dtype=torch.float64).to(dtype).reshape(4, -1)
+    for mode in ("rel", "abs"):
+        frame = hvd_lossy.compress(x, 0.05, mode=mode)
+        info, y = assert_bound_and_specials(x, frame)
+        assert info["n_outliers"] > 0
+
+
+def test_rel_bound_is_fraction_of_finite_range():
+    x = torch.tensor([[-2.0, 6.0, float("inf"), float("nan")]])
+    info = hvd_lossy.frame_info(hvd_lossy.compress(x, 0.03))
+    assert info["eb_abs"] == pytest.approx(0.03 * 8.0, rel=0, abs=1e-15)
+    assert info["mode"] == "rel" and info["eb_param"] == 0.03
+
+
+@pytest.mark.parametrize("x", [torch.full((16, 4), 3.25), torch.tensor([[float("nan")] * 4]),
+                               torch.zeros(3, 0), torch.zeros(0, 32)])
+def test_zero_range_or_no_finite_values_is_lossless(x):
+    frame = hvd_lossy.compress(x, 0.03, mode="rel")
+    info = hvd_lossy.frame_info(frame)
+    assert info["lossless"] and info["eb_abs"] == 0
+    y = hvd_lossy.decompress(frame)
+    assert torch.equal(x.view(torch.int32), y.view(torch.int32))
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (1,), (7,), (0, 32), (1, 32), (5, 1), (2, 3, 4), (3, 0)])
+def test_roundtrip_keeps_dtype_and_shape(shape):
+    x = torch.randn(shape)
+    y = hvd_lossy.decompress(hvd_lossy.compress(x, 0.01))
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert max_error(x, y) <= 0.01 * (x.max() - x.min()).item() if x.numel() else True
+
+
+def test_non_contiguous_input_is_compressed_as_its_values():
+    base = torch.randn(32, 64)
+    x = base.t()[::2]
+    assert not x.is_contiguous()
+    y = hvd_lossy.decompress(hvd_lossy.compress(x, 0.0))
+    assert torch.equal(y, x)
+
+
+def test_duplicate_rows_are_stored_once():
+    g = torch.Generator().manual_seed(0)
+    table = torch.rand(50, 32, generator=g) * 0.2 - 0.1
+    ids = torch.randint(0, 50, (1024,), generator=g)
+    x = table[ids]
+    frame = hvd_lossy.compress(x, 0.03)
+    info = hvd_lossy.frame_info(frame)
+    assert info["n_unique"] == len(torch.unique(ids))
+    no_dedup = hvd_lossy.compress(x, 0.03, dedup=False)
+    assert hvd_lossy.frame_info(no_dedup)["n_unique"] == 1024
+    assert frame.numel() * 5 < no_dedup.numel()
+    assert torch.equal(hvd_lossy.decompress(frame), hvd_lossy.decompress(no_dedup))
+
+
+def test_rows_differing_only_in_an_outlier_value_are_not_merged():
+    x = torch.zeros(4, 8)
+    x[:, 0] = torch.linspace(-1, 1, 4)
+    x[1, 3] = float("nan")
+    x[2] = x[1]
+    x[2, 3] = float("inf")  # same codes as row 1 except the outlier's raw bits
+    x[3] = x[1]
+    y = hvd_lossy.decompress(hvd_lossy.compress(x, 0.01))
+    assert torch.isnan(y[1, 3]) and torch.isinf(y[2, 3]) and torch.isnan(y[3, 3])
+
+
+def test_level_two_is_smaller_on_embedding_lookups():
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(4096, 32, generator=g) * 0.02 - 0.01
+    l1 = hvd_lossy.compress(x, 0.03, level=1)
+    l2 = hvd_lossy.compress(x, 0.03, level=2)
+    assert hvd_lossy.frame_info(l2)["level"] == 2
+    assert l2.numel() < l1.numel()
+    assert torch.equal(hvd_lossy.decompress(l1), hvd_lossy.decompress(l2))
+
+
+def test_frame_info_describes_the_frame():
+    x = torch.randn(10, 4, dtype=torch.float16)
+    frame = hvd_lossy.compress(x, 0.05, mode="abs", level=2)
+    info = hvd_lossy.frame_info(frame)
+    assert info["dtype"] == torch.float16 and info["shape"] == (10, 4)
+    assert info["eb_abs"] == 0.05 and info["mode"] == "abs"
+    assert info["frame_bytes"] == frame.numel()
+    assert info["raw_bytes"] == 80 and info["ratio"] == pytest.approx(80 / frame.numel())
+
+
+def test_compress_chunks_makes_one_frame_per_piece_with_its_own_bound():
+    x = torch.randn(10, 3)
+    buf, sizes = hvd_lossy.compress_chunks(x, [4, 0, 6], [0.01, 0.02, 0.05])
+    assert len(sizes) == 3 and sum(sizes) == buf.numel()
+    assert hvd_lossy.split_frames(buf) == sizes
+    parts = hvd_lossy.decompress_chunks(buf, sizes)
+    assert [p.shape for p in parts] == [(4, 3), (0, 3), (6, 3)]
+    offs = np.cumsum([0] + sizes)
+    for p, src, eb, a, b in zip(parts, torch.split(x, [4, 0, 6]), [0.01, 0.02, 0.05], offs[:-1], offs[1:]):
+        info = hvd_lossy.frame_info(buf[a:b])
+        assert info["eb_param"] == eb
+        assert max_error(src, p) <= info["eb_abs"]
+    # each frame equals compressing its piece alone
+    assert torch.equal(buf[: sizes[0]], hvd_lossy.compress(x[:4], 0.01))
+
+
+def test_compress_chunks_of_a_1d_tensor_gives_1d_pieces():
+    x = torch.randn(9)
+    buf, sizes = hvd_lossy.compress_chunks(x, [2, 7], 0.0)
+    parts = hvd_lossy.decompress_chunks(buf)
+    assert torch.equal(torch.cat(parts), x)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(error_bound=-0.01), "error_bound must be a finite number >= 0, got -0.01"),
+    (dict(error_bound=float("nan")), "error_bound .* got nan"),
+    (dict(error_bound=float("inf")), "error_bound .* got inf"),
+    (dict(mode="relative"), "unsupported mode 'relative'"),
+    (dict(level=3), "unsupported level 3"),
+])
+def test_bad_arguments_raise_value_error_naming_the_value(bad, match):
+    kwargs = dict(error_bound=0.01, mode="rel", level=1)
+    kwargs.update(bad)
+    with pytest.raises(ValueError, match=match):
+        hvd_lossy.compress(torch.randn(4, 4), **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.bool, torch.uint8])
+def test_unsupported_dtype_raises_value_error(dtype):
+    with pytest.raises(ValueError, match=f"unsupported dtype {dtype}"):
+        hvd_lossy.compress(torch.zeros(4, dtype=dtype), 0.01)
+
+
+def test_non_tensor_raises_type_error():
+    with pytest.raises(TypeError, match="expected a torch.Tensor, got list"):
+        hvd_lossy.compress([1.0, 2.0], 0.01)
+
+
+def test_bad_chunk_rows_raise():
+    x = torch.randn(5, 2)
+    with pytest.raises(ValueError, match="rows sum to 4 but the tensor has 5"):
+        hvd_lossy.compress_chunks(x, [2, 2], 0.01)
+    with pytest.raises(ValueError, match=r"rows\[0\] is -1"):
+        hvd_lossy.compress_chunks(x, [-1, 6], 0.01)
+    with pytest.raises(ValueError, match="got 1 error bounds for 2 pieces"):
+        hvd_lossy.compress_chunks(x, [2, 3], [0.01])
+
+
+def test_corrupt_or_foreign_frames_raise_frame_error():
+    frame = hvd_lossy.compress(torch.randn(64, 8), 0.01)
+    assert issubclass(FrameError, ValueError)
+    with pytest.raises(FrameError, match="truncated"):
+        hvd_lossy.decompress(frame[:50])
+    with pytest.raises(FrameError, match="truncated or has trailing bytes"):
+        hvd_lossy.decompress(frame[:-1])
+    flipped = frame.clone()
+    flipped[-3] ^= 0x10
+    with pytest.raises(FrameError, match="checksum"):
+        hvd_lossy.decompress(flipped)
+    with pytest.raises(FrameError, match="not an hvd_lossy frame"):
+        hvd_lossy.decompress(torch.zeros(200, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="torch.uint8"):
+        hvd_lossy.decompress(torch.zeros(200))

@@ -1,0 +1,58 @@
+"""The byte format is pinned: golden frames of format version 1 must be produced and decoded
+bit for bit by every build (CPU and CUDA encode the same bytes)."""
+import pathlib
+import struct
+import sys
+
+import pytest
+import torch
+
+import hvd_lossy
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "golden"))
+from cases import CASES, HERE  # noqa: E402
+
+
+def golden(name):
+    return torch.frombuffer(bytearray((HERE / f"{name}.bin").read_bytes()), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_encoder_reproduces_golden_frame(name):
+    make, kwargs = CASES[name]
+    frame = hvd_lossy.compress(make(), **kwargs)
+    assert torch.equal(frame, golden(name)), f"{name}: frame bytes changed; the format is pinned"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_frame_decodes_within_bound(name):
+    make, kwargs = CASES[name]
+    x = make()
+    frame = golden(name)
+    info = hvd_lossy.frame_info(frame)
+    y = hvd_lossy.decompress(frame)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    finite = torch.isfinite(x)
+    assert (x[finite].double() - y[finite].double()).abs().max().item() <= info["eb_abs"]
+    assert torch.equal(torch.isnan(x), torch.isnan(y))
+
+
+def test_header_layout_is_little_endian_and_versioned():
+    frame = golden("f32_rel003_level1").numpy().tobytes()
+    magic, version, dtype, level, flags, ndim = struct.unpack_from("<IBBBBB", frame, 0)
+    assert magic == 0x4C445648 and frame[:4] == b"HVDL"
+    assert version == 1 and dtype == 0 and level == 1 and ndim == 2
+    assert flags & 0x01  # relative mode
+    eb_param, eb_abs = struct.unpack_from("<dd", frame, 16)
+    n_rows, row_len, n_unique = struct.unpack_from("<QQQ", frame, 32)
+    total = struct.unpack_from("<Q", frame, 88)[0]
+    distinct = len(torch.unique(CASES["f32_rel003_level1"][0](), dim=0))
+    assert eb_param == 0.03 and (n_rows, row_len) == (96, 32) and n_unique == distinct
+    assert total == len(frame)
+    assert struct.unpack_from("<qq", frame, 96) == (96, 32)
+
+
+def test_dedup_visible_in_golden_frame():
+    info = hvd_lossy.frame_info(golden("f32_rel003_level1"))
+    distinct = len(torch.unique(CASES["f32_rel003_level1"][0](), dim=0))
+    assert 1 < distinct < 96 and info["n_unique"] == distinct and info["n_rows"] == 96
