@@ -262,11 +262,16 @@ class Controller:
         Arguments:
             table: table name.
             tensor: (rows, row_len) looked-up embedding rows (any float dtype, any device).
+
+        Returns:
+            None when this iteration is not sampled, else the tuple (elements, sum, sum of
+            squares, min, max, rows, distinct rows) just recorded.
         """
         i = self._idx(table)
         if not self.sampling:
-            return
-        n, s, ss, lo, hi, rows, uniq = _stats.lookup_stats(tensor)
+            return None
+        seen = _stats.lookup_stats(tensor)
+        n, s, ss, lo, hi, rows, uniq = seen
         r, f = self._rows[i], _stats.IDX
         r[f["values"]] += n
         r[f["sum"]] += s
@@ -275,6 +280,7 @@ class Controller:
         r[f["max"]] = max(r[f["max"]], hi)
         r[f["rows"]] += rows
         r[f["unique_rows"]] += uniq
+        return seen
 
     def observe_gradients(self, table, tensor):
         """Record the gradient magnitude (mean |g|) of a table's looked-up rows."""
@@ -354,13 +360,13 @@ class Controller:
         self._rows = _stats.empty_rows(len(self._specs))
         self._totals = _stats.merge_rows(np.stack([self._totals, merged]))
         self._last = [_stats.row_stats(s, merged[i]) for i, s in enumerate(self._specs)]
-        self._table_bounds = self._plan()
+        self._table_bounds = self._plan(self._table_bounds)
         if self._telemetry is not None and self.rank == 0:
             write_line(self._telemetry, self._telemetry_record())
         return list(self._last)
 
-    def _plan(self):
-        bounds = self._policy.table_bounds(self._last, self._base, self._mode)
+    def _plan(self, previous=None):
+        bounds = self._policy.table_bounds(self._last, self._base, self._mode, previous)
         for name in self.names:
             b = bounds.get(name)
             if b is None or not math.isfinite(b) or b <= 0:

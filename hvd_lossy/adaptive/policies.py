@@ -54,13 +54,14 @@ class Policy:
 
     name = None
 
-    def table_bounds(self, stats, base, mode):
+    def table_bounds(self, stats, base, mode, previous=None):
         """Table bounds (before the schedule's multiplier).
 
         Arguments:
             stats: list of ``TableStats`` in table order, merged over all ranks.
             base: the base bound (relative to the value range in mode "rel", absolute in "abs").
             mode: ``"rel"`` or ``"abs"``.
+            previous: the table bounds in force until now (dict name -> bound), or None.
 
         Returns:
             dict table name -> bound > 0.
@@ -89,7 +90,7 @@ class UniformPolicy(Policy):
 
     name = "uniform"
 
-    def table_bounds(self, stats, base, mode):
+    def table_bounds(self, stats, base, mode, previous=None):
         return {s.name: base for s in stats}
 
 
@@ -137,7 +138,7 @@ class PaperPolicy(Policy):
         out.update(self.pin)
         return out
 
-    def table_bounds(self, stats, base, mode):
+    def table_bounds(self, stats, base, mode, previous=None):
         value = {"tighten": self.tighten if self.tighten is not None else base / 3,
                  "base": base,
                  "loosen": self.loosen if self.loosen is not None else base * 5 / 3}
@@ -196,7 +197,7 @@ class SensitivityPolicy(Policy):
     def _params(self):
         return {"spread": self.spread}
 
-    def table_bounds(self, stats, base, mode):
+    def table_bounds(self, stats, base, mode, previous=None):
         logw = _sensitivity_logw(stats, mode)
         known = ~np.isnan(logw)
         bounds = {s.name: base for s in stats}
@@ -226,7 +227,7 @@ class BudgetPolicy(Policy):
     name = "budget"
 
     def __init__(self, target_ratio=None, shape="sensitivity", spread=4.0, min_bound=1e-4,
-                 max_bound=0.5):
+                 max_bound=0.5, damping=0.5):
         self.target_ratio = None if target_ratio is None else _positive("target_ratio",
                                                                        target_ratio)
         if shape not in ("sensitivity", "uniform"):
@@ -236,15 +237,19 @@ class BudgetPolicy(Policy):
         self.spread = SensitivityPolicy(spread).spread
         self.min_bound = _positive("min_bound", min_bound)
         self.max_bound = _positive("max_bound", max_bound)
+        if isinstance(damping, bool) or not isinstance(damping, (int, float)) or \
+                not 0 <= damping < 1:
+            raise ValueError(f"budget policy: damping must be in [0, 1), got {damping!r}")
+        self.damping = float(damping)
         if self.min_bound >= self.max_bound:
             raise ValueError(f"budget policy: min_bound ({min_bound}) must be < max_bound "
                              f"({max_bound})")
 
     def _params(self):
         return {"target_ratio": self.target_ratio, "shape": self.shape, "spread": self.spread,
-                "min_bound": self.min_bound, "max_bound": self.max_bound}
+                "min_bound": self.min_bound, "max_bound": self.max_bound, "damping": self.damping}
 
-    def table_bounds(self, stats, base, mode):
+    def table_bounds(self, stats, base, mode, previous=None):
         if self.shape == "uniform":
             shape = {s.name: base for s in stats}
         else:
@@ -269,8 +274,14 @@ class BudgetPolicy(Policy):
         # Scale every bound by 2**k: bytes fall as k rises; solve -bytes(k) == -target.
         k = _solve_shift(lambda k: -frame_bytes(np.clip(log2_shape + k, lo2, hi2)), -target,
                          lo2 - log2_shape.max(), hi2 - log2_shape.min())
-        out = {name: float(min(max(b * 2.0 ** k, self.min_bound), self.max_bound))
-               for name, b in shape.items()}
+        out = {}
+        for name, b in shape.items():
+            log2_eb = math.log2(b) + k
+            if previous and name in previous:
+                # The rate is a staircase (whole bits per block), so an undamped fit can jump
+                # between two steps every interval; move part of the way in log space.
+                log2_eb = self.damping * math.log2(previous[name]) + (1 - self.damping) * log2_eb
+            out[name] = float(min(max(2.0 ** log2_eb, self.min_bound), self.max_bound))
         return out
 
 

@@ -50,6 +50,9 @@ def merge_rows(gathered):
     return merged
 
 
+LOOKUP_UNIQUE = 6  # index of the distinct-row count in lookup_stats()'s tuple
+
+
 def lookup_stats(tensor):
     """Moments of a (rows, row_len) lookup tensor: (values, sum, sumsq, min, max, rows, unique).
 

@@ -1,0 +1,206 @@
+"""AdaptiveCompressor: the controller's per-table bounds applied to the embedding all-to-all.
+
+One frame per (destination, table): the rows each destination receives of each table are
+compressed alone with that table's bound, and the bound travels in the frame header, so
+receivers decode without knowing the plan.
+"""
+
+import math
+
+from hvd_lossy.compression import SAME, LossyCompressor, NoneCompressor
+
+import hvd_lossy
+
+from . import stats as _stats
+
+__all__ = ["AdaptiveCompressor"]
+
+TABLE = "table"
+DIRECTIONS = ("forward", "backward")
+
+
+def _check_bound_setting(value, what):
+    """"table" or a finite float >= 0."""
+    if value == TABLE:
+        return TABLE
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be 'table' or a finite error bound >= 0, got {value!r}")
+    return float(value)
+
+
+class AdaptiveCompressor(LossyCompressor):
+    """Per-table error bounds from a ``Controller``, for ``hvd_lossy.torch.alltoall``.
+
+    Arguments:
+        controller: the ``hvd_lossy.adaptive.Controller`` that chooses the bounds.
+        tables: layout of each destination's chunk: a list of table names (every chunk holds
+            these tables' rows back to back, in equal parts: the forward lookups sent by an owner,
+            ``controller.tables_of(rank)``), or one such list per destination.
+        backward: the gradient all-to-all (reversed splits; chunk for rank r holds
+            ``controller.tables_of(r)``): ``"table"`` (or ``"same"``) per-table gradient bounds
+            ``controller.grad_bounds()``, a float (one bound for every gradient frame; 0 is
+            lossless), or None (uncompressed, Horovod's own alltoall).
+        level: codec level, 1 or 2.
+        dedup: store identical rows of a frame once.
+        observe: feed the controller the statistics of what is compressed: lookups (value range,
+            spread, unique rows) in the forward direction, gradient magnitude in the backward
+            one. With ``observe=False`` call ``controller.observe_*`` yourself. With
+            ``backward=None`` gradients are not seen; use ``backward=0.0`` (lossless) to observe
+            them.
+        bound: the bounds of this compressor's frames: ``"table"`` (the controller's) or a float.
+        direction: ``"forward"`` or ``"backward"`` (set by ``for_backward``).
+
+    Rows per table are the chunk's rows divided by its number of tables; a chunk that does not
+    divide evenly raises ValueError. Outside an alltoall (``compress(tensor)``, for allgather or
+    broadcast) the whole tensor is one frame at the controller's base bound.
+    """
+
+    codec_id = "adaptive"
+
+    def __init__(self, controller, tables, backward=TABLE, level=1, dedup=True, observe=True,
+                 bound=TABLE, direction="forward"):
+        super().__init__(controller.base, mode=controller.mode, level=level, backward=None,
+                         dedup=dedup)
+        self.controller = controller
+        self.tables = self._check_tables(tables)
+        if backward == SAME:
+            backward = TABLE
+        self.backward = None if backward is None else _check_bound_setting(backward, "backward")
+        self.bound = _check_bound_setting(bound, "bound")
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
+        if not isinstance(observe, bool):
+            raise TypeError(f"observe must be True or False, got {observe!r}")
+        self.direction, self.observe = direction, observe
+        self._frame_tables = []
+        self._unique_fraction = {}  # last observed, per table, for the rate model's element count
+
+    def _check_tables(self, tables):
+        if not isinstance(tables, (list, tuple)):
+            raise TypeError(f"tables must be a list of table names or a list of such lists, got "
+                            f"{type(tables).__name__}")
+        nested = bool(tables) and all(isinstance(t, (list, tuple)) for t in tables)
+        if nested:
+            if len(tables) != self.controller.size:
+                raise ValueError(f"tables gives {len(tables)} chunk layouts, expected one per "
+                                 f"rank ({self.controller.size})")
+            layouts = [list(t) for t in tables]
+        else:
+            layouts = [list(tables)]
+        known = set(self.controller.names)
+        for layout in layouts:
+            for name in layout:
+                if name not in known:
+                    raise ValueError(f"unknown table {name!r}; the controller's tables are "
+                                     f"{self.controller.names}")
+        return layouts if nested else layouts[0]
+
+    def _layout(self, dest):
+        nested = bool(self.tables) and isinstance(self.tables[0], list)
+        return self.tables[dest] if nested else self.tables
+
+    def _bounds(self):
+        if self.bound != TABLE:
+            return None
+        if self.direction == "backward" and self.controller.training:
+            return self.controller.grad_bounds()
+        return self.controller.bounds()
+
+    def plan(self, splits):
+        """One frame per (destination, table) in tensor order, with that table's bound.
+
+        Returns:
+            list of (destination, rows, error_bound); a destination without tables gets one
+            empty frame.
+        """
+        bounds = self._bounds()
+        plan, frame_tables = [], []
+        for dest, rows in enumerate(splits):
+            names = self._layout(dest)
+            if not names:
+                if rows:
+                    raise ValueError(f"the chunk for rank {dest} has {rows} rows but no tables")
+                plan.append((dest, 0, 0.0))
+                frame_tables.append(None)
+                continue
+            per_table, rest = divmod(int(rows), len(names))
+            if rest:
+                raise ValueError(f"the chunk for rank {dest} has {rows} rows, not divisible into "
+                                 f"equal parts for its {len(names)} tables {names}")
+            for name in names:
+                eb = bounds[name] if bounds is not None else self.bound
+                plan.append((dest, per_table, float(eb)))
+                frame_tables.append(name)
+        self._frame_tables = frame_tables
+        return plan
+
+    def after_compress(self, plan, frame_sizes, tensor):
+        """Record each frame's bytes with the controller (and observe its rows if asked)."""
+        if len(plan) != len(self._frame_tables):
+            raise RuntimeError(f"after_compress got a plan of {len(plan)} frames, plan() made "
+                               f"{len(self._frame_tables)}")
+        row_len = math.prod(tensor.shape[1:])
+        row_bytes = row_len * tensor.element_size()
+        header = hvd_lossy.max_frame_bytes(0, row_len, tensor.dim())
+        c, offset = self.controller, 0
+        for (_dest, rows, eb), size, name in zip(plan, frame_sizes, self._frame_tables):
+            piece = tensor[offset:offset + rows]
+            offset += rows
+            if name is None or rows == 0:
+                continue
+            values = rows * row_len
+            if self.direction == "forward":
+                if self.observe:
+                    seen = c.observe_lookups(name, piece)
+                    if seen is not None:
+                        self._unique_fraction[name] = seen[_stats.LOOKUP_UNIQUE] / rows
+                if self.dedup:
+                    values *= self._unique_fraction.get(name, 1.0)
+            elif self.observe:
+                c.observe_gradients(name, piece)
+            c.record_frame(name, rows * row_bytes, size, error_bound=eb, values=values,
+                           fixed_bytes=header, direction=self.direction)
+
+    def for_backward(self):
+        """The gradient compressor: chunk for rank r holds ``controller.tables_of(r)``."""
+        if self.direction == "backward":
+            raise ValueError("for_backward() of a backward AdaptiveCompressor: the gradient "
+                             "all-to-all has no backward")
+        if self.backward is None:
+            return NoneCompressor
+        if self._backward_compressor is None:
+            layouts = [self.controller.tables_of(r) for r in range(self.controller.size)]
+            self._backward_compressor = AdaptiveCompressor(
+                self.controller, layouts, backward=None, level=self.level, dedup=self.dedup,
+                observe=self.observe, bound=self.backward, direction="backward")
+        return self._backward_compressor
+
+    def compress(self, tensor):
+        """One frame of the whole tensor at the base bound (collectives other than alltoall)."""
+        return super().compress(tensor)
+
+    def get_config(self):
+        """JSON-serialisable settings, the controller's included; from_config is collective."""
+        return {"id": self.codec_id, "controller": self.controller.get_config(),
+                "tables": self.tables, "backward": self.backward, "level": self.level,
+                "dedup": self.dedup, "observe": self.observe, "bound": self.bound,
+                "direction": self.direction}
+
+    @classmethod
+    def from_config(cls, config, comm=None):
+        """Rebuild from get_config(): builds a new Controller (collective on every rank)."""
+        from .controller import Controller
+
+        config = dict(config)
+        codec_id = config.pop("id", cls.codec_id)
+        if codec_id != cls.codec_id:
+            raise ValueError(f"config is for {codec_id!r}, not {cls.codec_id!r}")
+        controller = Controller.from_config(config.pop("controller"), comm=comm)
+        return cls(controller, **config)
+
+    def __repr__(self):
+        return (f"AdaptiveCompressor(controller={self.controller!r}, tables={self.tables!r}, "
+                f"backward={self.backward!r}, level={self.level!r}, dedup={self.dedup!r}, "
+                f"observe={self.observe!r}, bound={self.bound!r}, "
+                f"direction={self.direction!r})")

@@ -1,0 +1,410 @@
+"""Specification of hvd_lossy.adaptive: schedules, policies, the controller and its compressor.
+
+Unit tests run in one process; tests marked ``mpi`` launch tests/mp/adaptive_*.py under mpirun and
+horovodrun --gloo.
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import hvd_lossy
+from hvd_lossy.adaptive import (AdaptiveCompressor, Controller, TableSpec, TableStats, make_policy, multiplier,
+                                plot_telemetry, read_telemetry)
+from hvd_lossy.adaptive.policies import BudgetPolicy, PaperPolicy, SensitivityPolicy
+from hvd_lossy.adaptive.stats import empty_rows
+
+E = 1000
+
+
+class OtherRank:
+    """Pretends to be one rank of ``size`` whose peers hold the same configuration and have
+    observed nothing."""
+
+    name = "fake"
+
+    def __init__(self, rank, size):
+        self.rank, self.size = rank, size
+
+    def allgather_array(self, array):
+        rows = [empty_rows(array.shape[0]) for _ in range(self.size)]
+        rows[self.rank] = np.asarray(array)
+        return np.stack(rows)
+
+    def allgather_object(self, obj):
+        return [obj] * self.size
+
+
+def paper_formula(it, E):
+    return 2 * max(1 - math.floor(10 * it / E) * 0.05, 0.5) if it < E else 1.0
+
+
+# ----- schedules -----------------------------------------------------------------------------------
+
+def test_step_schedule_is_two_at_start_one_at_E():
+    assert multiplier("step", 0, E) == 2.0
+    assert multiplier("step", E, E) == 1.0
+    assert multiplier("step", 10 * E, E) == 1.0
+
+
+@pytest.mark.parametrize("k", range(10))
+def test_step_schedule_drops_by_a_tenth_every_E_over_10(k):
+    it = E // 10 * k
+    assert multiplier("step", it, E) == pytest.approx(2.0 - 0.1 * k, abs=1e-12)
+    assert multiplier("step", it + E // 10 - 1, E) == pytest.approx(2.0 - 0.1 * k, abs=1e-12)
+
+
+@pytest.mark.parametrize("it", [0, 1, 6553, 6554, 13107, 32768, 58982, 58983, 65535, 65536, 10**6])
+def test_step_schedule_matches_the_paper_formula_at_default_E(it):
+    assert multiplier("step", it) == pytest.approx(paper_formula(it, 65536), abs=1e-12)
+    assert multiplier("step", 6554) == pytest.approx(1.9)  # first iteration past E/10
+
+
+def test_linear_schedule_goes_from_two_to_one():
+    assert multiplier("linear", 0, E) == 2.0
+    assert multiplier("linear", E // 2, E) == pytest.approx(1.5)
+    assert multiplier("linear", E // 10, E) == pytest.approx(1.9)
+    assert multiplier("linear", E, E) == 1.0
+
+
+def test_log_schedule_falls_from_two_to_one_faster_than_linear():
+    values = [multiplier("log", it, E) for it in range(0, E + 1, 50)]
+    assert values[0] == 2.0 and values[-1] == 1.0
+    assert all(a > b for a, b in zip(values, values[1:-1]))
+    assert multiplier("log", E // 10, E) < multiplier("linear", E // 10, E)
+    assert multiplier("log", E - 1, E) > 1.0
+
+
+def test_constant_schedule_is_one():
+    assert {multiplier("constant", it, E) for it in (0, 1, E // 2, E, 5 * E)} == {1.0}
+
+
+@pytest.mark.parametrize("schedule,it,E_,match", [
+    ("cosine", 0, E, "schedule must be one of"), ("step", 0, 0, "E .* positive integer"),
+    ("step", 0, -5, "positive integer"), ("step", 0, 10.5, "positive integer"),
+    ("step", -1, E, "iteration must be"),
+])
+def test_bad_schedule_arguments_raise(schedule, it, E_, match):
+    with pytest.raises(ValueError, match=match):
+        multiplier(schedule, it, E_)
+
+
+# ----- policies on crafted statistics ----------------------------------------------------------------
+
+def stats(name, cardinality, **kw):
+    return TableStats(name=name, cardinality=cardinality, owner=0, **kw)
+
+
+SIX = [stats("t1", 10), stats("t2", 10**6), stats("t3", 500), stats("t4", 10**4),
+       stats("t5", 3), stats("t6", 10**7)]
+
+
+def test_paper_policy_tightens_the_largest_third_and_loosens_the_smallest():
+    bounds = make_policy("paper").table_bounds(SIX, 0.03, "rel")
+    assert bounds == pytest.approx({"t6": 0.01, "t2": 0.01, "t4": 0.03, "t3": 0.03,
+                                    "t1": 0.05, "t5": 0.05})
+
+
+def test_paper_policy_classes_scale_with_base_and_can_be_set():
+    assert make_policy("paper").table_bounds(SIX, 0.06, "rel")["t6"] == pytest.approx(0.02)
+    p = make_policy({"name": "paper", "tighten": 0.005, "loosen": 0.1})
+    b = p.table_bounds(SIX, 0.03, "rel")
+    assert (b["t6"], b["t4"], b["t5"]) == (0.005, 0.03, 0.1)
+
+
+def test_paper_policy_pin_overrides_the_automatic_class():
+    p = PaperPolicy(pin={"t6": "loosen", "t5": "base"})
+    assert p.classes(SIX)["t6"] == "loosen" and p.classes(SIX)["t5"] == "base"
+    assert p.classes(SIX)["t2"] == "tighten"
+
+
+def test_paper_policy_by_unique_ranks_on_observed_unique_fraction():
+    crafted = [stats("a", 10, rows=100, unique_fraction=0.9),
+               stats("b", 10**6, rows=100, unique_fraction=0.1),
+               stats("c", 1000, rows=100, unique_fraction=0.5)]
+    classes = PaperPolicy(by="unique").classes(crafted)
+    assert classes == {"a": "tighten", "c": "base", "b": "loosen"}
+    assert PaperPolicy().classes(crafted) == {"b": "tighten", "c": "base", "a": "loosen"}
+
+
+def test_paper_policy_with_one_table_uses_base():
+    assert make_policy("paper").table_bounds([stats("x", 5)], 0.03, "rel") == {"x": 0.03}
+
+
+def sens(name, grad, lo, hi, enc=1000.0):
+    return stats(name, 100, values=enc, min=lo, max=hi, grad=grad, raw_bytes=4 * enc,
+                 frame_bytes=enc / 2, enc_values=enc, log2_bound=math.log2(0.03))
+
+
+def test_sensitivity_policy_bounds_are_inverse_to_sensitivity_with_base_geometric_mean():
+    crafted = [sens("a", 0.1, 0, 1), sens("b", 0.1, 0, 2), sens("c", 0.05, 0, 1)]
+    b = SensitivityPolicy(spread=100).table_bounds(crafted, 0.03, "rel")
+    # c = grad x range: a 0.1, b 0.2, c 0.05
+    assert b["a"] / b["b"] == pytest.approx(2.0)
+    assert b["c"] / b["a"] == pytest.approx(2.0)
+    assert (b["a"] * b["b"] * b["c"]) ** (1 / 3) == pytest.approx(0.03)
+
+
+def test_sensitivity_policy_weights_the_mean_by_encoded_elements_and_clamps():
+    crafted = [sens("a", 1.0, 0, 1, enc=3000.0), sens("b", 1e-6, 0, 1, enc=1000.0)]
+    b = SensitivityPolicy(spread=4).table_bounds(crafted, 0.03, "rel")
+    assert b["b"] == pytest.approx(0.12)  # clamped at base x spread
+    assert (b["a"] ** 3 * b["b"]) ** 0.25 == pytest.approx(0.03)
+
+
+def test_sensitivity_policy_ignores_range_in_abs_mode_and_keeps_unobserved_tables_at_base():
+    crafted = [sens("a", 0.1, 0, 1), sens("b", 0.1, 0, 100), stats("c", 7)]
+    b = SensitivityPolicy().table_bounds(crafted, 0.03, "abs")
+    assert b["a"] == pytest.approx(b["b"]) == pytest.approx(0.03)
+    assert b["c"] == 0.03
+
+
+def framed(name, bits, eb, enc=10000.0, grad=0.1):
+    return stats(name, 100, values=enc, min=0.0, max=1.0, grad=grad, raw_bytes=4 * enc,
+                 frame_bytes=enc * bits / 8, enc_values=enc, log2_bound=math.log2(eb))
+
+
+def predicted_ratio(crafted, bounds):
+    raw = sum(s.raw_bytes for s in crafted)
+    frame = sum(s.enc_values / 8 * max(1.0, s.bits_per_value + s.log2_bound
+                                       - math.log2(bounds[s.name])) for s in crafted)
+    return raw / frame
+
+
+def test_budget_policy_meets_the_target_ratio_under_its_rate_model():
+    crafted = [framed("a", 4.0, 0.03), framed("b", 6.0, 0.03, grad=1.0), framed("c", 3.0, 0.06)]
+    for shape in ("uniform", "sensitivity"):
+        b = BudgetPolicy(target_ratio=8.0, shape=shape).table_bounds(crafted, 0.03, "rel")
+        assert predicted_ratio(crafted, b) == pytest.approx(8.0, rel=1e-6)
+    uniform = BudgetPolicy(target_ratio=8.0, shape="uniform").table_bounds(crafted, 0.03, "rel")
+    assert len(set(uniform.values())) == 1
+
+
+def test_budget_policy_without_target_spends_what_one_global_base_bound_would():
+    crafted = [framed("a", 4.0, 0.03), framed("b", 6.0, 0.03, grad=1.0), framed("c", 3.0, 0.06)]
+    b = BudgetPolicy().table_bounds(crafted, 0.03, "rel")
+    glob = {s.name: 0.03 for s in crafted}
+    assert predicted_ratio(crafted, b) == pytest.approx(predicted_ratio(crafted, glob), rel=1e-6)
+    assert b["b"] < b["a"]  # the sensitive table gets the tighter bound
+
+
+def test_budget_policy_damps_towards_the_previous_bounds():
+    crafted = [framed("a", 4.0, 0.03)]
+    free = BudgetPolicy(target_ratio=16.0, damping=0.0).table_bounds(crafted, 0.03, "rel")["a"]
+    damped = BudgetPolicy(target_ratio=16.0).table_bounds(crafted, 0.03, "rel", {"a": 0.03})
+    assert damped["a"] == pytest.approx(math.sqrt(free * 0.03))
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("nope", "policy must be one of"), ({"name": "paper", "pin": {"x": "tightest"}}, "pin"),
+    ({"name": "sensitivity", "spread": 0.5}, "spread"), ({"name": "budget", "target_ratio": -1},
+                                                        "target_ratio"),
+    ({"name": "paper", "colour": 1}, "bad parameters"),
+])
+def test_bad_policy_config_raises(spec, match):
+    with pytest.raises(ValueError, match=match):
+        make_policy(spec)
+
+
+# ----- the controller in one process -----------------------------------------------------------------
+
+TABLES = {"small": 10, "mid": 1000, "big": 10**6}
+
+
+def test_bounds_are_table_bound_times_multiplier():
+    c = Controller(TABLES, policy="paper", schedule="step", E=100, interval=5, comm="local")
+    assert c.table_bound("big") == pytest.approx(0.01)
+    assert c.bounds() == pytest.approx({"small": 0.1, "mid": 0.06, "big": 0.02})
+    for _ in range(10):
+        c.step()
+    assert c.iteration == 10 and c.multiplier == pytest.approx(1.9)
+    assert c.bound("mid") == pytest.approx(0.03 * 1.9)
+    assert list(c.bounds()) == ["small", "mid", "big"]
+
+
+def test_eval_mode_is_lossless_or_base_and_does_not_advance():
+    c = Controller(TABLES, eval_bound="none", interval=1, comm="local").eval()
+    c.step()
+    assert c.iteration == 0 and set(c.bounds().values()) == {0.0}
+    c.observe_lookups("mid", torch.ones(4, 2))
+    assert c.train().exchange()[1].values == 0  # nothing recorded in eval mode
+    b = Controller(TABLES, eval_bound="base", comm="local").eval()
+    assert set(b.bounds().values()) == {0.03}
+
+
+def test_exchange_happens_every_interval_and_merges_observations():
+    c = Controller(TABLES, policy="sensitivity", interval=3, comm="local")
+    c.observe_lookups("mid", torch.tensor([[1.0, 2.0], [1.0, 2.0], [5.0, -1.0]]))
+    c.observe_gradients("mid", torch.tensor([[-0.5, 0.5]]))
+    c.step(), c.step()
+    assert c.stats()[1].values == 0  # not exchanged yet
+    c.step()
+    mid = c.stats()[1]
+    assert (mid.values, mid.min, mid.max, mid.mean) == (6, -1.0, 5.0, pytest.approx(10 / 6))
+    assert mid.unique_fraction == pytest.approx(2 / 3) and mid.grad == 0.5
+
+
+def test_owners_default_round_robin_and_tables_of_lists_them_in_order():
+    c = Controller({"a": 1, "b": 2, "c": 3, "d": 4, "e": 5}, comm=OtherRank(0, 2))
+    assert c.tables_of(0) == ["a", "c", "e"] and c.tables_of(1) == ["b", "d"]
+    c = Controller([TableSpec("a", 5, 1), {"name": "b", "cardinality": 2, "owner": 1}],
+                   comm=OtherRank(1, 2))
+    assert c.tables_of(0) == [] and c.tables_of(1) == ["a", "b"]
+
+
+def test_config_round_trips_through_repr_dict_and_json(tmp_path):
+    c = Controller(TABLES, policy={"name": "budget", "target_ratio": 9.0}, schedule="log", E=500,
+                   base=0.02, interval=7, mode="abs", eval_bound="table", grad_base=0.05,
+                   sample_every=2, comm="local")
+    assert eval(repr(c)).get_config() == c.get_config()
+    assert Controller.from_config(c.get_config(), comm="local").get_config() == c.get_config()
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps(c.get_config()))
+    assert Controller.from_json(str(path), comm="local").get_config() == c.get_config()
+    assert Controller.from_json({"tables": {"x": 3}, "policy": "uniform"}, comm="local").bounds() \
+        == {"x": 0.06}
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(base=0), "base must be a finite number > 0"), (dict(base=-0.01), "base"),
+    (dict(E=0), "E .* positive integer"), (dict(schedule="cos"), "schedule must be one of"),
+    (dict(policy="magic"), "policy must be one of"), (dict(interval=0), "interval"),
+    (dict(mode="relative"), "mode must be one of"), (dict(eval_bound="off"), "eval_bound"),
+    (dict(tables={"a": 0}), "cardinality of table 'a'"), (dict(tables={}), "at least one"),
+    (dict(tables={"a": (3, 2)}), "owner of table 'a' must be a rank < 1"),
+    (dict(policy={"name": "paper", "pin": {"ghost": "base"}}), "unknown tables \\['ghost'\\]"),
+])
+def test_bad_configuration_raises_value_error(kwargs, match):
+    args = dict(tables=TABLES, comm="local")
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        Controller(**args)
+
+
+def test_unknown_table_in_calls_raises():
+    c = Controller(TABLES, comm="local")
+    for call in (lambda: c.observe_lookups("ghost", torch.ones(1, 1)),
+                 lambda: c.record_frame("ghost", 10, 5), lambda: c.table_bound("ghost")):
+        with pytest.raises(ValueError, match="unknown table 'ghost'"):
+            call()
+
+
+def test_telemetry_lines_and_plot(tmp_path):
+    path = tmp_path / "t.jsonl"
+    c = Controller(TABLES, policy="sensitivity", interval=2, telemetry=str(path), comm="local")
+    for it in range(6):
+        for i, name in enumerate(TABLES):
+            c.observe_lookups(name, torch.randn(32, 8) * (i + 1))
+            c.observe_gradients(name, torch.randn(32, 8))
+            c.record_frame(name, 1024, 128 * (i + 1))
+        c.step()
+    records = read_telemetry(path)
+    assert [r["iteration"] for r in records] == [2, 4, 6]
+    assert records[-1]["tables"]["mid"]["ratio"] == pytest.approx(4.0)
+    assert records[-1]["tables"]["big"]["bound"] == pytest.approx(c.bound("big"))
+    png = plot_telemetry(path, tmp_path / "t.png")
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_summary_reports_bound_ratio_and_bytes_per_table():
+    c = Controller(TABLES, interval=1, comm="local")
+    c.record_frame("small", 4000, 1000)
+    c.record_frame("small", 4000, 1000, direction="backward")
+    c.step()
+    c.record_frame("small", 4000, 500)
+    c.step()
+    s = c.summary()
+    assert s["tables"]["small"]["ratio"] == pytest.approx(8000 / 1500)
+    assert s["tables"]["small"]["class"] == "loosen"
+    assert s["tables"]["small"]["bwd_ratio"] == 4.0 and s["tables"]["mid"]["ratio"] is None
+    assert s["raw_bytes"] == 8000 and s["frame_bytes"] == 1500
+    json.dumps(s)
+
+
+# ----- the compressor in one process -----------------------------------------------------------------
+
+def two_rank_controller(rank=0, **kw):
+    tables = [TableSpec("a", 10**6, 0), TableSpec("b", 50, 0), TableSpec("c", 1000, 1)]
+    return Controller(tables, policy="paper", comm=OtherRank(rank, 2), **kw)
+
+
+def test_plan_gives_one_frame_per_destination_and_table_with_its_bound():
+    c = two_rank_controller()
+    comp = AdaptiveCompressor(c, c.tables_of(0))
+    plan = comp.plan([6, 4])
+    b = c.bounds()
+    assert plan == [(0, 3, b["a"]), (0, 3, b["b"]), (1, 2, b["a"]), (1, 2, b["b"])]
+    assert b["a"] != b["b"]
+
+
+def test_frames_carry_each_tables_bound_and_respect_it():
+    c = two_rank_controller(E=10)
+    comp = AdaptiveCompressor(c, c.tables_of(0))
+    x = torch.cat([torch.randn(8, 16), torch.rand(8, 16) * 100, torch.randn(4, 16),
+                   torch.rand(4, 16) * 100])
+    plan = comp.plan([16, 8])
+    buf, sizes = hvd_lossy.compress_chunks(x, [p[1] for p in plan], [p[2] for p in plan])
+    comp.after_compress(plan, sizes, x)
+    frames = hvd_lossy.decompress_chunks(buf)
+    offset = 0
+    for (_dest, rows, eb), frame in zip(plan, frames):
+        piece = x[offset:offset + rows].double()
+        offset += rows
+        err = (frame.double() - piece).abs().max().item()
+        assert err <= eb * (piece.max() - piece.min()).item()
+    assert [hvd_lossy.frame_info(f)["eb_param"] for f in _split(buf, sizes)] == \
+        pytest.approx([p[2] for p in plan])
+    c.exchange()
+    a = c.stats()[0]
+    assert a.raw_bytes == 12 * 16 * 4 and a.frame_bytes == sizes[0] + sizes[2]
+    assert a.values == 12 * 16  # the compressor observed the lookups it sent
+
+
+def _split(buf, sizes):
+    out, offset = [], 0
+    for s in sizes:
+        out.append(buf[offset:offset + s])
+        offset += s
+    return out
+
+
+def test_backward_compressor_lays_out_each_owners_tables():
+    c = two_rank_controller(rank=1, grad_base=0.06)
+    fwd = AdaptiveCompressor(c, c.tables_of(1), backward="table")
+    bwd = fwd.for_backward()
+    assert bwd.tables == [["a", "b"], ["c"]] and bwd.direction == "backward"
+    plan = bwd.plan([4, 3])
+    g = c.grad_bounds()
+    assert plan == [(0, 2, g["a"]), (0, 2, g["b"]), (1, 3, g["c"])]
+    assert g["c"] == pytest.approx(2 * c.bound("c"))
+    assert AdaptiveCompressor(c, ["c"], backward=0.01).for_backward().plan([2, 1])[0][2] == 0.01
+    from hvd_lossy.compression import NoneCompressor
+    assert AdaptiveCompressor(c, ["c"], backward=None).for_backward() is NoneCompressor
+
+
+def test_uneven_chunk_or_unknown_table_raises():
+    c = two_rank_controller()
+    with pytest.raises(ValueError, match="5 rows, not divisible into equal parts for its 2"):
+        AdaptiveCompressor(c, ["a", "b"]).plan([4, 5])
+    with pytest.raises(ValueError, match="unknown table 'zz'"):
+        AdaptiveCompressor(c, ["a", "zz"])
+    with pytest.raises(ValueError, match="one per rank"):
+        AdaptiveCompressor(c, [["a"], ["b"], ["c"]])
+
+
+def test_eval_mode_frames_are_lossless():
+    c = two_rank_controller().eval()
+    plan = AdaptiveCompressor(c, ["a", "b"]).plan([2, 2])
+    assert {p[2] for p in plan} == {0.0}
+
+
+def test_compressor_config_round_trips():
+    c = Controller(TABLES, comm="local")
+    comp = AdaptiveCompressor(c, ["small", "big"], backward=0.02, level=2)
+    again = AdaptiveCompressor.from_config(comp.get_config(), comm="local")
+    assert again == comp and again.controller.get_config() == c.get_config()
+    json.dumps(comp.get_config())
+    from hvd_lossy.compression import Compression
+    assert Compression.adaptive(c, ["small"]).backward == "table"
