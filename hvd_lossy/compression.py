@@ -1,0 +1,199 @@
+"""Compressors for the non-reducing collectives of hvd_lossy.torch.
+
+`Compression.none` and `Compression.fp16` are Horovod's own. `Compression.lossy(...)` gives a
+`LossyCompressor`: error-bounded compression into self-describing byte frames. Its payload is
+bytes, and bytes cannot be summed, so it serves alltoall, allgather and broadcast, never
+allreduce, reducescatter or DistributedOptimizer (those raise ValueError when handed one).
+"""
+import json
+import numbers
+
+from horovod.torch.compression import Compressor, FP16Compressor, NoneCompressor
+
+import hvd_lossy
+
+_MODES = ("rel", "abs")
+_LEVELS = (1, 2)
+SAME = "same"  # backward=SAME: gradients travel with the forward compressor's settings
+
+
+def is_lossy(compression):
+    """True for compressors whose payload is a byte frame (instances or subclasses of
+    LossyCompressor); such payloads cannot be reduced."""
+    if isinstance(compression, type):
+        return issubclass(compression, LossyCompressor)
+    return isinstance(compression, LossyCompressor)
+
+
+def _check_error_bound(error_bound):
+    if isinstance(error_bound, bool) or not isinstance(error_bound, numbers.Real):
+        raise TypeError(f"error_bound must be a number, got {error_bound!r}")
+    value = float(error_bound)
+    if not 0.0 <= value < float("inf"):
+        raise ValueError(f"error_bound must be a finite number >= 0, got {error_bound!r}")
+    return value
+
+
+def _normalise_backward(backward):
+    """backward as stored: SAME, None, a float bound, FP16Compressor or a LossyCompressor."""
+    if isinstance(backward, str):
+        if backward in (SAME, "fp16"):
+            return SAME if backward == SAME else FP16Compressor
+    elif backward is None or backward is NoneCompressor:
+        return None
+    elif backward is FP16Compressor or isinstance(backward, LossyCompressor):
+        return backward
+    elif isinstance(backward, dict):
+        return compressor_from_config(backward)
+    elif isinstance(backward, numbers.Real) and not isinstance(backward, bool):
+        return _check_error_bound(backward)
+    raise ValueError(f"backward must be 'same', None, an error bound, Compression.fp16 or a "
+                     f"LossyCompressor, got {backward!r}")
+
+
+class LossyCompressor(Compressor):
+    """Error-bounded lossy compression of a tensor into one byte frame per piece.
+
+    The payload is a 1-D torch.uint8 tensor of self-describing frames (dtype, shape and bound
+    live in each frame's header). Bytes cannot be summed: use it with alltoall, allgather and
+    broadcast, not allreduce.
+
+    An alltoall asks `plan(splits)` how to cut the tensor into frames, compresses all of them in
+    one native call, then calls `after_compress`. Subclasses (the adaptive controller) override
+    these two to pick a bound per frame and to learn from the sizes achieved.
+
+    Arguments:
+        error_bound: mode "rel": fraction of each frame's finite value range (max - min);
+                     mode "abs": absolute bound in the tensor's units. 0 is lossless.
+        mode: "rel" or "abs".
+        level: 1 (bit packing, fastest) or 2 (adds an entropy coder).
+        backward: how the gradient travels back in the autograd all-to-all: "same" (this
+                  compressor), None (uncompressed), an error bound (this compressor's settings
+                  with that bound), Compression.fp16, or another LossyCompressor.
+        dedup: store identical rows of a frame once.
+    """
+    codec_id = "lossy"
+
+    def __init__(self, error_bound, mode="rel", level=1, backward=SAME, dedup=True):
+        self.error_bound = _check_error_bound(error_bound)
+        if mode not in _MODES:
+            raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
+        if level not in _LEVELS or isinstance(level, bool):
+            raise ValueError(f"level must be 1 or 2, got {level!r}")
+        if not isinstance(dedup, bool):
+            raise TypeError(f"dedup must be True or False, got {dedup!r}")
+        self.mode, self.level, self.dedup = mode, int(level), dedup
+        self.backward = _normalise_backward(backward)
+        self._backward_compressor = None
+
+    def plan(self, splits):
+        """How to cut a tensor whose dim 0 goes `splits[d]` rows to rank d into frames.
+
+        Returns:
+            list of (destination, rows, error_bound), one per frame, in tensor order
+            (destinations non-decreasing, rows per destination summing to splits[d]). The
+            default is one frame per destination (also for 0 rows) with self.error_bound.
+        """
+        return [(dest, int(rows), self.error_bound) for dest, rows in enumerate(splits)]
+
+    def after_compress(self, plan, frame_sizes, tensor):
+        """Hook called after compressing `tensor` by `plan` into frames of `frame_sizes` bytes."""
+
+    def for_backward(self):
+        """The compressor of the gradient all-to-all (which runs with the splits reversed)."""
+        if self.backward == SAME:
+            return self
+        if self.backward is None:
+            return NoneCompressor
+        if isinstance(self.backward, float):
+            if self._backward_compressor is None:
+                self._backward_compressor = LossyCompressor(
+                    self.backward, mode=self.mode, level=self.level, dedup=self.dedup)
+            return self._backward_compressor
+        return self.backward
+
+    def compress(self, tensor):
+        """Compresses the whole tensor into one frame.
+
+        Returns:
+            (frame, ctx): frame a 1-D torch.uint8 tensor, ctx the input dtype.
+        """
+        frame = hvd_lossy.compress(tensor, self.error_bound, mode=self.mode, level=self.level,
+                                   dedup=self.dedup)
+        return frame, tensor.dtype
+
+    def decompress(self, frame, ctx):
+        """Decodes a frame made by compress(); ctx (the expected dtype) may be None."""
+        tensor = hvd_lossy.decompress(frame)
+        if ctx is not None and tensor.dtype != ctx:
+            raise hvd_lossy.FrameError(f"frame holds {tensor.dtype}, expected {ctx}")
+        return tensor
+
+    def get_config(self):
+        """JSON-serialisable settings; from_config(get_config()) rebuilds an equal compressor."""
+        backward = self.backward
+        if backward is FP16Compressor:
+            backward = "fp16"
+        elif is_lossy(backward):
+            backward = backward.get_config()
+        return {"id": self.codec_id, "error_bound": self.error_bound, "mode": self.mode,
+                "level": self.level, "backward": backward, "dedup": self.dedup}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        codec_id = config.pop("id", cls.codec_id)
+        if codec_id != cls.codec_id:
+            raise ValueError(f"config is for {codec_id!r}, not {cls.codec_id!r}")
+        return cls(**config)
+
+    def __repr__(self):
+        backward = self.backward
+        if backward is FP16Compressor:
+            backward = "Compression.fp16"
+        else:
+            backward = repr(backward)
+        return (f"{type(self).__name__}(error_bound={self.error_bound!r}, mode={self.mode!r}, "
+                f"level={self.level!r}, backward={backward}, dedup={self.dedup!r})")
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.get_config() == other.get_config()
+
+    def __hash__(self):
+        return hash(json.dumps(self.get_config(), sort_keys=True))
+
+
+def compressor_from_config(config):
+    """Rebuilds a compressor from get_config() output, dispatching on its "id"."""
+    if config.get("id") == LossyCompressor.codec_id:
+        return LossyCompressor.from_config(config)
+    if config.get("id") == "adaptive":
+        from hvd_lossy.adaptive import AdaptiveCompressor
+        return AdaptiveCompressor.from_config(config)
+    raise ValueError(f"unknown compressor id {config.get('id')!r} in {config!r}")
+
+
+class Compression:
+    """Compressors for hvd_lossy.torch collectives.
+
+    none and fp16 are Horovod's (they work everywhere). lossy and adaptive produce byte
+    frames: alltoall, allgather and broadcast only.
+    """
+    none = NoneCompressor
+    fp16 = FP16Compressor
+
+    @staticmethod
+    def lossy(error_bound, mode="rel", level=1, backward=SAME, dedup=True):
+        """An error-bounded LossyCompressor; see its docstring for the arguments."""
+        return LossyCompressor(error_bound, mode=mode, level=level, backward=backward, dedup=dedup)
+
+    @staticmethod
+    def adaptive(controller, tables, backward=SAME, **kwargs):
+        """hvd_lossy.adaptive.AdaptiveCompressor(controller, tables, backward=..., **kwargs):
+        per-table bounds chosen online by a controller."""
+        try:
+            from hvd_lossy.adaptive import AdaptiveCompressor
+        except ImportError as e:
+            raise ImportError("Compression.adaptive needs hvd_lossy.adaptive.AdaptiveCompressor, "
+                              f"which could not be imported: {e}") from e
+        return AdaptiveCompressor(controller, tables, backward=backward, **kwargs)

@@ -1,0 +1,235 @@
+"""Drop-in for horovod.torch with error-bounded compression of the non-reducing collectives.
+
+    import hvd_lossy.torch as hvd
+    hvd.init()
+    out, got = hvd.alltoall(lookups, splits, compression=hvd.Compression.lossy(0.03))
+
+Everything horovod.torch offers is here unchanged, except:
+  - alltoall, allgather, broadcast (and their _async forms) take `compression=` (after
+    `name`, as Horovod's allreduce does): Compression.none is exactly Horovod's operation,
+    Compression.fp16 casts around it, Compression.lossy(...) sends error-bounded byte frames;
+  - bfloat16, which Horovod's alltoall/allgather/broadcast reject, works: with Compression.none
+    it travels as lossless frames (bit-identical result);
+  - the reductions (allreduce*, grouped_allreduce*, reducescatter*, DistributedOptimizer) raise
+    ValueError when given a lossy compressor, because compressed bytes cannot be summed;
+  - synchronize/poll also accept the handles of compressed operations;
+  - comm_stats()/reset_comm_stats() report bytes, ratios and time per collective.
+Lossy collectives raise RankError (a ValueError) on every rank when any rank gets bad input or
+a corrupt frame, instead of leaving the others waiting.
+"""
+import functools as _functools
+import inspect as _inspect
+
+import horovod.torch as _hvd
+import torch as _torch
+from horovod.torch import mpi_ops as _ops
+
+globals().update({_k: _v for _k, _v in vars(_hvd).items() if not _k.startswith("__")})
+
+from hvd_lossy import alltoall as _a2a  # noqa: E402  (after the copy: these names override it)
+from hvd_lossy import gather as _gather  # noqa: E402
+from hvd_lossy.alltoall import RankError  # noqa: E402,F401
+from hvd_lossy.compression import Compression, LossyCompressor, NoneCompressor, is_lossy  # noqa: E402,F401
+from hvd_lossy.stats import comm_stats, reset_comm_stats  # noqa: E402,F401
+from hvd_lossy import FrameError  # noqa: E402,F401
+
+global_process_set = _ops.global_process_set
+ProcessSet = _ops.ProcessSet
+
+
+def _reject_lossy(fn):
+    """Wraps a reducing Horovod function so that a lossy compressor is refused up front."""
+    signature = _inspect.signature(fn)
+    takes_compression = "compression" in signature.parameters
+
+    @_functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if takes_compression:
+            compression = signature.bind_partial(*args, **kwargs).arguments.get("compression")
+        else:
+            compression = kwargs.pop("compression", None)
+            if not is_lossy(compression) and compression not in (None, NoneCompressor):
+                raise TypeError(f"{fn.__name__}() takes no compression argument, got {compression!r}")
+        if is_lossy(compression):
+            raise ValueError(
+                f"{fn.__name__}() cannot use {compression!r}: it produces byte frames, and "
+                "summing compressed bytes is meaningless. Use it with alltoall, allgather or "
+                "broadcast; reductions take Compression.none or Compression.fp16.")
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+for _name in ("allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
+              "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_",
+              "sparse_allreduce_async", "reducescatter", "reducescatter_async",
+              "grouped_reducescatter", "grouped_reducescatter_async", "DistributedOptimizer"):
+    globals()[_name] = _reject_lossy(getattr(_hvd, _name))
+
+
+def _backward_of(compression):
+    return compression.for_backward() if is_lossy(compression) else compression
+
+
+def _fix_args(compression, process_set):
+    # Horovod's fourth positional argument is process_set; accept it there too.
+    if isinstance(compression, ProcessSet):
+        return Compression.none, compression
+    return (Compression.none if compression is None else compression), process_set
+
+
+class _Alltoall(_torch.autograd.Function):
+    """Alltoall whose gradient returns by an alltoall with the splits reversed, compressed by
+    the forward compressor's for_backward(). Unlike Horovod's, a non-contiguous gradient works."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name, compression, process_set):
+        output, received = _a2a.start(tensor, splits, name, compression, process_set).wait()
+        ctx.received, ctx.process_set = received, process_set
+        ctx.backward_compression = _backward_of(compression)
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad_output, _dead_gradient):
+        grad, _ = alltoall(grad_output.contiguous(), splits=ctx.received,
+                           compression=ctx.backward_compression, process_set=ctx.process_set)
+        return grad, None, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, compression=Compression.none,
+             process_set=global_process_set):
+    """Scatters slices of dim 0 of `tensor` to all ranks and gathers the slices sent here.
+
+    As horovod.torch.alltoall, plus `compression`. With a lossy compressor every rank's slices
+    become frames (one hvd_lossy.compress_chunks call), the frame byte counts are exchanged, one
+    uint8 Horovod alltoall moves them, and the received frames are decoded and concatenated.
+
+    Arguments:
+        tensor: the tensor to distribute; the ranks must agree on dtype and trailing shape.
+        splits: rows of dim 0 for each rank, in rank order (list or int tensor); None splits dim 0
+                evenly, which must then divide by the number of ranks.
+        name: a name of the operation.
+        compression: Compression.none (exactly Horovod's alltoall), Compression.fp16, or a
+                     LossyCompressor (Compression.lossy(error_bound, ...)).
+        process_set: process set to limit the operation to; default all ranks.
+
+    Returns:
+        1) the gathered tensor (each element within the frame's absolute bound of what its
+           sender had, for a lossy compressor);
+        2) if `splits` was given: the rows received from each rank, as a tensor.
+    """
+    compression, process_set = _fix_args(compression, process_set)
+    output, received = _Alltoall.apply(tensor, splits, name, compression, process_set)
+    return output if splits is None else (output, received)
+
+
+_plain_handles = {}  # Horovod handle -> our Handle, to record statistics on synchronize
+
+
+def _expose(handle):
+    if handle.is_plain_horovod:
+        _plain_handles[handle._hvd_handle] = handle
+        return handle._hvd_handle
+    return handle
+
+
+def alltoall_async(tensor, splits=None, name=None, compression=Compression.none,
+                   process_set=global_process_set):
+    """Starts alltoall(); without gradient tracking, as Horovod's alltoall_async.
+
+    Returns:
+        a handle for poll() and synchronize(). As with Horovod, synchronize() returns the pair
+        (output, received_splits) whether or not `splits` was given. With Compression.none the
+        handle is Horovod's own. A lossy call has already exchanged its metadata when this
+        returns, so argument errors raise here (on every rank), frame errors in synchronize().
+    """
+    compression, process_set = _fix_args(compression, process_set)
+    return _expose(_a2a.start(tensor, splits, name, compression, process_set))
+
+
+class _Allgather(_torch.autograd.Function):
+    """Allgather; the gradient is Horovod's (averaged over ranks, uncompressed)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, compression, process_set):
+        output = _gather.allgather_start(tensor, name, compression, process_set).wait()
+        ctx.dim, ctx.process_set = tensor.shape[0], process_set
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = _ops.allreduce(grad_output.contiguous(), op=_ops.Average, process_set=ctx.process_set)
+        dims = _ops.allgather(_torch.tensor([ctx.dim], dtype=_torch.int64), process_set=ctx.process_set)
+        offset = int(dims[:ctx.process_set.rank()].sum())
+        return grad.narrow(0, offset, ctx.dim), None, None, None
+
+
+def allgather(tensor, name=None, compression=Compression.none, process_set=global_process_set):
+    """Concatenates `tensor` of all ranks along dim 0 (trailing shapes must agree).
+
+    As horovod.torch.allgather, plus `compression` (see alltoall). With a lossy compressor each
+    rank sends one frame; every rank, this one included, gets the decoded values.
+
+    Returns:
+        the concatenation, dim 0 being the sum of all ranks' dim 0.
+    """
+    compression, process_set = _fix_args(compression, process_set)
+    return _Allgather.apply(tensor, name, compression, process_set)
+
+
+def allgather_async(tensor, name=None, compression=Compression.none, process_set=global_process_set):
+    """Starts allgather(); returns a handle for poll() and synchronize()."""
+    compression, process_set = _fix_args(compression, process_set)
+    return _expose(_gather.allgather_start(tensor, name, compression, process_set))
+
+
+class _Broadcast(_torch.autograd.Function):
+    """Broadcast; the gradient is Horovod's (averaged, kept on the root only, uncompressed)."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, compression, process_set):
+        output = _gather.broadcast_start(tensor, root_rank, name, compression, process_set).wait()
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = _ops.allreduce(grad_output.contiguous(), op=_ops.Average, process_set=ctx.process_set)
+        if _ops.rank() != ctx.root_rank:
+            grad = grad * 0
+        return grad, None, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, compression=Compression.none,
+              process_set=global_process_set):
+    """Sends `tensor` of global rank `root_rank` to all ranks (shapes and dtypes must agree).
+
+    As horovod.torch.broadcast, plus `compression`. With a lossy compressor the root returns
+    the decoded frame too, so that all ranks hold identical values.
+    """
+    compression, process_set = _fix_args(compression, process_set)
+    return _Broadcast.apply(tensor, root_rank, name, compression, process_set)
+
+
+def broadcast_async(tensor, root_rank, name=None, compression=Compression.none,
+                    process_set=global_process_set):
+    """Starts broadcast(); returns a handle for poll() and synchronize()."""
+    compression, process_set = _fix_args(compression, process_set)
+    return _expose(_gather.broadcast_start(tensor, root_rank, name, compression, process_set))
+
+
+def synchronize(handle):
+    """Waits for an operation started by any *_async function (Horovod's or hvd_lossy's)
+    and returns its result; a lossy operation raises RankError on every rank if any failed."""
+    if isinstance(handle, _a2a.Handle):
+        return handle.wait()
+    ours = _plain_handles.pop(handle, None)
+    return ours.wait() if ours is not None else _ops.synchronize(handle)
+
+
+def poll(handle):
+    """True once synchronize(handle) would not block on communication."""
+    if isinstance(handle, _a2a.Handle):
+        return handle.poll()
+    return _ops.poll(handle)

@@ -1,0 +1,72 @@
+"""Launches multi-process test workers under mpirun or horovodrun, never waiting forever.
+
+    from tests._launch import run_mpi
+    run_mpi("tests/mp/transport_alltoall.py", np=2)
+
+A worker script asserts and exits non-zero on failure; run_mpi fails the calling test with the
+workers' output when the launch exits non-zero or runs past its timeout.
+"""
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _mpirun(np):
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np),
+            # Loopback TCP only: no network interfaces needed, no InfiniBand probing.
+            "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
+            "--mca", "oob_tcp_if_include", "lo",
+            "-x", "PYTHONPATH", "-x", "PATH", "-x", "OMP_NUM_THREADS", "-x", "HOROVOD_LOG_LEVEL"]
+
+
+def _horovodrun(np):
+    exe = shutil.which("horovodrun", path=str(pathlib.Path(sys.executable).parent)) or "horovodrun"
+    return [exe, "-np", str(np), "-H", f"localhost:{np}", "--gloo", "--network-interface", "lo"]
+
+
+def run_mpi(script, np=2, args=(), launcher="mpirun", timeout=90, env=None):
+    """Runs `python script *args` on `np` processes and fails the test unless all exit 0.
+
+    Arguments:
+        script: path of the worker, absolute or relative to the repository root.
+        np: number of processes.
+        args: extra command-line arguments for the worker.
+        launcher: "mpirun" (Open MPI, oversubscribed) or "horovodrun" (Gloo controller).
+        timeout: seconds before the whole launch is killed and the test fails.
+        env: extra environment variables.
+
+    Returns:
+        the combined stdout and stderr of all processes.
+    """
+    if launcher == "mpirun":
+        cmd = _mpirun(np)
+    elif launcher == "horovodrun":
+        cmd = _horovodrun(np)
+    else:
+        raise ValueError(f"launcher must be 'mpirun' or 'horovodrun', got {launcher!r}")
+    cmd += [sys.executable, str(REPO / script), *map(str, args)]
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p)
+    full_env.setdefault("OMP_NUM_THREADS", "1")  # 2 slow cores shared by all ranks
+    full_env.setdefault("HOROVOD_LOG_LEVEL", "warning")
+    full_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    full_env.update(env or {})
+    proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
+        output, _ = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s (hang?); output:\n{output}")
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited with {proc.returncode}; output:\n{output}")
+    return output

@@ -1,0 +1,6 @@
+import pathlib
+import sys
+
+# Tests import shared helpers as `from tests._launch import run_mpi`, wherever pytest starts.
+# (The `mpi` marker is registered in pyproject.toml.)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))

@@ -1,0 +1,218 @@
+"""Worker: compressed alltoall, allgather and broadcast deliver what the peers sent, within the
+bound; Compression.none is Horovod's own result bit for bit. Run by tests/test_transport.py
+under mpirun and horovodrun with 2 or 3 ranks."""
+import horovod.torch as horovod
+import torch
+from transport_util import (abs_bound, assert_within, lookups, pieces_for, run_cases,
+                            uneven_splits)
+
+import hvd_lossy.torch as hvd
+from hvd_lossy.compression import LossyCompressor
+
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+EB = 0.02
+
+
+def check_lossy_alltoall(case, dtype, trailing, eb=EB, mode="rel", level=1):
+    splits = uneven_splits(R, case, N)
+    x = lookups(R, case, sum(splits), trailing, dtype)
+    compression = hvd.Compression.lossy(eb, mode=mode, level=level)
+    out, got = hvd.alltoall(x, splits, compression=compression)
+    refs = pieces_for(R, case, N, trailing, dtype)
+    assert got.tolist() == [p.shape[0] for p in refs], f"received splits {got.tolist()}"
+    assert got.dtype == torch.int32
+    offset = 0
+    for src, ref in enumerate(refs):
+        piece = out[offset:offset + ref.shape[0]]
+        offset += ref.shape[0]
+        assert_within(piece, ref, abs_bound(ref, eb, mode), f"{dtype} {trailing} from rank {src}")
+    assert offset == out.shape[0]
+
+
+def test_lossy_alltoall_respects_bound_for_every_dtype_and_rank():
+    for case, dtype in enumerate((torch.float32, torch.float16, torch.bfloat16)):
+        check_lossy_alltoall(case, dtype, (6,))
+        check_lossy_alltoall(case + 10, dtype, ())  # 1-D: each piece is one row
+    check_lossy_alltoall(20, torch.float32, (3, 5), eb=0.01, mode="abs", level=2)
+
+
+def test_none_is_bit_identical_to_horovod():
+    for case, trailing in ((30, (5,)), (31, ())):
+        splits = uneven_splits(R, case, N)
+        x = lookups(R, case, sum(splits), trailing)
+        ours, ours_splits = hvd.alltoall(x, splits)
+        theirs, their_splits = horovod.alltoall(x, splits)
+        assert torch.equal(ours, theirs) and torch.equal(ours_splits, their_splits)
+        assert torch.equal(ours, torch.cat(pieces_for(R, case, N, trailing)))
+    even = lookups(R, 32, 2 * N)
+    assert torch.equal(hvd.alltoall(even), horovod.alltoall(even))  # splits=None: tensor alone
+
+
+def test_bfloat16_without_compression_travels_lossless():
+    splits = uneven_splits(R, 40, N)
+    x = lookups(R, 40, sum(splits), (4,), torch.bfloat16)
+    out, _ = hvd.alltoall(x, splits)
+    assert torch.equal(out, torch.cat(pieces_for(R, 40, N, (4,), torch.bfloat16)))
+
+
+def test_fp16_compression_rounds_to_half():
+    splits = uneven_splits(R, 41, N)
+    x = lookups(R, 41, sum(splits))
+    out, _ = hvd.alltoall(x, splits, compression=hvd.Compression.fp16)
+    ref = torch.cat(pieces_for(R, 41, N))
+    assert out.dtype == torch.float32 and torch.equal(out, ref.half().float())
+
+
+def test_async_returns_horovod_pairs_and_overlaps():
+    lossy = hvd.Compression.lossy(EB)
+    xs = [lookups(R, 50 + i, sum(uneven_splits(R, 50 + i, N))) for i in range(2)]
+    handles = [hvd.alltoall_async(x, uneven_splits(R, 50 + i, N), compression=lossy)
+               for i, x in enumerate(xs)]
+    even = lookups(R, 52, 3 * N)
+    plain = hvd.alltoall_async(even)
+    assert isinstance(plain, int), "Compression.none hands out Horovod's own handle"
+    for i in reversed(range(2)):  # finish in the other order than started
+        hvd.poll(handles[i])
+        out, got = hvd.synchronize(handles[i])
+        refs = pieces_for(R, 50 + i, N)
+        assert got.tolist() == [r.shape[0] for r in refs]
+        assert_within(out, torch.cat(refs), max(abs_bound(r, EB) for r in refs), "async")
+    out, got = hvd.synchronize(plain)  # as Horovod: a pair even without splits
+    assert torch.equal(out, horovod.alltoall(even))
+
+
+class TwoFramesPerDestination(LossyCompressor):
+    """Plans two frames per destination with different bounds, as the adaptive controller may."""
+
+    def plan(self, splits):
+        self.sizes_seen = None
+        return [(d, part, eb) for d, rows in enumerate(splits)
+                for part, eb in ((rows // 2, self.error_bound), (rows - rows // 2, self.error_bound / 4))]
+
+    def after_compress(self, plan, frame_sizes, tensor):
+        self.sizes_seen = (len(plan), list(frame_sizes), tensor.shape[0])
+
+
+def test_subclass_plan_sends_several_frames_per_destination():
+    c = TwoFramesPerDestination(EB)
+    splits = uneven_splits(R, 60, N)
+    x = lookups(R, 60, sum(splits))
+    out, _ = hvd.alltoall(x, splits, compression=c)
+    n_frames, sizes, rows = c.sizes_seen
+    assert n_frames == 2 * N == len(sizes) and rows == x.shape[0]
+    assert hvd.comm_stats()["last"]["wire_bytes"] == sum(sizes)
+    offset = 0
+    for src, ref in enumerate(pieces_for(R, 60, N)):
+        half = ref.shape[0] // 2
+        for part, eb in ((ref[:half], EB), (ref[half:], EB / 4)):
+            assert_within(out[offset:offset + part.shape[0]], part, abs_bound(part, eb), f"src {src}")
+            offset += part.shape[0]
+
+
+def sender_grads(case, weights_of, eb_back):
+    """Reference gradient of this rank's input and the bound of each of its pieces: dest d
+    computes weights_of(d) as the gradient of its output and compresses, per source, its rows."""
+    splits = uneven_splits(R, case, N)
+    grads, bounds = [], []
+    for d in range(N):
+        w = weights_of(d)
+        start = sum(uneven_splits(s, case, N)[d] for s in range(R))
+        piece = w[start:start + splits[d]]
+        grads.append(piece)
+        bounds.append(abs_bound(piece, eb_back) if eb_back is not None else 0.0)
+    return splits, grads, bounds
+
+
+def test_gradient_returns_through_compressed_alltoall_with_reversed_splits():
+    case = 70
+
+    def weights_of(d):  # a rank-specific, non-contiguous gradient for the output of rank d
+        rows = sum(uneven_splits(s, case, N)[d] for s in range(N))
+        return lookups(100 + d, case, rows, (5,)).t().contiguous().t() * 3
+
+    for eb_back in (0.05, None):
+        splits, grads, bounds = sender_grads(case, weights_of, eb_back)
+        x = lookups(R, case, sum(splits), (5,)).requires_grad_()
+        compression = hvd.Compression.lossy(EB, backward=eb_back)
+        out, _ = hvd.alltoall(x, splits, compression=compression)
+        g_out = weights_of(R)
+        assert not g_out.is_contiguous()
+        (g_x,) = torch.autograd.grad(out, x, grad_outputs=g_out)
+        offset = 0
+        for d, (ref, bound) in enumerate(zip(grads, bounds)):
+            assert_within(g_x[offset:offset + ref.shape[0]], ref, bound, f"grad to dest {d} (backward={eb_back})")
+            offset += ref.shape[0]
+    # Compression.none: exact, also for a non-contiguous gradient (Horovod's own would raise)
+    splits, grads, _ = sender_grads(case, weights_of, None)
+    x = lookups(R, case, sum(splits), (5,)).requires_grad_()
+    out, _ = hvd.alltoall(x, splits)
+    (g_x,) = torch.autograd.grad(out, x, grad_outputs=weights_of(R))
+    assert torch.equal(g_x, torch.cat(grads))
+
+
+def test_comm_stats_report_bytes_ratio_and_bounds():
+    hvd.reset_comm_stats()
+    splits = uneven_splits(R, 80, N)
+    x = lookups(R, 80, sum(splits), (8,))
+    out, _ = hvd.alltoall(x, splits, compression=hvd.Compression.lossy(EB))
+    stats = hvd.comm_stats()
+    last, total = stats["last"], stats["total"]
+    assert total["calls"] == 1 and last["op"] == "alltoall"
+    assert last["raw_bytes"] == x.numel() * 4 and last["recv_raw_bytes"] == out.numel() * 4
+    assert last["ratio"] == last["raw_bytes"] / last["wire_bytes"]
+    assert last["error_bounds"] == [EB] * N
+    assert min(last["compress_s"], last["comm_s"], last["decompress_s"]) > 0
+    assert total["wire_bytes"] == last["wire_bytes"] and total["meta_bytes"] > 0
+
+
+def test_allgather_delivers_every_rank_within_bound():
+    rows = [(s * 2) % 3 for s in range(N)]  # rank 0 contributes no rows
+    for case, dtype, trailing in ((90, torch.float32, (4,)), (91, torch.bfloat16, ()), (92, torch.float16, (2, 3))):
+        x = lookups(R, case, rows[R], trailing, dtype)
+        refs = [lookups(s, case, rows[s], trailing, dtype) for s in range(N)]
+        out = hvd.allgather(x, compression=hvd.Compression.lossy(EB))
+        offset = 0
+        for s, ref in enumerate(refs):
+            assert_within(out[offset:offset + rows[s]], ref, abs_bound(ref, EB), f"allgather from {s}")
+            offset += rows[s]
+        if dtype != torch.bfloat16:
+            assert torch.equal(hvd.allgather(x), horovod.allgather(x))
+        else:  # bfloat16 without compression: lossless frames
+            assert torch.equal(hvd.allgather(x), torch.cat(refs))
+    handle = hvd.allgather_async(lookups(R, 93, 2), compression=hvd.Compression.lossy(0.0))
+    assert torch.equal(hvd.synchronize(handle), torch.cat([lookups(s, 93, 2) for s in range(N)]))
+
+
+def test_broadcast_gives_all_ranks_the_same_values_within_bound():
+    root = N - 1
+    x = lookups(R, 100, 5, (3,))
+    out = hvd.broadcast(x, root, compression=hvd.Compression.lossy(EB))
+    ref = lookups(root, 100, 5, (3,))
+    assert_within(out, ref, abs_bound(ref, EB), "broadcast")
+    assert torch.equal(horovod.allgather(out.view(1, -1)), out.view(1, -1).repeat(N, 1)), "ranks differ"
+    bf = lookups(R, 101, 3, (), torch.bfloat16)
+    assert torch.equal(hvd.broadcast(bf, 0), lookups(0, 101, 3, (), torch.bfloat16))
+    assert torch.equal(hvd.broadcast(x, root), horovod.broadcast(x, root))
+    handle = hvd.broadcast_async(x, 0, compression=hvd.Compression.lossy(EB))
+    assert_within(hvd.synchronize(handle), lookups(0, 100, 5, (3,)), abs_bound(lookups(0, 100, 5, (3,)), EB), "async")
+
+
+def test_reductions_refuse_lossy_compressors_and_still_reduce_plainly():
+    lossy = hvd.Compression.lossy(EB)
+    t = torch.ones(4)
+    calls = [lambda: hvd.allreduce(t, compression=lossy), lambda: hvd.allreduce_async(t, compression=lossy),
+             lambda: hvd.grouped_allreduce([t], compression=lossy),
+             lambda: hvd.reducescatter(t, compression=lossy),
+             lambda: hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(t)], lr=0.1), compression=lossy)]
+    for call in calls:
+        try:
+            call()
+        except ValueError as e:
+            assert "summing compressed bytes" in str(e), str(e)
+        else:
+            raise AssertionError("a reduction accepted a lossy compressor")
+    assert torch.equal(hvd.allreduce(t, op=hvd.Sum), t * N)
+
+
+run_cases([v for k, v in sorted(globals().items()) if k.startswith("test_")])

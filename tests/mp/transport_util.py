@@ -1,0 +1,68 @@
+"""Shared pieces of the transport workers: deterministic per-rank inputs that every rank can
+rebuild for every other rank, so each receiver knows exactly what its peers sent."""
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+import hvd_lossy.torch as hvd
+
+
+def lookups(src, case, rows, trailing=(4,), dtype=torch.float32):
+    """Rows drawn from a small table, so duplicates occur as in embedding lookups.
+    A function of (src, case, rows) only: any rank can rebuild any rank's input."""
+    g = torch.Generator().manual_seed(7919 * case + src)
+    table = torch.rand((16, *trailing), generator=g, dtype=torch.float64) * 2 - 1
+    ids = torch.randint(0, 16, (rows,), generator=g)
+    return table[ids].to(dtype)
+
+
+def uneven_splits(src, case, n):
+    """Rows rank src sends to each of n ranks: uneven, with zeros."""
+    return [((src * 7 + d * 3 + case) % 4) * 2 + (d == src and case % 2) for d in range(n)]
+
+
+def pieces_for(dest, case, n, trailing=(4,), dtype=torch.float32):
+    """What each source sends to dest: list over sources of (rows tensor)."""
+    out = []
+    for src in range(n):
+        splits = uneven_splits(src, case, n)
+        x = lookups(src, case, sum(splits), trailing, dtype)
+        start = sum(splits[:dest])
+        out.append(x[start:start + splits[dest]])
+    return out
+
+
+def abs_bound(piece, eb, mode="rel"):
+    """The absolute bound of a frame of `piece`, by the codec's definition (float64)."""
+    if mode == "abs":
+        return eb
+    finite = piece.double()[torch.isfinite(piece.double())]
+    if finite.numel() == 0:
+        return 0.0
+    return eb * float(finite.max() - finite.min())
+
+
+def assert_within(got, ref, bound, what):
+    err = float((got.double() - ref.double()).abs().max()) if got.numel() else 0.0
+    assert got.shape == ref.shape and got.dtype == ref.dtype, \
+        f"{what}: got {got.dtype} {tuple(got.shape)}, expected {ref.dtype} {tuple(ref.shape)}"
+    assert err <= bound, f"{what}: max error {err} exceeds the bound {bound}"
+
+
+def run_cases(cases):
+    """Runs each case; any failure prints the traceback with the rank and exits non-zero."""
+    for case in cases:
+        t0 = time.perf_counter()
+        try:
+            case()
+        except BaseException:
+            print(f"rank {hvd.rank()}: case {case.__name__} failed", file=sys.stderr)
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)  # not sys.exit: Horovod's shutdown could wait for the peers
+        if hvd.rank() == 0:
+            print(f"{case.__name__}: {time.perf_counter() - t0:.2f} s", flush=True)
+    print(f"rank {hvd.rank()}: {len(cases)} cases passed", flush=True)
