@@ -408,3 +408,26 @@ def test_compressor_config_round_trips():
     json.dumps(comp.get_config())
     from hvd_lossy.compression import Compression
     assert Compression.adaptive(c, ["small"]).backward == "table"
+
+
+# ----- several processes -----------------------------------------------------------------------------
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_ranks_agree_on_bounds_and_bad_configs_raise_everywhere(launcher, tmp_path):
+    """tests/mp/adaptive_controller.py: identical bounds from different local statistics, bad
+    configurations raise on every rank, and under horovodrun --gloo the Horovod fallback."""
+    from tests._launch import run_mpi
+
+    out = run_mpi("tests/mp/adaptive_controller.py", np=2, launcher=launcher, timeout=120,
+                  args=["mpi" if launcher == "mpirun" else "gloo", tmp_path / "t.jsonl"])
+    assert out.count("adaptive controller OK") == 2, out
+
+
+@pytest.mark.mpi
+def test_adaptive_alltoall_decodes_each_table_within_its_bound():
+    """tests/mp/adaptive_alltoall.py: forward and backward through hvd_lossy.torch.alltoall."""
+    from tests._launch import run_mpi
+
+    out = run_mpi("tests/mp/adaptive_alltoall.py", np=2, timeout=120)
+    assert out.count("adaptive alltoall OK") == 2, out

@@ -163,11 +163,11 @@ class AdaptiveCompressor(LossyCompressor):
                            fixed_bytes=header, direction=self.direction)
 
     def for_backward(self):
-        """The gradient compressor: chunk for rank r holds ``controller.tables_of(r)``."""
-        if self.direction == "backward":
-            raise ValueError("for_backward() of a backward AdaptiveCompressor: the gradient "
-                             "all-to-all has no backward")
-        if self.backward is None:
+        """The gradient compressor: chunk for rank r holds ``controller.tables_of(r)``.
+
+        A backward compressor's own for_backward (a double backward) is uncompressed.
+        """
+        if self.backward is None or self.direction == "backward":
             return NoneCompressor
         if self._backward_compressor is None:
             layouts = [self.controller.tables_of(r) for r in range(self.controller.size)]
