@@ -380,8 +380,13 @@ def test_backward_compressor_lays_out_each_owners_tables():
     assert plan == [(0, 2, g["a"]), (0, 2, g["b"]), (1, 3, g["c"])]
     assert g["c"] == pytest.approx(2 * c.bound("c"))
     assert AdaptiveCompressor(c, ["c"], backward=0.01).for_backward().plan([2, 1])[0][2] == 0.01
-    from hvd_lossy.compression import NoneCompressor
+    from hvd_lossy.compression import Compression, NoneCompressor
     assert AdaptiveCompressor(c, ["c"], backward=None).for_backward() is NoneCompressor
+    assert AdaptiveCompressor(c, ["c"], backward="fp16").for_backward() is Compression.fp16
+    fixed = Compression.lossy(0.02)
+    assert AdaptiveCompressor(c, ["c"], backward=fixed).for_backward() is fixed
+    with pytest.raises(ValueError, match="backward must be 'table'"):
+        AdaptiveCompressor(c, ["c"], backward=-1.0)
 
 
 def test_uneven_chunk_or_unknown_table_raises():
@@ -402,11 +407,12 @@ def test_eval_mode_frames_are_lossless():
 
 def test_compressor_config_round_trips():
     c = Controller(TABLES, comm="local")
-    comp = AdaptiveCompressor(c, ["small", "big"], backward=0.02, level=2)
-    again = AdaptiveCompressor.from_config(comp.get_config(), comm="local")
-    assert again == comp and again.controller.get_config() == c.get_config()
-    json.dumps(comp.get_config())
     from hvd_lossy.compression import Compression
+    for backward in (0.02, "table", None, "fp16", Compression.lossy(0.01, backward=None)):
+        comp = AdaptiveCompressor(c, ["small", "big"], backward=backward, level=2)
+        again = AdaptiveCompressor.from_config(comp.get_config(), comm="local")
+        assert again == comp and again.controller.get_config() == c.get_config()
+        json.dumps(comp.get_config())
     assert Compression.adaptive(c, ["small"]).backward == "table"
 
 

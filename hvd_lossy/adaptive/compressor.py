@@ -7,7 +7,8 @@ receivers decode without knowing the plan.
 
 import math
 
-from hvd_lossy.compression import SAME, LossyCompressor, NoneCompressor
+from hvd_lossy.compression import (SAME, FP16Compressor, LossyCompressor, NoneCompressor,
+                                   compressor_from_config)
 
 import hvd_lossy
 
@@ -19,9 +20,28 @@ TABLE = "table"
 DIRECTIONS = ("forward", "backward")
 
 
+def _check_backward(value):
+    """backward as stored: None, "table", a float, FP16Compressor or a LossyCompressor."""
+    if value is None or value is NoneCompressor:
+        return None
+    if value == SAME:
+        return TABLE
+    if value is FP16Compressor or value == "fp16":
+        return FP16Compressor
+    if isinstance(value, LossyCompressor):
+        return value
+    if isinstance(value, dict):
+        return compressor_from_config(value)
+    try:
+        return _check_bound_setting(value, "backward")
+    except ValueError:
+        raise ValueError(f"backward must be 'table' (or 'same'), an error bound >= 0, None, "
+                         f"'fp16' or a LossyCompressor, got {value!r}") from None
+
+
 def _check_bound_setting(value, what):
     """"table" or a finite float >= 0."""
-    if value == TABLE:
+    if isinstance(value, str) and value == TABLE:
         return TABLE
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             not math.isfinite(value) or value < 0:
@@ -40,7 +60,8 @@ class AdaptiveCompressor(LossyCompressor):
         backward: the gradient all-to-all (reversed splits; chunk for rank r holds
             ``controller.tables_of(r)``): ``"table"`` (or ``"same"``) per-table gradient bounds
             ``controller.grad_bounds()``, a float (one bound for every gradient frame; 0 is
-            lossless), or None (uncompressed, Horovod's own alltoall).
+            lossless), None (uncompressed, Horovod's own alltoall), ``"fp16"`` or any
+            LossyCompressor (used as is).
         level: codec level, 1 or 2.
         dedup: store identical rows of a frame once.
         observe: feed the controller the statistics of what is compressed: lookups (value range,
@@ -64,9 +85,7 @@ class AdaptiveCompressor(LossyCompressor):
                          dedup=dedup)
         self.controller = controller
         self.tables = self._check_tables(tables)
-        if backward == SAME:
-            backward = TABLE
-        self.backward = None if backward is None else _check_bound_setting(backward, "backward")
+        self.backward = _check_backward(backward)
         self.bound = _check_bound_setting(bound, "bound")
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
@@ -169,6 +188,8 @@ class AdaptiveCompressor(LossyCompressor):
         """
         if self.backward is None or self.direction == "backward":
             return NoneCompressor
+        if self.backward is FP16Compressor or isinstance(self.backward, LossyCompressor):
+            return self.backward
         if self._backward_compressor is None:
             layouts = [self.controller.tables_of(r) for r in range(self.controller.size)]
             self._backward_compressor = AdaptiveCompressor(
@@ -182,8 +203,13 @@ class AdaptiveCompressor(LossyCompressor):
 
     def get_config(self):
         """JSON-serialisable settings, the controller's included; from_config is collective."""
+        backward = self.backward
+        if backward is FP16Compressor:
+            backward = "fp16"
+        elif isinstance(backward, LossyCompressor):
+            backward = backward.get_config()
         return {"id": self.codec_id, "controller": self.controller.get_config(),
-                "tables": self.tables, "backward": self.backward, "level": self.level,
+                "tables": self.tables, "backward": backward, "level": self.level,
                 "dedup": self.dedup, "observe": self.observe, "bound": self.bound,
                 "direction": self.direction}
 
@@ -200,7 +226,8 @@ class AdaptiveCompressor(LossyCompressor):
         return cls(controller, **config)
 
     def __repr__(self):
+        backward = "'fp16'" if self.backward is FP16Compressor else repr(self.backward)
         return (f"AdaptiveCompressor(controller={self.controller!r}, tables={self.tables!r}, "
-                f"backward={self.backward!r}, level={self.level!r}, dedup={self.dedup!r}, "
+                f"backward={backward}, level={self.level!r}, dedup={self.dedup!r}, "
                 f"observe={self.observe!r}, bound={self.bound!r}, "
                 f"direction={self.direction!r})")

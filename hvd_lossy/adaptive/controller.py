@@ -15,80 +15,16 @@ import numpy as np
 
 from . import stats as _stats
 from .comm import resolve_comm
-from .policies import PaperPolicy, make_policy
+from .config import TableSpec, check_bound, check_int, table_specs
+from .policies import make_policy
 from .schedules import check_schedule, multiplier
-from .telemetry import write_line
+from .telemetry import summary, telemetry_record, write_line
 
 __all__ = ["TableSpec", "Controller"]
 
 MODES = ("rel", "abs")
 EVAL_BOUNDS = ("none", "base", "table")
 DIRECTIONS = ("forward", "backward")
-
-
-@dataclasses.dataclass(frozen=True)
-class TableSpec:
-    """One embedding table: its name, rows (cardinality) and the rank that holds it."""
-
-    name: str
-    cardinality: int
-    owner: int
-
-
-def _int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _bound(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _table_specs(tables, size):
-    """Normalise the ``tables`` argument to a list of TableSpec (owners round-robin if absent)."""
-    if isinstance(tables, dict):
-        items = []
-        for name, v in tables.items():
-            card, owner = (v if isinstance(v, (tuple, list)) else (v, None))
-            items.append((name, card, owner))
-    elif isinstance(tables, (list, tuple)):
-        items = []
-        for t in tables:
-            if isinstance(t, TableSpec):
-                items.append((t.name, t.cardinality, t.owner))
-            elif isinstance(t, dict):
-                unknown = set(t) - {"name", "cardinality", "owner"}
-                if unknown or "name" not in t or "cardinality" not in t:
-                    raise ValueError(f"a table dict needs 'name' and 'cardinality' (and optionally "
-                                     f"'owner'), got {t!r}")
-                items.append((t["name"], t["cardinality"], t.get("owner")))
-            elif isinstance(t, (tuple, list)) and len(t) in (2, 3):
-                items.append((t[0], t[1], t[2] if len(t) == 3 else None))
-            else:
-                raise TypeError(f"a table must be a TableSpec, a dict or a (name, cardinality"
-                                f"[, owner]) tuple, got {t!r}")
-    else:
-        raise TypeError(f"tables must be a dict name -> cardinality or a list of TableSpec, got "
-                        f"{type(tables).__name__}")
-    if not items:
-        raise ValueError("tables must name at least one table, got none")
-    specs, seen = [], set()
-    for i, (name, card, owner) in enumerate(items):
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"table names must be non-empty strings, got {name!r}")
-        if name in seen:
-            raise ValueError(f"table {name!r} is listed twice")
-        seen.add(name)
-        card = _int(f"cardinality of table {name!r}", card, 1)
-        owner = i % size if owner is None else _int(f"owner of table {name!r}", owner, 0)
-        if owner >= size:
-            raise ValueError(f"owner of table {name!r} must be a rank < {size}, got {owner}")
-        specs.append(TableSpec(name, card, owner))
-    return specs
 
 
 class Controller:
@@ -141,16 +77,16 @@ class Controller:
 
     def _configure(self, tables, policy, schedule, E, base, interval, mode, eval_bound, grad_base,
                    sample_every, telemetry):
-        self._specs = _table_specs(tables, self._comm.size)
+        self._specs = table_specs(tables, self._comm.size)
         self._index = {s.name: i for i, s in enumerate(self._specs)}
         self._policy = make_policy(policy)
         self._policy.check_tables([s.name for s in self._specs])
         check_schedule(schedule, E)
         self._schedule, self._E = schedule, int(E)
-        self._base = _bound("base", base)
-        self._grad_base = self._base if grad_base is None else _bound("grad_base", grad_base)
-        self._interval = _int("interval", interval, 1)
-        self._sample_every = _int("sample_every", sample_every, 1)
+        self._base = check_bound("base", base)
+        self._grad_base = self._base if grad_base is None else check_bound("grad_base", grad_base)
+        self._interval = check_int("interval", interval, 1)
+        self._sample_every = check_int("sample_every", sample_every, 1)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
         if eval_bound not in EVAL_BOUNDS:
@@ -240,7 +176,7 @@ class Controller:
 
     def tables_of(self, rank):
         """Names of the tables owned by ``rank``, in configuration order."""
-        _int("rank", rank, 0)
+        check_int("rank", rank, 0)
         return [s.name for s in self._specs if s.owner == rank]
 
     def _idx(self, table):
@@ -362,7 +298,7 @@ class Controller:
         self._last = [_stats.row_stats(s, merged[i]) for i, s in enumerate(self._specs)]
         self._table_bounds = self._plan(self._table_bounds)
         if self._telemetry is not None and self.rank == 0:
-            write_line(self._telemetry, self._telemetry_record())
+            write_line(self._telemetry, telemetry_record(self))
         return list(self._last)
 
     def _plan(self, previous=None):
@@ -431,6 +367,14 @@ class Controller:
         return self._policy
 
     @property
+    def schedule(self):
+        return self._schedule
+
+    @property
+    def E(self):
+        return self._E
+
+    @property
     def interval(self):
         return self._interval
 
@@ -445,52 +389,19 @@ class Controller:
         """Merged TableStats of the last interval (empty before the first exchange)."""
         return list(self._last)
 
+    def totals(self):
+        """Merged TableStats accumulated over every exchange so far (bytes, moments)."""
+        return [_stats.row_stats(s, self._totals[i]) for i, s in enumerate(self._specs)]
+
     def summary(self):
-        """Per-table bound, ratio and bytes, accumulated over all exchanges so far (local).
+        """Per-table bound, ratio and bytes over all exchanges so far (local, not collective).
 
         Returns:
             dict with ``iteration``, ``multiplier``, ``policy``, ``schedule``, ``tables`` (name ->
-            ``bound``, ``table_bound``, ``class`` (paper policy), ``raw_bytes``, ``frame_bytes``,
-            ``ratio``, ``bwd_raw_bytes``, ``bwd_frame_bytes``, ``bwd_ratio``) and totals
-            ``raw_bytes``, ``frame_bytes``, ``ratio`` (forward) and ``bwd_*`` (backward). Bytes
+            ``bound``, ``table_bound``, ``class`` (paper policy, else None), ``owner``,
+            ``cardinality``, ``raw_bytes``, ``frame_bytes``, ``ratio``, ``bwd_raw_bytes``,
+            ``bwd_frame_bytes``, ``bwd_ratio``) and the totals ``raw_bytes``, ``frame_bytes``,
+            ``ratio`` (forward) and ``bwd_*`` (backward); ratios are None without frames. Bytes
             count frames recorded until the last exchange; call ``exchange()`` first for all.
         """
-        bounds = self.bounds()
-        classes = (self._policy.classes(self._last) if isinstance(self._policy, PaperPolicy)
-                   else {})
-        f = _stats.IDX
-        tables = {}
-        for i, s in enumerate(self._specs):
-            t = self._totals[i]
-            tables[s.name] = {
-                "bound": bounds[s.name], "table_bound": self._table_bounds[s.name],
-                "class": classes.get(s.name), "owner": s.owner, "cardinality": s.cardinality,
-                **_bytes(t[f["raw_bytes"]], t[f["frame_bytes"]], ""),
-                **_bytes(t[f["bwd_raw_bytes"]], t[f["bwd_frame_bytes"]], "bwd_")}
-        out = {"iteration": self._it, "multiplier": self.multiplier,
-               "policy": self._policy.get_config(), "schedule": self._schedule,
-               "tables": tables}
-        out.update(_bytes(self._totals[:, f["raw_bytes"]].sum(),
-                          self._totals[:, f["frame_bytes"]].sum(), ""))
-        out.update(_bytes(self._totals[:, f["bwd_raw_bytes"]].sum(),
-                          self._totals[:, f["bwd_frame_bytes"]].sum(), "bwd_"))
-        return out
-
-    def _telemetry_record(self):
-        bounds = self.bounds()
-        tables = {}
-        for s in self._last:
-            d = s.to_json()
-            for k in ("name", "cardinality", "owner"):
-                d.pop(k)
-            d.update(bound=bounds[s.name], table_bound=self._table_bounds[s.name])
-            tables[s.name] = d
-        return {"iteration": self._it, "multiplier": self.multiplier,
-                "policy": self._policy.get_config(), "schedule": self._schedule,
-                "tables": tables}
-
-
-def _bytes(raw, frame, prefix):
-    raw, frame = float(raw), float(frame)
-    return {prefix + "raw_bytes": raw, prefix + "frame_bytes": frame,
-            prefix + "ratio": raw / frame if frame > 0 else None}
+        return summary(self)

@@ -122,12 +122,12 @@ class PaperPolicy(Policy):
 
     def classes(self, stats):
         """dict table name -> "tighten" | "base" | "loosen"."""
+        # by="unique" needs every table's fraction; until then, cardinality decides.
+        by_unique = self.by == "unique" and all(not math.isnan(t.unique_fraction) for t in stats)
+
         def key(s):
             uf = 0.0 if math.isnan(s.unique_fraction) else s.unique_fraction
-            observed = all(not math.isnan(t.unique_fraction) for t in stats)
-            if self.by == "unique" and observed:
-                return (-uf, -s.cardinality, s.name)
-            return (-s.cardinality, -uf, s.name)
+            return (-uf, -s.cardinality, s.name) if by_unique else (-s.cardinality, -uf, s.name)
 
         ranked = [s.name for s in sorted(stats, key=key)]
         third = int(math.floor(len(ranked) / 3 + 0.5))

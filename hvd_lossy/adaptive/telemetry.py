@@ -9,7 +9,48 @@ ratio achieved over the interval that just ended (null when no frame was recorde
 import json
 import math
 
-__all__ = ["write_line", "read_lines", "plot_telemetry"]
+__all__ = ["write_line", "read_lines", "plot_telemetry", "telemetry_record", "summary"]
+
+
+def _header(controller):
+    return {"iteration": controller.iteration, "multiplier": controller.multiplier,
+            "policy": controller.policy.get_config(), "schedule": controller.schedule}
+
+
+def telemetry_record(controller):
+    """The telemetry line of the exchange that just happened (see the module docstring)."""
+    bounds = controller.bounds()
+    tables = {}
+    for s in controller.stats():
+        d = s.to_json()
+        for k in ("name", "cardinality", "owner"):
+            d.pop(k)
+        d.update(bound=bounds[s.name], table_bound=controller.table_bound(s.name))
+        tables[s.name] = d
+    return {**_header(controller), "tables": tables}
+
+
+def _bytes(raw, frame, prefix):
+    return {prefix + "raw_bytes": raw, prefix + "frame_bytes": frame,
+            prefix + "ratio": raw / frame if frame > 0 else None}
+
+
+def summary(controller):
+    """``Controller.summary()``: per-table bound, class, bytes and ratios over the run so far."""
+    bounds = controller.bounds()
+    classes = getattr(controller.policy, "classes", lambda stats: {})(controller.stats())
+    tables = {}
+    for s in controller.totals():
+        tables[s.name] = {"bound": bounds[s.name], "table_bound": controller.table_bound(s.name),
+                          "class": classes.get(s.name), "owner": s.owner,
+                          "cardinality": s.cardinality,
+                          **_bytes(s.raw_bytes, s.frame_bytes, ""),
+                          **_bytes(s.bwd_raw_bytes, s.bwd_frame_bytes, "bwd_")}
+    out = {**_header(controller), "tables": tables}
+    for prefix in ("", "bwd_"):
+        out.update(_bytes(sum(t[prefix + "raw_bytes"] for t in tables.values()),
+                          sum(t[prefix + "frame_bytes"] for t in tables.values()), prefix))
+    return out
 
 
 def write_line(path, record):
