@@ -9,6 +9,9 @@ import torch
 
 import hvd_lossy.torch as hvd
 
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+
 
 def lookups(src, case, rows, trailing=(4,), dtype=torch.float32):
     """Rows drawn from a small table, so duplicates occur as in embedding lookups.
@@ -50,6 +53,11 @@ def assert_within(got, ref, bound, what):
     assert got.shape == ref.shape and got.dtype == ref.dtype, \
         f"{what}: got {got.dtype} {tuple(got.shape)}, expected {ref.dtype} {tuple(ref.shape)}"
     assert err <= bound, f"{what}: max error {err} exceeds the bound {bound}"
+
+
+def cases_of(namespace):
+    """The test_* functions of a worker module, in name order (the same on every rank)."""
+    return [v for k, v in sorted(namespace.items()) if k.startswith("test_")]
 
 
 def run_cases(cases):

@@ -1,0 +1,142 @@
+"""Worker: bad input on one rank makes every rank raise RankError naming that rank, and nobody
+hangs; after each error the ranks are still in step (a correct call follows every case)."""
+import torch
+from transport_util import N, R, cases_of, lookups, run_cases
+
+import hvd_lossy
+import hvd_lossy.torch as hvd
+from hvd_lossy.compression import LossyCompressor
+
+BAD = N - 1  # the rank that misbehaves
+LOSSY = hvd.Compression.lossy(0.02)
+
+
+def expect_rank_error(call, *fragments):
+    """`call` must raise RankError on this rank, naming every fragment; then a correct
+    alltoall must still work, proving the ranks stayed in step."""
+    try:
+        call()
+    except hvd.RankError as e:
+        text = str(e)
+        missing = [f for f in fragments if f not in text]
+        assert not missing, f"error message lacks {missing}: {text}"
+    else:
+        raise AssertionError(f"rank {R} got no error; expected one mentioning {fragments}")
+    x = lookups(R, 1, 2 * N)
+    out = hvd.alltoall(x, compression=LOSSY)
+    assert out.shape == x.shape
+
+
+def even(rows_per_rank=2, trailing=(4,), dtype=torch.float32):
+    return lookups(R, 2, rows_per_rank * N, trailing, dtype)
+
+
+def test_splits_not_summing_to_rows_raise_everywhere():
+    splits = [2] * N
+    if R == BAD:
+        splits[0] += 1
+    expect_rank_error(lambda: hvd.alltoall(even(), splits, compression=LOSSY),
+                      f"rank {BAD}: splits sum to {2 * N + 1} but the tensor has {2 * N} rows")
+
+
+def test_negative_split_raises_everywhere():
+    splits = [2] * N
+    if R == BAD:
+        splits[0], splits[1] = -1, 5
+    expect_rank_error(lambda: hvd.alltoall(even(), splits, compression=LOSSY),
+                      f"rank {BAD}: splits[0] is negative (-1)")
+
+
+def test_wrong_number_of_splits_raises_everywhere():
+    splits = [2] * N if R != BAD else [2 * N]
+    expect_rank_error(lambda: hvd.alltoall(even(), splits, compression=LOSSY),
+                      f"rank {BAD}: got 1 splits for {N} ranks")
+
+
+def test_uneven_rows_without_splits_raise_everywhere():
+    x = even() if R != BAD else lookups(R, 2, 2 * N + 1)
+    expect_rank_error(lambda: hvd.alltoall(x, compression=LOSSY),
+                      f"rank {BAD}: splits=None needs dim 0 ({2 * N + 1}) to divide evenly")
+
+
+def test_ranks_disagreeing_on_dtype_raise_everywhere():
+    x = even(dtype=torch.float16 if R == BAD else torch.float32)
+    expect_rank_error(lambda: hvd.alltoall(x, compression=LOSSY),
+                      "disagree on the dtype", f"rank {BAD} has torch.float16", "rank 0 has torch.float32")
+
+
+def test_ranks_disagreeing_on_trailing_shape_raise_everywhere():
+    x = even(trailing=(5,) if R == BAD else (4,))
+    expect_rank_error(lambda: hvd.alltoall(x, compression=LOSSY),
+                      "disagree on the trailing shape", f"rank {BAD} has (5,)")
+
+
+def test_uncompressible_dtype_raises_everywhere():
+    x = even() if R != BAD else torch.arange(2 * N * 4).view(2 * N, 4)
+    expect_rank_error(lambda: hvd.alltoall(x, compression=LOSSY),
+                      f"rank {BAD}: dtype torch.int64 cannot be compressed")
+
+
+def test_corrupt_frame_raises_on_every_rank_naming_receiver_and_sender():
+    real = hvd_lossy.compress_chunks
+
+    def corrupting(*args, **kwargs):  # once, flips one byte inside the frame meant for rank 0
+        hvd_lossy.compress_chunks = real
+        buffer, sizes = real(*args, **kwargs)
+        buffer[sizes[0] // 2] ^= 0x40
+        return buffer, sizes
+
+    if R == BAD:
+        hvd_lossy.compress_chunks = corrupting
+    try:
+        expect_rank_error(lambda: hvd.alltoall(even(), compression=LOSSY),
+                          f"rank 0: the bytes received from rank {BAD} failed to decode")
+    finally:
+        hvd_lossy.compress_chunks = real
+
+
+def test_frames_disagreeing_with_announced_shape_raise_everywhere():
+    real = hvd_lossy.compress_chunks
+
+    def wrong_shape(tensor, *args, **kwargs):  # once, frames of a narrower tensor than announced
+        hvd_lossy.compress_chunks = real
+        return real(tensor[:, :-1], *args, **kwargs)
+
+    if R == BAD:
+        hvd_lossy.compress_chunks = wrong_shape
+    try:
+        expect_rank_error(lambda: hvd.alltoall(even(), compression=LOSSY),
+                          f"the frames received from rank {BAD} disagree")
+    finally:
+        hvd_lossy.compress_chunks = real
+
+
+class BrokenPlan(LossyCompressor):
+    def plan(self, splits):
+        if R == BAD:
+            raise RuntimeError("controller lost its tables")
+        return super().plan(splits)
+
+
+def test_failing_compressor_plan_raises_everywhere():
+    expect_rank_error(lambda: hvd.alltoall(even(), compression=BrokenPlan(0.02)),
+                      f"rank {BAD}: bad argument")
+
+
+def test_allgather_and_broadcast_disagreements_raise_everywhere():
+    x = even(trailing=(3,) if R == BAD else (4,))
+    expect_rank_error(lambda: hvd.allgather(x, compression=LOSSY), "allgather", "trailing shape")
+    y = even(rows_per_rank=1 if R == BAD else 2)
+    expect_rank_error(lambda: hvd.broadcast(y, 0, compression=LOSSY), "broadcast", "dim 0")
+    expect_rank_error(lambda: hvd.broadcast(even(), N + 3, compression=LOSSY),
+                      f"root_rank {N + 3} is not in the process set")
+
+
+def test_async_errors_raise_at_start_on_every_rank():
+    splits = [2] * N if R != BAD else [2] * (N + 1)
+    expect_rank_error(lambda: hvd.alltoall_async(even(), splits, compression=LOSSY),
+                      f"rank {BAD}: got {N + 1} splits")
+
+
+if __name__ == "__main__":
+    run_cases(cases_of(globals()))

@@ -1,0 +1,101 @@
+"""The Horovod transport: hvd_lossy.torch's compressed collectives, run on real multi-process
+launches. The contracts live as named cases in the workers (tests/mp/transport_*.py):
+  collectives: every received element within the frame's bound, for float32/float16/bfloat16,
+      1-D and n-D, uneven and zero splits, async, autograd with reversed splits, several
+      frames per destination; Compression.none bit-identical to Horovod; allgather/broadcast;
+      reductions refuse lossy compressors; statistics.
+  errors: bad splits, dtype/shape disagreement, uncompressible dtype, a corrupt frame, frames
+      disagreeing with their announcement, a failing compressor: RankError on every rank,
+      naming the rank, and the ranks stay in step.
+Each launch runs both workers to pay the start-up (torch + Horovod) once.
+"""
+import pytest
+import torch
+
+from tests._launch import run_mpi
+
+LAUNCHES = [
+    pytest.param("mpirun", 2, id="mpirun-np2"),
+    pytest.param("mpirun", 3, id="mpirun-np3-oversubscribed"),
+    pytest.param("horovodrun", 2, id="horovodrun-np2-gloo"),
+]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("launcher,np", LAUNCHES)
+def test_collectives_deliver_within_bound_and_errors_raise_on_every_rank(launcher, np):
+    output = run_mpi("tests/mp/transport_run.py", np=np, args=["collectives", "errors"],
+                     launcher=launcher, timeout=120)
+    for rank in range(np):
+        assert f"rank {rank}: " in output and "cases passed" in output, output
+
+
+def test_reexports_everything_horovod_torch_has():
+    import horovod.torch as horovod
+
+    import hvd_lossy.torch as hvd
+    missing = [k for k in vars(horovod) if not k.startswith("__") and not hasattr(hvd, k)]
+    assert not missing
+    unchanged = ("init", "rank", "size", "local_rank", "broadcast_parameters",
+                 "broadcast_optimizer_state", "join", "barrier", "Sum", "Average", "mpi_ops")
+    assert all(getattr(hvd, k) is getattr(horovod, k) for k in unchanged)
+
+
+def test_lossy_compressor_is_a_horovod_compressor_whose_config_round_trips():
+    import json
+
+    from horovod.torch.compression import Compressor
+
+    from hvd_lossy.compression import Compression, LossyCompressor  # noqa: F401 (eval namespace)
+    c = Compression.lossy(0.03, mode="abs", level=2, backward=Compression.lossy(0.1, backward=None))
+    assert isinstance(c, Compressor)
+    assert LossyCompressor.from_config(json.loads(json.dumps(c.get_config()))) == c
+    assert eval(repr(c)) == c
+    assert c.for_backward() == Compression.lossy(0.1, backward=None)
+    assert Compression.lossy(0.03, backward=0.05).for_backward().error_bound == 0.05
+    assert Compression.lossy(0.03, backward=None).for_backward() is Compression.none
+    assert "cannot be summed" in LossyCompressor.__doc__
+
+
+def test_lossy_compressor_round_trips_one_frame_within_bound():
+    from hvd_lossy.compression import Compression
+    x = torch.rand(50, 8) * 4 - 2
+    frame, ctx = Compression.lossy(0.01).compress(x)
+    assert frame.dtype == torch.uint8 and frame.dim() == 1
+    y = Compression.lossy(0.01).decompress(frame, ctx)
+    assert float((y.double() - x.double()).abs().max()) <= 0.01 * float(x.max() - x.min())
+
+
+def test_default_plan_is_one_frame_per_destination_with_own_bound():
+    from hvd_lossy.compression import Compression
+    assert Compression.lossy(0.02).plan([3, 0, 5]) == [(0, 3, 0.02), (1, 0, 0.02), (2, 5, 0.02)]
+
+
+@pytest.mark.parametrize("kwargs,error,named", [
+    ({"error_bound": -0.01}, ValueError, "-0.01"), ({"error_bound": float("nan")}, ValueError, "nan"),
+    ({"error_bound": "0.1"}, TypeError, "'0.1'"), ({"error_bound": 0.1, "mode": "relative"}, ValueError, "'relative'"),
+    ({"error_bound": 0.1, "level": 3}, ValueError, "got 3"), ({"error_bound": 0.1, "backward": "fp32"}, ValueError, "'fp32'"),
+])
+def test_bad_compressor_settings_raise_naming_the_value(kwargs, error, named):
+    from hvd_lossy.compression import Compression
+    with pytest.raises(error) as info:
+        Compression.lossy(**kwargs)
+    assert named in str(info.value)
+
+
+def test_reductions_refuse_lossy_compressors_before_communicating():
+    import hvd_lossy.torch as hvd
+    lossy, t = hvd.Compression.lossy(0.02), torch.ones(4)
+    calls = {
+        "allreduce": lambda: hvd.allreduce(t, compression=lossy),
+        "allreduce_async": lambda: hvd.allreduce_async(t, compression=lossy),
+        "grouped_allreduce": lambda: hvd.grouped_allreduce([t], None, None, lossy),
+        "reducescatter": lambda: hvd.reducescatter(t, compression=lossy),
+        "DistributedOptimizer": lambda: hvd.DistributedOptimizer(
+            torch.optim.SGD([torch.nn.Parameter(t)], lr=0.1), compression=lossy),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match="summing compressed bytes is meaningless"):
+            call()
+    with pytest.raises(TypeError, match="takes no compression argument"):
+        hvd.allreduce_async(t, compression=hvd.Compression.fp16)
