@@ -5,36 +5,32 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "codec.h"
 #include "codec_common.h"
+#include "kernels_cpu.h"
 #include "pack.h"
 #include "rans.h"
 
 namespace hl {
 namespace {
 
-// Code of an element that goes to the outlier section; zigzag codes stay below 2^31.
-constexpr uint32_t kOutlierMark = 0xffffffffu;
+using cpu::kOutlierMark;
 
-const char* dtype_name(uint8_t dt) {
-  switch (dt) {
-    case HL_FLOAT32: return "float32";
-    case HL_FLOAT16: return "float16";
-    case HL_BFLOAT16: return "bfloat16";
-  }
-  return "unknown";
-}
-
-// rint for |t| <= 2^30 without SSE4.1's roundsd: adding 1.5 * 2^52 leaves no fraction bits,
-// so the FPU's round-to-nearest-even does the rounding. Same result as rint on the device.
-inline double round_even(double t) {
-  const double magic = 6755399441055744.0;
-  volatile double guard = t + magic;  // keeps the compiler from folding (t + m) - m into t
-  return guard - magic;
-}
+// A heap array left uninitialised: every element is written before it is read, and zeroing
+// tens of megabytes first costs as much as quantizing them.
+template <typename T>
+struct Buffer {
+  std::unique_ptr<T[]> p;
+  explicit Buffer(uint64_t n = 0) : p(n ? new T[n] : nullptr) {}
+  T* data() { return p.get(); }
+  const T* data() const { return p.get(); }
+  T& operator[](uint64_t i) { return p[i]; }
+  const T& operator[](uint64_t i) const { return p[i]; }
+};
 
 template <int DT>
 struct Tensor {
@@ -44,68 +40,50 @@ struct Tensor {
   uint64_t size() const { return n_rows * row_len; }
 };
 
+// Work split for OpenMP: rows [lo, hi) of thread t of nt.
+inline void split_range(uint64_t n, int t, int nt, uint64_t* lo, uint64_t* hi) {
+  *lo = n * t / nt;
+  *hi = n * (t + 1) / nt;
+}
+
 // Smallest and largest finite value, as double (lo > hi when there is none).
 template <int DT>
 void finite_range(const Tensor<DT>& t, int threads, double* lo_out, double* hi_out) {
-  double lo = INFINITY, hi = -INFINITY;
-  const int64_t n = (int64_t)t.size();
-#pragma omp parallel for num_threads(threads) reduction(min : lo) reduction(max : hi) \
-    if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) {
-    double v = Elem<DT>::to_double(t.x[i]);
-    if (isfinite(v)) {
-      lo = v < lo ? v : lo;
-      hi = v > hi ? v : hi;
-    }
+  const uint64_t n = t.size();
+  const int nt = n > 65536 ? threads : 1;
+  std::vector<double> lo(nt, INFINITY), hi(nt, -INFINITY);
+#pragma omp parallel num_threads(nt)
+  {
+    int k = omp_get_thread_num_safe();
+    uint64_t a, b;
+    split_range(n, k, omp_get_num_threads_safe(), &a, &b);
+    cpu::finite_range(DT, t.x + a, b - a, &lo[k], &hi[k]);
   }
-  *lo_out = lo;
-  *hi_out = hi;
+  *lo_out = *std::min_element(lo.begin(), lo.end());
+  *hi_out = *std::max_element(hi.begin(), hi.end());
 }
 
-// Quantizes every element (zigzag code, or kOutlierMark) and flags rows holding an outlier.
+// Codes of every element (lossy: zigzag or kOutlierMark, with per-row outlier flags; lossless:
+// raw bits) and, for dedup, a hash of each row.
 template <int DT>
-void quantize_all(const Tensor<DT>& t, double eb_abs, int threads, uint32_t* codes,
-                  uint8_t* row_outlier) {
-  const double step = 2.0 * eb_abs;
-  const double inv_step = 1.0 / step;
-  const int64_t rows = (int64_t)t.n_rows;
-  const uint64_t d = t.row_len;
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * d > 65536)
-  for (int64_t r = 0; r < rows; ++r) {
-    const typename Elem<DT>::raw_t* x = t.x + r * d;
-    uint32_t* z = codes + r * d;
-    uint32_t any = 0;
-    for (uint64_t i = 0; i < d; ++i) {
-      // Same decisions as hl::quantize (codec_common.h), written without branches.
-      double v = Elem<DT>::to_double(x[i]);
-      double s = v * inv_step;
-      bool in_range = fabs(s) <= HL_QMAX;
-      int32_t q = in_range ? (int32_t)round_even(s) : 0;
-      double back = Elem<DT>::to_double(reconstruct<DT>(q, step));
-      bool ok = in_range && fabs(v - back) <= eb_abs;
-      z[i] = ok ? zigzag(q) : kOutlierMark;
-      any |= !ok;
-    }
-    row_outlier[r] = (uint8_t)any;
+void make_codes(const Tensor<DT>& t, bool lossless, double eb_abs, int threads, uint32_t* codes,
+                uint8_t* row_outlier, uint64_t* hashes) {
+  cpu::QuantParams qp;
+  qp.step = 2.0 * eb_abs;
+  qp.inv_step = 1.0 / qp.step;
+  qp.eb_abs = eb_abs;
+  const uint64_t rows = t.n_rows, d = t.row_len;
+  const int nt = rows * d > 65536 ? threads : 1;
+#pragma omp parallel num_threads(nt)
+  {
+    uint64_t a, b;
+    split_range(rows, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
+    uint64_t* h = hashes ? hashes + a : nullptr;
+    if (lossless)
+      cpu::raw_rows(DT, t.x + a * d, b - a, d, codes + a * d, h);
+    else
+      cpu::quantize_rows(DT, t.x + a * d, b - a, d, qp, codes + a * d, row_outlier + a, h);
   }
-}
-
-template <int DT>
-void raw_codes(const Tensor<DT>& t, int threads, uint32_t* codes) {
-  const int64_t n = (int64_t)t.size();
-#pragma omp parallel for num_threads(threads) schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) codes[i] = t.x[i];
-}
-
-uint64_t row_hash(const uint32_t* z, uint64_t d) {
-  uint64_t h = 0x243f6a8885a308d3ull ^ d;
-  uint64_t i = 0;
-  for (; i + 2 <= d; i += 2) {
-    uint64_t w = (uint64_t)z[i] | ((uint64_t)z[i + 1] << 32);
-    h = (h ^ mix64(w)) * 0x9e3779b97f4a7c15ull;
-  }
-  if (i < d) h = (h ^ mix64(z[i])) * 0x9e3779b97f4a7c15ull;
-  return mix64(h);
 }
 
 // Rows are duplicates when their codes match and, where a row holds outliers, so do the raw bits
@@ -122,32 +100,43 @@ bool same_row(const Tensor<DT>& t, const uint32_t* codes, const uint8_t* row_out
 }
 
 // Numbers rows by first occurrence of their content. Returns n_unique; map[r] = unique index,
-// first[u] = first row holding unique u.
+// first[u] = first row holding unique u. The table starts small and doubles, so data with few
+// distinct rows (hot lookups) probes a table that stays in cache.
 template <int DT>
 uint64_t dedup_rows(const Tensor<DT>& t, const uint32_t* codes, const uint8_t* row_outlier,
-                    int threads, std::vector<uint32_t>* map, std::vector<uint64_t>* first) {
+                    const uint64_t* hashes, uint32_t* map, std::vector<uint64_t>* first) {
   const uint64_t rows = t.n_rows;
-  std::vector<uint64_t> hashes(rows);
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * t.row_len > 65536)
-  for (int64_t r = 0; r < (int64_t)rows; ++r) hashes[r] = row_hash(codes + r * t.row_len, t.row_len);
-  uint64_t cap = 16;
-  while (cap < 2 * rows) cap <<= 1;
-  std::vector<uint32_t> slots(cap, 0xffffffffu);  // unique index, or empty
-  map->resize(rows);
+  const uint64_t kEmpty = ~0ull;
+  uint64_t cap = 1024;
+  std::vector<uint64_t> slots(cap, kEmpty);  // (hash high 32 bits << 32) | unique index
   first->clear();
+  auto insert = [&](uint64_t entry) {
+    uint64_t s = (hashes[(*first)[entry & 0xffffffffu]]) & (cap - 1);
+    while (slots[s] != kEmpty) s = (s + 1) & (cap - 1);
+    slots[s] = entry;
+  };
   for (uint64_t r = 0; r < rows; ++r) {
-    uint64_t s = hashes[r] & (cap - 1);
+    const uint64_t h = hashes[r];
+    const uint64_t tag = h & 0xffffffff00000000ull;
+    uint64_t s = h & (cap - 1);
     for (;;) {
-      uint32_t u = slots[s];
-      if (u == 0xffffffffu) {
-        slots[s] = (uint32_t)first->size();
-        (*map)[r] = (uint32_t)first->size();
+      const uint64_t e = slots[s];
+      if (e == kEmpty) {
+        const uint64_t u = first->size();
         first->push_back(r);
+        map[r] = (uint32_t)u;
+        slots[s] = tag | u;
+        if (2 * first->size() > cap) {  // keep the load under one half
+          cap *= 2;
+          slots.assign(cap, kEmpty);
+          for (uint64_t v = 0; v < first->size(); ++v)
+            insert((hashes[(*first)[v]] & 0xffffffff00000000ull) | v);
+        }
         break;
       }
-      uint64_t fr = (*first)[u];
-      if (hashes[fr] == hashes[r] && same_row(t, codes, row_outlier, fr, r)) {
-        (*map)[r] = u;
+      const uint64_t u = e & 0xffffffffu;
+      if ((e & 0xffffffff00000000ull) == tag && same_row(t, codes, row_outlier, (*first)[u], r)) {
+        map[r] = (uint32_t)u;
         break;
       }
       s = (s + 1) & (cap - 1);
@@ -187,24 +176,25 @@ std::vector<uint8_t> packed(const uint32_t* v, uint64_t n, int threads) {
 
 // Builds the map, code and outlier sections from per-element codes.
 template <int DT>
-Sections build_sections(const Tensor<DT>& t, std::vector<uint32_t>& codes,
-                        const uint8_t* row_outlier, bool dedup, uint8_t level, int threads) {
+Sections build_sections(const Tensor<DT>& t, uint32_t* codes, const uint8_t* row_outlier,
+                        const uint64_t* hashes, uint8_t level, int threads) {
   Sections s;
   const uint64_t d = t.row_len;
-  std::vector<uint32_t> map;
+  Buffer<uint32_t> map;
   std::vector<uint64_t> first;
   uint64_t n_unique = t.n_rows;
-  if (dedup && t.n_rows > 1 && d > 0) {
-    n_unique = dedup_rows(t, codes.data(), row_outlier, threads, &map, &first);
+  if (hashes) {
+    map = Buffer<uint32_t>(t.n_rows);
+    n_unique = dedup_rows(t, codes, row_outlier, hashes, map.data(), &first);
     if (!dedup_pays(t.n_rows, n_unique, d)) n_unique = t.n_rows;
   }
   const bool identity = n_unique == t.n_rows;
   s.n_unique = n_unique;
 
-  std::vector<uint32_t> gathered;
-  uint32_t* ucodes = codes.data();
+  Buffer<uint32_t> gathered;
+  uint32_t* ucodes = codes;
   if (!identity) {
-    gathered.resize(n_unique * d);
+    gathered = Buffer<uint32_t>(n_unique * d);
 #pragma omp parallel for num_threads(threads) schedule(static) if (n_unique * d > 65536)
     for (int64_t u = 0; u < (int64_t)n_unique; ++u)
       memcpy(&gathered[u * d], &codes[first[u] * d], d * 4);
@@ -280,16 +270,13 @@ uint64_t encode(const Tensor<DT>& t, const CompressParams& p, const std::vector<
   const double eb_abs = absolute_bound(p, lo, hi);
   const bool lossless = force_lossless || eb_abs == 0;
 
-  std::vector<uint32_t> codes(t.size());
-  std::vector<uint8_t> row_outlier;
-  if (lossless) {
-    raw_codes(t, threads, codes.data());
-  } else {
-    row_outlier.resize(t.n_rows);
-    quantize_all(t, eb_abs, threads, codes.data(), row_outlier.data());
-  }
-  Sections s = build_sections(t, codes, lossless ? nullptr : row_outlier.data(), p.dedup,
-                              p.level, threads);
+  const bool dedup = p.dedup && t.n_rows > 1 && t.row_len > 0;
+  Buffer<uint32_t> codes(t.size());
+  Buffer<uint8_t> row_outlier(lossless ? 0 : t.n_rows);
+  Buffer<uint64_t> hashes(dedup ? t.n_rows : 0);
+  make_codes(t, lossless, eb_abs, threads, codes.data(), row_outlier.data(), hashes.data());
+  Sections s = build_sections(t, codes.data(), lossless ? nullptr : row_outlier.data(),
+                              hashes.data(), p.level, threads);
 
   const int ndim = (int)shape.size();
   const uint64_t shape_bytes = 8ull * ndim;
@@ -375,18 +362,14 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
   const uint8_t* code_p = map_p + h.map_bytes;
   const uint8_t* out_p = code_p + h.code_bytes;
 
-  std::vector<uint32_t> codes(nu);
+  Buffer<uint32_t> codes(nu);
   if (h.level == 1)
     unpack_blocks(code_p, h.code_bytes, nu, 32, codes.data(), "code section", threads);
   else
     rans_decode(code_p, h.code_bytes, nu, codes.data(), threads);
 
-  std::vector<raw_t> uniq;
-  raw_t* u = out;
-  if (!identity) {
-    uniq.resize(nu);
-    u = uniq.data();
-  }
+  Buffer<raw_t> uniq(identity ? 0 : nu);
+  raw_t* u = identity ? out : uniq.data();
   if (lossless) {
     const uint32_t limit = sizeof(raw_t) == 2 ? 0xffffu : 0xffffffffu;
     bool bad = false;
@@ -397,8 +380,13 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
     if (bad) throw FrameError("frame is corrupted: a lossless code exceeds the dtype's bits");
   } else {
     const double step = 2.0 * h.eb_abs;
-#pragma omp parallel for num_threads(threads) schedule(static) if (nu > 65536)
-    for (int64_t i = 0; i < (int64_t)nu; ++i) u[i] = reconstruct<DT>(unzigzag(codes[i]), step);
+    const int nt = nu > 65536 ? threads : 1;
+#pragma omp parallel num_threads(nt)
+    {
+      uint64_t a, b;
+      split_range(nu, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
+      cpu::dequantize(DT, codes.data() + a, b - a, step, u + a);
+    }
   }
 
   uint64_t prev = 0;
@@ -416,7 +404,7 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
   }
 
   if (identity) return;
-  std::vector<uint32_t> map(h.n_rows);
+  Buffer<uint32_t> map(h.n_rows);
   unpack_blocks(map_p, h.map_bytes, h.n_rows, 32, map.data(), "row map", threads);
   uint64_t next = 0;
   for (uint64_t r = 0; r < h.n_rows; ++r) {

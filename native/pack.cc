@@ -43,6 +43,27 @@ void pack_block(const uint32_t* v, uint32_t w, uint8_t* out) {
     }
     return;
   }
+  if (w <= 16) {
+    // 16-bit lanes: bias by 2^15 so the signed saturating pack keeps every value, unbias, then
+    // bit j is the sign bit after shifting left by 15 - j.
+    const __m128i bias32 = _mm_set1_epi32(0x8000);
+    const __m128i bias16 = _mm_set1_epi16((short)0x8000);
+    const __m128i* p = reinterpret_cast<const __m128i*>(v);
+    __m128i h[4];
+    for (int k = 0; k < 4; ++k)
+      h[k] = _mm_xor_si128(_mm_packs_epi32(_mm_sub_epi32(_mm_loadu_si128(p + 2 * k), bias32),
+                                           _mm_sub_epi32(_mm_loadu_si128(p + 2 * k + 1), bias32)),
+                           bias16);
+    for (uint32_t j = 0; j < w; ++j) {
+      __m128i sh = _mm_cvtsi32_si128((int)(15 - j));
+      __m128i a = _mm_packs_epi16(_mm_srai_epi16(_mm_sll_epi16(h[0], sh), 15),
+                                  _mm_srai_epi16(_mm_sll_epi16(h[1], sh), 15));
+      __m128i b = _mm_packs_epi16(_mm_srai_epi16(_mm_sll_epi16(h[2], sh), 15),
+                                  _mm_srai_epi16(_mm_sll_epi16(h[3], sh), 15));
+      store_u32(out + 4 * j, (uint32_t)_mm_movemask_epi8(a) | ((uint32_t)_mm_movemask_epi8(b) << 16));
+    }
+    return;
+  }
 #endif
   for (uint32_t j = 0; j < w; ++j) {
     uint32_t word = 0;
@@ -64,6 +85,19 @@ struct SpreadTable {
 };
 const SpreadTable kSpread;
 
+// spread16[b] has 16-bit lane k equal to bit k of the nibble b.
+struct SpreadTable16 {
+  uint64_t t[16];
+  SpreadTable16() {
+    for (int b = 0; b < 16; ++b) {
+      uint64_t s = 0;
+      for (int k = 0; k < 4; ++k) s |= (uint64_t)((b >> k) & 1) << (16 * k);
+      t[b] = s;
+    }
+  }
+};
+const SpreadTable16 kSpread16;
+
 void unpack_block(const uint8_t* in, uint32_t w, uint32_t* v) {
   if (w <= 8) {
     uint64_t lanes[4] = {0, 0, 0, 0};  // 32 byte lanes
@@ -74,6 +108,17 @@ void unpack_block(const uint8_t* in, uint32_t w, uint32_t* v) {
     uint8_t bytes[32];
     memcpy(bytes, lanes, 32);  // little-endian: byte i of the lanes is value i
     for (int i = 0; i < HL_BLOCK; ++i) v[i] = bytes[i];
+    return;
+  }
+  if (w <= 16) {
+    uint64_t lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 32 lanes of 16 bits
+    for (uint32_t j = 0; j < w; ++j) {
+      uint32_t word = load_u32(in + 4 * j);
+      for (int k = 0; k < 8; ++k) lanes[k] |= kSpread16.t[(word >> (4 * k)) & 0xf] << j;
+    }
+    uint16_t halves[32];
+    memcpy(halves, lanes, 64);
+    for (int i = 0; i < HL_BLOCK; ++i) v[i] = halves[i];
     return;
   }
   for (int i = 0; i < HL_BLOCK; ++i) v[i] = 0;

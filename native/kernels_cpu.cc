@@ -1,0 +1,248 @@
+#include "kernels_cpu.h"
+
+#include <math.h>
+
+#include "codec_common.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_AVX2_PATH)
+#include <immintrin.h>
+#define HL_HAVE_AVX2_PATH 1
+#endif
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
+#define HL_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define HL_CLONES
+#endif
+#define HL_INLINE inline __attribute__((always_inline))
+
+namespace hl {
+namespace cpu {
+namespace {
+
+// rint for |t| <= 2^30 without SSE4.1's roundsd: adding 1.5 * 2^52 leaves no fraction bits,
+// so round-to-nearest-even does the rounding. The build passes -fno-fast-math, so the compiler
+// may not fold (t + m) - m. Same result as rint() on the device.
+HL_INLINE double round_even(double t) {
+  const double magic = 6755399441055744.0;
+  return (t + magic) - magic;
+}
+
+template <int DT>
+HL_INLINE void range_impl(const void* xv, uint64_t n, double* lo_out, double* hi_out) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  const raw_t* x = static_cast<const raw_t*>(xv);
+  // min/max of the values as float is exact, and float lanes vectorize twice as wide as double.
+  float lo = INFINITY, hi = -INFINITY;
+  for (uint64_t i = 0; i < n; ++i) {
+    float v = (float)Elem<DT>::to_double(x[i]);
+    bool finite = (f32_bits(v) & 0x7f800000u) != 0x7f800000u;
+    float a = finite ? v : INFINITY, b = finite ? v : -INFINITY;
+    lo = a < lo ? a : lo;
+    hi = b > hi ? b : hi;
+  }
+  *lo_out = lo;
+  *hi_out = hi;
+}
+
+// Lanes of a multiplicative hash: eight independent chains vectorize; mix64 joins them.
+HL_INLINE uint64_t hash_codes(const uint32_t* z, uint64_t d) {
+  uint32_t lane[8] = {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u,
+                      0xa4093822u, 0x299f31d0u, 0x082efa98u, 0xec4e6c89u};
+  uint64_t i = 0;
+  for (; i + 8 <= d; i += 8)
+    for (int k = 0; k < 8; ++k) lane[k] = (lane[k] ^ z[i + k]) * 0x9e3779b1u;
+  for (int k = 0; i < d; ++i, ++k) lane[k] = (lane[k] ^ z[i]) * 0x85ebca6bu;
+  uint64_t h = d;
+  for (int k = 0; k < 8; k += 2) h = mix64(h ^ ((uint64_t)lane[k] | ((uint64_t)lane[k + 1] << 32)));
+  return h;
+}
+
+template <int DT>
+HL_INLINE void quantize_impl(const void* xv, uint64_t rows, uint64_t d, const QuantParams& qp,
+                             uint32_t* codes, uint8_t* row_outlier, uint64_t* hashes) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  const raw_t* xs = static_cast<const raw_t*>(xv);
+  const double step = qp.step, inv_step = qp.inv_step, eb_abs = qp.eb_abs;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const raw_t* x = xs + r * d;
+    uint32_t* z = codes + r * d;
+    uint32_t any = 0;
+    for (uint64_t i = 0; i < d; ++i) {
+      // Same decisions as hl::quantize (codec_common.h), written without branches.
+      double v = Elem<DT>::to_double(x[i]);
+      double s = v * inv_step;
+      bool in_range = fabs(s) <= HL_QMAX;
+      int32_t q = (int32_t)round_even(in_range ? s : 0.0);
+      double back = Elem<DT>::to_double(reconstruct<DT>(q, step));
+      bool ok = in_range & (fabs(v - back) <= eb_abs);
+      z[i] = ok ? zigzag(q) : kOutlierMark;
+      any |= !ok;
+    }
+    row_outlier[r] = (uint8_t)any;
+    if (hashes) hashes[r] = hash_codes(z, d);
+  }
+}
+
+template <int DT>
+HL_INLINE void raw_impl(const void* xv, uint64_t rows, uint64_t d, uint32_t* codes,
+                        uint64_t* hashes) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  const raw_t* x = static_cast<const raw_t*>(xv);
+  for (uint64_t r = 0; r < rows; ++r) {
+    for (uint64_t i = 0; i < d; ++i) codes[r * d + i] = x[r * d + i];
+    if (hashes) hashes[r] = hash_codes(codes + r * d, d);
+  }
+}
+
+template <int DT>
+HL_INLINE void dequantize_impl(const uint32_t* z, uint64_t n, double step, void* outv) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  raw_t* out = static_cast<raw_t*>(outv);
+  for (uint64_t i = 0; i < n; ++i) out[i] = reconstruct<DT>(unzigzag(z[i]), step);
+}
+
+
+#ifdef HL_HAVE_AVX2_PATH
+// float32 fast paths with AVX2 intrinsics. Compilers do not vectorize the portable loops (IEEE
+// min/max and selects), so these spell out the same arithmetic: every operation is the IEEE one
+// the scalar code performs (double multiply, round-to-nearest-even conversions), so results are
+// identical bit for bit; tests/test_codec.py compares both paths.
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+__attribute__((target("avx2"))) void range_f32_avx2(const float* x, uint64_t n, double* lo_out,
+                                                    double* hi_out) {
+  const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
+  const __m256 pinf = _mm256_set1_ps(INFINITY), ninf = _mm256_set1_ps(-INFINITY);
+  __m256 lo = pinf, hi = ninf;
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    __m256 bad = _mm256_castsi256_ps(
+        _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), exp_mask), exp_mask));
+    lo = _mm256_min_ps(lo, _mm256_blendv_ps(v, pinf, bad));
+    hi = _mm256_max_ps(hi, _mm256_blendv_ps(v, ninf, bad));
+  }
+  float l[8], h[8];
+  _mm256_storeu_ps(l, lo);
+  _mm256_storeu_ps(h, hi);
+  double tl, th;
+  range_impl<HL_FLOAT32>(x + i, n - i, &tl, &th);
+  for (int k = 0; k < 8; ++k) {
+    tl = l[k] < tl ? l[k] : tl;
+    th = h[k] > th ? h[k] : th;
+  }
+  *lo_out = tl;
+  *hi_out = th;
+}
+
+// Four elements: zigzag codes (or the outlier mark) and a mask of misses.
+__attribute__((target("avx2"))) inline int quantize4_f32(const float* x, __m256d inv, __m256d step,
+                                                         __m256d eb, uint32_t* z) {
+  const __m256d abs_mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll));
+  const __m256d qmax = _mm256_set1_pd(HL_QMAX);
+  const __m256d magic = _mm256_set1_pd(6755399441055744.0);
+  __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x));
+  __m256d s = _mm256_mul_pd(v, inv);
+  __m256d in_range = _mm256_cmp_pd(_mm256_and_pd(s, abs_mask), qmax, _CMP_LE_OQ);
+  __m256d r = _mm256_sub_pd(_mm256_add_pd(_mm256_and_pd(s, in_range), magic), magic);
+  __m128i q = _mm256_cvttpd_epi32(r);
+  __m256d back = _mm256_cvtps_pd(_mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(q), step)));
+  __m256d err = _mm256_and_pd(_mm256_sub_pd(v, back), abs_mask);
+  __m256d ok = _mm256_and_pd(in_range, _mm256_cmp_pd(err, eb, _CMP_LE_OQ));
+  __m128i ok32 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
+      _mm256_castpd_si256(ok), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
+  __m128i zig = _mm_xor_si128(_mm_slli_epi32(q, 1), _mm_srai_epi32(q, 31));
+  __m128i code = _mm_or_si128(_mm_and_si128(ok32, zig), _mm_andnot_si128(ok32, _mm_set1_epi32(-1)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(z), code);
+  return _mm256_movemask_pd(ok) ^ 0xf;
+}
+
+__attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, uint64_t rows, uint64_t d,
+                                                       const QuantParams& qp, uint32_t* codes,
+                                                       uint8_t* row_outlier, uint64_t* hashes) {
+  const __m256d inv = _mm256_set1_pd(qp.inv_step), step = _mm256_set1_pd(qp.step),
+                eb = _mm256_set1_pd(qp.eb_abs);
+  for (uint64_t r = 0; r < rows; ++r) {
+    const float* x = xs + r * d;
+    uint32_t* z = codes + r * d;
+    int miss = 0;
+    uint64_t i = 0;
+    for (; i + 4 <= d; i += 4) miss |= quantize4_f32(x + i, inv, step, eb, z + i);
+    uint8_t tail = 0;
+    if (i < d) quantize_impl<HL_FLOAT32>(x + i, 1, d - i, qp, z + i, &tail, nullptr);
+    row_outlier[r] = (uint8_t)((miss != 0) | tail);
+    if (hashes) hashes[r] = hash_codes(z, d);
+  }
+}
+
+__attribute__((target("avx2"))) void dequantize_f32_avx2(const uint32_t* z, uint64_t n, double step,
+                                                         float* out) {
+  const __m256d st = _mm256_set1_pd(step);
+  const __m256i one = _mm256_set1_epi32(1);
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + i));
+    __m256i q = _mm256_xor_si256(_mm256_srli_epi32(c, 1),
+                                 _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(c, one)));
+    __m128 a = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(q)), st));
+    __m128 b = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(q, 1)), st));
+    _mm256_storeu_ps(out + i, _mm256_set_m128(b, a));
+  }
+  dequantize_impl<HL_FLOAT32>(z + i, n - i, step, out + i);
+}
+#endif
+
+}  // namespace
+
+#define HL_DISPATCH(dtype, CALL)                 \
+  switch (dtype) {                               \
+    case HL_FLOAT32: CALL(HL_FLOAT32); break;    \
+    case HL_FLOAT16: CALL(HL_FLOAT16); break;    \
+    case HL_BFLOAT16: CALL(HL_BFLOAT16); break;  \
+  }
+
+HL_CLONES void finite_range(uint8_t dtype, const void* x, uint64_t n, double* lo, double* hi) {
+#ifdef HL_HAVE_AVX2_PATH
+  if (dtype == HL_FLOAT32 && cpu_has_avx2())
+    return range_f32_avx2(static_cast<const float*>(x), n, lo, hi);
+#endif
+#define CALL(DT) range_impl<DT>(x, n, lo, hi)
+  HL_DISPATCH(dtype, CALL)
+#undef CALL
+}
+
+HL_CLONES void quantize_rows(uint8_t dtype, const void* x, uint64_t rows, uint64_t row_len,
+                             const QuantParams& qp, uint32_t* z, uint8_t* row_outlier,
+                             uint64_t* hashes) {
+#ifdef HL_HAVE_AVX2_PATH
+  if (dtype == HL_FLOAT32 && cpu_has_avx2())
+    return quantize_f32_avx2(static_cast<const float*>(x), rows, row_len, qp, z, row_outlier, hashes);
+#endif
+#define CALL(DT) quantize_impl<DT>(x, rows, row_len, qp, z, row_outlier, hashes)
+  HL_DISPATCH(dtype, CALL)
+#undef CALL
+}
+
+HL_CLONES void raw_rows(uint8_t dtype, const void* x, uint64_t rows, uint64_t row_len,
+                        uint32_t* z, uint64_t* hashes) {
+#define CALL(DT) raw_impl<DT>(x, rows, row_len, z, hashes)
+  HL_DISPATCH(dtype, CALL)
+#undef CALL
+}
+
+HL_CLONES void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double step, void* out) {
+#ifdef HL_HAVE_AVX2_PATH
+  if (dtype == HL_FLOAT32 && cpu_has_avx2())
+    return dequantize_f32_avx2(z, n, step, static_cast<float*>(out));
+#endif
+#define CALL(DT) dequantize_impl<DT>(z, n, step, out)
+  HL_DISPATCH(dtype, CALL)
+#undef CALL
+}
+
+}  // namespace cpu
+}  // namespace hl

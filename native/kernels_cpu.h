@@ -1,0 +1,33 @@
+// The CPU codec's hot loops, built for several instruction sets (GCC/Clang target_clones pick
+// AVX2 at load time where the CPU has it) so that one binary is portable and fast.
+#pragma once
+
+#include <stdint.h>
+
+namespace hl {
+namespace cpu {
+
+struct QuantParams {
+  double step, inv_step, eb_abs;
+};
+
+// Code of an element that goes to the outlier section; zigzag codes stay below 2^31.
+constexpr uint32_t kOutlierMark = 0xffffffffu;
+
+// Smallest and largest finite value of n elements (lo > hi when none is finite).
+void finite_range(uint8_t dtype, const void* x, uint64_t n, double* lo, double* hi);
+
+// Quantizes rows [0, rows) of row_len elements: zigzag codes or kOutlierMark into z, per-row
+// outlier flags, and (when hashes is not null) a hash of each row's codes for dedup.
+void quantize_rows(uint8_t dtype, const void* x, uint64_t rows, uint64_t row_len,
+                   const QuantParams& qp, uint32_t* z, uint8_t* row_outlier, uint64_t* hashes);
+
+// Raw bits of n elements as codes (lossless frames), with row hashes as above.
+void raw_rows(uint8_t dtype, const void* x, uint64_t rows, uint64_t row_len, uint32_t* z,
+              uint64_t* hashes);
+
+// Decoder: n codes to elements of dtype (hl::reconstruct of each unzigzagged code).
+void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double step, void* out);
+
+}  // namespace cpu
+}  // namespace hl
