@@ -1,6 +1,7 @@
 #include "kernels_cpu.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "codec_common.h"
 
@@ -108,8 +109,9 @@ HL_INLINE void dequantize_impl(const uint32_t* z, uint64_t n, double step, void*
 // min/max and selects), so these spell out the same arithmetic: every operation is the IEEE one
 // the scalar code performs (double multiply, round-to-nearest-even conversions), so results are
 // identical bit for bit; tests/test_codec.py compares both paths.
+// HVD_LOSSY_NO_AVX2=1 forces the portable loops (the tests compare the two paths' frames).
 bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
+  static const bool has = __builtin_cpu_supports("avx2") && !getenv("HVD_LOSSY_NO_AVX2");
   return has;
 }
 
