@@ -45,7 +45,9 @@ class Controller:
             table) or ``"table"`` (table bounds without the multiplier).
         grad_base: base bound of gradients (default ``base``); a table's gradient bound is its
             table bound x grad_base / base x multiplier.
-        sample_every: observe lookups/gradients only on iterations divisible by this (cost).
+        sample_every: observe lookups/gradients only on iterations divisible by this (each
+            observation costs about as much as compressing the rows); default
+            max(1, interval // 10), i.e. about 10 samples per interval.
         telemetry: path of a JSON-lines file that rank 0 rewrites (one line per exchange), or None.
         comm: see ``hvd_lossy.adaptive.comm.resolve_comm``; None picks mpi4py or Horovod.
 
@@ -54,7 +56,7 @@ class Controller:
     """
 
     def __init__(self, tables, policy="paper", schedule="step", E=65536, base=0.03, interval=100,
-                 mode="rel", eval_bound="none", grad_base=None, sample_every=1, telemetry=None,
+                 mode="rel", eval_bound="none", grad_base=None, sample_every=None, telemetry=None,
                  comm=None):
         self._comm = resolve_comm(comm)
         error = None
@@ -86,7 +88,8 @@ class Controller:
         self._base = check_bound("base", base)
         self._grad_base = self._base if grad_base is None else check_bound("grad_base", grad_base)
         self._interval = check_int("interval", interval, 1)
-        self._sample_every = check_int("sample_every", sample_every, 1)
+        self._sample_every = (max(1, self._interval // 10) if sample_every is None
+                              else check_int("sample_every", sample_every, 1))
         if mode not in MODES:
             raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
         if eval_bound not in EVAL_BOUNDS:

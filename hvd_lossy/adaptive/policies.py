@@ -31,6 +31,7 @@ bit per element, as in any quantizer whose bin width is the bound. It is calibra
 interval from the frames just sent.
 """
 
+import json
 import math
 
 import numpy as np
@@ -290,11 +291,12 @@ POLICIES = {cls.name: cls for cls in (UniformPolicy, PaperPolicy, SensitivityPol
 
 
 def make_policy(spec):
-    """A Policy from a name, a config dict ``{"name": ..., **params}``, or a Policy."""
+    """A Policy from a name, a config dict ``{"name": ..., **params}`` (or that dict as a JSON
+    string, for command lines), or a Policy."""
     if isinstance(spec, Policy):
         return spec
     if isinstance(spec, str):
-        spec = {"name": spec}
+        spec = json.loads(spec) if spec.lstrip().startswith("{") else {"name": spec}
     if not isinstance(spec, dict):
         raise TypeError(f"policy must be a name, a dict with 'name', or a Policy, got "
                         f"{type(spec).__name__}")
