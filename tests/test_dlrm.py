@@ -298,3 +298,31 @@ def test_batch_size_not_divisible_by_ranks_is_a_usage_error():
 def test_one_row_tables_are_a_usage_error():
     with pytest.raises(cli.UsageError, match="--max-table-rows must be >= 2"):
         cli.check(cli.parser().parse_args(["--max-table-rows", "1"]), 2)
+
+
+# ---------------------------------------------------------------- 2-rank runs
+
+
+@pytest.mark.mpi
+def test_two_rank_runs_reproduce_plain_horovod_and_see_the_same_data(tmp_path):
+    from tests._launch import run_mpi
+    out = run_mpi("tests/mp/dlrm_smoke.py", np=2, args=[tmp_path], timeout=240)
+    assert out.count("dlrm_smoke rank") == 2
+
+
+@pytest.mark.mpi
+def test_nonsense_input_gives_one_clear_message_and_exit_status_2_on_every_rank(tmp_path):
+    from tests._launch import run_mpi
+    out = run_mpi("tests/mp/dlrm_errors.py", np=2, args=[tmp_path], timeout=120)
+    assert out.count("dlrm_errors rank") == 2
+
+
+@pytest.mark.mpi
+def test_train_script_runs_under_horovodrun_and_writes_metrics(tmp_path):
+    from tests._launch import run_mpi
+    metrics_path = tmp_path / "m.json"
+    run_mpi("examples/dlrm/train.py", np=2, launcher="horovodrun", timeout=180,
+            args=["--steps", "4", "--batch-size", "256", "--eval-points", "0", "--no-progress",
+                  "--compression", "adaptive", "--metrics-out", metrics_path])
+    m = json.loads(metrics_path.read_text())
+    assert m["world"] == 2 and m["steps"] == 4 and m["compression_ratio"] > 1

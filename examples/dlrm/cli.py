@@ -51,11 +51,11 @@ def parser():
     m.add_argument("--embedding-dim", type=int, default=16)
     m.add_argument("--bottom-mlp", type=_ints, default=[64], help="hidden sizes (output is --embedding-dim)")
     m.add_argument("--top-mlp", type=_ints, default=[64, 32], help="hidden sizes (output is one logit)")
-    m.add_argument("--batch-size", type=int, default=256, help="global batch, split evenly over ranks")
+    m.add_argument("--batch-size", type=int, default=128, help="global batch, split evenly over ranks")
     m.add_argument("--epochs", type=int, default=1)
     m.add_argument("--steps", type=int, default=None, help="stop after this many steps (overrides --epochs)")
-    m.add_argument("--lr", type=float, default=0.05, help="learning rate of the dense part")
-    m.add_argument("--emb-lr", type=float, default=None, help="learning rate of the embeddings (default: --lr)")
+    m.add_argument("--lr", type=float, default=0.03, help="learning rate of the dense part")
+    m.add_argument("--emb-lr", type=float, default=0.05, help="learning rate of the embeddings")
     m.add_argument("--optimizer", choices=["adagrad", "sgd"], default="adagrad")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
@@ -71,6 +71,13 @@ def parser():
                         "'fp16', or an error bound in --eb-mode")
     c.add_argument("--policy", default=None, help="adaptive controller policy")
     c.add_argument("--schedule", default=None, help="adaptive controller schedule")
+    c.add_argument("--schedule-iters", type=int, default=None, metavar="E",
+                   help="adaptive: iterations until the schedule's multiplier reaches 1 (default: the run's steps)")
+    c.add_argument("--interval", type=int, default=None,
+                   help="adaptive: iterations between re-plans of the bounds (default: steps/20, at most 100)")
+    c.add_argument("--eval-compression", choices=["none", "same"], default="none",
+                   help="evaluation lookups: uncompressed (default; measures the trained model) or "
+                        "through the training compressor")
     c.add_argument("--plain-horovod", action="store_true",
                    help="use horovod.torch.alltoall directly (reference for --compression none)")
 
@@ -104,8 +111,8 @@ def check(args, world):
         args.max_table_rows = 100000
     if args.epochs < 1 or (args.steps is not None and args.steps < 1):
         raise UsageError("--epochs and --steps must be >= 1, got %d and %s" % (args.epochs, args.steps))
-    if args.lr <= 0 or (args.emb_lr is not None and args.emb_lr <= 0):
-        raise UsageError("--lr and --emb-lr must be > 0, got %g and %s" % (args.lr, args.emb_lr))
+    if args.lr <= 0 or args.emb_lr <= 0:
+        raise UsageError("--lr and --emb-lr must be > 0, got %g and %g" % (args.lr, args.emb_lr))
     if args.error_bound < 0 or (isinstance(args.backward_error_bound, float) and args.backward_error_bound < 0):
         raise UsageError("error bounds must be >= 0, got --error-bound %g --backward-error-bound %s"
                          % (args.error_bound, args.backward_error_bound))

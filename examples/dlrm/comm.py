@@ -9,8 +9,11 @@ all-to-all (the rank's own chunk included), "sent" what was handed to Horovod fo
 summed over ranks.
 """
 
+import contextlib
+
 import horovod.torch as hvd
 import numpy as np
+import torch
 
 import data
 
@@ -24,7 +27,7 @@ def backward_setting(args):
     return {"none": None, "fp16": Compression.fp16}.get(b, b) if isinstance(b, str) else b
 
 
-def make_compression(args, local_names, cardinalities, owners):
+def make_compression(args, owners, rank, cardinalities, total_steps):
     """(compressor, controller or None) for --compression; ValueError for bad settings."""
     from hvd_lossy.torch import Compression
     backward = backward_setting(args)
@@ -35,14 +38,18 @@ def make_compression(args, local_names, cardinalities, owners):
     if args.compression == "lossy":
         return Compression.lossy(args.error_bound, args.eb_mode, backward=backward), None
     from hvd_lossy.adaptive import Controller
-    specs = {name: rows for name, rows in zip(data.TABLE_NAMES, cardinalities)}
-    kwargs = dict(tables=specs, base=args.error_bound, mode=args.eb_mode)
+    tables = {name: (rows, owner) for name, rows, owner in zip(data.TABLE_NAMES, cardinalities, owners)}
+    # The schedule decays to 1.0 over the run and the controller re-plans ~20 times, unless told.
+    E = args.schedule_iters or total_steps
+    interval = args.interval or max(1, min(100, total_steps // 20))
+    kwargs = dict(tables=tables, base=args.error_bound, mode=args.eb_mode, E=E, interval=interval)
     if args.policy:
         kwargs["policy"] = args.policy
     if args.schedule:
         kwargs["schedule"] = args.schedule
     controller = Controller(**kwargs)
-    return Compression.adaptive(controller, tables=local_names, backward=backward), controller
+    local = controller.tables_of(rank)
+    return Compression.adaptive(controller, tables=local, backward=backward), controller
 
 
 class Link:
@@ -53,28 +60,29 @@ class Link:
         owners: owner rank of each table.
         rank, world: this rank and the number of ranks.
         cardinalities: rows of each table.
+        total_steps: training steps of the run (the adaptive schedule's default length).
     """
 
-    def __init__(self, args, owners, rank, world, cardinalities):
+    def __init__(self, args, owners, rank, world, cardinalities, total_steps):
         self.plain = args.plain_horovod
         self.args, self.owners, self.rank, self.world = args, owners, rank, world
-        self.local = [t for t, r in enumerate(owners) if r == rank]
-        self.local_names = [data.TABLE_NAMES[t] for t in self.local]
+        self.local_names = [data.TABLE_NAMES[t] for t, r in enumerate(owners) if r == rank]
         self.controller = None
-        if self.plain:
-            self.compression = None
-        else:
+        self.compression = None
+        if not self.plain:
             import hvd_lossy.torch as lossy_hvd
             self._lossy = lossy_hvd
             try:
                 self.compression, self.controller = make_compression(
-                    args, self.local_names, cardinalities, owners)
+                    args, owners, rank, cardinalities, total_steps)
             except ValueError as e:
                 from cli import UsageError
-                raise UsageError(str(e)) from None
-        self.steps = []
+                raise UsageError("compression settings: %s" % e) from None
+        self.steps, self.table_history = [], []
         self._mark = self._fwd = None
         self._calls = 0
+        self._evaluating = False
+        self._plain_bytes = 0
 
     def alltoall(self, tensor, splits):
         """(output, received_splits), autograd through the call (the backward all-to-all sends
@@ -85,22 +93,41 @@ class Link:
             out = hvd.alltoall(tensor, splits=splits, name=name)
             self._plain_bytes = tensor.numel() * tensor.element_size()
         else:
-            out = self._lossy.alltoall(tensor, splits=splits, name=name, compression=self.compression)
+            compression = self.compression
+            if self._evaluating and self.args.eval_compression == "none":
+                compression = self._lossy.Compression.none
+            out = self._lossy.alltoall(tensor, splits=splits, name=name, compression=compression)
         if self._mark is not None and self._fwd is None:
             self._fwd = self._snapshot()
         return out
 
-    def observe(self, table, lookups):
+    @contextlib.contextmanager
+    def evaluating(self):
+        """Evaluation: uncompressed lookups unless --eval-compression same; the controller
+        records nothing."""
+        self._evaluating = True
         if self.controller is not None:
-            self.controller.observe_lookups(data.TABLE_NAMES[table], lookups)
+            self.controller.eval()
+        try:
+            yield
+        finally:
+            self._evaluating = False
+            if self.controller is not None:
+                self.controller.train()
 
     def begin_step(self):
         self._mark, self._fwd = self._snapshot(), None
 
-    def step(self):
-        """End of a training step (after the optimizers): lets the controller update its bounds."""
-        if self.controller is not None:
-            self.controller.step()
+    def step(self, step):
+        """End of training step `step` (1-based, after the optimizers): the controller counts the
+        iteration and, on its exchange iterations, re-plans the bounds."""
+        if self.controller is None:
+            return
+        self.controller.step()
+        if self.controller.iteration % self.controller.interval == 0:
+            bounds = self.controller.bounds()
+            self.table_history.append({"step": step, "tables": {
+                s.name: {"bound": bounds[s.name], "ratio": s.ratio} for s in self.controller.stats()}})
 
     def step_split(self, iter_s, ex):
         """Bytes and seconds of the step just finished (from begin_step on); appended to the
@@ -124,16 +151,33 @@ class Link:
         self._mark = None
         return rec
 
+    def sample_tables(self, step, lookups, b):
+        """For fixed-bound lossy compression, whose frames mix a rank's tables: each table's ratio
+        if it were compressed alone at the same bound, measured on this step's lookups (outside
+        the timed step). Records into table_history."""
+        if self.plain or self.controller is not None or self.args.compression != "lossy":
+            return
+        import hvd_lossy
+        local = {}
+        for name, t in zip(self.local_names, lookups):
+            _, sizes = hvd_lossy.compress_chunks(t.detach().contiguous(), [b] * self.world,
+                                                 self.args.error_bound, mode=self.args.eb_mode)
+            local[name] = (t.numel() * t.element_size(), sum(sizes))
+        merged = {}
+        for part in hvd.allgather_object(local, name="table_sample.%d" % step):
+            merged.update(part)
+        self.table_history.append({"step": step, "tables": {
+            n: {"bound": self.args.error_bound, "ratio": raw / sent} for n, (raw, sent) in merged.items()}})
+
     def reset(self):
-        self.steps = []
+        self.steps, self.table_history = [], []
         if not self.plain:
             self._lossy.reset_comm_stats()
 
     def totals(self):
         """Bytes over the whole training run, summed over ranks."""
         local = np.array([[s["fwd_raw"], s["fwd_wire"], s["bwd_raw"], s["bwd_wire"]] for s in self.steps],
-                         np.float64).sum(axis=0)
-        import torch
+                         np.float64).reshape(-1, 4).sum(axis=0)
         tot = hvd.allreduce(torch.from_numpy(local), op=hvd.Sum, name="a2a.totals").numpy()
         plain, sent = tot[0] + tot[2], tot[1] + tot[3]
         return dict(a2a_bytes_plain=int(plain), a2a_bytes_sent=int(sent),
@@ -141,20 +185,48 @@ class Link:
                     a2a_fwd_bytes_plain=int(tot[0]), a2a_fwd_bytes_sent=int(tot[1]),
                     a2a_bwd_bytes_plain=int(tot[2]), a2a_bwd_bytes_sent=int(tot[3]),
                     compression=self.args.compression, plain_horovod=self.plain,
-                    compressor=repr(self.compression) if self.compression is not None else "horovod")
+                    compressor=_describe(self.compression))
 
     def table_report(self):
-        """Per-table bounds and ratios (adaptive: the controller's view; otherwise the fixed bound)."""
+        """Per-table bounds and ratios at the end of training (collective for adaptive)."""
         if self.controller is not None:
-            return {"tables": self.controller.summary()}
+            self.controller.exchange()  # fold the last partial interval into the totals
+            s = self.controller.summary()
+            tables = {n: {"bound": t["bound"], "table_bound": t["table_bound"], "class": t["class"],
+                          "ratio": t["ratio"], "bwd_ratio": t["bwd_ratio"], "owner": t["owner"]}
+                      for n, t in s["tables"].items()}
+            return {"tables": tables, "table_history": self.table_history,
+                    "adaptive": {k: s[k] for k in ("iteration", "multiplier", "policy", "schedule",
+                                                    "ratio", "bwd_ratio")}}
         bound = self.args.error_bound if self.args.compression == "lossy" else 0.0
-        return {"tables": {name: {"bound": bound} for name in data.TABLE_NAMES}}
+        tables = {n: {"bound": bound, "owner": self.owners[t]} for t, n in enumerate(data.TABLE_NAMES)}
+        for h in self.table_history:  # lossy: the mean of the sampled alone-ratios
+            for n, v in h["tables"].items():
+                tables[n].setdefault("ratios", []).append(v["ratio"])
+        for v in tables.values():
+            if "ratios" in v:
+                v["ratio_alone_sampled"] = float(np.mean(v.pop("ratios")))
+        return {"tables": tables, "table_history": self.table_history}
 
     def _snapshot(self):
         if self.plain:
             return dict.fromkeys(_KEYS, 0)
         total = self._lossy.comm_stats()["total"]
         return {k: total[k] for k in _KEYS}
+
+
+def _describe(compression):
+    if compression is None:
+        return "horovod.torch.alltoall"
+    if isinstance(compression, type):
+        return compression.__name__
+    from hvd_lossy.adaptive import AdaptiveCompressor
+    if isinstance(compression, AdaptiveCompressor):
+        c = compression.controller
+        return "adaptive(policy=%s, schedule=%s, base=%g, mode=%s, backward=%r)" % (
+            c.policy.get_config().get("name", c.policy), c.get_config()["schedule"], c.base, c.mode,
+            compression.backward)
+    return repr(compression)
 
 
 def _diff(a, b):

@@ -21,9 +21,10 @@ def write_all(m, out_dir):
     return [p for p in paths if p]
 
 
-def _save(fig, out_dir, name):
+def _save(fig, out_dir, name, tight=True):
     path = os.path.join(out_dir, name)
-    fig.tight_layout()
+    if tight:
+        fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -67,26 +68,29 @@ def _tables(m, out_dir):
     else the final values as bars."""
     tables = m.get("tables") or {}
     history = m.get("table_history") or []
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(7, 6), sharex=bool(history))
+    names = sorted(tables, key=lambda n: (len(n), n))  # C1, C2, ..., C26
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(8.5, 6), sharex=bool(history))
     if history:
         steps = [h["step"] for h in history]
-        for name in sorted(tables):
-            bounds = [h["tables"].get(name, {}).get("bound", np.nan) for h in history]
-            ratios = [h["tables"].get(name, {}).get("ratio", np.nan) for h in history]
-            a1.plot(steps, bounds, lw=1, label=name)
-            a2.plot(steps, ratios, lw=1, label=name)
+        cmap = plt.get_cmap("tab20")
+        for i, name in enumerate(names):
+            bounds = [(h["tables"].get(name) or {}).get("bound", np.nan) for h in history]
+            ratios = [(h["tables"].get(name) or {}).get("ratio", np.nan) for h in history]
+            style = dict(lw=1, color=cmap(i % 20), ls="-" if i < 20 else "--")
+            a1.plot(steps, bounds, label=name, **style)
+            a2.plot(steps, [np.nan if r is None else r for r in ratios], **style)
         a2.set_xlabel("step")
-        a1.legend(ncol=7, fontsize=6)
+        fig.legend(loc="center right", fontsize=7, ncol=1)
+        fig.subplots_adjust(right=0.85)
     else:
-        names = sorted(tables, key=lambda n: int(n[1:]) if n[1:].isdigit() else n)
         x = np.arange(len(names))
         a1.bar(x, [tables[n].get("bound", np.nan) for n in names])
         a2.bar(x, [tables[n].get("ratio", np.nan) for n in names])
         a2.set_xticks(x, names, rotation=90, fontsize=7)
     a1.set_ylabel("error bound")
-    a2.set_ylabel("compression ratio")
-    a1.set_title("per-table bound and ratio: " + _title(m), fontsize=9)
-    return _save(fig, out_dir, "tables.png")
+    a2.set_ylabel("compression ratio" + (" (table alone, sampled)" if m.get("compression") == "lossy" else ""))
+    a1.set_title("per-table bound and ratio\n" + _title(m), fontsize=8)
+    return _save(fig, out_dir, "tables.png", tight=not history)
 
 
 def _time_split(m, out_dir):

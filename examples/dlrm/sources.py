@@ -99,8 +99,12 @@ def build(args, world):
         return SyntheticSource(gen, args.batch_size)
     splits = data.load_splits(args.data, args.categorical, args.max_table_rows, args.max_rows)
     train = splits["train"]
-    held_out = splits.get("test", splits.get("dev"))
-    if held_out is None:
+    # dev and test are both held out (nothing is tuned on dev here): more rows, steadier metrics.
+    parts = [splits[k] for k in ("dev", "test") if k in splits]
+    if parts:
+        held_out = data.Dataset(np.concatenate([p.dense for p in parts]), np.concatenate([p.sparse for p in parts]),
+                                np.concatenate([p.labels for p in parts]), train.cardinalities)
+    else:
         # Only train.txt: hold out its last tenth.
         cut = len(train) - max(len(train) // 10, 1)
         held_out = data.Dataset(train.dense[cut:], train.sparse[cut:], train.labels[cut:], train.cardinalities)

@@ -54,31 +54,26 @@ def build_model(args, source, rank, world):
     # op=Sum: each rank's loss is already divided by the global batch (see the module docstring).
     dense_opt = hvd.DistributedOptimizer(opt_cls(dense_arch.parameters(), lr=args.lr),
                                          named_parameters=dense_arch.named_parameters(), op=hvd.Sum)
-    emb_opt = opt_cls(tables.parameters(), lr=args.emb_lr or args.lr) if owned else None
+    emb_opt = opt_cls(tables.parameters(), lr=args.emb_lr) if owned else None
     return owners, owned, dense_arch, tables, dense_opt, emb_opt
 
 
-def forward(batch, ex, dense_arch, tables, b, observe=None):
-    """Logits of this rank's slice. `observe(table_index, lookups)` sees each owned table's
-    lookups for the global batch before they are sent (the adaptive controller's input)."""
+def forward(batch, ex, dense_arch, tables, b):
+    """(logits of this rank's slice, the owned tables' lookups for the global batch)."""
     dense, sparse, _ = batch[:3]
-    ids = ex.gather_ids(sparse)
-    lookups = tables(ids)
-    if observe is not None:
-        for i, t in enumerate(tables.owned):
-            observe(t, lookups[i].detach())
+    lookups = tables(ex.gather_ids(sparse))
     emb = ex.exchange(lookups, b)
-    return dense_arch.forward_top(dense_arch.forward_bottom(dense), emb)
+    return dense_arch.forward_top(dense_arch.forward_bottom(dense), emb), lookups
 
 
-def evaluate(source, ex, dense_arch, tables, rank, world, limit=None):
+def evaluate(source, ex, link, dense_arch, tables, rank, world, limit=None):
     """auc/logloss/accuracy over the held-out rows (or their first `limit`), gathered across ranks."""
     b = source.batch_size // world
     logits, labels = [], []
     dense_arch.eval()
-    with torch.no_grad():
+    with torch.no_grad(), link.evaluating():
         for batch in sources.eval_batches(source, rank, world, limit):
-            out = forward(batch, ex, dense_arch, tables, b)
+            out, _ = forward(batch, ex, dense_arch, tables, b)
             valid = batch[3]
             logits.append(out[valid])
             labels.append(batch[2][valid])
@@ -96,12 +91,13 @@ def train(args):
     source = sources.build(args, world)
     cli.check_source(source, args)
     owners, owned, dense_arch, tables, dense_opt, emb_opt = build_model(args, source, rank, world)
-    link = comm.Link(args, owners, rank, world, source.cardinalities)
+    total = args.steps if args.steps else args.epochs * source.steps_per_epoch
+    link = comm.Link(args, owners, rank, world, source.cardinalities, total)
     ex = EmbeddingExchange(owners, rank, world, link.alltoall, lambda t: hvd.allgather(t, name="ids"))
     b = args.batch_size // world
 
-    total = args.steps if args.steps else args.epochs * source.steps_per_epoch
     eval_at = _eval_steps(total, args.eval_points)
+    sample_at = _eval_steps(total, 20)
     curve_rows = min(source.n_eval, 8 * args.batch_size)
     checksum = hashlib.sha256()
     losses, evals, iter_s, splits = [], [], [], []
@@ -118,7 +114,7 @@ def train(args):
                 checksum.update(t.numpy().tobytes())
             t0 = time.perf_counter()
             link.begin_step()
-            logits = forward(batch, ex, dense_arch, tables, b, link.observe)
+            logits, lookups = forward(batch, ex, dense_arch, tables, b)
             loss = torch.nn.functional.binary_cross_entropy_with_logits(
                 logits, batch[2], reduction="sum") / args.batch_size
             dense_opt.zero_grad()
@@ -128,23 +124,25 @@ def train(args):
             dense_opt.step()
             if emb_opt:
                 emb_opt.step()
-            link.step()
+            link.step(step + 1)
             iter_s.append(time.perf_counter() - t0)
             splits.append(link.step_split(iter_s[-1], ex))
             global_loss = hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item()
             losses.append(global_loss)
             step += 1
+            if step in sample_at:
+                link.sample_tables(step, lookups, b)
             bar.update(1)
             bar.set_postfix(loss="%.4f" % global_loss)
             if step in eval_at:
-                ev = evaluate(source, ex, dense_arch, tables, rank, world, curve_rows)
+                ev = evaluate(source, ex, link, dense_arch, tables, rank, world, curve_rows)
                 evals.append(dict(ev, step=step))
         if step == total:
             break
     train_seconds = time.perf_counter() - t_start
     bar.close()
     wire = link.totals()
-    final = evaluate(source, ex, dense_arch, tables, rank, world)
+    final = evaluate(source, ex, link, dense_arch, tables, rank, world)
     digests = hvd.allgather_object(checksum.hexdigest(), name="checksum")
     result = dict(
         final, steps=step, epochs_run=step / source.steps_per_epoch, world=world,
