@@ -26,13 +26,45 @@ fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check -q)
 
-if ! "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
-  log "installing torch==$TORCH_VERSION (CPU) and build/test dependencies"
+# One interpreter start answers every "is it there already" question (importing torch is slow),
+# so a second run of this script takes seconds.
+state=$("$PY" - <<PYEOF 2>/dev/null || true
+import importlib.util
+def have(m):
+    try:
+        return importlib.util.find_spec(m) is not None
+    except Exception:
+        return False
+out = []
+try:
+    import torch
+    out.append("torch" if torch.__version__.split("+")[0] == "$TORCH_VERSION" else "")
+except Exception:
+    pass
+mods = ["numpy", "mpi4py", "pybind11", "pytest", "hypothesis", "tqdm", "matplotlib", "ninja", "cmake"]
+out.append("deps" if all(have(m) for m in mods) else "")
+try:
+    import horovod.torch  # noqa: F401
+    out.append("horovod")
+except Exception:
+    pass
+try:
+    import hvd_lossy._C  # noqa: F401
+    out.append("codec")
+except Exception:
+    pass
+print(" ".join(out))
+PYEOF
+)
+has() { [[ " $state " == *" $1 "* ]]; }
+
+if ! has torch; then
+  log "installing torch==$TORCH_VERSION (CPU)"
   "${PIP[@]}" install "torch==$TORCH_VERSION"
 fi
-"${PIP[@]}" install -r "$ROOT/requirements-dev.txt"
+has deps || "${PIP[@]}" install -r "$ROOT/requirements-dev.txt"
 
-if ! "$PY" -c "import horovod.torch" 2>/dev/null; then
+if ! has horovod; then
   whl=$(ls "$WHEELS"/horovod-$HOROVOD_VERSION-*.whl 2>/dev/null | head -1 || true)
   if [ -z "$whl" ]; then
     log "building Horovod $HOROVOD_VERSION wheel (once, ~3 min; cached in $WHEELS)"
@@ -49,8 +81,21 @@ if ! "$PY" -c "import horovod.torch" 2>/dev/null; then
   "${PIP[@]}" install --no-build-isolation "$whl"
 fi
 
-if [ -f "$ROOT/setup.py" ]; then
-  log "building hvd_lossy (editable)"
+# The CUDA codec builds where a GPU is visible (override with HVD_LOSSY_WITH_CUDA=ON/OFF); CI
+# compiles it separately, compile-only, whenever nvcc is present (.ci/run).
+if [ -z "${HVD_LOSSY_WITH_CUDA:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    export HVD_LOSSY_WITH_CUDA=AUTO
+  else
+    export HVD_LOSSY_WITH_CUDA=OFF
+  fi
+fi
+# Rebuild the native module only when its sources or build files changed.
+stamp="$VENV/.hvd_lossy_build_stamp"
+want=$( (cd "$ROOT" && cat native/* setup.py CMakeLists.txt pyproject.toml; echo "$HVD_LOSSY_WITH_CUDA") | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! has codec; then
+  log "building hvd_lossy (editable, CUDA=$HVD_LOSSY_WITH_CUDA)"
   "${PIP[@]}" install --no-build-isolation --no-deps -e "$ROOT"
+  echo "$want" > "$stamp"
 fi
 log "ready: $VENV"
