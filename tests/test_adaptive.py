@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import hvd_lossy
-from hvd_lossy.adaptive import (AdaptiveCompressor, Controller, TableSpec, TableStats, make_policy, multiplier,
-                                plot_telemetry, read_telemetry)
+from hvd_lossy.adaptive import (AdaptiveCompressor, Controller, TableSpec, TableStats,
+                                make_policy, multiplier, plot_telemetry, read_telemetry)
 from hvd_lossy.adaptive.policies import BudgetPolicy, PaperPolicy, SensitivityPolicy
 from hvd_lossy.adaptive.stats import empty_rows
 
@@ -41,7 +41,7 @@ def paper_formula(it, E):
     return 2 * max(1 - math.floor(10 * it / E) * 0.05, 0.5) if it < E else 1.0
 
 
-# ----- schedules -----------------------------------------------------------------------------------
+# ----- schedules ---------------------------------------------------------------------------------
 
 def test_step_schedule_is_two_at_start_one_at_E():
     assert multiplier("step", 0, E) == 2.0
@@ -91,7 +91,7 @@ def test_bad_schedule_arguments_raise(schedule, it, E_, match):
         multiplier(schedule, it, E_)
 
 
-# ----- policies on crafted statistics ----------------------------------------------------------------
+# ----- policies on crafted statistics ------------------------------------------------------------
 
 def stats(name, cardinality, **kw):
     return TableStats(name=name, cardinality=cardinality, owner=0, **kw)
@@ -213,7 +213,7 @@ def test_bad_policy_config_raises(spec, match):
         make_policy(spec)
 
 
-# ----- the controller in one process -----------------------------------------------------------------
+# ----- the controller in one process -------------------------------------------------------------
 
 TABLES = {"small": 10, "mid": 1000, "big": 10**6}
 
@@ -339,7 +339,7 @@ def test_summary_reports_bound_ratio_and_bytes_per_table():
     json.dumps(s)
 
 
-# ----- the compressor in one process -----------------------------------------------------------------
+# ----- the compressor in one process -------------------------------------------------------------
 
 def two_rank_controller(rank=0, **kw):
     tables = [TableSpec("a", 10**6, 0), TableSpec("b", 50, 0), TableSpec("c", 1000, 1)]
@@ -432,7 +432,7 @@ def test_compressor_config_round_trips():
     assert Compression.adaptive(c, ["small"]).backward == "table"
 
 
-# ----- several processes -----------------------------------------------------------------------------
+# ----- several processes -------------------------------------------------------------------------
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])

@@ -321,7 +321,10 @@ class Controller:
         return self
 
     def eval(self):
-        """Evaluation mode: ``eval_bound`` bounds, nothing recorded, step() a no-op. Returns self."""
+        """Evaluation mode: ``eval_bound`` bounds, nothing recorded, step() a no-op.
+
+        Switch all ranks together (train() too): exchanges happen inside step(). Returns self.
+        """
         self._training = False
         return self
 

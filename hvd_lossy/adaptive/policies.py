@@ -13,20 +13,21 @@ schedule's multiplier. Policies are pure and deterministic, so every rank comput
                  (0.01/0.03/0.05 at base 0.03). ``pin={table: class}`` fixes a table by hand.
 ``sensitivity``  continuous: a table's sensitivity is c = mean|gradient| x error unit (value range
                  of its lookups in mode "rel", 1 in mode "abs"): to first order an error of e on
-                 its lookups moves the loss by about c*e. Under the rate model below, the bounds
-                 minimising sum(values * c * eb) at fixed bytes are eb proportional to 1/c, scaled so
-                 the encoded-values-weighted geometric mean equals ``base``, which is what a
-                 global bound ``base`` spends in bytes. Bounds are clamped to
+                 its lookups moves the loss by about c*e. Under the rate model below, the
+                 bounds minimising sum(values * c * eb) at fixed bytes are eb proportional to
+                 1/c, scaled so the encoded-values-weighted geometric mean equals ``base``,
+                 which spends what a global bound ``base`` spends in bytes. Bounds are clamped to
                  [base/spread, base*spread]; tables without gradients stay at ``base``.
 ``budget``       fits the bytes: the same shape as ``sensitivity`` (or uniform, ``shape="uniform"``)
                  scaled so the predicted bytes meet a target: overall ratio ``target_ratio``
-                 (raw/compressed, at multiplier 1.0), or when None the bytes a global ``base`` would
-                 give. Two runs at the same ``target_ratio`` (one ``shape="uniform"``) spend equal
-                 bytes, which is how adaptive and global bounds are compared.
+                 (raw/compressed bytes of the forward frames, at multiplier 1.0: the schedule
+                 still loosens every bound early), or when None the bytes a global ``base``
+                 would give. Two runs at the same ``target_ratio`` (one ``shape="uniform"``)
+                 spend equal bytes: that is how adaptive and global bounds are compared.
 
 Rate model (``budget``, and the reason for the geometric mean): a table whose frames took ``bits``
 bits per encoded element at effective bound ``eb0`` takes ``max(1, bits + log2(eb0) - log2(eb))``
-bits at bound ``eb``, plus its fixed bytes (headers, dedup maps): halving the bound costs one more
+bits at bound ``eb``, plus its fixed bytes (frame headers): halving the bound costs one more
 bit per element, as in any quantizer whose bin width is the bound. It is calibrated again every
 interval from the frames just sent.
 """

@@ -46,8 +46,8 @@ def multiplier(schedule, it, E=65536):
     if schedule == "constant" or it >= E:
         return 1.0
     if schedule == "step":
-        # Integer floor of 10*it/E (no float rounding at the step edges), and
-        # 2*max(1 - k*0.05, 0.5) written as max(20 - k, 10)/10 so 1.9, 1.8, ... are the nearest doubles.
+        # Integer floor of 10*it/E (no float rounding at the step edges), and 2*max(1 - k*0.05,
+        # 0.5) written as max(20 - k, 10)/10 so that 1.9, 1.8, ... are the nearest doubles.
         k = (10 * it) // E
         return max(20 - k, 10) / 10
     if schedule == "linear":
