@@ -1,0 +1,67 @@
+// The CUDA half of hvd_lossy._C (compiled only with HL_WITH_CUDA): the same arguments as the
+// CPU compress / compress_many / decompress in bindings.cc, with the caller's CUDA stream
+// (torch.cuda.current_stream().cuda_stream, an integer) in place of the thread count. Pointers
+// are device pointers (torch's data_ptr()); the GIL is released while the codec works.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "codec.h"
+
+namespace py = pybind11;
+
+namespace {
+
+template <typename T>
+T* ptr(uintptr_t p) {
+  return reinterpret_cast<T*>(p);
+}
+
+hl::CompressParams params(int dtype, int mode, int level, bool dedup, double eb) {
+  hl::CompressParams p;
+  p.dtype = (uint8_t)dtype;
+  p.mode = (uint8_t)mode;
+  p.level = (uint8_t)level;
+  p.dedup = dedup;
+  p.error_bound = eb;
+  return p;
+}
+
+}  // namespace
+
+void register_cuda(py::module_& m) {
+  m.def("compress_many_cuda",
+        [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
+           const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
+           int level, bool dedup, uintptr_t out, uint64_t out_cap, uintptr_t stream) {
+          return hl::compress_many_cuda(ptr<const void>(in),
+                                        params(dtype, mode, level, dedup, 0.0), rows, trailing,
+                                        ebs, ptr<uint8_t>(out), out_cap, ptr<void>(stream));
+        },
+        py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
+        py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
+        py::arg("out"), py::arg("out_cap"), py::arg("stream"),
+        py::call_guard<py::gil_scoped_release>(),
+        "CUDA compress_many: chunks of device memory into back-to-back frames on the device; "
+        "returns their sizes (the one point where the host waits for the stream).");
+
+  m.def("compress_cuda",
+        [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, double eb, int mode,
+           int level, bool dedup, uintptr_t out, uint64_t out_cap, uintptr_t stream) {
+          return hl::compress_cuda(ptr<const void>(in), params(dtype, mode, level, dedup, eb),
+                                   shape, ptr<uint8_t>(out), out_cap, ptr<void>(stream));
+        },
+        py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("error_bound"),
+        py::arg("mode"), py::arg("level"), py::arg("dedup"), py::arg("out"), py::arg("out_cap"),
+        py::arg("stream"), py::call_guard<py::gil_scoped_release>(),
+        "CUDA compress: one device tensor into a frame on the device; returns its size.");
+
+  m.def("decompress_cuda",
+        [](uintptr_t frame, uint64_t size, uintptr_t out, uint64_t out_bytes, uintptr_t stream) {
+          hl::decompress_cuda(ptr<const uint8_t>(frame), size, ptr<void>(out), out_bytes,
+                              ptr<void>(stream));
+        },
+        py::arg("frame"), py::arg("size"), py::arg("out"), py::arg("out_bytes"),
+        py::arg("stream"), py::call_guard<py::gil_scoped_release>(),
+        "CUDA decompress: a device frame into a device buffer of out_bytes; raises FrameError "
+        "(ValueError) for a corrupted frame.");
+}

@@ -1,0 +1,1651 @@
+// CUDA codec: writes and reads the frame format of frame.h byte for byte like codec_cpu.cc.
+//
+// Shape of the encoder (one chunk, all enqueued on the caller's stream, no host sync inside):
+//   finite range (rel mode) -> eb_abs on the device -> quantize (codes + row outlier flags)
+//   -> dedup: row content hash, radix sort of (hash, row), first identical row within each
+//      hash run, exclusive scan of "first of its kind" flags = unique ids in first-occurrence
+//      order -> dedup_pays -> gather unique rows
+//   -> outlier counts per unique row, scan, codes at outliers zeroed
+//   -> block packing of the map and the codes (warp OR for widths, scan, ballot bit planes)
+//   -> level 2: histogram, normalize_freqs (one thread), one thread a rANS stream into a
+//      worst-case slot, scans of stream sizes and escape counts, choice of the smaller section
+//   -> outlier records, header, checksum (sum of checksum_term over the frame's words)
+// Every size the host cannot know yet (n_unique, section sizes, the level) lives in an
+// EncodeState on the device; kernels are launched over worst-case counts known on the host and
+// read the real counts from the state. The host learns the frame sizes with one copy at the end.
+// A lossy frame larger than hl_max_frame_bytes is not finished on the device (its outliers and
+// header are skipped); the host then encodes that chunk again, lossless (a second copy).
+//
+// The decoder validates the header on the host (parse_header on a copied prefix), then runs
+// checksum, unpack/rANS decode, dequantization, outlier scatter, map checks and row gather on
+// the device. Kernels never read or write outside the frame and the buffers, whatever the
+// payload says: each inconsistency sets a bit in a device error word, later kernels stop when
+// it is set, and the host raises FrameError after one copy of that word.
+#include <cub/cub.cuh>
+
+#include <stdio.h>
+
+#include <map>
+#include <mutex>
+#include <type_traits>
+
+#include "codec_cuda.cuh"
+
+namespace hl {
+namespace gpu {
+
+// ---- host infrastructure -------------------------------------------------------------------
+
+DeviceScope::DeviceScope(const void* ptr, const char* what) {
+  cudaPointerAttributes attr;
+  cudaError_t e = cudaPointerGetAttributes(&attr, ptr);
+  if (e != cudaSuccess || attr.type != cudaMemoryTypeDevice) {
+    cudaGetLastError();  // clear the sticky-free error of a failed query
+    throw ArgumentError(std::string(what) + " is not CUDA device memory");
+  }
+  HL_CUDA_CHECK(cudaGetDevice(&previous_));
+  device_ = attr.device;
+  if (device_ != previous_) HL_CUDA_CHECK(cudaSetDevice(device_));
+}
+
+DeviceScope::~DeviceScope() {
+  if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
+}
+
+namespace {
+
+// Freed scratch stays in the pool up to this many bytes, so that steady-state calls allocate
+// without going to the driver; memory beyond it goes back at the next synchronization.
+constexpr uint64_t kPoolKeepBytes = 2ull << 30;
+
+cudaMemPool_t device_pool(int device) {
+  static std::mutex mu;
+  static std::map<int, cudaMemPool_t> pools;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = pools.find(device);
+  if (it != pools.end()) return it->second;
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool;
+  HL_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+  uint64_t keep = kPoolKeepBytes;
+  HL_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  pools[device] = pool;
+  return pool;
+}
+
+struct PinnedBuffer {
+  void* p = nullptr;
+  uint64_t cap = 0;
+  ~PinnedBuffer() {
+    if (p) cudaFreeHost(p);
+  }
+};
+thread_local PinnedBuffer t_staging;
+
+}  // namespace
+
+void* pool_alloc(uint64_t bytes, cudaStream_t stream) {
+  int device;
+  HL_CUDA_CHECK(cudaGetDevice(&device));
+  void* p = nullptr;
+  HL_CUDA_CHECK(cudaMallocFromPoolAsync(&p, bytes ? bytes : 256, device_pool(device), stream));
+  return p;
+}
+
+Workspace::~Workspace() {
+  if (base_) cudaFreeAsync(base_, stream_);
+}
+
+void Workspace::allocate() {
+  base_ = pool_alloc(bytes_, stream_);
+  for (const Piece& p : pieces_) *p.target = static_cast<uint8_t*>(base_) + p.offset;
+}
+
+const void* fetch(const void* src_dev, uint64_t bytes, cudaStream_t stream) {
+  if (t_staging.cap < bytes) {
+    if (t_staging.p) HL_CUDA_CHECK(cudaFreeHost(t_staging.p));
+    t_staging.p = nullptr;
+    t_staging.cap = 0;
+    uint64_t cap = bytes < 4096 ? 4096 : bytes;
+    HL_CUDA_CHECK(cudaMallocHost(&t_staging.p, cap));
+    t_staging.cap = cap;
+  }
+  HL_CUDA_CHECK(cudaMemcpyAsync(t_staging.p, src_dev, bytes, cudaMemcpyDeviceToHost, stream));
+  HL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return t_staging.p;
+}
+
+namespace {
+
+// ---- device helpers ------------------------------------------------------------------------
+
+constexpr uint32_t kFull = 0xffffffffu;
+
+#define HL_GRID_STRIDE(i, n)                                                     \
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+       i += (uint64_t)gridDim.x * blockDim.x)
+// Every lane of a warp gets the same w, so warp collectives inside the loop are safe.
+#define HL_WARP_STRIDE(w, n)                                                          \
+  for (uint64_t w = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < (n); \
+       w += ((uint64_t)gridDim.x * blockDim.x) >> 5)
+#define HL_BLOCK_STRIDE(b, n) for (uint64_t b = blockIdx.x; b < (n); b += gridDim.x)
+
+__device__ __forceinline__ unsigned lane_id() { return threadIdx.x & 31; }
+
+// Frames have no alignment (sections start anywhere), so multi-byte fields go byte by byte.
+__device__ __forceinline__ void put_le(uint8_t* p, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) p[i] = (uint8_t)(v >> (8 * i));
+}
+__device__ __forceinline__ uint64_t get_le(const uint8_t* p, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+// Doubles mapped to unsigned integers of the same order, for atomicMin/atomicMax.
+__device__ __forceinline__ unsigned long long order_key(double d) {
+  unsigned long long u = (unsigned long long)__double_as_longlong(d);
+  return (u >> 63) ? ~u : (u | (1ull << 63));
+}
+__device__ __forceinline__ double from_order_key(unsigned long long k) {
+  unsigned long long u = (k >> 63) ? (k & ~(1ull << 63)) : ~k;
+  return __longlong_as_double((long long)u);
+}
+
+// Reduces v over the block (blockDim.x == kThreads); the result is valid in thread 0.
+template <typename T, typename Op>
+__device__ T block_reduce(T v, T identity, Op op) {
+  __shared__ T partial[kWarpsPerBlock];
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(kFull, v, o));
+  const unsigned warp = threadIdx.x >> 5;
+  if (lane_id() == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane_id() < kWarpsPerBlock ? partial[lane_id()] : identity;
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(kFull, v, o));
+  }
+  return v;
+}
+
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxOp {
+  template <typename T>
+  __host__ __device__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+
+// Word i of a frame of `total` bytes, the tail zero-padded (as checksum_with_zero_field reads).
+template <bool kAligned>
+__device__ __forceinline__ uint64_t frame_word(const uint8_t* f, uint64_t i, uint64_t total) {
+  const uint64_t off = 8 * i;
+  if (off + 8 <= total)
+    return kAligned ? *reinterpret_cast<const uint64_t*>(f + off) : get_le(f + off, 8);
+  return get_le(f + off, (int)(total - off));
+}
+
+// The checksum field lies in word 1 (bytes 8..15); this mask clears it.
+static_assert(offsetof(HlFrameHeader, checksum) >= 8 && offsetof(HlFrameHeader, checksum) <= 12,
+              "the checksum field must lie within word 1");
+constexpr uint64_t kChecksumFieldClear =
+    ~(0xffffffffull << (8 * (offsetof(HlFrameHeader, checksum) - 8)));
+
+// This thread's share of the checksum sum over the frame's words. zero_field: read the
+// checksum field as zero.
+template <bool kAligned>
+__device__ uint64_t checksum_share(const uint8_t* f, uint64_t total, bool zero_field) {
+  uint64_t sum = 0;
+  const uint64_t words = hl_div_up(total, 8);
+  HL_GRID_STRIDE(i, words) {
+    uint64_t w = frame_word<kAligned>(f, i, total);
+    if (zero_field && i == 1) w &= kChecksumFieldClear;
+    sum += checksum_term(w, i);
+  }
+  return sum;
+}
+
+// ---- the cub calls (each also asked for its scratch size with a null pointer) ----------------
+
+cudaError_t cub_sort_pairs(void* tmp, size_t& bytes, const uint64_t* keys_in, uint64_t* keys_out,
+                           const uint32_t* vals_in, uint32_t* vals_out, uint64_t n,
+                           cudaStream_t s) {
+  return cub::DeviceRadixSort::SortPairs(tmp, bytes, keys_in, keys_out, vals_in, vals_out,
+                                         (int64_t)n, 0, 64, s);
+}
+template <typename T>
+cudaError_t cub_exclusive_sum(void* tmp, size_t& bytes, const T* in, T* out, uint64_t n,
+                              cudaStream_t s) {
+  return cub::DeviceScan::ExclusiveSum(tmp, bytes, in, out, (int64_t)n, s);
+}
+cudaError_t cub_prefix_max(void* tmp, size_t& bytes, const uint32_t* in, uint32_t* out,
+                           uint64_t n, cudaStream_t s) {
+  return cub::DeviceScan::InclusiveScan(tmp, bytes, in, out, MaxOp(), (int64_t)n, s);
+}
+
+struct CubScratch {
+  void* tmp = nullptr;
+  size_t bytes = 0;
+};
+
+// Size query: bytes = max(bytes, what call needs).
+template <typename F>
+void cub_need(size_t* bytes, F call) {
+  size_t b = 0;
+  check_cuda(call(nullptr, b), "cub size query");
+  if (b > *bytes) *bytes = b;
+}
+template <typename F>
+void cub_run(const char* name, const CubScratch& c, F call) {
+  size_t b = c.bytes;
+  check_cuda(call(c.tmp, b), name);
+}
+
+// One switch from the dtype code to the element type.
+template <typename F>
+void with_dtype(uint8_t dtype, F&& f) {
+  switch (dtype) {
+    case HL_FLOAT32: f(std::integral_constant<int, HL_FLOAT32>()); return;
+    case HL_FLOAT16: f(std::integral_constant<int, HL_FLOAT16>()); return;
+    case HL_BFLOAT16: f(std::integral_constant<int, HL_BFLOAT16>()); return;
+  }
+  throw ArgumentError("unsupported dtype code " + std::to_string(dtype) +
+                      ", expected float32, float16 or bfloat16");
+}
+
+// =============================================================================================
+// Encoder
+// =============================================================================================
+
+// What the device knows about one chunk's frame. Offsets are from the frame's first byte.
+struct alignas(16) EncodeState {
+  unsigned long long lo_key, hi_key;  // finite range, order_key encoded
+  double eb_abs, step, inv_step;
+  uint32_t lossless;    // codes are raw bits
+  uint32_t error;       // kEncodeBoundOverflow
+  uint32_t identity;    // no map section
+  uint32_t level;       // level stored
+  uint32_t fallback;    // lossy frame too large: encode again lossless
+  uint32_t n_present;   // level 2: symbols with nonzero frequency
+  uint64_t n_unique_found;  // distinct rows before the dedup_pays rule
+  uint64_t n_unique, n_codes, map_count, n_outliers;
+  uint64_t map_off, map_bytes, code_off, code1_bytes, code_bytes, outlier_off, total;
+  uint64_t n_streams, n_esc;
+  unsigned long long checksum_sum;
+  uint32_t* ucodes;  // codes of the unique rows: the quantized codes themselves, or gathered
+  unsigned long long counts[256];
+  uint32_t freq[256];
+  uint32_t cum[257];
+};
+
+constexpr uint32_t kEncodeBoundOverflow = 1;
+
+// What the host reads back per chunk.
+struct ChunkResult {
+  uint64_t total;
+  uint32_t fallback;
+  uint32_t error;
+};
+
+struct ShapeArg {
+  int64_t d[HL_MAX_NDIM];
+};
+
+__global__ void init_state_kernel(EncodeState* st) {
+  uint64_t* w = reinterpret_cast<uint64_t*>(st);
+  for (uint64_t i = threadIdx.x; i < sizeof(EncodeState) / 8; i += blockDim.x) w[i] = 0;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    st->lo_key = order_key(INFINITY);
+    st->hi_key = order_key(-INFINITY);
+  }
+}
+
+template <int DT>
+__global__ void finite_range_kernel(const typename Elem<DT>::raw_t* x, uint64_t n,
+                                    EncodeState* st) {
+  double lo = INFINITY, hi = -INFINITY;
+  HL_GRID_STRIDE(i, n) {
+    double v = Elem<DT>::to_double(x[i]);
+    if (isfinite(v)) {
+      lo = v < lo ? v : lo;
+      hi = v > hi ? v : hi;
+    }
+  }
+  lo = block_reduce(lo, (double)INFINITY, [](double a, double b) { return b < a ? b : a; });
+  __syncthreads();  // block_reduce's shared partials are reused
+  hi = block_reduce(hi, (double)-INFINITY, [](double a, double b) { return b > a ? b : a; });
+  if (threadIdx.x == 0 && lo <= hi) {
+    atomicMin(&st->lo_key, order_key(lo));
+    atomicMax(&st->hi_key, order_key(hi));
+  }
+}
+
+// absolute_bound (codec_cpu.cc) on the device, and the lossless decision.
+__global__ void prepare_kernel(EncodeState* st, double eb_param, bool rel, bool ranged,
+                               bool force_lossless) {
+  double lo = 0, hi = 0;
+  if (ranged) {
+    lo = from_order_key(st->lo_key);
+    hi = from_order_key(st->hi_key);
+  }
+  double eb = eb_param;
+  if (rel) eb = hi > lo ? eb_param * (hi - lo) : 0.0;
+  if (!isfinite(eb)) {
+    st->error |= kEncodeBoundOverflow;
+    eb = 0;
+  }
+  st->eb_abs = eb;
+  st->step = 2.0 * eb;
+  st->inv_step = 1.0 / st->step;
+  st->lossless = force_lossless || eb == 0;
+}
+
+// Codes (zigzag, or kOutlierMark) and row outlier flags exactly as quantize_all; raw bits when
+// lossless. row_outlier must be zeroed.
+template <int DT>
+__global__ void quantize_kernel(const typename Elem<DT>::raw_t* x, uint64_t n, uint64_t row_len,
+                                const EncodeState* st, uint32_t* codes, uint8_t* row_outlier) {
+  const bool lossless = st->lossless;
+  const double step = st->step, inv_step = st->inv_step, eb = st->eb_abs;
+  HL_GRID_STRIDE(i, n) {
+    const typename Elem<DT>::raw_t raw = x[i];
+    if (lossless) {
+      codes[i] = raw;
+      continue;
+    }
+    uint32_t z;
+    bool ok = quantize<DT>(raw, inv_step, step, eb, &z);
+    codes[i] = ok ? z : kOutlierMark;
+    if (!ok) row_outlier[i / row_len] = 1;
+  }
+}
+
+// A hash of each row's content: its codes and, at outliers, the raw bits (two rows that differ
+// only in outlier values would otherwise always collide). Summing per-element mixes makes it
+// independent of how lanes split the row.
+template <int DT>
+__global__ void row_hash_kernel(const typename Elem<DT>::raw_t* x, const uint32_t* codes,
+                                uint64_t n_rows, uint64_t d, const EncodeState* st,
+                                uint64_t* keys, uint32_t* rows) {
+  const bool lossy = !st->lossless;
+  HL_WARP_STRIDE(r, n_rows) {
+    uint64_t h = 0;
+    for (uint64_t i = lane_id(); i < d; i += 32) {
+      uint32_t c = codes[r * d + i];
+      uint64_t k = c;
+      if (lossy && c == kOutlierMark) k |= (uint64_t)x[r * d + i] << 32;
+      h += mix64(k ^ (i * 0x9e3779b97f4a7c15ull) ^ 0x243f6a8885a308d3ull);
+    }
+    for (int o = 16; o > 0; o >>= 1) h += __shfl_xor_sync(kFull, h, o);
+    if (lane_id() == 0) {
+      keys[r] = mix64(h ^ d);
+      rows[r] = (uint32_t)r;
+    }
+  }
+}
+
+// same_row (codec_cpu.cc), one warp: codes equal and, where a row holds outliers (lossy only),
+// raw bits equal at the outlier positions.
+template <int DT>
+__device__ bool rows_equal(const typename Elem<DT>::raw_t* x, const uint32_t* codes, uint64_t d,
+                           uint64_t a, uint64_t b, bool lossy) {
+  for (uint64_t i0 = 0; i0 < d; i0 += 32) {
+    const uint64_t i = i0 + lane_id();
+    bool eq = true;
+    if (i < d) {
+      uint32_t ca = codes[a * d + i], cb = codes[b * d + i];
+      eq = ca == cb && (!lossy || ca != kOutlierMark || x[a * d + i] == x[b * d + i]);
+    }
+    if (!__all_sync(kFull, eq)) return false;
+  }
+  return true;
+}
+
+// For each row, the smallest row with identical content. Rows sorted by (hash, row) by a stable
+// radix sort: identical rows share a hash run and the run lists rows in ascending order, so the
+// first identical row met from the run's start is the first occurrence.
+template <int DT>
+__global__ void first_occurrence_kernel(const typename Elem<DT>::raw_t* x, const uint32_t* codes,
+                                        uint64_t n_rows, uint64_t d, const EncodeState* st,
+                                        const uint64_t* keys_sorted, const uint32_t* rows_sorted,
+                                        uint32_t* first_of) {
+  const bool lossy = !st->lossless;
+  HL_WARP_STRIDE(p, n_rows) {
+    const uint64_t key = keys_sorted[p];
+    const uint32_t r = rows_sorted[p];
+    uint64_t lo = 0, hi = p;  // lower_bound of key: the start of the run
+    while (lo < hi) {
+      uint64_t mid = (lo + hi) / 2;
+      if (keys_sorted[mid] < key)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    uint32_t first = r;
+    for (uint64_t q = lo; q < p; ++q) {
+      uint32_t c = rows_sorted[q];
+      if (rows_equal<DT>(x, codes, d, c, r, lossy)) {
+        first = c;
+        break;
+      }
+    }
+    if (lane_id() == 0) first_of[r] = first;
+  }
+}
+
+__global__ void unique_flags_kernel(const uint32_t* first_of, uint64_t n_rows, uint32_t* flag) {
+  HL_GRID_STRIDE(r, n_rows) flag[r] = first_of[r] == r;
+}
+
+// uid = exclusive scan of the flags numbers unique rows in order of first occurrence.
+__global__ void row_map_kernel(const uint32_t* first_of, const uint32_t* flag, const uint32_t* uid,
+                               uint64_t n_rows, uint32_t* map, uint32_t* first, EncodeState* st) {
+  HL_GRID_STRIDE(r, n_rows) {
+    map[r] = uid[first_of[r]];
+    if (flag[r]) first[uid[r]] = (uint32_t)r;
+    if (r == n_rows - 1) st->n_unique_found = (uint64_t)uid[r] + flag[r];
+  }
+}
+
+// Applies dedup_pays and fixes the row layout: which codes are stored, and the map's size.
+__global__ void rows_layout_kernel(EncodeState* st, uint64_t n_rows, uint64_t d, bool deduped,
+                                   int ndim, uint32_t* codes, uint32_t* gathered) {
+  uint64_t nu = n_rows;
+  if (deduped) {
+    nu = st->n_unique_found;
+    if (!dedup_pays(n_rows, nu, d)) nu = n_rows;
+  }
+  const bool identity = nu == n_rows;
+  st->n_unique = nu;
+  st->identity = identity;
+  st->n_codes = nu * d;
+  st->map_count = identity ? 0 : n_rows;
+  st->ucodes = identity ? codes : gathered;
+  st->map_off = HL_HEADER_BYTES + 8ull * ndim;
+}
+
+__global__ void gather_unique_kernel(const EncodeState* st, const uint32_t* codes,
+                                     const uint32_t* first, uint64_t d, uint32_t* gathered) {
+  if (st->identity) return;
+  const uint64_t nu = st->n_unique;
+  HL_WARP_STRIDE(u, nu) {
+    const uint32_t* src = codes + (uint64_t)first[u] * d;
+    uint32_t* dst = gathered + u * d;
+    for (uint64_t i = lane_id(); i < d; i += 32) dst[i] = src[i];
+  }
+}
+
+// Outliers per unique row (0 past n_unique, so a scan over all rows gives record offsets), and
+// their codes zeroed as the format stores them.
+__global__ void count_outliers_kernel(const EncodeState* st, const uint8_t* row_outlier,
+                                      const uint32_t* first, uint64_t n_rows, uint64_t d,
+                                      uint64_t* count) {
+  const bool lossless = st->lossless, identity = st->identity;
+  const uint64_t nu = st->n_unique;
+  uint32_t* uc = st->ucodes;
+  HL_WARP_STRIDE(u, n_rows) {
+    uint64_t c = 0;
+    if (!lossless && u < nu && row_outlier[identity ? u : first[u]]) {
+      uint32_t* row = uc + u * d;
+      for (uint64_t i0 = 0; i0 < d; i0 += 32) {
+        const uint64_t i = i0 + lane_id();
+        const bool mark = i < d && row[i] == kOutlierMark;
+        const uint32_t b = __ballot_sync(kFull, mark);
+        if (mark) row[i] = 0;
+        c += __popc(b);
+      }
+    }
+    if (lane_id() == 0) count[u] = c;
+  }
+}
+
+// ---- block packing (frame.h "Packed integer arrays") ------------------------------------------
+
+enum SectionKind { kMapSection = 0, kCodeSection = 1 };
+
+struct SectionView {
+  const uint32_t* vals;
+  uint64_t count;
+  uint64_t off;
+  uint64_t* bytes;
+};
+
+template <int SEC>
+__device__ SectionView section_view(EncodeState* st, const uint32_t* map) {
+  if (SEC == kMapSection) return {map, st->map_count, st->map_off, &st->map_bytes};
+  return {st->ucodes, st->n_codes, st->code_off, &st->code1_bytes};
+}
+
+// Width of every block (0 past the section's blocks, so a scan over max_blocks stays exact).
+template <int SEC>
+__global__ void block_widths_kernel(EncodeState* st, const uint32_t* map, uint64_t max_blocks,
+                                    uint64_t* width) {
+  const SectionView s = section_view<SEC>(st, map);
+  const uint64_t nb = hl_div_up(s.count, HL_BLOCK);
+  HL_WARP_STRIDE(b, max_blocks) {
+    uint32_t w = 0;
+    if (b < nb) {
+      const uint64_t i = b * HL_BLOCK + lane_id();
+      w = bit_width(__reduce_or_sync(kFull, i < s.count ? s.vals[i] : 0u));
+    }
+    if (lane_id() == 0) width[b] = w;
+  }
+}
+
+// One warp a block: word j is the ballot of bit j, value i in lane i; lane j stores word j.
+template <int SEC>
+__global__ void pack_blocks_kernel(EncodeState* st, const uint32_t* map, uint8_t* frame,
+                                   const uint64_t* width, const uint64_t* word_off) {
+  const SectionView s = section_view<SEC>(st, map);
+  const uint64_t nb = hl_div_up(s.count, HL_BLOCK);
+  uint8_t* sec = frame + s.off;
+  HL_WARP_STRIDE(b, nb) {
+    const uint32_t w = (uint32_t)width[b];
+    const uint64_t i = b * HL_BLOCK + lane_id();
+    const uint32_t v = i < s.count ? s.vals[i] : 0u;
+    uint32_t mine = 0;
+    for (uint32_t j = 0; j < w; ++j) {
+      uint32_t word = __ballot_sync(kFull, (v >> j) & 1u);
+      if (lane_id() == j) mine = word;
+    }
+    if (lane_id() == 0) sec[b] = (uint8_t)w;
+    if (lane_id() < w) put_le(sec + nb + 4 * (word_off[b] + lane_id()), mine, 4);
+    if (b == nb - 1 && lane_id() == 0) *s.bytes = nb + 4 * (word_off[b] + w);
+  }
+}
+
+__global__ void code_layout_kernel(EncodeState* st) { st->code_off = st->map_off + st->map_bytes; }
+
+// ---- level 2 (rANS, layout in codec_common.h) ------------------------------------------------
+
+// One block a stream: symbol counts into the global histogram, escapes per stream.
+__global__ void rans_histogram_kernel(EncodeState* st, uint64_t max_streams, uint64_t* esc_count) {
+  __shared__ uint32_t h[256];
+  const uint64_t n = st->n_codes;
+  const uint64_t ns = hl_div_up(n, HL_RANS_CHUNK);
+  const uint32_t* z = st->ucodes;
+  HL_BLOCK_STRIDE(k, max_streams) {
+    for (unsigned t = threadIdx.x; t < 256; t += blockDim.x) h[t] = 0;
+    __syncthreads();
+    if (k < ns) {
+      const uint64_t lo = k * HL_RANS_CHUNK, hi = lo + HL_RANS_CHUNK < n ? lo + HL_RANS_CHUNK : n;
+      for (uint64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) atomicAdd(&h[rans_symbol(z[i])], 1u);
+    }
+    __syncthreads();
+    for (unsigned t = threadIdx.x; t < 256; t += blockDim.x)
+      if (h[t]) atomicAdd(&st->counts[t], (unsigned long long)h[t]);
+    if (threadIdx.x == 0) esc_count[k] = h[HL_RANS_ESC];
+    __syncthreads();
+  }
+}
+
+__global__ void rans_table_kernel(EncodeState* st) {
+  if (st->n_codes == 0) return;
+  normalize_freqs(reinterpret_cast<const uint64_t*>(st->counts), st->freq);
+  uint32_t c = 0, present = 0;
+  for (int s = 0; s < 256; ++s) {
+    st->cum[s] = c;
+    c += st->freq[s];
+    present += st->freq[s] != 0;
+  }
+  st->cum[256] = c;
+  st->n_present = present;
+  st->n_esc = st->counts[HL_RANS_ESC];
+  st->n_streams = hl_div_up(st->n_codes, HL_RANS_CHUNK);
+}
+
+// One thread a stream, encoding backwards (encode_stream in rans_cpu.cc): bytes are written
+// downwards from the end of the stream's slot, so [start, slot end) is the state followed by
+// the bytes in the order the decoder reads them.
+__global__ void rans_encode_kernel(const EncodeState* st, uint64_t max_streams, uint8_t* slots,
+                                   uint64_t* stream_len) {
+  __shared__ uint32_t freq[256], cum[256];
+  for (unsigned t = threadIdx.x; t < 256; t += blockDim.x) {
+    freq[t] = st->freq[t];
+    cum[t] = st->cum[t];
+  }
+  __syncthreads();
+  const uint64_t n = st->n_codes;
+  const uint64_t ns = hl_div_up(n, HL_RANS_CHUNK);
+  const uint32_t* z = st->ucodes;
+  HL_GRID_STRIDE(k, max_streams) {
+    if (k >= ns) {
+      stream_len[k] = 0;
+      continue;
+    }
+    const uint64_t lo = k * HL_RANS_CHUNK, hi = lo + HL_RANS_CHUNK < n ? lo + HL_RANS_CHUNK : n;
+    uint8_t* end = slots + (k + 1) * kRansSlotBytes;
+    uint8_t* p = end;
+    uint32_t x = HL_RANS_L;
+    for (uint64_t i = hi; i-- > lo;) {
+      const uint32_t s = rans_symbol(z[i]);
+      const uint32_t f = freq[s];
+      const uint32_t x_max = ((HL_RANS_L >> HL_RANS_BITS) << 8) * f;
+      while (x >= x_max) {
+        *--p = (uint8_t)(x & 0xff);
+        x >>= 8;
+      }
+      x = ((x / f) << HL_RANS_BITS) + (x % f) + cum[s];
+    }
+    p -= 4;
+    put_le(p, x, 4);
+    stream_len[k] = (uint64_t)(end - p);
+  }
+}
+
+// Sizes both code sections, picks the level, places the outliers and decides the fallback.
+__global__ void decide_kernel(EncodeState* st, uint64_t n_rows, uint64_t max_streams,
+                              uint64_t max_frame, const uint64_t* out_count,
+                              const uint64_t* out_off, const uint64_t* stream_len,
+                              const uint64_t* stream_off) {
+  const uint64_t n_out = n_rows ? out_off[n_rows - 1] + out_count[n_rows - 1] : 0;
+  st->n_outliers = n_out;
+  bool entropy = false;
+  if (max_streams > 0 && st->n_codes > 0) {
+    const uint64_t data = stream_off[max_streams - 1] + stream_len[max_streams - 1];
+    const uint64_t code2 =
+        2 + 3ull * st->n_present + 4 + 4 * st->n_esc + 4 * st->n_streams + data;
+    entropy = code2 < st->code1_bytes;
+    if (entropy) st->code_bytes = code2;
+  }
+  st->level = entropy ? 2 : 1;
+  if (!entropy) st->code_bytes = st->code1_bytes;
+  st->outlier_off = st->code_off + st->code_bytes;
+  st->total = st->outlier_off + (uint64_t)HL_OUTLIER_BYTES * n_out;
+  st->fallback = !st->lossless && st->total > max_frame;
+}
+
+// Writes the level-2 section over the level-1 one (it is smaller), one block a stream: the
+// stream's bytes and length, and its escapes in order (block scan of the escape flags).
+__global__ void rans_write_kernel(const EncodeState* st, uint8_t* frame, const uint8_t* slots,
+                                  const uint64_t* stream_len, const uint64_t* stream_off,
+                                  const uint64_t* esc_off) {
+  typedef cub::BlockScan<uint32_t, kThreads> Scan;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  if (st->level != 2) return;
+  const uint64_t n = st->n_codes, ns = st->n_streams, n_esc = st->n_esc;
+  const uint32_t np = st->n_present;
+  uint8_t* sec = frame + st->code_off;
+  uint8_t* esc = sec + 2 + 3ull * np + 4;
+  uint8_t* lens = esc + 4 * n_esc;
+  uint8_t* data = lens + 4 * ns;
+  const uint32_t* z = st->ucodes;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    put_le(sec, np, 2);
+    uint8_t* t = sec + 2;
+    for (int s = 0; s < 256; ++s) {
+      if (!st->freq[s]) continue;
+      t[0] = (uint8_t)s;
+      put_le(t + 1, st->freq[s], 2);
+      t += 3;
+    }
+    put_le(t, n_esc, 4);
+  }
+  HL_BLOCK_STRIDE(k, ns) {
+    const uint64_t len = stream_len[k];
+    const uint8_t* src = slots + (k + 1) * kRansSlotBytes - len;
+    uint8_t* dst = data + stream_off[k];
+    for (uint64_t t = threadIdx.x; t < len; t += blockDim.x) dst[t] = src[t];
+    if (threadIdx.x == 0) put_le(lens + 4 * k, len, 4);
+    const uint64_t lo = k * HL_RANS_CHUNK, hi = lo + HL_RANS_CHUNK < n ? lo + HL_RANS_CHUNK : n;
+    uint64_t base = esc_off[k];
+    for (uint64_t t0 = lo; t0 < hi; t0 += blockDim.x) {
+      const uint64_t i = t0 + threadIdx.x;
+      const uint32_t v = i < hi ? z[i] : 0u;
+      const uint32_t flag = v >= HL_RANS_ESC;
+      uint32_t before, total;
+      Scan(scan_tmp).ExclusiveSum(flag, before, total);
+      if (flag) put_le(esc + 4 * (base + before), v, 4);
+      base += total;
+      __syncthreads();
+    }
+  }
+}
+
+// Outlier records in position order, one warp a unique row. The outlier test is repeated on
+// the raw value (the codes were zeroed); it is the same pure function as in quantize_kernel.
+template <int DT>
+__global__ void write_outliers_kernel(const EncodeState* st, const typename Elem<DT>::raw_t* x,
+                                      const uint32_t* first, uint64_t n_rows, uint64_t d,
+                                      const uint64_t* out_count, const uint64_t* out_off,
+                                      uint8_t* frame) {
+  if (st->lossless || st->fallback) return;
+  const bool identity = st->identity;
+  const uint64_t nu = st->n_unique;
+  const double step = st->step, inv_step = st->inv_step, eb = st->eb_abs;
+  uint8_t* rec = frame + st->outlier_off;
+  HL_WARP_STRIDE(u, n_rows) {
+    if (u >= nu) break;
+    if (out_count[u] == 0) continue;
+    const uint64_t r = identity ? u : first[u];
+    uint64_t k = out_off[u];
+    for (uint64_t i0 = 0; i0 < d; i0 += 32) {
+      const uint64_t i = i0 + lane_id();
+      bool out = false;
+      uint32_t raw = 0;
+      if (i < d) {
+        raw = x[r * d + i];
+        uint32_t z;
+        out = !quantize<DT>((typename Elem<DT>::raw_t)raw, inv_step, step, eb, &z);
+      }
+      const uint32_t b = __ballot_sync(kFull, out);
+      if (out) {
+        uint8_t* p = rec + HL_OUTLIER_BYTES * (k + __popc(b & ((1u << lane_id()) - 1)));
+        put_le(p, u * d + i, 8);
+        put_le(p + 8, raw, 4);
+      }
+      k += __popc(b);
+    }
+  }
+}
+
+__global__ void header_kernel(const EncodeState* st, uint8_t* frame, ShapeArg shape, int ndim,
+                              uint8_t dtype, uint8_t mode, double eb_param, uint64_t n_rows,
+                              uint64_t row_len) {
+  if (st->fallback) return;
+  HlFrameHeader h;
+  memset(&h, 0, sizeof(h));
+  h.magic = HL_MAGIC;
+  h.version = HL_VERSION;
+  h.dtype = dtype;
+  h.level = (uint8_t)st->level;
+  h.flags = (uint8_t)((mode == HL_MODE_REL ? HL_FLAG_REL : 0) |
+                      (st->lossless ? HL_FLAG_LOSSLESS : 0) |
+                      (st->n_unique == n_rows ? HL_FLAG_IDENTITY_MAP : 0));
+  h.ndim = (uint8_t)ndim;
+  h.eb_param = eb_param;
+  h.eb_abs = st->eb_abs;
+  h.n_rows = n_rows;
+  h.row_len = row_len;
+  h.n_unique = st->n_unique;
+  h.n_outliers = st->n_outliers;
+  h.map_bytes = st->map_bytes;
+  h.code_bytes = st->code_bytes;
+  h.outlier_bytes = (uint64_t)HL_OUTLIER_BYTES * st->n_outliers;
+  h.total_bytes = st->total;
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(&h);
+  for (int i = 0; i < HL_HEADER_BYTES; ++i) frame[i] = b[i];
+  for (int i = 0; i < ndim; ++i) put_le(frame + HL_HEADER_BYTES + 8 * i, (uint64_t)shape.d[i], 8);
+}
+
+// The header was written with a zero checksum field, so the frame's words are summed as is.
+template <bool kAligned>
+__global__ void encode_checksum_kernel(EncodeState* st, const uint8_t* frame) {
+  if (st->fallback) return;
+  uint64_t sum = checksum_share<kAligned>(frame, st->total, false);
+  sum = block_reduce(sum, (uint64_t)0, SumOp());
+  if (threadIdx.x == 0) atomicAdd(&st->checksum_sum, (unsigned long long)sum);
+}
+
+__global__ void finish_kernel(const EncodeState* st, uint8_t* frame, ChunkResult* result) {
+  if (!st->fallback) put_le(frame + offsetof(HlFrameHeader, checksum),
+                            checksum_fold(st->checksum_sum, st->total), 4);
+  result->total = st->fallback ? 0 : st->total;
+  result->fallback = st->fallback;
+  result->error = st->error;
+}
+
+// ---- encoder host side -----------------------------------------------------------------------
+
+// One chunk to encode: a tensor of n_rows x row_len elements with the given shape.
+struct EncodeJob {
+  const void* x_dev;
+  uint8_t dtype, mode, level;
+  bool dedup;
+  double eb;
+  uint64_t n_rows, row_len;
+  int ndim;
+  ShapeArg shape;
+  uint8_t* frame_dev;  // room for max_frame bytes
+  uint64_t max_frame;
+
+  uint64_t n() const { return n_rows * row_len; }
+  // Map entries are uint32; the CPU codec has the same limit in practice (4 billion rows).
+  bool dedups() const { return dedup && n_rows > 1 && row_len > 0 && n_rows <= 0xffffffffull; }
+  uint64_t max_streams() const { return level == 2 ? hl_div_up(n(), HL_RANS_CHUNK) : 0; }
+};
+
+// Scratch sized for the largest job; jobs run one after another on the stream and share it.
+struct EncodeScratch {
+  uint32_t *codes, *gathered;
+  uint8_t* row_outlier;
+  uint64_t *keys, *keys_sorted;
+  uint32_t *rows, *rows_sorted, *first_of, *flag, *uid, *map, *first;
+  uint64_t *out_count, *out_off;
+  uint64_t *width, *word_off;
+  uint8_t* slots;
+  uint64_t *stream_len, *stream_off, *esc_count, *esc_off;
+  CubScratch cub;
+};
+
+void plan_encode_scratch(const std::vector<EncodeJob>& jobs, Workspace* ws, EncodeScratch* s) {
+  uint64_t rows = 0, elems = 0, dedup_rows = 0, dedup_elems = 0, blocks = 0, streams = 0;
+  size_t cub_bytes = 0;
+  for (const EncodeJob& j : jobs) {
+    const uint64_t n = j.n(), nb = hl_div_up(n > j.n_rows ? n : j.n_rows, HL_BLOCK);
+    rows = std::max(rows, j.n_rows);
+    elems = std::max(elems, n);
+    blocks = std::max(blocks, nb);
+    streams = std::max(streams, j.max_streams());
+    if (j.dedups()) {
+      dedup_rows = std::max(dedup_rows, j.n_rows);
+      dedup_elems = std::max(dedup_elems, n);
+      cub_need(&cub_bytes, [&](void* t, size_t& b) {
+        return cub_sort_pairs(t, b, nullptr, nullptr, nullptr, nullptr, j.n_rows, 0);
+      });
+      cub_need(&cub_bytes, [&](void* t, size_t& b) {
+        return cub_exclusive_sum<uint32_t>(t, b, nullptr, nullptr, j.n_rows, 0);
+      });
+    }
+    cub_need(&cub_bytes, [&](void* t, size_t& b) {
+      return cub_exclusive_sum<uint64_t>(t, b, nullptr, nullptr, std::max(j.n_rows, nb), 0);
+    });
+    cub_need(&cub_bytes, [&](void* t, size_t& b) {
+      return cub_exclusive_sum<uint64_t>(t, b, nullptr, nullptr, j.max_streams(), 0);
+    });
+  }
+  ws->reserve(&s->codes, elems);
+  ws->reserve(&s->gathered, dedup_elems);
+  ws->reserve(&s->row_outlier, rows);
+  ws->reserve(&s->keys, dedup_rows);
+  ws->reserve(&s->keys_sorted, dedup_rows);
+  ws->reserve(&s->rows, dedup_rows);
+  ws->reserve(&s->rows_sorted, dedup_rows);
+  ws->reserve(&s->first_of, dedup_rows);
+  ws->reserve(&s->flag, dedup_rows);
+  ws->reserve(&s->uid, dedup_rows);
+  ws->reserve(&s->map, dedup_rows);
+  ws->reserve(&s->first, dedup_rows);
+  ws->reserve(&s->out_count, rows);
+  ws->reserve(&s->out_off, rows);
+  ws->reserve(&s->width, blocks);
+  ws->reserve(&s->word_off, blocks);
+  ws->reserve(&s->slots, streams * kRansSlotBytes);
+  ws->reserve(&s->stream_len, streams);
+  ws->reserve(&s->stream_off, streams);
+  ws->reserve(&s->esc_count, streams);
+  ws->reserve(&s->esc_off, streams);
+  ws->reserve_bytes(&s->cub.tmp, cub_bytes);
+  s->cub.bytes = cub_bytes;
+}
+
+template <int SEC>
+void pack_section(EncodeState* st, const uint32_t* map, uint64_t max_count, uint8_t* frame,
+                  const EncodeScratch& s, cudaStream_t stream) {
+  const uint64_t max_blocks = hl_div_up(max_count, HL_BLOCK);
+  if (max_blocks == 0) return;
+  const uint64_t grid = grid_for(max_blocks, kWarpsPerBlock);
+  launch("block_widths", block_widths_kernel<SEC>, grid, kThreads, stream, st, map, max_blocks,
+         s.width);
+  cub_run("scan of block widths", s.cub, [&](void* t, size_t& b) {
+    return cub_exclusive_sum<uint64_t>(t, b, s.width, s.word_off, max_blocks, stream);
+  });
+  launch("pack_blocks", pack_blocks_kernel<SEC>, grid, kThreads, stream, st, map, frame, s.width,
+         s.word_off);
+}
+
+template <int DT>
+void enqueue_encode(const EncodeJob& j, const EncodeScratch& s, EncodeState* st,
+                    ChunkResult* result, bool force_lossless, cudaStream_t stream) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  const raw_t* x = static_cast<const raw_t*>(j.x_dev);
+  const uint64_t R = j.n_rows, d = j.row_len, n = j.n();
+  const uint64_t elem_grid = grid_for(n, kThreads), row_grid = grid_for(R, kWarpsPerBlock);
+
+  launch("init_state", init_state_kernel, 1, kThreads, stream, st);
+  const bool ranged = j.mode == HL_MODE_REL && j.eb > 0;
+  if (ranged) launch("finite_range", finite_range_kernel<DT>, elem_grid, kThreads, stream, x, n, st);
+  launch("prepare", prepare_kernel, 1, 1, stream, st, j.eb, j.mode == HL_MODE_REL, ranged,
+         force_lossless);
+  if (R) HL_CUDA_CHECK(cudaMemsetAsync(s.row_outlier, 0, R, stream));
+  launch("quantize", quantize_kernel<DT>, elem_grid, kThreads, stream, x, n, d, st, s.codes,
+         s.row_outlier);
+
+  const bool dedup = j.dedups();
+  if (dedup) {
+    launch("row_hash", row_hash_kernel<DT>, row_grid, kThreads, stream, x, s.codes, R, d, st,
+           s.keys, s.rows);
+    cub_run("sort of row hashes", s.cub, [&](void* t, size_t& b) {
+      return cub_sort_pairs(t, b, s.keys, s.keys_sorted, s.rows, s.rows_sorted, R, stream);
+    });
+    launch("first_occurrence", first_occurrence_kernel<DT>, row_grid, kThreads, stream, x,
+           s.codes, R, d, st, s.keys_sorted, s.rows_sorted, s.first_of);
+    launch("unique_flags", unique_flags_kernel, grid_for(R, kThreads), kThreads, stream,
+           s.first_of, R, s.flag);
+    cub_run("scan of unique flags", s.cub, [&](void* t, size_t& b) {
+      return cub_exclusive_sum<uint32_t>(t, b, s.flag, s.uid, R, stream);
+    });
+    launch("row_map", row_map_kernel, grid_for(R, kThreads), kThreads, stream, s.first_of,
+           s.flag, s.uid, R, s.map, s.first, st);
+  }
+  launch("rows_layout", rows_layout_kernel, 1, 1, stream, st, R, d, dedup, j.ndim, s.codes,
+         s.gathered);
+  if (dedup)
+    launch("gather_unique", gather_unique_kernel, row_grid, kThreads, stream, st, s.codes,
+           s.first, d, s.gathered);
+  if (R) {
+    launch("count_outliers", count_outliers_kernel, row_grid, kThreads, stream, st, s.row_outlier,
+           s.first, R, d, s.out_count);
+    cub_run("scan of outlier counts", s.cub, [&](void* t, size_t& b) {
+      return cub_exclusive_sum<uint64_t>(t, b, s.out_count, s.out_off, R, stream);
+    });
+  }
+
+  pack_section<kMapSection>(st, s.map, dedup ? R : 0, j.frame_dev, s, stream);
+  launch("code_layout", code_layout_kernel, 1, 1, stream, st);
+  pack_section<kCodeSection>(st, s.map, n, j.frame_dev, s, stream);
+
+  const uint64_t ms = j.max_streams();
+  if (ms) {
+    launch("rans_histogram", rans_histogram_kernel, grid_for(ms, 1), kThreads, stream, st, ms,
+           s.esc_count);
+    launch("rans_table", rans_table_kernel, 1, 1, stream, st);
+    cub_run("scan of escape counts", s.cub, [&](void* t, size_t& b) {
+      return cub_exclusive_sum<uint64_t>(t, b, s.esc_count, s.esc_off, ms, stream);
+    });
+    // Few threads a block: each runs a long serial loop, so spread them over the SMs.
+    launch("rans_encode", rans_encode_kernel, hl_div_up(ms, 32), 32, stream, st, ms, s.slots,
+           s.stream_len);
+    cub_run("scan of stream sizes", s.cub, [&](void* t, size_t& b) {
+      return cub_exclusive_sum<uint64_t>(t, b, s.stream_len, s.stream_off, ms, stream);
+    });
+  }
+  launch("decide", decide_kernel, 1, 1, stream, st, R, ms, j.max_frame, s.out_count, s.out_off,
+         s.stream_len, s.stream_off);
+  if (ms)
+    launch("rans_write", rans_write_kernel, grid_for(ms, 1), kThreads, stream, st, j.frame_dev,
+           s.slots, s.stream_len, s.stream_off, s.esc_off);
+  if (n)
+    launch("write_outliers", write_outliers_kernel<DT>, row_grid, kThreads, stream, st, x, s.first,
+           R, d, s.out_count, s.out_off, j.frame_dev);
+  launch("header", header_kernel, 1, 1, stream, st, j.frame_dev, j.shape, j.ndim, j.dtype, j.mode,
+         j.eb, R, d);
+  const uint64_t word_grid = grid_for(hl_div_up(j.max_frame, 8), kThreads);
+  if (reinterpret_cast<uintptr_t>(j.frame_dev) % 8 == 0)
+    launch("checksum", encode_checksum_kernel<true>, word_grid, kThreads, stream, st, j.frame_dev);
+  else
+    launch("checksum", encode_checksum_kernel<false>, word_grid, kThreads, stream, st, j.frame_dev);
+  launch("finish", finish_kernel, 1, 1, stream, st, j.frame_dev, result);
+}
+
+struct JobOutcome {
+  uint64_t total;
+  uint32_t error;
+};
+
+// Encodes every job into its frame_dev; a job whose lossy frame would exceed max_frame is
+// encoded again lossless. Returns sizes once known on the host.
+std::vector<JobOutcome> encode_jobs(const std::vector<EncodeJob>& jobs, cudaStream_t stream) {
+  const size_t n = jobs.size();
+  Workspace ws(stream);
+  EncodeScratch s;
+  plan_encode_scratch(jobs, &ws, &s);
+  EncodeState* states;
+  ChunkResult* results;
+  ws.reserve(&states, n);
+  ws.reserve(&results, n);
+  ws.allocate();
+
+  auto run = [&](size_t i, bool force_lossless) {
+    with_dtype(jobs[i].dtype, [&](auto dt) {
+      enqueue_encode<decltype(dt)::value>(jobs[i], s, states + i, results + i, force_lossless,
+                                          stream);
+    });
+  };
+  for (size_t i = 0; i < n; ++i) run(i, false);
+  std::vector<ChunkResult> res(n);
+  memcpy(res.data(), fetch(results, n * sizeof(ChunkResult), stream), n * sizeof(ChunkResult));
+  bool again = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (res[i].fallback && !res[i].error) {
+      run(i, true);
+      again = true;
+    }
+  }
+  if (again)
+    memcpy(res.data(), fetch(results, n * sizeof(ChunkResult), stream), n * sizeof(ChunkResult));
+  std::vector<JobOutcome> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!res[i].error && (res[i].fallback || res[i].total < HL_HEADER_BYTES))
+      throw CodecError("CUDA encoder produced no frame for chunk " + std::to_string(i));
+    out[i] = {res[i].total, res[i].error};
+  }
+  return out;
+}
+
+std::string bound_overflow_message(double eb) {
+  return "error_bound " + std::to_string(eb) + " times the value range overflows a double";
+}
+
+// shape_to_rows (codec_cpu.cc): rows and row length of a shape.
+void rows_of(const std::vector<int64_t>& shape, uint64_t* n_rows, uint64_t* row_len) {
+  if (shape.size() > HL_MAX_NDIM)
+    throw ArgumentError("tensor has " + std::to_string(shape.size()) + " dimensions, at most " +
+                        std::to_string(HL_MAX_NDIM) + " supported");
+  uint64_t rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) {
+    if (shape[i] < 0) throw ArgumentError("negative dimension " + std::to_string(shape[i]));
+    rows *= (uint64_t)shape[i];
+  }
+  *n_rows = shape.size() <= 1 ? 1 : rows;
+  *row_len = shape.empty() ? 1 : (uint64_t)shape.back();
+}
+
+EncodeJob make_job(const void* x_dev, const CompressParams& p, const std::vector<int64_t>& shape,
+                   uint8_t* frame_dev) {
+  EncodeJob j;
+  j.x_dev = x_dev;
+  j.dtype = p.dtype;
+  j.mode = p.mode;
+  j.level = p.level;
+  j.dedup = p.dedup;
+  j.eb = p.error_bound;
+  rows_of(shape, &j.n_rows, &j.row_len);
+  j.ndim = (int)shape.size();
+  for (int i = 0; i < HL_MAX_NDIM; ++i) j.shape.d[i] = i < j.ndim ? shape[i] : 0;
+  j.frame_dev = frame_dev;
+  j.max_frame = hl_max_frame_bytes(j.n_rows, j.row_len, j.ndim);
+  return j;
+}
+
+// =============================================================================================
+// Decoder
+// =============================================================================================
+
+// Error bits, in the order the CPU decoder checks (the first set one is reported).
+enum DecodeError : uint32_t {
+  kErrChecksum = 1u << 0,
+  kErrCodeSection = 1u << 1,
+  kErrEntropy = 1u << 2,
+  kErrLosslessRange = 1u << 3,
+  kErrOutlier = 1u << 4,
+  kErrMapSection = 1u << 5,
+  kErrMapEntry = 1u << 6,
+};
+
+struct alignas(16) DecodeState {
+  uint32_t error;     // DecodeError bits
+  uint32_t checksum;  // as computed
+  unsigned long long sum;
+  uint64_t esc_off, lens_off, data_off, n_esc;  // level 2, offsets in the code section
+  uint32_t freq[256];
+  uint32_t cum[257];
+};
+
+__device__ __forceinline__ void flag(DecodeState* ds, uint32_t bit) { atomicOr(&ds->error, bit); }
+
+// Whether an earlier stage flagged the frame. Other blocks of the running kernel may flag it
+// meanwhile, so one thread reads the word for the whole block: kernels with warp or block
+// collectives must not let some of their threads leave early.
+__device__ bool block_stopped(const DecodeState* ds) {
+  __shared__ uint32_t seen;
+  if (threadIdx.x == 0) seen = *reinterpret_cast<const volatile uint32_t*>(&ds->error);
+  __syncthreads();
+  return seen != 0;
+}
+
+template <bool kAligned>
+__global__ void decode_checksum_kernel(const uint8_t* frame, uint64_t size, DecodeState* ds) {
+  uint64_t sum = checksum_share<kAligned>(frame, size, true);
+  sum = block_reduce(sum, (uint64_t)0, SumOp());
+  if (threadIdx.x == 0) atomicAdd(&ds->sum, (unsigned long long)sum);
+}
+
+__global__ void checksum_verdict_kernel(DecodeState* ds, uint64_t size, uint32_t expected) {
+  ds->checksum = checksum_fold(ds->sum, size);
+  if (ds->checksum != expected) flag(ds, kErrChecksum);
+}
+
+// Widths of a packed section; a width over max_width is flagged and read as 0 so that the
+// offsets stay inside the section.
+__global__ void read_widths_kernel(const uint8_t* sec, uint64_t nb, uint32_t max_width,
+                                   uint64_t* width, DecodeState* ds, uint32_t err) {
+  HL_GRID_STRIDE(b, nb) {
+    uint32_t w = sec[b];
+    if (w > max_width) {
+      flag(ds, err);
+      w = 0;
+    }
+    width[b] = w;
+  }
+}
+
+// The section must hold exactly its widths and their payloads (unpack_blocks in pack.cc).
+__global__ void section_size_kernel(uint64_t nb, uint64_t len, const uint64_t* width,
+                                    const uint64_t* word_off, DecodeState* ds, uint32_t err) {
+  const uint64_t need = nb + (nb ? 4 * (word_off[nb - 1] + width[nb - 1]) : 0);
+  if (need != len) flag(ds, err);
+}
+
+// Receives unpacked codes: dequantizes into the unique rows (or checks and stores raw bits).
+template <int DT>
+struct CodeSink {
+  typename Elem<DT>::raw_t* u;
+  double step;
+  bool lossless;
+  __device__ void operator()(uint64_t i, uint32_t v, DecodeState* ds) const {
+    if (lossless) {
+      if (sizeof(typename Elem<DT>::raw_t) == 2 && v > 0xffffu) flag(ds, kErrLosslessRange);
+      u[i] = (typename Elem<DT>::raw_t)v;
+    } else {
+      u[i] = reconstruct<DT>(unzigzag(v), step);
+    }
+  }
+};
+
+struct MapSink {
+  uint32_t* map;
+  __device__ void operator()(uint64_t i, uint32_t v, DecodeState*) const { map[i] = v; }
+};
+
+// One warp a block: lane j loads word j, every lane collects its bit of each word.
+template <typename Sink>
+__global__ void unpack_blocks_kernel(const uint8_t* sec, uint64_t len, uint64_t n,
+                                     const uint64_t* width, const uint64_t* word_off,
+                                     DecodeState* ds, uint32_t err, Sink sink) {
+  if (block_stopped(ds)) return;
+  const uint64_t nb = hl_div_up(n, HL_BLOCK);
+  HL_WARP_STRIDE(b, nb) {
+    const uint32_t w = (uint32_t)width[b];
+    const uint64_t off = nb + 4 * word_off[b];
+    if (w > 32 || off + 4ull * w > len) {  // excluded by the size check; guards the reads
+      if (lane_id() == 0) flag(ds, err);
+      continue;
+    }
+    const uint32_t word = lane_id() < w ? (uint32_t)get_le(sec + off + 4 * lane_id(), 4) : 0u;
+    uint32_t v = 0;
+    for (uint32_t j = 0; j < w; ++j) v |= ((__shfl_sync(kFull, word, j) >> lane_id()) & 1u) << j;
+    const uint64_t i = b * HL_BLOCK + lane_id();
+    if (i < n) sink(i, v, ds);
+  }
+}
+
+// Level 2 table and layout (rans_decode's reader, one thread).
+__global__ void rans_parse_kernel(const uint8_t* sec, uint64_t len, uint64_t n, DecodeState* ds) {
+  if (ds->error) return;
+  uint64_t pos = 0;
+  if (len < 2) return flag(ds, kErrEntropy);
+  const uint32_t np = (uint32_t)get_le(sec, 2);
+  pos = 2;
+  if (np < 1 || np > 256 || 3ull * np > len - pos) return flag(ds, kErrEntropy);
+  int prev = -1;
+  for (uint32_t i = 0; i < np; ++i) {
+    const int sym = sec[pos];
+    const uint32_t f = (uint32_t)get_le(sec + pos + 1, 2);
+    pos += 3;
+    if (sym <= prev || f == 0) return flag(ds, kErrEntropy);
+    ds->freq[sym] = f;
+    prev = sym;
+  }
+  uint32_t c = 0;
+  for (int s = 0; s < 256; ++s) {
+    ds->cum[s] = c;
+    c += ds->freq[s];
+  }
+  ds->cum[256] = c;
+  if (c != (1u << HL_RANS_BITS)) return flag(ds, kErrEntropy);
+  if (4 > len - pos) return flag(ds, kErrEntropy);
+  const uint64_t n_esc = get_le(sec + pos, 4);
+  pos += 4;
+  if (n_esc > n || 4 * n_esc > len - pos) return flag(ds, kErrEntropy);
+  ds->esc_off = pos;
+  ds->n_esc = n_esc;
+  pos += 4 * n_esc;
+  const uint64_t ns = hl_div_up(n, HL_RANS_CHUNK);
+  if (4 * ns > len - pos) return flag(ds, kErrEntropy);
+  ds->lens_off = pos;
+  ds->data_off = pos + 4 * ns;
+}
+
+__global__ void rans_lengths_kernel(const uint8_t* sec, uint64_t ns, const DecodeState* ds,
+                                    uint64_t* stream_len) {
+  const bool ok = ds->error == 0;
+  const uint64_t lens = ds->lens_off;
+  HL_GRID_STRIDE(k, ns) stream_len[k] = ok ? get_le(sec + lens + 4 * k, 4) : 0;
+}
+
+// The streams must fill the rest of the section exactly.
+__global__ void rans_extent_kernel(uint64_t len, uint64_t ns, const uint64_t* stream_len,
+                                   const uint64_t* stream_off, DecodeState* ds) {
+  if (ds->error) return;
+  const uint64_t data = stream_off[ns - 1] + stream_len[ns - 1];
+  if (ds->data_off > len || data != len - ds->data_off) flag(ds, kErrEntropy);
+}
+
+// One thread a stream (rans_decode in rans_cpu.cc): symbols, and escapes per stream.
+__global__ void rans_decode_kernel(const uint8_t* sec, uint64_t n, const uint64_t* stream_len,
+                                   const uint64_t* stream_off, DecodeState* ds, uint8_t* sym,
+                                   uint64_t* esc_count) {
+  __shared__ uint8_t lut[1u << HL_RANS_BITS];
+  __shared__ uint32_t freq[256], cum[256];
+  if (block_stopped(ds)) return;
+  for (unsigned s = threadIdx.x; s < 256; s += blockDim.x) {
+    const uint32_t f = ds->freq[s], c = ds->cum[s];
+    freq[s] = f;
+    cum[s] = c;
+    for (uint32_t k = c; k < c + f && k < (1u << HL_RANS_BITS); ++k) lut[k] = (uint8_t)s;
+  }
+  __syncthreads();
+  const uint8_t* data = sec + ds->data_off;
+  const uint64_t ns = hl_div_up(n, HL_RANS_CHUNK);
+  HL_GRID_STRIDE(k, ns) {
+    const uint64_t lo = k * HL_RANS_CHUNK, hi = lo + HL_RANS_CHUNK < n ? lo + HL_RANS_CHUNK : n;
+    const uint8_t* p = data + stream_off[k];
+    const uint8_t* end = p + stream_len[k];
+    uint64_t esc = 0;
+    bool bad = end - p < 4;
+    uint32_t x = 0;
+    if (!bad) {
+      x = (uint32_t)get_le(p, 4);
+      p += 4;
+      bad = x < HL_RANS_L || x >= (HL_RANS_L << 8);
+    }
+    for (uint64_t i = lo; i < hi && !bad; ++i) {
+      const uint32_t slot = x & ((1u << HL_RANS_BITS) - 1);
+      const uint32_t s = lut[slot];
+      sym[i] = (uint8_t)s;
+      esc += s == HL_RANS_ESC;
+      x = freq[s] * (x >> HL_RANS_BITS) + slot - cum[s];
+      while (x < HL_RANS_L) {
+        if (p == end) {
+          bad = true;
+          break;
+        }
+        x = (x << 8) | *p++;
+      }
+    }
+    if (!bad && (x != HL_RANS_L || p != end)) bad = true;
+    if (bad) flag(ds, kErrEntropy);
+    esc_count[k] = esc;
+  }
+}
+
+__global__ void rans_escape_total_kernel(uint64_t ns, const uint64_t* esc_count,
+                                         const uint64_t* esc_off, DecodeState* ds) {
+  if (ds->error) return;
+  if (esc_off[ns - 1] + esc_count[ns - 1] != ds->n_esc) flag(ds, kErrEntropy);
+}
+
+// One block a stream: escapes resolved in order (block scan), then the codes go to the sink.
+// Each thread takes a contiguous run of HL_RANS_CHUNK / kThreads codes.
+template <typename Sink>
+__global__ void rans_finish_kernel(const uint8_t* sec, uint64_t n, const uint8_t* sym,
+                                   const uint64_t* esc_off, DecodeState* ds, Sink sink) {
+  typedef cub::BlockScan<uint32_t, kThreads> Scan;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  constexpr uint32_t kRun = HL_RANS_CHUNK / kThreads;
+  static_assert(HL_RANS_CHUNK % kThreads == 0, "streams split evenly over the block");
+  if (block_stopped(ds)) return;
+  const uint8_t* esc = sec + ds->esc_off;
+  const uint64_t n_esc = ds->n_esc;
+  const uint64_t ns = hl_div_up(n, HL_RANS_CHUNK);
+  HL_BLOCK_STRIDE(k, ns) {
+    const uint64_t hi = (k + 1) * HL_RANS_CHUNK < n ? (k + 1) * HL_RANS_CHUNK : n;
+    const uint64_t lo = k * HL_RANS_CHUNK + (uint64_t)threadIdx.x * kRun;
+    uint32_t mine = 0;
+    for (uint64_t i = lo; i < lo + kRun && i < hi; ++i) mine += sym[i] == HL_RANS_ESC;
+    uint32_t before;
+    Scan(scan_tmp).ExclusiveSum(mine, before);
+    uint64_t g = esc_off[k] + before;
+    for (uint64_t i = lo; i < lo + kRun && i < hi; ++i) {
+      uint32_t v = sym[i];
+      if (v == HL_RANS_ESC) {
+        if (g < n_esc) {
+          v = (uint32_t)get_le(esc + 4 * g, 4);
+          if (v < HL_RANS_ESC) flag(ds, kErrEntropy);
+        } else {
+          flag(ds, kErrEntropy);
+        }
+        ++g;
+      }
+      sink(i, v, ds);
+    }
+    __syncthreads();
+  }
+}
+
+// Outlier records must be in range and strictly increasing (so no two threads write one
+// element); fp16/bf16 raw bits must fit 16 bits.
+template <int DT>
+__global__ void scatter_outliers_kernel(const uint8_t* rec, uint64_t n_out, uint64_t nu,
+                                        typename Elem<DT>::raw_t* u, DecodeState* ds) {
+  if (ds->error) return;
+  HL_GRID_STRIDE(k, n_out) {
+    const uint64_t pos = get_le(rec + HL_OUTLIER_BYTES * k, 8);
+    const uint32_t raw = (uint32_t)get_le(rec + HL_OUTLIER_BYTES * k + 8, 4);
+    const bool ordered = k == 0 || pos > get_le(rec + HL_OUTLIER_BYTES * (k - 1), 8);
+    if (pos >= nu || !ordered ||
+        (sizeof(typename Elem<DT>::raw_t) == 2 && raw > 0xffffu)) {
+      flag(ds, kErrOutlier);
+      continue;
+    }
+    u[pos] = (typename Elem<DT>::raw_t)raw;
+  }
+}
+
+// The map numbers unique rows by first occurrence: each entry is at most one more than the
+// largest before it, and the largest is n_unique - 1.
+__global__ void check_map_kernel(const uint32_t* map, const uint32_t* prefix_max, uint64_t n_rows,
+                                 uint64_t n_unique, DecodeState* ds) {
+  if (ds->error) return;
+  HL_GRID_STRIDE(r, n_rows) {
+    const uint64_t allowed = r ? (uint64_t)prefix_max[r - 1] + 1 : 0;
+    if (map[r] > allowed || map[r] >= n_unique) flag(ds, kErrMapEntry);
+    if (r == n_rows - 1 && (uint64_t)prefix_max[r] + 1 != n_unique) flag(ds, kErrMapEntry);
+  }
+}
+
+template <int DT>
+__global__ void gather_rows_kernel(const typename Elem<DT>::raw_t* u, const uint32_t* map,
+                                   uint64_t n_rows, uint64_t d, uint64_t n_unique,
+                                   typename Elem<DT>::raw_t* out, DecodeState* ds) {
+  if (ds->error) return;
+  HL_WARP_STRIDE(r, n_rows) {
+    const uint64_t m = map[r];
+    if (m >= n_unique) continue;
+    for (uint64_t i = lane_id(); i < d; i += 32) out[r * d + i] = u[m * d + i];
+  }
+}
+
+// ---- decoder host side -----------------------------------------------------------------------
+
+struct DecodeScratch {
+  uint64_t *width, *word_off;
+  uint8_t* uniq;
+  uint8_t* sym;
+  uint64_t *stream_len, *stream_off, *esc_count, *esc_off;
+  uint32_t *map, *prefix_max;
+  DecodeState* ds;
+  CubScratch cub;
+};
+
+template <typename Sink>
+void unpack_section(const uint8_t* sec, uint64_t len, uint64_t n, uint32_t err, Sink sink,
+                    const DecodeScratch& s, cudaStream_t stream) {
+  const uint64_t nb = hl_div_up(n, HL_BLOCK);
+  if (nb > len)  // parse_header rules this out; the kernels below rely on it
+    throw FrameError("frame is corrupted: a packed section of " + std::to_string(len) +
+                     " bytes is too small for the widths of " + std::to_string(nb) + " blocks");
+  launch("read_widths", read_widths_kernel, grid_for(nb, kThreads), kThreads, stream, sec, nb,
+         32u, s.width, s.ds, err);
+  if (nb)
+    cub_run("scan of block widths", s.cub, [&](void* t, size_t& b) {
+      return cub_exclusive_sum<uint64_t>(t, b, s.width, s.word_off, nb, stream);
+    });
+  launch("section_size", section_size_kernel, 1, 1, stream, nb, len, s.width, s.word_off, s.ds,
+         err);
+  launch("unpack_blocks", unpack_blocks_kernel<Sink>, grid_for(nb, kWarpsPerBlock), kThreads,
+         stream, sec, len, n, s.width, s.word_off, s.ds, err, sink);
+}
+
+template <int DT>
+void enqueue_decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v,
+                    const DecodeScratch& s, cudaStream_t stream) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  raw_t* out = static_cast<raw_t*>(out_v);
+  const uint64_t R = h.n_rows, d = h.row_len, nu = h.n_unique * d;
+  const bool identity = h.flags & HL_FLAG_IDENTITY_MAP;
+  const uint8_t* map_p = frame + HL_HEADER_BYTES + 8ull * h.ndim;
+  const uint8_t* code_p = map_p + h.map_bytes;
+  const uint8_t* out_p = code_p + h.code_bytes;
+  raw_t* u = identity ? out : reinterpret_cast<raw_t*>(s.uniq);
+  const CodeSink<DT> sink{u, 2.0 * h.eb_abs, (h.flags & HL_FLAG_LOSSLESS) != 0};
+
+  if (h.level == 1) {
+    unpack_section(code_p, h.code_bytes, nu, kErrCodeSection, sink, s, stream);
+  } else {
+    const uint64_t ns = hl_div_up(nu, HL_RANS_CHUNK);  // >= 1: parse_header rejects empty level 2
+    launch("rans_parse", rans_parse_kernel, 1, 1, stream, code_p, h.code_bytes, nu, s.ds);
+    launch("rans_lengths", rans_lengths_kernel, grid_for(ns, kThreads), kThreads, stream, code_p,
+           ns, s.ds, s.stream_len);
+    cub_run("scan of stream sizes", s.cub, [&](void* t, size_t& b) {
+      return cub_exclusive_sum<uint64_t>(t, b, s.stream_len, s.stream_off, ns, stream);
+    });
+    launch("rans_extent", rans_extent_kernel, 1, 1, stream, h.code_bytes, ns, s.stream_len,
+           s.stream_off, s.ds);
+    launch("rans_decode", rans_decode_kernel, hl_div_up(ns, 32), 32, stream, code_p, nu,
+           s.stream_len, s.stream_off, s.ds, s.sym, s.esc_count);
+    cub_run("scan of escape counts", s.cub, [&](void* t, size_t& b) {
+      return cub_exclusive_sum<uint64_t>(t, b, s.esc_count, s.esc_off, ns, stream);
+    });
+    launch("rans_escape_total", rans_escape_total_kernel, 1, 1, stream, ns, s.esc_count,
+           s.esc_off, s.ds);
+    launch("rans_finish", rans_finish_kernel<CodeSink<DT>>, grid_for(ns, 1), kThreads, stream,
+           code_p, nu, s.sym, s.esc_off, s.ds, sink);
+  }
+  launch("scatter_outliers", scatter_outliers_kernel<DT>, grid_for(h.n_outliers, kThreads),
+         kThreads, stream, out_p, h.n_outliers, nu, u, s.ds);
+  if (identity) return;
+  unpack_section(map_p, h.map_bytes, R, kErrMapSection, MapSink{s.map}, s, stream);
+  if (R) {
+    cub_run("prefix max of the row map", s.cub, [&](void* t, size_t& b) {
+      return cub_prefix_max(t, b, s.map, s.prefix_max, R, stream);
+    });
+  }
+  launch("check_map", check_map_kernel, grid_for(R, kThreads), kThreads, stream, s.map,
+         s.prefix_max, R, h.n_unique, s.ds);
+  launch("gather_rows", gather_rows_kernel<DT>, grid_for(R, kWarpsPerBlock), kThreads, stream, u,
+         s.map, R, d, h.n_unique, out, s.ds);
+}
+
+void plan_decode_scratch(const HlFrameHeader& h, Workspace* ws, DecodeScratch* s) {
+  const uint64_t nu = h.n_unique * h.row_len;
+  const bool identity = h.flags & HL_FLAG_IDENTITY_MAP;
+  const uint64_t map_rows = identity ? 0 : h.n_rows;
+  const uint64_t nb = hl_div_up(std::max(h.level == 1 ? nu : 0, map_rows), HL_BLOCK);
+  const uint64_t ns = h.level == 2 ? hl_div_up(nu, HL_RANS_CHUNK) : 0;
+  size_t cub_bytes = 0;
+  cub_need(&cub_bytes, [&](void* t, size_t& b) {
+    return cub_exclusive_sum<uint64_t>(t, b, nullptr, nullptr, std::max(nb, ns), 0);
+  });
+  if (map_rows)
+    cub_need(&cub_bytes, [&](void* t, size_t& b) {
+      return cub_prefix_max(t, b, nullptr, nullptr, map_rows, 0);
+    });
+  ws->reserve(&s->width, nb);
+  ws->reserve(&s->word_off, nb);
+  ws->reserve(&s->uniq, identity ? 0 : nu * hl_elem_bytes(h.dtype));
+  ws->reserve(&s->sym, h.level == 2 ? nu : 0);
+  ws->reserve(&s->stream_len, ns);
+  ws->reserve(&s->stream_off, ns);
+  ws->reserve(&s->esc_count, ns);
+  ws->reserve(&s->esc_off, ns);
+  ws->reserve(&s->map, map_rows);
+  ws->reserve(&s->prefix_max, map_rows);
+  ws->reserve(&s->ds, 1);
+  ws->reserve_bytes(&s->cub.tmp, cub_bytes);
+  s->cub.bytes = cub_bytes;
+}
+
+[[noreturn]] void raise_decode_error(uint32_t err, uint32_t computed, uint32_t stored,
+                                     const HlFrameHeader& h) {
+  char buf[160];
+  if (err & kErrChecksum) {
+    snprintf(buf, sizeof(buf), "frame is corrupted: checksum 0x%08x, its header says 0x%08x",
+             computed, stored);
+    throw FrameError(buf);
+  }
+  if (err & kErrCodeSection)
+    throw FrameError("frame is corrupted: the code section's blocks do not match its " +
+                     std::to_string(h.code_bytes) + " bytes");
+  if (err & kErrEntropy)
+    throw FrameError("frame is corrupted: an entropy-coded stream does not decode");
+  if (err & kErrLosslessRange)
+    throw FrameError("frame is corrupted: a lossless code exceeds the dtype's bits");
+  if (err & kErrOutlier)
+    throw FrameError("frame is corrupted: an outlier is out of order or out of range (" +
+                     std::to_string(h.n_unique * h.row_len) + " elements)");
+  if (err & kErrMapSection)
+    throw FrameError("frame is corrupted: the row map's blocks do not match its " +
+                     std::to_string(h.map_bytes) + " bytes");
+  throw FrameError("frame is corrupted: the row map does not number rows by first occurrence");
+}
+
+}  // namespace
+}  // namespace gpu
+
+// =============================================================================================
+// Entry points (codec.h)
+// =============================================================================================
+
+uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
+                       const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
+                       void* stream_v) {
+  using namespace gpu;
+  check_params(p);
+  for (int64_t s : shape)
+    if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
+  EncodeJob job = make_job(input_dev, p, shape, nullptr);
+  DeviceScope scope(out_dev, "the output buffer");
+  // Straight into the caller's buffer when the worst case fits; otherwise into scratch, and the
+  // size is checked before copying (the CPU codec raises the same error).
+  const bool direct = out_cap >= job.max_frame;
+  uint8_t* frame = direct ? out_dev : static_cast<uint8_t*>(pool_alloc(job.max_frame, stream));
+  job.frame_dev = frame;
+  JobOutcome r;
+  try {
+    r = encode_jobs({job}, stream)[0];
+  } catch (...) {
+    if (!direct) cudaFreeAsync(frame, stream);
+    throw;
+  }
+  if (!direct && !r.error && r.total <= out_cap) {
+    cudaError_t e = cudaMemcpyAsync(out_dev, frame, r.total, cudaMemcpyDeviceToDevice, stream);
+    cudaFreeAsync(frame, stream);
+    check_cuda(e, "cudaMemcpyAsync of the frame");
+  } else if (!direct) {
+    cudaFreeAsync(frame, stream);
+  }
+  if (r.error) throw ArgumentError(bound_overflow_message(p.error_bound));
+  if (r.total > out_cap)
+    throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
+                        " bytes, the frame needs " + std::to_string(r.total));
+  return r.total;
+}
+
+std::vector<uint64_t> compress_many_cuda(const void* input_dev, const CompressParams& p,
+                                         const std::vector<int64_t>& rows,
+                                         const std::vector<int64_t>& trailing,
+                                         const std::vector<double>& error_bounds,
+                                         uint8_t* out_dev, uint64_t out_cap, void* stream_v) {
+  using namespace gpu;
+  // Argument checks in the order and words of compress_many_cpu.
+  check_params(p);
+  const size_t n = rows.size();
+  if (!error_bounds.empty() && error_bounds.size() != n)
+    throw ArgumentError("got " + std::to_string(error_bounds.size()) + " error bounds for " +
+                        std::to_string(n) + " chunks");
+  uint64_t row_elems = 1;
+  for (int64_t s : trailing) {
+    if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
+    row_elems *= (uint64_t)s;
+  }
+  const uint8_t* in = static_cast<const uint8_t*>(input_dev);
+  const uint64_t eb = hl_elem_bytes(p.dtype);
+  std::vector<EncodeJob> jobs;
+  std::vector<uint64_t> out_off(n + 1, 0);
+  uint64_t in_off = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (rows[i] < 0)
+      throw ArgumentError("chunk " + std::to_string(i) + " has " + std::to_string(rows[i]) +
+                          " rows, expected >= 0");
+    CompressParams pi = p;
+    if (!error_bounds.empty()) {
+      pi.error_bound = error_bounds[i];
+      check_params(pi);
+    }
+    std::vector<int64_t> shape{rows[i]};
+    shape.insert(shape.end(), trailing.begin(), trailing.end());
+    jobs.push_back(make_job(in + in_off * eb, pi, shape, nullptr));
+    in_off += (uint64_t)rows[i] * row_elems;
+    out_off[i + 1] = out_off[i] + jobs.back().max_frame;
+  }
+  if (out_off[n] > out_cap)
+    throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
+                        " bytes, the frames may need " + std::to_string(out_off[n]));
+  if (n == 0) return {};
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
+  DeviceScope scope(out_dev, "the output buffer");
+  for (size_t i = 0; i < n; ++i) jobs[i].frame_dev = out_dev + out_off[i];
+  std::vector<JobOutcome> res = encode_jobs(jobs, stream);
+  std::vector<uint64_t> sizes(n);
+  for (size_t i = 0; i < n; ++i) {
+    // compress_many_cpu reports a chunk's failure as CodecError.
+    if (res[i].error) throw CodecError(bound_overflow_message(jobs[i].eb));
+    sizes[i] = res[i].total;
+  }
+  // Close the gaps left by the worst-case slots, in order. A frame whose slot overlaps its
+  // destination goes through a bounce buffer (cudaMemcpyAsync needs disjoint ranges).
+  uint64_t w = 0, largest = 0;
+  for (size_t i = 0; i < n; ++i) largest = std::max(largest, sizes[i]);
+  uint8_t* bounce = nullptr;
+  try {
+    for (size_t i = 0; i < n; ++i) {
+      if (w != out_off[i]) {
+        if (out_off[i] - w >= sizes[i]) {
+          HL_CUDA_CHECK(cudaMemcpyAsync(out_dev + w, out_dev + out_off[i], sizes[i],
+                                        cudaMemcpyDeviceToDevice, stream));
+        } else {
+          if (!bounce) bounce = static_cast<uint8_t*>(pool_alloc(largest, stream));
+          HL_CUDA_CHECK(cudaMemcpyAsync(bounce, out_dev + out_off[i], sizes[i],
+                                        cudaMemcpyDeviceToDevice, stream));
+          HL_CUDA_CHECK(cudaMemcpyAsync(out_dev + w, bounce, sizes[i], cudaMemcpyDeviceToDevice,
+                                        stream));
+        }
+      }
+      w += sizes[i];
+    }
+  } catch (...) {
+    if (bounce) cudaFreeAsync(bounce, stream);
+    throw;
+  }
+  if (bounce) HL_CUDA_CHECK(cudaFreeAsync(bounce, stream));
+  return sizes;
+}
+
+void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uint64_t out_bytes,
+                     void* stream_v) {
+  using namespace gpu;
+  if (size < HL_HEADER_BYTES) parse_header(nullptr, size, nullptr);  // throws "truncated"
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
+  DeviceScope scope(frame_dev, "the frame");
+  // The header and shape end within the first HL_HEADER_BYTES + 8 * HL_MAX_NDIM bytes.
+  uint8_t head[HL_HEADER_BYTES + 8 * HL_MAX_NDIM];
+  const uint64_t head_len = std::min<uint64_t>(size, sizeof(head));
+  memcpy(head, fetch(frame_dev, head_len, stream), head_len);
+  const HlFrameHeader h = parse_header(head, size, nullptr);
+  const uint64_t need = h.n_rows * h.row_len * hl_elem_bytes(h.dtype);
+
+  Workspace ws(stream);
+  DecodeScratch s;
+  plan_decode_scratch(h, &ws, &s);
+  ws.allocate();
+  HL_CUDA_CHECK(cudaMemsetAsync(s.ds, 0, sizeof(DecodeState), stream));
+  const uint64_t word_grid = grid_for(hl_div_up(size, 8), kThreads);
+  if (reinterpret_cast<uintptr_t>(frame_dev) % 8 == 0)
+    launch("checksum", decode_checksum_kernel<true>, word_grid, kThreads, stream, frame_dev, size,
+           s.ds);
+  else
+    launch("checksum", decode_checksum_kernel<false>, word_grid, kThreads, stream, frame_dev, size,
+           s.ds);
+  launch("checksum_verdict", checksum_verdict_kernel, 1, 1, stream, s.ds, size, h.checksum);
+  // Checked after the checksum, as decompress_cpu does.
+  const bool fits = out_bytes == need;
+  if (fits) with_dtype(h.dtype, [&](auto dt) {
+      enqueue_decode<decltype(dt)::value>(h, frame_dev, out_dev, s, stream);
+    });
+  uint32_t verdict[2];  // DecodeState's error word and computed checksum
+  memcpy(verdict, fetch(s.ds, sizeof(verdict), stream), sizeof(verdict));
+  if (verdict[0]) raise_decode_error(verdict[0], verdict[1], h.checksum, h);
+  if (!fits)
+    throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
+                        " bytes, the frame decodes to " + std::to_string(need));
+}
+
+}  // namespace hl

@@ -1,0 +1,124 @@
+// Internal pieces of the CUDA codec (codec_cuda.cu): error checks, kernel launches, the
+// stream-ordered workspace, pinned staging for the few device-to-host copies, little-endian byte
+// access and the encoder rules that codec_cpu.cc keeps private (mirrored here, see each comment).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "codec.h"
+#include "codec_common.h"
+
+namespace hl {
+namespace gpu {
+
+// ---- rules mirrored from codec_cpu.cc (private there; keep in step) ---------------------------
+
+// codec_cpu.cc kOutlierMark: the code of an element bound for the outlier section while codes
+// are being built (zigzag codes stay below 2^31).
+constexpr uint32_t kOutlierMark = 0xffffffffu;
+
+// codec_cpu.cc dedup_pays: dropping duplicates pays when the codes saved (counted at 2 bits)
+// outweigh the map added.
+HL_HD bool dedup_pays(uint64_t n_rows, uint64_t n_unique, uint64_t row_len) {
+  const uint64_t map_bits = n_rows * bit_width((uint32_t)(n_unique - 1));
+  return 2 * (n_rows - n_unique) * row_len >= map_bits;
+}
+
+// rans_cpu.cc symbol_of: codes >= 255 are coded as the escape symbol.
+HL_HD uint32_t rans_symbol(uint32_t z) { return z < HL_RANS_ESC ? z : HL_RANS_ESC; }
+
+// Worst case of one entropy-coded stream: its 4-byte state, then at most 2 bytes a code (a
+// renormalization emits bytes while x >= 2^19 * freq >= 2^19, and x < 2^31).
+constexpr uint64_t kRansSlotBytes = 4 + 2 * (uint64_t)HL_RANS_CHUNK;
+
+// ---- errors and launches --------------------------------------------------------------------
+
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw CodecError(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(e) + " (" +
+                     cudaGetErrorString(e) + ")");
+}
+#define HL_CUDA_CHECK(call) ::hl::gpu::check_cuda((call), #call)
+
+// Threads a block for most kernels; warp-per-item kernels get kThreads / 32 items a block.
+constexpr unsigned kThreads = 256;
+constexpr unsigned kWarpsPerBlock = kThreads / 32;
+// Grid-stride loops cover any count; more blocks than this only add scheduling.
+constexpr uint64_t kMaxGrid = 4096;
+
+inline uint64_t grid_for(uint64_t items, uint64_t items_per_block) {
+  uint64_t g = hl_div_up(items, items_per_block);
+  return g < kMaxGrid ? g : kMaxGrid;
+}
+
+// Launches kernel<<<grid, block, 0, stream>>>(args...) unless grid is 0 (an empty launch is a
+// CUDA error) and turns a launch failure into CodecError naming the kernel.
+template <typename... KArgs, typename... Args>
+void launch(const char* name, void (*kernel)(KArgs...), uint64_t grid, unsigned block,
+            cudaStream_t stream, Args&&... args) {
+  if (grid == 0) return;
+  kernel<<<(unsigned)grid, block, 0, stream>>>(std::forward<Args>(args)...);
+  check_cuda(cudaGetLastError(), name);
+}
+
+// Makes the device that owns `ptr` current for the scope (the caller's current device may be
+// another one) and restores the previous device afterwards.
+class DeviceScope {
+ public:
+  explicit DeviceScope(const void* ptr, const char* what);
+  ~DeviceScope();
+  int device() const { return device_; }
+
+ private:
+  int previous_ = -1;
+  int device_ = -1;
+};
+
+// One device allocation per call, carved into named pieces: reserve() each piece with its
+// element count, allocate() once (stream-ordered, from a per-device caching pool), and the
+// destructor frees it in stream order. Pieces are 256-byte aligned.
+class Workspace {
+ public:
+  explicit Workspace(cudaStream_t stream) : stream_(stream) {}
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+
+  template <typename T>
+  void reserve(T** p, uint64_t count) {
+    *p = nullptr;
+    pieces_.push_back({reinterpret_cast<void**>(p), bytes_});
+    bytes_ += (count * sizeof(T) + 255) & ~(uint64_t)255;
+  }
+  void reserve_bytes(void** p, uint64_t bytes) {
+    *p = nullptr;
+    pieces_.push_back({p, bytes_});
+    bytes_ += (bytes + 255) & ~(uint64_t)255;
+  }
+  void allocate();
+
+ private:
+  struct Piece {
+    void** target;
+    uint64_t offset;
+  };
+  cudaStream_t stream_;
+  std::vector<Piece> pieces_;
+  uint64_t bytes_ = 0;
+  void* base_ = nullptr;
+};
+
+// Allocates `bytes` in stream order from the device's caching pool (freed with cudaFreeAsync).
+void* pool_alloc(uint64_t bytes, cudaStream_t stream);
+
+// Copies `bytes` from the device into this thread's pinned staging buffer and waits for the
+// stream: the one blocking point of each entry point. Returns the staging buffer.
+const void* fetch(const void* src_dev, uint64_t bytes, cudaStream_t stream);
+
+}  // namespace gpu
+}  // namespace hl
