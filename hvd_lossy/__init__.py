@@ -15,7 +15,9 @@ from ._codec import (
     decompress,
     decompress_chunks,
     frame_info,
+    get_num_threads,
     max_frame_bytes,
+    set_num_threads,
     split_frames,
 )
 
@@ -29,6 +31,8 @@ __all__ = [
     "decompress",
     "decompress_chunks",
     "frame_info",
+    "get_num_threads",
     "max_frame_bytes",
+    "set_num_threads",
     "split_frames",
 ]

@@ -13,6 +13,20 @@ _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _CODE_DTYPES = {v: k for k, v in _DTYPE_CODES.items()}
 _MODES = {"abs": 0, "rel": 1}
 _LEVELS = (1, 2)
+_threads = 0  # 0: all cores (OpenMP's default)
+
+
+def set_num_threads(n):
+    """Sets how many CPU threads the codec uses; 0 means all cores."""
+    global _threads
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"number of threads must be an int >= 0, got {n!r}")
+    _threads = n
+
+
+def get_num_threads():
+    """CPU threads the codec uses (0: all cores)."""
+    return _threads
 
 
 def _dtype_code(tensor):
@@ -103,7 +117,8 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True):
         size = _C.compress_cuda(src.data_ptr(), code, shape, eb, m, lv, bool(dedup),
                                 out.data_ptr(), cap, _stream(src))
     else:
-        size = _C.compress(src.data_ptr(), code, shape, eb, m, lv, bool(dedup), out.data_ptr(), cap)
+        size = _C.compress(src.data_ptr(), code, shape, eb, m, lv, bool(dedup), out.data_ptr(), cap,
+                           _threads)
     return out[:size].clone() if size < cap // 2 else out[:size]
 
 
@@ -139,9 +154,6 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True)
         ebs = [_check_bound(error_bounds)] * len(rows)
     src = tensor.contiguous()
     trailing = list(src.shape[1:])
-    row_len = 1
-    for s in trailing[-1:]:
-        row_len = s
     cap = 0
     for r in rows:
         shape = [r, *trailing]
@@ -152,7 +164,7 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True)
                                       out.data_ptr(), cap, _stream(src))
     else:
         sizes = _C.compress_many(src.data_ptr(), code, rows, trailing, ebs, m, lv, bool(dedup),
-                                 out.data_ptr(), cap)
+                                 out.data_ptr(), cap, _threads)
     total = sum(sizes)
     return (out[:total].clone() if total < cap // 2 else out[:total]), list(sizes)
 
@@ -210,7 +222,7 @@ def decompress(frame):
     if frame.is_cuda:
         _C.decompress_cuda(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _stream(frame))
     else:
-        _C.decompress(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes)
+        _C.decompress(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _threads)
     return out
 
 
