@@ -28,7 +28,8 @@ globals().update({_k: _v for _k, _v in vars(_hvd).items() if not _k.startswith("
 
 from hvd_lossy import alltoall as _a2a  # noqa: E402  (after the copy: these names override it)
 from hvd_lossy import gather as _gather  # noqa: E402
-from hvd_lossy.alltoall import RankError  # noqa: E402,F401
+from hvd_lossy.protocol import Handle as _Handle  # noqa: E402
+from hvd_lossy.protocol import RankError  # noqa: E402,F401
 from hvd_lossy.compression import Compression, LossyCompressor, NoneCompressor, is_lossy  # noqa: E402,F401
 from hvd_lossy.stats import comm_stats, reset_comm_stats  # noqa: E402,F401
 from hvd_lossy import FrameError  # noqa: E402,F401
@@ -141,8 +142,8 @@ def alltoall_async(tensor, splits=None, name=None, compression=Compression.none,
     Returns:
         a handle for poll() and synchronize(). As with Horovod, synchronize() returns the pair
         (output, received_splits) whether or not `splits` was given. With Compression.none the
-        handle is Horovod's own. A lossy call has already exchanged its metadata when this
-        returns, so argument errors raise here (on every rank), frame errors in synchronize().
+        handle is Horovod's own. A lossy call never raises here: bad arguments on any rank
+        travel in the frame headers and raise RankError in synchronize(), on every rank.
     """
     compression, process_set = _fix_args(compression, process_set)
     return _expose(_a2a.start(tensor, splits, name, compression, process_set))
@@ -222,7 +223,7 @@ def broadcast_async(tensor, root_rank, name=None, compression=Compression.none,
 def synchronize(handle):
     """Waits for an operation started by any *_async function (Horovod's or hvd_lossy's)
     and returns its result; a lossy operation raises RankError on every rank if any failed."""
-    if isinstance(handle, _a2a.Handle):
+    if isinstance(handle, _Handle):
         return handle.wait()
     ours = _plain_handles.pop(handle, None)
     return ours.wait() if ours is not None else _ops.synchronize(handle)
@@ -230,6 +231,6 @@ def synchronize(handle):
 
 def poll(handle):
     """True once synchronize(handle) would not block on communication."""
-    if isinstance(handle, _a2a.Handle):
+    if isinstance(handle, _Handle):
         return handle.poll()
     return _ops.poll(handle)
