@@ -97,6 +97,7 @@ def _unique_rows(t, columns=4):
     # Fixed odd multipliers (same on every rank): a multiply-add hash over the row's bit patterns.
     gen = torch.Generator().manual_seed(0x5EED)
     mult = torch.randint(1, 2 ** 62, (ints.shape[1],), generator=gen, dtype=torch.int64) | 1
+    mult = mult.to(ints.device)
     h = (ints * mult).sum(dim=1)
     return int(torch.unique(h).numel())
 
