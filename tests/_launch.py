@@ -35,7 +35,8 @@ def run_mpi(script, np=2, args=(), launcher="mpirun", timeout=90, env=None):
     """Runs `python script *args` on `np` processes and fails the test unless all exit 0.
 
     Arguments:
-        script: path of the worker, absolute or relative to the repository root.
+        script: path of the worker (".py"), absolute or relative to the repository root, or
+                a module name to run as `python -m script`.
         np: number of processes.
         args: extra command-line arguments for the worker.
         launcher: "mpirun" (Open MPI, oversubscribed) or "horovodrun" (Gloo controller).
@@ -51,7 +52,8 @@ def run_mpi(script, np=2, args=(), launcher="mpirun", timeout=90, env=None):
         cmd = _horovodrun(np)
     else:
         raise ValueError(f"launcher must be 'mpirun' or 'horovodrun', got {launcher!r}")
-    cmd += [sys.executable, str(REPO / script), *map(str, args)]
+    target = [str(REPO / script)] if script.endswith(".py") else ["-m", script]
+    cmd += [sys.executable, *target, *map(str, args)]
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p)

@@ -99,3 +99,18 @@ def test_reductions_refuse_lossy_compressors_before_communicating():
             call()
     with pytest.raises(TypeError, match="takes no compression argument"):
         hvd.allreduce_async(t, compression=hvd.Compression.fp16)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_alltoall_benchmark_reports_wire_bytes_and_the_target(tmp_path):
+    import json
+    out = tmp_path / "alltoall.json"
+    run_mpi("hvd_lossy.bench", np=2, args=["alltoall", "--sizes", "0.0625", "--iters", "1",
+                               "--bounds", "0.03", "--json", out], timeout=120)
+    report = json.loads(out.read_text())
+    by_method = {r["method"]: r for r in report["results"]}
+    assert set(by_method) == {"plain", "fp16", "lossy 0.03"}
+    assert by_method["plain"]["wire_bytes"] == by_method["plain"]["message_bytes"]
+    assert by_method["fp16"]["reduction"] == 2.0
+    assert report["target"]["worst"] == by_method["lossy 0.03"]["reduction"] > 1
