@@ -63,61 +63,19 @@ void finite_range(const Tensor<DT>& t, int threads, double* lo_out, double* hi_o
   *hi_out = *std::max_element(hi.begin(), hi.end());
 }
 
-// Codes of every element (lossy: zigzag or kOutlierMark, with per-row outlier flags; lossless:
-// raw bits) and, for dedup, a hash of each row.
-template <int DT>
-void make_codes(const Tensor<DT>& t, bool lossless, double eb_abs, int threads, uint32_t* codes,
-                uint8_t* row_outlier, uint64_t* hashes) {
-  cpu::QuantParams qp;
-  qp.step = 2.0 * eb_abs;
-  qp.inv_step = 1.0 / qp.step;
-  qp.eb_abs = eb_abs;
-  const uint64_t rows = t.n_rows, d = t.row_len;
-  const int nt = rows * d > 65536 ? threads : 1;
-#pragma omp parallel num_threads(nt)
-  {
-    uint64_t a, b;
-    split_range(rows, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
-    uint64_t* h = hashes ? hashes + a : nullptr;
-    if (lossless)
-      cpu::raw_rows(DT, t.x + a * d, b - a, d, codes + a * d, h);
-    else
-      cpu::quantize_rows(DT, t.x + a * d, b - a, d, qp, codes + a * d, row_outlier + a, h);
-  }
-}
-
-// Rows are duplicates when their codes match and, where a row holds outliers, so do the raw bits
-// at the outlier positions (the mark alone says nothing of the value).
-template <int DT>
-bool same_row(const Tensor<DT>& t, const uint32_t* codes, const uint8_t* row_outlier, uint64_t a,
-              uint64_t b) {
-  const uint64_t d = t.row_len;
-  if (memcmp(codes + a * d, codes + b * d, d * 4) != 0) return false;
-  if (!row_outlier || !row_outlier[a]) return true;
-  for (uint64_t i = 0; i < d; ++i)
-    if (codes[a * d + i] == kOutlierMark && t.x[a * d + i] != t.x[b * d + i]) return false;
-  return true;
-}
-
-// Numbers rows by first occurrence of their content. Returns n_unique; map[r] = unique index,
-// first[u] = first row holding unique u. The table starts small and doubles, so data with few
-// distinct rows (hot lookups) probes a table that stays in cache.
-template <int DT>
-uint64_t dedup_rows(const Tensor<DT>& t, const uint32_t* codes, const uint8_t* row_outlier,
-                    const uint64_t* hashes, uint32_t* map, std::vector<uint64_t>* first) {
-  const uint64_t rows = t.n_rows;
-  const uint64_t kEmpty = ~0ull;
+// Numbers rows by first occurrence of their content: map[r] = unique index, first[u] = first
+// row holding unique u; returns n_unique. same(a, b) decides equality of rows with equal
+// hashes. The table starts small and doubles, so data with few distinct rows (hot lookups)
+// probes a table that stays in cache.
+template <class Same>
+uint64_t number_rows(uint64_t rows, const uint64_t* hashes, Same same, uint32_t* map,
+                     std::vector<uint64_t>* first) {
+  const uint64_t kEmpty = ~0ull, kTag = 0xffffffff00000000ull;
   uint64_t cap = 1024;
-  std::vector<uint64_t> slots(cap, kEmpty);  // (hash high 32 bits << 32) | unique index
+  std::vector<uint64_t> slots(cap, kEmpty);  // (hash high 32 bits) | unique index
   first->clear();
-  auto insert = [&](uint64_t entry) {
-    uint64_t s = (hashes[(*first)[entry & 0xffffffffu]]) & (cap - 1);
-    while (slots[s] != kEmpty) s = (s + 1) & (cap - 1);
-    slots[s] = entry;
-  };
   for (uint64_t r = 0; r < rows; ++r) {
     const uint64_t h = hashes[r];
-    const uint64_t tag = h & 0xffffffff00000000ull;
     uint64_t s = h & (cap - 1);
     for (;;) {
       const uint64_t e = slots[s];
@@ -125,17 +83,21 @@ uint64_t dedup_rows(const Tensor<DT>& t, const uint32_t* codes, const uint8_t* r
         const uint64_t u = first->size();
         first->push_back(r);
         map[r] = (uint32_t)u;
-        slots[s] = tag | u;
+        slots[s] = (h & kTag) | u;
         if (2 * first->size() > cap) {  // keep the load under one half
           cap *= 2;
           slots.assign(cap, kEmpty);
-          for (uint64_t v = 0; v < first->size(); ++v)
-            insert((hashes[(*first)[v]] & 0xffffffff00000000ull) | v);
+          for (uint64_t v = 0; v < first->size(); ++v) {
+            const uint64_t hv = hashes[(*first)[v]];
+            uint64_t t = hv & (cap - 1);
+            while (slots[t] != kEmpty) t = (t + 1) & (cap - 1);
+            slots[t] = (hv & kTag) | v;
+          }
         }
         break;
       }
-      const uint64_t u = e & 0xffffffffu;
-      if ((e & 0xffffffff00000000ull) == tag && same_row(t, codes, row_outlier, (*first)[u], r)) {
+      const uint64_t u = e & ~kTag;
+      if ((e & kTag) == (h & kTag) && same((*first)[u], r)) {
         map[r] = (uint32_t)u;
         break;
       }
@@ -150,6 +112,137 @@ uint64_t dedup_rows(const Tensor<DT>& t, const uint32_t* codes, const uint8_t* r
 bool dedup_pays(uint64_t n_rows, uint64_t n_unique, uint64_t row_len) {
   const uint64_t map_bits = n_rows * bit_width((uint32_t)(n_unique - 1));
   return 2 * (n_rows - n_unique) * row_len >= map_bits;
+}
+
+// The rows a frame stores, coded: unique rows in order of first occurrence.
+struct Coded {
+  uint64_t n_unique = 0;
+  Buffer<uint32_t> codes;        // n_unique x row_len: zigzag codes, kOutlierMark, or raw bits
+  Buffer<uint8_t> row_outlier;   // per unique row (lossy frames)
+  std::vector<uint64_t> source;  // tensor row of each unique row; empty when it is the identity
+  Buffer<uint32_t> map;          // tensor row -> unique row; only when n_unique < n_rows
+};
+
+template <int DT>
+void code_rows_into(const Tensor<DT>& t, const uint64_t* idx, uint64_t rows, bool lossless,
+                    double eb_abs, int threads, uint32_t* codes, uint8_t* row_outlier,
+                    uint64_t* hashes) {
+  cpu::QuantParams qp;
+  qp.step = 2.0 * eb_abs;
+  qp.inv_step = 1.0 / qp.step;
+  qp.eb_abs = eb_abs;
+  const uint64_t d = t.row_len;
+  const int nt = rows * d > 65536 ? threads : 1;
+#pragma omp parallel num_threads(nt)
+  {
+    uint64_t a, b;
+    split_range(rows, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
+    const uint64_t* ia = idx ? idx + a : nullptr;
+    const void* x = idx ? (const void*)t.x : (const void*)(t.x + a * d);
+    if (lossless)
+      cpu::raw_rows(DT, x, ia, b - a, d, codes + a * d);
+    else
+      cpu::quantize_rows(DT, x, ia, b - a, d, qp, codes + a * d, row_outlier + a,
+                         hashes ? hashes + a : nullptr);
+  }
+}
+
+// Quantizes and deduplicates. Rows repeated bit for bit (hot embedding lookups) are found
+// first, on their raw bytes, so each distinct row is quantized once; rows that differ in bits
+// but share codes are merged in a second pass over the distinct rows' codes. Numbering both
+// passes by first occurrence gives the same unique order as one pass over all codes.
+template <int DT>
+Coded code_rows(const Tensor<DT>& t, bool lossless, double eb_abs, bool dedup, int threads) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  const uint64_t rows = t.n_rows, d = t.row_len;
+  Coded c;
+  if (!dedup) {
+    c.n_unique = rows;
+    c.codes = Buffer<uint32_t>(rows * d);
+    c.row_outlier = Buffer<uint8_t>(lossless ? 0 : rows);
+    code_rows_into(t, nullptr, rows, lossless, eb_abs, threads, c.codes.data(),
+                   c.row_outlier.data(), nullptr);
+    return c;
+  }
+  // Pass 1: distinct raw rows.
+  Buffer<uint64_t> h1(rows);
+  const uint64_t row_bytes = d * sizeof(raw_t);
+  {
+    const int nt = rows * d > 65536 ? threads : 1;
+#pragma omp parallel num_threads(nt)
+    {
+      uint64_t a, b;
+      split_range(rows, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
+      cpu::hash_raw_rows(reinterpret_cast<const uint8_t*>(t.x) + a * row_bytes, b - a, row_bytes,
+                         h1.data() + a);
+    }
+  }
+  Buffer<uint32_t> map1(rows);
+  std::vector<uint64_t> first1;
+  const uint64_t n1 = number_rows(
+      rows, h1.data(),
+      [&](uint64_t a, uint64_t b) { return memcmp(t.x + a * d, t.x + b * d, row_bytes) == 0; },
+      map1.data(), &first1);
+
+  // Pass 2: codes of the distinct raw rows, merged where codes (and outlier bits) agree.
+  Buffer<uint32_t> codes1(n1 * d);
+  Buffer<uint8_t> out1(lossless ? 0 : n1);
+  Buffer<uint64_t> h2(lossless ? 0 : n1);
+  code_rows_into(t, first1.data(), n1, lossless, eb_abs, threads, codes1.data(), out1.data(),
+                 h2.data());
+  Buffer<uint32_t> map2;
+  std::vector<uint64_t> first2;
+  uint64_t n2 = n1;
+  if (!lossless) {
+    map2 = Buffer<uint32_t>(n1);
+    auto same = [&](uint64_t a, uint64_t b) {
+      if (memcmp(&codes1[a * d], &codes1[b * d], d * 4) != 0) return false;
+      if (!out1[a]) return true;
+      // The mark alone says nothing of the value: outliers must match bit for bit.
+      const raw_t* xa = t.x + first1[a] * d;
+      const raw_t* xb = t.x + first1[b] * d;
+      for (uint64_t i = 0; i < d; ++i)
+        if (codes1[a * d + i] == kOutlierMark && xa[i] != xb[i]) return false;
+      return true;
+    };
+    n2 = number_rows(n1, h2.data(), same, map2.data(), &first2);
+  }
+  auto unique_of = [&](uint64_t r) -> uint32_t { return n2 < n1 ? map2[map1[r]] : map1[r]; };
+  auto distinct_of = [&](uint64_t u) -> uint64_t { return n2 < n1 ? first2[u] : u; };
+
+  if (!dedup_pays(rows, n2, d)) {
+    // Store every row: expand the distinct rows' codes back to all rows.
+    c.n_unique = rows;
+    c.codes = Buffer<uint32_t>(rows * d);
+    c.row_outlier = Buffer<uint8_t>(lossless ? 0 : rows);
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * d > 65536)
+    for (int64_t r = 0; r < (int64_t)rows; ++r) {
+      memcpy(&c.codes[r * d], &codes1[(uint64_t)map1[r] * d], d * 4);
+      if (!lossless) c.row_outlier[r] = out1[map1[r]];
+    }
+    return c;
+  }
+  c.n_unique = n2;
+  c.source.resize(n2);
+  for (uint64_t u = 0; u < n2; ++u) c.source[u] = first1[distinct_of(u)];
+  if (n2 < n1) {
+    c.codes = Buffer<uint32_t>(n2 * d);
+    c.row_outlier = Buffer<uint8_t>(lossless ? 0 : n2);
+    for (uint64_t u = 0; u < n2; ++u) {
+      memcpy(&c.codes[u * d], &codes1[first2[u] * d], d * 4);
+      if (!lossless) c.row_outlier[u] = out1[first2[u]];
+    }
+  } else {
+    c.codes = std::move(codes1);
+    c.row_outlier = std::move(out1);
+  }
+  if (n2 < rows) {
+    c.map = Buffer<uint32_t>(rows);
+    for (uint64_t r = 0; r < rows; ++r) c.map[r] = unique_of(r);
+  } else {
+    c.source.clear();  // every row distinct: the identity
+  }
+  return c;
 }
 
 struct Outlier {
@@ -174,37 +267,20 @@ std::vector<uint8_t> packed(const uint32_t* v, uint64_t n, int threads) {
   return out;
 }
 
-// Builds the map, code and outlier sections from per-element codes.
+// Builds the map, code and outlier sections.
 template <int DT>
-Sections build_sections(const Tensor<DT>& t, uint32_t* codes, const uint8_t* row_outlier,
-                        const uint64_t* hashes, uint8_t level, int threads) {
+Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t level,
+                        int threads) {
   Sections s;
   const uint64_t d = t.row_len;
-  Buffer<uint32_t> map;
-  std::vector<uint64_t> first;
-  uint64_t n_unique = t.n_rows;
-  if (hashes) {
-    map = Buffer<uint32_t>(t.n_rows);
-    n_unique = dedup_rows(t, codes, row_outlier, hashes, map.data(), &first);
-    if (!dedup_pays(t.n_rows, n_unique, d)) n_unique = t.n_rows;
-  }
-  const bool identity = n_unique == t.n_rows;
+  const uint64_t n_unique = c.n_unique;
   s.n_unique = n_unique;
-
-  Buffer<uint32_t> gathered;
-  uint32_t* ucodes = codes;
-  if (!identity) {
-    gathered = Buffer<uint32_t>(n_unique * d);
-#pragma omp parallel for num_threads(threads) schedule(static) if (n_unique * d > 65536)
-    for (int64_t u = 0; u < (int64_t)n_unique; ++u)
-      memcpy(&gathered[u * d], &codes[first[u] * d], d * 4);
-    ucodes = gathered.data();
-    s.map = packed(map.data(), t.n_rows, threads);
-  }
-  if (row_outlier) {
+  uint32_t* ucodes = c.codes.data();
+  if (n_unique < t.n_rows) s.map = packed(c.map.data(), t.n_rows, threads);
+  if (!lossless) {
     for (uint64_t u = 0; u < n_unique; ++u) {
-      uint64_t r = identity ? u : first[u];
-      if (!row_outlier[r]) continue;
+      if (!c.row_outlier[u]) continue;
+      const uint64_t r = c.source.empty() ? u : c.source[u];
       for (uint64_t i = 0; i < d; ++i) {
         if (ucodes[u * d + i] != kOutlierMark) continue;
         s.outliers.push_back({u * d + i, (uint32_t)t.x[r * d + i]});
@@ -271,12 +347,8 @@ uint64_t encode(const Tensor<DT>& t, const CompressParams& p, const std::vector<
   const bool lossless = force_lossless || eb_abs == 0;
 
   const bool dedup = p.dedup && t.n_rows > 1 && t.row_len > 0;
-  Buffer<uint32_t> codes(t.size());
-  Buffer<uint8_t> row_outlier(lossless ? 0 : t.n_rows);
-  Buffer<uint64_t> hashes(dedup ? t.n_rows : 0);
-  make_codes(t, lossless, eb_abs, threads, codes.data(), row_outlier.data(), hashes.data());
-  Sections s = build_sections(t, codes.data(), lossless ? nullptr : row_outlier.data(),
-                              hashes.data(), p.level, threads);
+  Coded coded = code_rows(t, lossless, eb_abs, dedup, threads);
+  Sections s = build_sections(t, coded, lossless, p.level, threads);
 
   const int ndim = (int)shape.size();
   const uint64_t shape_bytes = 8ull * ndim;

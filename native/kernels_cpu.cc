@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "codec_common.h"
 
@@ -60,13 +61,14 @@ HL_INLINE uint64_t hash_codes(const uint32_t* z, uint64_t d) {
 }
 
 template <int DT>
-HL_INLINE void quantize_impl(const void* xv, uint64_t rows, uint64_t d, const QuantParams& qp,
-                             uint32_t* codes, uint8_t* row_outlier, uint64_t* hashes) {
+HL_INLINE void quantize_impl(const void* xv, const uint64_t* idx, uint64_t rows, uint64_t d,
+                             const QuantParams& qp, uint32_t* codes, uint8_t* row_outlier,
+                             uint64_t* hashes) {
   typedef typename Elem<DT>::raw_t raw_t;
   const raw_t* xs = static_cast<const raw_t*>(xv);
   const double step = qp.step, inv_step = qp.inv_step, eb_abs = qp.eb_abs;
   for (uint64_t r = 0; r < rows; ++r) {
-    const raw_t* x = xs + r * d;
+    const raw_t* x = xs + (idx ? idx[r] : r) * d;
     uint32_t* z = codes + r * d;
     uint32_t any = 0;
     for (uint64_t i = 0; i < d; ++i) {
@@ -86,13 +88,13 @@ HL_INLINE void quantize_impl(const void* xv, uint64_t rows, uint64_t d, const Qu
 }
 
 template <int DT>
-HL_INLINE void raw_impl(const void* xv, uint64_t rows, uint64_t d, uint32_t* codes,
-                        uint64_t* hashes) {
+HL_INLINE void raw_impl(const void* xv, const uint64_t* idx, uint64_t rows, uint64_t d,
+                        uint32_t* codes) {
   typedef typename Elem<DT>::raw_t raw_t;
-  const raw_t* x = static_cast<const raw_t*>(xv);
+  const raw_t* xs = static_cast<const raw_t*>(xv);
   for (uint64_t r = 0; r < rows; ++r) {
-    for (uint64_t i = 0; i < d; ++i) codes[r * d + i] = x[r * d + i];
-    if (hashes) hashes[r] = hash_codes(codes + r * d, d);
+    const raw_t* x = xs + (idx ? idx[r] : r) * d;
+    for (uint64_t i = 0; i < d; ++i) codes[r * d + i] = x[i];
   }
 }
 
@@ -163,19 +165,20 @@ __attribute__((target("avx2"))) inline int quantize4_f32(const float* x, __m256d
   return _mm256_movemask_pd(ok) ^ 0xf;
 }
 
-__attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, uint64_t rows, uint64_t d,
+__attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const uint64_t* idx,
+                                                       uint64_t rows, uint64_t d,
                                                        const QuantParams& qp, uint32_t* codes,
                                                        uint8_t* row_outlier, uint64_t* hashes) {
   const __m256d inv = _mm256_set1_pd(qp.inv_step), step = _mm256_set1_pd(qp.step),
                 eb = _mm256_set1_pd(qp.eb_abs);
   for (uint64_t r = 0; r < rows; ++r) {
-    const float* x = xs + r * d;
+    const float* x = xs + (idx ? idx[r] : r) * d;
     uint32_t* z = codes + r * d;
     int miss = 0;
     uint64_t i = 0;
     for (; i + 4 <= d; i += 4) miss |= quantize4_f32(x + i, inv, step, eb, z + i);
     uint8_t tail = 0;
-    if (i < d) quantize_impl<HL_FLOAT32>(x + i, 1, d - i, qp, z + i, &tail, nullptr);
+    if (i < d) quantize_impl<HL_FLOAT32>(x + i, nullptr, 1, d - i, qp, z + i, &tail, nullptr);
     row_outlier[r] = (uint8_t)((miss != 0) | tail);
     if (hashes) hashes[r] = hash_codes(z, d);
   }
@@ -217,23 +220,42 @@ HL_CLONES void finite_range(uint8_t dtype, const void* x, uint64_t n, double* lo
 #undef CALL
 }
 
-HL_CLONES void quantize_rows(uint8_t dtype, const void* x, uint64_t rows, uint64_t row_len,
-                             const QuantParams& qp, uint32_t* z, uint8_t* row_outlier,
-                             uint64_t* hashes) {
+HL_CLONES void quantize_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t rows,
+                             uint64_t row_len, const QuantParams& qp, uint32_t* z,
+                             uint8_t* row_outlier, uint64_t* hashes) {
 #ifdef HL_HAVE_AVX2_PATH
   if (dtype == HL_FLOAT32 && cpu_has_avx2())
-    return quantize_f32_avx2(static_cast<const float*>(x), rows, row_len, qp, z, row_outlier, hashes);
+    return quantize_f32_avx2(static_cast<const float*>(x), idx, rows, row_len, qp, z, row_outlier,
+                             hashes);
 #endif
-#define CALL(DT) quantize_impl<DT>(x, rows, row_len, qp, z, row_outlier, hashes)
+#define CALL(DT) quantize_impl<DT>(x, idx, rows, row_len, qp, z, row_outlier, hashes)
   HL_DISPATCH(dtype, CALL)
 #undef CALL
 }
 
-HL_CLONES void raw_rows(uint8_t dtype, const void* x, uint64_t rows, uint64_t row_len,
-                        uint32_t* z, uint64_t* hashes) {
-#define CALL(DT) raw_impl<DT>(x, rows, row_len, z, hashes)
+HL_CLONES void raw_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t rows,
+                        uint64_t row_len, uint32_t* z) {
+#define CALL(DT) raw_impl<DT>(x, idx, rows, row_len, z)
   HL_DISPATCH(dtype, CALL)
 #undef CALL
+}
+
+HL_CLONES void hash_raw_rows(const uint8_t* x, uint64_t rows, uint64_t row_bytes,
+                             uint64_t* hashes) {
+  const uint64_t words = row_bytes / 4;
+  uint32_t buf[256];  // rows are hashed in aligned chunks of 256 words
+  for (uint64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = x + r * row_bytes;
+    uint64_t h = row_bytes;
+    for (uint64_t w = 0; w < words; w += 256) {
+      uint64_t n = words - w < 256 ? words - w : 256;
+      memcpy(buf, row + 4 * w, 4 * n);
+      h = mix64(h ^ hash_codes(buf, n));
+    }
+    uint32_t tail = 0;
+    memcpy(&tail, row + 4 * words, row_bytes - 4 * words);
+    hashes[r] = mix64(h ^ tail);
+  }
 }
 
 HL_CLONES void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double step, void* out) {

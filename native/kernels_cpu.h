@@ -17,14 +17,19 @@ constexpr uint32_t kOutlierMark = 0xffffffffu;
 // Smallest and largest finite value of n elements (lo > hi when none is finite).
 void finite_range(uint8_t dtype, const void* x, uint64_t n, double* lo, double* hi);
 
-// Quantizes rows [0, rows) of row_len elements: zigzag codes or kOutlierMark into z, per-row
-// outlier flags, and (when hashes is not null) a hash of each row's codes for dedup.
-void quantize_rows(uint8_t dtype, const void* x, uint64_t rows, uint64_t row_len,
-                   const QuantParams& qp, uint32_t* z, uint8_t* row_outlier, uint64_t* hashes);
+// Quantizes `rows` rows of row_len elements: zigzag codes or kOutlierMark into z, per-row
+// outlier flags, and (when hashes is not null) a hash of each row's codes for dedup. Output row
+// r comes from input row idx[r] (or r when idx is null).
+void quantize_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t rows,
+                   uint64_t row_len, const QuantParams& qp, uint32_t* z, uint8_t* row_outlier,
+                   uint64_t* hashes);
 
-// Raw bits of n elements as codes (lossless frames), with row hashes as above.
-void raw_rows(uint8_t dtype, const void* x, uint64_t rows, uint64_t row_len, uint32_t* z,
-              uint64_t* hashes);
+// Raw bits of the elements as codes (lossless frames), rows chosen as above.
+void raw_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t rows, uint64_t row_len,
+              uint32_t* z);
+
+// A hash of each row's raw bytes (row_bytes each), to find rows repeated bit for bit.
+void hash_raw_rows(const uint8_t* x, uint64_t rows, uint64_t row_bytes, uint64_t* hashes);
 
 // Decoder: n codes to elements of dtype (hl::reconstruct of each unzigzagged code).
 void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double step, void* out);
