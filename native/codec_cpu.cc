@@ -488,6 +488,7 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
   if (next != h.n_unique)
     throw FrameError("frame is corrupted: row map uses " + std::to_string(next) + " of " +
                      std::to_string(h.n_unique) + " unique rows");
+  if (d == 0) return;  // rows of no elements: nothing to copy, and u (or out) may be null
 #pragma omp parallel for num_threads(threads) schedule(static) if (h.n_rows * d > 65536)
   for (int64_t r = 0; r < (int64_t)h.n_rows; ++r)
     memcpy(out + r * d, u + (uint64_t)map[r] * d, d * sizeof(raw_t));
