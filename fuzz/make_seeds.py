@@ -1,0 +1,112 @@
+"""Writes a seed corpus of valid hvd_lossy frames for the decoder fuzzers.
+
+One file per frame, named after what it exercises, so the fuzzers start from every kind of
+section the decoder parses: levels 1 and 2 (one and several rANS streams, escaped codes), the
+three dtypes, rel and abs bounds, duplicate rows (row map), outliers (NaN, +-Inf, values beyond
+the quantizer's range), lossless frames, empty tensors, 0-d and 1-d tensors. With --chunks it also
+writes buffers of back-to-back frames (compress_chunks) for the Python harness's split_frames.
+
+Usage: python fuzz/make_seeds.py OUT_DIR [--chunks] [--max-bytes 8192]
+"""
+import argparse
+from pathlib import Path
+
+import torch
+
+import hvd_lossy
+
+
+def _lookups(rows, dim, dtype, seed, distinct=None):
+    """Embedding-like rows; with `distinct`, only that many different rows (hot lookups)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, dim, generator=g) * 0.05
+    if distinct:
+        x = x[torch.randint(0, distinct, (rows,), generator=g) % rows]
+    return x.to(dtype)
+
+
+def _with_specials(x):
+    x = x.clone()
+    flat = x.view(-1)
+    for i, v in enumerate([float("nan"), float("inf"), -float("inf"), 3e38, -1e-40]):
+        if i < flat.numel():
+            flat[(7 * i + 3) % flat.numel()] = v
+    return x
+
+
+def frames():
+    """Yields (name, frame) pairs covering every section kind and header variant."""
+    dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    for dname, dtype in dtypes.items():
+        for level in (1, 2):
+            x = _lookups(64, 16, dtype, seed=level)
+            yield f"{dname}_rel003_l{level}", hvd_lossy.compress(x, 0.03, level=level)
+            yield f"{dname}_abs001_l{level}", hvd_lossy.compress(x, 0.001, mode="abs", level=level)
+            dup = _lookups(96, 16, dtype, seed=10 + level, distinct=7)
+            yield f"{dname}_dedup_l{level}", hvd_lossy.compress(dup, 0.01, level=level)
+            yield f"{dname}_nodedup_l{level}", hvd_lossy.compress(dup, 0.01, level=level, dedup=False)
+            yield f"{dname}_outliers_l{level}", hvd_lossy.compress(_with_specials(x), 0.05, level=level)
+            yield f"{dname}_dedup_outliers_l{level}", hvd_lossy.compress(_with_specials(dup), 0.02,
+                                                                         level=level)
+            yield f"{dname}_lossless_l{level}", hvd_lossy.compress(x[:8], 0.0, level=level)
+        yield f"{dname}_1d", hvd_lossy.compress(_lookups(1, 40, dtype, seed=3).view(-1), 0.02)
+        yield f"{dname}_0d", hvd_lossy.compress(torch.tensor(1.5, dtype=dtype), 0.1)
+        yield f"{dname}_empty_rows", hvd_lossy.compress(torch.empty(0, 16, dtype=dtype), 0.01)
+        yield f"{dname}_empty_1d", hvd_lossy.compress(torch.empty(0, dtype=dtype), 0.01)
+        yield f"{dname}_zero_len_rows", hvd_lossy.compress(torch.empty(5, 0, dtype=dtype), 0.01)
+        yield f"{dname}_3d", hvd_lossy.compress(_lookups(24, 8, dtype, seed=4).view(3, 8, 8), 0.02,
+                                                level=2)
+        yield f"{dname}_constant", hvd_lossy.compress(torch.full((16, 8), 2.0, dtype=dtype), 0.01)
+        yield f"{dname}_all_nan", hvd_lossy.compress(torch.full((4, 4), float("nan"), dtype=dtype), 0.01)
+    # Several rANS streams (4096 codes each) and escaped codes (zigzag >= 255): a tight bound.
+    x = _lookups(160, 64, torch.float32, seed=5)
+    yield "f32_l2_streams", hvd_lossy.compress(x, 0.02, level=2)
+    sparse = torch.zeros(64, 64)
+    sparse.view(-1)[::97] = 10.0  # mostly code 0, a few codes of 1000: escapes (symbol 255)
+    yield "f32_l2_escapes", hvd_lossy.compress(sparse + 0.001 * x[:64], 0.005, mode="abs", level=2)
+    yield "f32_l2_lossless_zeros", hvd_lossy.compress(torch.zeros(64, 64), 0.0, level=2, dedup=False)
+    yield "f16_l2_streams_dedup", hvd_lossy.compress(
+        _lookups(400, 32, torch.float16, seed=6, distinct=200), 0.03, level=2)
+    # Sections big enough for the decoder's multithreaded paths: more than 4096 packed blocks,
+    # more than 8 rANS streams, more than 65536 codes to dequantize.
+    yield "f32_l1_many_blocks", hvd_lossy.compress(torch.zeros(4100 * 32), 0.1, mode="abs", level=1)
+    many = torch.zeros(300, 256)
+    many.view(-1)[::301] = 1.0
+    yield "f32_l2_many_streams", hvd_lossy.compress(many, 0.1, mode="abs", level=2, dedup=False)
+    # Wide codes: level-1 blocks of many bit planes.
+    yield "f32_l1_wide", hvd_lossy.compress(_lookups(8, 32, torch.float32, seed=7), 1e-7, mode="abs")
+
+
+def chunk_buffers():
+    """Yields (name, buffer) pairs of back-to-back frames."""
+    x = _lookups(40, 8, torch.float32, seed=8, distinct=5)
+    buf, _ = hvd_lossy.compress_chunks(x, [10, 0, 20, 10], [0.01, 0.02, 0.0, 0.05], level=2)
+    yield "chunks_f32_mixed", buf
+    buf, _ = hvd_lossy.compress_chunks(x.to(torch.bfloat16), [20, 20], 0.03)
+    yield "chunks_bf16", buf
+    buf, _ = hvd_lossy.compress_chunks(torch.arange(12, dtype=torch.float16), [5, 7], 0.1)
+    yield "chunks_1d", buf
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--chunks", action="store_true", help="also write back-to-back frame buffers")
+    ap.add_argument("--max-bytes", type=int, default=8192,
+                    help="skip seeds larger than this (the fuzzers' -max_len)")
+    args = ap.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    items = list(frames()) + (list(chunk_buffers()) if args.chunks else [])
+    written = 0
+    for name, frame in items:
+        data = bytes(frame.numpy().tobytes())
+        if len(data) > args.max_bytes:
+            print(f"skipped {name}: {len(data)} bytes > --max-bytes {args.max_bytes}")
+            continue
+        (args.out_dir / name).write_bytes(data)
+        written += 1
+    print(f"wrote {written} seeds to {args.out_dir}")
+
+
+if __name__ == "__main__":
+    main()

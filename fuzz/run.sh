@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Builds and runs the hvd_lossy decoder fuzzers, one after the other (one job: a shared machine).
+#
+#   fuzz/run.sh [SECONDS] [HARNESS...]   build, write seeds, replay fuzz/crashes/, fuzz each
+#                                        harness SECONDS (default 120)
+#   fuzz/run.sh replay                   build, then only replay fuzz/crashes/ through every harness
+#   fuzz/run.sh coverage                 line coverage of native/ reached by the saved corpora
+#
+# Harnesses: decode (libFuzzer, native, raw bytes), decode_patched (native, checksum and
+# total_bytes patched), py (atheris through hvd_lossy's Python API), py_patched.
+# Environment: CXX (clang++ with libFuzzer; default clang++-14 or clang++), FUZZ_WORK (build
+# outputs, corpora, logs; default fuzz/work), FUZZ_MAX_LEN (default 8192), PYTHON (default
+# .venv/bin/python), FUZZ_SKIP_BUILD=1 (reuse the binaries already in $FUZZ_WORK).
+# Exit status: non-zero when a harness found a crash (its input is saved under
+# $FUZZ_WORK/artifacts/<harness>/) or a regression input in fuzz/crashes/ fails again.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+WORK="${FUZZ_WORK:-$ROOT/fuzz/work}"
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+MAX_LEN="${FUZZ_MAX_LEN:-8192}"
+CXX="${CXX:-$(command -v clang++-14 || command -v clang++ || true)}"
+[ -n "$CXX" ] || { echo "no clang++ found: apt-get install -y clang-14 libclang-rt-14-dev" >&2; exit 2; }
+
+# The codec sources the Python extension links (CMakeLists.txt's hl_codec), minus CUDA and the
+# bindings; globbed so that a new CPU source file is picked up.
+CODEC_SRCS=()
+for f in native/*.cc; do
+  case "$f" in *bindings*|*cuda*) ;; *) CODEC_SRCS+=("$f") ;; esac
+done
+SAN=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+CXXFLAGS=(-std=c++17 -g -O1 -Inative -Wno-unknown-pragmas)
+ATHERIS_LIB="$("$PYTHON" -c 'import atheris; print(atheris.path())' 2>/dev/null || true)"
+PY_EXT="$WORK/native/_C$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:allocator_may_return_null=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+
+build() {
+  if [ "${FUZZ_SKIP_BUILD:-0}" = 1 ] && [ -x "$WORK/bin/fuzz_decode" ]; then return 0; fi
+  mkdir -p "$WORK/bin" "$WORK/native"
+  echo "== building with $CXX"
+  "$CXX" "${CXXFLAGS[@]}" "${SAN[@]}" -fsanitize=fuzzer fuzz/fuzz_decode.cc "${CODEC_SRCS[@]}" \
+    -o "$WORK/bin/fuzz_decode"
+  "$CXX" "${CXXFLAGS[@]}" "${SAN[@]}" -fsanitize=fuzzer -DHL_FUZZ_PATCH=1 fuzz/fuzz_decode.cc \
+    "${CODEC_SRCS[@]}" -o "$WORK/bin/fuzz_decode_patched"
+  if [ -n "$ATHERIS_LIB" ]; then
+    # The extension instrumented for libFuzzer's coverage feedback and ASan/UBSan; its sanitizer
+    # runtime comes from atheris' asan_with_fuzzer.so, preloaded into python (see run_py).
+    local pyinc pbinc
+    pyinc="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+    pbinc="$("$PYTHON" -c 'import pybind11; print(pybind11.get_include())')"
+    "$CXX" "${CXXFLAGS[@]}" "${SAN[@]}" -fsanitize=fuzzer-no-link -fno-sanitize=vptr,function \
+      -fPIC -shared -I"$pyinc" -I"$pbinc" native/bindings.cc "${CODEC_SRCS[@]}" -o "$PY_EXT"
+  fi
+}
+
+seeds() {
+  rm -rf "$WORK/seeds"
+  "$PYTHON" fuzz/make_seeds.py "$WORK/seeds" --chunks --max-bytes "$MAX_LEN"
+}
+
+# run_py PATCH ARGS...: the atheris harness, with the instrumented extension when it was built.
+run_py() {
+  local patch="$1"; shift
+  [ -n "$ATHERIS_LIB" ] || { echo "atheris is not installed: skipping the Python harness" >&2; return 0; }
+  local ext=""
+  [ -f "$PY_EXT" ] && ext="$PY_EXT"
+  HL_FUZZ_PATCH="$patch" HL_FUZZ_C="$ext" LD_PRELOAD="$ATHERIS_LIB/asan_with_fuzzer.so" \
+    "$PYTHON" fuzz/fuzz_decompress.py "$@"
+}
+
+harness_cmd() {
+  case "$1" in
+    decode) echo "$WORK/bin/fuzz_decode" ;;
+    decode_patched) echo "$WORK/bin/fuzz_decode_patched" ;;
+    py) echo "run_py 0" ;;
+    py_patched) echo "run_py 1" ;;
+    *) echo "unknown harness $1, expected decode, decode_patched, py or py_patched" >&2; exit 2 ;;
+  esac
+}
+
+replay() {
+  local status=0 inputs=(fuzz/crashes/*)
+  [ -e "${inputs[0]}" ] || { echo "== no regression inputs in fuzz/crashes/"; return 0; }
+  for h in decode decode_patched py py_patched; do
+    echo "== replaying ${#inputs[@]} regression inputs through $h"
+    if ! $(harness_cmd "$h") -runs=1 "${inputs[@]}" > "$WORK/logs/replay_$h.log" 2>&1; then
+      echo "!! $h fails on a regression input, see $WORK/logs/replay_$h.log"
+      tail -20 "$WORK/logs/replay_$h.log"
+      status=1
+    fi
+  done
+  return $status
+}
+
+fuzz_one() {
+  local h="$1" seconds="$2" status=0
+  mkdir -p "$WORK/corpus/$h" "$WORK/artifacts/$h" "$WORK/logs"
+  echo "== fuzzing $h for $seconds s"
+  $(harness_cmd "$h") -max_total_time="$seconds" -max_len="$MAX_LEN" -timeout=10 \
+    -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$WORK/artifacts/$h/" \
+    "$WORK/corpus/$h" "$WORK/seeds" > "$WORK/logs/$h.log" 2>&1 || status=$?
+  grep -E "DONE|^stat::(number_of_executed_units|average_exec_per_sec)" \
+    "$WORK/logs/$h.log" || true
+  if [ $status -ne 0 ]; then
+    echo "!! $h stopped with status $status; log $WORK/logs/$h.log, input under $WORK/artifacts/$h/"
+    grep -E "ERROR: |runtime error|SUMMARY|Test unit written" "$WORK/logs/$h.log" | head -5
+  fi
+  return $status
+}
+
+coverage() {
+  # Replays the saved corpora through a coverage build of the patched native harness.
+  local bin="$WORK/bin/fuzz_decode_cov" prof="$WORK/coverage"
+  rm -rf "$prof" && mkdir -p "$prof"
+  "$CXX" "${CXXFLAGS[@]}" -fsanitize=fuzzer -fprofile-instr-generate -fcoverage-mapping \
+    -DHL_FUZZ_PATCH=1 fuzz/fuzz_decode.cc "${CODEC_SRCS[@]}" -o "$bin"
+  local dirs=()
+  for d in "$WORK/corpus/"*/ "$WORK/seeds"; do [ -d "$d" ] && dirs+=("$d"); done
+  LLVM_PROFILE_FILE="$prof/%p.profraw" "$bin" -runs=0 "${dirs[@]}" > "$prof/run.log" 2>&1
+  local profdata llvmcov
+  profdata="$(command -v llvm-profdata-14 || command -v llvm-profdata)"
+  llvmcov="$(command -v llvm-cov-14 || command -v llvm-cov)"
+  "$profdata" merge -sparse "$prof"/*.profraw -o "$prof/merged.profdata"
+  "$llvmcov" report "$bin" -instr-profile="$prof/merged.profdata" "${CODEC_SRCS[@]}"
+  echo "== per-line: $llvmcov show $bin -instr-profile=$prof/merged.profdata native/codec_cpu.cc"
+}
+
+mkdir -p "$WORK/logs"
+case "${1:-}" in
+  coverage) coverage; exit 0 ;;
+  replay) build; replay; exit $? ;;
+esac
+SECONDS_EACH="${1:-120}"
+shift || true
+HARNESSES=("$@")
+[ ${#HARNESSES[@]} -gt 0 ] || HARNESSES=(decode decode_patched py py_patched)
+build
+seeds
+status=0
+replay || status=1
+for h in "${HARNESSES[@]}"; do
+  fuzz_one "$h" "$SECONDS_EACH" || status=1
+done
+exit $status
