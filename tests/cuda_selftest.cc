@@ -1,0 +1,278 @@
+// Standalone check of the CUDA codec against the CPU codec, without Python or torch: random
+// tensors of every dtype, shape, bound, mode, level and dedup setting; frames compared byte for
+// byte; each decoder run on the other's frames; compress_many against compress_many_cpu; tampered
+// payloads (checksum made valid again) must get the same verdict from both decoders.
+//
+// Build (no GPU needed; the binary needs only the driver's libcuda at run time):
+//   nvcc -std=c++17 -O2 -arch=sm_90 -ftz=false -prec-div=true -prec-sqrt=true -fmad=false \
+//        -Inative tests/cuda_selftest.cc native/codec_cuda.cu native/codec_cpu.cc \
+//        native/pack.cc native/rans_cpu.cc -o build/cuda_selftest
+// Run: build/cuda_selftest [cases (default 3000)] [seed (1)] [tampered frames a level (300)].
+// Exit status 0 when everything agrees.
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codec.h"
+#include "codec_common.h"
+
+namespace {
+
+int g_failures = 0;
+
+void fail(const std::string& what) {
+  if (++g_failures <= 30) fprintf(stderr, "FAIL %s\n", what.c_str());
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
+    exit(2);
+  }
+}
+
+// Device buffer with host staging.
+struct Dev {
+  uint8_t* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t bytes) : n(bytes) { check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc"); }
+  ~Dev() { cudaFree(p); }
+  void put(const void* src, size_t bytes) { check(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice), "H2D"); }
+  std::vector<uint8_t> get(size_t bytes) const {
+    std::vector<uint8_t> v(bytes);
+    check(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), "D2H");
+    return v;
+  }
+};
+
+struct Case {
+  uint8_t dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> data;  // raw elements
+  hl::CompressParams p;
+  std::string describe() const {
+    std::string s = "dtype " + std::to_string(dtype) + " shape (";
+    for (int64_t d : shape) s += std::to_string(d) + ",";
+    char buf[160];
+    snprintf(buf, sizeof(buf), ") eb %g mode %d level %d dedup %d", p.error_bound, p.mode, p.level,
+             (int)p.dedup);
+    return s + buf;
+  }
+};
+
+uint64_t numel(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= (uint64_t)d;
+  return n;
+}
+
+// Rows and row length of a shape (the frame.h rule) and the worst-case frame size.
+uint64_t max_frame(const std::vector<int64_t>& shape) {
+  uint64_t rows = 1, len = shape.empty() ? 1 : (uint64_t)shape.back();
+  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= (uint64_t)shape[i];
+  return hl_max_frame_bytes(rows, len, (int)shape.size());
+}
+
+uint32_t raw_of(uint8_t dtype, double v) {
+  float f = (float)v;
+  if (dtype == HL_FLOAT32) return hl::f32_bits(f);
+  if (dtype == HL_FLOAT16) return hl::f32_to_f16(f);
+  return hl::f32_to_bf16(f);
+}
+
+void store(Case& c, uint64_t i, uint32_t raw) {
+  const size_t eb = hl_elem_bytes(c.dtype);
+  memcpy(c.data.data() + i * eb, &raw, eb);
+}
+
+Case random_case(std::mt19937_64& rng, uint64_t max_elems) {
+  static const double kSpecials[] = {0.0, -0.0, NAN, INFINITY, -INFINITY, 3.4e38, -3.4e38, 1e-45,
+                                     -1e-40, 1e-8, 65504.0, 1.0, -1.0};
+  static const double kBounds[] = {0.0, 1e-6, 1e-3, 0.01, 0.03, 0.05, 0.3, 1.0};
+  std::uniform_int_distribution<int> pick(0, 1 << 30);
+  Case c;
+  c.dtype = (uint8_t)(pick(rng) % 3);
+  const int ndim = pick(rng) % 4;
+  for (int i = 0; i < ndim; ++i) c.shape.push_back(pick(rng) % (i + 1 == ndim ? 70 : 50));
+  while (numel(c.shape) > max_elems) c.shape[0] /= 2;
+  const uint64_t n = numel(c.shape);
+  c.data.resize(n * hl_elem_bytes(c.dtype));
+  std::normal_distribution<double> normal;
+  const double scales[] = {1e-30, 1e-3, 1.0, 1e3, 1e30};
+  const double scale = scales[pick(rng) % 5];
+  // Embedding-like: a few distinct rows reused (duplicates), or plain noise.
+  const uint64_t d = c.shape.empty() ? 1 : (uint64_t)c.shape.back();
+  const uint64_t rows = d ? n / d : 0;
+  const uint64_t distinct = 1 + pick(rng) % (rows + 1);
+  const bool reuse = rows > 1 && pick(rng) % 2;
+  std::vector<double> table(distinct * d);
+  for (double& v : table) v = normal(rng) * scale;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const uint64_t src = reuse ? pick(rng) % distinct : r % distinct;
+    for (uint64_t i = 0; i < d; ++i)
+      store(c, r * d + i, raw_of(c.dtype, reuse ? table[src * d + i] : normal(rng) * scale));
+  }
+  for (int k = pick(rng) % 5; k > 0 && n; --k)
+    store(c, pick(rng) % n, raw_of(c.dtype, kSpecials[pick(rng) % 13]));
+  c.p.dtype = c.dtype;
+  c.p.mode = (uint8_t)(pick(rng) % 2);
+  c.p.level = (uint8_t)(1 + pick(rng) % 2);
+  c.p.dedup = pick(rng) % 4 != 0;
+  c.p.error_bound = kBounds[pick(rng) % 8];
+  return c;
+}
+
+std::string first_difference(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  if (a.size() != b.size())
+    return "sizes " + std::to_string(a.size()) + " (CPU) vs " + std::to_string(b.size()) + " (CUDA)";
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i])
+      return "first difference at byte " + std::to_string(i) + " of " + std::to_string(a.size());
+  return "";
+}
+
+// Decodes on both sides; returns "" when they agree (same bits, or both reject).
+std::string compare_decoders(const std::vector<uint8_t>& frame, uint64_t out_bytes) {
+  std::vector<uint8_t> cpu(out_bytes);
+  std::string cpu_err, gpu_err;
+  try {
+    hl::decompress_cpu(frame.data(), frame.size(), cpu.data(), out_bytes, 1);
+  } catch (const std::exception& e) {
+    cpu_err = e.what();
+  }
+  Dev f(frame.size()), o(out_bytes);
+  f.put(frame.data(), frame.size());
+  try {
+    hl::decompress_cuda(f.p, frame.size(), o.p, out_bytes, nullptr);
+  } catch (const std::exception& e) {
+    gpu_err = e.what();
+  }
+  if (cpu_err.empty() != gpu_err.empty())
+    return "CPU decoder says \"" + (cpu_err.empty() ? "ok" : cpu_err) + "\", CUDA decoder says \"" +
+           (gpu_err.empty() ? "ok" : gpu_err) + "\"";
+  if (cpu_err.empty() && o.get(out_bytes) != cpu) return "decoded tensors differ";
+  return "";
+}
+
+void run_case(const Case& c) {
+  const uint64_t n = numel(c.shape);
+  const uint64_t cap = max_frame(c.shape);
+  std::vector<uint8_t> cpu(cap);
+  std::string cpu_err, gpu_err;
+  uint64_t cpu_size = 0, gpu_size = 0;
+  try {
+    cpu_size = hl::compress_cpu(c.data.data(), c.p, c.shape, cpu.data(), cap, 1);
+  } catch (const std::exception& e) {
+    cpu_err = e.what();
+  }
+  Dev in(c.data.size()), out(cap);
+  in.put(c.data.data(), c.data.size());
+  try {
+    gpu_size = hl::compress_cuda(in.p, c.p, c.shape, out.p, cap, nullptr);
+  } catch (const std::exception& e) {
+    gpu_err = e.what();
+  }
+  if (cpu_err != gpu_err) return fail(c.describe() + ": CPU error \"" + cpu_err + "\", CUDA error \"" + gpu_err + "\"");
+  if (!cpu_err.empty()) return;
+  cpu.resize(cpu_size);
+  std::vector<uint8_t> gpu = out.get(gpu_size);
+  std::string diff = first_difference(cpu, gpu);
+  if (!diff.empty()) return fail(c.describe() + ": frames differ, " + diff);
+  diff = compare_decoders(cpu, n * hl_elem_bytes(c.dtype));
+  if (!diff.empty()) fail(c.describe() + ": " + diff);
+}
+
+void run_many(std::mt19937_64& rng) {
+  Case c = random_case(rng, 20000);
+  if (c.shape.size() < 1) c.shape = {37, 5};
+  std::vector<int64_t> trailing(c.shape.begin() + 1, c.shape.end());
+  std::vector<int64_t> rows;
+  std::vector<double> ebs;
+  int64_t left = c.shape[0];
+  while (left > 0) {
+    int64_t r = std::min<int64_t>(left, (int64_t)(rng() % 40));
+    rows.push_back(r);
+    ebs.push_back((rng() % 3) ? 0.01 : ((rng() % 2) ? 0.0 : 1e-12));
+    left -= r;
+  }
+  if (rows.empty()) return;
+  uint64_t cap = 0;
+  for (int64_t r : rows) {
+    std::vector<int64_t> s{r};
+    s.insert(s.end(), trailing.begin(), trailing.end());
+    cap += max_frame(s);
+  }
+  std::vector<uint8_t> cpu(cap);
+  std::vector<uint64_t> cs = hl::compress_many_cpu(c.data.data(), c.p, rows, trailing, ebs, cpu.data(), cap, 1);
+  Dev in(c.data.size()), out(cap);
+  in.put(c.data.data(), c.data.size());
+  std::vector<uint64_t> gs = hl::compress_many_cuda(in.p, c.p, rows, trailing, ebs, out.p, cap, nullptr);
+  uint64_t total = 0;
+  for (uint64_t s : cs) total += s;
+  if (cs != gs) return fail(c.describe() + ": compress_many sizes differ");
+  cpu.resize(total);
+  std::string diff = first_difference(cpu, out.get(total));
+  if (!diff.empty()) fail(c.describe() + ": compress_many buffers differ, " + diff);
+}
+
+void run_tampered(std::mt19937_64& rng, int trials) {
+  Case c = random_case(rng, 30000);
+  c.shape = {600, 24};
+  c.dtype = c.p.dtype = HL_FLOAT32;
+  c.data.resize(600 * 24 * 4);
+  std::normal_distribution<double> normal;
+  std::vector<double> table(50 * 24);
+  for (double& v : table) v = normal(rng) * 0.1;
+  for (uint64_t r = 0; r < 600; ++r)
+    for (uint64_t i = 0; i < 24; ++i) store(c, r * 24 + i, raw_of(HL_FLOAT32, table[(r % 50) * 24 + i]));
+  store(c, 7 * 24 + 3, raw_of(HL_FLOAT32, INFINITY));
+  store(c, 9 * 24 + 1, raw_of(HL_FLOAT32, 1e20));
+  for (uint8_t level = 1; level <= 2; ++level) {
+    c.p.mode = HL_MODE_ABS;
+    c.p.error_bound = 1e-3;
+    c.p.level = level;
+    c.p.dedup = true;
+    std::vector<uint8_t> frame(hl_max_frame_bytes(600, 24, 2));
+    frame.resize(hl::compress_cpu(c.data.data(), c.p, c.shape, frame.data(), frame.size(), 1));
+    const uint64_t start = HL_HEADER_BYTES + 16;
+    for (int t = 0; t < trials; ++t) {
+      std::vector<uint8_t> bad = frame;
+      for (int k = 1 + (int)(rng() % 4); k > 0; --k) bad[start + rng() % (bad.size() - start)] = (uint8_t)rng();
+      uint32_t sum = hl::frame_checksum(bad.data(), bad.size());
+      memcpy(bad.data() + offsetof(HlFrameHeader, checksum), &sum, 4);
+      std::string diff = compare_decoders(bad, 600 * 24 * 4);
+      if (!diff.empty()) fail("tampered level " + std::to_string(level) + " trial " + std::to_string(t) + ": " + diff);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int cases = argc > 1 ? atoi(argv[1]) : 3000;
+  const uint64_t seed = argc > 2 ? strtoull(argv[2], nullptr, 10) : 1;
+  const int tampered = argc > 3 ? atoi(argv[3]) : 300;
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    printf("no CUDA device: nothing to check\n");
+    return 3;
+  }
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < cases; ++i) run_case(random_case(rng, i % 50 == 0 ? 2000000 : 5000));
+  printf("random tensors: %d cases, %d failures\n", cases, g_failures);
+  const int before_many = g_failures;
+  for (int i = 0; i < cases / 20; ++i) run_many(rng);
+  printf("compress_many: %d cases, %d failures\n", cases / 20, g_failures - before_many);
+  const int before_tamper = g_failures;
+  run_tampered(rng, tampered);
+  printf("tampered frames: %d trials, %d disagreements\n", 2 * tampered, g_failures - before_tamper);
+  check(cudaDeviceSynchronize(), "final synchronize");
+  printf("%s\n", g_failures ? "FAILED" : "all agree");
+  return g_failures ? 1 : 0;
+}

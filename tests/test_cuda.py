@@ -1,0 +1,324 @@
+"""Specification of the CUDA codec: it writes the CPU codec's frames byte for byte, each side
+decodes the other's frames, the bound holds on every element, and bad frames raise ValueError.
+
+Skips without a CUDA device. On a machine with one, the extension must have been built with CUDA
+(HVD_LOSSY_WITH_CUDA=ON or AUTO with nvcc present): a device without the CUDA build fails.
+"""
+import math
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hvd_lossy
+from hvd_lossy import _C, FrameError
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SPECIALS = [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 3.4e38, -3.4e38, 1e-45, -1e-40,
+            1e-8, 65504.0, 1.0, -1.0]
+HEADER = _C.HEADER_BYTES
+CHECKSUM_OFFSET = 12  # HlFrameHeader.checksum
+
+
+def bits(x):
+    """The raw bit patterns of a float tensor (NaN payloads included), on the CPU."""
+    return x.detach().cpu().contiguous().view(torch.int16 if x.element_size() == 2 else torch.int32)
+
+
+def section_of(frame, offset):
+    """Names the frame section holding byte `offset`, for readable mismatch reports."""
+    info = hvd_lossy.frame_info(frame)
+    bounds = [("header", HEADER), ("shape", HEADER + 8 * len(info["shape"]))]
+    for name in ("map_bytes", "code_bytes", "outlier_bytes"):
+        bounds.append((name[:-6] + " section", bounds[-1][1] + info[name]))
+    for name, end in bounds:
+        if offset < end:
+            return name
+    return "past the end"
+
+
+def assert_same_frame(cpu, gpu, what=""):
+    gpu = gpu.cpu()
+    if torch.equal(cpu, gpu):
+        return
+    if cpu.numel() != gpu.numel():
+        info_c, info_g = hvd_lossy.frame_info(cpu), hvd_lossy.frame_info(gpu)
+        keys = [k for k in info_c if info_c[k] != info_g.get(k)]
+        raise AssertionError(f"{what}: CPU frame {cpu.numel()} bytes, CUDA frame {gpu.numel()} bytes; "
+                             f"header fields differ: {[(k, info_c[k], info_g.get(k)) for k in keys]}")
+    first = int((cpu != gpu).nonzero()[0])
+    raise AssertionError(f"{what}: frames of {cpu.numel()} bytes first differ at byte {first} "
+                         f"({section_of(cpu, first)}): CPU {int(cpu[first])}, CUDA {int(gpu[first])}")
+
+
+def assert_compress_matches(x, eb, mode="rel", level=1, dedup=True):
+    """The CUDA frame equals the CPU frame, and both decoders give the CPU's bits."""
+    what = f"{tuple(x.shape)} {x.dtype} eb={eb} {mode} L{level} dedup={dedup}"
+    cpu = hvd_lossy.compress(x, eb, mode=mode, level=level, dedup=dedup)
+    gpu = hvd_lossy.compress(x.cuda(), eb, mode=mode, level=level, dedup=dedup)
+    assert gpu.is_cuda
+    assert_same_frame(cpu, gpu, what)
+    y_cpu = hvd_lossy.decompress(cpu)
+    y_gpu = hvd_lossy.decompress(gpu)
+    assert y_gpu.is_cuda and y_gpu.dtype == x.dtype and y_gpu.shape == x.shape
+    assert torch.equal(bits(y_cpu), bits(y_gpu)), what
+    return cpu, y_cpu
+
+
+def max_error(x, y):
+    x64, y64 = x.double().cpu(), y.double().cpu()
+    finite = torch.isfinite(x64)
+    return (x64[finite] - y64[finite]).abs().max().item() if finite.any() else 0.0
+
+
+def lookups(rows, dim, dtype=torch.float32, distinct=None, seed=0):
+    """Embedding-lookup-like rows: DLRM uniform init, rows drawn from `distinct` table rows."""
+    g = torch.Generator().manual_seed(seed)
+    distinct = distinct or rows
+    table = (torch.rand(distinct, dim, generator=g) * 2 - 1) / math.sqrt(distinct)
+    ids = torch.randint(0, distinct, (rows,), generator=g)
+    return table[ids].to(dtype)
+
+
+# ---- frames identical to the CPU codec ------------------------------------------------------
+
+def test_module_was_built_with_cuda():
+    assert _C.WITH_CUDA, "a CUDA device is present but hvd_lossy._C was built without CUDA"
+
+
+CASES = {
+    "random normal": lambda dt: torch.randn(257, 33, generator=torch.Generator().manual_seed(1)).to(dt),
+    "lookups with duplicates": lambda dt: lookups(1000, 32, dt, distinct=120),
+    "all rows equal": lambda dt: lookups(300, 16, dt, distinct=1),
+    "specials": lambda dt: torch.tensor(SPECIALS * 8).reshape(8, len(SPECIALS)).to(dt),
+    "wide range (outliers)": lambda dt: (torch.randn(64, 40, generator=torch.Generator().manual_seed(2))
+                                         * torch.logspace(-30, 30, 40)).to(dt),
+    "one long row": lambda dt: torch.randn(10000, generator=torch.Generator().manual_seed(3)).to(dt),
+    "3-d": lambda dt: lookups(6 * 50, 24, dt, distinct=40).reshape(6, 50, 24),
+    "0-d": lambda dt: torch.tensor(1.5).to(dt),
+    "no rows": lambda dt: torch.empty(0, 32, dtype=dt),
+    "empty rows": lambda dt: torch.empty(12, 0, dtype=dt),
+    "constant": lambda dt: torch.full((40, 8), 0.25, dtype=dt),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("eb,mode", [(0.0, "rel"), (1e-3, "rel"), (0.03, "rel"), (0.5, "rel"),
+                                     (1e-2, "abs"), (1e-30, "abs")])
+@pytest.mark.parametrize("level", [1, 2])
+def test_cuda_frames_are_byte_identical_to_cpu_frames(case, dtype, eb, mode, level):
+    x = CASES[case](dtype)
+    for dedup in (True, False):
+        assert_compress_matches(x, eb, mode, level, dedup)
+
+
+@st.composite
+def tensors(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    ndim = draw(st.integers(0, 3))
+    shape = tuple(draw(st.lists(st.integers(0, 40), min_size=ndim, max_size=ndim)))
+    numel = math.prod(shape)
+    scale = draw(st.sampled_from([1e-30, 1e-3, 1.0, 1e3, 1e30]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    x = torch.randn(numel, generator=g, dtype=torch.float64) * scale
+    for i, v in draw(st.lists(st.tuples(st.integers(0, max(numel - 1, 0)), st.sampled_from(SPECIALS)),
+                              max_size=6)):
+        if numel:
+            x[i] = v
+    x = x.to(dtype).reshape(shape)
+    if draw(st.booleans()) and numel > 1 and ndim >= 2:
+        x = x.reshape(-1, shape[-1])
+        x[len(x) // 2:] = x[: len(x) - len(x) // 2].clone()
+        x = x.reshape(shape)
+    return x
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(x=tensors(), eb=st.sampled_from([0.0, 1e-6, 1e-3, 0.01, 0.05, 0.3, 1.0]),
+       mode=st.sampled_from(["rel", "abs"]), level=st.sampled_from([1, 2]), dedup=st.booleans())
+def test_cuda_matches_cpu_on_any_tensor(x, eb, mode, level, dedup):
+    assert_compress_matches(x, eb, mode, level, dedup)
+
+
+@pytest.mark.parametrize("level", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_lookup_batch_matches_cpu(level, dtype):
+    # Many blocks, many rANS streams, long hash runs: the grid-stride and scan paths.
+    x = lookups(40000, 32, dtype, distinct=5000, seed=7)
+    x[123, 5] = float("nan")
+    x[999, 0] = 1e30
+    assert_compress_matches(x, 0.01, "rel", level, True)
+
+
+def test_lossless_fallback_when_most_elements_are_outliers_matches_cpu():
+    # A bound far below the float spacing makes every element an outlier: the lossy frame would
+    # exceed the worst-case size, so both encoders store the tensor losslessly.
+    x = torch.randn(500, 16, generator=torch.Generator().manual_seed(4)) * 1e6 + 1e7
+    for level in (1, 2):
+        cpu, y = assert_compress_matches(x, 1e-12, "abs", level)
+        assert hvd_lossy.frame_info(cpu)["lossless"]
+        assert torch.equal(bits(y), bits(x))
+
+
+def test_rows_differing_only_in_an_outlier_value_are_not_merged_on_cuda():
+    x = lookups(64, 8, distinct=1)
+    x[10, 3] = float("nan")
+    x[20, 3] = float("inf")
+    x[30, 3] = float("inf")
+    cpu, y = assert_compress_matches(x, 0.01)
+    info = hvd_lossy.frame_info(cpu)
+    assert info["n_unique"] == 3 and info["n_outliers"] == 2
+    assert torch.isinf(y[20, 3]) and torch.isinf(y[30, 3]) and torch.isnan(y[10, 3])
+
+
+# ---- chunks ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_compress_chunks_on_cuda_matches_cpu_buffer_and_sizes(level):
+    x = lookups(2600, 32, distinct=300, seed=5)
+    rows = [1000, 0, 7, 1, 592, 1000]
+    ebs = [0.03, 0.0, 0.01, 0.5, 1e-12, 0.03]
+    buf_c, sizes_c = hvd_lossy.compress_chunks(x, rows, ebs, level=level)
+    buf_g, sizes_g = hvd_lossy.compress_chunks(x.cuda(), rows, ebs, level=level)
+    assert sizes_g == sizes_c
+    assert_same_frame(buf_c, buf_g, "compress_chunks buffer")
+    for a, b in zip(hvd_lossy.decompress_chunks(buf_c, sizes_c), hvd_lossy.decompress_chunks(buf_g)):
+        assert b.is_cuda and torch.equal(bits(a), bits(b))
+
+
+def test_compress_chunks_moves_frames_that_overlap_their_slot():
+    # A lossless chunk nearly fills its worst-case slot, so the next frame's destination overlaps
+    # its own slot and has to be moved through a bounce buffer.
+    x = torch.randn(4000, 32, generator=torch.Generator().manual_seed(6))
+    rows, ebs = [100, 3900], [0.0, 0.0]
+    buf_c, sizes_c = hvd_lossy.compress_chunks(x, rows, ebs)
+    buf_g, sizes_g = hvd_lossy.compress_chunks(x.cuda(), rows, ebs)
+    assert sizes_g == sizes_c
+    assert_same_frame(buf_c, buf_g, "overlapping chunks")
+
+
+def test_compress_chunks_of_a_1d_tensor_on_cuda_matches_cpu():
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(8))
+    buf_c, sizes_c = hvd_lossy.compress_chunks(x, [10, 990], 0.01, level=2)
+    buf_g, sizes_g = hvd_lossy.compress_chunks(x.cuda(), [10, 990], 0.01, level=2)
+    assert sizes_g == sizes_c
+    assert_same_frame(buf_c, buf_g, "1-d chunks")
+
+
+# ---- the bound, streams, devices ------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("eb", [1e-4, 0.01, 0.05])
+def test_cuda_roundtrip_respects_error_bound_on_every_element(dtype, eb):
+    x = torch.randn(3000, 64, generator=torch.Generator().manual_seed(9)).to(dtype).cuda()
+    x[0, :8] = torch.tensor(SPECIALS[:8], dtype=dtype)
+    frame = hvd_lossy.compress(x, eb)
+    y = hvd_lossy.decompress(frame)
+    assert max_error(x, y) <= hvd_lossy.frame_info(frame)["eb_abs"]
+    assert torch.equal(torch.isnan(x), torch.isnan(y))
+    inf = torch.isinf(x)
+    assert torch.equal(x[inf], y[inf])
+
+
+def test_cuda_codec_runs_on_the_callers_stream():
+    x = lookups(5000, 32, distinct=700).cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        frame = hvd_lossy.compress(x, 0.01, level=2)
+        y = hvd_lossy.decompress(frame)
+    torch.cuda.current_stream().wait_stream(side)
+    cpu = hvd_lossy.compress(x.cpu(), 0.01, level=2)
+    assert_same_frame(cpu, frame, "side stream")
+    assert torch.equal(bits(y), bits(hvd_lossy.decompress(cpu)))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_cuda_codec_uses_the_tensors_device_not_the_current_one():
+    x = lookups(500, 16, distinct=50).to("cuda:1")
+    with torch.cuda.device(0):
+        frame = hvd_lossy.compress(x, 0.01)
+        y = hvd_lossy.decompress(frame)
+    assert frame.device == x.device and y.device == x.device
+    assert_same_frame(hvd_lossy.compress(x.cpu(), 0.01), frame, "second device")
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+def test_bound_overflow_raises_like_the_cpu():
+    x = torch.tensor([[-3e38, 3e38]])
+    with pytest.raises(ValueError, match="overflows") as cpu_err:
+        hvd_lossy.compress(x, 1e300)
+    with pytest.raises(ValueError, match="overflows") as gpu_err:
+        hvd_lossy.compress(x.cuda(), 1e300)
+    assert str(gpu_err.value) == str(cpu_err.value)
+    with pytest.raises(RuntimeError, match="overflows"):
+        hvd_lossy.compress_chunks(x.cuda(), [1], 1e300)
+
+
+def with_checksum(frame):
+    """The frame with its checksum field recomputed (so that deeper checks are reached)."""
+    frame = frame.clone()
+    frame[CHECKSUM_OFFSET:CHECKSUM_OFFSET + 4] = 0
+    c = _C.checksum(frame.data_ptr(), frame.numel())
+    frame[CHECKSUM_OFFSET:CHECKSUM_OFFSET + 4] = torch.tensor(list(c.to_bytes(4, "little")), dtype=torch.uint8)
+    return frame
+
+
+def test_corrupted_cuda_frames_raise_value_error():
+    x = lookups(600, 16, distinct=60)
+    x[5, 5] = float("nan")
+    frame = hvd_lossy.compress(x.cuda(), 0.01)
+    info = hvd_lossy.frame_info(frame)
+    assert info["map_bytes"] and info["n_outliers"]
+    payload = HEADER + 16
+    for pos in (payload, frame.numel() // 2, frame.numel() - 1):
+        bad = frame.clone()
+        bad[pos] ^= 0x40
+        with pytest.raises(ValueError, match="checksum"):
+            hvd_lossy.decompress(bad)
+    with pytest.raises(ValueError):
+        hvd_lossy.decompress(frame[:-1])
+    with pytest.raises(ValueError):
+        hvd_lossy.decompress(frame[:40])
+    bad = frame.clone()
+    bad[0] ^= 1
+    with pytest.raises(FrameError, match="magic"):
+        hvd_lossy.decompress(bad)
+
+
+def decode_verdict(frame):
+    try:
+        return "ok", bits(hvd_lossy.decompress(frame))
+    except ValueError as e:
+        return "error", str(e).split(":")[0]
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_cuda_and_cpu_decoders_agree_on_every_tampered_payload(level):
+    # Payload bytes changed and the checksum made valid again: the decoders must reach the same
+    # verdict (the same tensor, or a ValueError), and the CUDA one must stay in bounds.
+    x = lookups(3000, 16, distinct=200, seed=11)
+    x[7, 3] = float("inf")
+    x[50, 0] = 1e20
+    frame = hvd_lossy.compress(x, 1e-3, mode="abs", level=level)
+    info = hvd_lossy.frame_info(frame)
+    assert info["level"] == level and info["map_bytes"] and info["n_outliers"] == 2
+    start = HEADER + 8 * len(info["shape"])
+    rng = random.Random(level)
+    for trial in range(200):
+        bad = frame.clone()
+        for _ in range(rng.choice([1, 1, 2, 5])):
+            bad[rng.randrange(start, frame.numel())] = rng.randrange(256)
+        bad = with_checksum(bad)
+        on_cpu = decode_verdict(bad)
+        on_gpu = decode_verdict(bad.cuda())
+        assert on_cpu[0] == on_gpu[0], f"trial {trial}: CPU {on_cpu[0]}, CUDA {on_gpu[0]}"
+        if on_cpu[0] == "ok":
+            assert torch.equal(on_cpu[1], on_gpu[1]), f"trial {trial}: decoded tensors differ"
+    torch.cuda.synchronize()  # a fault from an out-of-bounds access would surface here
