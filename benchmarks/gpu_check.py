@@ -23,6 +23,7 @@ Stages (each logged, each result written to <out>/gpu_check.json as soon as it i
                            all-to-all in one compress_chunks call
              at levels 1 and 2, each checked byte for byte against the CPU codec, beside a
              device-to-device copy of the same bytes (the memory-bandwidth yardstick).
+  profile    (--profile) GPU time per kernel of a few synthetic calls, into <out>/profile.txt.
   sanitize   (--sanitize) the selftest under compute-sanitizer memcheck.
 <out> is $OUT when set (the lease's output folder), else benchmarks/out. The last lines printed
 are a short table. Exit status: 0 when every stage that ran passed.
@@ -62,6 +63,8 @@ def parse_args(argv):
     p.add_argument("--sanitize", action="store_true",
                    help="also run build/cuda_selftest under compute-sanitizer memcheck (about 1-2 minutes)")
     p.add_argument("--sanitize-timeout", type=int, default=120)
+    p.add_argument("--profile", action="store_true",
+                   help="also time each kernel of a few synthetic compress/decompress calls (torch.profiler)")
     p.add_argument("--build-timeout", type=int, default=400, help="seconds for the build stage")
     p.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "benchmarks" / "out"),
                    help="folder for gpu_check.json and the logs (default $OUT, else benchmarks/out)")
@@ -302,6 +305,45 @@ def benchmark(args, report):
     return ok
 
 
+def profile(args, report):
+    """Per-kernel GPU time of a few compress/decompress calls (torch.profiler, CUPTI), so that
+    the slow stages can be named; the full table goes to <out>/profile.txt."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    sys.path.insert(0, str(REPO))
+    import hvd_lossy
+    from hvd_lossy.bench.criteo import synthetic_lookups
+
+    x = synthetic_lookups(args.synthetic_mb << 20, dim=32).to(args.device)
+    lines, top = [], {}
+    for level in args.levels:
+        frame = hvd_lossy.compress(x, args.error_bound, level=level)
+        hvd_lossy.decompress(frame)
+        torch.cuda.synchronize()
+        for what, fn in (("compress", lambda: hvd_lossy.compress(x, args.error_bound, level=level)),
+                         ("decompress", lambda: hvd_lossy.decompress(frame))):
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    fn()
+                torch.cuda.synchronize()
+            events = prof.key_averages()
+            gpu_us = lambda e: getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)  # noqa: E731
+            try:
+                table = events.table(sort_by="device_time_total", row_limit=40)
+            except (KeyError, AttributeError, ValueError):
+                table = events.table(sort_by="cuda_time_total", row_limit=40)
+            lines += [f"==== level {level} {what} (5 calls)", table]
+            top[f"L{level} {what}"] = [(e.key[:60], round(gpu_us(e) / 5, 1))
+                                        for e in sorted(events, key=lambda e: -gpu_us(e))[:8]]
+    (report.dir / "profile.txt").write_text("\n".join(lines))
+    report.stage("profile", ok=True, top_kernels_us_per_call=top)
+    for k, v in top.items():
+        print(f"{k}: " + ", ".join(f"{name.split('(')[0].split('::')[-1]} {us:.0f}us" for name, us in v[:6]))
+    return True
+
+
 def print_table(report):
     stages = report.data["stages"]
     print()
@@ -347,6 +389,11 @@ def main(argv=None):
         except Exception as e:
             report.stage("benchmark", ok=False, error=f"{type(e).__name__}: {e}")
             ok = False
+    if built and args.device == "cuda" and args.profile:
+        try:
+            profile(args, report)
+        except Exception as e:
+            report.stage("profile", ok=False, error=f"{type(e).__name__}: {e}")
     if args.device == "cuda" and args.sanitize:
         ok &= sanitize(args, report)
     report.data["ok"] = bool(ok)
