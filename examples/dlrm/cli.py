@@ -69,6 +69,9 @@ def parser():
     c.add_argument("--backward-error-bound", type=_backward, default="same",
                    help="gradient all-to-all: 'same' as forward (default), 'none' (uncompressed), "
                         "'fp16', or an error bound in --eb-mode")
+    c.add_argument("--lossy-frames", choices=["table", "destination"], default="table",
+                   help="lossy: one frame per (destination, table), so a relative bound is relative to "
+                        "each table's range (default), or Compression.lossy's one frame per destination")
     c.add_argument("--policy", default=None, help="adaptive controller policy")
     c.add_argument("--schedule", default=None, help="adaptive controller schedule")
     c.add_argument("--schedule-iters", type=int, default=None, metavar="E",
@@ -82,6 +85,7 @@ def parser():
                    help="use horovod.torch.alltoall directly (reference for --compression none)")
 
     o = p.add_argument_group("output")
+    o.add_argument("--label", default=None, help="name of this run in the metrics (default: --compression)")
     o.add_argument("--metrics-out", default=None, metavar="PATH", help="write the metrics JSON here (rank 0)")
     o.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots here (rank 0)")
     o.add_argument("--eval-points", type=int, default=5,

@@ -27,7 +27,7 @@ def backward_setting(args):
     return {"none": None, "fp16": Compression.fp16}.get(b, b) if isinstance(b, str) else b
 
 
-def make_compression(args, owners, rank, cardinalities, total_steps):
+def make_compression(args, owners, rank, world, cardinalities, total_steps):
     """(compressor, controller or None) for --compression; ValueError for bad settings."""
     from hvd_lossy.torch import Compression
     backward = backward_setting(args)
@@ -35,8 +35,13 @@ def make_compression(args, owners, rank, cardinalities, total_steps):
         return Compression.none, None
     if args.compression == "fp16":
         return Compression.fp16, None
-    if args.compression == "lossy":
+    if args.compression == "lossy" and args.lossy_frames == "destination":
         return Compression.lossy(args.error_bound, args.eb_mode, backward=backward), None
+    if args.compression == "lossy":
+        from frames import TableFrames
+        names = [[n for n, r in zip(data.TABLE_NAMES, owners) if r == k] for k in range(world)]
+        return TableFrames(args.error_bound, args.eb_mode, [names[rank]] * world, backward=backward,
+                           backward_layouts=names), None
     from hvd_lossy.adaptive import Controller
     tables = {name: (rows, owner) for name, rows, owner in zip(data.TABLE_NAMES, cardinalities, owners)}
     # The schedule decays to 1.0 over the run and the controller re-plans ~20 times, unless told.
@@ -74,21 +79,19 @@ class Link:
             self._lossy = lossy_hvd
             try:
                 self.compression, self.controller = make_compression(
-                    args, owners, rank, cardinalities, total_steps)
+                    args, owners, rank, world, cardinalities, total_steps)
             except ValueError as e:
                 from cli import UsageError
                 raise UsageError("compression settings: %s" % e) from None
         self.steps, self.table_history = [], []
         self._mark = self._fwd = None
-        self._calls = 0
         self._evaluating = False
         self._plain_bytes = 0
 
     def alltoall(self, tensor, splits):
         """(output, received_splits), autograd through the call (the backward all-to-all sends
         the gradients back, compressed per the compressor's backward setting)."""
-        self._calls += 1
-        name = "emb.a2a.%d" % self._calls
+        name = "emb.a2a"  # one name: Horovod caches responses by name, and calls never overlap
         if self.plain:
             out = hvd.alltoall(tensor, splits=splits, name=name)
             self._plain_bytes = tensor.numel() * tensor.element_size()
@@ -151,24 +154,6 @@ class Link:
         self._mark = None
         return rec
 
-    def sample_tables(self, step, lookups, b):
-        """For fixed-bound lossy compression, whose frames mix a rank's tables: each table's ratio
-        if it were compressed alone at the same bound, measured on this step's lookups (outside
-        the timed step). Records into table_history."""
-        if self.plain or self.controller is not None or self.args.compression != "lossy":
-            return
-        import hvd_lossy
-        local = {}
-        for name, t in zip(self.local_names, lookups):
-            _, sizes = hvd_lossy.compress_chunks(t.detach().contiguous(), [b] * self.world,
-                                                 self.args.error_bound, mode=self.args.eb_mode)
-            local[name] = (t.numel() * t.element_size(), sum(sizes))
-        merged = {}
-        for part in hvd.allgather_object(local, name="table_sample.%d" % step):
-            merged.update(part)
-        self.table_history.append({"step": step, "tables": {
-            n: {"bound": self.args.error_bound, "ratio": raw / sent} for n, (raw, sent) in merged.items()}})
-
     def reset(self):
         self.steps, self.table_history = [], []
         if not self.plain:
@@ -200,12 +185,16 @@ class Link:
                                                     "ratio", "bwd_ratio")}}
         bound = self.args.error_bound if self.args.compression == "lossy" else 0.0
         tables = {n: {"bound": bound, "owner": self.owners[t]} for t, n in enumerate(data.TABLE_NAMES)}
-        for h in self.table_history:  # lossy: the mean of the sampled alone-ratios
-            for n, v in h["tables"].items():
-                tables[n].setdefault("ratios", []).append(v["ratio"])
-        for v in tables.values():
-            if "ratios" in v:
-                v["ratio_alone_sampled"] = float(np.mean(v.pop("ratios")))
+        if hasattr(self.compression, "table_bytes"):  # per-table frames: bytes summed over ranks
+            summed = {}
+            for part in hvd.allgather_object(self.compression.table_bytes, name="table_bytes"):
+                for key, (raw, sent) in part.items():
+                    acc = summed.setdefault(key, [0, 0])
+                    acc[0] += raw
+                    acc[1] += sent
+            for key, (raw, sent) in summed.items():
+                name, field = (key[4:], "bwd_ratio") if key.startswith("bwd:") else (key, "ratio")
+                tables[name][field] = raw / sent if sent else None
         return {"tables": tables, "table_history": self.table_history}
 
     def _snapshot(self):

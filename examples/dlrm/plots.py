@@ -88,7 +88,7 @@ def _tables(m, out_dir):
         a2.bar(x, [tables[n].get("ratio", np.nan) for n in names])
         a2.set_xticks(x, names, rotation=90, fontsize=7)
     a1.set_ylabel("error bound")
-    a2.set_ylabel("compression ratio" + (" (table alone, sampled)" if m.get("compression") == "lossy" else ""))
+    a2.set_ylabel("compression ratio")
     a1.set_title("per-table bound and ratio\n" + _title(m), fontsize=8)
     return _save(fig, out_dir, "tables.png", tight=not history)
 

@@ -97,7 +97,6 @@ def train(args):
     b = args.batch_size // world
 
     eval_at = _eval_steps(total, args.eval_points)
-    sample_at = _eval_steps(total, 20)
     curve_rows = min(source.n_eval, 8 * args.batch_size)
     checksum = hashlib.sha256()
     losses, evals, iter_s, splits = [], [], [], []
@@ -114,7 +113,7 @@ def train(args):
                 checksum.update(t.numpy().tobytes())
             t0 = time.perf_counter()
             link.begin_step()
-            logits, lookups = forward(batch, ex, dense_arch, tables, b)
+            logits, _ = forward(batch, ex, dense_arch, tables, b)
             loss = torch.nn.functional.binary_cross_entropy_with_logits(
                 logits, batch[2], reduction="sum") / args.batch_size
             dense_opt.zero_grad()
@@ -130,8 +129,6 @@ def train(args):
             global_loss = hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item()
             losses.append(global_loss)
             step += 1
-            if step in sample_at:
-                link.sample_tables(step, lookups, b)
             bar.update(1)
             bar.set_postfix(loss="%.4f" % global_loss)
             if step in eval_at:
@@ -145,7 +142,7 @@ def train(args):
     final = evaluate(source, ex, link, dense_arch, tables, rank, world)
     digests = hvd.allgather_object(checksum.hexdigest(), name="checksum")
     result = dict(
-        final, steps=step, epochs_run=step / source.steps_per_epoch, world=world,
+        final, label=args.label or args.compression, steps=step, epochs_run=step / source.steps_per_epoch, world=world,
         batch_size=args.batch_size, train_seconds=train_seconds,
         iter_seconds_median=statistics.median(iter_s), loss_final=losses[-1],
         data_checksum=hashlib.sha256("".join(digests).encode()).hexdigest(),
@@ -167,7 +164,7 @@ def _progress(total, enabled):
     except ImportError:
         tqdm = None
     if enabled and tqdm is not None:
-        return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
+        return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True, mininterval=1.0)
 
     class _Silent:
         def update(self, n):
