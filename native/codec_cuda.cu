@@ -211,11 +211,11 @@ __device__ uint64_t checksum_share(const uint8_t* f, uint64_t total, bool zero_f
 
 // ---- the cub calls (each also asked for its scratch size with a null pointer) ----------------
 
-cudaError_t cub_sort_pairs(void* tmp, size_t& bytes, const uint64_t* keys_in, uint64_t* keys_out,
+cudaError_t cub_sort_pairs(void* tmp, size_t& bytes, const uint32_t* keys_in, uint32_t* keys_out,
                            const uint32_t* vals_in, uint32_t* vals_out, uint64_t n,
                            cudaStream_t s) {
   return cub::DeviceRadixSort::SortPairs(tmp, bytes, keys_in, keys_out, vals_in, vals_out,
-                                         (int64_t)n, 0, 64, s);
+                                         (int64_t)n, 0, 32, s);
 }
 template <typename T>
 cudaError_t cub_exclusive_sum(void* tmp, size_t& bytes, const T* in, T* out, uint64_t n,
@@ -365,25 +365,35 @@ __global__ void quantize_kernel(const typename Elem<DT>::raw_t* x, uint64_t n, u
   }
 }
 
-// A hash of each row's content: its codes and, at outliers, the raw bits (two rows that differ
-// only in outlier values would otherwise always collide). Summing per-element mixes makes it
-// independent of how lanes split the row.
+// murmur3's 32-bit finalizer.
+__device__ __forceinline__ uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+
+// A 32-bit hash of each row's content: its codes and, at outliers, the raw bits (two rows that
+// differ only in outlier values would otherwise always collide). Summing per-element mixes
+// makes it independent of how lanes split the row. Rows with equal hashes are compared in
+// full, so collisions cost time, never correctness.
 template <int DT>
 __global__ void row_hash_kernel(const typename Elem<DT>::raw_t* x, const uint32_t* codes,
                                 uint64_t n_rows, uint64_t d, const EncodeState* st,
-                                uint64_t* keys, uint32_t* rows) {
+                                uint32_t* keys, uint32_t* rows) {
   const bool lossy = !st->lossless;
   HL_WARP_STRIDE(r, n_rows) {
-    uint64_t h = 0;
+    uint32_t h = 0;
     for (uint64_t i = lane_id(); i < d; i += 32) {
-      uint32_t c = codes[r * d + i];
-      uint64_t k = c;
-      if (lossy && c == kOutlierMark) k |= (uint64_t)x[r * d + i] << 32;
-      h += mix64(k ^ (i * 0x9e3779b97f4a7c15ull) ^ 0x243f6a8885a308d3ull);
+      const uint32_t c = codes[r * d + i];
+      h += fmix32(c ^ ((uint32_t)i * 0x9e3779b9u));
+      if (lossy && c == kOutlierMark) h += fmix32((uint32_t)x[r * d + i] ^ ((uint32_t)i * 0x7f4a7c15u + 1));
     }
     for (int o = 16; o > 0; o >>= 1) h += __shfl_xor_sync(kFull, h, o);
     if (lane_id() == 0) {
-      keys[r] = mix64(h ^ d);
+      keys[r] = fmix32(h ^ (uint32_t)d);
       rows[r] = (uint32_t)r;
     }
   }
@@ -406,26 +416,24 @@ __device__ bool rows_equal(const typename Elem<DT>::raw_t* x, const uint32_t* co
   return true;
 }
 
+// Each sorted position's run head: its own index where the hash changes, else 0; a prefix max
+// then gives every position the start of its run of equal hashes.
+__global__ void run_heads_kernel(const uint32_t* keys_sorted, uint64_t n_rows, uint32_t* head) {
+  HL_GRID_STRIDE(p, n_rows) head[p] = (p == 0 || keys_sorted[p] != keys_sorted[p - 1]) ? (uint32_t)p : 0u;
+}
+
 // For each row, the smallest row with identical content. Rows sorted by (hash, row) by a stable
 // radix sort: identical rows share a hash run and the run lists rows in ascending order, so the
 // first identical row met from the run's start is the first occurrence.
 template <int DT>
 __global__ void first_occurrence_kernel(const typename Elem<DT>::raw_t* x, const uint32_t* codes,
                                         uint64_t n_rows, uint64_t d, const EncodeState* st,
-                                        const uint64_t* keys_sorted, const uint32_t* rows_sorted,
+                                        const uint32_t* run_start, const uint32_t* rows_sorted,
                                         uint32_t* first_of) {
   const bool lossy = !st->lossless;
   HL_WARP_STRIDE(p, n_rows) {
-    const uint64_t key = keys_sorted[p];
     const uint32_t r = rows_sorted[p];
-    uint64_t lo = 0, hi = p;  // lower_bound of key: the start of the run
-    while (lo < hi) {
-      uint64_t mid = (lo + hi) / 2;
-      if (keys_sorted[mid] < key)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
+    const uint64_t lo = run_start[p];
     uint32_t first = r;
     for (uint64_t q = lo; q < p; ++q) {
       uint32_t c = rows_sorted[q];
@@ -599,38 +607,97 @@ __global__ void rans_table_kernel(EncodeState* st) {
   st->n_streams = hl_div_up(st->n_codes, HL_RANS_CHUNK);
 }
 
-// One thread a stream, encoding backwards (encode_stream in rans_cpu.cc): bytes are written
-// downwards from the end of the stream's slot, so [start, slot end) is the state followed by
-// the bytes in the order the decoder reads them.
+// Streams encoded by one block of the encoder, and the shared-memory stride of one stream's
+// symbols: 4 bytes of padding put the lanes' reads of the same position in different banks.
+constexpr unsigned kEncodeStreams = 32;
+constexpr unsigned kEncodeThreads = 512;  // all copy symbols in; the first kEncodeStreams encode
+constexpr uint64_t kSymStride = HL_RANS_CHUNK + 4;
+constexpr size_t kEncodeSmem = kEncodeStreams * kSymStride;
+static_assert(HL_RANS_CHUNK % 4 == 0 && kSymStride % 4 == 0, "symbols move 4 at a time");
+
+// x / f for x < 2^31 and 1 <= f <= 2^12 as a multiply: with m = floor(2^43 / f) + 1,
+// x * m / 2^43 exceeds x / f by less than 2^31 / 2^43 = 2^-12 <= 1 / f, which cannot carry the
+// fraction of x / f (at most 1 - 1/f) past the next integer, so the floor is exact.
+__host__ __device__ __forceinline__ uint64_t div_magic(uint32_t f) { return (1ull << 43) / f + 1; }
+__device__ __forceinline__ uint32_t div_by(uint32_t x, uint64_t magic) {
+  return (uint32_t)__umul64hi((uint64_t)x << 21, magic);
+}
+
+// Copies the symbols of `count` codes (kEncodeStreams streams' worth at most) into shared
+// memory, stream by stream at kSymStride. Codes arrive 4 at a time in 16-byte loads, several in
+// flight per thread; z is 16-byte aligned (workspace pieces are 256-byte aligned and groups
+// start at multiples of HL_RANS_CHUNK codes).
+__device__ void stage_symbols(const uint32_t* z, uint64_t count, uint8_t* sym) {
+  constexpr int kUnroll = 4;
+  const uint64_t quads = count / 4;
+  const uint4* z4 = reinterpret_cast<const uint4*>(z);
+  for (uint64_t q0 = threadIdx.x; q0 < quads; q0 += kUnroll * blockDim.x) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint64_t q = q0 + (uint64_t)u * blockDim.x;
+      v[u] = q < quads ? z4[q] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint64_t q = q0 + (uint64_t)u * blockDim.x;
+      if (q >= quads) break;
+      const uint64_t j = 4 * q;  // 4 codes of one stream: HL_RANS_CHUNK is a multiple of 4
+      const uint32_t packed = rans_symbol(v[u].x) | rans_symbol(v[u].y) << 8 |
+                              rans_symbol(v[u].z) << 16 | rans_symbol(v[u].w) << 24;
+      *reinterpret_cast<uint32_t*>(sym + (j / HL_RANS_CHUNK) * kSymStride + j % HL_RANS_CHUNK) = packed;
+    }
+  }
+  for (uint64_t j = 4 * quads + threadIdx.x; j < count; j += blockDim.x)
+    sym[(j / HL_RANS_CHUNK) * kSymStride + j % HL_RANS_CHUNK] = (uint8_t)rans_symbol(z[j]);
+}
+
+// encode_stream (rans_cpu.cc) for kEncodeStreams streams a block. The block first copies the
+// streams' symbols into shared memory (coalesced); then one thread a stream encodes backwards
+// from there, so its serial loop waits on neither global memory nor a hardware division.
+// Bytes go downwards from the end of the stream's slot: [start, slot end) is the state followed
+// by the bytes in the order the decoder reads them.
 __global__ void rans_encode_kernel(const EncodeState* st, uint64_t max_streams, uint8_t* slots,
                                    uint64_t* stream_len) {
+  extern __shared__ uint8_t sym[];  // kEncodeStreams x kSymStride
   __shared__ uint32_t freq[256], cum[256];
+  __shared__ uint64_t magic[256];
   for (unsigned t = threadIdx.x; t < 256; t += blockDim.x) {
     freq[t] = st->freq[t];
     cum[t] = st->cum[t];
+    magic[t] = freq[t] ? div_magic(freq[t]) : 0;
   }
-  __syncthreads();
   const uint64_t n = st->n_codes;
   const uint64_t ns = hl_div_up(n, HL_RANS_CHUNK);
   const uint32_t* z = st->ucodes;
-  HL_GRID_STRIDE(k, max_streams) {
+  for (uint64_t base = (uint64_t)blockIdx.x * kEncodeStreams; base < max_streams;
+       base += (uint64_t)gridDim.x * kEncodeStreams) {
+    __syncthreads();  // the tables are in place, and the previous group is encoded
+    const uint64_t lo = base * HL_RANS_CHUNK;
+    const uint64_t hi = lo + kEncodeStreams * HL_RANS_CHUNK < n ? lo + kEncodeStreams * HL_RANS_CHUNK : n;
+    stage_symbols(z + lo, hi > lo ? hi - lo : 0, sym);
+    __syncthreads();
+    const uint64_t k = base + threadIdx.x;
+    if (threadIdx.x >= kEncodeStreams || k >= max_streams) continue;
     if (k >= ns) {
       stream_len[k] = 0;
       continue;
     }
-    const uint64_t lo = k * HL_RANS_CHUNK, hi = lo + HL_RANS_CHUNK < n ? lo + HL_RANS_CHUNK : n;
+    const uint8_t* my = sym + threadIdx.x * kSymStride;
+    const uint64_t count = (k + 1) * HL_RANS_CHUNK < n ? HL_RANS_CHUNK : n - k * HL_RANS_CHUNK;
     uint8_t* end = slots + (k + 1) * kRansSlotBytes;
     uint8_t* p = end;
     uint32_t x = HL_RANS_L;
-    for (uint64_t i = hi; i-- > lo;) {
-      const uint32_t s = rans_symbol(z[i]);
+    for (uint64_t i = count; i-- > 0;) {
+      const uint32_t s = my[i];
       const uint32_t f = freq[s];
       const uint32_t x_max = ((HL_RANS_L >> HL_RANS_BITS) << 8) * f;
       while (x >= x_max) {
         *--p = (uint8_t)(x & 0xff);
         x >>= 8;
       }
-      x = ((x / f) << HL_RANS_BITS) + (x % f) + cum[s];
+      const uint32_t q = div_by(x, magic[s]);
+      x = (q << HL_RANS_BITS) + (x - q * f) + cum[s];
     }
     p -= 4;
     put_le(p, x, 4);
@@ -814,8 +881,8 @@ struct EncodeJob {
 struct EncodeScratch {
   uint32_t *codes, *gathered;
   uint8_t* row_outlier;
-  uint64_t *keys, *keys_sorted;
-  uint32_t *rows, *rows_sorted, *first_of, *flag, *uid, *map, *first;
+  uint32_t *keys, *keys_sorted, *rows, *rows_sorted, *run_head, *run_start;
+  uint32_t *first_of, *flag, *uid, *map, *first;
   uint64_t *out_count, *out_off;
   uint64_t *width, *word_off;
   uint8_t* slots;
@@ -841,6 +908,9 @@ void plan_encode_scratch(const std::vector<EncodeJob>& jobs, Workspace* ws, Enco
       cub_need(&cub_bytes, [&](void* t, size_t& b) {
         return cub_exclusive_sum<uint32_t>(t, b, nullptr, nullptr, j.n_rows, 0);
       });
+      cub_need(&cub_bytes, [&](void* t, size_t& b) {
+        return cub_prefix_max(t, b, nullptr, nullptr, j.n_rows, 0);
+      });
     }
     cub_need(&cub_bytes, [&](void* t, size_t& b) {
       return cub_exclusive_sum<uint64_t>(t, b, nullptr, nullptr, std::max(j.n_rows, nb), 0);
@@ -856,6 +926,8 @@ void plan_encode_scratch(const std::vector<EncodeJob>& jobs, Workspace* ws, Enco
   ws->reserve(&s->keys_sorted, dedup_rows);
   ws->reserve(&s->rows, dedup_rows);
   ws->reserve(&s->rows_sorted, dedup_rows);
+  ws->reserve(&s->run_head, dedup_rows);
+  ws->reserve(&s->run_start, dedup_rows);
   ws->reserve(&s->first_of, dedup_rows);
   ws->reserve(&s->flag, dedup_rows);
   ws->reserve(&s->uid, dedup_rows);
@@ -913,8 +985,13 @@ void enqueue_encode(const EncodeJob& j, const EncodeScratch& s, EncodeState* st,
     cub_run("sort of row hashes", s.cub, [&](void* t, size_t& b) {
       return cub_sort_pairs(t, b, s.keys, s.keys_sorted, s.rows, s.rows_sorted, R, stream);
     });
+    launch("run_heads", run_heads_kernel, grid_for(R, kThreads), kThreads, stream, s.keys_sorted,
+           R, s.run_head);
+    cub_run("prefix max of run heads", s.cub, [&](void* t, size_t& b) {
+      return cub_prefix_max(t, b, s.run_head, s.run_start, R, stream);
+    });
     launch("first_occurrence", first_occurrence_kernel<DT>, row_grid, kThreads, stream, x,
-           s.codes, R, d, st, s.keys_sorted, s.rows_sorted, s.first_of);
+           s.codes, R, d, st, s.run_start, s.rows_sorted, s.first_of);
     launch("unique_flags", unique_flags_kernel, grid_for(R, kThreads), kThreads, stream,
            s.first_of, R, s.flag);
     cub_run("scan of unique flags", s.cub, [&](void* t, size_t& b) {
@@ -948,9 +1025,8 @@ void enqueue_encode(const EncodeJob& j, const EncodeScratch& s, EncodeState* st,
     cub_run("scan of escape counts", s.cub, [&](void* t, size_t& b) {
       return cub_exclusive_sum<uint64_t>(t, b, s.esc_count, s.esc_off, ms, stream);
     });
-    // Few threads a block: each runs a long serial loop, so spread them over the SMs.
-    launch("rans_encode", rans_encode_kernel, hl_div_up(ms, 32), 32, stream, st, ms, s.slots,
-           s.stream_len);
+    launch_smem("rans_encode", rans_encode_kernel, hl_div_up(ms, kEncodeStreams), kEncodeThreads,
+                kEncodeSmem, stream, st, ms, s.slots, s.stream_len);
     cub_run("scan of stream sizes", s.cub, [&](void* t, size_t& b) {
       return cub_exclusive_sum<uint64_t>(t, b, s.stream_len, s.stream_off, ms, stream);
     });
@@ -1217,10 +1293,16 @@ __global__ void rans_extent_kernel(uint64_t len, uint64_t ns, const uint64_t* st
   if (ds->data_off > len || data != len - ds->data_off) flag(ds, kErrEntropy);
 }
 
-// One thread a stream (rans_decode in rans_cpu.cc): symbols, and escapes per stream.
+// rans_decode (rans_cpu.cc) for kEncodeStreams streams a block: one thread a stream decodes
+// into shared memory (the lanes' serial loops would otherwise each store a byte to a different
+// line of global memory every step), then the block copies the symbols out, coalesced.
+// Escapes are counted per stream.
+constexpr unsigned kDecodeThreads = 128;
+
 __global__ void rans_decode_kernel(const uint8_t* sec, uint64_t n, const uint64_t* stream_len,
                                    const uint64_t* stream_off, DecodeState* ds, uint8_t* sym,
                                    uint64_t* esc_count) {
+  extern __shared__ uint8_t out[];  // kEncodeStreams x kSymStride
   __shared__ uint8_t lut[1u << HL_RANS_BITS];
   __shared__ uint32_t freq[256], cum[256];
   if (block_stopped(ds)) return;
@@ -1230,38 +1312,48 @@ __global__ void rans_decode_kernel(const uint8_t* sec, uint64_t n, const uint64_
     cum[s] = c;
     for (uint32_t k = c; k < c + f && k < (1u << HL_RANS_BITS); ++k) lut[k] = (uint8_t)s;
   }
-  __syncthreads();
   const uint8_t* data = sec + ds->data_off;
   const uint64_t ns = hl_div_up(n, HL_RANS_CHUNK);
-  HL_GRID_STRIDE(k, ns) {
-    const uint64_t lo = k * HL_RANS_CHUNK, hi = lo + HL_RANS_CHUNK < n ? lo + HL_RANS_CHUNK : n;
-    const uint8_t* p = data + stream_off[k];
-    const uint8_t* end = p + stream_len[k];
-    uint64_t esc = 0;
-    bool bad = end - p < 4;
-    uint32_t x = 0;
-    if (!bad) {
-      x = (uint32_t)get_le(p, 4);
-      p += 4;
-      bad = x < HL_RANS_L || x >= (HL_RANS_L << 8);
-    }
-    for (uint64_t i = lo; i < hi && !bad; ++i) {
-      const uint32_t slot = x & ((1u << HL_RANS_BITS) - 1);
-      const uint32_t s = lut[slot];
-      sym[i] = (uint8_t)s;
-      esc += s == HL_RANS_ESC;
-      x = freq[s] * (x >> HL_RANS_BITS) + slot - cum[s];
-      while (x < HL_RANS_L) {
-        if (p == end) {
-          bad = true;
-          break;
-        }
-        x = (x << 8) | *p++;
+  for (uint64_t base = (uint64_t)blockIdx.x * kEncodeStreams; base < ns;
+       base += (uint64_t)gridDim.x * kEncodeStreams) {
+    __syncthreads();  // tables built; the previous group copied out
+    const uint64_t k = base + threadIdx.x;
+    if (threadIdx.x < kEncodeStreams && k < ns) {
+      const uint64_t lo = k * HL_RANS_CHUNK, hi = lo + HL_RANS_CHUNK < n ? lo + HL_RANS_CHUNK : n;
+      uint8_t* my = out + threadIdx.x * kSymStride;
+      const uint8_t* p = data + stream_off[k];
+      const uint8_t* end = p + stream_len[k];
+      uint64_t esc = 0;
+      bool bad = end - p < 4;
+      uint32_t x = 0;
+      if (!bad) {
+        x = (uint32_t)get_le(p, 4);
+        p += 4;
+        bad = x < HL_RANS_L || x >= (HL_RANS_L << 8);
       }
+      for (uint64_t i = 0; i < hi - lo && !bad; ++i) {
+        const uint32_t slot = x & ((1u << HL_RANS_BITS) - 1);
+        const uint32_t s = lut[slot];
+        my[i] = (uint8_t)s;
+        esc += s == HL_RANS_ESC;
+        x = freq[s] * (x >> HL_RANS_BITS) + slot - cum[s];
+        while (x < HL_RANS_L) {
+          if (p == end) {
+            bad = true;
+            break;
+          }
+          x = (x << 8) | *p++;
+        }
+      }
+      if (!bad && (x != HL_RANS_L || p != end)) bad = true;
+      if (bad) flag(ds, kErrEntropy);
+      esc_count[k] = esc;
     }
-    if (!bad && (x != HL_RANS_L || p != end)) bad = true;
-    if (bad) flag(ds, kErrEntropy);
-    esc_count[k] = esc;
+    __syncthreads();
+    const uint64_t lo = base * HL_RANS_CHUNK;
+    const uint64_t hi = lo + kEncodeStreams * HL_RANS_CHUNK < n ? lo + kEncodeStreams * HL_RANS_CHUNK : n;
+    for (uint64_t j = threadIdx.x; j < hi - lo; j += blockDim.x)
+      sym[lo + j] = out[(j / HL_RANS_CHUNK) * kSymStride + j % HL_RANS_CHUNK];
   }
 }
 
@@ -1408,8 +1500,9 @@ void enqueue_decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v,
     });
     launch("rans_extent", rans_extent_kernel, 1, 1, stream, h.code_bytes, ns, s.stream_len,
            s.stream_off, s.ds);
-    launch("rans_decode", rans_decode_kernel, hl_div_up(ns, 32), 32, stream, code_p, nu,
-           s.stream_len, s.stream_off, s.ds, s.sym, s.esc_count);
+    launch_smem("rans_decode", rans_decode_kernel, hl_div_up(ns, kEncodeStreams), kDecodeThreads,
+                kEncodeSmem, stream, code_p, nu, s.stream_len, s.stream_off, s.ds, s.sym,
+                s.esc_count);
     cub_run("scan of escape counts", s.cub, [&](void* t, size_t& b) {
       return cub_exclusive_sum<uint64_t>(t, b, s.esc_count, s.esc_off, ns, stream);
     });

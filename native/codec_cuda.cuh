@@ -66,6 +66,18 @@ void launch(const char* name, void (*kernel)(KArgs...), uint64_t grid, unsigned 
   check_cuda(cudaGetLastError(), name);
 }
 
+// launch() with dynamic shared memory; allows more than the default 48 KB where asked.
+template <typename... KArgs, typename... Args>
+void launch_smem(const char* name, void (*kernel)(KArgs...), uint64_t grid, unsigned block,
+                 size_t smem, cudaStream_t stream, Args&&... args) {
+  if (grid == 0) return;
+  if (smem > 48 * 1024)
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+               name);
+  kernel<<<(unsigned)grid, block, smem, stream>>>(std::forward<Args>(args)...);
+  check_cuda(cudaGetLastError(), name);
+}
+
 // Makes the device that owns `ptr` current for the scope (the caller's current device may be
 // another one) and restores the previous device afterwards.
 class DeviceScope {
