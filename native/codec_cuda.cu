@@ -379,22 +379,47 @@ __device__ __forceinline__ uint32_t fmix32(uint32_t h) {
 // differ only in outlier values would otherwise always collide). Summing per-element mixes
 // makes it independent of how lanes split the row. Rows with equal hashes are compared in
 // full, so collisions cost time, never correctness.
+// A warp hashes kHashRows rows at once, so that several loads are in flight per lane.
+constexpr int kHashRows = 4;
+
 template <int DT>
 __global__ void row_hash_kernel(const typename Elem<DT>::raw_t* x, const uint32_t* codes,
                                 uint64_t n_rows, uint64_t d, const EncodeState* st,
                                 uint32_t* keys, uint32_t* rows) {
   const bool lossy = !st->lossless;
-  HL_WARP_STRIDE(r, n_rows) {
-    uint32_t h = 0;
+  const uint64_t groups = hl_div_up(n_rows, kHashRows);
+  HL_WARP_STRIDE(g, groups) {
+    uint32_t h[kHashRows];
+    for (int k = 0; k < kHashRows; ++k) h[k] = 0;
     for (uint64_t i = lane_id(); i < d; i += 32) {
-      const uint32_t c = codes[r * d + i];
-      h += fmix32(c ^ ((uint32_t)i * 0x9e3779b9u));
-      if (lossy && c == kOutlierMark) h += fmix32((uint32_t)x[r * d + i] ^ ((uint32_t)i * 0x7f4a7c15u + 1));
+      uint32_t c[kHashRows];
+#pragma unroll
+      for (int k = 0; k < kHashRows; ++k) {
+        const uint64_t r = g * kHashRows + k;
+        c[k] = r < n_rows ? codes[r * d + i] : 0u;
+      }
+#pragma unroll
+      for (int k = 0; k < kHashRows; ++k) {
+        const uint64_t r = g * kHashRows + k;
+        if (r >= n_rows) continue;
+        h[k] += fmix32(c[k] ^ ((uint32_t)i * 0x9e3779b9u));
+        if (lossy && c[k] == kOutlierMark)
+          h[k] += fmix32((uint32_t)x[r * d + i] ^ ((uint32_t)i * 0x7f4a7c15u + 1));
+      }
     }
-    for (int o = 16; o > 0; o >>= 1) h += __shfl_xor_sync(kFull, h, o);
-    if (lane_id() == 0) {
-      keys[r] = fmix32(h ^ (uint32_t)d);
-      rows[r] = (uint32_t)r;
+#pragma unroll
+    for (int k = 0; k < kHashRows; ++k)
+      for (int o = 16; o > 0; o >>= 1) h[k] += __shfl_xor_sync(kFull, h[k], o);
+    if (lane_id() < kHashRows) {
+      uint32_t mine = h[0];
+#pragma unroll
+      for (int k = 1; k < kHashRows; ++k)
+        if (lane_id() == (unsigned)k) mine = h[k];
+      const uint64_t r = g * kHashRows + lane_id();
+      if (r < n_rows) {
+        keys[r] = fmix32(mine ^ (uint32_t)d);
+        rows[r] = (uint32_t)r;
+      }
     }
   }
 }
@@ -688,16 +713,27 @@ __global__ void rans_encode_kernel(const EncodeState* st, uint64_t max_streams, 
     uint8_t* end = slots + (k + 1) * kRansSlotBytes;
     uint8_t* p = end;
     uint32_t x = HL_RANS_L;
+    // The next symbol's table entries do not depend on x: fetch them a step ahead, so that only
+    // the state arithmetic is on the serial path.
+    uint32_t s = count ? my[count - 1] : 0;
+    uint32_t f = freq[s], c = cum[s];
+    uint64_t m = magic[s];
     for (uint64_t i = count; i-- > 0;) {
-      const uint32_t s = my[i];
-      const uint32_t f = freq[s];
-      const uint32_t x_max = ((HL_RANS_L >> HL_RANS_BITS) << 8) * f;
+      const uint32_t f_now = f, c_now = c;
+      const uint64_t m_now = m;
+      if (i > 0) {
+        s = my[i - 1];
+        f = freq[s];
+        c = cum[s];
+        m = magic[s];
+      }
+      const uint32_t x_max = ((HL_RANS_L >> HL_RANS_BITS) << 8) * f_now;
       while (x >= x_max) {
         *--p = (uint8_t)(x & 0xff);
         x >>= 8;
       }
-      const uint32_t q = div_by(x, magic[s]);
-      x = (q << HL_RANS_BITS) + (x - q * f) + cum[s];
+      const uint32_t q = div_by(x, m_now);
+      x = (q << HL_RANS_BITS) + (x - q * f_now) + c_now;
     }
     p -= 4;
     put_le(p, x, 4);
@@ -980,8 +1016,8 @@ void enqueue_encode(const EncodeJob& j, const EncodeScratch& s, EncodeState* st,
 
   const bool dedup = j.dedups();
   if (dedup) {
-    launch("row_hash", row_hash_kernel<DT>, row_grid, kThreads, stream, x, s.codes, R, d, st,
-           s.keys, s.rows);
+    launch("row_hash", row_hash_kernel<DT>, grid_for(hl_div_up(R, kHashRows), kWarpsPerBlock),
+           kThreads, stream, x, s.codes, R, d, st, s.keys, s.rows);
     cub_run("sort of row hashes", s.cub, [&](void* t, size_t& b) {
       return cub_sort_pairs(t, b, s.keys, s.keys_sorted, s.rows, s.rows_sorted, R, stream);
     });
