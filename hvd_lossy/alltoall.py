@@ -93,7 +93,7 @@ def compress_for_destinations(tensor, splits, compressor, size):
 
 def _lossy_start(tensor, splits, name, compressor, process_set):
     size = process_set.size()
-    base = base_name("alltoall", name)
+    base = base_name("alltoall", name, process_set)
     record = _stats.CallStats(op="alltoall", compression=repr(compressor))
     t0 = time.perf_counter()
     failure, rows_to, buffer, byte_counts = None, [0] * size, None, [0] * size

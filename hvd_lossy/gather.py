@@ -121,7 +121,7 @@ def allgather_start(tensor, name, compression, process_set):
     if compressor is None:
         return _plain("allgather", tensor, compression, lambda payload: _ops.allgather_async(
             payload, name=name, process_set=process_set))
-    base = base_name("allgather", name)
+    base = base_name("allgather", name, process_set)
     record = _stats.CallStats(op="allgather", compression=repr(compressor))
     failure, parts = None, []
     try:
@@ -153,7 +153,7 @@ def broadcast_start(tensor, root_rank, name, compression, process_set):
     if compressor is None:
         return _plain("broadcast", tensor, compression, lambda payload: _ops.broadcast_async(
             payload, root_rank, name=name, process_set=process_set))
-    base = base_name("broadcast", name)
+    base = base_name("broadcast", name, process_set)
     record = _stats.CallStats(op="broadcast", compression=repr(compressor))
     failure, frame = None, None
     is_root = _ops.rank() == root_rank

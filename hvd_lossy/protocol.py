@@ -6,6 +6,7 @@ problem to its peers in the next collective they all run anyway (a header, or th
 allgather), and then every rank raises the same RankError. So no rank is ever left waiting in a
 collective that another rank skipped.
 """
+import collections
 import itertools
 import time
 
@@ -190,13 +191,16 @@ def raise_verdict(op, headers, local=None, compare_rows=False):
     raise RankError(message, origins) from local
 
 
-_call_counter = itertools.count()
+_call_counters = collections.defaultdict(itertools.count)
 
 
-def base_name(op, name):
-    """Names the sub-operations of one call alike on all ranks (calls are collective, so the
-    per-process counter agrees across ranks), also when the user gives no name."""
-    return name if name is not None else f"hvd_lossy.{op}.{next(_call_counter)}"
+def base_name(op, name, process_set):
+    """Names the sub-operations of one call alike on all ranks of the process set, also when
+    the user gives no name. Calls are collective within a set, so a counter per set agrees
+    across its ranks (one global counter would not: ranks outside a set skip its calls)."""
+    if name is not None:
+        return name
+    return f"hvd_lossy.{op}.{process_set.process_set_id}.{next(_call_counters[process_set.process_set_id])}"
 
 
 def check_lossy_tensor(tensor, min_ndim=1):

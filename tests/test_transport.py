@@ -7,6 +7,7 @@ launches. The contracts live as named cases in the workers (tests/mp/transport_*
   errors: bad splits, dtype/shape disagreement, uncompressible dtype, a corrupt frame, frames
       disagreeing with their announcement, a failing compressor: RankError on every rank,
       naming the rank, and the ranks stay in step.
+  process_sets: lossy collectives within a process set; ranks outside it stay in step.
 Each launch runs both workers to pay the start-up (torch + Horovod) once.
 """
 import pytest
@@ -24,7 +25,7 @@ LAUNCHES = [
 @pytest.mark.mpi
 @pytest.mark.parametrize("launcher,np", LAUNCHES)
 def test_collectives_deliver_within_bound_and_errors_raise_on_every_rank(launcher, np):
-    output = run_mpi("tests/mp/transport_run.py", np=np, args=["collectives", "errors"],
+    output = run_mpi("tests/mp/transport_run.py", np=np, args=["collectives", "errors", "process_sets"],
                      launcher=launcher, timeout=120)
     for rank in range(np):
         assert f"rank {rank}: " in output and "cases passed" in output, output
