@@ -217,6 +217,12 @@ def decompress(frame):
     """
     frame = _as_frame_bytes(frame)
     info = frame_info(frame)
+    if not frame.is_cuda:
+        # Verify before allocating: a corrupted header could ask for terabytes.
+        actual = _C.checksum(frame.data_ptr(), frame.numel())
+        if actual != info["checksum"]:
+            raise FrameError(f"frame is corrupted: checksum 0x{actual:08x}, its header says "
+                             f"0x{info['checksum']:08x}")
     out = torch.empty(info["shape"], dtype=info["dtype"], device=frame.device)
     nbytes = out.numel() * out.element_size()
     if frame.is_cuda:

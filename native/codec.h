@@ -32,6 +32,10 @@ struct CompressParams {
   double error_bound; // relative factor (mode rel) or absolute bound; 0 = lossless
 };
 
+// Rows and row length of a shape: the last dimension is a row; 0-d and 1-d tensors are one row.
+// Throws ArgumentError for more than HL_MAX_NDIM dimensions or a negative one.
+void shape_to_rows(const std::vector<int64_t>& shape, uint64_t* n_rows, uint64_t* row_len);
+
 // Checks the parameters and throws ArgumentError naming the bad value.
 void check_params(const CompressParams& p);
 

@@ -130,6 +130,24 @@ HL_HD uint32_t bit_width(uint32_t v) {
 #endif
 }
 
+// ---- encoder rules both codecs apply (frames depend on them) ---------------------------------
+
+// Code of an element bound for the outlier section while codes are built; zigzag codes stay
+// below 2^31, so it never collides with one.
+constexpr uint32_t kOutlierMark = 0xffffffffu;
+
+// Whether the encoder looks for duplicate rows at all: map entries are 32-bit.
+HL_HD bool dedup_applies(bool dedup, uint64_t n_rows, uint64_t row_len) {
+  return dedup && n_rows > 1 && row_len > 0 && n_rows <= 0xffffffffull;
+}
+
+// Dropping duplicates pays when the codes it saves (counted at 2 bits, a low estimate for lossy
+// codes) outweigh the map it adds. Decided from counts alone.
+HL_HD bool dedup_pays(uint64_t n_rows, uint64_t n_unique, uint64_t row_len) {
+  const uint64_t map_bits = n_rows * bit_width((uint32_t)(n_unique - 1));
+  return 2 * (n_rows - n_unique) * row_len >= map_bits;
+}
+
 // ---- checksum ------------------------------------------------------------------------------
 // murmur3's 64-bit finalizer: a bijection, so changing any single word changes the sum.
 HL_HD uint64_t mix64(uint64_t z) {
@@ -164,6 +182,9 @@ HL_HD uint32_t checksum_fold(uint64_t sum, uint64_t total_bytes) {
 #define HL_RANS_L (1u << 23)
 #define HL_RANS_CHUNK 4096
 #define HL_RANS_ESC 255
+
+// Level-2 symbol of a code: codes >= 255 are escaped.
+HL_HD uint32_t rans_symbol(uint32_t z) { return z < HL_RANS_ESC ? z : HL_RANS_ESC; }
 
 // counts[256] -> freqs[256] summing to 1 << HL_RANS_BITS; every present symbol gets >= 1.
 // Deterministic: the remainder goes to (or comes from) the largest entries, lowest symbol first.

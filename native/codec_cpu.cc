@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,8 +18,6 @@
 
 namespace hl {
 namespace {
-
-using cpu::kOutlierMark;
 
 // A heap array left uninitialised: every element is written before it is read, and zeroing
 // tens of megabytes first costs as much as quantizing them.
@@ -105,13 +104,6 @@ uint64_t number_rows(uint64_t rows, const uint64_t* hashes, Same same, uint32_t*
     }
   }
   return first->size();
-}
-
-// Dropping duplicates pays when the codes it saves (counted at 2 bits, a low estimate for lossy
-// codes) outweigh the map it adds. Decided from counts alone, so the CUDA codec decides alike.
-bool dedup_pays(uint64_t n_rows, uint64_t n_unique, uint64_t row_len) {
-  const uint64_t map_bits = n_rows * bit_width((uint32_t)(n_unique - 1));
-  return 2 * (n_rows - n_unique) * row_len >= map_bits;
 }
 
 // The rows a frame stores, coded: unique rows in order of first occurrence.
@@ -325,6 +317,8 @@ uint32_t checksum_with_zero_field(const uint8_t* frame, uint64_t size, int threa
   return checksum_fold(sum, size);
 }
 
+}  // namespace
+
 void shape_to_rows(const std::vector<int64_t>& shape, uint64_t* n_rows, uint64_t* row_len) {
   if (shape.size() > HL_MAX_NDIM)
     throw ArgumentError("tensor has " + std::to_string(shape.size()) + " dimensions, at most " +
@@ -334,9 +328,11 @@ void shape_to_rows(const std::vector<int64_t>& shape, uint64_t* n_rows, uint64_t
     if (shape[i] < 0) throw ArgumentError("negative dimension " + std::to_string(shape[i]));
     rows *= (uint64_t)shape[i];
   }
-  *n_rows = shape.empty() ? 1 : (shape.size() == 1 ? 1 : rows);
+  *n_rows = shape.size() <= 1 ? 1 : rows;
   *row_len = shape.empty() ? 1 : (uint64_t)shape.back();
 }
+
+namespace {
 
 template <int DT>
 uint64_t encode(const Tensor<DT>& t, const CompressParams& p, const std::vector<int64_t>& shape,
@@ -346,7 +342,7 @@ uint64_t encode(const Tensor<DT>& t, const CompressParams& p, const std::vector<
   const double eb_abs = absolute_bound(p, lo, hi);
   const bool lossless = force_lossless || eb_abs == 0;
 
-  const bool dedup = p.dedup && t.n_rows > 1 && t.row_len > 0;
+  const bool dedup = dedup_applies(p.dedup, t.n_rows, t.row_len);
   Coded coded = code_rows(t, lossless, eb_abs, dedup, threads);
   Sections s = build_sections(t, coded, lossless, p.level, threads);
 
@@ -570,18 +566,18 @@ std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams&
   std::vector<uint64_t> sizes(n, 0);
   // Many small chunks: one thread each. Few large ones: each chunk uses all threads.
   const bool across = (int)n >= threads;
-  std::string error;
+  std::exception_ptr error;  // the first failure, rethrown as itself after the loop
 #pragma omp parallel for num_threads(threads) schedule(dynamic) if (across && n > 1)
   for (int64_t i = 0; i < (int64_t)n; ++i) {
     try {
       sizes[i] = compress_one(in + in_off[i] * eb, params[i], shapes[i], out + out_off[i],
                               out_off[i + 1] - out_off[i], across ? 1 : threads);
-    } catch (const std::exception& e) {
+    } catch (...) {
 #pragma omp critical
-      error = e.what();
+      if (!error) error = std::current_exception();
     }
   }
-  if (!error.empty()) throw CodecError(error);
+  if (error) std::rethrow_exception(error);
   uint64_t w = 0;  // close the gaps left by the worst-case slots
   for (size_t i = 0; i < n; ++i) {
     if (w != out_off[i]) memmove(out + w, out + out_off[i], sizes[i]);

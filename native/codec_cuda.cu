@@ -909,7 +909,7 @@ struct EncodeJob {
 
   uint64_t n() const { return n_rows * row_len; }
   // Map entries are uint32; the CPU codec has the same limit in practice (4 billion rows).
-  bool dedups() const { return dedup && n_rows > 1 && row_len > 0 && n_rows <= 0xffffffffull; }
+  bool dedups() const { return dedup_applies(dedup, n_rows, row_len); }
   uint64_t max_streams() const { return level == 2 ? hl_div_up(n(), HL_RANS_CHUNK) : 0; }
 };
 
@@ -1134,20 +1134,6 @@ std::string bound_overflow_message(double eb) {
   return "error_bound " + std::to_string(eb) + " times the value range overflows a double";
 }
 
-// shape_to_rows (codec_cpu.cc): rows and row length of a shape.
-void rows_of(const std::vector<int64_t>& shape, uint64_t* n_rows, uint64_t* row_len) {
-  if (shape.size() > HL_MAX_NDIM)
-    throw ArgumentError("tensor has " + std::to_string(shape.size()) + " dimensions, at most " +
-                        std::to_string(HL_MAX_NDIM) + " supported");
-  uint64_t rows = 1;
-  for (size_t i = 0; i + 1 < shape.size(); ++i) {
-    if (shape[i] < 0) throw ArgumentError("negative dimension " + std::to_string(shape[i]));
-    rows *= (uint64_t)shape[i];
-  }
-  *n_rows = shape.size() <= 1 ? 1 : rows;
-  *row_len = shape.empty() ? 1 : (uint64_t)shape.back();
-}
-
 EncodeJob make_job(const void* x_dev, const CompressParams& p, const std::vector<int64_t>& shape,
                    uint8_t* frame_dev) {
   EncodeJob j;
@@ -1157,7 +1143,7 @@ EncodeJob make_job(const void* x_dev, const CompressParams& p, const std::vector
   j.level = p.level;
   j.dedup = p.dedup;
   j.eb = p.error_bound;
-  rows_of(shape, &j.n_rows, &j.row_len);
+  shape_to_rows(shape, &j.n_rows, &j.row_len);
   j.ndim = (int)shape.size();
   for (int i = 0; i < HL_MAX_NDIM; ++i) j.shape.d[i] = i < j.ndim ? shape[i] : 0;
   j.frame_dev = frame_dev;

@@ -1,6 +1,6 @@
 // Internal pieces of the CUDA codec (codec_cuda.cu): error checks, kernel launches, the
 // stream-ordered workspace, pinned staging for the few device-to-host copies, little-endian byte
-// access and the encoder rules that codec_cpu.cc keeps private (mirrored here, see each comment).
+// access.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,21 +16,8 @@
 namespace hl {
 namespace gpu {
 
-// ---- rules mirrored from codec_cpu.cc (private there; keep in step) ---------------------------
-
-// codec_cpu.cc kOutlierMark: the code of an element bound for the outlier section while codes
-// are being built (zigzag codes stay below 2^31).
-constexpr uint32_t kOutlierMark = 0xffffffffu;
-
-// codec_cpu.cc dedup_pays: dropping duplicates pays when the codes saved (counted at 2 bits)
-// outweigh the map added.
-HL_HD bool dedup_pays(uint64_t n_rows, uint64_t n_unique, uint64_t row_len) {
-  const uint64_t map_bits = n_rows * bit_width((uint32_t)(n_unique - 1));
-  return 2 * (n_rows - n_unique) * row_len >= map_bits;
-}
-
-// rans_cpu.cc symbol_of: codes >= 255 are coded as the escape symbol.
-HL_HD uint32_t rans_symbol(uint32_t z) { return z < HL_RANS_ESC ? z : HL_RANS_ESC; }
+// The encoder rules shared with the CPU codec (kOutlierMark, dedup_applies, dedup_pays,
+// rans_symbol) live in codec_common.h.
 
 // Worst case of one entropy-coded stream: its 4-byte state, then at most 2 bytes a code (a
 // renormalization emits bytes while x >= 2^19 * freq >= 2^19, and x < 2^31).

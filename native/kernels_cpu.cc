@@ -60,6 +60,15 @@ HL_INLINE uint64_t hash_codes(const uint32_t* z, uint64_t d) {
   return h;
 }
 
+// Rows made mostly of outliers share their codes (all marks); mixing the outliers' raw bits
+// into the hash keeps such rows from all colliding in the dedup table.
+template <typename raw_t>
+HL_INLINE uint64_t mix_outliers(uint64_t h, const raw_t* x, const uint32_t* z, uint64_t d) {
+  for (uint64_t i = 0; i < d; ++i)
+    if (z[i] == kOutlierMark) h = mix64(h ^ ((uint64_t)x[i] << 32 | i));
+  return h;
+}
+
 template <int DT>
 HL_INLINE void quantize_impl(const void* xv, const uint64_t* idx, uint64_t rows, uint64_t d,
                              const QuantParams& qp, uint32_t* codes, uint8_t* row_outlier,
@@ -83,7 +92,7 @@ HL_INLINE void quantize_impl(const void* xv, const uint64_t* idx, uint64_t rows,
       any |= !ok;
     }
     row_outlier[r] = (uint8_t)any;
-    if (hashes) hashes[r] = hash_codes(z, d);
+    if (hashes) hashes[r] = any ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
   }
 }
 
@@ -180,7 +189,8 @@ __attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const ui
     uint8_t tail = 0;
     if (i < d) quantize_impl<HL_FLOAT32>(x + i, nullptr, 1, d - i, qp, z + i, &tail, nullptr);
     row_outlier[r] = (uint8_t)((miss != 0) | tail);
-    if (hashes) hashes[r] = hash_codes(z, d);
+    if (hashes)
+      hashes[r] = row_outlier[r] ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
   }
 }
 

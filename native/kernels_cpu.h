@@ -11,9 +11,6 @@ struct QuantParams {
   double step, inv_step, eb_abs;
 };
 
-// Code of an element that goes to the outlier section; zigzag codes stay below 2^31.
-constexpr uint32_t kOutlierMark = 0xffffffffu;
-
 // Smallest and largest finite value of n elements (lo > hi when none is finite).
 void finite_range(uint8_t dtype, const void* x, uint64_t n, double* lo, double* hi);
 

@@ -11,8 +11,6 @@ namespace {
 
 constexpr uint32_t kScale = 1u << HL_RANS_BITS;
 
-inline uint32_t symbol_of(uint32_t z) { return z < HL_RANS_ESC ? z : HL_RANS_ESC; }
-
 struct Table {
   uint32_t freq[256];
   uint32_t cum[257];
@@ -29,7 +27,7 @@ std::vector<uint8_t> encode_stream(const uint32_t* z, uint64_t lo, uint64_t hi, 
   rev.reserve(2 * (hi - lo) + 4);
   uint32_t x = HL_RANS_L;
   for (uint64_t i = hi; i-- > lo;) {
-    uint32_t s = symbol_of(z[i]);
+    uint32_t s = rans_symbol(z[i]);
     uint32_t f = t.freq[s];
     uint32_t x_max = ((HL_RANS_L >> HL_RANS_BITS) << 8) * f;
     while (x >= x_max) {
@@ -50,7 +48,7 @@ std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads) {
   uint64_t counts[256] = {0};
   uint64_t n_esc = 0;
   for (uint64_t i = 0; i < n; ++i) {
-    uint32_t s = symbol_of(z[i]);
+    uint32_t s = rans_symbol(z[i]);
     counts[s]++;
     n_esc += s == HL_RANS_ESC;
   }
