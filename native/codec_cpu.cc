@@ -203,8 +203,13 @@ Coded code_rows(const Tensor<DT>& t, bool lossless, double eb_abs, bool dedup, i
   auto distinct_of = [&](uint64_t u) -> uint64_t { return n2 < n1 ? first2[u] : u; };
 
   if (!dedup_pays(rows, n2, d)) {
-    // Store every row: expand the distinct rows' codes back to all rows.
     c.n_unique = rows;
+    if (n1 == rows) {  // no row repeated bit for bit: the codes are already in row order
+      c.codes = std::move(codes1);
+      c.row_outlier = std::move(out1);
+      return c;
+    }
+    // Store every row: expand the distinct rows' codes back to all rows.
     c.codes = Buffer<uint32_t>(rows * d);
     c.row_outlier = Buffer<uint8_t>(lossless ? 0 : rows);
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows * d > 65536)

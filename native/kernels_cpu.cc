@@ -253,14 +253,18 @@ HL_CLONES void raw_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint6
 HL_CLONES void hash_raw_rows(const uint8_t* x, uint64_t rows, uint64_t row_bytes,
                              uint64_t* hashes) {
   const uint64_t words = row_bytes / 4;
-  uint32_t buf[256];  // rows are hashed in aligned chunks of 256 words
   for (uint64_t r = 0; r < rows; ++r) {
     const uint8_t* row = x + r * row_bytes;
     uint64_t h = row_bytes;
-    for (uint64_t w = 0; w < words; w += 256) {
-      uint64_t n = words - w < 256 ? words - w : 256;
-      memcpy(buf, row + 4 * w, 4 * n);
-      h = mix64(h ^ hash_codes(buf, n));
+    if (row_bytes % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 4 == 0) {
+      h = mix64(h ^ hash_codes(reinterpret_cast<const uint32_t*>(row), words));
+    } else {
+      uint32_t buf[256];  // unaligned rows (odd fp16 lengths) are hashed in aligned chunks
+      for (uint64_t w = 0; w < words; w += 256) {
+        uint64_t n = words - w < 256 ? words - w : 256;
+        memcpy(buf, row + 4 * w, 4 * n);
+        h = mix64(h ^ hash_codes(buf, n));
+      }
     }
     uint32_t tail = 0;
     memcpy(&tail, row + 4 * words, row_bytes - 4 * words);
