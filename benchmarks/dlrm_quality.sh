@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Training quality and all-to-all bytes of the compressed embedding exchange (DLRM example):
-# seeds x {none, lossy rel 0.03, adaptive} with 2 ranks under mpirun, on planted-signal synthetic
+# seeds x {none, lossy rel 0.03, variants below} with 2 ranks under mpirun, on planted-signal synthetic
 # data at Criteo-Kaggle scale and on the bundled real Criteo rows. Each run writes its metrics
 # JSON; quality.py pairs every compressed run with the uncompressed run of the same seed (same
 # data, same init) and writes the summary with the targets (ratio >= 15, |dAUC| <= 0.001,
 # |dlogloss| <= 0.002 on the synthetic set).
 #
 #   bash benchmarks/dlrm_quality.sh            # defaults below; ~1 h on 2 slow shared cores
+#   CONFIGS="none lossy adaptive" bash benchmarks/dlrm_quality.sh
 #   SYNTHETIC_ROWS=200000 SEEDS="0 1" bash benchmarks/dlrm_quality.sh
 #
 # Environment: SYNTHETIC_ROWS (1000000; 0 skips the synthetic set), SAMPLE (1; 0 skips the
 # bundled rows), SEEDS ("0 1 2"), BATCH (2048, synthetic), EB (0.03), CONFIGS (names below),
-# OUT (benchmarks/out/dlrm_quality). Summary: $OUT/summary.json.
+# OUT (benchmarks/out/dlrm_quality; earlier *_s*.json there are summarised too). Summary:
+# $OUT/summary.json.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="$ROOT/.venv/bin/python"
@@ -21,18 +23,26 @@ SAMPLE="${SAMPLE:-1}"
 SEEDS="${SEEDS:-0 1 2}"
 BATCH="${BATCH:-2048}"
 EB="${EB:-0.03}"
-CONFIGS="${CONFIGS:-none lossy adaptive}"
+CONFIGS="${CONFIGS:-none lossy lossy-g02 adaptive-g02}"
 mkdir -p "$OUT"
+CORES="$(nproc --all)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 MPIRUN=(mpirun --oversubscribe -np 2 --mca btl self,tcp --mca btl_tcp_if_include lo
         --mca oob_tcp_if_include lo -x OMP_NUM_THREADS)
 
+# none:         uncompressed (Horovod's alltoall through hvd_lossy with Compression.none)
+# lossy:        rel bound EB on lookups and gradients, one frame per (destination, table), level 1
+# lossy-g02:    rel EB on lookups, 0.02 on gradients, level 2 (entropy coder)
+# adaptive:     the controller's defaults (paper policy, step schedule), base EB, gradients per table
+# adaptive-g02: adaptive lookups (paper policy, step schedule), gradients at 0.02, level 2
 config_args() {
   case "$1" in
     none) echo "--compression none" ;;
     lossy) echo "--compression lossy --error-bound $EB --eb-mode rel" ;;
+    lossy-g02) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.02 --level 2" ;;
     adaptive) echo "--compression adaptive --error-bound $EB --eb-mode rel" ;;
-    *) echo "unknown config $1 (expected none, lossy, adaptive)" >&2; exit 2 ;;
+    adaptive-g02) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.02 --level 2" ;;
+    *) echo "unknown config $1 (expected none, lossy, lossy-g02, adaptive, adaptive-g02)" >&2; exit 2 ;;
   esac
 }
 
@@ -48,7 +58,7 @@ run() {  # run DATASET_NAME SEED CONFIG ARGS...
 {
   echo "date: $(date -u +%FT%TZ)"
   echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "host: $(nproc) cores, $(uname -srm)"
+  echo "host: $CORES cores, $(uname -srm), load $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "settings: SYNTHETIC_ROWS=$SYNTHETIC_ROWS SAMPLE=$SAMPLE SEEDS='$SEEDS' BATCH=$BATCH EB=$EB CONFIGS='$CONFIGS'"
 } | tee "$OUT/environment.txt"
 

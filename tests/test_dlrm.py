@@ -286,6 +286,62 @@ def test_exchange_gives_each_rank_all_tables_for_its_rows_in_global_order(world)
         assert torch.equal(results[r], want[r * b:(r + 1) * b])
 
 
+# ---------------------------------------------------------------- per-table lossy frames
+
+
+def test_table_frames_cut_each_chunk_into_one_frame_per_table():
+    from frames import TableFrames
+    fwd = TableFrames(0.03, "rel", [["C1", "C2"]] * 2, backward_layouts=[["C1", "C2"], ["C3"]])
+    assert fwd.plan([8, 8]) == [(0, 4, 0.03), (0, 4, 0.03), (1, 4, 0.03), (1, 4, 0.03)]
+    bwd = fwd.for_backward()
+    assert bwd.plan([8, 4]) == [(0, 4, 0.03), (0, 4, 0.03), (1, 4, 0.03)]
+    with pytest.raises(ValueError, match="not divisible among its tables"):
+        fwd.plan([7, 8])
+    assert TableFrames(0.03, "rel", [["C1"]], backward=None).for_backward().__name__ == "NoneCompressor"
+    assert TableFrames(0.03, "rel", [["C1"]], backward=0.1, backward_layouts=[["C1"]]).for_backward().error_bound == 0.1
+
+
+def test_table_frames_bound_each_table_by_its_own_range():
+    import hvd_lossy
+    from frames import TableFrames
+    torch.manual_seed(0)
+    wide, narrow = torch.rand(16, 8) * 2 - 1, (torch.rand(16, 8) * 2 - 1) * 1e-3
+    chunk = torch.cat([wide, narrow])
+    comp = TableFrames(0.03, "rel", [["wide", "narrow"]], backward_layouts=[["wide", "narrow"]])
+    plan = comp.plan([32])
+    buf, sizes = hvd_lossy.compress_chunks(chunk, [p[1] for p in plan], [p[2] for p in plan], mode="rel")
+    comp.after_compress(plan, sizes, chunk)
+    got_narrow = hvd_lossy.decompress_chunks(buf)[1]
+    span = (narrow.max() - narrow.min()).item()
+    assert (got_narrow.double() - narrow.double()).abs().max().item() <= 0.03 * span
+    # One mixed frame would allow errors of 3% of the wide table's range, 1000x the narrow values.
+    assert set(comp.table_bytes) == {"wide", "narrow"}
+    assert comp.table_bytes["narrow"][0] == 16 * 8 * 4 and comp.table_bytes["narrow"][1] == sizes[1]
+
+
+# ---------------------------------------------------------------- benchmark summary
+
+
+def _run(label, seed, auc, logloss, ratio, checksum="c"):
+    return {"label": label, "compression": label, "auc": auc, "logloss": logloss, "compression_ratio": ratio,
+            "a2a_bytes_sent": 100 / ratio, "a2a_bytes_plain": 100, "train_seconds": 1.0, "steps": 5,
+            "data_checksum": checksum + str(seed), "args": {"synthetic": 1000, "data": "x", "seed": seed}}
+
+
+def test_quality_summary_pairs_compressed_runs_with_the_uncompressed_run_of_the_same_seed():
+    import quality
+    runs = [_run("none", 0, 0.70, 0.50, 1), _run("none", 1, 0.74, 0.48, 1),
+            _run("lossy", 0, 0.7005, 0.501, 20), _run("lossy", 1, 0.7390, 0.479, 20)]
+    res = quality.summarise(runs)["synthetic_1000"]
+    assert res["none"]["auc_spread"] == pytest.approx(0.04)
+    assert res["lossy"]["dauc"] == pytest.approx([0.0005, -0.001])
+    assert res["lossy"]["dauc_mean"] == pytest.approx(-0.00025)
+    assert res["lossy"]["same_data"] is True
+    assert all(res["lossy"]["meets_targets"].values())
+    runs[2]["data_checksum"] = "other"
+    assert quality.summarise(runs)["synthetic_1000"]["lossy"]["same_data"] is False
+
+
 # ---------------------------------------------------------------- command line
 
 

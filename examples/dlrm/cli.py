@@ -27,7 +27,8 @@ def _backward(text):
     try:
         return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError("expected 'same', 'none', 'fp16' or a number, got %r" % text) from None
+        raise argparse.ArgumentTypeError(
+            "expected 'same', 'none', 'fp16' or a number, got %r" % text) from None
 
 
 def parser():
@@ -69,6 +70,8 @@ def parser():
     c.add_argument("--backward-error-bound", type=_backward, default="same",
                    help="gradient all-to-all: 'same' as forward (default), 'none' (uncompressed), "
                         "'fp16', or an error bound in --eb-mode")
+    c.add_argument("--level", type=int, choices=[1, 2], default=1,
+                   help="codec level: 1 bit packing (fastest), 2 adds an entropy coder (smaller)")
     c.add_argument("--lossy-frames", choices=["table", "destination"], default="table",
                    help="lossy: one frame per (destination, table), so a relative bound is relative to "
                         "each table's range (default), or Compression.lossy's one frame per destination")
@@ -117,7 +120,8 @@ def check(args, world):
         raise UsageError("--epochs and --steps must be >= 1, got %d and %s" % (args.epochs, args.steps))
     if args.lr <= 0 or args.emb_lr <= 0:
         raise UsageError("--lr and --emb-lr must be > 0, got %g and %g" % (args.lr, args.emb_lr))
-    if args.error_bound < 0 or (isinstance(args.backward_error_bound, float) and args.backward_error_bound < 0):
+    backward = args.backward_error_bound
+    if args.error_bound < 0 or (isinstance(backward, float) and backward < 0):
         raise UsageError("error bounds must be >= 0, got --error-bound %g --backward-error-bound %s"
                          % (args.error_bound, args.backward_error_bound))
     if args.plain_horovod and args.compression != "none":

@@ -36,12 +36,13 @@ def make_compression(args, owners, rank, world, cardinalities, total_steps):
     if args.compression == "fp16":
         return Compression.fp16, None
     if args.compression == "lossy" and args.lossy_frames == "destination":
-        return Compression.lossy(args.error_bound, args.eb_mode, backward=backward), None
+        return Compression.lossy(args.error_bound, args.eb_mode, level=args.level,
+                                 backward=backward), None
     if args.compression == "lossy":
         from frames import TableFrames
         names = [[n for n, r in zip(data.TABLE_NAMES, owners) if r == k] for k in range(world)]
         return TableFrames(args.error_bound, args.eb_mode, [names[rank]] * world, backward=backward,
-                           backward_layouts=names), None
+                           backward_layouts=names, level=args.level), None
     from hvd_lossy.adaptive import Controller
     tables = {name: (rows, owner) for name, rows, owner in zip(data.TABLE_NAMES, cardinalities, owners)}
     # The schedule decays to 1.0 over the run and the controller re-plans ~20 times, unless told.
@@ -54,7 +55,8 @@ def make_compression(args, owners, rank, world, cardinalities, total_steps):
         kwargs["schedule"] = args.schedule
     controller = Controller(**kwargs)
     local = controller.tables_of(rank)
-    return Compression.adaptive(controller, tables=local, backward=backward), controller
+    compressor = Compression.adaptive(controller, tables=local, backward=backward, level=args.level)
+    return compressor, controller
 
 
 class Link:
@@ -161,8 +163,8 @@ class Link:
 
     def totals(self):
         """Bytes over the whole training run, summed over ranks."""
-        local = np.array([[s["fwd_raw"], s["fwd_wire"], s["bwd_raw"], s["bwd_wire"]] for s in self.steps],
-                         np.float64).reshape(-1, 4).sum(axis=0)
+        local = np.array([[s["fwd_raw"], s["fwd_wire"], s["bwd_raw"], s["bwd_wire"]]
+                          for s in self.steps], np.float64).reshape(-1, 4).sum(axis=0)
         tot = hvd.allreduce(torch.from_numpy(local), op=hvd.Sum, name="a2a.totals").numpy()
         plain, sent = tot[0] + tot[2], tot[1] + tot[3]
         return dict(a2a_bytes_plain=int(plain), a2a_bytes_sent=int(sent),

@@ -39,9 +39,10 @@ def table(runs, labels):
     if len(runs) > 1:
         a, b = runs[0], runs[-1]
         lines.append("")
+        same = "yes" if a["data_checksum"] == b["data_checksum"] else "NO"
         lines.append("%s vs %s: dAUC %+.4f  dlogloss %+.4f  bytes on the wire / %.1f  (same data: %s)" % (
             labels[-1], labels[0], b["auc"] - a["auc"], b["logloss"] - a["logloss"],
-            a["a2a_bytes_sent"] / b["a2a_bytes_sent"], "yes" if a["data_checksum"] == b["data_checksum"] else "NO"))
+            a["a2a_bytes_sent"] / b["a2a_bytes_sent"], same))
     return "\n".join(lines)
 
 

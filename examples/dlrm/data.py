@@ -227,4 +227,5 @@ def load_splits(data_dir, categorical="vocab", max_table_rows=None, max_rows=Non
     else:
         sizes = hash_sizes(max_table_rows)
         encode = lambda ids: hash_encode(ids, sizes)  # noqa: E731
-    return {split: Dataset(dense, encode(ids), labels, sizes) for split, (labels, dense, ids) in raw.items()}
+    return {split: Dataset(dense, encode(ids), labels, sizes)
+            for split, (labels, dense, ids) in raw.items()}

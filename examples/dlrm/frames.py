@@ -19,7 +19,7 @@ class TableFrames(LossyCompressor):
     """A fixed error bound, one frame per (destination, table).
 
     Arguments:
-        error_bound, mode: as Compression.lossy.
+        error_bound, mode, level: as Compression.lossy.
         layouts: per destination rank, the names of the tables in its chunk, in chunk order
             (forward: this rank's tables for every destination; backward: destination r's tables).
         backward: gradient all-to-all: "same", None, an error bound, or Compression.fp16.
@@ -29,8 +29,8 @@ class TableFrames(LossyCompressor):
     """
 
     def __init__(self, error_bound, mode, layouts, backward=SAME, backward_layouts=None,
-                 table_bytes=None, prefix=""):
-        super().__init__(error_bound, mode=mode, backward=backward)
+                 table_bytes=None, prefix="", level=1):
+        super().__init__(error_bound, mode=mode, level=level, backward=backward)
         self.layouts, self.backward_layouts = layouts, backward_layouts
         self.table_bytes = {} if table_bytes is None else table_bytes
         self.prefix = prefix
@@ -72,5 +72,6 @@ class TableFrames(LossyCompressor):
         if self._backward_compressor is None:
             eb = self.error_bound if self.backward == SAME else self.backward
             self._backward_compressor = TableFrames(eb, self.mode, self.backward_layouts, backward=None,
-                                                    table_bytes=self.table_bytes, prefix="bwd:")
+                                                    table_bytes=self.table_bytes, prefix="bwd:",
+                                                    level=self.level)
         return self._backward_compressor

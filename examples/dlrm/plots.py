@@ -31,7 +31,8 @@ def _save(fig, out_dir, name, tight=True):
 
 
 def _title(m):
-    return "%s, %d ranks, batch %d" % (m.get("compressor", m.get("compression", "")), m["world"], m["batch_size"])
+    name = m.get("compressor", m.get("compression", ""))
+    return "%s, %d ranks, batch %d" % (name, m["world"], m["batch_size"])
 
 
 def _loss(m, out_dir):

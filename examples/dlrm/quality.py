@@ -17,7 +17,9 @@ TARGETS = {"min_ratio": 15.0, "max_abs_dauc": 0.001, "max_abs_dlogloss": 0.002}
 
 def _data_key(m):
     a = m["args"]
-    return "synthetic_%d" % a["synthetic"] if a["synthetic"] else "files:%s" % a["data"].rstrip("/").split("/")[-1]
+    if a["synthetic"]:
+        return "synthetic_%d" % a["synthetic"]
+    return "files:%s" % a["data"].rstrip("/").split("/")[-1]
 
 
 def _label(m):

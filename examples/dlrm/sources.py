@@ -94,7 +94,7 @@ def eval_batches(source, rank, world, limit=None):
 def build(args, world):
     """The source named by the arguments (--synthetic N or --data DIR)."""
     if args.synthetic:
-        n_test = args.synthetic_test if args.synthetic_test else max(args.synthetic // 10, args.batch_size)
+        n_test = args.synthetic_test or max(args.synthetic // 10, args.batch_size)
         gen = synthetic.SyntheticCriteo(args.synthetic, n_test, args.seed, args.max_table_rows)
         return SyntheticSource(gen, args.batch_size)
     splits = data.load_splits(args.data, args.categorical, args.max_table_rows, args.max_rows)
@@ -102,11 +102,12 @@ def build(args, world):
     # dev and test are both held out (nothing is tuned on dev here): more rows, steadier metrics.
     parts = [splits[k] for k in ("dev", "test") if k in splits]
     if parts:
-        held_out = data.Dataset(np.concatenate([p.dense for p in parts]), np.concatenate([p.sparse for p in parts]),
-                                np.concatenate([p.labels for p in parts]), train.cardinalities)
+        held_out = data.Dataset(*(np.concatenate([getattr(p, f) for p in parts])
+                                  for f in ("dense", "sparse", "labels")), train.cardinalities)
     else:
         # Only train.txt: hold out its last tenth.
         cut = len(train) - max(len(train) // 10, 1)
-        held_out = data.Dataset(train.dense[cut:], train.sparse[cut:], train.labels[cut:], train.cardinalities)
-        train = data.Dataset(train.dense[:cut], train.sparse[:cut], train.labels[:cut], train.cardinalities)
+        rows = lambda s: data.Dataset(train.dense[s], train.sparse[s], train.labels[s],  # noqa: E731
+                                      train.cardinalities)
+        held_out, train = rows(slice(cut, None)), rows(slice(None, cut))
     return FileSource(train, held_out, args.batch_size, args.seed)

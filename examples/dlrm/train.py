@@ -142,7 +142,8 @@ def train(args):
     final = evaluate(source, ex, link, dense_arch, tables, rank, world)
     digests = hvd.allgather_object(checksum.hexdigest(), name="checksum")
     result = dict(
-        final, label=args.label or args.compression, steps=step, epochs_run=step / source.steps_per_epoch, world=world,
+        final, label=args.label or args.compression, steps=step,
+        epochs_run=step / source.steps_per_epoch, world=world,
         batch_size=args.batch_size, train_seconds=train_seconds,
         iter_seconds_median=statistics.median(iter_s), loss_final=losses[-1],
         data_checksum=hashlib.sha256("".join(digests).encode()).hexdigest(),
