@@ -610,10 +610,16 @@ HlFrameHeader parse_header(const uint8_t* frame, uint64_t size, std::vector<int6
     throw FrameError("frame is corrupted: dtype code " + std::to_string(h.dtype));
   if (h.level != 1 && h.level != 2)
     throw FrameError("frame is corrupted: level " + std::to_string(h.level));
-  if (h.flags & ~(HL_FLAG_REL | HL_FLAG_LOSSLESS | HL_FLAG_IDENTITY_MAP))
-    throw FrameError("frame is corrupted: unknown flags 0x" + std::to_string(h.flags));
-  if (h.ndim > HL_MAX_NDIM || h.reserved[0] || h.reserved[1] || h.reserved[2])
-    throw FrameError("frame is corrupted: ndim " + std::to_string(h.ndim));
+  if (h.flags & ~(HL_FLAG_REL | HL_FLAG_LOSSLESS | HL_FLAG_IDENTITY_MAP)) {
+    char buf[80];
+    snprintf(buf, sizeof(buf), "frame is corrupted: unknown flags 0x%02x", h.flags);
+    throw FrameError(buf);
+  }
+  if (h.ndim > HL_MAX_NDIM)
+    throw FrameError("frame is corrupted: ndim " + std::to_string(h.ndim) + ", at most " +
+                     std::to_string(HL_MAX_NDIM));
+  if (h.reserved[0] || h.reserved[1] || h.reserved[2])
+    throw FrameError("frame is corrupted: reserved header bytes are not zero");
   if (h.total_bytes != size)
     throw FrameError("frame is truncated or has trailing bytes: " + std::to_string(size) +
                      " bytes, its header says " + std::to_string(h.total_bytes));
