@@ -5,8 +5,10 @@
 //
 // Build (no GPU needed; the binary needs only the driver's libcuda at run time):
 //   nvcc -std=c++17 -O2 -arch=sm_90 -ftz=false -prec-div=true -prec-sqrt=true -fmad=false \
+//        -Xcompiler -fno-fast-math,-ffp-contract=off \
 //        -Inative tests/cuda_selftest.cc native/codec_cuda.cu native/codec_cpu.cc \
-//        native/pack.cc native/rans_cpu.cc -o build/cuda_selftest
+//        native/kernels_cpu.cc native/pack.cc native/rans_cpu.cc -Xcompiler -fopenmp \
+//        -o build/cuda_selftest
 // Run: build/cuda_selftest [cases (default 3000)] [seed (1)] [tampered frames a level (300)].
 // Exit status 0 when everything agrees.
 #include <cuda_runtime.h>
