@@ -3,26 +3,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bindings_util.h"
 #include "codec.h"
 
 namespace py = pybind11;
 
 namespace {
 
-template <typename T>
-T* ptr(uintptr_t p) {
-  return reinterpret_cast<T*>(p);
-}
-
-hl::CompressParams params(int dtype, int mode, int level, bool dedup, double eb) {
-  hl::CompressParams p;
-  p.dtype = (uint8_t)dtype;
-  p.mode = (uint8_t)mode;
-  p.level = (uint8_t)level;
-  p.dedup = dedup;
-  p.error_bound = eb;
-  return p;
-}
+using hl::py_util::params;
+using hl::py_util::ptr;
 
 py::dict header_dict(const HlFrameHeader& h, const std::vector<int64_t>& shape) {
   py::dict d;

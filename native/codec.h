@@ -39,6 +39,12 @@ void shape_to_rows(const std::vector<int64_t>& shape, uint64_t* n_rows, uint64_t
 // Checks the parameters and throws ArgumentError naming the bad value.
 void check_params(const CompressParams& p);
 
+// Checks the arguments of compress_many_* (params, one bound a chunk when given, trailing
+// dimensions >= 0); returns the elements a row of dim 0 holds.
+uint64_t check_chunk_args(const CompressParams& p, size_t n_chunks,
+                          const std::vector<int64_t>& trailing,
+                          const std::vector<double>& error_bounds);
+
 // Absolute bound for a tensor whose finite values span [lo, hi] (lo > hi when none are finite).
 double absolute_bound(const CompressParams& p, double lo, double hi);
 

@@ -511,6 +511,21 @@ void check_params(const CompressParams& p) {
                         std::to_string(p.error_bound));
 }
 
+uint64_t check_chunk_args(const CompressParams& p, size_t n_chunks,
+                          const std::vector<int64_t>& trailing,
+                          const std::vector<double>& error_bounds) {
+  check_params(p);
+  if (!error_bounds.empty() && error_bounds.size() != n_chunks)
+    throw ArgumentError("got " + std::to_string(error_bounds.size()) + " error bounds for " +
+                        std::to_string(n_chunks) + " chunks");
+  uint64_t row_elems = 1;
+  for (int64_t s : trailing) {
+    if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
+    row_elems *= (uint64_t)s;
+  }
+  return row_elems;
+}
+
 double absolute_bound(const CompressParams& p, double lo, double hi) {
   double eb = p.error_bound;
   if (p.mode == HL_MODE_REL) eb = hi > lo ? p.error_bound * (hi - lo) : 0.0;
@@ -534,17 +549,9 @@ std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams&
                                         const std::vector<int64_t>& trailing,
                                         const std::vector<double>& error_bounds, uint8_t* out,
                                         uint64_t out_cap, int threads) {
-  check_params(p);
   threads = resolve_threads(threads);
   const size_t n = rows.size();
-  if (!error_bounds.empty() && error_bounds.size() != n)
-    throw ArgumentError("got " + std::to_string(error_bounds.size()) + " error bounds for " +
-                        std::to_string(n) + " chunks");
-  uint64_t row_elems = 1;
-  for (int64_t s : trailing) {
-    if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
-    row_elems *= (uint64_t)s;
-  }
+  const uint64_t row_elems = check_chunk_args(p, n, trailing, error_bounds);
   std::vector<CompressParams> params(n, p);
   std::vector<std::vector<int64_t>> shapes(n);
   std::vector<uint64_t> in_off(n + 1, 0), out_off(n + 1, 0);

@@ -1650,17 +1650,8 @@ std::vector<uint64_t> compress_many_cuda(const void* input_dev, const CompressPa
                                          const std::vector<double>& error_bounds,
                                          uint8_t* out_dev, uint64_t out_cap, void* stream_v) {
   using namespace gpu;
-  // Argument checks in the order and words of compress_many_cpu.
-  check_params(p);
   const size_t n = rows.size();
-  if (!error_bounds.empty() && error_bounds.size() != n)
-    throw ArgumentError("got " + std::to_string(error_bounds.size()) + " error bounds for " +
-                        std::to_string(n) + " chunks");
-  uint64_t row_elems = 1;
-  for (int64_t s : trailing) {
-    if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
-    row_elems *= (uint64_t)s;
-  }
+  const uint64_t row_elems = check_chunk_args(p, n, trailing, error_bounds);
   const uint8_t* in = static_cast<const uint8_t*>(input_dev);
   const uint64_t eb = hl_elem_bytes(p.dtype);
   std::vector<EncodeJob> jobs;
