@@ -34,6 +34,19 @@ def _check_error_bound(error_bound):
     return value
 
 
+def _check_segments(segments, name):
+    """segments as stored: an int >= 1, or a list of ints >= 0 (one per destination)."""
+    if isinstance(segments, numbers.Integral) and not isinstance(segments, bool):
+        if segments < 1:
+            raise ValueError(f"{name} must be >= 1, got {segments!r}")
+        return int(segments)
+    if isinstance(segments, (list, tuple)) and all(
+            isinstance(k, numbers.Integral) and not isinstance(k, bool) and k >= 0 for k in segments):
+        return [int(k) for k in segments]
+    raise ValueError(f"{name} must be an int >= 1 or a list of ints >= 0 (one per destination), "
+                     f"got {segments!r}")
+
+
 def _normalise_backward(backward):
     """backward as stored: SAME, None, a float bound, FP16Compressor or a LossyCompressor."""
     if isinstance(backward, str):
@@ -71,10 +84,18 @@ class LossyCompressor(Compressor):
                   compressor), None (uncompressed), an error bound (this compressor's settings
                   with that bound), Compression.fp16, or another LossyCompressor.
         dedup: store identical rows of a frame once.
+        segments: frames per destination chunk, cut in equal parts: an int for every
+                  destination, or a list with one int per destination. A relative bound applies
+                  to each frame's own range, so when a chunk holds several embedding tables back
+                  to back, segments=<tables in the chunk> keeps a table with wide values from
+                  setting the error of a table with narrow ones.
+        backward_segments: the same for the gradient all-to-all (whose chunk for rank r holds
+                  rank r's tables); defaults to `segments`.
     """
     codec_id = "lossy"
 
-    def __init__(self, error_bound, mode="rel", level=1, backward=SAME, dedup=True):
+    def __init__(self, error_bound, mode="rel", level=1, backward=SAME, dedup=True, segments=1,
+                 backward_segments=None):
         self.error_bound = _check_error_bound(error_bound)
         if mode not in _MODES:
             raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
@@ -83,6 +104,9 @@ class LossyCompressor(Compressor):
         if not isinstance(dedup, bool):
             raise TypeError(f"dedup must be True or False, got {dedup!r}")
         self.mode, self.level, self.dedup = mode, int(level), dedup
+        self.segments = _check_segments(segments, "segments")
+        self.backward_segments = (None if backward_segments is None
+                                  else _check_segments(backward_segments, "backward_segments"))
         self.backward = _normalise_backward(backward)
         self._backward_compressor = None
 
@@ -94,21 +118,40 @@ class LossyCompressor(Compressor):
             (destinations non-decreasing, rows per destination summing to splits[d]). The
             default is one frame per destination (also for 0 rows) with self.error_bound.
         """
-        return [(dest, int(rows), self.error_bound) for dest, rows in enumerate(splits)]
+        plan = []
+        for dest, rows in enumerate(splits):
+            parts = self.segments if isinstance(self.segments, int) else (
+                self.segments[dest] if dest < len(self.segments) else -1)
+            if parts < 0:
+                raise ValueError(f"segments lists {len(self.segments)} destinations, the "
+                                 f"all-to-all has {len(splits)}")
+            rows = int(rows)
+            if parts == 0 or rows == 0:
+                if rows:
+                    raise ValueError(f"chunk for rank {dest} has {rows} rows but 0 segments")
+                plan.append((dest, 0, self.error_bound))
+                continue
+            if rows % parts:
+                raise ValueError(f"chunk for rank {dest} has {rows} rows, not divisible into "
+                                 f"{parts} equal segments")
+            plan.extend((dest, rows // parts, self.error_bound) for _ in range(parts))
+        return plan
 
     def after_compress(self, plan, frame_sizes, tensor):
         """Hook called after compressing `tensor` by `plan` into frames of `frame_sizes` bytes."""
 
     def for_backward(self):
         """The compressor of the gradient all-to-all (which runs with the splits reversed)."""
-        if self.backward == SAME:
-            return self
         if self.backward is None:
             return NoneCompressor
-        if isinstance(self.backward, float):
+        segments = self.segments if self.backward_segments is None else self.backward_segments
+        if self.backward == SAME and segments == self.segments:
+            return self
+        if self.backward == SAME or isinstance(self.backward, float):
             if self._backward_compressor is None:
+                bound = self.error_bound if self.backward == SAME else self.backward
                 self._backward_compressor = LossyCompressor(
-                    self.backward, mode=self.mode, level=self.level, dedup=self.dedup)
+                    bound, mode=self.mode, level=self.level, dedup=self.dedup, segments=segments)
             return self._backward_compressor
         return self.backward
 
@@ -136,8 +179,12 @@ class LossyCompressor(Compressor):
             backward = "fp16"
         elif is_lossy(backward):
             backward = backward.get_config()
-        return {"id": self.codec_id, "error_bound": self.error_bound, "mode": self.mode,
-                "level": self.level, "backward": backward, "dedup": self.dedup}
+        config = {"id": self.codec_id, "error_bound": self.error_bound, "mode": self.mode,
+                  "level": self.level, "backward": backward, "dedup": self.dedup}
+        if self.segments != 1 or self.backward_segments is not None:
+            config["segments"] = self.segments
+            config["backward_segments"] = self.backward_segments
+        return config
 
     @classmethod
     def from_config(cls, config):
@@ -153,8 +200,11 @@ class LossyCompressor(Compressor):
             backward = "Compression.fp16"
         else:
             backward = repr(backward)
+        segments = ""
+        if self.segments != 1 or self.backward_segments is not None:
+            segments = f", segments={self.segments!r}, backward_segments={self.backward_segments!r}"
         return (f"{type(self).__name__}(error_bound={self.error_bound!r}, mode={self.mode!r}, "
-                f"level={self.level!r}, backward={backward}, dedup={self.dedup!r})")
+                f"level={self.level!r}, backward={backward}, dedup={self.dedup!r}{segments})")
 
     def __eq__(self, other):
         return type(self) is type(other) and self.get_config() == other.get_config()
@@ -183,9 +233,11 @@ class Compression:
     fp16 = FP16Compressor
 
     @staticmethod
-    def lossy(error_bound, mode="rel", level=1, backward=SAME, dedup=True):
+    def lossy(error_bound, mode="rel", level=1, backward=SAME, dedup=True, segments=1,
+              backward_segments=None):
         """An error-bounded LossyCompressor; see its docstring for the arguments."""
-        return LossyCompressor(error_bound, mode=mode, level=level, backward=backward, dedup=dedup)
+        return LossyCompressor(error_bound, mode=mode, level=level, backward=backward, dedup=dedup,
+                               segments=segments, backward_segments=backward_segments)
 
     @staticmethod
     def adaptive(controller, tables, backward=SAME, **kwargs):

@@ -72,6 +72,39 @@ def test_default_plan_is_one_frame_per_destination_with_own_bound():
     assert Compression.lossy(0.02).plan([3, 0, 5]) == [(0, 3, 0.02), (1, 0, 0.02), (2, 5, 0.02)]
 
 
+def test_segments_cut_each_chunk_into_one_frame_per_table():
+    import json
+
+    from hvd_lossy.compression import Compression, LossyCompressor
+    # forward: every destination's chunk holds this rank's 2 tables of 4 rows each
+    c = Compression.lossy(0.03, segments=2, backward_segments=[2, 3, 0])
+    assert c.plan([8, 8, 8]) == [(0, 4, 0.03), (0, 4, 0.03), (1, 4, 0.03), (1, 4, 0.03),
+                                 (2, 4, 0.03), (2, 4, 0.03)]
+    # backward: the chunk for rank r holds rank r's tables
+    b = c.for_backward()
+    assert b.plan([8, 12, 0]) == [(0, 4, 0.03), (0, 4, 0.03), (1, 4, 0.03), (1, 4, 0.03),
+                                  (1, 4, 0.03), (2, 0, 0.03)]
+    assert LossyCompressor.from_config(json.loads(json.dumps(c.get_config()))) == c
+    assert eval(repr(c)) == c
+    with pytest.raises(ValueError, match="chunk for rank 1 has 7 rows, not divisible into 2"):
+        c.plan([8, 7, 8])
+    with pytest.raises(ValueError, match="chunk for rank 2 has 4 rows but 0 segments"):
+        b.plan([8, 12, 4])
+    with pytest.raises(ValueError, match="segments must be >= 1, got 0"):
+        Compression.lossy(0.03, segments=0)
+
+
+def test_segments_bound_each_table_by_its_own_range():
+    from hvd_lossy.compression import Compression
+    import hvd_lossy
+    wide, narrow = torch.rand(4, 8) * 2 - 1, torch.rand(4, 8) * 0.002 - 0.001
+    chunk = torch.cat([wide, narrow])
+    plan = Compression.lossy(0.03, segments=2).plan([8])
+    buf, sizes = hvd_lossy.compress_chunks(chunk, [r for _, r, _ in plan], [e for _, _, e in plan])
+    narrow_back = hvd_lossy.decompress_chunks(buf, sizes)[1]
+    assert float((narrow_back - narrow).abs().max()) <= 0.03 * float(narrow.max() - narrow.min())
+
+
 @pytest.mark.parametrize("kwargs,error,named", [
     ({"error_bound": -0.01}, ValueError, "-0.01"), ({"error_bound": float("nan")}, ValueError, "nan"),
     ({"error_bound": "0.1"}, TypeError, "'0.1'"), ({"error_bound": 0.1, "mode": "relative"}, ValueError, "'relative'"),
