@@ -19,8 +19,8 @@ ROWS = [
     ("compression ratio", "compression_ratio", "x%.1f"),
     ("train seconds", "train_seconds", "%.1f"),
     ("median step ms", "iter_seconds_median", "%.1f", 1e3),
-    ("compress+decode s", "compress_total_s", "%.2f"),
-    ("communicate s", "comm_total_s", "%.2f"),
+    ("compress+decode s r0", "compress_total_s", "%.2f"),
+    ("communicate s r0", "comm_total_s", "%.2f"),
 ]
 
 
