@@ -289,34 +289,33 @@ def test_exchange_gives_each_rank_all_tables_for_its_rows_in_global_order(world)
 # ---------------------------------------------------------------- per-table lossy frames
 
 
-def test_table_frames_cut_each_chunk_into_one_frame_per_table():
-    from frames import TableFrames
-    fwd = TableFrames(0.03, "rel", [["C1", "C2"]] * 2, backward_layouts=[["C1", "C2"], ["C3"]])
+def test_lossy_frames_cut_each_chunk_into_one_frame_per_table_both_ways():
+    from frames import table_compressors
+    fwd = table_compressors(0.03, "rel", 1, "same", [["C1", "C2"], ["C3"]], rank=0)
     assert fwd.plan([8, 8]) == [(0, 4, 0.03), (0, 4, 0.03), (1, 4, 0.03), (1, 4, 0.03)]
     bwd = fwd.for_backward()
     assert bwd.plan([8, 4]) == [(0, 4, 0.03), (0, 4, 0.03), (1, 4, 0.03)]
-    with pytest.raises(ValueError, match="not divisible among its tables"):
+    with pytest.raises(ValueError, match="not divisible"):
         fwd.plan([7, 8])
-    assert TableFrames(0.03, "rel", [["C1"]], backward=None).for_backward().__name__ == "NoneCompressor"
-    assert TableFrames(0.03, "rel", [["C1"]], backward=0.1, backward_layouts=[["C1"]]).for_backward().error_bound == 0.1
+    assert table_compressors(0.03, "rel", 1, 0.01, [["C1"]], 0).for_backward().error_bound == 0.01
+    assert table_compressors(0.03, "rel", 2, None, [["C1"]], 0).for_backward().__name__ == "NoneCompressor"
 
 
-def test_table_frames_bound_each_table_by_its_own_range():
+def test_table_frames_bound_each_table_by_its_own_range_and_count_its_bytes():
     import hvd_lossy
-    from frames import TableFrames
+    from frames import table_compressors
     torch.manual_seed(0)
     wide, narrow = torch.rand(16, 8) * 2 - 1, (torch.rand(16, 8) * 2 - 1) * 1e-3
     chunk = torch.cat([wide, narrow])
-    comp = TableFrames(0.03, "rel", [["wide", "narrow"]], backward_layouts=[["wide", "narrow"]])
+    comp = table_compressors(0.03, "rel", 1, "same", [["wide", "narrow"]], rank=0)
     plan = comp.plan([32])
     buf, sizes = hvd_lossy.compress_chunks(chunk, [p[1] for p in plan], [p[2] for p in plan], mode="rel")
     comp.after_compress(plan, sizes, chunk)
     got_narrow = hvd_lossy.decompress_chunks(buf)[1]
     span = (narrow.max() - narrow.min()).item()
-    assert (got_narrow.double() - narrow.double()).abs().max().item() <= 0.03 * span
     # One mixed frame would allow errors of 3% of the wide table's range, 1000x the narrow values.
-    assert set(comp.table_bytes) == {"wide", "narrow"}
-    assert comp.table_bytes["narrow"][0] == 16 * 8 * 4 and comp.table_bytes["narrow"][1] == sizes[1]
+    assert (got_narrow.double() - narrow.double()).abs().max().item() <= 0.03 * span
+    assert comp.table_bytes == {"wide": [16 * 8 * 4, sizes[0]], "narrow": [16 * 8 * 4, sizes[1]]}
 
 
 # ---------------------------------------------------------------- benchmark summary

@@ -74,7 +74,7 @@ def parser():
                    help="codec level: 1 bit packing (fastest), 2 adds an entropy coder (smaller)")
     c.add_argument("--lossy-frames", choices=["table", "destination"], default="table",
                    help="lossy: one frame per (destination, table), so a relative bound is relative to "
-                        "each table's range (default), or Compression.lossy's one frame per destination")
+                        "each table's range (default), or one frame per destination")
     c.add_argument("--policy", default=None, help="adaptive controller policy")
     c.add_argument("--schedule", default=None, help="adaptive controller schedule")
     c.add_argument("--schedule-iters", type=int, default=None, metavar="E",

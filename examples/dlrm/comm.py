@@ -39,10 +39,9 @@ def make_compression(args, owners, rank, world, cardinalities, total_steps):
         return Compression.lossy(args.error_bound, args.eb_mode, level=args.level,
                                  backward=backward), None
     if args.compression == "lossy":
-        from frames import TableFrames
+        from frames import table_compressors
         names = [[n for n, r in zip(data.TABLE_NAMES, owners) if r == k] for k in range(world)]
-        return TableFrames(args.error_bound, args.eb_mode, [names[rank]] * world, backward=backward,
-                           backward_layouts=names, level=args.level), None
+        return table_compressors(args.error_bound, args.eb_mode, args.level, backward, names, rank), None
     from hvd_lossy.adaptive import Controller
     tables = {name: (rows, owner) for name, rows, owner in zip(data.TABLE_NAMES, cardinalities, owners)}
     # The schedule decays to 1.0 over the run and the controller re-plans ~20 times, unless told.
@@ -186,7 +185,10 @@ class Link:
                     "adaptive": {k: s[k] for k in ("iteration", "multiplier", "policy", "schedule",
                                                     "ratio", "bwd_ratio")}}
         bound = self.args.error_bound if self.args.compression == "lossy" else 0.0
-        tables = {n: {"bound": bound, "owner": self.owners[t]} for t, n in enumerate(data.TABLE_NAMES)}
+        bwd = self.args.backward_error_bound
+        bwd_bound = bound if bwd == "same" else (bwd if isinstance(bwd, float) else 0.0)
+        tables = {n: {"bound": bound, "bwd_bound": bwd_bound, "owner": self.owners[t]}
+                  for t, n in enumerate(data.TABLE_NAMES)}
         if hasattr(self.compression, "table_bytes"):  # per-table frames: bytes summed over ranks
             summed = {}
             for part in hvd.allgather_object(self.compression.table_bytes, name="table_bytes"):

@@ -1,77 +1,63 @@
-"""Compression.lossy's settings with one frame per (destination, table).
+"""Compression.lossy with one frame per table, and the bytes each table's frames took.
 
-`Compression.lossy` makes one frame per destination. A destination's chunk holds several tables
-back to back (exchange.py), and a relative bound is a fraction of the frame's value range, so in
-one mixed frame the table with the widest values sets the absolute error of all of them: early in
-training, when a 3-row table's embeddings span +-0.6 and a 100k-row table's +-0.003, a 3% bound
-on the mixed frame wipes out the big table. Cutting each chunk into its tables' pieces (the
-extension point LossyCompressor offers for this: `plan`/`after_compress`) makes "relative"
-mean relative to each table's own range, and lets the run report bytes per table.
+A destination's chunk holds several tables back to back (exchange.py), and a relative bound is a
+fraction of a frame's value range: in one mixed frame the table with the widest values sets the
+absolute error of all of them (early in training a 3-row table's embeddings span +-0.6 and a
+100k-row table's +-0.003, so 3% of the mixed range wipes out the big table). LossyCompressor's
+`segments` cuts each chunk into its tables' frames; this subclass only adds, through the
+`after_compress` hook, the raw and compressed bytes per table for the run's report.
 """
 
 import math
 
-from hvd_lossy.compression import SAME, LossyCompressor
-from hvd_lossy.torch import Compression
+from hvd_lossy.compression import LossyCompressor
 
 
-class TableFrames(LossyCompressor):
-    """A fixed error bound, one frame per (destination, table).
+class TableBytes(LossyCompressor):
+    """Compression.lossy(error_bound, mode, level, backward, segments=<tables of each chunk>)
+    that records bytes per table.
 
     Arguments:
-        error_bound, mode, level: as Compression.lossy.
+        error_bound, mode, level, backward: as Compression.lossy.
         layouts: per destination rank, the names of the tables in its chunk, in chunk order
-            (forward: this rank's tables for every destination; backward: destination r's tables).
-        backward: gradient all-to-all: "same", None, an error bound, or Compression.fp16.
-        backward_layouts: the layouts of the gradient all-to-all (chunk for rank r holds r's tables).
-        table_bytes: dict name -> [raw bytes, frame bytes] that compressed frames are added to
-            (shared by the forward and backward compressors; keys prefixed "bwd:" for gradients).
+            (forward: this rank's tables, for every destination; backward: rank r's tables).
+        table_bytes: dict that receives key -> [raw bytes, frame bytes], key = prefix + name
+            (shared by the forward and backward compressors).
+        prefix: "" for lookups, "bwd:" for gradients.
     """
 
-    def __init__(self, error_bound, mode, layouts, backward=SAME, backward_layouts=None,
-                 table_bytes=None, prefix="", level=1):
-        super().__init__(error_bound, mode=mode, level=level, backward=backward)
-        self.layouts, self.backward_layouts = layouts, backward_layouts
+    def __init__(self, error_bound, mode, level, layouts, backward=None, table_bytes=None, prefix=""):
+        super().__init__(error_bound, mode=mode, level=level, backward=backward,
+                         segments=[len(layout) for layout in layouts])
+        self.layouts = [list(layout) for layout in layouts]
         self.table_bytes = {} if table_bytes is None else table_bytes
         self.prefix = prefix
-        self._names = []
-
-    def plan(self, splits):
-        """Each destination's rows in equal parts, one per table of its layout."""
-        plan, names = [], []
-        for dest, rows in enumerate(splits):
-            layout = self.layouts[dest]
-            if not layout:
-                if rows:
-                    raise ValueError("chunk for rank %d has %d rows but no tables" % (dest, rows))
-                plan.append((dest, 0, self.error_bound))
-                names.append(None)
-                continue
-            per_table, rest = divmod(int(rows), len(layout))
-            if rest:
-                raise ValueError("chunk for rank %d has %d rows, not divisible among its tables %s"
-                                 % (dest, rows, layout))
-            plan.extend((dest, per_table, self.error_bound) for _ in layout)
-            names.extend(layout)
-        self._names = names
-        return plan
 
     def after_compress(self, plan, frame_sizes, tensor):
         row_bytes = math.prod(tensor.shape[1:]) * tensor.element_size()
-        for (_dest, rows, _eb), size, name in zip(plan, frame_sizes, self._names):
-            if name is not None:
-                acc = self.table_bytes.setdefault(self.prefix + name, [0, 0])
+        seen = {}  # frames so far per destination: the index into its layout
+        for (dest, rows, _eb), size in zip(plan, frame_sizes):
+            k = seen.get(dest, 0)
+            seen[dest] = k + 1
+            if rows and k < len(self.layouts[dest]):
+                acc = self.table_bytes.setdefault(self.prefix + self.layouts[dest][k], [0, 0])
                 acc[0] += rows * row_bytes
                 acc[1] += size
 
-    def for_backward(self):
-        if self.backward is None:
-            return Compression.none
-        if self.backward is Compression.fp16:
-            return Compression.fp16
-        if self._backward_compressor is None:
-            eb = self.error_bound if self.backward == SAME else self.backward
-            self._backward_compressor = TableFrames(eb, self.mode, self.backward_layouts, backward=None,
-                                                    table_bytes=self.table_bytes, prefix="bwd:",
-                                                    level=self.level)
-        return self._backward_compressor
+
+def table_compressors(error_bound, mode, level, backward, names_by_rank, rank):
+    """The forward compressor of `rank` (with its gradient compressor as `backward`).
+
+    Arguments:
+        backward: None (uncompressed gradients), Compression.fp16, "same" or an error bound.
+        names_by_rank: the table names each rank owns.
+    Returns:
+        a TableBytes whose `table_bytes` collects both directions.
+    """
+    table_bytes = {}
+    if backward == "same" or isinstance(backward, float):
+        eb = error_bound if backward == "same" else backward
+        backward = TableBytes(eb, mode, level, names_by_rank, table_bytes=table_bytes, prefix="bwd:")
+    world = len(names_by_rank)
+    return TableBytes(error_bound, mode, level, [names_by_rank[rank]] * world, backward=backward,
+                      table_bytes=table_bytes)
