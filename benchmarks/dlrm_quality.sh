@@ -32,17 +32,17 @@ MPIRUN=(mpirun --oversubscribe -np 2 --mca btl self,tcp --mca btl_tcp_if_include
 
 # none:         uncompressed (Horovod's alltoall through hvd_lossy with Compression.none)
 # lossy:        rel bound EB on lookups and gradients, one frame per (destination, table), level 1
-# lossy-g02:    rel EB on lookups, 0.02 on gradients, level 2 (entropy coder)
+# lossy-g0XX:   rel EB on lookups, 0.0XX on gradients (g01: 0.01, g015: 0.015), level 2 (entropy coder)
 # adaptive:     the controller's defaults (paper policy, step schedule), base EB, gradients per table
-# adaptive-g02: adaptive lookups (paper policy, step schedule), gradients at 0.02, level 2
+# adaptive-g0XX: adaptive lookups (paper policy, step schedule), gradients at 0.0XX, level 2
 config_args() {
   case "$1" in
     none) echo "--compression none" ;;
     lossy) echo "--compression lossy --error-bound $EB --eb-mode rel" ;;
-    lossy-g02) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.02 --level 2" ;;
+    lossy-g0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2" ;;
     adaptive) echo "--compression adaptive --error-bound $EB --eb-mode rel" ;;
-    adaptive-g02) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.02 --level 2" ;;
-    *) echo "unknown config $1 (expected none, lossy, lossy-g02, adaptive, adaptive-g02)" >&2; exit 2 ;;
+    adaptive-g0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2" ;;
+    *) echo "unknown config $1 (expected none, lossy, lossy-g0XX, adaptive, adaptive-g0XX)" >&2; exit 2 ;;
   esac
 }
 
@@ -58,9 +58,10 @@ run() {  # run DATASET_NAME SEED CONFIG ARGS...
 {
   echo "date: $(date -u +%FT%TZ)"
   echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "command: CONFIGS='$CONFIGS' bash benchmarks/dlrm_quality.sh"
   echo "host: $CORES cores, $(uname -srm), load $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "settings: SYNTHETIC_ROWS=$SYNTHETIC_ROWS SAMPLE=$SAMPLE SEEDS='$SEEDS' BATCH=$BATCH EB=$EB CONFIGS='$CONFIGS'"
-} | tee "$OUT/environment.txt"
+} | tee -a "$OUT/environment.txt"
 
 for seed in $SEEDS; do
   for config in $CONFIGS; do
