@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,16 +20,97 @@
 namespace hl {
 namespace {
 
-// A heap array left uninitialised: every element is written before it is read, and zeroing
+// Scratch memory kept per thread between calls. Fresh megabytes from the allocator arrive as
+// untouched pages, and faulting them in cost a quarter of a 64 MB compress; an all-to-all calls
+// the codec every iteration with similar sizes, so blocks are reused. At most kPoolBytes stay
+// cached per thread; larger blocks go back to the system.
+class ScratchPool {
+ public:
+  static void* get(size_t bytes, size_t* got) {
+    Pool& pool = instance();
+    auto it = pool.blocks.lower_bound(bytes);
+    if (it != pool.blocks.end() && it->first <= 2 * bytes + 4096) {
+      void* p = it->second;
+      *got = it->first;
+      pool.cached -= it->first;
+      pool.blocks.erase(it);
+      return p;
+    }
+    *got = bytes;
+    return ::operator new(bytes);
+  }
+  static void put(void* p, size_t bytes) {
+    Pool& pool = instance();
+    pool.blocks.emplace(bytes, p);
+    pool.cached += bytes;
+    while (pool.cached > kPoolBytes) {  // drop the largest blocks first
+      auto last = std::prev(pool.blocks.end());
+      pool.cached -= last->first;
+      ::operator delete(last->second);
+      pool.blocks.erase(last);
+    }
+  }
+
+ private:
+  static constexpr size_t kPoolBytes = size_t(256) << 20;
+  struct Pool {
+    std::multimap<size_t, void*> blocks;
+    size_t cached = 0;
+    ~Pool() {
+      for (auto& b : blocks) ::operator delete(b.second);
+    }
+  };
+  static Pool& instance() {
+    static thread_local Pool pool;
+    return pool;
+  }
+};
+
+// A scratch array left uninitialised: every element is written before it is read, and zeroing
 // tens of megabytes first costs as much as quantizing them.
 template <typename T>
-struct Buffer {
-  std::unique_ptr<T[]> p;
-  explicit Buffer(uint64_t n = 0) : p(n ? new T[n] : nullptr) {}
-  T* data() { return p.get(); }
-  const T* data() const { return p.get(); }
-  T& operator[](uint64_t i) { return p[i]; }
-  const T& operator[](uint64_t i) const { return p[i]; }
+class Buffer {
+ public:
+  explicit Buffer(uint64_t n = 0) {
+    if (n) p_ = static_cast<T*>(ScratchPool::get(n * sizeof(T), &bytes_));
+  }
+  Buffer(Buffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = o.p_;
+      bytes_ = o.bytes_;
+      o.p_ = nullptr;
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { release(); }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  T& operator[](uint64_t i) { return p_[i]; }
+  const T& operator[](uint64_t i) const { return p_[i]; }
+
+ private:
+  void release() {
+    if (p_) ScratchPool::put(p_, bytes_);
+    p_ = nullptr;
+  }
+  T* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A section's bytes in scratch memory.
+struct Bytes {
+  Buffer<uint8_t> buf;
+  uint64_t n = 0;
+  Bytes() = default;
+  explicit Bytes(uint64_t size) : buf(size), n(size) {}
+  uint8_t* data() { return buf.data(); }
+  const uint8_t* data() const { return buf.data(); }
+  uint64_t size() const { return n; }
+  bool empty() const { return n == 0; }
 };
 
 template <int DT>
@@ -62,48 +144,121 @@ void finite_range(const Tensor<DT>& t, int threads, double* lo_out, double* hi_o
   *hi_out = *std::max_element(hi.begin(), hi.end());
 }
 
-// Numbers rows by first occurrence of their content: map[r] = unique index, first[u] = first
-// row holding unique u; returns n_unique. same(a, b) decides equality of rows with equal
-// hashes. The table starts small and doubles, so data with few distinct rows (hot lookups)
-// probes a table that stays in cache.
+// Numbers rows by first occurrence of their content, one row at a time: map[r] = unique index,
+// first[u] = first row holding unique u. same(a, b) decides equality of rows with equal hashes
+// (hashes[] is indexed by row and must be filled up to the row added). The table starts small
+// and doubles, so data with few distinct rows (hot lookups) probes a table that stays in cache.
+class Numbering {
+ public:
+  explicit Numbering(const uint64_t* hashes) : hashes_(hashes) { resize(1024); }
+
+  template <class Same>
+  void add(uint64_t r, Same same, uint32_t* map) {
+    const uint64_t h = hashes_[r];
+    uint64_t s = h & (cap_ - 1);
+    for (;;) {
+      const uint64_t e = slots_[s];
+      if (e == kEmpty) {
+        map[r] = (uint32_t)first.size();
+        slots_[s] = (h & kTag) | first.size();
+        first.push_back(r);
+        if (2 * first.size() > cap_) grow();  // keep the load under one half
+        return;
+      }
+      const uint64_t u = e & ~kTag;
+      if ((e & kTag) == (h & kTag) && same(first[u], r)) {
+        map[r] = (uint32_t)u;
+        return;
+      }
+      s = (s + 1) & (cap_ - 1);
+    }
+  }
+
+  std::vector<uint64_t> first;
+
+ private:
+  static constexpr uint64_t kEmpty = ~0ull, kTag = 0xffffffff00000000ull;
+
+  void resize(uint64_t cap) {
+    cap_ = cap;
+    slots_ = Buffer<uint64_t>(cap);
+    std::fill(slots_.data(), slots_.data() + cap, kEmpty);
+  }
+
+  void grow() {
+    resize(2 * cap_);
+    const uint64_t mask = cap_ - 1;
+    for (uint64_t v = 0; v < first.size(); ++v) {
+      const uint64_t hv = hashes_[first[v]];
+      uint64_t t = hv & mask;
+      while (slots_[t] != kEmpty) t = (t + 1) & mask;
+      slots_[t] = (hv & kTag) | v;
+    }
+  }
+
+  const uint64_t* hashes_;
+  Buffer<uint64_t> slots_;  // (hash high 32 bits) | unique index
+  uint64_t cap_ = 0;
+};
+
 template <class Same>
 uint64_t number_rows(uint64_t rows, const uint64_t* hashes, Same same, uint32_t* map,
                      std::vector<uint64_t>* first) {
-  const uint64_t kEmpty = ~0ull, kTag = 0xffffffff00000000ull;
-  uint64_t cap = 1024;
-  std::vector<uint64_t> slots(cap, kEmpty);  // (hash high 32 bits) | unique index
-  first->clear();
-  for (uint64_t r = 0; r < rows; ++r) {
-    const uint64_t h = hashes[r];
-    uint64_t s = h & (cap - 1);
-    for (;;) {
-      const uint64_t e = slots[s];
-      if (e == kEmpty) {
-        const uint64_t u = first->size();
-        first->push_back(r);
-        map[r] = (uint32_t)u;
-        slots[s] = (h & kTag) | u;
-        if (2 * first->size() > cap) {  // keep the load under one half
-          cap *= 2;
-          slots.assign(cap, kEmpty);
-          for (uint64_t v = 0; v < first->size(); ++v) {
-            const uint64_t hv = hashes[(*first)[v]];
-            uint64_t t = hv & (cap - 1);
-            while (slots[t] != kEmpty) t = (t + 1) & (cap - 1);
-            slots[t] = (hv & kTag) | v;
-          }
-        }
-        break;
-      }
-      const uint64_t u = e & ~kTag;
-      if ((e & kTag) == (h & kTag) && same((*first)[u], r)) {
-        map[r] = (uint32_t)u;
-        break;
-      }
-      s = (s + 1) & (cap - 1);
-    }
-  }
+  Numbering num(hashes);
+  for (uint64_t r = 0; r < rows; ++r) num.add(r, same, map);
+  *first = std::move(num.first);
   return first->size();
+}
+
+// Rows repeated bit for bit, found in one pass over the tensor: blocks of rows are hashed (in
+// parallel) and numbered while still in cache, and the finite value range is taken from the
+// same blocks when the bound is relative.
+struct DistinctRows {
+  Buffer<uint32_t> map;         // row -> distinct row
+  std::vector<uint64_t> first;  // distinct row -> its first row
+};
+
+template <int DT>
+DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads, double* lo,
+                               double* hi) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  const uint64_t rows = t.n_rows, d = t.row_len, row_bytes = d * sizeof(raw_t);
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(t.x);
+  DistinctRows out;
+  out.map = Buffer<uint32_t>(rows);
+  Buffer<uint64_t> hashes(rows);
+  Numbering num(hashes.data());
+  auto same = [&](uint64_t a, uint64_t b) {
+    return memcmp(t.x + a * d, t.x + b * d, row_bytes) == 0;
+  };
+  const uint64_t block = std::max<uint64_t>(1, (256u << 10) / std::max<uint64_t>(row_bytes, 1));
+  double lo_all = INFINITY, hi_all = -INFINITY;
+  for (uint64_t b0 = 0; b0 < rows; b0 += block) {
+    const uint64_t b1 = std::min(rows, b0 + block);
+    const int nt = (b1 - b0) * d > 65536 ? threads : 1;
+    double lo_t[64], hi_t[64];
+#pragma omp parallel num_threads(nt < 64 ? nt : 64)
+    {
+      const int k = omp_get_thread_num_safe();
+      uint64_t a, e;
+      split_range(b1 - b0, k, omp_get_num_threads_safe(), &a, &e);
+      cpu::hash_raw_rows(bytes + (b0 + a) * row_bytes, e - a, row_bytes, hashes.data() + b0 + a);
+      lo_t[k] = INFINITY;
+      hi_t[k] = -INFINITY;
+      if (need_range) cpu::finite_range(DT, t.x + (b0 + a) * d, (e - a) * d, &lo_t[k], &hi_t[k]);
+    }
+    for (int k = 0; k < (nt < 64 ? nt : 64); ++k) {
+      lo_all = std::min(lo_all, lo_t[k]);
+      hi_all = std::max(hi_all, hi_t[k]);
+    }
+    for (uint64_t r = b0; r < b1; ++r) num.add(r, same, out.map.data());
+  }
+  out.first = std::move(num.first);
+  if (need_range) {
+    *lo = lo_all;
+    *hi = hi_all;
+  }
+  return out;
 }
 
 // The rows a frame stores, coded: unique rows in order of first occurrence.
@@ -144,11 +299,12 @@ void code_rows_into(const Tensor<DT>& t, const uint64_t* idx, uint64_t rows, boo
 // but share codes are merged in a second pass over the distinct rows' codes. Numbering both
 // passes by first occurrence gives the same unique order as one pass over all codes.
 template <int DT>
-Coded code_rows(const Tensor<DT>& t, bool lossless, double eb_abs, bool dedup, int threads) {
+Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, double eb_abs,
+                int threads) {
   typedef typename Elem<DT>::raw_t raw_t;
   const uint64_t rows = t.n_rows, d = t.row_len;
   Coded c;
-  if (!dedup) {
+  if (!distinct) {
     c.n_unique = rows;
     c.codes = Buffer<uint32_t>(rows * d);
     c.row_outlier = Buffer<uint8_t>(lossless ? 0 : rows);
@@ -156,25 +312,10 @@ Coded code_rows(const Tensor<DT>& t, bool lossless, double eb_abs, bool dedup, i
                    c.row_outlier.data(), nullptr);
     return c;
   }
-  // Pass 1: distinct raw rows.
-  Buffer<uint64_t> h1(rows);
-  const uint64_t row_bytes = d * sizeof(raw_t);
-  {
-    const int nt = rows * d > 65536 ? threads : 1;
-#pragma omp parallel num_threads(nt)
-    {
-      uint64_t a, b;
-      split_range(rows, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
-      cpu::hash_raw_rows(reinterpret_cast<const uint8_t*>(t.x) + a * row_bytes, b - a, row_bytes,
-                         h1.data() + a);
-    }
-  }
-  Buffer<uint32_t> map1(rows);
-  std::vector<uint64_t> first1;
-  const uint64_t n1 = number_rows(
-      rows, h1.data(),
-      [&](uint64_t a, uint64_t b) { return memcmp(t.x + a * d, t.x + b * d, row_bytes) == 0; },
-      map1.data(), &first1);
+  // Pass 1 (distinct_raw_rows): rows repeated bit for bit.
+  const Buffer<uint32_t>& map1 = distinct->map;
+  const std::vector<uint64_t>& first1 = distinct->first;
+  const uint64_t n1 = first1.size();
 
   // Pass 2: codes of the distinct raw rows, merged where codes (and outlier bits) agree.
   Buffer<uint32_t> codes1(n1 * d);
@@ -248,18 +389,18 @@ struct Outlier {
 };
 
 struct Sections {
-  std::vector<uint8_t> map;
-  std::vector<uint8_t> code;
+  Bytes map;
+  Bytes code;
   std::vector<Outlier> outliers;
   uint8_t level = 1;
   uint64_t n_unique = 0;
 };
 
-std::vector<uint8_t> packed(const uint32_t* v, uint64_t n, int threads) {
+Bytes packed(const uint32_t* v, uint64_t n, int threads) {
   const uint64_t nb = hl_div_up(n, HL_BLOCK);
-  std::vector<uint8_t> widths(nb);
+  Buffer<uint8_t> widths(nb);
   block_widths(v, n, widths.data(), threads);
-  std::vector<uint8_t> out(nb + payload_bytes(widths.data(), nb));
+  Bytes out(nb + payload_bytes(widths.data(), nb));
   pack_blocks(v, n, widths.data(), out.data(), threads);
   return out;
 }
@@ -289,7 +430,8 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
   if (level == 2 && n_unique * d > 0) {
     std::vector<uint8_t> entropy = rans_encode(ucodes, n_unique * d, threads);
     if (entropy.size() < s.code.size()) {
-      s.code.swap(entropy);
+      s.code = Bytes(entropy.size());
+      memcpy(s.code.data(), entropy.data(), entropy.size());
       s.level = 2;
     }
   }
@@ -342,13 +484,17 @@ namespace {
 template <int DT>
 uint64_t encode(const Tensor<DT>& t, const CompressParams& p, const std::vector<int64_t>& shape,
                 uint8_t* out, uint64_t out_cap, int threads, bool force_lossless) {
+  const bool need_range = p.mode == HL_MODE_REL && p.error_bound > 0;
+  const bool dedup = dedup_applies(p.dedup, t.n_rows, t.row_len);
   double lo = 0, hi = 0;
-  if (p.mode == HL_MODE_REL && p.error_bound > 0) finite_range(t, threads, &lo, &hi);
+  DistinctRows distinct;
+  if (dedup)
+    distinct = distinct_raw_rows(t, need_range, threads, &lo, &hi);
+  else if (need_range)
+    finite_range(t, threads, &lo, &hi);
   const double eb_abs = absolute_bound(p, lo, hi);
   const bool lossless = force_lossless || eb_abs == 0;
-
-  const bool dedup = dedup_applies(p.dedup, t.n_rows, t.row_len);
-  Coded coded = code_rows(t, lossless, eb_abs, dedup, threads);
+  Coded coded = code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, threads);
   Sections s = build_sections(t, coded, lossless, p.level, threads);
 
   const int ndim = (int)shape.size();

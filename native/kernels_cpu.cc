@@ -55,9 +55,14 @@ HL_INLINE uint64_t hash_codes(const uint32_t* z, uint64_t d) {
   for (; i + 8 <= d; i += 8)
     for (int k = 0; k < 8; ++k) lane[k] = (lane[k] ^ z[i + k]) * 0x9e3779b1u;
   for (int k = 0; i < d; ++i, ++k) lane[k] = (lane[k] ^ z[i]) * 0x85ebca6bu;
+  // Independent multiplies, then one finalizer: a chain of mix64 calls per row would make the
+  // hash latency-bound.
   uint64_t h = d;
-  for (int k = 0; k < 8; k += 2) h = mix64(h ^ ((uint64_t)lane[k] | ((uint64_t)lane[k + 1] << 32)));
-  return h;
+  h ^= ((uint64_t)lane[0] | ((uint64_t)lane[1] << 32)) * 0x9e3779b97f4a7c15ull;
+  h ^= ((uint64_t)lane[2] | ((uint64_t)lane[3] << 32)) * 0xc2b2ae3d27d4eb4full;
+  h ^= ((uint64_t)lane[4] | ((uint64_t)lane[5] << 32)) * 0x165667b19e3779f9ull;
+  h ^= ((uint64_t)lane[6] | ((uint64_t)lane[7] << 32)) * 0xd6e8feb86659fd93ull;
+  return mix64(h);
 }
 
 // Rows made mostly of outliers share their codes (all marks); mixing the outliers' raw bits
