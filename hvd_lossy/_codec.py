@@ -209,8 +209,16 @@ def frame_info(frame):
     return info
 
 
-def decompress(frame):
+def decompress(frame, out=None):
     """Decodes a frame into a tensor of its original dtype and shape, on the frame's device.
+
+    Arguments:
+        frame: a 1-D torch.uint8 tensor holding one frame.
+        out: optional contiguous tensor of the frame's dtype and shape on the frame's device to
+            decode into (reusing it saves the page faults of a fresh allocation).
+
+    Returns:
+        The decoded tensor (``out`` when given).
 
     Raises:
         FrameError (a ValueError) if the frame is truncated, corrupted or not an hvd_lossy frame.
@@ -223,7 +231,15 @@ def decompress(frame):
         if actual != info["checksum"]:
             raise FrameError(f"frame is corrupted: checksum 0x{actual:08x}, its header says "
                              f"0x{info['checksum']:08x}")
-    out = torch.empty(info["shape"], dtype=info["dtype"], device=frame.device)
+    if out is None:
+        out = torch.empty(info["shape"], dtype=info["dtype"], device=frame.device)
+    elif not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    elif (out.dtype != info["dtype"] or tuple(out.shape) != info["shape"]
+          or out.device != frame.device or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {info['dtype']} tensor of shape {info['shape']} "
+                         f"on {frame.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
+                         f"{'' if out.is_contiguous() else ' (non-contiguous)'}")
     nbytes = out.numel() * out.element_size()
     if frame.is_cuda:
         _C.decompress_cuda(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _stream(frame))

@@ -278,3 +278,15 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
         runs.append(subprocess.run([sys.executable, str(script)], env=env, check=True,
                                    capture_output=True, timeout=120).stdout)
     assert len(runs[0]) > 0 and runs[0] == runs[1]
+
+
+def test_decompress_into_a_given_tensor_reuses_it():
+    x = torch.randn(64, 8)
+    frame = hvd_lossy.compress(x, 0.01)
+    out = torch.empty(64, 8)
+    assert hvd_lossy.decompress(frame, out=out) is out
+    assert torch.equal(out, hvd_lossy.decompress(frame))
+    with pytest.raises(ValueError, match=r"out must be a contiguous torch.float32 tensor of shape \(64, 8\)"):
+        hvd_lossy.decompress(frame, out=torch.empty(8, 64))
+    with pytest.raises(ValueError, match="non-contiguous"):
+        hvd_lossy.decompress(frame, out=torch.empty(8, 64).t())
