@@ -1,6 +1,4 @@
 """Specification of the codec: the error bound, round trips, dedup, sizes and bad input."""
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -9,10 +7,7 @@ from hypothesis import strategies as st
 
 import hvd_lossy
 from hvd_lossy import FrameError
-
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-SPECIALS = [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 3.4e38, -3.4e38, 1e-45, -1e-40,
-            1e-8, 65504.0, 1.0, -1.0]
+from strategies import DTYPES, SPECIALS, tensors
 
 
 def max_error(x, y):
@@ -34,30 +29,6 @@ def assert_bound_and_specials(x, frame):
     inf = torch.isinf(x)
     assert torch.equal(x[inf], y[inf])
     return info, y
-
-
-@st.composite
-def tensors(draw):
-    dtype = draw(st.sampled_from(DTYPES))
-    ndim = draw(st.integers(0, 3))
-    shape = tuple(draw(st.lists(st.integers(0, 9), min_size=ndim, max_size=ndim)))
-    numel = math.prod(shape)
-    scale = draw(st.sampled_from([1e-30, 1e-3, 1.0, 1e3, 1e30]))
-    seed = draw(st.integers(0, 2**31))
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(numel, generator=g, dtype=torch.float64) * scale)
-    specials = draw(st.lists(st.tuples(st.integers(0, max(numel - 1, 0)), st.sampled_from(SPECIALS)),
-                             max_size=4))
-    for i, v in specials:
-        if numel:
-            x[i] = v
-    x = x.to(dtype).reshape(shape)
-    if draw(st.booleans()) and numel > 1 and ndim >= 2:
-        # repeated rows, as hot embedding lookups give
-        x = x.reshape(-1, shape[-1])
-        x[len(x) // 2:] = x[: len(x) - len(x) // 2].clone()
-        x = x.reshape(shape)
-    return x
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
