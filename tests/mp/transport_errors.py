@@ -77,38 +77,39 @@ def test_uncompressible_dtype_raises_everywhere():
                       f"rank {BAD}: dtype torch.int64 cannot be compressed")
 
 
-def test_corrupt_frame_raises_on_every_rank_naming_receiver_and_sender():
+def expect_error_when_bad_rank_compresses_with(once, *needles):
+    """On rank BAD, the next compress_chunks call goes through once(real, *args) instead; every
+    rank's lossy alltoall must then raise RankError mentioning needles."""
     real = hvd_lossy.compress_chunks
 
-    def corrupting(*args, **kwargs):  # once, flips one byte inside the frame meant for rank 0
+    def patched(*args, **kwargs):
         hvd_lossy.compress_chunks = real
+        return once(real, *args, **kwargs)
+
+    if R == BAD:
+        hvd_lossy.compress_chunks = patched
+    try:
+        expect_rank_error(lambda: hvd.alltoall(even(), compression=LOSSY), *needles)
+    finally:
+        hvd_lossy.compress_chunks = real
+
+
+def test_corrupt_frame_raises_on_every_rank_naming_receiver_and_sender():
+    def corrupting(real, *args, **kwargs):  # flips one byte inside the frame meant for rank 0
         buffer, sizes = real(*args, **kwargs)
         buffer[sizes[0] // 2] ^= 0x40
         return buffer, sizes
 
-    if R == BAD:
-        hvd_lossy.compress_chunks = corrupting
-    try:
-        expect_rank_error(lambda: hvd.alltoall(even(), compression=LOSSY),
-                          f"rank 0: the bytes received from rank {BAD} failed to decode")
-    finally:
-        hvd_lossy.compress_chunks = real
+    expect_error_when_bad_rank_compresses_with(
+        corrupting, f"rank 0: the bytes received from rank {BAD} failed to decode")
 
 
 def test_frames_disagreeing_with_announced_shape_raise_everywhere():
-    real = hvd_lossy.compress_chunks
-
-    def wrong_shape(tensor, *args, **kwargs):  # once, frames of a narrower tensor than announced
-        hvd_lossy.compress_chunks = real
+    def wrong_shape(real, tensor, *args, **kwargs):  # frames of a narrower tensor than announced
         return real(tensor[:, :-1], *args, **kwargs)
 
-    if R == BAD:
-        hvd_lossy.compress_chunks = wrong_shape
-    try:
-        expect_rank_error(lambda: hvd.alltoall(even(), compression=LOSSY),
-                          f"the frames received from rank {BAD} disagree")
-    finally:
-        hvd_lossy.compress_chunks = real
+    expect_error_when_bad_rank_compresses_with(
+        wrong_shape, f"the frames received from rank {BAD} disagree")
 
 
 class BrokenPlan(LossyCompressor):
