@@ -35,14 +35,17 @@ MPIRUN=(mpirun --oversubscribe -np 2 --mca btl self,tcp --mca btl_tcp_if_include
 # lossy-g0XX:   rel EB on lookups, 0.0XX on gradients (g01: 0.01, g015: 0.015), level 2 (entropy coder)
 # adaptive:     the controller's defaults (paper policy, step schedule), base EB, gradients per table
 # adaptive-g0XX: adaptive lookups (paper policy, step schedule), gradients at 0.0XX, level 2
+# lossy-d0XX, adaptive-d0XX: as -g0XX with subtractive dither on the gradient frames
 config_args() {
   case "$1" in
     none) echo "--compression none" ;;
     lossy) echo "--compression lossy --error-bound $EB --eb-mode rel" ;;
+    lossy-d0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-d0} --level 2 --dither backward" ;;
+    adaptive-d0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-d0} --level 2 --dither backward" ;;
     lossy-g0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2" ;;
     adaptive) echo "--compression adaptive --error-bound $EB --eb-mode rel" ;;
     adaptive-g0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2" ;;
-    *) echo "unknown config $1 (expected none, lossy, lossy-g0XX, adaptive, adaptive-g0XX)" >&2; exit 2 ;;
+    *) echo "unknown config $1 (expected none, lossy, lossy-g0XX, lossy-d0XX, adaptive, adaptive-g0XX, adaptive-d0XX)" >&2; exit 2 ;;
   esac
 }
 

@@ -8,6 +8,7 @@ The codec works without Horovod::
 The Horovod drop-in is ``import hvd_lossy.torch as hvd``.
 """
 from ._codec import (
+    DITHER_SEEDS,
     CodecError,
     FrameError,
     compress,
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CodecError",
     "FrameError",
+    "DITHER_SEEDS",
     "compress",
     "compress_chunks",
     "decompress",

@@ -75,6 +75,18 @@ def _stream(tensor):
     return torch.cuda.current_stream(tensor.device).cuda_stream
 
 
+DITHER_SEEDS = 1 << 24
+
+
+def _check_dither(dither):
+    """None (no dither) or a seed in [0, 2**24) as the native -1 / seed."""
+    if dither is None:
+        return -1
+    if isinstance(dither, bool) or not isinstance(dither, int) or not 0 <= dither < DITHER_SEEDS:
+        raise ValueError(f"dither must be None or an int seed in [0, {DITHER_SEEDS}), got {dither!r}")
+    return dither
+
+
 def max_frame_bytes(rows, row_len, ndim):
     """Worst-case size in bytes of the frame of a tensor with ``rows`` rows of ``row_len`` elements."""
     return _C.max_frame_bytes(int(rows), int(row_len), int(ndim))
@@ -89,7 +101,7 @@ def _rows_of(shape):
     return rows, shape[-1]
 
 
-def compress(tensor, error_bound, mode="rel", level=1, dedup=True):
+def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
     """Compresses a tensor into one self-describing frame.
 
     Arguments:
@@ -100,6 +112,10 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True):
         mode: ``"rel"`` or ``"abs"``.
         level: 1 (quantize, drop duplicate rows, bit-pack; fastest) or 2 (adds an entropy coder).
         dedup: store identical rows once.
+        dither: None, or an int seed in [0, 2**24): subtractive dither. The decoded error is then
+            uniform in [-eb, eb] and independent of the value (unbiased, e.g. for gradients)
+            instead of rounding every |x| < eb to 0, at the same bound; the seed travels in the
+            frame. Turns dedup off. No CUDA kernel yet: device tensors are coded on the CPU.
 
     Returns:
         A 1-D ``torch.uint8`` tensor on the input's device. Every finite element decodes within
@@ -108,7 +124,10 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True):
     code = _dtype_code(tensor)
     eb = _check_bound(error_bound)
     m, lv = _mode_code(mode), _check_level(level)
+    seed = _check_dither(dither)
     _check_device(tensor)
+    if tensor.is_cuda and seed >= 0:
+        return compress(tensor.cpu(), eb, mode, level, dedup, dither).to(tensor.device)
     src = tensor.contiguous()
     shape = list(src.shape)
     cap = max_frame_bytes(*_rows_of(shape), len(shape))
@@ -118,11 +137,11 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True):
                                 out.data_ptr(), cap, _stream(src))
     else:
         size = _C.compress(src.data_ptr(), code, shape, eb, m, lv, bool(dedup), out.data_ptr(), cap,
-                           _threads)
+                           _threads, seed)
     return out[:size].clone() if size < cap // 2 else out[:size]
 
 
-def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True):
+def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True, dither=None):
     """Compresses consecutive pieces of dim 0 into back-to-back frames, in one native call.
 
     Arguments:
@@ -130,6 +149,7 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True)
         rows: rows (dim-0 entries) of each piece; they must sum to ``tensor.shape[0]``.
         error_bounds: one bound for all pieces, or a list with one per piece.
         mode, level, dedup: as for :func:`compress`.
+        dither: None, or the seed of piece 0; piece i uses ``(dither + i) % 2**24``.
 
     Returns:
         ``(buffer, sizes)``: a 1-D ``torch.uint8`` tensor holding the frames back to back and the
@@ -137,6 +157,7 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True)
     """
     code = _dtype_code(tensor)
     m, lv = _mode_code(mode), _check_level(level)
+    seed = _check_dither(dither)
     _check_device(tensor)
     if tensor.dim() == 0:
         raise ValueError("compress_chunks needs a tensor with at least one dimension, got a 0-d tensor")
@@ -152,6 +173,9 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True)
         ebs = [_check_bound(e) for e in error_bounds]
     else:
         ebs = [_check_bound(error_bounds)] * len(rows)
+    if tensor.is_cuda and seed >= 0:
+        buffer, sizes = compress_chunks(tensor.cpu(), rows, ebs, mode, level, dedup, dither)
+        return buffer.to(tensor.device), sizes
     src = tensor.contiguous()
     trailing = list(src.shape[1:])
     cap = 0
@@ -164,7 +188,7 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True)
                                       out.data_ptr(), cap, _stream(src))
     else:
         sizes = _C.compress_many(src.data_ptr(), code, rows, trailing, ebs, m, lv, bool(dedup),
-                                 out.data_ptr(), cap, _threads)
+                                 out.data_ptr(), cap, _threads, seed)
     total = sum(sizes)
     return (out[:total].clone() if total < cap // 2 else out[:total]), list(sizes)
 
@@ -193,7 +217,8 @@ def frame_info(frame):
 
     Returns:
         dict with ``dtype`` (torch dtype), ``shape``, ``eb_abs`` (absolute bound, float64),
-        ``eb_param``, ``mode``, ``level``, ``lossless``, ``n_rows``, ``row_len``, ``n_unique``,
+        ``eb_param``, ``mode``, ``level``, ``lossless``, ``dither_seed`` (None when not
+        dithered), ``n_rows``, ``row_len``, ``n_unique``,
         ``n_outliers``, section sizes, ``raw_bytes``, ``frame_bytes`` and ``ratio``
         (raw over frame bytes).
     """
@@ -241,7 +266,9 @@ def decompress(frame, out=None):
                          f"on {frame.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
                          f"{'' if out.is_contiguous() else ' (non-contiguous)'}")
     nbytes = out.numel() * out.element_size()
-    if frame.is_cuda:
+    if frame.is_cuda and info["dither_seed"] is not None:  # no CUDA decoder for dither yet
+        out.copy_(decompress(frame.cpu()))
+    elif frame.is_cuda:
         _C.decompress_cuda(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _stream(frame))
     else:
         _C.decompress(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _threads)

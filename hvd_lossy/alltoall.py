@@ -69,7 +69,7 @@ def _check_plan(plan, rows_to):
                                     f"from splits {rows_to}")
 
 
-def compress_for_destinations(tensor, splits, compressor, size):
+def compress_for_destinations(tensor, splits, compressor, size, rank=0):
     """Step 1: (rows per destination, frame buffer, frame bytes per destination, bounds)."""
     check_lossy_tensor(tensor)
     rows_to = split_list(splits, tensor.shape[0], size)
@@ -78,7 +78,8 @@ def compress_for_destinations(tensor, splits, compressor, size):
     try:
         buffer, frame_sizes = hvd_lossy.compress_chunks(
             tensor.detach(), [p[1] for p in plan], [p[2] for p in plan],
-            mode=compressor.mode, level=compressor.level, dedup=compressor.dedup)
+            mode=compressor.mode, level=compressor.level, dedup=compressor.dedup,
+            dither=compressor.next_dither_seed(rank))
     except Exception as e:
         raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
     compressor.after_compress(plan, frame_sizes, tensor)
@@ -99,7 +100,7 @@ def _lossy_start(tensor, splits, name, compressor, process_set):
     failure, rows_to, buffer, byte_counts = None, [0] * size, None, [0] * size
     try:
         rows_to, buffer, byte_counts, record.error_bounds = compress_for_destinations(
-            tensor, splits, compressor, size)
+            tensor, splits, compressor, size, process_set.rank())
     except _LocalError as e:
         failure = e
     except Exception as e:  # e.g. a compressor subclass's plan() raising: still tell the peers

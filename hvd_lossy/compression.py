@@ -15,6 +15,7 @@ import hvd_lossy
 _MODES = ("rel", "abs")
 _LEVELS = (1, 2)
 SAME = "same"  # backward=SAME: gradients travel with the forward compressor's settings
+BACKWARD = "backward"  # dither=BACKWARD: dither the gradient frames only
 
 
 def is_lossy(compression):
@@ -45,6 +46,12 @@ def _check_segments(segments, name):
         return [int(k) for k in segments]
     raise ValueError(f"{name} must be an int >= 1 or a list of ints >= 0 (one per destination), "
                      f"got {segments!r}")
+
+
+def _check_dither(dither):
+    if not (isinstance(dither, bool) or (isinstance(dither, str) and dither == BACKWARD)):
+        raise ValueError(f"dither must be False, True or 'backward', got {dither!r}")
+    return dither
 
 
 def _normalise_backward(backward):
@@ -91,11 +98,16 @@ class LossyCompressor(Compressor):
                   setting the error of a table with narrow ones.
         backward_segments: the same for the gradient all-to-all (whose chunk for rank r holds
                   rank r's tables); defaults to `segments`.
+        dither: False; True (every frame); or "backward" (only the gradient frames of the
+                  autograd all-to-all, which an error bound or "same" `backward` then builds
+                  dithered). Subtractive dither keeps the bound but makes the error uniform and
+                  independent of the value: small values are kept on average instead of all
+                  rounding to 0, which is what gradients need. Dithered frames skip dedup.
     """
     codec_id = "lossy"
 
     def __init__(self, error_bound, mode="rel", level=1, backward=SAME, dedup=True, segments=1,
-                 backward_segments=None):
+                 backward_segments=None, dither=False):
         self.error_bound = _check_error_bound(error_bound)
         if mode not in _MODES:
             raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
@@ -108,7 +120,18 @@ class LossyCompressor(Compressor):
         self.backward_segments = (None if backward_segments is None
                                   else _check_segments(backward_segments, "backward_segments"))
         self.backward = _normalise_backward(backward)
+        self.dither = _check_dither(dither)
         self._backward_compressor = None
+        self._dither_calls = 0
+
+    def next_dither_seed(self, rank=0):
+        """Dither seed of the next compress call's first frame (frame i uses seed + i), or None
+        when this compressor's own frames are not dithered. Deterministic, so runs repeat, and
+        different for every call and rank, so no two frames share their offsets."""
+        if self.dither is not True:
+            return None
+        self._dither_calls += 1
+        return (self._dither_calls * 0x9E3779B1 + rank * 0x632BE5AB) % hvd_lossy.DITHER_SEEDS
 
     def plan(self, splits):
         """How to cut a tensor whose dim 0 goes `splits[d]` rows to rank d into frames.
@@ -145,13 +168,14 @@ class LossyCompressor(Compressor):
         if self.backward is None:
             return NoneCompressor
         segments = self.segments if self.backward_segments is None else self.backward_segments
-        if self.backward == SAME and segments == self.segments:
+        if self.backward == SAME and segments == self.segments and self.dither != BACKWARD:
             return self
         if self.backward == SAME or isinstance(self.backward, float):
             if self._backward_compressor is None:
                 bound = self.error_bound if self.backward == SAME else self.backward
                 self._backward_compressor = LossyCompressor(
-                    bound, mode=self.mode, level=self.level, dedup=self.dedup, segments=segments)
+                    bound, mode=self.mode, level=self.level, dedup=self.dedup, segments=segments,
+                    dither=bool(self.dither))
             return self._backward_compressor
         return self.backward
 
@@ -162,7 +186,7 @@ class LossyCompressor(Compressor):
             (frame, ctx): frame a 1-D torch.uint8 tensor, ctx the input dtype.
         """
         frame = hvd_lossy.compress(tensor, self.error_bound, mode=self.mode, level=self.level,
-                                   dedup=self.dedup)
+                                   dedup=self.dedup, dither=self.next_dither_seed())
         return frame, tensor.dtype
 
     def decompress(self, frame, ctx):
@@ -184,6 +208,8 @@ class LossyCompressor(Compressor):
         if self.segments != 1 or self.backward_segments is not None:
             config["segments"] = self.segments
             config["backward_segments"] = self.backward_segments
+        if self.dither:
+            config["dither"] = self.dither
         return config
 
     @classmethod
@@ -203,6 +229,8 @@ class LossyCompressor(Compressor):
         segments = ""
         if self.segments != 1 or self.backward_segments is not None:
             segments = f", segments={self.segments!r}, backward_segments={self.backward_segments!r}"
+        if self.dither:
+            segments += f", dither={self.dither!r}"
         return (f"{type(self).__name__}(error_bound={self.error_bound!r}, mode={self.mode!r}, "
                 f"level={self.level!r}, backward={backward}, dedup={self.dedup!r}{segments})")
 
@@ -234,10 +262,11 @@ class Compression:
 
     @staticmethod
     def lossy(error_bound, mode="rel", level=1, backward=SAME, dedup=True, segments=1,
-              backward_segments=None):
+              backward_segments=None, dither=False):
         """An error-bounded LossyCompressor; see its docstring for the arguments."""
         return LossyCompressor(error_bound, mode=mode, level=level, backward=backward, dedup=dedup,
-                               segments=segments, backward_segments=backward_segments)
+                               segments=segments, backward_segments=backward_segments,
+                               dither=dither)
 
     @staticmethod
     def adaptive(controller, tables, backward=SAME, **kwargs):

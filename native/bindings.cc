@@ -20,6 +20,10 @@ py::dict header_dict(const HlFrameHeader& h, const std::vector<int64_t>& shape) 
   d["level"] = (int)h.level;
   d["mode"] = (h.flags & HL_FLAG_REL) ? "rel" : "abs";
   d["lossless"] = bool(h.flags & HL_FLAG_LOSSLESS);
+  const bool dithered = h.flags & HL_FLAG_DITHER;
+  // None, or the 24-bit seed of a dithered frame
+  d["dither_seed"] = dithered ? py::cast((int)(h.reserved[0] | h.reserved[1] << 8 | h.reserved[2] << 16))
+                              : py::none();
   d["eb_param"] = h.eb_param;
   d["eb_abs"] = h.eb_abs;
   d["n_rows"] = h.n_rows;
@@ -71,25 +75,29 @@ PYBIND11_MODULE(_C, m) {
   m.def("compress_many",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
-           int level, bool dedup, uintptr_t out, uint64_t out_cap, int threads) {
-          return hl::compress_many_cpu(ptr<const void>(in), params(dtype, mode, level, dedup, 0.0),
-                                       rows, trailing, ebs, ptr<uint8_t>(out), out_cap, threads);
+           int level, bool dedup, uintptr_t out, uint64_t out_cap, int threads,
+           int64_t dither_seed) {
+          return hl::compress_many_cpu(ptr<const void>(in),
+                                       params(dtype, mode, level, dedup, 0.0, dither_seed), rows,
+                                       trailing, ebs, ptr<uint8_t>(out), out_cap, threads);
         },
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
         py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
-        py::arg("out"), py::arg("out_cap"), py::arg("threads") = 0,
+        py::arg("out"), py::arg("out_cap"), py::arg("threads") = 0, py::arg("dither_seed") = -1,
         py::call_guard<py::gil_scoped_release>(),
         "Compresses consecutive chunks into back-to-back frames; returns their sizes.");
 
   m.def("compress",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, double eb, int mode,
-           int level, bool dedup, uintptr_t out, uint64_t out_cap, int threads) {
-          return hl::compress_cpu(ptr<const void>(in), params(dtype, mode, level, dedup, eb),
-                                  shape, ptr<uint8_t>(out), out_cap, threads);
+           int level, bool dedup, uintptr_t out, uint64_t out_cap, int threads,
+           int64_t dither_seed) {
+          return hl::compress_cpu(ptr<const void>(in),
+                                  params(dtype, mode, level, dedup, eb, dither_seed), shape,
+                                  ptr<uint8_t>(out), out_cap, threads);
         },
         py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("error_bound"),
         py::arg("mode"), py::arg("level"), py::arg("dedup"), py::arg("out"), py::arg("out_cap"),
-        py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>(),
+        py::arg("threads") = 0, py::arg("dither_seed") = -1, py::call_guard<py::gil_scoped_release>(),
         "Compresses one tensor into a frame; returns its size.");
 
   m.def("frame_info",

@@ -30,6 +30,8 @@ struct CompressParams {
   uint8_t level;      // 1 block packing, 2 entropy coded
   bool dedup;         // drop duplicate rows
   double error_bound; // relative factor (mode rel) or absolute bound; 0 = lossless
+  bool dither = false;       // subtractive dither (frame.h); turns dedup off
+  uint32_t dither_seed = 0;  // < HL_DITHER_SEEDS; chunk i of compress_many uses seed + i
 };
 
 // Rows and row length of a shape: the last dimension is a row; 0-d and 1-d tensors are one row.

@@ -120,6 +120,46 @@ HL_HD bool quantize(typename Elem<DT>::raw_t raw, double inv_step, double step, 
   return true;
 }
 
+// ---- subtractive dither (HL_FLAG_DITHER) ------------------------------------------------------
+
+// murmur3's 32-bit finalizer, a bijection.
+HL_HD uint32_t mix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+
+// Offset of element i as a fraction of the step, in (-1/2, 1/2): 24 hashed bits, centred, exact
+// in double on any IEEE machine, so the host and the device agree to the bit.
+HL_HD double dither_unit(uint32_t seed, uint64_t i) {
+  const uint32_t h = mix32((uint32_t)i ^ mix32((uint32_t)(i >> 32) ^ (seed * 0x9e3779b9u)));
+  return ((double)(h >> 8) + 0.5) * (1.0 / 16777216.0) - 0.5;
+}
+
+// The decoder's arithmetic with a dither offset u (= dither_unit * step): q * step + u in
+// double, then to float, then to the dtype.
+template <int DT>
+HL_HD typename Elem<DT>::raw_t reconstruct_dithered(int32_t q, double step, double u) {
+  return Elem<DT>::from_float((float)((double)q * step + u));
+}
+
+// quantize() for a dithered element: codes x - u instead of x; same outlier rules.
+template <int DT>
+HL_HD bool quantize_dithered(typename Elem<DT>::raw_t raw, double inv_step, double step,
+                             double eb_abs, double u, uint32_t* z) {
+  double x = Elem<DT>::to_double(raw);
+  double t = (x - u) * inv_step;
+  if (!(fabs(t) <= HL_QMAX)) return false;  // also catches NaN and Inf
+  int32_t q = (int32_t)rint(t);
+  double xh = Elem<DT>::to_double(reconstruct_dithered<DT>(q, step, u));
+  if (!(fabs(x - xh) <= eb_abs)) return false;
+  *z = zigzag(q);
+  return true;
+}
+
 // ---- integers -----------------------------------------------------------------------------
 
 HL_HD uint32_t bit_width(uint32_t v) {

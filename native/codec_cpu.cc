@@ -261,6 +261,12 @@ DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads
   return out;
 }
 
+// Subtractive dither of a frame (frame.h); on only for lossy frames, which then skip dedup.
+struct Dither {
+  bool on = false;
+  uint32_t seed = 0;
+};
+
 // The rows a frame stores, coded: unique rows in order of first occurrence.
 struct Coded {
   uint64_t n_unique = 0;
@@ -272,12 +278,14 @@ struct Coded {
 
 template <int DT>
 void code_rows_into(const Tensor<DT>& t, const uint64_t* idx, uint64_t rows, bool lossless,
-                    double eb_abs, int threads, uint32_t* codes, uint8_t* row_outlier,
-                    uint64_t* hashes) {
-  cpu::QuantParams qp;
-  qp.step = 2.0 * eb_abs;
-  qp.inv_step = 1.0 / qp.step;
-  qp.eb_abs = eb_abs;
+                    double eb_abs, const Dither& dither, int threads, uint32_t* codes,
+                    uint8_t* row_outlier, uint64_t* hashes) {
+  cpu::QuantParams base;
+  base.step = 2.0 * eb_abs;
+  base.inv_step = 1.0 / base.step;
+  base.eb_abs = eb_abs;
+  base.dither = dither.on;
+  base.seed = dither.seed;
   const uint64_t d = t.row_len;
   const int nt = rows * d > 65536 ? threads : 1;
 #pragma omp parallel num_threads(nt)
@@ -286,6 +294,8 @@ void code_rows_into(const Tensor<DT>& t, const uint64_t* idx, uint64_t rows, boo
     split_range(rows, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
     const uint64_t* ia = idx ? idx + a : nullptr;
     const void* x = idx ? (const void*)t.x : (const void*)(t.x + a * d);
+    cpu::QuantParams qp = base;
+    qp.first = a * d;  // dithered frames are never deduplicated: idx is null
     if (lossless)
       cpu::raw_rows(DT, x, ia, b - a, d, codes + a * d);
     else
@@ -300,7 +310,7 @@ void code_rows_into(const Tensor<DT>& t, const uint64_t* idx, uint64_t rows, boo
 // passes by first occurrence gives the same unique order as one pass over all codes.
 template <int DT>
 Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, double eb_abs,
-                int threads) {
+                const Dither& dither, int threads) {
   typedef typename Elem<DT>::raw_t raw_t;
   const uint64_t rows = t.n_rows, d = t.row_len;
   Coded c;
@@ -308,7 +318,7 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
     c.n_unique = rows;
     c.codes = Buffer<uint32_t>(rows * d);
     c.row_outlier = Buffer<uint8_t>(lossless ? 0 : rows);
-    code_rows_into(t, nullptr, rows, lossless, eb_abs, threads, c.codes.data(),
+    code_rows_into(t, nullptr, rows, lossless, eb_abs, dither, threads, c.codes.data(),
                    c.row_outlier.data(), nullptr);
     return c;
   }
@@ -321,8 +331,8 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
   Buffer<uint32_t> codes1(n1 * d);
   Buffer<uint8_t> out1(lossless ? 0 : n1);
   Buffer<uint64_t> h2(lossless ? 0 : n1);
-  code_rows_into(t, first1.data(), n1, lossless, eb_abs, threads, codes1.data(), out1.data(),
-                 h2.data());
+  code_rows_into(t, first1.data(), n1, lossless, eb_abs, Dither(), threads, codes1.data(),
+                 out1.data(), h2.data());
   Buffer<uint32_t> map2;
   std::vector<uint64_t> first2;
   uint64_t n2 = n1;
@@ -485,7 +495,8 @@ template <int DT>
 uint64_t encode(const Tensor<DT>& t, const CompressParams& p, const std::vector<int64_t>& shape,
                 uint8_t* out, uint64_t out_cap, int threads, bool force_lossless) {
   const bool need_range = p.mode == HL_MODE_REL && p.error_bound > 0;
-  const bool dedup = dedup_applies(p.dedup, t.n_rows, t.row_len);
+  // Dithered rows never repeat (each element has its own offset), so dither skips dedup.
+  const bool dedup = dedup_applies(p.dedup && !p.dither, t.n_rows, t.row_len);
   double lo = 0, hi = 0;
   DistinctRows distinct;
   if (dedup)
@@ -494,7 +505,10 @@ uint64_t encode(const Tensor<DT>& t, const CompressParams& p, const std::vector<
     finite_range(t, threads, &lo, &hi);
   const double eb_abs = absolute_bound(p, lo, hi);
   const bool lossless = force_lossless || eb_abs == 0;
-  Coded coded = code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, threads);
+  Dither dither;
+  dither.on = p.dither && !lossless;
+  dither.seed = p.dither_seed;
+  Coded coded = code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads);
   Sections s = build_sections(t, coded, lossless, p.level, threads);
 
   const int ndim = (int)shape.size();
@@ -516,7 +530,13 @@ uint64_t encode(const Tensor<DT>& t, const CompressParams& p, const std::vector<
   h.level = s.level;
   h.flags = (uint8_t)((p.mode == HL_MODE_REL ? HL_FLAG_REL : 0) |
                       (lossless ? HL_FLAG_LOSSLESS : 0) |
-                      (s.n_unique == t.n_rows ? HL_FLAG_IDENTITY_MAP : 0));
+                      (s.n_unique == t.n_rows ? HL_FLAG_IDENTITY_MAP : 0) |
+                      (dither.on ? HL_FLAG_DITHER : 0));
+  if (dither.on) {
+    h.reserved[0] = (uint8_t)dither.seed;
+    h.reserved[1] = (uint8_t)(dither.seed >> 8);
+    h.reserved[2] = (uint8_t)(dither.seed >> 16);
+  }
   h.ndim = (uint8_t)ndim;
   h.eb_param = p.error_bound;
   h.eb_abs = eb_abs;
@@ -569,6 +589,10 @@ uint64_t compress_one(const void* input, const CompressParams& p,
 
 // ---- decoding --------------------------------------------------------------------------------
 
+uint32_t dither_seed(const HlFrameHeader& h) {
+  return (uint32_t)h.reserved[0] | (uint32_t)h.reserved[1] << 8 | (uint32_t)h.reserved[2] << 16;
+}
+
 template <int DT>
 void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threads) {
   typedef typename Elem<DT>::raw_t raw_t;
@@ -599,12 +623,17 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
     if (bad) throw FrameError("frame is corrupted: a lossless code exceeds the dtype's bits");
   } else {
     const double step = 2.0 * h.eb_abs;
+    const bool dithered = h.flags & HL_FLAG_DITHER;
+    const uint32_t seed = dither_seed(h);
     const int nt = nu > 65536 ? threads : 1;
 #pragma omp parallel num_threads(nt)
     {
       uint64_t a, b;
       split_range(nu, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
-      cpu::dequantize(DT, codes.data() + a, b - a, step, u + a);
+      if (dithered)  // identity map: code a is element a
+        cpu::dequantize_dithered(DT, codes.data() + a, b - a, step, seed, a, u + a);
+      else
+        cpu::dequantize(DT, codes.data() + a, b - a, step, u + a);
     }
   }
 
@@ -655,6 +684,9 @@ void check_params(const CompressParams& p) {
   if (!(p.error_bound >= 0) || !isfinite(p.error_bound))
     throw ArgumentError("error_bound must be a finite number >= 0, got " +
                         std::to_string(p.error_bound));
+  if (p.dither_seed >= HL_DITHER_SEEDS)
+    throw ArgumentError("dither seed " + std::to_string(p.dither_seed) + " is out of range, expected 0.." +
+                        std::to_string(HL_DITHER_SEEDS - 1));
 }
 
 uint64_t check_chunk_args(const CompressParams& p, size_t n_chunks,
@@ -709,6 +741,7 @@ std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams&
       params[i].error_bound = error_bounds[i];
       check_params(params[i]);
     }
+    params[i].dither_seed = (uint32_t)((p.dither_seed + i) % HL_DITHER_SEEDS);
     shapes[i].push_back(rows[i]);
     shapes[i].insert(shapes[i].end(), trailing.begin(), trailing.end());
     uint64_t r, len;
@@ -763,7 +796,7 @@ HlFrameHeader parse_header(const uint8_t* frame, uint64_t size, std::vector<int6
     throw FrameError("frame is corrupted: dtype code " + std::to_string(h.dtype));
   if (h.level != 1 && h.level != 2)
     throw FrameError("frame is corrupted: level " + std::to_string(h.level));
-  if (h.flags & ~(HL_FLAG_REL | HL_FLAG_LOSSLESS | HL_FLAG_IDENTITY_MAP)) {
+  if (h.flags & ~(HL_FLAG_REL | HL_FLAG_LOSSLESS | HL_FLAG_IDENTITY_MAP | HL_FLAG_DITHER)) {
     char buf[80];
     snprintf(buf, sizeof(buf), "frame is corrupted: unknown flags 0x%02x", h.flags);
     throw FrameError(buf);
@@ -771,8 +804,11 @@ HlFrameHeader parse_header(const uint8_t* frame, uint64_t size, std::vector<int6
   if (h.ndim > HL_MAX_NDIM)
     throw FrameError("frame is corrupted: ndim " + std::to_string(h.ndim) + ", at most " +
                      std::to_string(HL_MAX_NDIM));
-  if (h.reserved[0] || h.reserved[1] || h.reserved[2])
+  const bool dithered = h.flags & HL_FLAG_DITHER;
+  if (!dithered && (h.reserved[0] || h.reserved[1] || h.reserved[2]))
     throw FrameError("frame is corrupted: reserved header bytes are not zero");
+  if (dithered && (h.flags & HL_FLAG_LOSSLESS || !(h.flags & HL_FLAG_IDENTITY_MAP)))
+    throw FrameError("frame is corrupted: a dithered frame must be lossy with no row map");
   if (h.total_bytes != size)
     throw FrameError("frame is truncated or has trailing bytes: " + std::to_string(size) +
                      " bytes, its header says " + std::to_string(h.total_bytes));

@@ -1613,6 +1613,9 @@ uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
                        void* stream_v) {
   using namespace gpu;
   check_params(p);
+  if (p.dither)
+    throw ArgumentError("dither has no CUDA encoder yet: compress on the CPU "
+                        "(hvd_lossy.compress does this for device tensors)");
   for (int64_t s : shape)
     if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
@@ -1652,6 +1655,9 @@ std::vector<uint64_t> compress_many_cuda(const void* input_dev, const CompressPa
   using namespace gpu;
   const size_t n = rows.size();
   const uint64_t row_elems = check_chunk_args(p, n, trailing, error_bounds);
+  if (p.dither)
+    throw ArgumentError("dither has no CUDA encoder yet: compress on the CPU "
+                        "(hvd_lossy.compress_chunks does this for device tensors)");
   const uint8_t* in = static_cast<const uint8_t*>(input_dev);
   const uint64_t eb = hl_elem_bytes(p.dtype);
   std::vector<EncodeJob> jobs;
@@ -1726,6 +1732,9 @@ void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uin
   const uint64_t head_len = std::min<uint64_t>(size, sizeof(head));
   memcpy(head, fetch(frame_dev, head_len, stream), head_len);
   const HlFrameHeader h = parse_header(head, size, nullptr);
+  if (h.flags & HL_FLAG_DITHER)
+    throw ArgumentError("dithered frames have no CUDA decoder yet: decode them on the CPU "
+                        "(hvd_lossy.decompress does this for device frames)");
   const uint64_t need = h.n_rows * h.row_len * hl_elem_bytes(h.dtype);
 
   Workspace ws(stream);

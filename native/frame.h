@@ -23,6 +23,14 @@
 // lossy frame would exceed hl_max_frame_bytes, e.g. when most elements are outliers): the codes are the raw bit patterns of the elements
 // (uint16 for fp16/bf16, uint32 for fp32) and there are no outliers.
 //
+// Subtractive dither (HL_FLAG_DITHER, lossy frames only): element i (row-major index into the
+// tensor) is quantized as x - u_i and decoded as q * step + u_i, where
+//   u_i = hl::dither_unit(seed, i) * step  in (-step/2, step/2)     (codec_common.h)
+// and seed is the 24-bit little-endian value in reserved[0..2]. The reconstruction error is then
+// uniform in [-eb_abs, eb_abs] and independent of x, so it averages out (unbiased) instead of
+// rounding every |x| < eb_abs to zero; the bound check and outliers work as above. A dithered
+// frame has no duplicate rows (HL_FLAG_IDENTITY_MAP): equal rows get different offsets.
+//
 // Duplicate rows: rows whose code vectors and outlier values are identical are stored once.
 // The encoder keeps the map only when 2 * (n_rows - n_unique) * row_len >= n_rows *
 // bit_width(n_unique - 1), i.e. when the codes it saves (counted at 2 bits) outweigh it.
@@ -66,6 +74,8 @@ enum HlMode : uint8_t { HL_MODE_ABS = 0, HL_MODE_REL = 1 };
 #define HL_FLAG_REL 0x01           // eb_param was relative to the tensor's finite value range
 #define HL_FLAG_LOSSLESS 0x02      // codes are raw bits; decoded tensor is bit-identical
 #define HL_FLAG_IDENTITY_MAP 0x04  // no duplicate rows: map section empty, n_unique == n_rows
+#define HL_FLAG_DITHER 0x08        // subtractive dither, seed in reserved[0..2]
+#define HL_DITHER_SEEDS (1u << 24) // dither seeds are 24-bit
 
 struct HlFrameHeader {
   uint32_t magic;          // HL_MAGIC
@@ -74,7 +84,7 @@ struct HlFrameHeader {
   uint8_t level;           // how the codes are stored: 1 block packing, 2 entropy coded
   uint8_t flags;           // HL_FLAG_*
   uint8_t ndim;            // 0..HL_MAX_NDIM
-  uint8_t reserved[3];     // zero
+  uint8_t reserved[3];     // dither seed (little-endian) with HL_FLAG_DITHER, else zero
   uint32_t checksum;       // hl_checksum of the frame with this field as zero
   double eb_param;         // the bound as the caller gave it (relative factor or absolute)
   double eb_abs;           // the absolute bound every element satisfies

@@ -85,6 +85,17 @@ HL_INLINE void quantize_impl(const void* xv, const uint64_t* idx, uint64_t rows,
     const raw_t* x = xs + (idx ? idx[r] : r) * d;
     uint32_t* z = codes + r * d;
     uint32_t any = 0;
+    if (qp.dither) {
+      for (uint64_t i = 0; i < d; ++i) {
+        const double u = dither_unit(qp.seed, qp.first + r * d + i) * step;
+        bool ok = quantize_dithered<DT>(x[i], inv_step, step, eb_abs, u, &z[i]);
+        if (!ok) z[i] = kOutlierMark;
+        any |= !ok;
+      }
+      row_outlier[r] = (uint8_t)any;
+      if (hashes) hashes[r] = any ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
+      continue;
+    }
     for (uint64_t i = 0; i < d; ++i) {
       // Same decisions as hl::quantize (codec_common.h), written without branches.
       double v = Elem<DT>::to_double(x[i]);
@@ -110,6 +121,15 @@ HL_INLINE void raw_impl(const void* xv, const uint64_t* idx, uint64_t rows, uint
     const raw_t* x = xs + (idx ? idx[r] : r) * d;
     for (uint64_t i = 0; i < d; ++i) codes[r * d + i] = x[i];
   }
+}
+
+template <int DT>
+HL_INLINE void dequantize_dithered_impl(const uint32_t* z, uint64_t n, double step, uint32_t seed,
+                                        uint64_t first, void* outv) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  raw_t* out = static_cast<raw_t*>(outv);
+  for (uint64_t i = 0; i < n; ++i)
+    out[i] = reconstruct_dithered<DT>(unzigzag(z[i]), step, dither_unit(seed, first + i) * step);
 }
 
 template <int DT>
@@ -239,7 +259,7 @@ HL_CLONES void quantize_rows(uint8_t dtype, const void* x, const uint64_t* idx, 
                              uint64_t row_len, const QuantParams& qp, uint32_t* z,
                              uint8_t* row_outlier, uint64_t* hashes) {
 #ifdef HL_HAVE_AVX2_PATH
-  if (dtype == HL_FLOAT32 && cpu_has_avx2())
+  if (dtype == HL_FLOAT32 && !qp.dither && cpu_has_avx2())
     return quantize_f32_avx2(static_cast<const float*>(x), idx, rows, row_len, qp, z, row_outlier,
                              hashes);
 #endif
@@ -283,6 +303,13 @@ HL_CLONES void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double s
     return dequantize_f32_avx2(z, n, step, static_cast<float*>(out));
 #endif
 #define CALL(DT) dequantize_impl<DT>(z, n, step, out)
+  HL_DISPATCH(dtype, CALL)
+#undef CALL
+}
+
+HL_CLONES void dequantize_dithered(uint8_t dtype, const uint32_t* z, uint64_t n, double step,
+                                   uint32_t seed, uint64_t first, void* out) {
+#define CALL(DT) dequantize_dithered_impl<DT>(z, n, step, seed, first, out)
   HL_DISPATCH(dtype, CALL)
 #undef CALL
 }

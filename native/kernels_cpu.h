@@ -9,6 +9,9 @@ namespace cpu {
 
 struct QuantParams {
   double step, inv_step, eb_abs;
+  bool dither = false;    // subtractive dither: element k of the call has offset index first + k
+  uint32_t seed = 0;
+  uint64_t first = 0;
 };
 
 // Smallest and largest finite value of n elements (lo > hi when none is finite).
@@ -30,6 +33,10 @@ void hash_raw_rows(const uint8_t* x, uint64_t rows, uint64_t row_bytes, uint64_t
 
 // Decoder: n codes to elements of dtype (hl::reconstruct of each unzigzagged code).
 void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double step, void* out);
+
+// Decoder of dithered frames: code k is element first + k of the frame (hl::reconstruct_dithered).
+void dequantize_dithered(uint8_t dtype, const uint32_t* z, uint64_t n, double step, uint32_t seed,
+                         uint64_t first, void* out);
 
 }  // namespace cpu
 }  // namespace hl

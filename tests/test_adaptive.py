@@ -405,6 +405,19 @@ def test_backward_compressor_lays_out_each_owners_tables():
         AdaptiveCompressor(c, ["c"], backward=-1.0)
 
 
+def test_dither_backward_makes_the_gradient_compressor_dither():
+    c = two_rank_controller(rank=1, grad_base=0.06)
+    fwd = AdaptiveCompressor(c, c.tables_of(1), backward="table", dither="backward")
+    assert fwd.next_dither_seed(1) is None
+    bwd = fwd.for_backward()
+    assert bwd.dither is True and bwd.next_dither_seed(1) is not None
+    assert AdaptiveCompressor(c, ["c"], backward=0.01, dither=True).for_backward().dither is True
+    assert AdaptiveCompressor(c, ["c"]).for_backward().dither is False
+    assert "dither='backward'" in repr(fwd) and fwd.get_config()["dither"] == "backward"
+    with pytest.raises(ValueError, match="dither must be"):
+        AdaptiveCompressor(c, ["c"], dither="yes")
+
+
 def test_uneven_chunk_or_unknown_table_raises():
     c = two_rank_controller()
     with pytest.raises(ValueError, match="5 rows, not divisible into equal parts for its 2"):

@@ -261,3 +261,75 @@ def test_decompress_into_a_given_tensor_reuses_it():
         hvd_lossy.decompress(frame, out=torch.empty(8, 64))
     with pytest.raises(ValueError, match="non-contiguous"):
         hvd_lossy.decompress(frame, out=torch.empty(8, 64).t())
+
+
+# ---- subtractive dither ---------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(x=tensors(),
+       eb=st.sampled_from([1e-6, 1e-3, 0.01, 0.03, 0.3]),
+       mode=st.sampled_from(["rel", "abs"]),
+       level=st.sampled_from([1, 2]),
+       seed=st.integers(0, hvd_lossy.DITHER_SEEDS - 1))
+def test_dithered_roundtrip_respects_error_bound_on_every_element(x, eb, mode, level, seed):
+    frame = hvd_lossy.compress(x, eb, mode=mode, level=level, dither=seed)
+    info, _ = assert_bound_and_specials(x, frame)
+    assert info["dither_seed"] == (None if info["lossless"] else seed)
+    assert info["n_unique"] == info["n_rows"]  # dithered frames are never deduplicated
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dither_keeps_values_below_the_bound_on_average(dtype):
+    # Plain rounding sends every |x| < eb to 0; with dither the mean of many decoded copies of
+    # a small value is the value (error uniform in [-eb, eb], independent of x).
+    eb, n = 0.01, 200_000
+    for value in (0.1 * eb, -0.37 * eb, 0.5 * eb, 1.3 * eb):
+        x = torch.full((n // 8, 8), value, dtype=dtype)
+        exact = x.double()[0, 0].item()
+        plain = hvd_lossy.decompress(hvd_lossy.compress(x, eb, mode="abs")).double()
+        dithered = hvd_lossy.decompress(hvd_lossy.compress(x, eb, mode="abs", dither=7)).double()
+        assert (dithered - exact).abs().max().item() <= eb
+        # standard error of the mean: eb / sqrt(3 n); allow 5 of them plus the dtype's rounding
+        tolerance = 5 * eb / (3 * n) ** 0.5 + 2 * abs(exact) * 2.0 ** -8
+        assert abs(dithered.mean().item() - exact) < tolerance, (value, dithered.mean().item())
+        if abs(value) < eb:
+            assert plain.abs().max().item() == 0.0  # the bias dither removes
+        errors = (dithered - exact).flatten()
+        assert errors.std().item() == pytest.approx(eb / 3 ** 0.5, rel=0.05)
+
+
+def test_dither_seed_travels_in_the_frame_and_decides_the_bytes():
+    x = torch.randn(64, 16)
+    a, b = hvd_lossy.compress(x, 0.05, dither=5), hvd_lossy.compress(x, 0.05, dither=5)
+    c = hvd_lossy.compress(x, 0.05, dither=6)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert hvd_lossy.frame_info(a)["dither_seed"] == 5
+    assert hvd_lossy.frame_info(hvd_lossy.compress(x, 0.05))["dither_seed"] is None
+    assert not torch.equal(hvd_lossy.decompress(a), hvd_lossy.decompress(c))
+
+
+def test_dither_turns_dedup_off_and_lossless_frames_carry_no_seed():
+    x = torch.randn(4, 16).repeat(16, 1)
+    assert hvd_lossy.frame_info(hvd_lossy.compress(x, 0.05))["n_unique"] == 4
+    dithered = hvd_lossy.frame_info(hvd_lossy.compress(x, 0.05, dither=1))
+    assert dithered["n_unique"] == 64
+    lossless = hvd_lossy.frame_info(hvd_lossy.compress(x, 0.0, dither=1))
+    assert lossless["lossless"] and lossless["dither_seed"] is None
+
+
+def test_compress_chunks_gives_piece_i_seed_plus_i_modulo_2_to_the_24():
+    x = torch.randn(30, 8)
+    last = hvd_lossy.DITHER_SEEDS - 1
+    buf, sizes = hvd_lossy.compress_chunks(x, [10, 10, 10], 0.05, dither=last)
+    frames = torch.split(buf, sizes)
+    assert [hvd_lossy.frame_info(f)["dither_seed"] for f in frames] == [last, 0, 1]
+    for f, piece, seed in zip(frames, x.split(10), (last, 0, 1)):
+        assert torch.equal(f, hvd_lossy.compress(piece, 0.05, dither=seed))
+
+
+@pytest.mark.parametrize("dither", [-1, hvd_lossy.DITHER_SEEDS, True, 1.5, "7"])
+def test_bad_dither_seed_raises_naming_the_value(dither):
+    with pytest.raises(ValueError, match="dither"):
+        hvd_lossy.compress(torch.ones(4), 0.1, dither=dither)
+    with pytest.raises(ValueError, match="dither"):
+        hvd_lossy.compress_chunks(torch.ones(4, 2), [2, 2], 0.1, dither=dither)

@@ -56,3 +56,27 @@ def test_dedup_visible_in_golden_frame():
     info = hvd_lossy.frame_info(golden("f32_rel003_level1"))
     distinct = len(torch.unique(CASES["f32_rel003_level1"][0](), dim=0))
     assert 1 < distinct < 96 and info["n_unique"] == distinct and info["n_rows"] == 96
+
+
+def test_dithered_frame_carries_flag_and_24_bit_seed_in_the_reserved_bytes():
+    frame = golden("f32_rel002_dither_level2").numpy().tobytes()
+    flags = frame[7]
+    assert flags & 0x08 and flags & 0x04  # dither, identity map (no dedup)
+    assert frame[9:12] == (0xC0FFEE).to_bytes(3, "little")
+    assert hvd_lossy.frame_info(golden("f32_rel002_dither_level2"))["dither_seed"] == 0xC0FFEE
+
+
+def _with_byte(frame, offset, value):
+    raw = bytearray(frame.numpy().tobytes())
+    raw[offset] = value
+    return torch.frombuffer(raw, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("offset, value, match", [
+    (9, 1, "reserved"),           # seed bytes without the dither flag
+    (7, 0x01 | 0x08, "dithered"),  # dither flag on a frame with a row map
+])
+def test_dither_fields_are_validated(offset, value, match):
+    frame = golden("f32_rel003_level1")  # deduplicated: has a row map
+    with pytest.raises(hvd_lossy.FrameError, match=match):
+        hvd_lossy.frame_info(_with_byte(frame, offset, value))

@@ -105,7 +105,30 @@ def test_segments_bound_each_table_by_its_own_range():
     assert float((narrow_back - narrow).abs().max()) <= 0.03 * float(narrow.max() - narrow.min())
 
 
+def test_dither_backward_dithers_the_gradient_frames_only():
+    import json
+
+    import hvd_lossy
+    from hvd_lossy.compression import Compression, LossyCompressor
+    c = Compression.lossy(0.03, backward=0.02, dither="backward", segments=2)
+    assert c.next_dither_seed() is None  # lookups keep plain rounding (and dedup)
+    b = c.for_backward()
+    assert b.dither is True and b.error_bound == 0.02 and b.segments == 2
+    seeds = [b.next_dither_seed(rank=1) for _ in range(3)]
+    assert len(set(seeds)) == 3 and all(0 <= s < hvd_lossy.DITHER_SEEDS for s in seeds)
+    assert Compression.lossy(0.03, backward=0.02, dither="backward").for_backward().next_dither_seed(1) == seeds[0]
+    assert b.next_dither_seed(rank=0) != Compression.lossy(0.02, dither=True).next_dither_seed(rank=1)
+    assert Compression.lossy(0.03, dither="backward").for_backward() is not None
+    assert Compression.lossy(0.03, dither="backward").for_backward().dither is True
+    assert LossyCompressor.from_config(json.loads(json.dumps(c.get_config()))) == c
+    assert eval(repr(c)) == c
+    frame, _ = Compression.lossy(0.03, dither=True).compress(torch.randn(8, 4))
+    assert hvd_lossy.frame_info(frame)["dither_seed"] is not None
+
+
 @pytest.mark.parametrize("kwargs,error,named", [
+    ({"error_bound": 0.1, "dither": "forward"}, ValueError, "'forward'"),
+    ({"error_bound": 0.1, "dither": 1}, ValueError, "got 1"),
     ({"error_bound": -0.01}, ValueError, "-0.01"), ({"error_bound": float("nan")}, ValueError, "nan"),
     ({"error_bound": "0.1"}, TypeError, "'0.1'"), ({"error_bound": 0.1, "mode": "relative"}, ValueError, "'relative'"),
     ({"error_bound": 0.1, "level": 3}, ValueError, "got 3"), ({"error_bound": 0.1, "backward": "fp32"}, ValueError, "'fp32'"),

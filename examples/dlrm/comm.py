@@ -31,17 +31,19 @@ def make_compression(args, owners, rank, world, cardinalities, total_steps):
     """(compressor, controller or None) for --compression; ValueError for bad settings."""
     from hvd_lossy.torch import Compression
     backward = backward_setting(args)
+    dither = {"none": False, "backward": "backward", "all": True}[getattr(args, "dither", "none")]
     if args.compression == "none":
         return Compression.none, None
     if args.compression == "fp16":
         return Compression.fp16, None
     if args.compression == "lossy" and args.lossy_frames == "destination":
         return Compression.lossy(args.error_bound, args.eb_mode, level=args.level,
-                                 backward=backward), None
+                                 backward=backward, dither=dither), None
     if args.compression == "lossy":
         from frames import table_compressors
         names = [[n for n, r in zip(data.TABLE_NAMES, owners) if r == k] for k in range(world)]
-        return table_compressors(args.error_bound, args.eb_mode, args.level, backward, names, rank), None
+        return table_compressors(args.error_bound, args.eb_mode, args.level, backward, names, rank,
+                                 dither=dither), None
     from hvd_lossy.adaptive import Controller
     tables = {name: (rows, owner) for name, rows, owner in zip(data.TABLE_NAMES, cardinalities, owners)}
     # The schedule decays to 1.0 over the run and the controller re-plans ~20 times, unless told.
@@ -54,7 +56,8 @@ def make_compression(args, owners, rank, world, cardinalities, total_steps):
         kwargs["schedule"] = args.schedule
     controller = Controller(**kwargs)
     local = controller.tables_of(rank)
-    compressor = Compression.adaptive(controller, tables=local, backward=backward, level=args.level)
+    compressor = Compression.adaptive(controller, tables=local, backward=backward, level=args.level,
+                                      dither=dither)
     return compressor, controller
 
 

@@ -26,9 +26,10 @@ class TableBytes(LossyCompressor):
         prefix: "" for lookups, "bwd:" for gradients.
     """
 
-    def __init__(self, error_bound, mode, level, layouts, backward=None, table_bytes=None, prefix=""):
+    def __init__(self, error_bound, mode, level, layouts, backward=None, table_bytes=None, prefix="",
+                 dither=False):
         super().__init__(error_bound, mode=mode, level=level, backward=backward,
-                         segments=[len(layout) for layout in layouts])
+                         segments=[len(layout) for layout in layouts], dither=dither)
         self.layouts = [list(layout) for layout in layouts]
         self.table_bytes = {} if table_bytes is None else table_bytes
         self.prefix = prefix
@@ -45,19 +46,21 @@ class TableBytes(LossyCompressor):
                 acc[1] += size
 
 
-def table_compressors(error_bound, mode, level, backward, names_by_rank, rank):
+def table_compressors(error_bound, mode, level, backward, names_by_rank, rank, dither=False):
     """The forward compressor of `rank` (with its gradient compressor as `backward`).
 
     Arguments:
         backward: None (uncompressed gradients), Compression.fp16, "same" or an error bound.
         names_by_rank: the table names each rank owns.
+        dither: as LossyCompressor's (False, True or "backward").
     Returns:
         a TableBytes whose `table_bytes` collects both directions.
     """
     table_bytes = {}
     if backward == "same" or isinstance(backward, float):
         eb = error_bound if backward == "same" else backward
-        backward = TableBytes(eb, mode, level, names_by_rank, table_bytes=table_bytes, prefix="bwd:")
+        backward = TableBytes(eb, mode, level, names_by_rank, table_bytes=table_bytes, prefix="bwd:",
+                              dither=bool(dither))
     world = len(names_by_rank)
     return TableBytes(error_bound, mode, level, [names_by_rank[rank]] * world, backward=backward,
-                      table_bytes=table_bytes)
+                      table_bytes=table_bytes, dither=dither is True)

@@ -71,6 +71,9 @@ class AdaptiveCompressor(LossyCompressor):
             them.
         bound: the bounds of this compressor's frames: ``"table"`` (the controller's) or a float.
         direction: ``"forward"`` or ``"backward"`` (set by ``for_backward``).
+        dither: False, True (every frame) or ``"backward"`` (the gradient frames only; see
+            ``LossyCompressor``). The backward compressor built for ``backward="table"`` or a
+            float dithers when this is True or ``"backward"``.
 
     Rows per table are the chunk's rows divided by its number of tables; a chunk that does not
     divide evenly raises ValueError. Outside an alltoall (``compress(tensor)``, for allgather or
@@ -80,9 +83,9 @@ class AdaptiveCompressor(LossyCompressor):
     codec_id = "adaptive"
 
     def __init__(self, controller, tables, backward=TABLE, level=1, dedup=True, observe=True,
-                 bound=TABLE, direction="forward"):
+                 bound=TABLE, direction="forward", dither=False):
         super().__init__(controller.base, mode=controller.mode, level=level, backward=None,
-                         dedup=dedup)
+                         dedup=dedup, dither=dither)
         self.controller = controller
         self.tables = self._check_tables(tables)
         self.backward = _check_backward(backward)
@@ -194,7 +197,8 @@ class AdaptiveCompressor(LossyCompressor):
             layouts = [self.controller.tables_of(r) for r in range(self.controller.size)]
             self._backward_compressor = AdaptiveCompressor(
                 self.controller, layouts, backward=None, level=self.level, dedup=self.dedup,
-                observe=self.observe, bound=self.backward, direction="backward")
+                observe=self.observe, bound=self.backward, direction="backward",
+                dither=bool(self.dither))
         return self._backward_compressor
 
     def compress(self, tensor):
@@ -211,7 +215,7 @@ class AdaptiveCompressor(LossyCompressor):
         return {"id": self.codec_id, "controller": self.controller.get_config(),
                 "tables": self.tables, "backward": backward, "level": self.level,
                 "dedup": self.dedup, "observe": self.observe, "bound": self.bound,
-                "direction": self.direction}
+                "direction": self.direction, "dither": self.dither}
 
     @classmethod
     def from_config(cls, config, comm=None):
@@ -230,4 +234,4 @@ class AdaptiveCompressor(LossyCompressor):
         return (f"AdaptiveCompressor(controller={self.controller!r}, tables={self.tables!r}, "
                 f"backward={backward}, level={self.level!r}, dedup={self.dedup!r}, "
                 f"observe={self.observe!r}, bound={self.bound!r}, "
-                f"direction={self.direction!r})")
+                f"direction={self.direction!r}, dither={self.dither!r})")

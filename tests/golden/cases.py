@@ -34,6 +34,8 @@ CASES = {
     "bf16_specials_rel005": (lambda: specials(torch.bfloat16), dict(error_bound=0.05, mode="rel", level=1)),
     "f32_lossless_nodedup": (lambda: specials(torch.float32), dict(error_bound=0.0, mode="rel", level=1, dedup=False)),
     "f32_1d_rel003": (lambda: lookups(rows=1, dim=100).reshape(-1), dict(error_bound=0.03, mode="rel", level=1)),
+    "f32_rel002_dither_level2": (lambda: lookups(), dict(error_bound=0.02, mode="rel", level=2, dither=0xC0FFEE)),
+    "f16_abs001_dither_level1": (lambda: specials(torch.float16), dict(error_bound=0.001, mode="abs", level=1, dither=3)),
 }
 
 

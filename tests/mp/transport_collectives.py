@@ -12,10 +12,10 @@ from hvd_lossy.compression import LossyCompressor
 EB = 0.02
 
 
-def check_lossy_alltoall(case, dtype, trailing, eb=EB, mode="rel", level=1):
+def check_lossy_alltoall(case, dtype, trailing, eb=EB, mode="rel", level=1, dither=False):
     splits = uneven_splits(R, case, N)
     x = lookups(R, case, sum(splits), trailing, dtype)
-    compression = hvd.Compression.lossy(eb, mode=mode, level=level)
+    compression = hvd.Compression.lossy(eb, mode=mode, level=level, dither=dither)
     out, got = hvd.alltoall(x, splits, compression=compression)
     refs = pieces_for(R, case, N, trailing, dtype)
     assert got.tolist() == [p.shape[0] for p in refs], f"received splits {got.tolist()}"
@@ -33,6 +33,8 @@ def test_lossy_alltoall_respects_bound_for_every_dtype_and_rank():
         check_lossy_alltoall(case, dtype, (6,))
         check_lossy_alltoall(case + 10, dtype, ())  # 1-D: each piece is one row
     check_lossy_alltoall(20, torch.float32, (3, 5), eb=0.01, mode="abs", level=2)
+    for case, dtype in enumerate((torch.float32, torch.float16, torch.bfloat16)):
+        check_lossy_alltoall(case + 40, dtype, (6,), level=1 + case % 2, dither=True)
 
 
 def test_none_is_bit_identical_to_horovod():
@@ -129,10 +131,10 @@ def test_gradient_returns_through_compressed_alltoall_with_reversed_splits():
         rows = sum(uneven_splits(s, case, N)[d] for s in range(N))
         return lookups(100 + d, case, rows, (5,)).t().contiguous().t() * 3
 
-    for eb_back in (0.05, None):
+    for eb_back, dither in ((0.05, False), (0.05, "backward"), (None, False)):
         splits, grads, bounds = sender_grads(case, weights_of, eb_back)
         x = lookups(R, case, sum(splits), (5,)).requires_grad_()
-        compression = hvd.Compression.lossy(EB, backward=eb_back)
+        compression = hvd.Compression.lossy(EB, backward=eb_back, dither=dither)
         out, _ = hvd.alltoall(x, splits, compression=compression)
         g_out = weights_of(R)
         assert not g_out.is_contiguous()
