@@ -34,6 +34,7 @@ MPIRUN=(mpirun --oversubscribe -np 2 --mca btl self,tcp --mca btl_tcp_if_include
 # lossy:        rel bound EB on lookups and gradients, one frame per (destination, table), level 1
 # lossy-g0XX:   rel EB on lookups, 0.0XX on gradients (g01: 0.01, g015: 0.015), level 2 (entropy coder)
 # adaptive:     the controller's defaults (paper policy, step schedule), base EB, gradients per table
+# adaptive-dither: as adaptive, gradient frames dithered
 # adaptive-g0XX: adaptive lookups (paper policy, step schedule), gradients at 0.0XX, level 2
 # lossy-d0XX, adaptive-d0XX: as -g0XX with subtractive dither on the gradient frames
 config_args() {
@@ -44,8 +45,9 @@ config_args() {
     adaptive-d0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-d0} --level 2 --dither backward" ;;
     lossy-g0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2" ;;
     adaptive) echo "--compression adaptive --error-bound $EB --eb-mode rel" ;;
+    adaptive-dither) echo "--compression adaptive --error-bound $EB --eb-mode rel --dither backward" ;;
     adaptive-g0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2" ;;
-    *) echo "unknown config $1 (expected none, lossy, lossy-g0XX, lossy-d0XX, adaptive, adaptive-g0XX, adaptive-d0XX)" >&2; exit 2 ;;
+    *) echo "unknown config $1 (expected none, lossy, lossy-g0XX, lossy-d0XX, adaptive, adaptive-dither, adaptive-g0XX, adaptive-d0XX)" >&2; exit 2 ;;
   esac
 }
 

@@ -79,13 +79,20 @@ def _fix_args(compression, process_set):
     return (Compression.none if compression is None else compression), process_set
 
 
+def _detached(tensor):
+    # Started outside the autograd Function: keep the compressor's work out of the graph (a
+    # non-tensor still goes through, so that start() reports it on every rank).
+    return tensor.detach() if isinstance(tensor, _torch.Tensor) else tensor
+
+
 class _Alltoall(_torch.autograd.Function):
-    """Alltoall whose gradient returns by an alltoall with the splits reversed, compressed by
-    the forward compressor's for_backward(). Unlike Horovod's, a non-contiguous gradient works."""
+    """Completes a started alltoall; its gradient returns by an alltoall with the splits
+    reversed, compressed by the forward compressor's for_backward(). Unlike Horovod's, a
+    non-contiguous gradient works."""
 
     @staticmethod
-    def forward(ctx, tensor, splits, name, compression, process_set):
-        output, received = _a2a.start(tensor, splits, name, compression, process_set).wait()
+    def forward(ctx, tensor, started, compression, process_set):
+        output, received = started.wait()
         ctx.received, ctx.process_set = received, process_set
         ctx.backward_compression = _backward_of(compression)
         ctx.mark_non_differentiable(received)
@@ -95,7 +102,7 @@ class _Alltoall(_torch.autograd.Function):
     def backward(ctx, grad_output, _dead_gradient):
         grad, _ = alltoall(grad_output.contiguous(), splits=ctx.received,
                            compression=ctx.backward_compression, process_set=ctx.process_set)
-        return grad, None, None, None, None
+        return grad, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, compression=Compression.none,
@@ -121,7 +128,8 @@ def alltoall(tensor, splits=None, name=None, compression=Compression.none,
         2) if `splits` was given: the rows received from each rank, as a tensor.
     """
     compression, process_set = _fix_args(compression, process_set)
-    output, received = _Alltoall.apply(tensor, splits, name, compression, process_set)
+    started = _a2a.start(_detached(tensor), splits, name, compression, process_set)
+    output, received = _Alltoall.apply(tensor, started, compression, process_set)
     return output if splits is None else (output, received)
 
 
@@ -135,17 +143,47 @@ def _expose(handle):
     return handle
 
 
+class _DifferentiableHandle(_Handle):
+    """An alltoall_async(..., differentiable=True): synchronize() puts the output into the
+    input's autograd graph, so the gradient travels back as with alltoall()."""
+
+    def __init__(self, tensor, started, compression, process_set):
+        super().__init__(started._hvd_handle, None)
+        self._tensor, self._started = tensor, started
+        self._compression, self._process_set = compression, process_set
+
+    def poll(self):
+        return self._started.poll()
+
+    def wait(self):
+        if not self._done:
+            self._done = True
+            self._result = _Alltoall.apply(self._tensor, self._started, self._compression,
+                                           self._process_set)
+        return self._result
+
+
 def alltoall_async(tensor, splits=None, name=None, compression=Compression.none,
-                   process_set=global_process_set):
-    """Starts alltoall(); without gradient tracking, as Horovod's alltoall_async.
+                   process_set=global_process_set, differentiable=False):
+    """Starts alltoall(). As Horovod's alltoall_async, without gradient tracking by default.
+
+    Arguments:
+        differentiable: True makes synchronize() return an output that is part of `tensor`'s
+            autograd graph: backward sends its gradient back with the splits reversed,
+            compressed by the compressor's for_backward(), exactly as alltoall() does. This is
+            what overlapping the embedding exchange with other forward work needs.
 
     Returns:
         a handle for poll() and synchronize(). As with Horovod, synchronize() returns the pair
-        (output, received_splits) whether or not `splits` was given. With Compression.none the
-        handle is Horovod's own. A lossy call never raises here: bad arguments on any rank
-        travel in the frame headers and raise RankError in synchronize(), on every rank.
+        (output, received_splits) whether or not `splits` was given. With Compression.none and
+        differentiable=False the handle is Horovod's own. A lossy call never raises here: bad
+        arguments on any rank travel in the frame headers and raise RankError in
+        synchronize(), on every rank.
     """
     compression, process_set = _fix_args(compression, process_set)
+    if differentiable:
+        started = _a2a.start(_detached(tensor), splits, name, compression, process_set)
+        return _DifferentiableHandle(tensor, started, compression, process_set)
     return _expose(_a2a.start(tensor, splits, name, compression, process_set))
 
 

@@ -299,3 +299,22 @@ def test_cuda_and_cpu_decoders_agree_on_every_tampered_payload(level):
         if on_cpu[0] == "ok":
             assert torch.equal(on_cpu[1], on_gpu[1]), f"trial {trial}: decoded tensors differ"
     torch.cuda.synchronize()  # a fault from an out-of-bounds access would surface here
+
+
+def test_dithered_device_tensors_take_the_cpu_codec_and_stay_on_the_device():
+    # No CUDA dither kernel yet: the frame must still be the CPU's, on the tensor's device, and a
+    # dithered device frame must decode on the device's side of the API (through the CPU).
+    x = torch.randn(300, 16)
+    cpu = hvd_lossy.compress(x, 0.02, level=2, dither=99)
+    gpu = hvd_lossy.compress(x.cuda(), 0.02, level=2, dither=99)
+    assert gpu.is_cuda
+    assert_same_frame(cpu, gpu, "dithered")
+    y = hvd_lossy.decompress(gpu)
+    assert y.is_cuda and torch.equal(bits(y), bits(hvd_lossy.decompress(cpu)))
+    buf, sizes = hvd_lossy.compress_chunks(x.cuda(), [100, 200], 0.02, dither=7)
+    ref, ref_sizes = hvd_lossy.compress_chunks(x, [100, 200], 0.02, dither=7)
+    assert buf.is_cuda and sizes == ref_sizes
+    assert_same_frame(ref, buf, "dithered chunks")
+    with pytest.raises(ValueError, match="no CUDA decoder"):
+        _C.decompress_cuda(gpu.data_ptr(), gpu.numel(), y.data_ptr(), y.numel() * 4,
+                           torch.cuda.current_stream().cuda_stream)

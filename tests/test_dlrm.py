@@ -4,7 +4,6 @@
 import itertools
 import json
 import os
-import subprocess
 import sys
 import threading
 
@@ -347,6 +346,12 @@ def test_quality_summary_pairs_compressed_runs_with_the_uncompressed_run_of_the_
 def test_batch_size_not_divisible_by_ranks_is_a_usage_error():
     args = cli.parser().parse_args(["--batch-size", "101"])
     with pytest.raises(cli.UsageError, match="--batch-size 101 is not divisible by the 2 ranks"):
+        cli.check(args, 2)
+
+
+def test_overlap_with_plain_horovod_is_a_usage_error():
+    args = cli.parser().parse_args(["--plain-horovod", "--overlap"])
+    with pytest.raises(cli.UsageError, match="--overlap needs hvd_lossy's differentiable alltoall_async"):
         cli.check(args, 2)
 
 

@@ -84,6 +84,10 @@ def parser():
                    help="adaptive: iterations until the schedule's multiplier reaches 1 (default: the run's steps)")
     c.add_argument("--interval", type=int, default=None,
                    help="adaptive: iterations between re-plans of the bounds (default: steps/20, at most 100)")
+    c.add_argument("--overlap", action="store_true",
+                   help="start the lookups' all-to-all asynchronously and run the bottom MLP while "
+                        "it travels (hvd_lossy alltoall_async(differentiable=True); not with "
+                        "--plain-horovod, whose async all-to-all has no autograd)")
     c.add_argument("--eval-compression", choices=["none", "same"], default="none",
                    help="evaluation lookups: uncompressed (default; measures the trained model) or "
                         "through the training compressor")
@@ -130,6 +134,9 @@ def check(args, world):
     if args.plain_horovod and args.compression != "none":
         raise UsageError("--plain-horovod uses horovod.torch.alltoall, which cannot compress; "
                          "got --compression %s" % args.compression)
+    if args.plain_horovod and args.overlap:
+        raise UsageError("--overlap needs hvd_lossy's differentiable alltoall_async; "
+                         "horovod.torch.alltoall_async (--plain-horovod) has no autograd")
 
 
 def check_source(source, args):

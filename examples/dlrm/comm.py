@@ -108,6 +108,23 @@ class Link:
             self._fwd = self._snapshot()
         return out
 
+    def alltoall_start(self, tensor, splits):
+        """alltoall() started now and finished by calling the returned wait(): a differentiable
+        hvd_lossy alltoall_async, so the caller can compute while the lookups travel. Plain
+        Horovod's async alltoall has no autograd: there it runs at once."""
+        if self.plain or self._evaluating:
+            result = self.alltoall(tensor, splits)
+            return lambda: result
+        handle = self._lossy.alltoall_async(tensor, splits=splits, name="emb.a2a",
+                                            compression=self.compression, differentiable=True)
+
+        def wait():
+            out = self._lossy.synchronize(handle)
+            if self._mark is not None and self._fwd is None:
+                self._fwd = self._snapshot()
+            return out
+        return wait
+
     @contextlib.contextmanager
     def evaluating(self):
         """Evaluation: uncompressed lookups unless --eval-compression same; the controller

@@ -46,11 +46,14 @@ class EmbeddingExchange:
         alltoall: callable(tensor, splits) -> (output, received_splits) with autograd, e.g. a
             closure over hvd_lossy.torch.alltoall with a compressor, or horovod.torch.alltoall.
         allgather: callable(tensor) -> tensor concatenated over ranks in rank order.
+        alltoall_start: optional callable(tensor, splits) -> wait, where wait() gives what
+            alltoall gives; started before and waited for after other work (start/finish).
     """
 
-    def __init__(self, owners, rank, world, alltoall, allgather):
+    def __init__(self, owners, rank, world, alltoall, allgather, alltoall_start=None):
         self.owners, self.rank, self.world = list(owners), rank, world
         self.alltoall, self.allgather = alltoall, allgather
+        self.alltoall_start = alltoall_start or (lambda t, s, _a2a=alltoall: (lambda r=_a2a(t, s): r))
         self.by_source = [[t for t, r in enumerate(owners) if r == s] for s in range(world)]
         self.local = self.by_source[rank]
         recv_order = [t for tables in self.by_source for t in tables]
@@ -71,6 +74,11 @@ class EmbeddingExchange:
         Returns:
             (b, T, D) lookups of all tables for this rank's slice, global table order.
         """
+        return self.finish(self.start(lookups, b))
+
+    def start(self, lookups, b):
+        """exchange() in two halves, to overlap the all-to-all with other work (the bottom
+        MLP): start() sends, finish(pending) waits and returns what exchange() returns."""
         n_local, big_b, dim = lookups.shape
         if big_b != b * self.world:
             raise ValueError("lookups cover %d rows, expected b*world = %d*%d" % (big_b, b, self.world))
@@ -79,8 +87,15 @@ class EmbeddingExchange:
         send = _GradClock.apply(send, self.clock, "bwd_end")
         splits = torch.tensor([n_local * b] * self.world, dtype=torch.int32)
         t0 = time.perf_counter()
-        recv, _ = self.alltoall(send, splits)
+        wait = self.alltoall_start(send, splits)
         self.clock["fwd_s"] = time.perf_counter() - t0
+        return wait, b, dim
+
+    def finish(self, pending):
+        wait, b, dim = pending
+        t0 = time.perf_counter()
+        recv, _ = wait()
+        self.clock["fwd_s"] += time.perf_counter() - t0
         recv = _GradClock.apply(recv, self.clock, "bwd_start")
         parts = torch.split(recv, [len(tables) * b for tables in self.by_source])
         stacked = torch.cat([p.reshape(-1, b, dim) for p in parts])  # (T, b, D), source-major

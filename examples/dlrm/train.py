@@ -58,12 +58,19 @@ def build_model(args, source, rank, world):
     return owners, owned, dense_arch, tables, dense_opt, emb_opt
 
 
-def forward(batch, ex, dense_arch, tables, b):
-    """(logits of this rank's slice, the owned tables' lookups for the global batch)."""
+def forward(batch, ex, dense_arch, tables, b, overlap=False):
+    """(logits of this rank's slice, the owned tables' lookups for the global batch). With
+    overlap, the bottom MLP runs while the lookups' all-to-all is in flight."""
     dense, sparse, _ = batch[:3]
     lookups = tables(ex.gather_ids(sparse))
-    emb = ex.exchange(lookups, b)
-    return dense_arch.forward_top(dense_arch.forward_bottom(dense), emb), lookups
+    if overlap:
+        pending = ex.start(lookups, b)
+        bottom = dense_arch.forward_bottom(dense)
+        emb = ex.finish(pending)
+    else:
+        emb = ex.exchange(lookups, b)
+        bottom = dense_arch.forward_bottom(dense)
+    return dense_arch.forward_top(bottom, emb), lookups
 
 
 def evaluate(source, ex, link, dense_arch, tables, rank, world, limit=None):
@@ -93,7 +100,8 @@ def train(args):
     owners, owned, dense_arch, tables, dense_opt, emb_opt = build_model(args, source, rank, world)
     total = args.steps if args.steps else args.epochs * source.steps_per_epoch
     link = comm.Link(args, owners, rank, world, source.cardinalities, total)
-    ex = EmbeddingExchange(owners, rank, world, link.alltoall, lambda t: hvd.allgather(t, name="ids"))
+    ex = EmbeddingExchange(owners, rank, world, link.alltoall, lambda t: hvd.allgather(t, name="ids"),
+                           alltoall_start=link.alltoall_start)
     b = args.batch_size // world
 
     eval_at = _eval_steps(total, args.eval_points)
@@ -113,7 +121,7 @@ def train(args):
                 checksum.update(t.numpy().tobytes())
             t0 = time.perf_counter()
             link.begin_step()
-            logits, _ = forward(batch, ex, dense_arch, tables, b)
+            logits, _ = forward(batch, ex, dense_arch, tables, b, overlap=args.overlap)
             loss = torch.nn.functional.binary_cross_entropy_with_logits(
                 logits, batch[2], reduction="sum") / args.batch_size
             dense_opt.zero_grad()

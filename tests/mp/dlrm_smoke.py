@@ -39,9 +39,15 @@ def main():
     none = run("--compression", "none")
     lossy = run("--compression", "lossy", "--error-bound", "0.03")
     adaptive = run("--compression", "adaptive", "--error-bound", "0.03", "--eval-points", "1")
+    overlapped = run("--compression", "lossy", "--error-bound", "0.03", "--overlap")
+    none_overlapped = run("--compression", "none", "--overlap")
 
     assert none["loss_curve"] == plain["loss_curve"], (none["loss_curve"], plain["loss_curve"])
     assert none["auc"] == plain["auc"]
+    # --overlap only reorders the work (bottom MLP during the lookups' all-to-all): same numbers
+    assert overlapped["loss_curve"] == lossy["loss_curve"] and overlapped["auc"] == lossy["auc"]
+    assert overlapped["a2a_bytes_sent"] == lossy["a2a_bytes_sent"]
+    assert none_overlapped["loss_curve"] == plain["loss_curve"]
     for r in (plain, none, lossy, adaptive):
         assert r["data_checksum"] == plain["data_checksum"]
         for key in REQUIRED:

@@ -82,6 +82,28 @@ def test_async_returns_horovod_pairs_and_overlaps():
     assert torch.equal(out, horovod.alltoall(even))
 
 
+def test_differentiable_async_gives_the_gradient_alltoall_gives():
+    case = 55
+    splits = uneven_splits(R, case, N)
+    rows_in = sum(uneven_splits(s, case, N)[R] for s in range(N))
+    g_out = lookups(200 + R, case, rows_in, (4,))
+    for compression in (hvd.Compression.none, hvd.Compression.lossy(EB, backward=0.05)):
+        grads = []
+        for use_async in (False, True):
+            x = lookups(R, case, sum(splits)).requires_grad_()
+            if use_async:
+                handle = hvd.alltoall_async(x, splits, compression=compression, differentiable=True)
+                assert hvd.poll(handle) in (True, False)
+                _ = torch.ones(64, 64) @ torch.ones(64, 64)  # work overlapped with the exchange
+                out, got = hvd.synchronize(handle)
+            else:
+                out, got = hvd.alltoall(x, splits, compression=compression)
+            assert out.requires_grad and got.tolist() == [p.shape[0] for p in pieces_for(R, case, N)]
+            (g_x,) = torch.autograd.grad(out, x, grad_outputs=g_out)
+            grads.append(g_x)
+        assert torch.equal(grads[0], grads[1]), f"{compression}: async gradient differs"
+
+
 class TwoFramesPerDestination(LossyCompressor):
     """Plans two frames per destination with different bounds, as the adaptive controller may."""
 
