@@ -23,7 +23,7 @@ SAMPLE="${SAMPLE:-1}"
 SEEDS="${SEEDS:-0 1 2}"
 BATCH="${BATCH:-2048}"
 EB="${EB:-0.03}"
-CONFIGS="${CONFIGS:-none lossy lossy-g02 adaptive-g02}"
+CONFIGS="${CONFIGS:-none adaptive-d02 lossy-d02 adaptive-g02}"
 mkdir -p "$OUT"
 CORES="$(nproc --all)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
@@ -40,13 +40,13 @@ MPIRUN=(mpirun --oversubscribe -np 2 --mca btl self,tcp --mca btl_tcp_if_include
 config_args() {
   case "$1" in
     none) echo "--compression none" ;;
-    lossy) echo "--compression lossy --error-bound $EB --eb-mode rel" ;;
+    lossy) echo "--compression lossy --error-bound $EB --eb-mode rel --dither none" ;;
     lossy-d0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-d0} --level 2 --dither backward" ;;
     adaptive-d0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-d0} --level 2 --dither backward" ;;
-    lossy-g0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2" ;;
-    adaptive) echo "--compression adaptive --error-bound $EB --eb-mode rel" ;;
+    lossy-g0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2 --dither none" ;;
+    adaptive) echo "--compression adaptive --error-bound $EB --eb-mode rel --dither none" ;;
     adaptive-dither) echo "--compression adaptive --error-bound $EB --eb-mode rel --dither backward" ;;
-    adaptive-g0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2" ;;
+    adaptive-g0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2 --dither none" ;;
     *) echo "unknown config $1 (expected none, lossy, lossy-g0XX, lossy-d0XX, adaptive, adaptive-dither, adaptive-g0XX, adaptive-d0XX)" >&2; exit 2 ;;
   esac
 }

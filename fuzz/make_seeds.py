@@ -2,7 +2,7 @@
 
 One file per frame, named after what it exercises, so the fuzzers start from every kind of
 section the decoder parses: levels 1 and 2 (one and several rANS streams, escaped codes), the
-three dtypes, rel and abs bounds, duplicate rows (row map), outliers (NaN, +-Inf, values beyond
+three dtypes, rel and abs bounds, duplicate rows (row map), dither, outliers (NaN, +-Inf, values beyond
 the quantizer's range), lossless frames, empty tensors, 0-d and 1-d tensors. With --chunks it also
 writes buffers of back-to-back frames (compress_chunks) for the Python harness's split_frames.
 
@@ -48,6 +48,8 @@ def frames():
             yield f"{dname}_outliers_l{level}", hvd_lossy.compress(_with_specials(x), 0.05, level=level)
             yield f"{dname}_dedup_outliers_l{level}", hvd_lossy.compress(_with_specials(dup), 0.02,
                                                                          level=level)
+            yield f"{dname}_dither_l{level}", hvd_lossy.compress(_with_specials(x), 0.03, level=level,
+                                                                 dither=1234 + level)
             yield f"{dname}_lossless_l{level}", hvd_lossy.compress(x[:8], 0.0, level=level)
         yield f"{dname}_1d", hvd_lossy.compress(_lookups(1, 40, dtype, seed=3).view(-1), 0.02)
         yield f"{dname}_0d", hvd_lossy.compress(torch.tensor(1.5, dtype=dtype), 0.1)

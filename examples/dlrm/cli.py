@@ -70,9 +70,10 @@ def parser():
     c.add_argument("--backward-error-bound", type=_backward, default="same",
                    help="gradient all-to-all: 'same' as forward (default), 'none' (uncompressed), "
                         "'fp16', or an error bound in --eb-mode")
-    c.add_argument("--dither", choices=["none", "backward", "all"], default="none",
+    c.add_argument("--dither", choices=["none", "backward", "all"], default="backward",
                    help="subtractive dither (same bound, unbiased error): on the gradient frames "
-                        "only, on every frame, or none")
+                        "only (default: gradients are what a biased rounding hurts), on every "
+                        "frame, or none")
     c.add_argument("--level", type=int, choices=[1, 2], default=1,
                    help="codec level: 1 bit packing (fastest), 2 adds an entropy coder (smaller)")
     c.add_argument("--lossy-frames", choices=["table", "destination"], default="table",

@@ -41,10 +41,11 @@ def max_rel_error(x, y, eb_abs):
     return err / eb_abs if eb_abs > 0 else (0.0 if err == 0 else float("inf"))
 
 
-def bench_lossy(x, rows, eb, level, threads, repeat, dedup=True):
+def bench_lossy(x, rows, eb, level, threads, repeat, dedup=True, dither=None):
     hvd_lossy.set_num_threads(threads)
-    buf, sizes = hvd_lossy.compress_chunks(x, rows, eb, level=level, dedup=dedup)
-    t_c = median_seconds(lambda: hvd_lossy.compress_chunks(x, rows, eb, level=level, dedup=dedup), repeat)
+    kw = dict(level=level, dedup=dedup, dither=dither)
+    buf, sizes = hvd_lossy.compress_chunks(x, rows, eb, **kw)
+    t_c = median_seconds(lambda: hvd_lossy.compress_chunks(x, rows, eb, **kw), repeat)
     t_d = median_seconds(lambda: hvd_lossy.decompress_chunks(buf, sizes), repeat)
     parts = hvd_lossy.decompress_chunks(buf, sizes)
     worst, offset = 0.0, 0
@@ -53,7 +54,7 @@ def bench_lossy(x, rows, eb, level, threads, repeat, dedup=True):
         worst = max(worst, max_rel_error(src, out, info["eb_abs"]))
         offset += size
     raw = x.numel() * x.element_size()
-    name = f"hvd_lossy L{level}" + ("" if dedup else " no dedup")
+    name = f"hvd_lossy L{level}" + ("" if dedup else " no dedup") + ("" if dither is None else " dither")
     result = {"method": name, "ratio": raw / buf.numel(), "compress_GBps": raw / t_c / 1e9,
               "decompress_GBps": raw / t_d / 1e9, "max_error_over_bound": worst, "bytes": buf.numel()}
     if len(rows) == 1:
@@ -116,9 +117,13 @@ def main(argv=None):
     for name, (x, rows) in workloads(args.synthetic_mb).items():
         for threads in (1, 0):
             label = "1 core" if threads == 1 else f"all cores ({cores})"
-            # Stage ablation: quantize + pack alone, + duplicate-row removal, + entropy coder.
+            # Stage ablation: quantize + pack alone, + duplicate-row removal, + entropy coder;
+            # then the dithered (gradient) path, which has no dedup and no SIMD kernel.
             for level, dedup in [(1, False), *((lv, True) for lv in args.levels)]:
                 r = bench_lossy(x, rows, args.error_bound, level, threads, args.repeat, dedup)
+                results["runs"].append({"workload": name, "threads": label, **r})
+            for level in args.levels:
+                r = bench_lossy(x, rows, args.error_bound, level, threads, args.repeat, False, dither=1)
                 results["runs"].append({"workload": name, "threads": label, **r})
             for r in bench_baselines(x, threads, args.repeat):
                 results["runs"].append({"workload": name, "threads": label, **r})
