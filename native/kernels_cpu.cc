@@ -199,6 +199,53 @@ __attribute__((target("avx2"))) inline int quantize4_f32(const float* x, __m256d
   return _mm256_movemask_pd(ok) ^ 0xf;
 }
 
+// Dither offsets (hl::dither_unit(seed, first + k) * step) of four consecutive elements, with
+// the scalar arithmetic: the 24 hashed bits convert to double exactly, then one multiply.
+// Returns false when the four indices cross a 2^32 boundary (the caller goes scalar).
+__attribute__((target("avx2"))) inline bool dither4(uint32_t seed, uint64_t first, __m256d step,
+                                                    __m256d* u) {
+  const uint32_t lo = (uint32_t)first;
+  if (lo > 0xfffffffcu) return false;
+  const uint32_t inner = mix32((uint32_t)(first >> 32) ^ (seed * 0x9e3779b9u));
+  __m128i h = _mm_xor_si128(_mm_add_epi32(_mm_set1_epi32((int)lo), _mm_setr_epi32(0, 1, 2, 3)),
+                            _mm_set1_epi32((int)inner));
+  h = _mm_xor_si128(h, _mm_srli_epi32(h, 16));
+  h = _mm_mullo_epi32(h, _mm_set1_epi32((int)0x85ebca6bu));
+  h = _mm_xor_si128(h, _mm_srli_epi32(h, 13));
+  h = _mm_mullo_epi32(h, _mm_set1_epi32((int)0xc2b2ae35u));
+  h = _mm_xor_si128(h, _mm_srli_epi32(h, 16));
+  __m256d unit = _mm256_cvtepi32_pd(_mm_srli_epi32(h, 8));
+  unit = _mm256_sub_pd(_mm256_mul_pd(_mm256_add_pd(unit, _mm256_set1_pd(0.5)),
+                                     _mm256_set1_pd(1.0 / 16777216.0)),
+                       _mm256_set1_pd(0.5));
+  *u = _mm256_mul_pd(unit, step);
+  return true;
+}
+
+// quantize4_f32 of x - u, reconstructed as q * step + u (hl::quantize_dithered).
+__attribute__((target("avx2"))) inline int quantize4_f32_dithered(const float* x, __m256d inv,
+                                                                  __m256d step, __m256d eb,
+                                                                  __m256d u, uint32_t* z) {
+  const __m256d abs_mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll));
+  const __m256d qmax = _mm256_set1_pd(HL_QMAX);
+  const __m256d magic = _mm256_set1_pd(6755399441055744.0);
+  __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x));
+  __m256d s = _mm256_mul_pd(_mm256_sub_pd(v, u), inv);
+  __m256d in_range = _mm256_cmp_pd(_mm256_and_pd(s, abs_mask), qmax, _CMP_LE_OQ);
+  __m256d r = _mm256_sub_pd(_mm256_add_pd(_mm256_and_pd(s, in_range), magic), magic);
+  __m128i q = _mm256_cvttpd_epi32(r);
+  __m256d back = _mm256_cvtps_pd(
+      _mm256_cvtpd_ps(_mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(q), step), u)));
+  __m256d err = _mm256_and_pd(_mm256_sub_pd(v, back), abs_mask);
+  __m256d ok = _mm256_and_pd(in_range, _mm256_cmp_pd(err, eb, _CMP_LE_OQ));
+  __m128i ok32 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
+      _mm256_castpd_si256(ok), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
+  __m128i zig = _mm_xor_si128(_mm_slli_epi32(q, 1), _mm_srai_epi32(q, 31));
+  __m128i code = _mm_or_si128(_mm_and_si128(ok32, zig), _mm_andnot_si128(ok32, _mm_set1_epi32(-1)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(z), code);
+  return _mm256_movemask_pd(ok) ^ 0xf;
+}
+
 __attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const uint64_t* idx,
                                                        uint64_t rows, uint64_t d,
                                                        const QuantParams& qp, uint32_t* codes,
@@ -210,9 +257,19 @@ __attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const ui
     uint32_t* z = codes + r * d;
     int miss = 0;
     uint64_t i = 0;
-    for (; i + 4 <= d; i += 4) miss |= quantize4_f32(x + i, inv, step, eb, z + i);
+    if (qp.dither) {  // dithered frames are never deduplicated: idx is null, row r is element r*d
+      __m256d u;
+      for (; i + 4 <= d && dither4(qp.seed, qp.first + r * d + i, step, &u); i += 4)
+        miss |= quantize4_f32_dithered(x + i, inv, step, eb, u, z + i);
+    } else {
+      for (; i + 4 <= d; i += 4) miss |= quantize4_f32(x + i, inv, step, eb, z + i);
+    }
     uint8_t tail = 0;
-    if (i < d) quantize_impl<HL_FLOAT32>(x + i, nullptr, 1, d - i, qp, z + i, &tail, nullptr);
+    if (i < d) {
+      QuantParams rest = qp;
+      rest.first = qp.first + r * d + i;
+      quantize_impl<HL_FLOAT32>(x + i, nullptr, 1, d - i, rest, z + i, &tail, nullptr);
+    }
     row_outlier[r] = (uint8_t)((miss != 0) | tail);
     if (hashes)
       hashes[r] = row_outlier[r] ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
@@ -233,6 +290,22 @@ __attribute__((target("avx2"))) void dequantize_f32_avx2(const uint32_t* z, uint
     _mm256_storeu_ps(out + i, _mm256_set_m128(b, a));
   }
   dequantize_impl<HL_FLOAT32>(z + i, n - i, step, out + i);
+}
+
+__attribute__((target("avx2"))) void dequantize_dithered_f32_avx2(const uint32_t* z, uint64_t n,
+                                                                  double step, uint32_t seed,
+                                                                  uint64_t first, float* out) {
+  const __m256d st = _mm256_set1_pd(step);
+  const __m128i one = _mm_set1_epi32(1);
+  uint64_t i = 0;
+  __m256d u;
+  for (; i + 4 <= n && dither4(seed, first + i, st, &u); i += 4) {
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(z + i));
+    __m128i q = _mm_xor_si128(_mm_srli_epi32(c, 1),
+                              _mm_sub_epi32(_mm_setzero_si128(), _mm_and_si128(c, one)));
+    _mm_storeu_ps(out + i, _mm256_cvtpd_ps(_mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(q), st), u)));
+  }
+  dequantize_dithered_impl<HL_FLOAT32>(z + i, n - i, step, seed, first + i, out + i);
 }
 #endif
 
@@ -259,7 +332,7 @@ HL_CLONES void quantize_rows(uint8_t dtype, const void* x, const uint64_t* idx, 
                              uint64_t row_len, const QuantParams& qp, uint32_t* z,
                              uint8_t* row_outlier, uint64_t* hashes) {
 #ifdef HL_HAVE_AVX2_PATH
-  if (dtype == HL_FLOAT32 && !qp.dither && cpu_has_avx2())
+  if (dtype == HL_FLOAT32 && cpu_has_avx2())
     return quantize_f32_avx2(static_cast<const float*>(x), idx, rows, row_len, qp, z, row_outlier,
                              hashes);
 #endif
@@ -309,6 +382,10 @@ HL_CLONES void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double s
 
 HL_CLONES void dequantize_dithered(uint8_t dtype, const uint32_t* z, uint64_t n, double step,
                                    uint32_t seed, uint64_t first, void* out) {
+#ifdef HL_HAVE_AVX2_PATH
+  if (dtype == HL_FLOAT32 && cpu_has_avx2())
+    return dequantize_dithered_f32_avx2(z, n, step, seed, first, static_cast<float*>(out));
+#endif
 #define CALL(DT) dequantize_dithered_impl<DT>(z, n, step, seed, first, out)
   HL_DISPATCH(dtype, CALL)
 #undef CALL

@@ -225,7 +225,8 @@ def test_corrupt_or_foreign_frames_raise_frame_error():
 
 
 def test_simd_and_portable_paths_write_identical_frames(tmp_path):
-    """The AVX2 float32 kernels must round exactly like the portable loops."""
+    """The AVX2 float32 kernels (plain and dithered, encode and decode) must round exactly like
+    the portable loops."""
     import subprocess
     import sys
 
@@ -238,7 +239,10 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
         "    x = torch.randn(257, 37, generator=g) * scale\n"
         "    x[3, 5] = float('nan'); x[7] = x[2]; x[9, 1] = 3.4e38\n"
         "    for eb, mode in ((0.03, 'rel'), (1e-4, 'rel'), (0.01, 'abs'), (1e-7, 'abs')):\n"
-        "        out.append(hvd_lossy.compress(x, eb, mode=mode).numpy().tobytes())\n"
+        "        for dither in (None, 11, 2**24 - 1):\n"
+        "            frame = hvd_lossy.compress(x, eb, mode=mode, dither=dither)\n"
+        "            out.append(frame.numpy().tobytes())\n"
+        "            out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
         "sys.stdout.buffer.write(b''.join(out))\n")
     import os
 
