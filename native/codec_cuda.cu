@@ -365,16 +365,6 @@ __global__ void quantize_kernel(const typename Elem<DT>::raw_t* x, uint64_t n, u
   }
 }
 
-// murmur3's 32-bit finalizer.
-__device__ __forceinline__ uint32_t fmix32(uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x85ebca6bu;
-  h ^= h >> 13;
-  h *= 0xc2b2ae35u;
-  h ^= h >> 16;
-  return h;
-}
-
 // A 32-bit hash of each row's content: its codes and, at outliers, the raw bits (two rows that
 // differ only in outlier values would otherwise always collide). Summing per-element mixes
 // makes it independent of how lanes split the row. Rows with equal hashes are compared in
@@ -402,9 +392,9 @@ __global__ void row_hash_kernel(const typename Elem<DT>::raw_t* x, const uint32_
       for (int k = 0; k < kHashRows; ++k) {
         const uint64_t r = g * kHashRows + k;
         if (r >= n_rows) continue;
-        h[k] += fmix32(c[k] ^ ((uint32_t)i * 0x9e3779b9u));
+        h[k] += mix32(c[k] ^ ((uint32_t)i * 0x9e3779b9u));
         if (lossy && c[k] == kOutlierMark)
-          h[k] += fmix32((uint32_t)x[r * d + i] ^ ((uint32_t)i * 0x7f4a7c15u + 1));
+          h[k] += mix32((uint32_t)x[r * d + i] ^ ((uint32_t)i * 0x7f4a7c15u + 1));
       }
     }
 #pragma unroll
@@ -417,7 +407,7 @@ __global__ void row_hash_kernel(const typename Elem<DT>::raw_t* x, const uint32_
         if (lane_id() == (unsigned)k) mine = h[k];
       const uint64_t r = g * kHashRows + lane_id();
       if (r < n_rows) {
-        keys[r] = fmix32(mine ^ (uint32_t)d);
+        keys[r] = mix32(mine ^ (uint32_t)d);
         rows[r] = (uint32_t)r;
       }
     }

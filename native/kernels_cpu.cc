@@ -177,28 +177,6 @@ __attribute__((target("avx2"))) void range_f32_avx2(const float* x, uint64_t n, 
   *hi_out = th;
 }
 
-// Four elements: zigzag codes (or the outlier mark) and a mask of misses.
-__attribute__((target("avx2"))) inline int quantize4_f32(const float* x, __m256d inv, __m256d step,
-                                                         __m256d eb, uint32_t* z) {
-  const __m256d abs_mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll));
-  const __m256d qmax = _mm256_set1_pd(HL_QMAX);
-  const __m256d magic = _mm256_set1_pd(6755399441055744.0);
-  __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x));
-  __m256d s = _mm256_mul_pd(v, inv);
-  __m256d in_range = _mm256_cmp_pd(_mm256_and_pd(s, abs_mask), qmax, _CMP_LE_OQ);
-  __m256d r = _mm256_sub_pd(_mm256_add_pd(_mm256_and_pd(s, in_range), magic), magic);
-  __m128i q = _mm256_cvttpd_epi32(r);
-  __m256d back = _mm256_cvtps_pd(_mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(q), step)));
-  __m256d err = _mm256_and_pd(_mm256_sub_pd(v, back), abs_mask);
-  __m256d ok = _mm256_and_pd(in_range, _mm256_cmp_pd(err, eb, _CMP_LE_OQ));
-  __m128i ok32 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
-      _mm256_castpd_si256(ok), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
-  __m128i zig = _mm_xor_si128(_mm_slli_epi32(q, 1), _mm_srai_epi32(q, 31));
-  __m128i code = _mm_or_si128(_mm_and_si128(ok32, zig), _mm_andnot_si128(ok32, _mm_set1_epi32(-1)));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(z), code);
-  return _mm256_movemask_pd(ok) ^ 0xf;
-}
-
 // Dither offsets (hl::dither_unit(seed, first + k) * step) of four consecutive elements, with
 // the scalar arithmetic: the 24 hashed bits convert to double exactly, then one multiply.
 // Returns false when the four indices cross a 2^32 boundary (the caller goes scalar).
@@ -222,10 +200,11 @@ __attribute__((target("avx2"))) inline bool dither4(uint32_t seed, uint64_t firs
   return true;
 }
 
-// quantize4_f32 of x - u, reconstructed as q * step + u (hl::quantize_dithered).
-__attribute__((target("avx2"))) inline int quantize4_f32_dithered(const float* x, __m256d inv,
-                                                                  __m256d step, __m256d eb,
-                                                                  __m256d u, uint32_t* z) {
+// Four elements: zigzag codes (or the outlier mark) and a mask of misses. Codes x - u and
+// reconstructs q * step + u (hl::quantize_dithered); plain frames pass u = 0, which changes no
+// bit (x - 0 is x, and q * step + 0 is q * step: an integer times a positive step is never -0).
+__attribute__((target("avx2"))) inline int quantize4_f32(const float* x, __m256d inv, __m256d step,
+                                                         __m256d eb, __m256d u, uint32_t* z) {
   const __m256d abs_mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll));
   const __m256d qmax = _mm256_set1_pd(HL_QMAX);
   const __m256d magic = _mm256_set1_pd(6755399441055744.0);
@@ -260,9 +239,10 @@ __attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const ui
     if (qp.dither) {  // dithered frames are never deduplicated: idx is null, row r is element r*d
       __m256d u;
       for (; i + 4 <= d && dither4(qp.seed, qp.first + r * d + i, step, &u); i += 4)
-        miss |= quantize4_f32_dithered(x + i, inv, step, eb, u, z + i);
+        miss |= quantize4_f32(x + i, inv, step, eb, u, z + i);
     } else {
-      for (; i + 4 <= d; i += 4) miss |= quantize4_f32(x + i, inv, step, eb, z + i);
+      const __m256d zero = _mm256_setzero_pd();
+      for (; i + 4 <= d; i += 4) miss |= quantize4_f32(x + i, inv, step, eb, zero, z + i);
     }
     uint8_t tail = 0;
     if (i < d) {
