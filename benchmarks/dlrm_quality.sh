@@ -40,12 +40,12 @@ MPIRUN=(mpirun --oversubscribe -np 2 --mca btl self,tcp --mca btl_tcp_if_include
 config_args() {
   case "$1" in
     none) echo "--compression none" ;;
-    lossy) echo "--compression lossy --error-bound $EB --eb-mode rel --dither none" ;;
+    lossy) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound same --dither none" ;;
     lossy-d0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-d0} --level 2 --dither backward" ;;
     adaptive-d0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-d0} --level 2 --dither backward" ;;
     lossy-g0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2 --dither none" ;;
-    adaptive) echo "--compression adaptive --error-bound $EB --eb-mode rel --dither none" ;;
-    adaptive-dither) echo "--compression adaptive --error-bound $EB --eb-mode rel --dither backward" ;;
+    adaptive) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound same --dither none" ;;
+    adaptive-dither) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound same --dither backward" ;;
     adaptive-g0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2 --dither none" ;;
     *) echo "unknown config $1 (expected none, lossy, lossy-g0XX, lossy-d0XX, adaptive, adaptive-dither, adaptive-g0XX, adaptive-d0XX)" >&2; exit 2 ;;
   esac

@@ -349,6 +349,18 @@ def test_batch_size_not_divisible_by_ranks_is_a_usage_error():
         cli.check(args, 2)
 
 
+def test_default_gradient_bound_is_the_measured_recipe_in_rel_mode_and_same_in_abs():
+    rel = cli.parser().parse_args([])
+    cli.check(rel, 2)
+    assert rel.backward_error_bound == cli.DEFAULT_GRAD_BOUND == 0.02 and rel.dither == "backward"
+    absolute = cli.parser().parse_args(["--eb-mode", "abs", "--error-bound", "1e-4"])
+    cli.check(absolute, 2)
+    assert absolute.backward_error_bound == "same"
+    explicit = cli.parser().parse_args(["--backward-error-bound", "none"])
+    cli.check(explicit, 2)
+    assert explicit.backward_error_bound == "none"
+
+
 def test_overlap_with_plain_horovod_is_a_usage_error():
     args = cli.parser().parse_args(["--plain-horovod", "--overlap"])
     with pytest.raises(cli.UsageError, match="--overlap needs hvd_lossy's differentiable alltoall_async"):

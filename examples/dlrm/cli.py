@@ -10,6 +10,10 @@ DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".
                             "criteo_kaggle_sample")
 
 
+# Relative gradient bound of the default training recipe (dithered, see --dither).
+DEFAULT_GRAD_BOUND = 0.02
+
+
 class UsageError(ValueError):
     """Arguments that cannot work; every rank raises it identically and exits non-zero."""
 
@@ -67,9 +71,11 @@ def parser():
                    help="forward error bound (lossy), or the adaptive controller's base bound")
     c.add_argument("--eb-mode", choices=["rel", "abs"], default="rel",
                    help="rel: bound relative to each chunk's value range; abs: absolute")
-    c.add_argument("--backward-error-bound", type=_backward, default="same",
-                   help="gradient all-to-all: 'same' as forward (default), 'none' (uncompressed), "
-                        "'fp16', or an error bound in --eb-mode")
+    c.add_argument("--backward-error-bound", type=_backward, default=None,
+                   help="gradient all-to-all: an error bound in --eb-mode, 'same' as forward (for "
+                        "adaptive: the controller's per-table bounds), 'none' (uncompressed) or "
+                        "'fp16'. Default: %g with --eb-mode rel (with the default dither it kept "
+                        "AUC within 0.001 in benchmarks/RESULTS.md), 'same' with abs" % DEFAULT_GRAD_BOUND)
     c.add_argument("--dither", choices=["none", "backward", "all"], default="backward",
                    help="subtractive dither (same bound, unbiased error): on the gradient frames "
                         "only (default: gradients are what a biased rounding hurts), on every "
@@ -128,6 +134,8 @@ def check(args, world):
         raise UsageError("--epochs and --steps must be >= 1, got %d and %s" % (args.epochs, args.steps))
     if args.lr <= 0 or args.emb_lr <= 0:
         raise UsageError("--lr and --emb-lr must be > 0, got %g and %g" % (args.lr, args.emb_lr))
+    if args.backward_error_bound is None:
+        args.backward_error_bound = DEFAULT_GRAD_BOUND if args.eb_mode == "rel" else "same"
     backward = args.backward_error_bound
     if args.error_bound < 0 or (isinstance(backward, float) and backward < 0):
         raise UsageError("error bounds must be >= 0, got --error-bound %g --backward-error-bound %s"
