@@ -22,8 +22,8 @@ py::dict header_dict(const HlFrameHeader& h, const std::vector<int64_t>& shape) 
   d["lossless"] = bool(h.flags & HL_FLAG_LOSSLESS);
   const bool dithered = h.flags & HL_FLAG_DITHER;
   // None, or the 24-bit seed of a dithered frame
-  d["dither_seed"] = dithered ? py::cast((int)(h.reserved[0] | h.reserved[1] << 8 | h.reserved[2] << 16))
-                              : py::none();
+  const int seed = h.reserved[0] | h.reserved[1] << 8 | h.reserved[2] << 16;
+  d["dither_seed"] = dithered ? py::cast(seed) : py::none();
   d["eb_param"] = h.eb_param;
   d["eb_abs"] = h.eb_abs;
   d["n_rows"] = h.n_rows;
@@ -97,7 +97,8 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("error_bound"),
         py::arg("mode"), py::arg("level"), py::arg("dedup"), py::arg("out"), py::arg("out_cap"),
-        py::arg("threads") = 0, py::arg("dither_seed") = -1, py::call_guard<py::gil_scoped_release>(),
+        py::arg("threads") = 0, py::arg("dither_seed") = -1,
+        py::call_guard<py::gil_scoped_release>(),
         "Compresses one tensor into a frame; returns its size.");
 
   m.def("frame_info",

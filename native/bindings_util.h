@@ -19,8 +19,9 @@ T* ptr(uintptr_t p) {
 inline CompressParams params(int dtype, int mode, int level, bool dedup, double eb,
                              int64_t dither_seed = -1) {
   if (dither_seed < -1 || dither_seed >= (int64_t)HL_DITHER_SEEDS)
-    throw ArgumentError("dither seed " + std::to_string(dither_seed) + " is out of range, expected 0.." +
-                        std::to_string(HL_DITHER_SEEDS - 1) + " (or -1: no dither)");
+    throw ArgumentError("dither seed " + std::to_string(dither_seed) +
+                        " is out of range, expected 0.." + std::to_string(HL_DITHER_SEEDS - 1) +
+                        " (or -1: no dither)");
   CompressParams p;
   p.dither = dither_seed >= 0;
   p.dither_seed = dither_seed >= 0 ? (uint32_t)dither_seed : 0;

@@ -685,8 +685,8 @@ void check_params(const CompressParams& p) {
     throw ArgumentError("error_bound must be a finite number >= 0, got " +
                         std::to_string(p.error_bound));
   if (p.dither_seed >= HL_DITHER_SEEDS)
-    throw ArgumentError("dither seed " + std::to_string(p.dither_seed) + " is out of range, expected 0.." +
-                        std::to_string(HL_DITHER_SEEDS - 1));
+    throw ArgumentError("dither seed " + std::to_string(p.dither_seed) +
+                        " is out of range, expected 0.." + std::to_string(HL_DITHER_SEEDS - 1));
 }
 
 uint64_t check_chunk_args(const CompressParams& p, size_t n_chunks,

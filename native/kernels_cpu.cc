@@ -283,7 +283,8 @@ __attribute__((target("avx2"))) void dequantize_dithered_f32_avx2(const uint32_t
     __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(z + i));
     __m128i q = _mm_xor_si128(_mm_srli_epi32(c, 1),
                               _mm_sub_epi32(_mm_setzero_si128(), _mm_and_si128(c, one)));
-    _mm_storeu_ps(out + i, _mm256_cvtpd_ps(_mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(q), st), u)));
+    __m256d v = _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(q), st), u);
+    _mm_storeu_ps(out + i, _mm256_cvtpd_ps(v));
   }
   dequantize_dithered_impl<HL_FLOAT32>(z + i, n - i, step, seed, first + i, out + i);
 }
