@@ -37,6 +37,7 @@ MPIRUN=(mpirun --oversubscribe -np 2 --mca btl self,tcp --mca btl_tcp_if_include
 # adaptive-dither: as adaptive, gradient frames dithered
 # adaptive-g0XX: adaptive lookups (paper policy, step schedule), gradients at 0.0XX, level 2
 # lossy-d0XX, adaptive-d0XX: as -g0XX with subtractive dither on the gradient frames
+# adaptive-t0XX: adaptive per-table gradient bounds scaled to a gradient base 0.0XX, dithered, level 2
 config_args() {
   case "$1" in
     none) echo "--compression none" ;;
@@ -46,8 +47,9 @@ config_args() {
     lossy-g0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2 --dither none" ;;
     adaptive) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound same --dither none" ;;
     adaptive-dither) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound same --dither backward" ;;
+    adaptive-t0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound same --grad-base 0.0${1#*-t0} --level 2 --dither backward" ;;
     adaptive-g0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2 --dither none" ;;
-    *) echo "unknown config $1 (expected none, lossy, lossy-g0XX, lossy-d0XX, adaptive, adaptive-dither, adaptive-g0XX, adaptive-d0XX)" >&2; exit 2 ;;
+    *) echo "unknown config $1 (expected none, lossy, lossy-g0XX, lossy-d0XX, adaptive, adaptive-dither, adaptive-g0XX, adaptive-d0XX, adaptive-t0XX)" >&2; exit 2 ;;
   esac
 }
 

@@ -91,6 +91,10 @@ def parser():
                    help="adaptive: iterations until the schedule's multiplier reaches 1 (default: the run's steps)")
     c.add_argument("--interval", type=int, default=None,
                    help="adaptive: iterations between re-plans of the bounds (default: steps/20, at most 100)")
+    c.add_argument("--grad-base", type=float, default=None,
+                   help="adaptive with --backward-error-bound same: the controller's gradient base "
+                        "bound (a table's gradient bound is its lookup bound x grad-base / "
+                        "error-bound; default: --error-bound)")
     c.add_argument("--overlap", action="store_true",
                    help="start the lookups' all-to-all asynchronously and run the bottom MLP while "
                         "it travels (hvd_lossy alltoall_async(differentiable=True); not with "

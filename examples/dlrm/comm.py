@@ -54,6 +54,8 @@ def make_compression(args, owners, rank, world, cardinalities, total_steps):
         kwargs["policy"] = args.policy
     if args.schedule:
         kwargs["schedule"] = args.schedule
+    if getattr(args, "grad_base", None) is not None:
+        kwargs["grad_base"] = args.grad_base
     controller = Controller(**kwargs)
     local = controller.tables_of(rank)
     compressor = Compression.adaptive(controller, tables=local, backward=backward, level=args.level,
