@@ -21,25 +21,52 @@ void build_cum(Table* t) {
   for (int s = 0; s < 256; ++s) t->cum[s + 1] = t->cum[s] + t->freq[s];
 }
 
+// A symbol's encoder step with the division by its frequency replaced by an exact reciprocal
+// multiply (ryg_rans's RansEncSymbol): for every state below 2^31,
+//   x + bias + q * cmpl_freq == ((x / freq) << HL_RANS_BITS) + x % freq + cum,
+// with q = x / freq computed as (x * rcp_freq) >> (32 + rcp_shift). Same bytes, no divide.
+struct EncSymbol {
+  uint32_t x_max, rcp_freq, bias, cmpl_freq, rcp_shift;
+};
+
+EncSymbol enc_symbol(uint32_t cum, uint32_t freq) {
+  EncSymbol e;
+  e.x_max = ((HL_RANS_L >> HL_RANS_BITS) << 8) * freq;
+  e.cmpl_freq = kScale - freq;
+  if (freq < 2) {  // q = x - 1 from an all-ones reciprocal; the bias puts back the missing x
+    e.rcp_freq = ~0u;
+    e.rcp_shift = 0;
+    e.bias = cum + kScale - 1;
+  } else {
+    uint32_t shift = 0;
+    while (freq > (1u << shift)) shift++;
+    e.rcp_freq = (uint32_t)(((1ull << (shift + 31)) + freq - 1) / freq);
+    e.rcp_shift = shift - 1;
+    e.bias = cum;
+  }
+  return e;
+}
+
 // Encodes codes [lo, hi) backwards; returns state followed by bytes in decoder order.
-std::vector<uint8_t> encode_stream(const uint32_t* z, uint64_t lo, uint64_t hi, const Table& t) {
-  std::vector<uint8_t> rev;
-  rev.reserve(2 * (hi - lo) + 4);
+std::vector<uint8_t> encode_stream(const uint32_t* z, uint64_t lo, uint64_t hi,
+                                   const EncSymbol* syms) {
+  // At most 2 bytes a symbol (renormalization of a frequency-1 symbol), plus the state.
+  std::vector<uint8_t> buf(4 + 2 * (hi - lo));
+  uint8_t* end = buf.data() + buf.size();
+  uint8_t* p = end;
   uint32_t x = HL_RANS_L;
   for (uint64_t i = hi; i-- > lo;) {
-    uint32_t s = rans_symbol(z[i]);
-    uint32_t f = t.freq[s];
-    uint32_t x_max = ((HL_RANS_L >> HL_RANS_BITS) << 8) * f;
-    while (x >= x_max) {
-      rev.push_back((uint8_t)(x & 0xff));
+    const EncSymbol& e = syms[rans_symbol(z[i])];
+    while (x >= e.x_max) {
+      *--p = (uint8_t)(x & 0xff);
       x >>= 8;
     }
-    x = ((x / f) << HL_RANS_BITS) + (x % f) + t.cum[s];
+    const uint32_t q = (uint32_t)(((uint64_t)x * e.rcp_freq) >> 32) >> e.rcp_shift;
+    x += e.bias + q * e.cmpl_freq;
   }
-  std::vector<uint8_t> out(4 + rev.size());
-  store_u32(out.data(), x);
-  for (size_t i = 0; i < rev.size(); ++i) out[4 + i] = rev[rev.size() - 1 - i];
-  return out;
+  p -= 4;
+  store_u32(p, x);
+  return std::vector<uint8_t>(p, end);
 }
 
 }  // namespace
@@ -55,6 +82,8 @@ std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads) {
   Table t;
   normalize_freqs(counts, t.freq);
   build_cum(&t);
+  EncSymbol syms[256];
+  for (int sym = 0; sym < 256; ++sym) syms[sym] = enc_symbol(t.cum[sym], t.freq[sym]);
 
   const uint64_t n_streams = hl_div_up(n, HL_RANS_CHUNK);
   std::vector<std::vector<uint8_t>> streams(n_streams);
@@ -62,7 +91,7 @@ std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads) {
   for (int64_t k = 0; k < (int64_t)n_streams; ++k) {
     uint64_t lo = (uint64_t)k * HL_RANS_CHUNK;
     uint64_t hi = lo + HL_RANS_CHUNK < n ? lo + HL_RANS_CHUNK : n;
-    streams[k] = encode_stream(z, lo, hi, t);
+    streams[k] = encode_stream(z, lo, hi, syms);
   }
 
   std::vector<uint8_t> out;
