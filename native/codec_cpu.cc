@@ -406,13 +406,29 @@ struct Sections {
   uint64_t n_unique = 0;
 };
 
-Bytes packed(const uint32_t* v, uint64_t n, int threads) {
+// Block packing in two steps, so that level 2 can compare sizes before packing anything.
+struct Packing {
+  Buffer<uint8_t> widths;
+  uint64_t bytes = 0;
+};
+
+Packing plan_packing(const uint32_t* v, uint64_t n, int threads) {
+  Packing p;
   const uint64_t nb = hl_div_up(n, HL_BLOCK);
-  Buffer<uint8_t> widths(nb);
-  block_widths(v, n, widths.data(), threads);
-  Bytes out(nb + payload_bytes(widths.data(), nb));
-  pack_blocks(v, n, widths.data(), out.data(), threads);
+  p.widths = Buffer<uint8_t>(nb);
+  block_widths(v, n, p.widths.data(), threads);
+  p.bytes = nb + payload_bytes(p.widths.data(), nb);
+  return p;
+}
+
+Bytes pack(const uint32_t* v, uint64_t n, const Packing& p, int threads) {
+  Bytes out(p.bytes);
+  pack_blocks(v, n, p.widths.data(), out.data(), threads);
   return out;
+}
+
+Bytes packed(const uint32_t* v, uint64_t n, int threads) {
+  return pack(v, n, plan_packing(v, n, threads), threads);
 }
 
 // Builds the map, code and outlier sections.
@@ -436,15 +452,18 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
       }
     }
   }
-  s.code = packed(ucodes, n_unique * d, threads);
-  if (level == 2 && n_unique * d > 0) {
-    std::vector<uint8_t> entropy = rans_encode(ucodes, n_unique * d, threads);
-    if (entropy.size() < s.code.size()) {
+  const uint64_t n_codes = n_unique * d;
+  const Packing plan = plan_packing(ucodes, n_codes, threads);
+  if (level == 2 && n_codes > 0) {
+    std::vector<uint8_t> entropy = rans_encode(ucodes, n_codes, threads);
+    if (entropy.size() < plan.bytes) {  // the packed section is never built
       s.code = Bytes(entropy.size());
       memcpy(s.code.data(), entropy.data(), entropy.size());
       s.level = 2;
+      return s;
     }
   }
+  s.code = pack(ucodes, n_codes, plan, threads);
   return s;
 }
 
