@@ -48,7 +48,7 @@ def _check_segments(segments, name):
                      f"got {segments!r}")
 
 
-def _check_dither(dither):
+def _check_dither_setting(dither):
     if not (isinstance(dither, bool) or (isinstance(dither, str) and dither == BACKWARD)):
         raise ValueError(f"dither must be False, True or 'backward', got {dither!r}")
     return dither
@@ -120,7 +120,7 @@ class LossyCompressor(Compressor):
         self.backward_segments = (None if backward_segments is None
                                   else _check_segments(backward_segments, "backward_segments"))
         self.backward = _normalise_backward(backward)
-        self.dither = _check_dither(dither)
+        self.dither = _check_dither_setting(dither)
         self._backward_compressor = None
         self._dither_calls = 0
 

@@ -98,23 +98,25 @@ struct Elem<HL_BFLOAT16> {
 HL_HD uint32_t zigzag(int32_t q) { return ((uint32_t)q << 1) ^ (uint32_t)(q >> 31); }
 HL_HD int32_t unzigzag(uint32_t z) { return (int32_t)(z >> 1) ^ -(int32_t)(z & 1); }
 
-// The decoder's exact arithmetic: one double product, rounded to float, then to the dtype.
+// The decoder's exact arithmetic: q * step + u in double (u: the element's dither offset, 0
+// without dither), rounded to float, then to the dtype. Adding u = 0 changes no bit: q * step is
+// never -0 (an integer times a positive step).
 template <int DT>
-HL_HD typename Elem<DT>::raw_t reconstruct(int32_t q, double step) {
-  return Elem<DT>::from_float((float)((double)q * step));
+HL_HD typename Elem<DT>::raw_t reconstruct(int32_t q, double step, double u = 0.0) {
+  return Elem<DT>::from_float((float)((double)q * step + u));
 }
 
-// Quantizes one element. Returns true with *z set to its zigzag code when the reconstruction is
-// within eb_abs; false when the element must be stored as an outlier (NaN, +-Inf, code out of
-// range, or rounding that would miss the bound).
+// Quantizes one element (x - u with a dither offset u, else x). Returns true with *z set to its
+// zigzag code when the reconstruction is within eb_abs; false when the element must be stored as
+// an outlier (NaN, +-Inf, code out of range, or rounding that would miss the bound).
 template <int DT>
 HL_HD bool quantize(typename Elem<DT>::raw_t raw, double inv_step, double step, double eb_abs,
-                    uint32_t* z) {
+                    uint32_t* z, double u = 0.0) {
   double x = Elem<DT>::to_double(raw);
-  double t = x * inv_step;
+  double t = (x - u) * inv_step;
   if (!(fabs(t) <= HL_QMAX)) return false;  // also catches NaN
   int32_t q = (int32_t)rint(t);
-  double xh = Elem<DT>::to_double(reconstruct<DT>(q, step));
+  double xh = Elem<DT>::to_double(reconstruct<DT>(q, step, u));
   if (!(fabs(x - xh) <= eb_abs)) return false;
   *z = zigzag(q);
   return true;
@@ -137,27 +139,6 @@ HL_HD uint32_t mix32(uint32_t h) {
 HL_HD double dither_unit(uint32_t seed, uint64_t i) {
   const uint32_t h = mix32((uint32_t)i ^ mix32((uint32_t)(i >> 32) ^ (seed * 0x9e3779b9u)));
   return ((double)(h >> 8) + 0.5) * (1.0 / 16777216.0) - 0.5;
-}
-
-// The decoder's arithmetic with a dither offset u (= dither_unit * step): q * step + u in
-// double, then to float, then to the dtype.
-template <int DT>
-HL_HD typename Elem<DT>::raw_t reconstruct_dithered(int32_t q, double step, double u) {
-  return Elem<DT>::from_float((float)((double)q * step + u));
-}
-
-// quantize() for a dithered element: codes x - u instead of x; same outlier rules.
-template <int DT>
-HL_HD bool quantize_dithered(typename Elem<DT>::raw_t raw, double inv_step, double step,
-                             double eb_abs, double u, uint32_t* z) {
-  double x = Elem<DT>::to_double(raw);
-  double t = (x - u) * inv_step;
-  if (!(fabs(t) <= HL_QMAX)) return false;  // also catches NaN and Inf
-  int32_t q = (int32_t)rint(t);
-  double xh = Elem<DT>::to_double(reconstruct_dithered<DT>(q, step, u));
-  if (!(fabs(x - xh) <= eb_abs)) return false;
-  *z = zigzag(q);
-  return true;
 }
 
 // ---- integers -----------------------------------------------------------------------------

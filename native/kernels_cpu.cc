@@ -85,24 +85,14 @@ HL_INLINE void quantize_impl(const void* xv, const uint64_t* idx, uint64_t rows,
     const raw_t* x = xs + (idx ? idx[r] : r) * d;
     uint32_t* z = codes + r * d;
     uint32_t any = 0;
-    if (qp.dither) {
-      for (uint64_t i = 0; i < d; ++i) {
-        const double u = dither_unit(qp.seed, qp.first + r * d + i) * step;
-        bool ok = quantize_dithered<DT>(x[i], inv_step, step, eb_abs, u, &z[i]);
-        if (!ok) z[i] = kOutlierMark;
-        any |= !ok;
-      }
-      row_outlier[r] = (uint8_t)any;
-      if (hashes) hashes[r] = any ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
-      continue;
-    }
     for (uint64_t i = 0; i < d; ++i) {
       // Same decisions as hl::quantize (codec_common.h), written without branches.
+      const double u = qp.dither ? dither_unit(qp.seed, qp.first + r * d + i) * step : 0.0;
       double v = Elem<DT>::to_double(x[i]);
-      double s = v * inv_step;
+      double s = (v - u) * inv_step;
       bool in_range = fabs(s) <= HL_QMAX;
       int32_t q = (int32_t)round_even(in_range ? s : 0.0);
-      double back = Elem<DT>::to_double(reconstruct<DT>(q, step));
+      double back = Elem<DT>::to_double(reconstruct<DT>(q, step, u));
       bool ok = in_range & (fabs(v - back) <= eb_abs);
       z[i] = ok ? zigzag(q) : kOutlierMark;
       any |= !ok;
@@ -129,7 +119,7 @@ HL_INLINE void dequantize_dithered_impl(const uint32_t* z, uint64_t n, double st
   typedef typename Elem<DT>::raw_t raw_t;
   raw_t* out = static_cast<raw_t*>(outv);
   for (uint64_t i = 0; i < n; ++i)
-    out[i] = reconstruct_dithered<DT>(unzigzag(z[i]), step, dither_unit(seed, first + i) * step);
+    out[i] = reconstruct<DT>(unzigzag(z[i]), step, dither_unit(seed, first + i) * step);
 }
 
 template <int DT>
@@ -201,8 +191,7 @@ __attribute__((target("avx2"))) inline bool dither4(uint32_t seed, uint64_t firs
 }
 
 // Four elements: zigzag codes (or the outlier mark) and a mask of misses. Codes x - u and
-// reconstructs q * step + u (hl::quantize_dithered); plain frames pass u = 0, which changes no
-// bit (x - 0 is x, and q * step + 0 is q * step: an integer times a positive step is never -0).
+// reconstructs q * step + u (hl::quantize); plain frames pass u = 0, which changes no bit.
 __attribute__((target("avx2"))) inline int quantize4_f32(const float* x, __m256d inv, __m256d step,
                                                          __m256d eb, __m256d u, uint32_t* z) {
   const __m256d abs_mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll));

@@ -34,7 +34,7 @@ void hash_raw_rows(const uint8_t* x, uint64_t rows, uint64_t row_bytes, uint64_t
 // Decoder: n codes to elements of dtype (hl::reconstruct of each unzigzagged code).
 void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double step, void* out);
 
-// Decoder of dithered frames: code k is element first + k of the frame (hl::reconstruct_dithered).
+// Decoder of dithered frames: code k is element first + k of the frame (hl::reconstruct with its offset).
 void dequantize_dithered(uint8_t dtype, const uint32_t* z, uint64_t n, double step, uint32_t seed,
                          uint64_t first, void* out);
 

@@ -31,7 +31,7 @@ def make_compression(args, owners, rank, world, cardinalities, total_steps):
     """(compressor, controller or None) for --compression; ValueError for bad settings."""
     from hvd_lossy.torch import Compression
     backward = backward_setting(args)
-    dither = {"none": False, "backward": "backward", "all": True}[getattr(args, "dither", "none")]
+    dither = {"none": False, "backward": "backward", "all": True}[args.dither]
     if args.compression == "none":
         return Compression.none, None
     if args.compression == "fp16":
@@ -54,7 +54,7 @@ def make_compression(args, owners, rank, world, cardinalities, total_steps):
         kwargs["policy"] = args.policy
     if args.schedule:
         kwargs["schedule"] = args.schedule
-    if getattr(args, "grad_base", None) is not None:
+    if args.grad_base is not None:
         kwargs["grad_base"] = args.grad_base
     controller = Controller(**kwargs)
     local = controller.tables_of(rank)

@@ -53,13 +53,18 @@ class EmbeddingExchange:
     def __init__(self, owners, rank, world, alltoall, allgather, alltoall_start=None):
         self.owners, self.rank, self.world = list(owners), rank, world
         self.alltoall, self.allgather = alltoall, allgather
-        self.alltoall_start = alltoall_start or (lambda t, s, _a2a=alltoall: (lambda r=_a2a(t, s): r))
+        self.alltoall_start = alltoall_start or self._start_now
         self.by_source = [[t for t, r in enumerate(owners) if r == s] for s in range(world)]
         self.local = self.by_source[rank]
         recv_order = [t for tables in self.by_source for t in tables]
         # Position in the received (source-major) order of each global table.
         self.restore = torch.tensor([recv_order.index(t) for t in range(len(owners))])
         self.clock = {}
+
+    def _start_now(self, tensor, splits):
+        """Default alltoall_start: the synchronous alltoall, its result handed out by wait()."""
+        result = self.alltoall(tensor, splits)
+        return lambda: result
 
     def gather_ids(self, local_ids):
         """(b, T) local ids -> (B, T) ids of the global batch, rank slices in rank order."""

@@ -93,7 +93,6 @@ def test_differentiable_async_gives_the_gradient_alltoall_gives():
             x = lookups(R, case, sum(splits)).requires_grad_()
             if use_async:
                 handle = hvd.alltoall_async(x, splits, compression=compression, differentiable=True)
-                assert hvd.poll(handle) in (True, False)
                 _ = torch.ones(64, 64) @ torch.ones(64, 64)  # work overlapped with the exchange
                 out, got = hvd.synchronize(handle)
             else:
