@@ -1,31 +1,23 @@
-"""Compressed all-to-all over Horovod (the protocol pieces live in hvd_lossy.protocol).
+"""Compressed all-to-all over Horovod: the alltoall case of hvd_lossy.collective's template.
 
-One lossy alltoall takes two Horovod collectives, and every rank runs both, so an error
-anywhere raises everywhere and no rank is left waiting in a collective its peers skipped:
-
-  1. locally: check the arguments, ask the compressor for a plan (frames per destination) and
-     compress all pieces in ONE hvd_lossy.compress_chunks call. A failure does not raise here;
-     it is written into the header below and the rank sends headers only.
-  2. one uint8 Horovod alltoall. Each destination's chunk is a fixed header (status, dtype,
-     shape, rows, payload bytes) followed by its self-delimiting frames; Horovod exchanges the
-     byte splits itself. Every rank now sees every rank's header, so all reach the same verdict
-     on bad arguments and on disagreeing dtypes or shapes.
-  3. locally: decode each source's frames and check them against its header.
-  4. allgather a 5-int status row (code, a, b, origin rank, dtype); if any rank failed in steps 1-3,
-     all raise the same RankError.
-Nothing blocks before step 2 is launched, so alltoall_async overlaps communication fully.
+One lossy alltoall is ONE Horovod collective:
+  pack:    the chunk for each destination is a protocol header followed by its frames, all
+           pieces compressed in one native call. The chunk a rank sends itself never crosses a
+           link, so it is not compressed: its header travels (the verdict needs every rank's),
+           its rows are copied straight into the output;
+  launch:  one uint8 Horovod alltoall; Horovod exchanges the byte splits itself;
+  receive: every rank holds every sender's header, so all reach the same verdict; the frames are
+           decoded straight into the one output tensor.
+Nothing blocks before the launch, so alltoall_async overlaps communication fully.
 """
-import time
-
 import torch
 from horovod.torch import mpi_ops as _ops
 
 import hvd_lossy
-from hvd_lossy import stats as _stats
+from hvd_lossy.collective import LossyCall, decode_frames, host_bytes, plain_start
 from hvd_lossy.compression import Compression, NoneCompressor, is_lossy
-from hvd_lossy.protocol import (GRANK, HEADER_BYTES, LOSSLESS, PAYLOAD, ROWS, Handle, _LocalError,
-                                agree_or_raise, base_name, check_headers, check_lossy_tensor,
-                                compression_name, decode, header, header_bytes, like_of, parse_header)
+from hvd_lossy.protocol import (GRANK, HEADER_BYTES, LOSSLESS, PAYLOAD, ROWS, _LocalError,
+                                check_lossy_tensor, header, like_of, pack_header, parse_header)
 
 _INT32_MAX = 2 ** 31 - 1  # Horovod's alltoall splits are int32 byte counts here
 
@@ -69,131 +61,147 @@ def _check_plan(plan, rows_to):
                                     f"from splits {rows_to}")
 
 
-def compress_for_destinations(tensor, splits, compressor, size, rank=0):
-    """Step 1: (rows per destination, frame buffer, frame bytes per destination, bounds)."""
-    check_lossy_tensor(tensor)
-    rows_to = split_list(splits, tensor.shape[0], size)
-    plan = compressor.plan(rows_to)
-    _check_plan(plan, rows_to)
-    try:
-        buffer, frame_sizes = hvd_lossy.compress_chunks(
-            tensor.detach(), [p[1] for p in plan], [p[2] for p in plan],
-            mode=compressor.mode, level=compressor.level, dedup=compressor.dedup,
-            dither=compressor.next_dither_seed(rank))
-    except Exception as e:
-        raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
-    compressor.after_compress(plan, frame_sizes, tensor)
-    byte_counts = [0] * size
-    for (dest, _rows, _eb), nbytes in zip(plan, frame_sizes):
-        byte_counts[dest] += nbytes
-    for dest, nbytes in enumerate(byte_counts):
-        if nbytes + HEADER_BYTES > _INT32_MAX:
-            raise _LocalError(8, nbytes, dest)
-    return rows_to, buffer, byte_counts, [float(p[2]) for p in plan]
+class Alltoall(LossyCall):
+    op = "alltoall"
 
+    def __init__(self, tensor, splits, name, compressor, process_set):
+        super().__init__(tensor, compressor, name, process_set)
+        self.splits = splits
+        self.split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+        self.rows_to = [0] * self.size
+        self.late_failure = None
 
-def _lossy_start(tensor, splits, name, compressor, process_set):
-    size = process_set.size()
-    base = base_name("alltoall", name, process_set)
-    record = _stats.CallStats(op="alltoall", compression=repr(compressor))
-    t0 = time.perf_counter()
-    failure, rows_to, buffer, byte_counts = None, [0] * size, None, [0] * size
-    try:
-        rows_to, buffer, byte_counts, record.error_bounds = compress_for_destinations(
-            tensor, splits, compressor, size, process_set.rank())
-    except _LocalError as e:
-        failure = e
-    except Exception as e:  # e.g. a compressor subclass's plan() raising: still tell the peers
-        failure = _LocalError(9, detail=f"{type(e).__name__}: {e}")
-    device = tensor.device if isinstance(tensor, torch.Tensor) else "cpu"
-    parts, offset = [], 0
-    for dest in range(size):
-        nbytes = 0 if failure else byte_counts[dest]
-        parts.append(header_bytes(header(tensor, failure, rows_to[dest], nbytes), device))
-        if nbytes:
-            parts.append(buffer[offset:offset + nbytes])
-        offset += nbytes
-    payload = torch.cat(parts)
-    send_splits = torch.tensor([HEADER_BYTES + (0 if failure else n) for n in byte_counts],
-                               dtype=torch.int32)
-    record.compress_s = time.perf_counter() - t0
-    if not failure:
-        record.raw_bytes = tensor.numel() * tensor.element_size()
-        record.wire_bytes = buffer.numel()
-    record.meta_bytes = HEADER_BYTES * size
-    t1 = time.perf_counter()
-    handle = _ops.alltoall_async(payload, splits=send_splits, name=base + ".data", process_set=process_set)
-    record.comm_s = time.perf_counter() - t1
-    split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+    def pack(self):
+        tensor, me, c = self.tensor, self.me, self.compressor
+        check_lossy_tensor(tensor)
+        self.rows_to = rows_to = split_list(self.splits, tensor.shape[0], self.size)
+        self.plan = plan = c.plan(rows_to)
+        _check_plan(plan, rows_to)
+        lo = sum(rows_to[:me])
+        hi = lo + rows_to[me]
+        seed = c.next_dither_seed(_ops.rank())
+        # Frames for the ranks before this one, then after it: the own chunk is copied, not coded.
+        parts = [([p for p in plan if p[0] < me], tensor[:lo]),
+                 ([p for p in plan if p[0] > me], tensor[hi:])]
+        frames, sizes = [], []
+        for pieces, rows in parts:
+            if not pieces:
+                continue
+            try:
+                buf, got = hvd_lossy.compress_chunks(
+                    rows.detach(), [p[1] for p in pieces], [p[2] for p in pieces], mode=c.mode,
+                    level=c.level, dedup=c.dedup, dither=seed)
+            except Exception as e:
+                raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
+            if seed is not None:
+                seed = (seed + len(pieces)) % hvd_lossy.DITHER_SEEDS
+            frames.append(buf)
+            sizes.extend(got)
+        byte_counts = [0] * self.size
+        it = iter(sizes)
+        self.frame_sizes = [None if dest == me else next(it) for dest, _r, _e in plan]
+        for (dest, _rows, _eb), n in zip(plan, self.frame_sizes):
+            if n is not None:
+                byte_counts[dest] += n
+        for dest, nbytes in enumerate(byte_counts):
+            if nbytes + HEADER_BYTES > _INT32_MAX:
+                raise _LocalError(8, nbytes, dest)
+        self.record.error_bounds = [float(p[2]) for p in plan if p[0] != me]
+        self.record.raw_bytes = (tensor.shape[0] - rows_to[me]) * _row_bytes(tensor)
+        self.record.local_bytes = rows_to[me] * _row_bytes(tensor)
+        self.record.wire_bytes = sum(sizes)
+        self.local_rows = (lo, hi)
+        return self._assemble(byte_counts, torch.cat(frames) if len(frames) > 1 else
+                              (frames[0] if frames else None))
 
-    def finish(hvd_handle):
-        t2 = time.perf_counter()
-        recv, recv_splits = _ops.synchronize(hvd_handle)
-        record.comm_s += time.perf_counter() - t2
-        t3 = time.perf_counter()
-        output, received, local = None, None, failure
+    def _assemble(self, byte_counts, frames):
+        """Headers and frames in one send buffer; also sets the byte splits."""
+        total = HEADER_BYTES * self.size + sum(byte_counts)
+        send = torch.empty(total, dtype=torch.uint8)
+        host = send.numpy()
+        offset, src = 0, 0
+        for dest in range(self.size):
+            n = byte_counts[dest]
+            pack_header(header(self.tensor, None, self.rows_to[dest], n, self.pending), host, offset)
+            offset += HEADER_BYTES
+            if n:
+                send[offset:offset + n].copy_(frames[src:src + n])
+                offset += n
+                src += n
+        self.send_splits = torch.tensor([HEADER_BYTES + n for n in byte_counts], dtype=torch.int32)
+        self.record.meta_bytes = HEADER_BYTES * self.size
+        return send.to(self.device) if self.device.type != "cpu" else send
+
+    def pack_failed(self):
+        send = torch.empty(HEADER_BYTES * self.size, dtype=torch.uint8)
+        host = send.numpy()
+        for dest in range(self.size):
+            pack_header(header(self.tensor, self.failure, self.rows_to[dest], 0, self.pending),
+                        host, dest * HEADER_BYTES)
+        self.send_splits = torch.full((self.size,), HEADER_BYTES, dtype=torch.int32)
+        self.record.meta_bytes = HEADER_BYTES * self.size
+        return send.to(self.device) if self.device.type != "cpu" else send
+
+    def launch(self, payload):
+        return _ops.alltoall_async(payload, splits=self.send_splits, name=self.base + ".data",
+                                   process_set=self.process_set)
+
+    def after_launch(self):
+        # The compressor's statistics wait until the bytes travel; a failure here is reported
+        # like a receive failure (the peers' call is already under way).
         try:
-            output, received = _receive(recv, recv_splits.tolist())
-        except _LocalError as e:
-            local = failure or e  # a rank that failed itself reports its own failure
-        except Exception as e:  # never skip the status round: peers would wait in it
-            local = failure or _LocalError(13, detail=f"{type(e).__name__}: {e}")
-        record.decompress_s = time.perf_counter() - t3
-        agree_or_raise("alltoall", local, base + ".status", process_set, record)
-        record.recv_wire_bytes = recv.numel() - HEADER_BYTES * size
-        record.recv_raw_bytes = output.numel() * output.element_size()
-        _stats.record(record)
-        return output, torch.tensor(received, dtype=split_dtype)
+            self.compressor.after_compress(self.plan, self.frame_sizes, self.tensor)
+        except Exception as e:
+            self.late_failure = _LocalError(9, detail=f"after_compress: {type(e).__name__}: {e}")
 
-    return Handle(handle, finish)
+    def complete(self, hvd_handle):
+        recv, recv_splits = _ops.synchronize(hvd_handle)
+        return recv, recv_splits.tolist()
+
+    def headers(self, recv, counts):
+        buf = host_bytes(recv)
+        headers, offset = [], 0
+        for src, n in enumerate(counts):
+            h = parse_header(buf, offset, n, src)
+            if h[PAYLOAD] != n - HEADER_BYTES:
+                raise _LocalError(10, h[GRANK], detail=f"header announces {h[PAYLOAD]} bytes, "
+                                                       f"{n - HEADER_BYTES} arrived")
+            headers.append(h)
+            offset += n
+        self.record.recv_wire_bytes = recv.numel() - HEADER_BYTES * len(counts)
+        return headers
+
+    def decode(self, recv, counts, headers):
+        if self.late_failure is not None:
+            raise self.late_failure
+        dtype, trailing = like_of(headers[0])
+        rows = [h[ROWS] for h in headers]
+        out = torch.empty((sum(rows), *trailing), dtype=dtype, device=self.device)
+        row, offset = 0, 0
+        for src, (h, n) in enumerate(zip(headers, counts)):
+            piece = out[row:row + rows[src]]
+            if src == self.me:
+                lo, hi = self.local_rows
+                piece.copy_(self.tensor[lo:hi].detach())
+            elif rows[src] or h[PAYLOAD]:
+                decode_frames(recv[offset + HEADER_BYTES:offset + n], piece, dtype, trailing,
+                              h[GRANK])
+            row += rows[src]
+            offset += n
+        self.received = torch.tensor(rows, dtype=self.split_dtype)
+        return out
+
+    def result(self, output):
+        return output, self.received
 
 
-def _receive(recv, recv_splits):
-    """Steps 2-3 on the receiving side: headers, verdict, decoded output, rows per source."""
-    chunks, offset = [], 0
-    for n in recv_splits:
-        chunks.append(recv[offset:offset + n])
-        offset += n
-    headers = [parse_header(c, src) for src, c in enumerate(chunks)]
-    for src, (h, c) in enumerate(zip(headers, chunks)):
-        if h[PAYLOAD] != c.numel() - HEADER_BYTES:
-            raise _LocalError(10, h[GRANK], detail=f"header announces {h[PAYLOAD]} bytes, "
-                                                   f"{c.numel() - HEADER_BYTES} arrived")
-    verdict = check_headers(headers)
-    if verdict is not None:
-        raise verdict
-    bodies = [(h[ROWS], c[HEADER_BYTES:]) for h, c in zip(headers, chunks)]
-    output = decode(bodies, like_of(headers[0]), [h[GRANK] for h in headers])
-    return output, [h[ROWS] for h in headers]
+def _row_bytes(tensor):
+    return (tensor.numel() // max(tensor.shape[0], 1) if tensor.dim() else 1) * tensor.element_size()
 
 
 def _plain_start(tensor, splits, name, compression, process_set):
-    """Horovod's own alltoall on compression.compress(tensor); for Compression.none this is
-    exactly horovod.torch.alltoall_async (a non-contiguous input is made contiguous first)."""
-    record = _stats.CallStats(op="alltoall", compression=compression_name(compression))
-    t0 = time.perf_counter()
-    payload, ctx = compression.compress(tensor)
-    payload = payload.contiguous()
-    record.compress_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    handle = _ops.alltoall_async(payload, splits=splits, name=name, process_set=process_set)
-    record.comm_s = time.perf_counter() - t1
-    record.raw_bytes = tensor.numel() * tensor.element_size()
-    record.wire_bytes = payload.numel() * payload.element_size()
-
-    def finish(hvd_handle):
-        t2 = time.perf_counter()
-        output, received_splits = _ops.synchronize(hvd_handle)
-        record.comm_s += time.perf_counter() - t2
-        record.recv_wire_bytes = output.numel() * output.element_size()
-        t3 = time.perf_counter()
-        output = compression.decompress(output, ctx)
-        record.decompress_s = time.perf_counter() - t3
-        record.recv_raw_bytes = output.numel() * output.element_size()
-        _stats.record(record)
-        return output, received_splits
-
-    return Handle(handle, finish, is_plain_horovod=compression is NoneCompressor)
+    return plain_start("alltoall", tensor, compression, lambda payload: _ops.alltoall_async(
+        payload, splits=splits, name=name, process_set=process_set))
 
 
 def start(tensor, splits=None, name=None, compression=Compression.none,
@@ -203,7 +211,7 @@ def start(tensor, splits=None, name=None, compression=Compression.none,
     if compression is None:
         compression = NoneCompressor
     if is_lossy(compression):
-        return _lossy_start(tensor, splits, name, compression, process_set)
+        return Alltoall(tensor, splits, name, compression, process_set).start()
     if compression is NoneCompressor and getattr(tensor, "dtype", None) == torch.bfloat16:
-        return _lossy_start(tensor, splits, name, LOSSLESS, process_set)
+        return Alltoall(tensor, splits, name, LOSSLESS, process_set).start()
     return _plain_start(tensor, splits, name, compression, process_set)

@@ -161,7 +161,10 @@ class LossyCompressor(Compressor):
         return plan
 
     def after_compress(self, plan, frame_sizes, tensor):
-        """Hook called after compressing `tensor` by `plan` into frames of `frame_sizes` bytes."""
+        """Hook called once the frames of `tensor`, cut by `plan`, are on their way: frame i took
+        `frame_sizes[i]` bytes, or None for the frames of the chunk an alltoall sends to its own
+        rank, which is copied rather than coded. It runs after the launch, off the critical
+        path; an exception here raises RankError from the call's synchronize."""
 
     def for_backward(self):
         """The compressor of the gradient all-to-all (which runs with the splits reversed)."""

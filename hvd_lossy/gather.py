@@ -1,9 +1,9 @@
-"""Compressed allgather and broadcast, on the protocol of hvd_lossy.protocol.
+"""Compressed allgather and broadcast: hvd_lossy.collective's template for two more collectives.
 
-allgather: each rank sends one header plus one frame in a single Horovod allgather, then the
-status round (2 collectives). broadcast: the receivers must size their buffer before the
-payload arrives, so all ranks first allgather their headers (which also settles every argument
-check), then the root's frame is broadcast, then the status round (3 collectives).
+allgather: each rank sends one header plus one frame in a single Horovod allgather (1
+collective). broadcast: the receivers must size their buffer before the payload arrives, so all
+ranks first allgather their headers (which also settles every argument check), then the root's
+frame is broadcast (2 collectives).
 
 Every rank returns the decoded tensor, the root of a broadcast and a rank's own slice of an
 allgather included, so that all ranks hold exactly the same values afterwards.
@@ -14,52 +14,11 @@ import torch
 from horovod.torch import mpi_ops as _ops
 
 import hvd_lossy
-from hvd_lossy import stats as _stats
+from hvd_lossy.collective import LossyCall, decode_frames, host_bytes, plain_start
 from hvd_lossy.compression import NoneCompressor, is_lossy
-from hvd_lossy.protocol import (GRANK, HEADER_BYTES, HEADER_FIELDS, LOSSLESS, PAYLOAD, ROWS, Handle,
-                                RankError, _LocalError, agree_or_raise, base_name, check_headers,
-                                check_lossy_tensor, compression_name, decode, header, header_bytes,
-                                like_of, parse_header, raise_verdict)
-
-
-def _compress(tensor, compressor, record):
-    """One frame of the whole tensor, or the _LocalError that stops it."""
-    t0 = time.perf_counter()
-    try:
-        frame, _ = compressor.compress(tensor.detach())
-    except Exception as e:
-        raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
-    finally:
-        record.compress_s += time.perf_counter() - t0
-    record.raw_bytes = tensor.numel() * tensor.element_size()
-    record.wire_bytes = frame.numel()
-    record.error_bounds = [float(compressor.error_bound)] if hasattr(compressor, "error_bound") else []
-    return frame
-
-
-def _plain(op, tensor, compression, launch):
-    """A Horovod collective on compression.compress(tensor); for Compression.none exactly
-    Horovod's own, except that a non-contiguous input is made contiguous first."""
-    record = _stats.CallStats(op=op, compression=compression_name(compression))
-    payload, ctx = compression.compress(tensor)
-    payload = payload.contiguous()
-    t0 = time.perf_counter()
-    handle = launch(payload)
-    record.comm_s = time.perf_counter() - t0
-    record.raw_bytes = tensor.numel() * tensor.element_size()
-    record.wire_bytes = payload.numel() * payload.element_size()
-
-    def finish(hvd_handle):
-        t1 = time.perf_counter()
-        output = _ops.synchronize(hvd_handle)
-        record.comm_s += time.perf_counter() - t1
-        record.recv_wire_bytes = output.numel() * output.element_size()
-        output = compression.decompress(output, ctx)
-        record.recv_raw_bytes = output.numel() * output.element_size()
-        _stats.record(record)
-        return output
-
-    return Handle(handle, finish, is_plain_horovod=compression is NoneCompressor)
+from hvd_lossy.protocol import (GRANK, HEADER_BYTES, HEADER_FIELDS, LOSSLESS, PAYLOAD, ROWS,
+                                RankError, _LocalError, check_lossy_tensor, header, like_of,
+                                pack_header, parse_header, raise_from_headers)
 
 
 def _lossy_compressor(tensor, compression):
@@ -74,127 +33,154 @@ def _lossy_compressor(tensor, compression):
     return None
 
 
-def _device(tensor):
-    return tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
+class _OneFrame(LossyCall):
+    """A collective whose every sender contributes one frame of its whole tensor."""
+
+    def compress(self):
+        try:
+            frame, _ = self.compressor.compress(self.tensor.detach())
+        except Exception as e:
+            raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
+        self.record.raw_bytes = self.tensor.numel() * self.tensor.element_size()
+        self.record.wire_bytes = frame.numel()
+        bound = getattr(self.compressor, "error_bound", None)
+        self.record.error_bounds = [] if bound is None else [float(bound)]
+        return frame
+
+    def rows(self):
+        t = self.tensor
+        return (t.shape[0] if t.dim() else 1) if isinstance(t, torch.Tensor) else 0
+
+    def with_header(self, frame):
+        send = torch.empty(HEADER_BYTES + (frame.numel() if frame is not None else 0),
+                           dtype=torch.uint8)
+        rows = 0 if self.failure else self.rows()
+        nbytes = 0 if frame is None else frame.numel()
+        pack_header(header(self.tensor, self.failure, rows, nbytes, self.pending), send.numpy(), 0)
+        if frame is not None:
+            send[HEADER_BYTES:].copy_(frame)
+        self.record.meta_bytes = HEADER_BYTES
+        return send.to(self.device) if self.device.type != "cpu" else send
 
 
-def _finish(op, base, failure, process_set, record, receive):
-    """Decode with `receive()`, then the status round; returns the output on every rank or
-    raises on every rank."""
-    t0 = time.perf_counter()
-    output, local = None, failure
-    try:
-        output = receive()
-    except _LocalError as e:
-        local = failure or e
-    except Exception as e:  # never skip the status round: peers would wait in it
-        local = failure or _LocalError(13, detail=f"{type(e).__name__}: {e}")
-    record.decompress_s = time.perf_counter() - t0
-    agree_or_raise(op, local, base + ".status", process_set, record)
-    record.recv_raw_bytes = output.numel() * output.element_size()
-    _stats.record(record)
-    return output
+class Allgather(_OneFrame):
+    op = "allgather"
+
+    def pack(self):
+        check_lossy_tensor(self.tensor)
+        return self.with_header(self.compress())
+
+    def pack_failed(self):
+        return self.with_header(None)
+
+    def launch(self, payload):
+        return _ops.allgather_async(payload, name=self.base + ".data", process_set=self.process_set)
+
+    def complete(self, hvd_handle):
+        return _ops.synchronize(hvd_handle), None
+
+    def headers(self, recv, counts):
+        """Headers and frame offsets of each rank in the result (header, frame, header...)."""
+        buf = host_bytes(recv)
+        headers, self.bodies, offset = [], [], 0
+        for src in range(self.size):
+            h = parse_header(buf, offset, recv.numel() - offset, src)
+            if offset + HEADER_BYTES + h[PAYLOAD] > recv.numel():
+                raise _LocalError(10, h[GRANK], detail=f"header announces {h[PAYLOAD]} bytes, "
+                                                       f"{recv.numel() - offset - HEADER_BYTES} left")
+            headers.append(h)
+            self.bodies.append((offset + HEADER_BYTES, h[PAYLOAD]))
+            offset += HEADER_BYTES + h[PAYLOAD]
+        if offset != recv.numel():
+            raise _LocalError(10, -1, detail=f"{recv.numel() - offset} bytes after the last rank's frames")
+        self.record.recv_wire_bytes = recv.numel() - HEADER_BYTES * self.size
+        return headers
+
+    def decode(self, recv, counts, headers):
+        dtype, trailing = like_of(headers[0])
+        rows = [h[ROWS] for h in headers]
+        out = torch.empty((sum(rows), *trailing), dtype=dtype, device=self.device)
+        row = 0
+        for h, (offset, n), r in zip(headers, self.bodies, rows):
+            if r or n:
+                decode_frames(recv[offset:offset + n], out[row:row + r], dtype, trailing, h[GRANK])
+            row += r
+        return out
 
 
-def _split_gathered(recv, size):
-    """Headers and frame bytes of each rank in an allgather result (header, frames, header...)."""
-    headers, bodies, offset = [], [], 0
-    for src in range(size):
-        h = parse_header(recv[offset:], src)
-        body = recv[offset + HEADER_BYTES:offset + HEADER_BYTES + h[PAYLOAD]]
-        if body.numel() != h[PAYLOAD]:
-            raise _LocalError(10, h[GRANK], detail=f"header announces {h[PAYLOAD]} bytes, {body.numel()} left")
-        headers.append(h)
-        bodies.append((h[ROWS], body))
-        offset += HEADER_BYTES + h[PAYLOAD]
-    if offset != recv.numel():
-        raise _LocalError(10, -1, detail=f"{recv.numel() - offset} bytes after the last rank's frames")
-    verdict = check_headers(headers)
-    if verdict is not None:
-        raise verdict
-    return decode(bodies, like_of(headers[0]), [h[GRANK] for h in headers])
+class Broadcast(_OneFrame):
+    op = "broadcast"
+    compare_rows = True
+
+    def __init__(self, tensor, root_rank, name, compressor, process_set):
+        super().__init__(tensor, compressor, name, process_set)
+        self.root_rank, self.is_root = root_rank, _ops.rank() == root_rank
+        self.frame = None
+
+    def pack(self):
+        check_lossy_tensor(self.tensor, min_ndim=0)
+        if self.is_root:
+            self.frame = self.compress()
+        return self.frame
+
+    def pack_failed(self):
+        return None
+
+    def launch(self, frame):
+        # The metadata round: every rank's header, so that receivers can size the payload and
+        # all ranks reach the same verdict before the payload moves.
+        t0 = time.perf_counter()
+        nbytes = 0 if self.failure or frame is None else frame.numel()
+        fields = torch.tensor([header(self.tensor, self.failure, self.rows(), nbytes, self.pending)],
+                              dtype=torch.int64)
+        self.meta = _ops.synchronize(_ops.allgather_async(
+            fields, name=self.base + ".meta", process_set=self.process_set)).tolist()
+        self.record.comm_s += time.perf_counter() - t0
+        self.record.meta_bytes = 8 * HEADER_FIELDS
+        raise_from_headers(self.op, self.meta, self.process_set, self.failure, compare_rows=True)
+        granks = [h[GRANK] for h in self.meta]
+        if self.root_rank not in granks:
+            raise RankError(f"hvd_lossy broadcast failed on every rank: root_rank {self.root_rank} "
+                            f"is not in the process set (global ranks {granks})", [])
+        nbytes = self.meta[granks.index(self.root_rank)][PAYLOAD]
+        payload = frame if self.is_root else torch.empty(nbytes, dtype=torch.uint8,
+                                                         device=self.device)
+        return _ops.broadcast_async(payload, self.root_rank, name=self.base + ".data",
+                                    process_set=self.process_set)
+
+    def complete(self, hvd_handle):
+        recv = _ops.synchronize(hvd_handle)
+        self.record.recv_wire_bytes = recv.numel()
+        return recv, None
+
+    def headers(self, recv, counts):
+        return self.meta
+
+    def decode(self, recv, counts, headers):
+        try:
+            output = hvd_lossy.decompress(recv)
+        except Exception as e:
+            raise _LocalError(10, self.root_rank, detail=f"{type(e).__name__}: {e}") from e
+        if output.dtype != self.tensor.dtype or output.shape != self.tensor.shape:
+            raise _LocalError(11, self.root_rank,
+                              detail=f"frame holds {output.dtype} {tuple(output.shape)}, expected "
+                                     f"{self.tensor.dtype} {tuple(self.tensor.shape)}")
+        return output
 
 
 def allgather_start(tensor, name, compression, process_set):
     """Starts an allgather; the Handle's wait() gives the concatenation along dim 0."""
     compressor = _lossy_compressor(tensor, compression)
     if compressor is None:
-        return _plain("allgather", tensor, compression, lambda payload: _ops.allgather_async(
+        return plain_start("allgather", tensor, compression, lambda payload: _ops.allgather_async(
             payload, name=name, process_set=process_set))
-    base = base_name("allgather", name, process_set)
-    record = _stats.CallStats(op="allgather", compression=repr(compressor))
-    failure, parts = None, []
-    try:
-        check_lossy_tensor(tensor)
-        parts = [_compress(tensor, compressor, record)]
-    except _LocalError as e:
-        failure = e
-    rows = 0 if failure else tensor.shape[0]
-    head = header_bytes(header(tensor, failure, rows, record.wire_bytes), _device(tensor))
-    record.meta_bytes = HEADER_BYTES
-    t0 = time.perf_counter()
-    handle = _ops.allgather_async(torch.cat([head] + parts), name=base + ".data", process_set=process_set)
-    record.comm_s = time.perf_counter() - t0
-
-    def finish(hvd_handle):
-        t1 = time.perf_counter()
-        recv = _ops.synchronize(hvd_handle)
-        record.comm_s += time.perf_counter() - t1
-        record.recv_wire_bytes = recv.numel() - HEADER_BYTES * process_set.size()
-        return _finish("allgather", base, failure, process_set, record,
-                       lambda: _split_gathered(recv, process_set.size()))
-
-    return Handle(handle, finish)
+    return Allgather(tensor, compressor, name, process_set).start()
 
 
 def broadcast_start(tensor, root_rank, name, compression, process_set):
     """Starts a broadcast from global rank root_rank; the Handle's wait() gives the tensor."""
     compressor = _lossy_compressor(tensor, compression)
     if compressor is None:
-        return _plain("broadcast", tensor, compression, lambda payload: _ops.broadcast_async(
+        return plain_start("broadcast", tensor, compression, lambda payload: _ops.broadcast_async(
             payload, root_rank, name=name, process_set=process_set))
-    base = base_name("broadcast", name, process_set)
-    record = _stats.CallStats(op="broadcast", compression=repr(compressor))
-    failure, frame = None, None
-    is_root = _ops.rank() == root_rank
-    try:
-        check_lossy_tensor(tensor, min_ndim=0)
-        if is_root:
-            frame = _compress(tensor, compressor, record)
-    except _LocalError as e:
-        failure = e
-    n_rows = tensor.shape[0] if isinstance(tensor, torch.Tensor) and tensor.dim() else 1
-    t0 = time.perf_counter()
-    fields = torch.tensor([header(tensor, failure, n_rows, record.wire_bytes)], dtype=torch.int64)
-    headers = _ops.synchronize(_ops.allgather_async(fields, name=base + ".meta", process_set=process_set)).tolist()
-    record.comm_s += time.perf_counter() - t0
-    record.meta_bytes = 8 * HEADER_FIELDS
-    raise_verdict("broadcast", headers, failure, compare_rows=True)
-    granks = [h[GRANK] for h in headers]
-    if root_rank not in granks:
-        raise RankError(f"hvd_lossy broadcast failed on every rank: root_rank {root_rank} is not in "
-                        f"the process set (global ranks {granks})", [])
-    nbytes = headers[granks.index(root_rank)][PAYLOAD]
-    payload = frame if is_root else torch.empty(nbytes, dtype=torch.uint8, device=tensor.device)
-    t1 = time.perf_counter()
-    handle = _ops.broadcast_async(payload, root_rank, name=base + ".data", process_set=process_set)
-    record.comm_s += time.perf_counter() - t1
-
-    def receive(recv):
-        try:
-            output = hvd_lossy.decompress(recv)
-        except Exception as e:
-            raise _LocalError(10, root_rank, detail=f"{type(e).__name__}: {e}") from e
-        if output.dtype != tensor.dtype or output.shape != tensor.shape:
-            raise _LocalError(11, root_rank, detail=f"frame holds {output.dtype} {tuple(output.shape)}, "
-                                                    f"expected {tensor.dtype} {tuple(tensor.shape)}")
-        return output
-
-    def finish(hvd_handle):
-        t2 = time.perf_counter()
-        recv = _ops.synchronize(hvd_handle)
-        record.comm_s += time.perf_counter() - t2
-        record.recv_wire_bytes = recv.numel()
-        return _finish("broadcast", base, None, process_set, record, lambda: receive(recv))
-
-    return Handle(handle, finish)
+    return Broadcast(tensor, root_rank, name, compressor, process_set).start()

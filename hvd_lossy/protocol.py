@@ -1,19 +1,24 @@
-"""The rank-agreement protocol of hvd_lossy's lossy collectives: headers, error codes, the
-status round, frame decoding and handles. hvd_lossy.alltoall and hvd_lossy.gather build on it.
+"""The rank-agreement protocol of hvd_lossy's lossy collectives: headers, error codes, verdicts,
+handles. hvd_lossy.collective builds the collectives on it.
 
-The rule it enforces: a rank that notices a problem does not raise on its own. It reports the
-problem to its peers in the next collective they all run anyway (a header, or the final status
-allgather), and then every rank raises the same RankError. So no rank is ever left waiting in a
-collective that another rank skipped.
+The rule it enforces: a rank that notices a problem does not raise on its own while its peers
+carry on. Every chunk a rank sends starts with a header, so each rank sees every sender's header
+in the one data collective; a failure on the sending side (bad arguments, a failing compressor,
+ranks disagreeing on dtype or shape) is written there, and every rank raises the same RankError
+from the same headers. There is no status round when nothing failed.
+
+A failure only the receiver can see (a frame that fails its checksum, frames that disagree with
+their header) raises RankError on that rank at once; its next lossy collective on the same
+process set carries the failure in its headers, and every other rank raises the same RankError
+there. So every rank raises and no rank is left waiting in a collective another rank skipped.
 """
 import collections
 import itertools
-import time
+import struct
 
 import torch
 from horovod.torch import mpi_ops as _ops
 
-import hvd_lossy
 from hvd_lossy.compression import Compression, LossyCompressor, NoneCompressor
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8, torch.int8,
@@ -22,12 +27,15 @@ LOSSY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_NDIM = 8  # HL_MAX_NDIM of the frame format
 
 # Header: int64 fields, then the trailing dims (MAX_NDIM slots, -1 padded). The same layout is
-# the metadata row that broadcast allgathers.
-MAGIC = 0x314C5648  # "HVL1": guards against reading frames or garbage as a header
-_MAGIC, _STATUS, _A, _B, GRANK, _DTYPE, _NDIM, ROWS, PAYLOAD = range(9)
-_DIMS = 9
+# the metadata row that broadcast allgathers. PENDING/PENDING_A/PENDING_SEQ report a failure
+# this rank found receiving an earlier call (code, the sender, that call's number).
+MAGIC = 0x324C5648  # "HVL2": guards against reading frames or garbage as a header
+(_MAGIC, _STATUS, _A, _B, GRANK, _DTYPE, _NDIM, ROWS, PAYLOAD, _PENDING, _PENDING_A,
+ _PENDING_SEQ) = range(12)
+_DIMS = 12
 HEADER_FIELDS = _DIMS + MAX_NDIM
 HEADER_BYTES = 8 * HEADER_FIELDS
+_HEADER = struct.Struct(f"<{HEADER_FIELDS}q")
 
 # Error codes. {a}/{b} travel with the code, so every rank prints the same text; "detail",
 # the local exception text, is known to the rank where it happened only.
@@ -80,25 +88,53 @@ def _dtype_name(code):
     return str(_DTYPES[code]) if 0 <= code < len(_DTYPES) else "unknown"
 
 
-def header(tensor, failure, rows, payload):
+class _Pending:
+    """Per process set: the number of this rank's lossy collectives so far (the same on every
+    rank of the set, since they are collective) and a receive failure not yet reported."""
+
+    def __init__(self):
+        self.calls = 0
+        self.failure = None  # (code, sender grank, call number)
+        self.raised_at = set()  # call numbers this rank already raised a RankError for
+
+
+_pending = collections.defaultdict(_Pending)
+
+
+def begin_call(process_set):
+    """Numbers a new lossy collective on `process_set`; returns (number, pending fields)."""
+    p = _pending[process_set.process_set_id]
+    p.calls += 1
+    fields = p.failure or (0, 0, 0)
+    p.failure = None  # it travels in this call's headers
+    return p.calls, fields
+
+
+def header(tensor, failure, rows, payload, pending=(0, 0, 0)):
     """The header fields (list of ints) this rank sends ahead of `payload` frame bytes."""
     code, a, b = (failure.code, failure.a, failure.b) if failure else (0, 0, 0)
     is_tensor = isinstance(tensor, torch.Tensor)
     dims = (list(tensor.shape[1:]) if is_tensor else []) + [-1] * MAX_NDIM
     ndim = tensor.dim() if is_tensor else -1
-    return [MAGIC, code, a, b, _ops.rank(), dtype_code(tensor), ndim, int(rows), int(payload)] + dims[:MAX_NDIM]
+    return ([MAGIC, code, a, b, _ops.rank(), dtype_code(tensor), ndim, int(rows), int(payload)]
+            + list(pending) + dims[:MAX_NDIM])
+
+
+def pack_header(fields, out, offset):
+    """Writes header fields into the uint8 numpy array `out` at byte `offset`."""
+    _HEADER.pack_into(out, offset, *fields)
 
 
 def header_bytes(fields, device):
     return torch.tensor(fields, dtype=torch.int64).view(torch.uint8).to(device)
 
 
-def parse_header(chunk, source):
-    """Header fields from the first HEADER_BYTES of a uint8 chunk from process-set rank `source`."""
-    if chunk.numel() < HEADER_BYTES:
-        raise _LocalError(10, source, detail=f"{chunk.numel()} bytes, shorter than a header")
-    # A copy: headers of later ranks in an allgather sit at offsets not divisible by 8.
-    fields = chunk[:HEADER_BYTES].to("cpu", copy=True).view(torch.int64).tolist()
+def parse_header(buf, offset, avail, source):
+    """Header fields at byte `offset` of the host uint8 numpy array `buf` (`avail` bytes left),
+    sent by process-set rank `source`."""
+    if avail < HEADER_BYTES:
+        raise _LocalError(10, source, detail=f"{avail} bytes, shorter than a header")
+    fields = list(_HEADER.unpack_from(buf, offset))
     if fields[_MAGIC] != MAGIC:
         raise _LocalError(10, source, detail="no hvd_lossy header where one was expected")
     return fields
@@ -126,25 +162,6 @@ def check_headers(headers, compare_rows=False):
     return None
 
 
-def decode(bodies, like, origins):
-    """Decodes each source's frames (several per source allowed) and checks them against its
-    header; returns the concatenation. bodies: list of (announced rows, uint8 tensor)."""
-    dtype, trailing = like
-    pieces = []
-    for (rows, body), origin in zip(bodies, origins):
-        try:
-            frames = hvd_lossy.decompress_chunks(body) if body.numel() else []
-        except Exception as e:  # FrameError, or ValueError when sizes overrun the chunk
-            raise _LocalError(10, origin, detail=f"{type(e).__name__}: {e}") from e
-        got = [(f.dtype, tuple(f.shape)) for f in frames]
-        if sum(f.shape[0] for f in frames) != rows or any(d != dtype or s[1:] != trailing for d, s in got):
-            raise _LocalError(11, origin, detail=f"rank {origin} announced {rows} rows of {dtype} x "
-                                                 f"{trailing}, its frames hold {got}")
-        pieces.extend(frames)
-    device = bodies[0][1].device if bodies else "cpu"
-    return torch.cat(pieces) if pieces else torch.empty((0, *trailing), dtype=dtype, device=device)
-
-
 def _message(op, rows, local):
     parts, seen, origins = [], set(), []
     for code, a, b, origin, dtype in rows:
@@ -165,30 +182,43 @@ def _message(op, rows, local):
     return message, origins
 
 
-def agree_or_raise(op, failure, name, process_set, record):
-    """Step 4: all ranks share their failure, if any, and all raise or none does."""
-    t0 = time.perf_counter()
-    row = [failure.code, failure.a, failure.b, failure.origin, failure.dtype] if failure else [0, 0, 0, 0, -1]
-    rows = _ops.synchronize(_ops.allgather_async(
-        torch.tensor([row], dtype=torch.int64), name=name, process_set=process_set)).tolist()
-    record.comm_s += time.perf_counter() - t0
-    record.meta_bytes += 8 * len(row)
-    if any(r[0] for r in rows):
-        message, origins = _message(op, rows, failure)
-        raise RankError(message, origins) from failure
-
-
-def raise_verdict(op, headers, local=None, compare_rows=False):
-    """For headers every rank holds alike (an allgather's result): raises the same RankError
-    on all ranks if any reported a failure or they disagree; local adds this rank's detail."""
+def raise_from_headers(op, headers, process_set, local=None, compare_rows=False):
+    """For headers every rank holds alike (the data collective's): raises the same RankError on
+    all ranks if any reported a failure or they disagree, adding any receive failure a peer
+    reports from an earlier call (which a rank that already raised for it skips). `local` adds
+    this rank's own detail."""
     rows = [[h[_STATUS], h[_A], h[_B], h[GRANK], h[_DTYPE]] for h in headers if h[_STATUS]]
     verdict = check_headers(headers, compare_rows)
-    if verdict is None:
-        return
-    if not rows:
+    if verdict is not None and not rows:
         rows, local = [[verdict.code, verdict.a, verdict.b, verdict.origin, verdict.dtype]], verdict
-    message, origins = _message(op, rows, local)
+    p = _pending[process_set.process_set_id]
+    late, calls = [], set()
+    for h in headers:
+        if h[_PENDING] and h[_PENDING_SEQ] not in p.raised_at:
+            late.append([h[_PENDING], h[_PENDING_A], 0, h[GRANK], -1])
+            calls.add(h[_PENDING_SEQ])
+    if verdict is None and not late:
+        return
+    p.raised_at.update(calls)
+    message, origins = _message(op, rows + late, local)
+    if late:
+        numbers = ", ".join(f"#{c}" for c in sorted(calls))
+        message += (f" (the receive failure was found in hvd_lossy collective {numbers} on this "
+                    "process set and reported with the next one)")
     raise RankError(message, origins) from local
+
+
+def raise_received(op, failure, call, process_set):
+    """This rank failed receiving call number `call`: raise now and report it to the peers
+    in this rank's next lossy collective on the process set."""
+    p = _pending[process_set.process_set_id]
+    p.failure = (failure.code, failure.a, call)
+    p.raised_at.add(call)
+    message, origins = _message(op, [[failure.code, failure.a, failure.b, failure.origin,
+                                      failure.dtype]], failure)
+    raise RankError(message.replace("failed on every rank", "failed receiving on this rank")
+                    + "; its peers raise this with their next lossy collective on the process set",
+                    origins) from failure
 
 
 _call_counters = collections.defaultdict(itertools.count)

@@ -23,8 +23,11 @@ class CallStats:
     Fields:
         op: "alltoall", "allgather" or "broadcast".
         compression: repr of the compressor used.
-        raw_bytes: uncompressed bytes this rank sent (its whole input tensor; for broadcast
-                   the root's tensor on the root, 0 elsewhere).
+        raw_bytes: uncompressed bytes this rank sent to other ranks (for alltoall its input
+                   less the chunk it keeps, for broadcast the root's tensor on the root, 0
+                   elsewhere).
+        local_bytes: bytes of the chunk an alltoall sends to its own rank: copied, never
+                   coded or put on a link.
         wire_bytes: bytes this rank handed to Horovod for the payload.
         recv_raw_bytes: uncompressed bytes of what this rank received.
         recv_wire_bytes: payload bytes this rank received.
@@ -38,6 +41,7 @@ class CallStats:
     op: str = ""
     compression: str = ""
     raw_bytes: int = 0
+    local_bytes: int = 0
     wire_bytes: int = 0
     recv_raw_bytes: int = 0
     recv_wire_bytes: int = 0
@@ -58,7 +62,7 @@ class CallStats:
         return d
 
 
-_NUMERIC = ("raw_bytes", "wire_bytes", "recv_raw_bytes", "recv_wire_bytes", "meta_bytes",
+_NUMERIC = ("raw_bytes", "local_bytes", "wire_bytes", "recv_raw_bytes", "recv_wire_bytes", "meta_bytes",
             "compress_s", "comm_s", "decompress_s")
 
 

@@ -40,7 +40,7 @@ class TableBytes(LossyCompressor):
         for (dest, rows, _eb), size in zip(plan, frame_sizes):
             k = seen.get(dest, 0)
             seen[dest] = k + 1
-            if rows and k < len(self.layouts[dest]):
+            if rows and size is not None and k < len(self.layouts[dest]):
                 acc = self.table_bytes.setdefault(self.prefix + self.layouts[dest][k], [0, 0])
                 acc[0] += rows * row_bytes
                 acc[1] += size

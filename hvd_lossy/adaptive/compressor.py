@@ -158,7 +158,8 @@ class AdaptiveCompressor(LossyCompressor):
         return plan
 
     def after_compress(self, plan, frame_sizes, tensor):
-        """Record each frame's bytes with the controller (and observe its rows if asked)."""
+        """Record each frame's bytes with the controller (and observe its rows if asked); the
+        size of a frame the alltoall did not code (the rank's own chunk) is None."""
         if len(plan) != len(self._frame_tables):
             raise RuntimeError(f"after_compress got a plan of {len(plan)} frames, plan() made "
                                f"{len(self._frame_tables)}")
@@ -181,6 +182,8 @@ class AdaptiveCompressor(LossyCompressor):
                     values *= self._unique_fraction.get(name, 1.0)
             elif self.observe:
                 c.observe_gradients(name, piece)
+            if size is None:  # the chunk a rank keeps: observed, but never coded
+                continue
             c.record_frame(name, rows * row_bytes, size, error_bound=eb, values=values,
                            fixed_bytes=header, direction=self.direction)
 

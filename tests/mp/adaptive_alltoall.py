@@ -59,7 +59,9 @@ for step in range(4):
             errors[t] = check_within(out[offset:offset + B], lookups(t, rank, step), bounds[t],
                                      f"step {step} lookups of {t} from rank {src}")
             offset += B
-    assert errors["huge"] > 0, errors  # lossy, not lossless
+    # the own chunk is copied exactly; what travels is lossy, not lossless
+    assert all(errors[t] == 0 for t in mine), errors
+    assert any(errors[t] > 0 for t in controller.tables_of(1 - rank)), errors
     # Gradient of out: rows in the order received; they go back to the owners.
     grad_out = torch.cat([grads(t, rank, step) for src in range(size)
                           for t in controller.tables_of(src)])

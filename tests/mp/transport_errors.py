@@ -77,9 +77,9 @@ def test_uncompressible_dtype_raises_everywhere():
                       f"rank {BAD}: dtype torch.int64 cannot be compressed")
 
 
-def expect_error_when_bad_rank_compresses_with(once, *needles):
-    """On rank BAD, the next compress_chunks call goes through once(real, *args) instead; every
-    rank's lossy alltoall must then raise RankError mentioning needles."""
+def with_bad_rank_compressing(once, call):
+    """Runs call() while, on rank BAD, the next compress_chunks call goes through
+    once(real, *args) instead."""
     real = hvd_lossy.compress_chunks
 
     def patched(*args, **kwargs):
@@ -89,27 +89,47 @@ def expect_error_when_bad_rank_compresses_with(once, *needles):
     if R == BAD:
         hvd_lossy.compress_chunks = patched
     try:
-        expect_rank_error(lambda: hvd.alltoall(even(), compression=LOSSY), *needles)
+        return call()
     finally:
         hvd_lossy.compress_chunks = real
 
 
-def test_corrupt_frame_raises_on_every_rank_naming_receiver_and_sender():
+def expect_receive_error(receivers, once, *needles):
+    """Frames only the receivers can find bad: they raise RankError in the call itself; every
+    other rank raises the same error (naming the receivers) in its next lossy call, which
+    reports it; after that a correct call works on all ranks."""
+    def bad_call():
+        return with_bad_rank_compressing(once, lambda: hvd.alltoall(even(), compression=LOSSY))
+
+    def next_call():
+        return hvd.alltoall(even(), compression=LOSSY)
+
+    if R in receivers:
+        expect_rank_error(bad_call, *needles)
+        # the receivers already raised: their call that reports it to the peers succeeds
+        assert next_call().shape == even().shape
+    else:
+        assert bad_call().shape == even().shape, "a rank that received good frames gets them"
+        expect_rank_error(next_call, *needles, "reported with the next one")
+
+
+def test_corrupt_frame_raises_on_the_receiver_then_on_every_other_rank():
     def corrupting(real, *args, **kwargs):  # flips one byte inside the frame meant for rank 0
         buffer, sizes = real(*args, **kwargs)
         buffer[sizes[0] // 2] ^= 0x40
         return buffer, sizes
 
-    expect_error_when_bad_rank_compresses_with(
-        corrupting, f"rank 0: the bytes received from rank {BAD} failed to decode")
+    expect_receive_error(
+        {0}, corrupting, f"rank 0: the bytes received from rank {BAD} failed to decode")
 
 
-def test_frames_disagreeing_with_announced_shape_raise_everywhere():
+def test_frames_disagreeing_with_announced_shape_raise_on_receivers_then_everywhere():
     def wrong_shape(real, tensor, *args, **kwargs):  # frames of a narrower tensor than announced
         return real(tensor[:, :-1], *args, **kwargs)
 
-    expect_error_when_bad_rank_compresses_with(
-        wrong_shape, f"the frames received from rank {BAD} disagree")
+    # BAD's own chunk is copied, so every rank but BAD receives the bad frames
+    expect_receive_error(set(range(N)) - {BAD}, wrong_shape,
+                         f"the frames received from rank {BAD} disagree")
 
 
 class BrokenPlan(LossyCompressor):

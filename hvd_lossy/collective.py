@@ -1,0 +1,169 @@
+"""One template for hvd_lossy's collectives; alltoall and gather specialise it.
+
+A lossy call is one object that runs five steps, always in this order on every rank:
+
+  plan     check the arguments and decide the frames (subclass: `pack`);
+  pack     compress into the send buffer, each destination's chunk led by a header. A failure
+           here does not raise: it goes into the headers, and the chunks carry no frames;
+  launch   ONE Horovod collective moves the buffer (subclass: `launch`);
+  receive  every rank holds every sender's header, so all reach the same verdict on the
+           sending side's failures and raise alike (protocol.raise_from_headers); then the
+           frames are decoded straight into the output (subclass: `decode`);
+  report   a failure only this receiver sees raises here and travels in the headers of the
+           next lossy call on the process set (protocol.raise_received).
+
+Compression.none and Compression.fp16 take `plain_start`: Horovod's own collective on
+`compression.compress(tensor)`.
+"""
+import time
+
+import torch
+from horovod.torch import mpi_ops as _ops
+
+import hvd_lossy
+from hvd_lossy import stats as _stats
+from hvd_lossy.compression import NoneCompressor
+from hvd_lossy.protocol import (Handle, _LocalError, base_name, begin_call, compression_name,
+                                raise_from_headers, raise_received)
+
+
+def host_bytes(buf):
+    """A uint8 tensor as a host numpy array (no copy on the CPU)."""
+    return (buf if buf.device.type == "cpu" else buf.cpu()).numpy()
+
+
+def decode_frames(body, out, dtype, trailing, origin):
+    """Decodes the back-to-back frames in the uint8 tensor `body` into consecutive rows of `out`,
+    which they must fill exactly with `dtype` x `trailing`."""
+    try:
+        sizes = hvd_lossy.split_frames(body)
+    except Exception as e:  # FrameError: a truncated or foreign frame
+        raise _LocalError(10, origin, detail=f"{type(e).__name__}: {e}") from e
+    row, offset = 0, 0
+    for size in sizes:
+        frame = body[offset:offset + size]
+        offset += size
+        try:
+            info = hvd_lossy.frame_info(frame)
+        except Exception as e:
+            raise _LocalError(10, origin, detail=f"{type(e).__name__}: {e}") from e
+        shape = info["shape"]
+        rows = shape[0] if shape else 1
+        if (info["dtype"] != dtype or tuple(shape[1:]) != tuple(trailing)
+                or len(shape) != len(trailing) + 1 or row + rows > out.shape[0]):
+            raise _LocalError(11, origin, detail=f"rank {origin} announced {out.shape[0]} rows of "
+                                                 f"{dtype} x {trailing}, a frame holds "
+                                                 f"{info['dtype']} {shape}")
+        try:
+            hvd_lossy.decompress(frame, out=out[row:row + rows])
+        except Exception as e:
+            raise _LocalError(10, origin, detail=f"{type(e).__name__}: {e}") from e
+        row += rows
+    if row != out.shape[0]:
+        raise _LocalError(11, origin, detail=f"rank {origin} announced {out.shape[0]} rows of "
+                                             f"{dtype} x {trailing}, its frames hold {row}")
+
+
+def plain_start(op, tensor, compression, launch):
+    """Horovod's collective `launch(payload)` on compression.compress(tensor); for
+    Compression.none exactly Horovod's own, except that a non-contiguous input is made
+    contiguous first. The alltoall's result is the pair (output, received_splits)."""
+    record = _stats.CallStats(op=op, compression=compression_name(compression))
+    t0 = time.perf_counter()
+    payload, ctx = compression.compress(tensor)
+    payload = payload.contiguous()
+    record.compress_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    handle = launch(payload)
+    record.comm_s = time.perf_counter() - t1
+    record.raw_bytes = tensor.numel() * tensor.element_size()
+    record.wire_bytes = payload.numel() * payload.element_size()
+
+    def finish(hvd_handle):
+        t2 = time.perf_counter()
+        result = _ops.synchronize(hvd_handle)
+        record.comm_s += time.perf_counter() - t2
+        output = result[0] if isinstance(result, tuple) else result
+        record.recv_wire_bytes = output.numel() * output.element_size()
+        t3 = time.perf_counter()
+        output = compression.decompress(output, ctx)
+        record.decompress_s = time.perf_counter() - t3
+        record.recv_raw_bytes = output.numel() * output.element_size()
+        _stats.record(record)
+        return (output, result[1]) if isinstance(result, tuple) else output
+
+    return Handle(handle, finish, is_plain_horovod=compression is NoneCompressor)
+
+
+class LossyCall:
+    """One call of a lossy collective. Subclasses implement:
+
+        pack()            -> uint8 send tensor, headers included (raise _LocalError to fail);
+        pack_failed()     -> the send tensor of headers only, after a failure;
+        launch(payload)   -> a Horovod handle;
+        complete(handle)  -> (received uint8 tensor, its chunks' byte counts or None);
+        headers(recv, counts) -> every sender's header fields, in process-set rank order;
+        decode(recv, counts, headers) -> the output (raise _LocalError on a bad frame);
+        after_launch()    -> work that may wait until the bytes travel (compressor hooks).
+    """
+    op = ""
+
+    def __init__(self, tensor, compressor, name, process_set):
+        self.tensor, self.compressor, self.process_set = tensor, compressor, process_set
+        self.size, self.me = process_set.size(), process_set.rank()
+        self.base = base_name(self.op, name, process_set)
+        self.record = _stats.CallStats(op=self.op, compression=repr(compressor))
+        self.failure = None
+        self.call, self.pending = begin_call(process_set)
+        self.device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
+
+    def start(self):
+        t0 = time.perf_counter()
+        try:
+            payload = self.pack()
+        except _LocalError as e:
+            self.failure = e
+        except Exception as e:  # e.g. a compressor subclass's plan() raising: still tell the peers
+            self.failure = _LocalError(9, detail=f"{type(e).__name__}: {e}")
+        if self.failure is not None:
+            payload = self.pack_failed()
+        self.record.compress_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        handle = self.launch(payload)
+        self.record.comm_s = time.perf_counter() - t1
+        if self.failure is None:
+            t2 = time.perf_counter()
+            self.after_launch()
+            self.record.compress_s += time.perf_counter() - t2
+        return Handle(handle, self._finish)
+
+    def after_launch(self):
+        pass
+
+    def _finish(self, hvd_handle):
+        t0 = time.perf_counter()
+        recv, counts = self.complete(hvd_handle)
+        self.record.comm_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        try:
+            headers = self.headers(recv, counts)
+        except _LocalError as e:
+            raise_received(self.op, e, self.call, self.process_set)
+        raise_from_headers(self.op, headers, self.process_set, self.failure,
+                           compare_rows=self.compare_rows)
+        try:
+            output = self.decode(recv, counts, headers)
+        except _LocalError as e:
+            raise_received(self.op, e, self.call, self.process_set)
+        except Exception as e:  # never return without telling the peers
+            raise_received(self.op, _LocalError(13, detail=f"{type(e).__name__}: {e}"), self.call,
+                           self.process_set)
+        self.record.decompress_s = time.perf_counter() - t1
+        self.record.recv_raw_bytes = output.numel() * output.element_size()
+        _stats.record(self.record)
+        return self.result(output)
+
+    compare_rows = False
+
+    def result(self, output):
+        return output
