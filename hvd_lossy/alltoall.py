@@ -14,6 +14,7 @@ import torch
 from horovod.torch import mpi_ops as _ops
 
 import hvd_lossy
+from hvd_lossy import auto as _auto
 from hvd_lossy.collective import LossyCall, decode_frames, host_bytes, plain_start
 from hvd_lossy.compression import Compression, NoneCompressor, is_lossy
 from hvd_lossy.protocol import (GRANK, HEADER_BYTES, LOSSLESS, PAYLOAD, ROWS, _LocalError,
@@ -210,6 +211,11 @@ def start(tensor, splits=None, name=None, compression=Compression.none,
     (output, received_splits)."""
     if compression is None:
         compression = NoneCompressor
+    if is_lossy(compression) and compression.auto:
+        return _auto.start(
+            tensor, splits, process_set, compression,
+            lambda: Alltoall(tensor, splits, name, compression, process_set).start(),
+            lambda: start(tensor, splits, name, NoneCompressor, process_set))
     if is_lossy(compression):
         return Alltoall(tensor, splits, name, compression, process_set).start()
     if compression is NoneCompressor and getattr(tensor, "dtype", None) == torch.bfloat16:

@@ -103,11 +103,17 @@ class LossyCompressor(Compressor):
                   dithered). Subtractive dither keeps the bound but makes the error uniform and
                   independent of the value: small values are kept on average instead of all
                   rounding to 0, which is what gradients need. Dithered frames skip dedup.
+        auto: compress an alltoall only where it pays. The first calls alternate compressed
+                  and plain (Horovod's own) alltoalls and time them; the ranks agree, from the
+                  slowest rank's times, on the faster one per message size, and re-check it
+                  every 200 calls (hvd_lossy.auto). comm_stats()["auto"] reports the decisions.
+                  Plain calls are Horovod's own alltoall, with Horovod's own argument checks.
+                  The gradient compressor of the autograd alltoall decides on its own.
     """
     codec_id = "lossy"
 
     def __init__(self, error_bound, mode="rel", level=1, backward=SAME, dedup=True, segments=1,
-                 backward_segments=None, dither=False):
+                 backward_segments=None, dither=False, auto=False):
         self.error_bound = _check_error_bound(error_bound)
         if mode not in _MODES:
             raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
@@ -123,6 +129,10 @@ class LossyCompressor(Compressor):
         self.dither = _check_dither_setting(dither)
         self._backward_compressor = None
         self._dither_calls = 0
+        if not isinstance(auto, bool):
+            raise TypeError(f"auto must be True or False, got {auto!r}")
+        self.auto = auto
+        self._auto_slots = {}  # process set id -> hvd_lossy.auto's state of this compressor
 
     def next_dither_seed(self, rank=0):
         """Dither seed of the next compress call's first frame (frame i uses seed + i), or None
@@ -178,7 +188,7 @@ class LossyCompressor(Compressor):
                 bound = self.error_bound if self.backward == SAME else self.backward
                 self._backward_compressor = LossyCompressor(
                     bound, mode=self.mode, level=self.level, dedup=self.dedup, segments=segments,
-                    dither=bool(self.dither))
+                    dither=bool(self.dither), auto=self.auto)
             return self._backward_compressor
         return self.backward
 
@@ -213,6 +223,8 @@ class LossyCompressor(Compressor):
             config["backward_segments"] = self.backward_segments
         if self.dither:
             config["dither"] = self.dither
+        if self.auto:
+            config["auto"] = True
         return config
 
     @classmethod
@@ -234,6 +246,8 @@ class LossyCompressor(Compressor):
             segments = f", segments={self.segments!r}, backward_segments={self.backward_segments!r}"
         if self.dither:
             segments += f", dither={self.dither!r}"
+        if self.auto:
+            segments += ", auto=True"
         return (f"{type(self).__name__}(error_bound={self.error_bound!r}, mode={self.mode!r}, "
                 f"level={self.level!r}, backward={backward}, dedup={self.dedup!r}{segments})")
 
@@ -265,11 +279,11 @@ class Compression:
 
     @staticmethod
     def lossy(error_bound, mode="rel", level=1, backward=SAME, dedup=True, segments=1,
-              backward_segments=None, dither=False):
+              backward_segments=None, dither=False, auto=False):
         """An error-bounded LossyCompressor; see its docstring for the arguments."""
         return LossyCompressor(error_bound, mode=mode, level=level, backward=backward, dedup=dedup,
                                segments=segments, backward_segments=backward_segments,
-                               dither=dither)
+                               dither=dither, auto=auto)
 
     @staticmethod
     def adaptive(controller, tables, backward=SAME, **kwargs):

@@ -31,7 +31,9 @@ from hvd_lossy import gather as _gather  # noqa: E402
 from hvd_lossy.protocol import Handle as _Handle  # noqa: E402
 from hvd_lossy.protocol import RankError  # noqa: E402,F401
 from hvd_lossy.compression import Compression, LossyCompressor, NoneCompressor, is_lossy  # noqa: E402,F401
-from hvd_lossy.stats import comm_stats, reset_comm_stats  # noqa: E402,F401
+from hvd_lossy import auto as _auto  # noqa: E402
+from hvd_lossy import stats as _stats  # noqa: E402
+from hvd_lossy.stats import reset_comm_stats  # noqa: E402,F401
 from hvd_lossy import FrameError  # noqa: E402,F401
 
 global_process_set = _ops.global_process_set
@@ -256,6 +258,16 @@ def broadcast_async(tensor, root_rank, name=None, compression=Compression.none,
     """Starts broadcast(); returns a handle for poll() and synchronize()."""
     compression, process_set = _fix_args(compression, process_set)
     return _expose(_gather.broadcast_start(tensor, root_rank, name, compression, process_set))
+
+
+def comm_stats():
+    """Statistics of this rank's collectives since the last reset_comm_stats() (see
+    hvd_lossy.stats.comm_stats), plus "auto": one dict per compressor with auto=True and
+    process set, saying what it decided ("lossy", "plain" or "probing"), for which message
+    size, from which agreed times, and how many calls took each path."""
+    stats = _stats.comm_stats()
+    stats["auto"] = _auto.report()
+    return stats
 
 
 def synchronize(handle):

@@ -167,6 +167,43 @@ def test_alltoall_benchmark_reports_wire_bytes_and_the_target(tmp_path):
     report = json.loads(out.read_text())
     by_method = {r["method"]: r for r in report["results"]}
     assert set(by_method) == {"plain", "fp16", "lossy 0.03"}
-    assert by_method["plain"]["wire_bytes"] == by_method["plain"]["message_bytes"]
+    # 2 ranks, even splits: half of each message is the own chunk, which stays local
+    assert by_method["plain"]["wire_bytes"] == by_method["plain"]["message_bytes"] / 2
     assert by_method["fp16"]["reduction"] == 2.0
     assert report["target"]["worst"] == by_method["lossy 0.03"]["reduction"] > 1
+
+
+class _FakeSet:
+    process_set_id = 0
+
+
+def _decided_slot(plain_s, lossy_s):
+    from hvd_lossy import auto
+    s = auto._Slot(0, "c", _FakeSet())
+    s._apply([[10.0, plain_s, lossy_s], [12.0, plain_s / 2, lossy_s / 2]], k=10)
+    return s
+
+
+def test_auto_rule_takes_the_slowest_ranks_faster_mode_with_hysteresis():
+    from hvd_lossy import auto
+    assert _decided_slot(2e-3, 1e-3).decision == auto.LOSSY
+    assert _decided_slot(1e-3, 2e-3).decision == auto.PLAIN
+    s = _decided_slot(1e-3, 0.99e-3)  # lossy by 1%
+    assert s.decision == auto.LOSSY and s.agreed == {"plain_ms": 1.0, "lossy_ms": 0.99}
+    s._apply([[10.0, 0.98e-3, 1e-3], [12.0, 0.4e-3, 0.4e-3]], k=26)  # plain by 2%: kept
+    assert s.decision == auto.LOSSY
+    s._apply([[10.0, 0.9e-3, 1e-3], [12.0, 0.4e-3, 0.4e-3]], k=42)  # plain by 10%: switch
+    assert s.decision == auto.PLAIN and s.next_agreement == 42 + auto.AGREE_EVERY
+
+
+def test_auto_rule_measures_again_when_any_rank_lacks_times():
+    import math
+
+    from hvd_lossy import auto
+    s = _decided_slot(2e-3, 1e-3)
+    s._apply([[10.0, 2e-3, 1e-3], [14.0, math.nan, 1e-3]], k=26)
+    assert s.decision is None and s.probe_from == 26
+    assert s.next_agreement == 26 + auto.PROBE_CALLS
+    s.calls = 26
+    modes = [s.choose(1000) for _ in range(26, 30)]
+    assert modes == [auto.LOSSY, auto.PLAIN, auto.LOSSY, auto.PLAIN]

@@ -74,6 +74,8 @@ class AdaptiveCompressor(LossyCompressor):
         dither: False, True (every frame) or ``"backward"`` (the gradient frames only; see
             ``LossyCompressor``). The backward compressor built for ``backward="table"`` or a
             float dithers when this is True or ``"backward"``.
+        auto: compress only where it pays, as ``LossyCompressor``'s ``auto``; the backward
+            compressor built here inherits it.
 
     Rows per table are the chunk's rows divided by its number of tables; a chunk that does not
     divide evenly raises ValueError. Outside an alltoall (``compress(tensor)``, for allgather or
@@ -83,9 +85,9 @@ class AdaptiveCompressor(LossyCompressor):
     codec_id = "adaptive"
 
     def __init__(self, controller, tables, backward=TABLE, level=1, dedup=True, observe=True,
-                 bound=TABLE, direction="forward", dither=False):
+                 bound=TABLE, direction="forward", dither=False, auto=False):
         super().__init__(controller.base, mode=controller.mode, level=level, backward=None,
-                         dedup=dedup, dither=dither)
+                         dedup=dedup, dither=dither, auto=auto)
         self.controller = controller
         self.tables = self._check_tables(tables)
         self.backward = _check_backward(backward)
@@ -201,7 +203,7 @@ class AdaptiveCompressor(LossyCompressor):
             self._backward_compressor = AdaptiveCompressor(
                 self.controller, layouts, backward=None, level=self.level, dedup=self.dedup,
                 observe=self.observe, bound=self.backward, direction="backward",
-                dither=bool(self.dither))
+                dither=bool(self.dither), auto=self.auto)
         return self._backward_compressor
 
     def compress(self, tensor):
@@ -218,7 +220,7 @@ class AdaptiveCompressor(LossyCompressor):
         return {"id": self.codec_id, "controller": self.controller.get_config(),
                 "tables": self.tables, "backward": backward, "level": self.level,
                 "dedup": self.dedup, "observe": self.observe, "bound": self.bound,
-                "direction": self.direction, "dither": self.dither}
+                "direction": self.direction, "dither": self.dither, "auto": self.auto}
 
     @classmethod
     def from_config(cls, config, comm=None):
@@ -237,4 +239,4 @@ class AdaptiveCompressor(LossyCompressor):
         return (f"AdaptiveCompressor(controller={self.controller!r}, tables={self.tables!r}, "
                 f"backward={backward}, level={self.level!r}, dedup={self.dedup!r}, "
                 f"observe={self.observe!r}, bound={self.bound!r}, "
-                f"direction={self.direction!r}, dither={self.dither!r})")
+                f"direction={self.direction!r}, dither={self.dither!r}, auto={self.auto!r})")

@@ -193,6 +193,45 @@ def test_comm_stats_report_bytes_ratio_and_bounds():
     assert total["wire_bytes"] == last["wire_bytes"] and total["meta_bytes"] > 0
 
 
+def run_auto(c, calls, rows_of, case):
+    """`calls` auto alltoalls of rows_of(i) rows a rank, each checked against what was sent;
+    returns this rank's report of c's slot."""
+    from hvd_lossy import auto
+    for i in range(calls):
+        rows = [rows_of(i, s) for s in range(N)]
+        x = lookups(R, case + i, rows[R] * N)
+        out, got = hvd.alltoall(x, [rows[R]] * N, compression=c)
+        assert got.tolist() == rows
+        offset = 0
+        for src in range(N):
+            ref = lookups(src, case + i, rows[src] * N)[R * rows[src]:(R + 1) * rows[src]]
+            assert_within(out[offset:offset + rows[src]], ref, abs_bound(ref, EB), f"auto call {i}")
+            offset += rows[src]
+    mine = auto.slot(c, hvd.global_process_set).report()
+    assert mine in hvd.comm_stats()["auto"] and mine["calls"] == calls, mine
+    everyone = horovod.allgather_object(mine)
+    assert all(r == everyone[0] for r in everyone), f"ranks took different paths: {everyone}"
+    return mine
+
+
+def test_auto_decides_alike_on_every_rank_and_stays_within_bound():
+    from hvd_lossy import auto
+    c = hvd.Compression.lossy(EB, auto=True)
+    # rank 0 sends 4x more rows: another size bucket, and still one decision
+    mine = run_auto(c, auto.PROBE_CALLS + auto.LAG + 6, lambda i, s: 16 if s == 0 else 4, 110)
+    assert mine["decision"] in ("lossy", "plain") and len(mine["message_bytes"]) == 2, mine
+    assert mine["lossy_calls"] >= auto.PROBE_CALLS // 2 and mine["plain_calls"] >= auto.PROBE_CALLS // 2
+
+
+def test_auto_measures_again_when_a_rank_changes_its_message_size():
+    from hvd_lossy import auto
+    c = hvd.Compression.lossy(EB, auto=True)
+    first = auto.PROBE_CALLS + auto.LAG + 1  # decided by then
+    rows_of = lambda i, s: 32 if (s == N - 1 and i >= first) else 4  # noqa: E731
+    mine = run_auto(c, first + auto.AGREE_EVERY + auto.LAG, rows_of, 130)
+    assert mine["decision"] == "probing", mine
+
+
 def test_allgather_delivers_every_rank_within_bound():
     rows = [(s * 2) % 3 for s in range(N)]  # rank 0 contributes no rows
     for case, dtype, trailing in ((90, torch.float32, (4,)), (91, torch.bfloat16, ()), (92, torch.float16, (2, 3))):

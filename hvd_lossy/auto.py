@@ -1,0 +1,191 @@
+"""`auto=True`: compress an all-to-all only where it pays, decided alike on every rank.
+
+Whether compressing pays depends on the link, the cores and the message size, so it is
+measured, not guessed. Each compressor with `auto=True` keeps, per process set, a *slot*:
+
+  probe    the first PROBE_CALLS calls alternate lossy and plain (Horovod's own alltoall), and
+           each rank times what every call costs it (time spent in the call and in its wait:
+           compress, blocked communication, decode);
+  agree    the ranks allgather, in the background, their size bucket and median times (one
+           tiny Horovod allgather, launched at a fixed call number and read LAG calls later,
+           so nobody waits for it). Every rank applies the same rule to the same rows: lossy
+           when the slowest rank's lossy median beats the slowest plain median (by HYSTERESIS
+           when that means switching, for the same sizes), else plain. A rank without times
+           for its current size sends everyone back to probing;
+  decided  the decision holds until the next agreement, AGREE_EVERY calls later; every REFRESH
+           calls, the call before an agreement runs the losing mode once, so the decision
+           follows a link or a load that changes.
+
+Since every input of the rule is agreed, all ranks take the same path on every call: a plain
+call on one rank never meets a framed call on another. A rank whose message size leaves its
+bucket forgets its times, and the next agreement sends everyone back to probing.
+"""
+import collections
+import itertools
+import math
+import statistics
+import time
+import weakref
+from collections import deque
+
+import torch
+from horovod.torch import mpi_ops as _ops
+
+from hvd_lossy.protocol import Handle
+
+PROBE_CALLS = 6   # 3 lossy, 3 plain
+LAG = 4           # calls between launching an agreement and reading it
+AGREE_EVERY = 16  # calls between agreements once decided
+REFRESH = 200     # calls between runs of the losing mode, to see whether it still loses
+HYSTERESIS = 0.05  # a decided slot switches only for a 5% better median
+KEEP = 16         # timings kept per mode
+LOSSY, PLAIN = "lossy", "plain"
+
+_numbers = collections.defaultdict(itertools.count)  # per process set: slots made so far
+_live = weakref.WeakSet()  # every slot whose compressor is alive, for report()
+
+
+def _bucket(nbytes):
+    """Size class of a message: half-octaves of the bytes a rank sends the others."""
+    return -1 if nbytes <= 0 else int(math.floor(2 * math.log2(nbytes)))
+
+
+class _Slot:
+    def __init__(self, number, compressor, process_set):
+        self.number, self.process_set = number, process_set
+        self.label = repr(compressor)
+        self.calls = 0
+        self.times = {LOSSY: deque(maxlen=KEEP), PLAIN: deque(maxlen=KEEP)}
+        self.local_bucket = None
+        self.buckets = None       # agreed: every rank's size bucket at the last decision
+        self.decision = None      # agreed: LOSSY, PLAIN, or None while probing
+        self.agreed = None        # the rule's inputs at the last agreement
+        self.probe_from = 0
+        self.next_agreement = PROBE_CALLS
+        self.refresh_at = -1
+        self.pending = None       # (Horovod handle, call number at which to read it)
+        self.counts = {LOSSY: 0, PLAIN: 0}
+
+    def choose(self, nbytes):
+        """The mode of the next call: the same on every rank of the process set."""
+        k = self.calls
+        self.calls += 1
+        bucket = _bucket(nbytes)
+        if bucket != self.local_bucket:  # other sizes: the times so far say nothing of them
+            self.local_bucket = bucket
+            for t in self.times.values():
+                t.clear()
+        if self.pending is not None and k >= self.pending[1]:
+            rows = _ops.synchronize(self.pending[0]).tolist()
+            self.pending = None
+            self._apply(rows, k)
+        if k == self.next_agreement:
+            self._launch_agreement(k)
+        if self.decision is None:
+            mode = LOSSY if (k - self.probe_from) % 2 == 0 else PLAIN
+        elif k == self.refresh_at:
+            mode = PLAIN if self.decision == LOSSY else LOSSY
+        else:
+            mode = self.decision
+        self.counts[mode] += 1
+        return mode
+
+    def record(self, mode, seconds):
+        self.times[mode].append(seconds)
+
+    def _launch_agreement(self, k):
+        def median(mode):
+            t = self.times[mode]
+            return statistics.median(t) if t else math.nan
+        row = torch.tensor([[float(self.local_bucket), median(PLAIN), median(LOSSY)]],
+                           dtype=torch.float64)
+        handle = _ops.allgather_async(
+            row, name=f"hvd_lossy.auto.{self.process_set.process_set_id}.{self.number}.{k}",
+            process_set=self.process_set)
+        self.pending = (handle, k + LAG)
+        self.next_agreement = -1  # set again once this one is read
+
+    def _apply(self, rows, k):
+        buckets = sorted({r[0] for r in rows})
+        if any(math.isnan(r[1]) or math.isnan(r[2]) for r in rows):
+            # a rank has no times for its current size (it changed): measure again
+            self.decision, self.buckets, self.probe_from = None, None, k
+            self.next_agreement = k + PROBE_CALLS
+            self.agreed = None
+            return
+        plain = max(r[1] for r in rows)
+        lossy = max(r[2] for r in rows)
+        if self.decision is None or self.buckets != buckets:
+            better = LOSSY if lossy < plain else PLAIN
+        elif self.decision == LOSSY:
+            better = PLAIN if plain < lossy * (1 - HYSTERESIS) else LOSSY
+        else:
+            better = LOSSY if lossy < plain * (1 - HYSTERESIS) else PLAIN
+        self.decision, self.buckets = better, buckets
+        self.agreed = {"plain_ms": plain * 1e3, "lossy_ms": lossy * 1e3}
+        self.next_agreement = k + AGREE_EVERY
+        if self.refresh_at < k:
+            self.refresh_at = k + REFRESH - 1
+
+    def report(self):
+        return {"compressor": self.label, "process_set": self.process_set.process_set_id,
+                "calls": self.calls, "decision": self.decision or "probing",
+                "message_bytes": None if self.buckets is None else
+                [round(2 ** (b / 2)) for b in self.buckets],
+                "lossy_calls": self.counts[LOSSY], "plain_calls": self.counts[PLAIN],
+                **(self.agreed or {})}
+
+
+def slot(compressor, process_set):
+    """The slot of `compressor` on `process_set` (made at its first call there)."""
+    s = compressor._auto_slots.get(process_set.process_set_id)
+    if s is None:
+        # Numbered in order of first use, which is collective, so the numbers agree.
+        number = next(_numbers[process_set.process_set_id])
+        s = compressor._auto_slots[process_set.process_set_id] = _Slot(number, compressor,
+                                                                        process_set)
+        _live.add(s)
+    return s
+
+
+class TimedHandle(Handle):
+    """A started call whose cost on this rank (in start and in wait) feeds its slot."""
+
+    def __init__(self, inner, slot_, mode, start_seconds):
+        super().__init__(inner._hvd_handle, None)
+        self._inner, self._slot, self._mode, self._spent = inner, slot_, mode, start_seconds
+
+    def poll(self):
+        return self._inner.poll()
+
+    def wait(self):
+        if not self._done:
+            t0 = time.perf_counter()
+            self._result = self._inner.wait()
+            self._done = True
+            self._slot.record(self._mode, self._spent + time.perf_counter() - t0)
+        return self._result
+
+
+def start(tensor, splits, process_set, compressor, start_lossy, start_plain):
+    """Starts one alltoall of an auto compressor by the mode its slot agrees on."""
+    s = slot(compressor, process_set)
+    rows = tensor.shape[0] if isinstance(tensor, torch.Tensor) and tensor.dim() else 0
+    own = 0
+    if splits is not None and rows:
+        try:
+            own = int(splits[process_set.rank()])
+        except (IndexError, TypeError, ValueError):
+            own = 0  # bad splits: the lossy path reports them on every rank
+    elif rows:
+        own = rows // max(process_set.size(), 1)
+    nbytes = (tensor.numel() * tensor.element_size() * (rows - own) // rows) if rows else 0
+    mode = s.choose(nbytes)
+    t0 = time.perf_counter()
+    inner = start_lossy() if mode == LOSSY else start_plain()
+    return TimedHandle(inner, s, mode, time.perf_counter() - t0)
+
+
+def report():
+    """The auto slots' state, for comm_stats()."""
+    return [s.report() for s in sorted(_live, key=lambda s: (s.process_set.process_set_id, s.number))]
