@@ -175,9 +175,36 @@ class Numbering {
     }
   }
 
+  // The probes of add(r) miss the cache: the table outgrows L1 and a repeated row's first
+  // occurrence lies anywhere in the tensor. Numbering calls these some rows ahead of add():
+  // prefetch_slot(r) brings row r's home slot in; prefetch_candidate(r, row) then reads that
+  // slot and, when its tag matches, prefetches the row add(r) will compare against. Hints only:
+  // the table may change in between, and add() decides on the real contents.
+  void prefetch_slot(uint64_t r) const { __builtin_prefetch(&slots_[hashes_[r] & (cap_ - 1)]); }
+
+  template <class Row>
+  void prefetch_candidate(uint64_t r, Row row) const {
+    const uint64_t h = hashes_[r];
+    const uint64_t e = slots_[h & (cap_ - 1)];
+    if (e != kEmpty && (e & kTag) == (h & kTag) && (e & ~kTag) < first.size())
+      row(first[e & ~kTag]);
+  }
+
+  // add(r) for every row of [lo, hi), with the prefetches above kSlotAhead and kRowAhead rows
+  // ahead.
+  template <class Same, class Row>
+  void add_range(uint64_t lo, uint64_t hi, Same same, Row row, uint32_t* map) {
+    for (uint64_t r = lo; r < hi; ++r) {
+      if (r + kSlotAhead < hi) prefetch_slot(r + kSlotAhead);
+      if (r + kRowAhead < hi) prefetch_candidate(r + kRowAhead, row);
+      add(r, same, map);
+    }
+  }
+
   std::vector<uint64_t> first;
 
  private:
+  static constexpr uint64_t kSlotAhead = 16, kRowAhead = 8;
   static constexpr uint64_t kEmpty = ~0ull, kTag = 0xffffffff00000000ull;
 
   void resize(uint64_t cap) {
@@ -202,11 +229,19 @@ class Numbering {
   uint64_t cap_ = 0;
 };
 
-template <class Same>
-uint64_t number_rows(uint64_t rows, const uint64_t* hashes, Same same, uint32_t* map,
+// Prefetches the start of a row that is about to be compared (or quantized): its first 1 KiB,
+// enough for the hardware prefetcher to carry on through longer rows.
+inline void prefetch_row(const void* p, uint64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  const uint64_t n = bytes < 1024 ? bytes : 1024;
+  for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(c + off);
+}
+
+template <class Same, class Row>
+uint64_t number_rows(uint64_t rows, const uint64_t* hashes, Same same, Row row, uint32_t* map,
                      std::vector<uint64_t>* first) {
   Numbering num(hashes);
-  for (uint64_t r = 0; r < rows; ++r) num.add(r, same, map);
+  num.add_range(0, rows, same, row, map);
   *first = std::move(num.first);
   return first->size();
 }
@@ -252,7 +287,8 @@ DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads
       lo_all = std::min(lo_all, lo_t[k]);
       hi_all = std::max(hi_all, hi_t[k]);
     }
-    for (uint64_t r = b0; r < b1; ++r) num.add(r, same, out.map.data());
+    num.add_range(b0, b1, same, [&](uint64_t f) { prefetch_row(t.x + f * d, row_bytes); },
+                  out.map.data());
   }
   out.first = std::move(num.first);
   if (need_range) {
@@ -349,7 +385,8 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
         if (codes1[a * d + i] == kOutlierMark && xa[i] != xb[i]) return false;
       return true;
     };
-    n2 = number_rows(n1, h2.data(), same, map2.data(), &first2);
+    auto row = [&](uint64_t f) { prefetch_row(&codes1[f * d], d * 4); };
+    n2 = number_rows(n1, h2.data(), same, row, map2.data(), &first2);
   }
   auto unique_of = [&](uint64_t r) -> uint32_t { return n2 < n1 ? map2[map1[r]] : map1[r]; };
   auto distinct_of = [&](uint64_t u) -> uint64_t { return n2 < n1 ? first2[u] : u; };
