@@ -6,6 +6,7 @@
 
 #include "bindings_util.h"
 #include "codec.h"
+#include "kernels_cpu.h"
 #include "output_blocks.h"
 
 namespace py = pybind11;
@@ -248,6 +249,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("sizes") = py::none(), py::arg("threads") = 0,
         "Decodes back-to-back frames into one new block: (uint8 array, [(dtype_code, shape, "
         "offset)]).");
+
+  m.def("simd_level", &hl::cpu::simd_level,
+        "Instruction set of the CPU kernels: 0 portable, 1 AVX2, 2 AVX-512.");
 
   m.def("set_output_cache_bytes", &hl::set_output_cache_limit, py::arg("bytes"));
   m.def("output_cache_bytes", [] {

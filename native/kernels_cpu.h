@@ -1,11 +1,17 @@
 // The CPU codec's hot loops, built for several instruction sets (GCC/Clang target_clones pick
-// AVX2 at load time where the CPU has it) so that one binary is portable and fast.
+// AVX2 at load time where the CPU has it; float32 kernels also have AVX-512 versions) so that
+// one binary is portable and fast.
 #pragma once
 
 #include <stdint.h>
 
 namespace hl {
 namespace cpu {
+
+// Instruction set the kernels use, decided once at load: 0 portable loops, 1 AVX2, 2 AVX-512
+// (F, VL, DQ, BW). HVD_LOSSY_NO_AVX2=1 in the environment forces 0, HVD_LOSSY_NO_AVX512=1 at
+// most 1; the tests compare the frames of all three.
+int simd_level();
 
 struct QuantParams {
   double step, inv_step, eb_abs;

@@ -225,8 +225,10 @@ def test_corrupt_or_foreign_frames_raise_frame_error():
 
 
 def test_simd_and_portable_paths_write_identical_frames(tmp_path):
-    """The AVX2 float32 kernels (plain and dithered, encode and decode) must round exactly like
-    the portable loops."""
+    """The AVX-512 and AVX2 float32 kernels (plain and dithered, encode and decode, range, pack
+    and unpack) must give exactly the portable loops' bytes. Rows of 37 exercise every vector
+    tail, rows of 128 the full-width loops."""
+    import os
     import subprocess
     import sys
 
@@ -234,25 +236,31 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
     script.write_text(
         "import sys, torch, hvd_lossy\n"
         "g = torch.Generator().manual_seed(7)\n"
-        "out = []\n"
+        "out = [bytes([hvd_lossy._C.simd_level()])]\n"
         "for scale in (1e-3, 1.0, 1e6):\n"
-        "    x = torch.randn(257, 37, generator=g) * scale\n"
-        "    x[3, 5] = float('nan'); x[7] = x[2]; x[9, 1] = 3.4e38\n"
-        "    for eb, mode in ((0.03, 'rel'), (1e-4, 'rel'), (0.01, 'abs'), (1e-7, 'abs')):\n"
-        "        for dither in (None, 11, 2**24 - 1):\n"
-        "            frame = hvd_lossy.compress(x, eb, mode=mode, dither=dither)\n"
-        "            out.append(frame.numpy().tobytes())\n"
-        "            out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
+        "    for rows, dim in ((257, 37), (96, 128), (5, 3)):\n"
+        "        x = torch.randn(rows, dim, generator=g) * scale\n"
+        "        x[3, 1] = float('nan'); x[2, 2] = float('-inf'); x[4] = x[2]; x[1, 0] = 3.4e38\n"
+        "        x = torch.cat([x, x[torch.randint(0, rows, (rows,), generator=g)]])\n"
+        "        for eb, mode in ((0.03, 'rel'), (1e-4, 'rel'), (0.01, 'abs'), (1e-7, 'abs')):\n"
+        "            for dither in (None, 11, 2**24 - 1):\n"
+        "                for level in (1, 2):\n"
+        "                    frame = hvd_lossy.compress(x, eb, mode=mode, dither=dither, level=level)\n"
+        "                    out.append(frame.numpy().tobytes())\n"
+        "                    out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
         "sys.stdout.buffer.write(b''.join(out))\n")
-    import os
 
-    runs = []
-    for no_avx in ("", "1"):
-        env = dict(os.environ, HVD_LOSSY_NO_AVX2=no_avx) if no_avx else {
-            k: v for k, v in os.environ.items() if k != "HVD_LOSSY_NO_AVX2"}
-        runs.append(subprocess.run([sys.executable, str(script)], env=env, check=True,
-                                   capture_output=True, timeout=120).stdout)
-    assert len(runs[0]) > 0 and runs[0] == runs[1]
+    def frames(**flags):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_LOSSY_NO_")}
+        env.update(flags)
+        return subprocess.run([sys.executable, str(script)], env=env, check=True,
+                              capture_output=True, timeout=300).stdout
+
+    # The first byte says which kernels ran; the rest must not depend on it.
+    runs = [frames(), frames(HVD_LOSSY_NO_AVX512="1"), frames(HVD_LOSSY_NO_AVX2="1")]
+    levels = [r[0] for r in runs]
+    assert levels[2] == 0 and levels[1] <= 1 and levels[0] >= levels[1]
+    assert len(runs[0]) > 1 and runs[0][1:] == runs[1][1:] == runs[2][1:]
 
 
 def test_decompress_into_a_given_tensor_reuses_it():
