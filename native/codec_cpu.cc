@@ -204,7 +204,7 @@ class Numbering {
   std::vector<uint64_t> first;
 
  private:
-  static constexpr uint64_t kSlotAhead = 16, kRowAhead = 8;
+  static constexpr uint64_t kSlotAhead = 32, kRowAhead = 16;
   static constexpr uint64_t kEmpty = ~0ull, kTag = 0xffffffff00000000ull;
 
   void resize(uint64_t cap) {
