@@ -676,6 +676,9 @@ uint32_t dither_seed(const HlFrameHeader& h) {
   return (uint32_t)h.reserved[0] | (uint32_t)h.reserved[1] << 8 | (uint32_t)h.reserved[2] << 16;
 }
 
+// Decoded tensors from this size on are written with streaming stores (see decode).
+constexpr uint64_t kStreamFrom = uint64_t(8) << 20;
+
 template <int DT>
 void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threads) {
   typedef typename Elem<DT>::raw_t raw_t;
@@ -748,9 +751,18 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
     throw FrameError("frame is corrupted: row map uses " + std::to_string(next) + " of " +
                      std::to_string(h.n_unique) + " unique rows");
   if (d == 0) return;  // rows of no elements: nothing to copy, and u (or out) may be null
-#pragma omp parallel for num_threads(threads) schedule(static) if (h.n_rows * d > 65536)
-  for (int64_t r = 0; r < (int64_t)h.n_rows; ++r)
-    memcpy(out + r * d, u + (uint64_t)map[r] * d, d * sizeof(raw_t));
+  const uint64_t rows = h.n_rows, row_bytes = d * sizeof(raw_t);
+  // Outputs far larger than the caches bypass them: streaming stores skip reading each output
+  // line before writing it.
+  const bool stream = rows * row_bytes >= kStreamFrom;
+  const int nt = rows * d > 65536 ? threads : 1;
+#pragma omp parallel num_threads(nt)
+  {
+    uint64_t a, b;
+    split_range(rows, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
+    cpu::expand_rows(reinterpret_cast<uint8_t*>(out) + a * row_bytes,
+                     reinterpret_cast<const uint8_t*>(u), map.data() + a, b - a, row_bytes, stream);
+  }
 }
 
 }  // namespace

@@ -422,9 +422,41 @@ HL_AVX512 void dequantize_dithered_f32_avx512(const uint32_t* z, uint64_t n, dou
   }
   dequantize_dithered_f32_avx2(z + i, n - i, step, seed, first + i, out + i);
 }
+
+// Copies whole 64-byte lines with non-temporal stores; dst must be 64-byte aligned.
+HL_AVX512 void stream_copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  for (uint64_t i = 0; i < bytes; i += 64)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_loadu_si512(src + i));
+}
 #endif
 
+constexpr uint64_t kExpandAhead = 8;
+
 }  // namespace
+
+void expand_rows(uint8_t* out, const uint8_t* uniq, const uint32_t* map, uint64_t rows,
+                 uint64_t row_bytes, bool stream) {
+  const uint64_t ahead = row_bytes < 1024 ? row_bytes : 1024;
+#ifdef HL_HAVE_AVX2_PATH
+  if (stream && cpu_has_avx512() && row_bytes % 64 == 0 && (uintptr_t)out % 64 == 0) {
+    for (uint64_t r = 0; r < rows; ++r) {
+      if (r + kExpandAhead < rows)
+        for (uint64_t off = 0; off < ahead; off += 64)
+          __builtin_prefetch(uniq + (uint64_t)map[r + kExpandAhead] * row_bytes + off);
+      stream_copy(out + r * row_bytes, uniq + (uint64_t)map[r] * row_bytes, row_bytes);
+    }
+    _mm_sfence();  // streaming stores are weakly ordered: finish them before anyone reads out
+    return;
+  }
+#endif
+  (void)stream;
+  for (uint64_t r = 0; r < rows; ++r) {
+    if (r + kExpandAhead < rows)
+      for (uint64_t off = 0; off < ahead; off += 64)
+        __builtin_prefetch(uniq + (uint64_t)map[r + kExpandAhead] * row_bytes + off);
+    memcpy(out + r * row_bytes, uniq + (uint64_t)map[r] * row_bytes, row_bytes);
+  }
+}
 
 int simd_level() {
 #ifdef HL_HAVE_AVX2_PATH

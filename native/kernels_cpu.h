@@ -44,5 +44,12 @@ void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double step, void*
 void dequantize_dithered(uint8_t dtype, const uint32_t* z, uint64_t n, double step, uint32_t seed,
                          uint64_t first, void* out);
 
+// Row r of out (rows rows of row_bytes) is row map[r] of uniq: the decoder's expansion of
+// duplicate rows. The source rows are prefetched a few rows ahead (they are random reads);
+// stream: write with non-temporal stores where the rows allow it (the output will not fit in
+// the caches anyway).
+void expand_rows(uint8_t* out, const uint8_t* uniq, const uint32_t* map, uint64_t rows,
+                 uint64_t row_bytes, bool stream);
+
 }  // namespace cpu
 }  // namespace hl

@@ -250,6 +250,10 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
         "                    frame = hvd_lossy.compress(x, eb, mode=mode, dither=dither, level=level)\n"
         "                    out.append(frame.numpy().tobytes())\n"
         "                    out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
+        "big = torch.randn(4096, 128, generator=g)[torch.randint(0, 4096, (16384,), generator=g)]\n"
+        "frame = hvd_lossy.compress(big, 0.03)  # decodes to 8 MiB: the streaming row copy\n"
+        "out.append(frame.numpy().tobytes())\n"
+        "out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
         "sys.stdout.buffer.write(b''.join(out))\n")
 
     def frames(**flags):
