@@ -249,13 +249,11 @@ def decompress(frame, out=None):
         FrameError (a ValueError) if the frame is truncated, corrupted or not an hvd_lossy frame.
     """
     frame = _as_frame_bytes(frame)
+    if out is None and not frame.is_cuda:
+        # One native call: header, checksum (before anything is allocated: a corrupted header
+        # could ask for terabytes), memory, decode.
+        return _decode_new(frame, [frame.numel()])[0]
     info = frame_info(frame)
-    if not frame.is_cuda:
-        # Verify before allocating: a corrupted header could ask for terabytes.
-        actual = _C.checksum(frame.data_ptr(), frame.numel())
-        if actual != info["checksum"]:
-            raise FrameError(f"frame is corrupted: checksum 0x{actual:08x}, its header says "
-                             f"0x{info['checksum']:08x}")
     if out is None:
         out = torch.empty(info["shape"], dtype=info["dtype"], device=frame.device)
     elif not isinstance(out, torch.Tensor):
@@ -294,15 +292,70 @@ def decompress_chunks(buffer, sizes=None):
     Arguments:
         buffer: 1-D ``torch.uint8`` tensor of frames.
         sizes: their sizes in bytes; None walks the frames by the sizes in their headers.
+
+    On the CPU this is one native call (headers and checksums verified first, then one block of
+    memory for all pieces, then every frame decoded, threaded across frames); the pieces are
+    views of that block (see :func:`set_output_cache_bytes`).
     """
     buffer = _as_frame_bytes(buffer)
+    if sizes is None and not buffer.is_cuda:
+        return _decode_new(buffer, None)  # the native call walks the frames by their headers
     if sizes is None:
         sizes = split_frames(buffer)
     sizes = [int(s) for s in sizes]
     if sum(sizes) != buffer.numel():
         raise ValueError(f"frame sizes sum to {sum(sizes)} but the buffer holds {buffer.numel()} bytes")
+    if not buffer.is_cuda:
+        return _decode_new(buffer, sizes)
     out, offset = [], 0
     for s in sizes:
         out.append(decompress(buffer[offset:offset + s]))
         offset += s
     return out
+
+
+def _decode_new(buffer, sizes):
+    """Decodes the CPU frames of ``buffer`` (of these sizes, or walked by their headers when
+    None) in one native call into one new block of memory; the tensors returned are views of it
+    (each on its own 64-byte boundary), so the block lives while any of them does."""
+    block, parts = _C.decompress_frames(buffer.data_ptr(), buffer.numel(), sizes, _threads)
+    base = torch.from_numpy(block)
+    tensors = []
+    for code, shape, offset in parts:
+        dtype = _CODE_DTYPES[code]
+        nbytes = _numel(shape) * dtype.itemsize
+        tensors.append(base[offset:offset + nbytes].view(dtype).view(shape))
+    return tensors
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def max_grouped_bytes(rows, trailing, groups, prefix_bytes):
+    """Capacity ``_C.compress_into`` needs for pieces of ``rows`` (dim-0 entries) x ``trailing``
+    in ``groups`` (frames per group) with ``prefix_bytes`` before each group:
+    ``len(groups) * prefix_bytes`` plus every piece's worst-case frame."""
+    return _C.max_grouped_bytes([int(r) for r in rows], [int(t) for t in trailing],
+                                [int(g) for g in groups], int(prefix_bytes))
+
+
+def set_output_cache_bytes(n):
+    """Bounds the memory kept for reuse by decompress/decompress_chunks without ``out``.
+
+    Decoding into new memory pays a page fault per page on first touch, about as much as the
+    decoding itself. So the codec allocates decoded tensors itself (large ones on transparent huge
+    pages where the kernel allows) and, once every tensor using a block is gone, keeps the block
+    for the next call, up to ``n`` bytes in all (default 256 MiB; 0 keeps nothing). A block is
+    reused only after nothing references it any more."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"output cache size must be an int >= 0 (bytes), got {n!r}")
+    _C.set_output_cache_bytes(n)
+
+
+def output_cache_bytes():
+    """``(limit, held)``: the output cache's limit and the bytes it holds now."""
+    return tuple(_C.output_cache_bytes())

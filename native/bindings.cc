@@ -1,10 +1,13 @@
 // pybind11 module hvd_lossy._C: converts arguments, releases the GIL, calls the codec. Tensors
 // cross as raw data pointers (torch's data_ptr()), so the module needs no torch headers.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "bindings_util.h"
 #include "codec.h"
+#include "kernels_cpu.h"
+#include "output_blocks.h"
 
 namespace py = pybind11;
 
@@ -36,6 +39,52 @@ py::dict header_dict(const HlFrameHeader& h, const std::vector<int64_t>& shape) 
   d["frame_bytes"] = h.total_bytes;
   d["checksum"] = h.checksum;
   return d;
+}
+
+// Decoded parts start on cache lines (and any dtype's alignment).
+constexpr uint64_t kPartAlign = 64;
+
+// Decodes back-to-back frames into one block of memory the codec owns (hl::acquire_output),
+// handed to Python as a uint8 numpy array whose destructor gives the block back. Returns
+// (array, [(dtype_code, shape, byte offset), ...]); one call, GIL released while it works.
+py::tuple decode_frames_new(uintptr_t buffer, uint64_t len, const py::object& sizes_obj,
+                            int threads) {
+  std::vector<uint64_t> sizes;
+  const bool have_sizes = !sizes_obj.is_none();
+  if (have_sizes) sizes = sizes_obj.cast<std::vector<uint64_t>>();
+  hl::OutputBlock block;
+  std::vector<hl::ParsedFrame> frames;
+  std::vector<uint64_t> offsets;
+  uint64_t total = 0;
+  {
+    py::gil_scoped_release nogil;
+    try {
+      frames = hl::decompress_frames_cpu(
+          ptr<const uint8_t>(buffer), len, have_sizes ? &sizes : nullptr, kPartAlign,
+          [&](uint64_t bytes) {
+            total = bytes;
+            block = hl::acquire_output(bytes);
+            return static_cast<uint8_t*>(block.data);
+          },
+          &offsets, threads);
+    } catch (...) {
+      hl::release_output(block);  // a frame failed after the block was taken
+      throw;
+    }
+  }
+  // From here the capsule owns the block; a failure below frees it through the capsule.
+  hl::OutputBlock* owned = new hl::OutputBlock(block);
+  py::capsule owner(owned, [](void* p) {
+    auto* b = static_cast<hl::OutputBlock*>(p);
+    hl::release_output(*b);
+    delete b;
+  });
+  py::array_t<uint8_t> array({(py::ssize_t)total}, {(py::ssize_t)1},
+                             static_cast<uint8_t*>(block.data), owner);
+  py::list parts;
+  for (size_t k = 0; k < frames.size(); ++k)
+    parts.append(py::make_tuple((int)frames[k].h.dtype, frames[k].shape, offsets[k]));
+  return py::make_tuple(array, parts);
 }
 
 }  // namespace
@@ -146,6 +195,68 @@ PYBIND11_MODULE(_C, m) {
         py::arg("frame"), py::arg("size"), py::arg("out"), py::arg("out_bytes"),
         py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>(),
         "Decodes a frame into a buffer of out_bytes.");
+
+  m.def("compress_into",
+        [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
+           const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
+           int level, bool dedup, const std::vector<int64_t>& groups, uint64_t prefix_bytes,
+           uintptr_t out, uint64_t out_cap, int threads, int64_t dither_seed) {
+          return hl::compress_into_cpu(ptr<const void>(in),
+                                       params(dtype, mode, level, dedup, 0.0, dither_seed), rows,
+                                       trailing, ebs, groups, prefix_bytes, ptr<uint8_t>(out),
+                                       out_cap, threads);
+        },
+        py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
+        py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
+        py::arg("groups"), py::arg("prefix_bytes"), py::arg("out"), py::arg("out_cap"),
+        py::arg("threads") = 0, py::arg("dither_seed") = -1,
+        py::call_guard<py::gil_scoped_release>(),
+        "compress_many with the frames in groups, prefix_bytes left untouched before each "
+        "group: out holds [prefix][frames of group 0][prefix][frames of group 1]... with no "
+        "gaps. Returns the frame sizes.");
+
+  m.def("max_grouped_bytes", &hl::max_grouped_bytes, py::arg("rows"), py::arg("trailing"),
+        py::arg("groups"), py::arg("prefix_bytes"),
+        "Capacity compress_into needs: len(groups) * prefix_bytes + every piece's worst case.");
+
+  m.def("decompress_into",
+        [](uintptr_t buffer, uint64_t buffer_len, const std::vector<std::tuple<uint64_t, uint64_t, int64_t>>& srcs,
+           int dtype, const std::vector<int64_t>& trailing, uintptr_t out, uint64_t out_bytes,
+           int threads) {
+          std::vector<hl::DecodeSource> sources;
+          sources.reserve(srcs.size());
+          for (const auto& s : srcs)
+            sources.push_back({std::get<0>(s), std::get<1>(s), std::get<2>(s)});
+          if (dtype < 0 || dtype > 255)
+            throw hl::ArgumentError("unsupported dtype code " + std::to_string(dtype));
+          std::vector<std::string> errors;
+          {
+            py::gil_scoped_release nogil;
+            errors = hl::decompress_into_cpu(ptr<const uint8_t>(buffer), buffer_len, sources,
+                                             (uint8_t)dtype, trailing, ptr<void>(out), out_bytes,
+                                             threads);
+          }
+          py::list result;
+          for (const std::string& e : errors) result.append(e.empty() ? py::object(py::none()) : py::object(py::str(e)));
+          return result;
+        },
+        py::arg("buffer"), py::arg("buffer_len"), py::arg("sources"), py::arg("dtype"),
+        py::arg("trailing"), py::arg("out"), py::arg("out_bytes"), py::arg("threads") = 0,
+        "Decodes each source's back-to-back frames (offset, length, rows) straight into out at "
+        "consecutive rows; returns one entry per source: None, or why it failed.");
+
+  m.def("decompress_frames", &decode_frames_new, py::arg("buffer"), py::arg("buffer_len"),
+        py::arg("sizes") = py::none(), py::arg("threads") = 0,
+        "Decodes back-to-back frames into one new block: (uint8 array, [(dtype_code, shape, "
+        "offset)]).");
+
+  m.def("simd_level", &hl::cpu::simd_level,
+        "Instruction set of the CPU kernels: 0 portable, 1 AVX2, 2 AVX-512.");
+
+  m.def("set_output_cache_bytes", &hl::set_output_cache_limit, py::arg("bytes"));
+  m.def("output_cache_bytes", [] {
+    return py::make_tuple(hl::output_cache_limit(), hl::output_cache_held());
+  });
 
   m.def("checksum",
         [](uintptr_t frame, uint64_t size) {

@@ -3,6 +3,7 @@
 // frame format of frame.h byte for byte identically.
 #pragma once
 
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -61,6 +62,25 @@ std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams&
                                         const std::vector<double>& error_bounds, uint8_t* out,
                                         uint64_t out_cap, int threads);
 
+// compress_many_cpu with the frames grouped for an all-to-all: groups[g] frames (in piece order,
+// the counts summing to rows.size()) form group g, and prefix_bytes bytes are left untouched
+// before the first frame of each group (an empty group still gets its prefix). The layout is
+// [prefix][frames of group 0][prefix][frames of group 1]... with no gaps, so the first
+// groups.size() * prefix_bytes + sum(sizes) bytes of out are the send buffer. out_cap must be
+// at least max_grouped_bytes(rows, trailing, groups, prefix_bytes). Each frame's bytes are
+// written once, in place. Returns the frame sizes.
+std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams& p,
+                                        const std::vector<int64_t>& rows,
+                                        const std::vector<int64_t>& trailing,
+                                        const std::vector<double>& error_bounds,
+                                        const std::vector<int64_t>& groups, uint64_t prefix_bytes,
+                                        uint8_t* out, uint64_t out_cap, int threads);
+
+// Capacity compress_into_cpu needs: groups.size() * prefix_bytes + the worst-case frame of
+// every piece. Throws ArgumentError for negative rows or groups that do not add up.
+uint64_t max_grouped_bytes(const std::vector<int64_t>& rows, const std::vector<int64_t>& trailing,
+                           const std::vector<int64_t>& groups, uint64_t prefix_bytes);
+
 // One tensor of the given shape (ndim 0..HL_MAX_NDIM). Returns the frame size.
 uint64_t compress_cpu(const void* input, const CompressParams& p,
                       const std::vector<int64_t>& shape, uint8_t* out, uint64_t out_cap,
@@ -74,6 +94,51 @@ HlFrameHeader parse_header(const uint8_t* frame, uint64_t size, std::vector<int6
 // Verifies the checksum and every section; throws FrameError on anything inconsistent.
 void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out_bytes,
                     int threads);
+
+// Where one sender's frames lie in a receive buffer: bytes [offset, offset + length), back to
+// back, decoding to `rows` rows (dim-0 entries) in total.
+struct DecodeSource {
+  uint64_t offset, length;
+  int64_t rows;
+};
+
+// Decodes every source's frames straight into `out` (out_bytes: exactly the sources' rows, each
+// of prod(trailing) elements of dtype), source 0's rows first, frames at consecutive rows.
+// Every frame must have dtype and shape (r, *trailing) (trailing empty: a 1-d frame of r), and
+// a source's frames must fill its length exactly and add up to its rows; a frame announcing
+// more rows than its source has left is refused before anything is decoded. Checksums are
+// verified once per frame. Returns one message per source, empty when it decoded; a failed
+// source's rows of out may be partly written. Bad arguments (dtype, a source past the buffer,
+// out_bytes) throw ArgumentError. Threaded across frames, and within frames when few.
+std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buffer_len,
+                                             const std::vector<DecodeSource>& sources,
+                                             uint8_t dtype, const std::vector<int64_t>& trailing,
+                                             void* out, uint64_t out_bytes, int threads);
+
+// A frame of a buffer of back-to-back frames, its header validated (parse_header).
+struct ParsedFrame {
+  uint64_t offset = 0;
+  HlFrameHeader h;
+  std::vector<int64_t> shape;
+};
+
+// Validates the headers of the frames in [buffer, buffer+len): of the given sizes, or walked by
+// their headers' sizes when sizes is null. Throws FrameError naming the first bad one.
+std::vector<ParsedFrame> parse_frames(const uint8_t* buffer, uint64_t len,
+                                      const std::vector<uint64_t>* sizes);
+
+// Bytes frame h decodes to.
+uint64_t decoded_frame_bytes(const HlFrameHeader& h);
+
+// Decodes the back-to-back frames of [buffer, buffer+len) (of the given sizes, or walked by
+// their headers when sizes is null) into memory it asks alloc for, once, after every header and
+// checksum is verified: frame k's elements at out + (*out_offsets)[k], each part rounded up to
+// `align` bytes. Returns the parsed frames. Throws FrameError for the first bad frame.
+std::vector<ParsedFrame> decompress_frames_cpu(const uint8_t* buffer, uint64_t len,
+                                               const std::vector<uint64_t>* sizes,
+                                               uint64_t align,
+                                               const std::function<uint8_t*(uint64_t)>& alloc,
+                                               std::vector<uint64_t>* out_offsets, int threads);
 
 // Checksum of a frame as stored in its header (the checksum field read as zero).
 uint32_t frame_checksum(const uint8_t* frame, uint64_t size);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -174,9 +175,36 @@ class Numbering {
     }
   }
 
+  // The probes of add(r) miss the cache: the table outgrows L1 and a repeated row's first
+  // occurrence lies anywhere in the tensor. Numbering calls these some rows ahead of add():
+  // prefetch_slot(r) brings row r's home slot in; prefetch_candidate(r, row) then reads that
+  // slot and, when its tag matches, prefetches the row add(r) will compare against. Hints only:
+  // the table may change in between, and add() decides on the real contents.
+  void prefetch_slot(uint64_t r) const { __builtin_prefetch(&slots_[hashes_[r] & (cap_ - 1)]); }
+
+  template <class Row>
+  void prefetch_candidate(uint64_t r, Row row) const {
+    const uint64_t h = hashes_[r];
+    const uint64_t e = slots_[h & (cap_ - 1)];
+    if (e != kEmpty && (e & kTag) == (h & kTag) && (e & ~kTag) < first.size())
+      row(first[e & ~kTag]);
+  }
+
+  // add(r) for every row of [lo, hi), with the prefetches above kSlotAhead and kRowAhead rows
+  // ahead.
+  template <class Same, class Row>
+  void add_range(uint64_t lo, uint64_t hi, Same same, Row row, uint32_t* map) {
+    for (uint64_t r = lo; r < hi; ++r) {
+      if (r + kSlotAhead < hi) prefetch_slot(r + kSlotAhead);
+      if (r + kRowAhead < hi) prefetch_candidate(r + kRowAhead, row);
+      add(r, same, map);
+    }
+  }
+
   std::vector<uint64_t> first;
 
  private:
+  static constexpr uint64_t kSlotAhead = 32, kRowAhead = 16;
   static constexpr uint64_t kEmpty = ~0ull, kTag = 0xffffffff00000000ull;
 
   void resize(uint64_t cap) {
@@ -201,11 +229,19 @@ class Numbering {
   uint64_t cap_ = 0;
 };
 
-template <class Same>
-uint64_t number_rows(uint64_t rows, const uint64_t* hashes, Same same, uint32_t* map,
+// Prefetches the start of a row that is about to be compared (or quantized): its first 1 KiB,
+// enough for the hardware prefetcher to carry on through longer rows.
+inline void prefetch_row(const void* p, uint64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  const uint64_t n = bytes < 1024 ? bytes : 1024;
+  for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(c + off);
+}
+
+template <class Same, class Row>
+uint64_t number_rows(uint64_t rows, const uint64_t* hashes, Same same, Row row, uint32_t* map,
                      std::vector<uint64_t>* first) {
   Numbering num(hashes);
-  for (uint64_t r = 0; r < rows; ++r) num.add(r, same, map);
+  num.add_range(0, rows, same, row, map);
   *first = std::move(num.first);
   return first->size();
 }
@@ -251,7 +287,8 @@ DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads
       lo_all = std::min(lo_all, lo_t[k]);
       hi_all = std::max(hi_all, hi_t[k]);
     }
-    for (uint64_t r = b0; r < b1; ++r) num.add(r, same, out.map.data());
+    num.add_range(b0, b1, same, [&](uint64_t f) { prefetch_row(t.x + f * d, row_bytes); },
+                  out.map.data());
   }
   out.first = std::move(num.first);
   if (need_range) {
@@ -348,7 +385,8 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
         if (codes1[a * d + i] == kOutlierMark && xa[i] != xb[i]) return false;
       return true;
     };
-    n2 = number_rows(n1, h2.data(), same, map2.data(), &first2);
+    auto row = [&](uint64_t f) { prefetch_row(&codes1[f * d], d * 4); };
+    n2 = number_rows(n1, h2.data(), same, row, map2.data(), &first2);
   }
   auto unique_of = [&](uint64_t r) -> uint32_t { return n2 < n1 ? map2[map1[r]] : map1[r]; };
   auto distinct_of = [&](uint64_t u) -> uint64_t { return n2 < n1 ? first2[u] : u; };
@@ -510,9 +548,18 @@ void shape_to_rows(const std::vector<int64_t>& shape, uint64_t* n_rows, uint64_t
 
 namespace {
 
+// A frame built in scratch memory but not yet written out: its header (checksum and position
+// still open) and sections. Building and writing are apart so that a call of many pieces can
+// build them all in parallel, then write each straight to its final, gap-free place.
+struct Prepared {
+  HlFrameHeader h;
+  std::vector<int64_t> shape;
+  Sections s;
+};
+
 template <int DT>
-uint64_t encode(const Tensor<DT>& t, const CompressParams& p, const std::vector<int64_t>& shape,
-                uint8_t* out, uint64_t out_cap, int threads, bool force_lossless) {
+Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector<int64_t>& shape,
+                 int threads, bool force_lossless) {
   const bool need_range = p.mode == HL_MODE_REL && p.error_bound > 0;
   // Dithered rows never repeat (each element has its own offset), so dither skips dedup.
   const bool dedup = dedup_applies(p.dedup && !p.dither, t.n_rows, t.row_len);
@@ -527,21 +574,21 @@ uint64_t encode(const Tensor<DT>& t, const CompressParams& p, const std::vector<
   Dither dither;
   dither.on = p.dither && !lossless;
   dither.seed = p.dither_seed;
-  Coded coded = code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads);
-  Sections s = build_sections(t, coded, lossless, p.level, threads);
-
+  Prepared f;
+  {
+    Coded coded = code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads);
+    distinct = DistinctRows();  // back to the pool before the sections take theirs
+    f.s = build_sections(t, coded, lossless, p.level, threads);
+  }
+  const Sections& s = f.s;
   const int ndim = (int)shape.size();
-  const uint64_t shape_bytes = 8ull * ndim;
   const uint64_t outlier_bytes = HL_OUTLIER_BYTES * s.outliers.size();
   const uint64_t total =
-      HL_HEADER_BYTES + shape_bytes + s.map.size() + s.code.size() + outlier_bytes;
+      HL_HEADER_BYTES + 8ull * ndim + s.map.size() + s.code.size() + outlier_bytes;
   if (!lossless && total > hl_max_frame_bytes(t.n_rows, t.row_len, ndim))
-    return encode(t, p, shape, out, out_cap, threads, true);
-  if (total > out_cap)
-    throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
-                        " bytes, the frame needs " + std::to_string(total));
+    return prepare(t, p, shape, threads, true);
 
-  HlFrameHeader h;
+  HlFrameHeader& h = f.h;
   memset(&h, 0, sizeof(h));
   h.magic = HL_MAGIC;
   h.version = HL_VERSION;
@@ -567,11 +614,23 @@ uint64_t encode(const Tensor<DT>& t, const CompressParams& p, const std::vector<
   h.code_bytes = s.code.size();
   h.outlier_bytes = outlier_bytes;
   h.total_bytes = total;
+  f.shape = shape;
+  return f;
+}
 
+// Writes a prepared frame at out (out_cap bytes) and seals it with its checksum.
+uint64_t write_frame(const Prepared& f, uint8_t* out, uint64_t out_cap, int threads) {
+  const HlFrameHeader& h = f.h;
+  const Sections& s = f.s;
+  const uint64_t total = h.total_bytes;
+  if (total > out_cap)
+    throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
+                        " bytes, the frame needs " + std::to_string(total));
   uint8_t* w = out;
   memcpy(w, &h, sizeof(h));
   w += sizeof(h);
-  memcpy(w, shape.data(), shape_bytes);
+  const uint64_t shape_bytes = 8ull * h.ndim;
+  if (shape_bytes) memcpy(w, f.shape.data(), shape_bytes);
   w += shape_bytes;
   if (!s.map.empty()) memcpy(w, s.map.data(), s.map.size());
   w += s.map.size();
@@ -582,28 +641,33 @@ uint64_t encode(const Tensor<DT>& t, const CompressParams& p, const std::vector<
     memcpy(w + 8, &o.raw, 4);
     w += HL_OUTLIER_BYTES;
   }
-  h.checksum = checksum_with_zero_field(out, total, threads);
-  memcpy(out + offsetof(HlFrameHeader, checksum), &h.checksum, 4);
+  const uint32_t sum = checksum_with_zero_field(out, total, threads);
+  memcpy(out + offsetof(HlFrameHeader, checksum), &sum, 4);
   return total;
+}
+
+Prepared prepare_one(const void* input, const CompressParams& p, const std::vector<int64_t>& shape,
+                     int threads) {
+  uint64_t rows, len;
+  shape_to_rows(shape, &rows, &len);
+  switch (p.dtype) {
+    case HL_FLOAT32:
+      return prepare(Tensor<HL_FLOAT32>{static_cast<const uint32_t*>(input), rows, len}, p, shape,
+                     threads, false);
+    case HL_FLOAT16:
+      return prepare(Tensor<HL_FLOAT16>{static_cast<const uint16_t*>(input), rows, len}, p, shape,
+                     threads, false);
+    case HL_BFLOAT16:
+      return prepare(Tensor<HL_BFLOAT16>{static_cast<const uint16_t*>(input), rows, len}, p,
+                     shape, threads, false);
+  }
+  throw ArgumentError("unsupported dtype code " + std::to_string(p.dtype));
 }
 
 uint64_t compress_one(const void* input, const CompressParams& p,
                       const std::vector<int64_t>& shape, uint8_t* out, uint64_t out_cap,
                       int threads) {
-  uint64_t rows, len;
-  shape_to_rows(shape, &rows, &len);
-  switch (p.dtype) {
-    case HL_FLOAT32:
-      return encode(Tensor<HL_FLOAT32>{static_cast<const uint32_t*>(input), rows, len}, p, shape,
-                    out, out_cap, threads, false);
-    case HL_FLOAT16:
-      return encode(Tensor<HL_FLOAT16>{static_cast<const uint16_t*>(input), rows, len}, p, shape,
-                    out, out_cap, threads, false);
-    case HL_BFLOAT16:
-      return encode(Tensor<HL_BFLOAT16>{static_cast<const uint16_t*>(input), rows, len}, p,
-                    shape, out, out_cap, threads, false);
-  }
-  throw ArgumentError("unsupported dtype code " + std::to_string(p.dtype));
+  return write_frame(prepare_one(input, p, shape, threads), out, out_cap, threads);
 }
 
 // ---- decoding --------------------------------------------------------------------------------
@@ -611,6 +675,9 @@ uint64_t compress_one(const void* input, const CompressParams& p,
 uint32_t dither_seed(const HlFrameHeader& h) {
   return (uint32_t)h.reserved[0] | (uint32_t)h.reserved[1] << 8 | (uint32_t)h.reserved[2] << 16;
 }
+
+// Decoded tensors from this size on are written with streaming stores (see decode).
+constexpr uint64_t kStreamFrom = uint64_t(8) << 20;
 
 template <int DT>
 void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threads) {
@@ -684,9 +751,18 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
     throw FrameError("frame is corrupted: row map uses " + std::to_string(next) + " of " +
                      std::to_string(h.n_unique) + " unique rows");
   if (d == 0) return;  // rows of no elements: nothing to copy, and u (or out) may be null
-#pragma omp parallel for num_threads(threads) schedule(static) if (h.n_rows * d > 65536)
-  for (int64_t r = 0; r < (int64_t)h.n_rows; ++r)
-    memcpy(out + r * d, u + (uint64_t)map[r] * d, d * sizeof(raw_t));
+  const uint64_t rows = h.n_rows, row_bytes = d * sizeof(raw_t);
+  // Outputs far larger than the caches bypass them: streaming stores skip reading each output
+  // line before writing it.
+  const bool stream = rows * row_bytes >= kStreamFrom;
+  const int nt = rows * d > 65536 ? threads : 1;
+#pragma omp parallel num_threads(nt)
+  {
+    uint64_t a, b;
+    split_range(rows, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
+    cpu::expand_rows(reinterpret_cast<uint8_t*>(out) + a * row_bytes,
+                     reinterpret_cast<const uint8_t*>(u), map.data() + a, b - a, row_bytes, stream);
+  }
 }
 
 }  // namespace
@@ -741,59 +817,147 @@ uint64_t compress_cpu(const void* input, const CompressParams& p,
   return compress_one(input, p, shape, out, out_cap, resolve_threads(threads));
 }
 
-std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams& p,
-                                        const std::vector<int64_t>& rows,
-                                        const std::vector<int64_t>& trailing,
-                                        const std::vector<double>& error_bounds, uint8_t* out,
-                                        uint64_t out_cap, int threads) {
-  threads = resolve_threads(threads);
+namespace {
+
+// The pieces of a compress_many/compress_into call, checked: parameters, shape, input offset
+// and worst-case frame size of each.
+struct Pieces {
+  std::vector<CompressParams> params;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<uint64_t> in_off;  // elements
+  uint64_t max_frames = 0;       // sum of hl_max_frame_bytes
+};
+
+Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& rows,
+                   const std::vector<int64_t>& trailing, const std::vector<double>& error_bounds) {
   const size_t n = rows.size();
   const uint64_t row_elems = check_chunk_args(p, n, trailing, error_bounds);
-  std::vector<CompressParams> params(n, p);
-  std::vector<std::vector<int64_t>> shapes(n);
-  std::vector<uint64_t> in_off(n + 1, 0), out_off(n + 1, 0);
+  Pieces c;
+  c.params.assign(n, p);
+  c.shapes.resize(n);
+  c.in_off.assign(n + 1, 0);
   for (size_t i = 0; i < n; ++i) {
     if (rows[i] < 0)
       throw ArgumentError("chunk " + std::to_string(i) + " has " + std::to_string(rows[i]) +
                           " rows, expected >= 0");
     if (!error_bounds.empty()) {
-      params[i].error_bound = error_bounds[i];
-      check_params(params[i]);
+      c.params[i].error_bound = error_bounds[i];
+      check_params(c.params[i]);
     }
-    params[i].dither_seed = (uint32_t)((p.dither_seed + i) % HL_DITHER_SEEDS);
-    shapes[i].push_back(rows[i]);
-    shapes[i].insert(shapes[i].end(), trailing.begin(), trailing.end());
+    c.params[i].dither_seed = (uint32_t)((p.dither_seed + i) % HL_DITHER_SEEDS);
+    c.shapes[i].push_back(rows[i]);
+    c.shapes[i].insert(c.shapes[i].end(), trailing.begin(), trailing.end());
     uint64_t r, len;
-    shape_to_rows(shapes[i], &r, &len);
-    in_off[i + 1] = in_off[i] + (uint64_t)rows[i] * row_elems;
-    out_off[i + 1] = out_off[i] + hl_max_frame_bytes(r, len, (int)shapes[i].size());
+    shape_to_rows(c.shapes[i], &r, &len);
+    c.in_off[i + 1] = c.in_off[i] + (uint64_t)rows[i] * row_elems;
+    c.max_frames += hl_max_frame_bytes(r, len, (int)c.shapes[i].size());
   }
-  if (out_off[n] > out_cap)
+  return c;
+}
+
+void check_groups(const std::vector<int64_t>& groups, size_t n_frames) {
+  uint64_t sum = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g] < 0)
+      throw ArgumentError("group " + std::to_string(g) + " has " + std::to_string(groups[g]) +
+                          " frames, expected >= 0");
+    sum += (uint64_t)groups[g];
+  }
+  if (sum != n_frames)
+    throw ArgumentError("groups hold " + std::to_string(sum) + " frames, expected one per piece (" +
+                        std::to_string(n_frames) + ")");
+}
+
+}  // namespace
+
+uint64_t max_grouped_bytes(const std::vector<int64_t>& rows, const std::vector<int64_t>& trailing,
+                           const std::vector<int64_t>& groups, uint64_t prefix_bytes) {
+  CompressParams p{HL_FLOAT32, HL_MODE_ABS, 1, false, 0.0};
+  check_groups(groups, rows.size());
+  return groups.size() * prefix_bytes + plan_pieces(p, rows, trailing, {}).max_frames;
+}
+
+std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams& p,
+                                        const std::vector<int64_t>& rows,
+                                        const std::vector<int64_t>& trailing,
+                                        const std::vector<double>& error_bounds,
+                                        const std::vector<int64_t>& groups, uint64_t prefix_bytes,
+                                        uint8_t* out, uint64_t out_cap, int threads) {
+  threads = resolve_threads(threads);
+  const size_t n = rows.size();
+  const Pieces c = plan_pieces(p, rows, trailing, error_bounds);
+  check_groups(groups, n);
+  const uint64_t need = groups.size() * prefix_bytes + c.max_frames;
+  if (need > out_cap)
     throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
-                        " bytes, the frames may need " + std::to_string(out_off[n]));
+                        " bytes, the frames may need " + std::to_string(need));
+  // prefixes_before[i]: prefixes the layout puts right before piece i (one for the group it
+  // opens and one for each empty group before that; 0 inside a group).
+  std::vector<uint64_t> prefixes_before(n + 1, 0);
+  {
+    size_t i = 0;
+    uint64_t open = 0;
+    for (int64_t g : groups) {
+      ++open;
+      for (int64_t k = 0; k < g; ++k, ++i) {
+        prefixes_before[i] = open;
+        open = 0;
+      }
+    }
+    prefixes_before[n] = open;  // trailing empty groups: their prefixes end the buffer
+  }
   const uint8_t* in = static_cast<const uint8_t*>(input);
   const uint64_t eb = hl_elem_bytes(p.dtype);
   std::vector<uint64_t> sizes(n, 0);
-  // Many small chunks: one thread each. Few large ones: each chunk uses all threads.
-  const bool across = (int)n >= threads;
+  // Many small pieces: one thread each, all frames built before any is placed (a frame's place
+  // depends on the sizes before it). Few large ones: each piece uses all threads in turn and is
+  // written as soon as it is built.
+  const bool across = (int)n >= threads && n > 1;
+  if (!across) {
+    uint64_t w = 0;
+    for (size_t i = 0; i < n; ++i) {
+      w += prefixes_before[i] * prefix_bytes;
+      sizes[i] = write_frame(prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], threads),
+                             out + w, out_cap - w, threads);
+      w += sizes[i];
+    }
+    return sizes;
+  }
+  std::vector<Prepared> frames(n);
   std::exception_ptr error;  // the first failure, rethrown as itself after the loop
-#pragma omp parallel for num_threads(threads) schedule(dynamic) if (across && n > 1)
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
   for (int64_t i = 0; i < (int64_t)n; ++i) {
     try {
-      sizes[i] = compress_one(in + in_off[i] * eb, params[i], shapes[i], out + out_off[i],
-                              out_off[i + 1] - out_off[i], across ? 1 : threads);
+      frames[i] = prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], 1);
     } catch (...) {
 #pragma omp critical
       if (!error) error = std::current_exception();
     }
   }
   if (error) std::rethrow_exception(error);
-  uint64_t w = 0;  // close the gaps left by the worst-case slots
+  std::vector<uint64_t> at(n, 0);
+  uint64_t w = 0;
   for (size_t i = 0; i < n; ++i) {
-    if (w != out_off[i]) memmove(out + w, out + out_off[i], sizes[i]);
+    w += prefixes_before[i] * prefix_bytes;
+    at[i] = w;
+    sizes[i] = frames[i].h.total_bytes;
     w += sizes[i];
   }
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
+  for (int64_t i = 0; i < (int64_t)n; ++i) {
+    write_frame(frames[i], out + at[i], sizes[i], 1);
+    frames[i] = Prepared();  // sections back to this thread's pool while they are warm
+  }
   return sizes;
+}
+
+std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams& p,
+                                        const std::vector<int64_t>& rows,
+                                        const std::vector<int64_t>& trailing,
+                                        const std::vector<double>& error_bounds, uint8_t* out,
+                                        uint64_t out_cap, int threads) {
+  return compress_into_cpu(input, p, rows, trailing, error_bounds,
+                           {(int64_t)rows.size()}, 0, out, out_cap, threads);
 }
 
 HlFrameHeader parse_header(const uint8_t* frame, uint64_t size, std::vector<int64_t>* shape) {
@@ -884,26 +1048,239 @@ uint32_t frame_checksum(const uint8_t* frame, uint64_t size) {
   return checksum_with_zero_field(frame, size, resolve_threads(0));
 }
 
-void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out_bytes,
-                    int threads) {
-  threads = resolve_threads(threads);
-  HlFrameHeader h = parse_header(frame, size, nullptr);
-  uint32_t sum = checksum_with_zero_field(frame, size, threads);
+namespace {
+
+void verify_checksum(const HlFrameHeader& h, const uint8_t* frame, uint64_t size, int threads) {
+  const uint32_t sum = checksum_with_zero_field(frame, size, threads);
   if (sum != h.checksum) {
     char buf[128];
     snprintf(buf, sizeof(buf), "frame is corrupted: checksum 0x%08x, its header says 0x%08x",
              sum, h.checksum);
     throw FrameError(buf);
   }
-  const uint64_t need = h.n_rows * h.row_len * hl_elem_bytes(h.dtype);
-  if (out_bytes != need)
-    throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
-                        " bytes, the frame decodes to " + std::to_string(need));
+}
+
+// Decodes a frame whose header is parsed and checksum verified into its n_rows * row_len
+// elements at out.
+void decode_frame(const HlFrameHeader& h, const uint8_t* frame, void* out, int threads) {
   switch (h.dtype) {
     case HL_FLOAT32: return decode<HL_FLOAT32>(h, frame, out, threads);
     case HL_FLOAT16: return decode<HL_FLOAT16>(h, frame, out, threads);
     case HL_BFLOAT16: return decode<HL_BFLOAT16>(h, frame, out, threads);
   }
 }
+
+uint64_t decoded_bytes(const HlFrameHeader& h) {
+  return h.n_rows * h.row_len * hl_elem_bytes(h.dtype);
+}
+
+// Reads the header of the frame at frame (avail bytes left in its span) and returns it
+// validated, with the frame's size: its header's total_bytes, refused when past avail.
+HlFrameHeader next_frame(const uint8_t* frame, uint64_t avail, std::vector<int64_t>* shape) {
+  if (avail < HL_HEADER_BYTES)
+    throw FrameError("frame is truncated: " + std::to_string(avail) +
+                     " bytes left, a frame has at least " + std::to_string(HL_HEADER_BYTES));
+  HlFrameHeader h;
+  memcpy(&h, frame, sizeof(h));
+  if (h.magic != HL_MAGIC) return parse_header(frame, avail, shape);  // names the bad magic
+  if (h.total_bytes > avail)
+    throw FrameError("frame is truncated: its header says " + std::to_string(h.total_bytes) +
+                     " bytes, " + std::to_string(avail) + " left");
+  return parse_header(frame, h.total_bytes, shape);
+}
+
+// One frame to decode: its bytes, its parsed header and where its elements go.
+struct Job {
+  const uint8_t* frame;
+  HlFrameHeader h;
+  uint8_t* out;   // null: only verify the checksum
+  size_t owner;   // the source (decompress_into) or frame index it reports errors to
+  bool verified;  // checksum already verified
+};
+
+// Verifies and decodes every job, threaded across frames when there are enough of them and
+// within each frame otherwise. A FrameError is recorded for the job's owner (the first one an
+// owner gets wins) and the other jobs go on; anything else is rethrown after the loop.
+void run_jobs(const std::vector<Job>& jobs, std::vector<std::string>* errors, int threads) {
+  const int64_t n = (int64_t)jobs.size();
+  const bool across = n >= threads && n > 1;
+  std::exception_ptr fatal;
+#pragma omp parallel for num_threads(threads) schedule(dynamic) if (across)
+  for (int64_t i = 0; i < n; ++i) {
+    const Job& j = jobs[i];
+    const int inner = across ? 1 : threads;
+    try {
+      if (!j.verified) verify_checksum(j.h, j.frame, j.h.total_bytes, inner);
+      if (j.out) decode_frame(j.h, j.frame, j.out, inner);
+    } catch (const FrameError& e) {
+#pragma omp critical
+      if ((*errors)[j.owner].empty()) (*errors)[j.owner] = e.what();
+    } catch (...) {
+#pragma omp critical
+      if (!fatal) fatal = std::current_exception();
+    }
+  }
+  if (fatal) std::rethrow_exception(fatal);
+}
+
+// The frames of one source laid out at consecutive rows: "" when they fit, else the reason.
+std::string plan_source(const uint8_t* buffer, const DecodeSource& src, size_t index,
+                        uint8_t dtype, const std::vector<int64_t>& trailing, uint64_t row_bytes,
+                        uint8_t* out, std::vector<Job>* jobs) {
+  const size_t first_job = jobs->size();
+  uint64_t pos = 0, rows = 0;
+  size_t k = 0;
+  std::vector<int64_t> shape;
+  auto fail = [&](const std::string& why) {
+    jobs->resize(first_job);  // nothing of a failed source is decoded
+    return "source " + std::to_string(index) + ", frame " + std::to_string(k) + " at byte " +
+           std::to_string(src.offset + pos) + ": " + why;
+  };
+  for (; pos < src.length; ++k) {
+    HlFrameHeader h;
+    try {
+      h = next_frame(buffer + src.offset + pos, src.length - pos, &shape);
+    } catch (const FrameError& e) {
+      return fail(e.what());
+    }
+    if (h.dtype != dtype)
+      return fail("frame holds dtype code " + std::to_string(h.dtype) + ", expected " +
+                  std::to_string(dtype));
+    bool same = shape.size() == trailing.size() + 1;
+    for (size_t d = 0; same && d < trailing.size(); ++d) same = shape[d + 1] == trailing[d];
+    if (!same) {
+      std::string got, want = "(rows";
+      for (size_t d = 0; d < shape.size(); ++d) got += (d ? ", " : "(") + std::to_string(shape[d]);
+      for (int64_t t : trailing) want += ", " + std::to_string(t);
+      return fail("frame has shape " + (shape.empty() ? std::string("()") : got + ")") +
+                  ", expected " + want + ")");
+    }
+    if ((uint64_t)shape[0] > (uint64_t)src.rows - rows)
+      return fail("frame holds " + std::to_string(shape[0]) + " rows, only " +
+                  std::to_string((uint64_t)src.rows - rows) + " of the source's " +
+                  std::to_string(src.rows) + " are left");
+    jobs->push_back(Job{buffer + src.offset + pos, h, out + rows * row_bytes, index, false});
+    rows += (uint64_t)shape[0];
+    pos += h.total_bytes;
+  }
+  if (rows != (uint64_t)src.rows) {
+    jobs->resize(first_job);
+    return "source " + std::to_string(index) + ": its " + std::to_string(k) + " frames in bytes [" +
+           std::to_string(src.offset) + ", " + std::to_string(src.offset + src.length) +
+           ") hold " + std::to_string(rows) + " rows, expected " + std::to_string(src.rows);
+  }
+  return "";
+}
+
+}  // namespace
+
+void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out_bytes,
+                    int threads) {
+  threads = resolve_threads(threads);
+  HlFrameHeader h = parse_header(frame, size, nullptr);
+  verify_checksum(h, frame, size, threads);
+  const uint64_t need = decoded_bytes(h);
+  if (out_bytes != need)
+    throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
+                        " bytes, the frame decodes to " + std::to_string(need));
+  decode_frame(h, frame, out, threads);
+}
+
+std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buffer_len,
+                                             const std::vector<DecodeSource>& sources,
+                                             uint8_t dtype, const std::vector<int64_t>& trailing,
+                                             void* out, uint64_t out_bytes, int threads) {
+  threads = resolve_threads(threads);
+  if (dtype > HL_BFLOAT16)
+    throw ArgumentError("unsupported dtype code " + std::to_string(dtype) +
+                        ", expected float32 (0), float16 (1) or bfloat16 (2)");
+  uint64_t row_elems = 1;
+  for (int64_t t : trailing) {
+    if (t < 0) throw ArgumentError("negative dimension " + std::to_string(t) + " in trailing");
+    row_elems *= (uint64_t)t;
+  }
+  const uint64_t row_bytes = row_elems * hl_elem_bytes(dtype);
+  uint64_t rows = 0;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const DecodeSource& s = sources[i];
+    if (s.rows < 0)
+      throw ArgumentError("source " + std::to_string(i) + " has " + std::to_string(s.rows) +
+                          " rows, expected >= 0");
+    if (s.offset > buffer_len || s.length > buffer_len - s.offset)
+      throw ArgumentError("source " + std::to_string(i) + " spans bytes [" +
+                          std::to_string(s.offset) + ", " + std::to_string(s.offset + s.length) +
+                          "), past the buffer's " + std::to_string(buffer_len));
+    rows += (uint64_t)s.rows;
+  }
+  if (rows * row_bytes != out_bytes)
+    throw ArgumentError("output buffer holds " + std::to_string(out_bytes) + " bytes, the " +
+                        std::to_string(rows) + " rows of the sources take " +
+                        std::to_string(rows * row_bytes));
+  std::vector<std::string> errors(sources.size());
+  std::vector<Job> jobs;
+  uint8_t* at = static_cast<uint8_t*>(out);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    errors[i] = plan_source(buffer, sources[i], i, dtype, trailing, row_bytes, at, &jobs);
+    at += (uint64_t)sources[i].rows * row_bytes;
+  }
+  run_jobs(jobs, &errors, threads);
+  for (size_t i = 0; i < errors.size(); ++i)  // decoding errors arrive without their source
+    if (!errors[i].empty() && errors[i].compare(0, 7, "source ") != 0)
+      errors[i] = "source " + std::to_string(i) + ": " + errors[i];
+  return errors;
+}
+
+std::vector<ParsedFrame> parse_frames(const uint8_t* buffer, uint64_t len,
+                                      const std::vector<uint64_t>* sizes) {
+  std::vector<ParsedFrame> frames;
+  uint64_t pos = 0;
+  for (size_t k = 0; sizes ? k < sizes->size() : pos < len; ++k) {
+    ParsedFrame f;
+    const uint64_t avail = sizes ? (*sizes)[k] : len - pos;
+    if (pos + avail > len)
+      throw ArgumentError("frame sizes overrun the buffer of " + std::to_string(len) + " bytes");
+    f.offset = pos;
+    f.h = sizes ? parse_header(buffer + pos, avail, &f.shape) : next_frame(buffer + pos, avail, &f.shape);
+    pos += f.h.total_bytes;
+    frames.push_back(std::move(f));
+  }
+  return frames;
+}
+
+std::vector<ParsedFrame> decompress_frames_cpu(const uint8_t* buffer, uint64_t len,
+                                               const std::vector<uint64_t>* sizes,
+                                               uint64_t align,
+                                               const std::function<uint8_t*(uint64_t)>& alloc,
+                                               std::vector<uint64_t>* out_offsets, int threads) {
+  threads = resolve_threads(threads);
+  std::vector<ParsedFrame> frames = parse_frames(buffer, len, sizes);
+  const size_t n = frames.size();
+  std::vector<Job> jobs(n);
+  std::vector<std::string> errors(n);
+  auto first_error = [&] {
+    for (size_t k = 0; k < n; ++k)
+      if (!errors[k].empty()) throw FrameError(errors[k]);
+  };
+  // Checksums first: a corrupted header must not make us allocate what it claims.
+  for (size_t k = 0; k < n; ++k) jobs[k] = Job{buffer + frames[k].offset, frames[k].h, nullptr, k, false};
+  run_jobs(jobs, &errors, threads);
+  first_error();
+  out_offsets->assign(n, 0);
+  uint64_t total = 0;
+  for (size_t k = 0; k < n; ++k) {
+    (*out_offsets)[k] = total;
+    total += hl_div_up(decoded_bytes(frames[k].h), align) * align;
+  }
+  uint8_t* out = alloc(total);
+  for (size_t k = 0; k < n; ++k) {
+    jobs[k].out = out + (*out_offsets)[k];
+    jobs[k].verified = true;
+  }
+  run_jobs(jobs, &errors, threads);
+  first_error();
+  return frames;
+}
+
+uint64_t decoded_frame_bytes(const HlFrameHeader& h) { return decoded_bytes(h); }
 
 }  // namespace hl

@@ -30,6 +30,20 @@ HL_INLINE double round_even(double t) {
   return (t + magic) - magic;
 }
 
+// Rows picked by idx (the first occurrences of distinct rows) lie anywhere in the tensor: each
+// is a cache miss unless fetched ahead. kGatherAhead rows ahead covers the miss latency of a
+// few hundred bytes of work per row; the first 1 KiB suffices for the hardware prefetcher to
+// carry on through longer rows.
+constexpr uint64_t kGatherAhead = 4;
+
+HL_INLINE void prefetch_gathered(const void* base, const uint64_t* idx, uint64_t r, uint64_t rows,
+                                 uint64_t row_bytes) {
+  if (!idx || r + kGatherAhead >= rows) return;
+  const char* p = static_cast<const char*>(base) + idx[r + kGatherAhead] * row_bytes;
+  const uint64_t n = row_bytes < 1024 ? row_bytes : 1024;
+  for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(p + off);
+}
+
 template <int DT>
 HL_INLINE void range_impl(const void* xv, uint64_t n, double* lo_out, double* hi_out) {
   typedef typename Elem<DT>::raw_t raw_t;
@@ -82,6 +96,7 @@ HL_INLINE void quantize_impl(const void* xv, const uint64_t* idx, uint64_t rows,
   const raw_t* xs = static_cast<const raw_t*>(xv);
   const double step = qp.step, inv_step = qp.inv_step, eb_abs = qp.eb_abs;
   for (uint64_t r = 0; r < rows; ++r) {
+    prefetch_gathered(xs, idx, r, rows, d * sizeof(raw_t));
     const raw_t* x = xs + (idx ? idx[r] : r) * d;
     uint32_t* z = codes + r * d;
     uint32_t any = 0;
@@ -108,6 +123,7 @@ HL_INLINE void raw_impl(const void* xv, const uint64_t* idx, uint64_t rows, uint
   typedef typename Elem<DT>::raw_t raw_t;
   const raw_t* xs = static_cast<const raw_t*>(xv);
   for (uint64_t r = 0; r < rows; ++r) {
+    prefetch_gathered(xs, idx, r, rows, d * sizeof(raw_t));
     const raw_t* x = xs + (idx ? idx[r] : r) * d;
     for (uint64_t i = 0; i < d; ++i) codes[r * d + i] = x[i];
   }
@@ -131,15 +147,14 @@ HL_INLINE void dequantize_impl(const uint32_t* z, uint64_t n, double step, void*
 
 
 #ifdef HL_HAVE_AVX2_PATH
-// float32 fast paths with AVX2 intrinsics. Compilers do not vectorize the portable loops (IEEE
+// float32 fast paths with AVX2 (and below, AVX-512) intrinsics. Compilers do not vectorize the portable loops (IEEE
 // min/max and selects), so these spell out the same arithmetic: every operation is the IEEE one
 // the scalar code performs (double multiply, round-to-nearest-even conversions), so results are
 // identical bit for bit; tests/test_codec.py compares both paths.
-// HVD_LOSSY_NO_AVX2=1 forces the portable loops (the tests compare the two paths' frames).
-bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && !getenv("HVD_LOSSY_NO_AVX2");
-  return has;
-}
+// HVD_LOSSY_NO_AVX2=1 forces the portable loops, HVD_LOSSY_NO_AVX512=1 the AVX2 ones (the
+// tests compare the three paths' frames).
+bool cpu_has_avx2() { return simd_level() >= 1; }
+bool cpu_has_avx512() { return simd_level() >= 2; }
 
 __attribute__((target("avx2"))) void range_f32_avx2(const float* x, uint64_t n, double* lo_out,
                                                     double* hi_out) {
@@ -221,6 +236,7 @@ __attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const ui
   const __m256d inv = _mm256_set1_pd(qp.inv_step), step = _mm256_set1_pd(qp.step),
                 eb = _mm256_set1_pd(qp.eb_abs);
   for (uint64_t r = 0; r < rows; ++r) {
+    prefetch_gathered(xs, idx, r, rows, d * 4);
     const float* x = xs + (idx ? idx[r] : r) * d;
     uint32_t* z = codes + r * d;
     int miss = 0;
@@ -277,9 +293,186 @@ __attribute__((target("avx2"))) void dequantize_dithered_f32_avx2(const uint32_t
   }
   dequantize_dithered_impl<HL_FLOAT32>(z + i, n - i, step, seed, first + i, out + i);
 }
+
+#define HL_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2")))
+
+// The AVX2 kernels' arithmetic eight lanes wide: the same IEEE operations element by element
+// (double multiply, compare, round-to-nearest-even conversions), so the same bits.
+HL_AVX512 void range_f32_avx512(const float* x, uint64_t n, double* lo_out, double* hi_out) {
+  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000);
+  const __m512 pinf = _mm512_set1_ps(INFINITY), ninf = _mm512_set1_ps(-INFINITY);
+  __m512 lo = pinf, hi = ninf;
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_loadu_ps(x + i);
+    __mmask16 finite = _mm512_cmpneq_epi32_mask(
+        _mm512_and_si512(_mm512_castps_si512(v), exp_mask), exp_mask);
+    lo = _mm512_mask_min_ps(lo, finite, lo, v);
+    hi = _mm512_mask_max_ps(hi, finite, hi, v);
+  }
+  double tl, th;
+  range_f32_avx2(x + i, n - i, &tl, &th);
+  const double l = _mm512_reduce_min_ps(lo), h = _mm512_reduce_max_ps(hi);
+  *lo_out = l < tl ? l : tl;
+  *hi_out = h > th ? h : th;
+}
+
+// Dither offsets of eight consecutive elements (dither4, eight wide). False when the indices
+// cross a 2^32 boundary.
+HL_AVX512 inline bool dither8(uint32_t seed, uint64_t first, __m512d step, __m512d* u) {
+  const uint32_t lo = (uint32_t)first;
+  if (lo > 0xfffffff8u) return false;
+  const uint32_t inner = mix32((uint32_t)(first >> 32) ^ (seed * 0x9e3779b9u));
+  __m256i h = _mm256_xor_si256(
+      _mm256_add_epi32(_mm256_set1_epi32((int)lo), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+      _mm256_set1_epi32((int)inner));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x85ebca6bu));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0xc2b2ae35u));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  __m512d unit = _mm512_cvtepi32_pd(_mm256_srli_epi32(h, 8));
+  unit = _mm512_sub_pd(_mm512_mul_pd(_mm512_add_pd(unit, _mm512_set1_pd(0.5)),
+                                     _mm512_set1_pd(1.0 / 16777216.0)),
+                       _mm512_set1_pd(0.5));
+  *u = _mm512_mul_pd(unit, step);
+  return true;
+}
+
+// quantize4_f32 eight wide: codes (or the outlier mark) of eight elements; returns the mask of
+// misses.
+HL_AVX512 inline unsigned quantize8_f32(const float* x, __m512d inv, __m512d step, __m512d eb,
+                                        __m512d u, uint32_t* z) {
+  const __m512d qmax = _mm512_set1_pd(HL_QMAX);
+  const __m512d magic = _mm512_set1_pd(6755399441055744.0);
+  __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x));
+  __m512d s = _mm512_mul_pd(_mm512_sub_pd(v, u), inv);
+  __mmask8 in_range = _mm512_cmp_pd_mask(_mm512_abs_pd(s), qmax, _CMP_LE_OQ);
+  __m512d r = _mm512_sub_pd(_mm512_add_pd(_mm512_maskz_mov_pd(in_range, s), magic), magic);
+  __m256i q = _mm512_cvttpd_epi32(r);
+  __m512d back = _mm512_cvtps_pd(
+      _mm512_cvtpd_ps(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(q), step), u)));
+  __mmask8 ok = _mm512_mask_cmp_pd_mask(in_range, _mm512_abs_pd(_mm512_sub_pd(v, back)), eb,
+                                        _CMP_LE_OQ);
+  __m256i zig = _mm256_xor_si256(_mm256_slli_epi32(q, 1), _mm256_srai_epi32(q, 31));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(z),
+                      _mm256_mask_mov_epi32(_mm256_set1_epi32(-1), ok, zig));
+  return (unsigned)(uint8_t)~ok;
+}
+
+HL_AVX512 void quantize_f32_avx512(const float* xs, const uint64_t* idx, uint64_t rows,
+                                   uint64_t d, const QuantParams& qp, uint32_t* codes,
+                                   uint8_t* row_outlier, uint64_t* hashes) {
+  const __m512d inv = _mm512_set1_pd(qp.inv_step), step = _mm512_set1_pd(qp.step),
+                eb = _mm512_set1_pd(qp.eb_abs);
+  for (uint64_t r = 0; r < rows; ++r) {
+    prefetch_gathered(xs, idx, r, rows, d * 4);
+    const float* x = xs + (idx ? idx[r] : r) * d;
+    uint32_t* z = codes + r * d;
+    unsigned miss = 0;
+    uint64_t i = 0;
+    if (qp.dither) {  // never deduplicated: idx is null, row r is element r*d
+      __m512d u;
+      for (; i + 8 <= d && dither8(qp.seed, qp.first + r * d + i, step, &u); i += 8)
+        miss |= quantize8_f32(x + i, inv, step, eb, u, z + i);
+    } else {
+      const __m512d zero = _mm512_setzero_pd();
+      for (; i + 8 <= d; i += 8) miss |= quantize8_f32(x + i, inv, step, eb, zero, z + i);
+    }
+    uint8_t tail = 0;
+    if (i < d) {
+      QuantParams rest = qp;
+      rest.first = qp.first + r * d + i;
+      quantize_f32_avx2(x + i, nullptr, 1, d - i, rest, z + i, &tail, nullptr);
+    }
+    row_outlier[r] = (uint8_t)((miss != 0) | tail);
+    if (hashes)
+      hashes[r] = row_outlier[r] ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
+  }
+}
+
+HL_AVX512 void dequantize_f32_avx512(const uint32_t* z, uint64_t n, double step, float* out) {
+  const __m512d st = _mm512_set1_pd(step);
+  const __m512i one = _mm512_set1_epi32(1);
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512i c = _mm512_loadu_si512(z + i);
+    __m512i q = _mm512_xor_si512(_mm512_srli_epi32(c, 1),
+                                 _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_and_si512(c, one)));
+    __m256 a = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(q)), st));
+    __m256 b = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(q, 1)), st));
+    _mm256_storeu_ps(out + i, a);
+    _mm256_storeu_ps(out + i + 8, b);
+  }
+  dequantize_f32_avx2(z + i, n - i, step, out + i);
+}
+
+HL_AVX512 void dequantize_dithered_f32_avx512(const uint32_t* z, uint64_t n, double step,
+                                              uint32_t seed, uint64_t first, float* out) {
+  const __m512d st = _mm512_set1_pd(step);
+  const __m256i one = _mm256_set1_epi32(1);
+  uint64_t i = 0;
+  __m512d u;
+  for (; i + 8 <= n && dither8(seed, first + i, st, &u); i += 8) {
+    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + i));
+    __m256i q = _mm256_xor_si256(_mm256_srli_epi32(c, 1),
+                                 _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(c, one)));
+    _mm256_storeu_ps(out + i,
+                     _mm512_cvtpd_ps(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(q), st), u)));
+  }
+  dequantize_dithered_f32_avx2(z + i, n - i, step, seed, first + i, out + i);
+}
+
+// Copies whole 64-byte lines with non-temporal stores; dst must be 64-byte aligned.
+HL_AVX512 void stream_copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  for (uint64_t i = 0; i < bytes; i += 64)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_loadu_si512(src + i));
+}
 #endif
 
+constexpr uint64_t kExpandAhead = 8;
+
 }  // namespace
+
+void expand_rows(uint8_t* out, const uint8_t* uniq, const uint32_t* map, uint64_t rows,
+                 uint64_t row_bytes, bool stream) {
+  const uint64_t ahead = row_bytes < 1024 ? row_bytes : 1024;
+#ifdef HL_HAVE_AVX2_PATH
+  if (stream && cpu_has_avx512() && row_bytes % 64 == 0 && (uintptr_t)out % 64 == 0) {
+    for (uint64_t r = 0; r < rows; ++r) {
+      if (r + kExpandAhead < rows)
+        for (uint64_t off = 0; off < ahead; off += 64)
+          __builtin_prefetch(uniq + (uint64_t)map[r + kExpandAhead] * row_bytes + off);
+      stream_copy(out + r * row_bytes, uniq + (uint64_t)map[r] * row_bytes, row_bytes);
+    }
+    _mm_sfence();  // streaming stores are weakly ordered: finish them before anyone reads out
+    return;
+  }
+#endif
+  (void)stream;
+  for (uint64_t r = 0; r < rows; ++r) {
+    if (r + kExpandAhead < rows)
+      for (uint64_t off = 0; off < ahead; off += 64)
+        __builtin_prefetch(uniq + (uint64_t)map[r + kExpandAhead] * row_bytes + off);
+    memcpy(out + r * row_bytes, uniq + (uint64_t)map[r] * row_bytes, row_bytes);
+  }
+}
+
+int simd_level() {
+#ifdef HL_HAVE_AVX2_PATH
+  static const int level = [] {
+    if (!__builtin_cpu_supports("avx2") || getenv("HVD_LOSSY_NO_AVX2")) return 0;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+        !getenv("HVD_LOSSY_NO_AVX512"))
+      return 2;
+    return 1;
+  }();
+  return level;
+#else
+  return 0;
+#endif
+}
 
 #define HL_DISPATCH(dtype, CALL)                 \
   switch (dtype) {                               \
@@ -290,6 +483,8 @@ __attribute__((target("avx2"))) void dequantize_dithered_f32_avx2(const uint32_t
 
 HL_CLONES void finite_range(uint8_t dtype, const void* x, uint64_t n, double* lo, double* hi) {
 #ifdef HL_HAVE_AVX2_PATH
+  if (dtype == HL_FLOAT32 && cpu_has_avx512())
+    return range_f32_avx512(static_cast<const float*>(x), n, lo, hi);
   if (dtype == HL_FLOAT32 && cpu_has_avx2())
     return range_f32_avx2(static_cast<const float*>(x), n, lo, hi);
 #endif
@@ -302,6 +497,9 @@ HL_CLONES void quantize_rows(uint8_t dtype, const void* x, const uint64_t* idx, 
                              uint64_t row_len, const QuantParams& qp, uint32_t* z,
                              uint8_t* row_outlier, uint64_t* hashes) {
 #ifdef HL_HAVE_AVX2_PATH
+  if (dtype == HL_FLOAT32 && cpu_has_avx512())
+    return quantize_f32_avx512(static_cast<const float*>(x), idx, rows, row_len, qp, z,
+                               row_outlier, hashes);
   if (dtype == HL_FLOAT32 && cpu_has_avx2())
     return quantize_f32_avx2(static_cast<const float*>(x), idx, rows, row_len, qp, z, row_outlier,
                              hashes);
@@ -342,6 +540,8 @@ HL_CLONES void hash_raw_rows(const uint8_t* x, uint64_t rows, uint64_t row_bytes
 
 HL_CLONES void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double step, void* out) {
 #ifdef HL_HAVE_AVX2_PATH
+  if (dtype == HL_FLOAT32 && cpu_has_avx512())
+    return dequantize_f32_avx512(z, n, step, static_cast<float*>(out));
   if (dtype == HL_FLOAT32 && cpu_has_avx2())
     return dequantize_f32_avx2(z, n, step, static_cast<float*>(out));
 #endif
@@ -353,6 +553,8 @@ HL_CLONES void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double s
 HL_CLONES void dequantize_dithered(uint8_t dtype, const uint32_t* z, uint64_t n, double step,
                                    uint32_t seed, uint64_t first, void* out) {
 #ifdef HL_HAVE_AVX2_PATH
+  if (dtype == HL_FLOAT32 && cpu_has_avx512())
+    return dequantize_dithered_f32_avx512(z, n, step, seed, first, static_cast<float*>(out));
   if (dtype == HL_FLOAT32 && cpu_has_avx2())
     return dequantize_dithered_f32_avx2(z, n, step, seed, first, static_cast<float*>(out));
 #endif

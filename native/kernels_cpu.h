@@ -1,11 +1,17 @@
 // The CPU codec's hot loops, built for several instruction sets (GCC/Clang target_clones pick
-// AVX2 at load time where the CPU has it) so that one binary is portable and fast.
+// AVX2 at load time where the CPU has it; float32 kernels also have AVX-512 versions) so that
+// one binary is portable and fast.
 #pragma once
 
 #include <stdint.h>
 
 namespace hl {
 namespace cpu {
+
+// Instruction set the kernels use, decided once at load: 0 portable loops, 1 AVX2, 2 AVX-512
+// (F, VL, DQ, BW). HVD_LOSSY_NO_AVX2=1 in the environment forces 0, HVD_LOSSY_NO_AVX512=1 at
+// most 1; the tests compare the frames of all three.
+int simd_level();
 
 struct QuantParams {
   double step, inv_step, eb_abs;
@@ -37,6 +43,13 @@ void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double step, void*
 // Decoder of dithered frames: code k is element first + k of the frame (hl::reconstruct with its offset).
 void dequantize_dithered(uint8_t dtype, const uint32_t* z, uint64_t n, double step, uint32_t seed,
                          uint64_t first, void* out);
+
+// Row r of out (rows rows of row_bytes) is row map[r] of uniq: the decoder's expansion of
+// duplicate rows. The source rows are prefetched a few rows ahead (they are random reads);
+// stream: write with non-temporal stores where the rows allow it (the output will not fit in
+// the caches anyway).
+void expand_rows(uint8_t* out, const uint8_t* uniq, const uint32_t* map, uint64_t rows,
+                 uint64_t row_bytes, bool stream);
 
 }  // namespace cpu
 }  // namespace hl

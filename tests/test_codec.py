@@ -1,4 +1,6 @@
 """Specification of the codec: the error bound, round trips, dedup, sizes and bad input."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -225,8 +227,10 @@ def test_corrupt_or_foreign_frames_raise_frame_error():
 
 
 def test_simd_and_portable_paths_write_identical_frames(tmp_path):
-    """The AVX2 float32 kernels (plain and dithered, encode and decode) must round exactly like
-    the portable loops."""
+    """The AVX-512 and AVX2 float32 kernels (plain and dithered, encode and decode, range, pack
+    and unpack) must give exactly the portable loops' bytes. Rows of 37 exercise every vector
+    tail, rows of 128 the full-width loops."""
+    import os
     import subprocess
     import sys
 
@@ -234,25 +238,35 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
     script.write_text(
         "import sys, torch, hvd_lossy\n"
         "g = torch.Generator().manual_seed(7)\n"
-        "out = []\n"
+        "out = [bytes([hvd_lossy._C.simd_level()])]\n"
         "for scale in (1e-3, 1.0, 1e6):\n"
-        "    x = torch.randn(257, 37, generator=g) * scale\n"
-        "    x[3, 5] = float('nan'); x[7] = x[2]; x[9, 1] = 3.4e38\n"
-        "    for eb, mode in ((0.03, 'rel'), (1e-4, 'rel'), (0.01, 'abs'), (1e-7, 'abs')):\n"
-        "        for dither in (None, 11, 2**24 - 1):\n"
-        "            frame = hvd_lossy.compress(x, eb, mode=mode, dither=dither)\n"
-        "            out.append(frame.numpy().tobytes())\n"
-        "            out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
+        "    for rows, dim in ((257, 37), (96, 128), (5, 3)):\n"
+        "        x = torch.randn(rows, dim, generator=g) * scale\n"
+        "        x[3, 1] = float('nan'); x[2, 2] = float('-inf'); x[4] = x[2]; x[1, 0] = 3.4e38\n"
+        "        x = torch.cat([x, x[torch.randint(0, rows, (rows,), generator=g)]])\n"
+        "        for eb, mode in ((0.03, 'rel'), (1e-4, 'rel'), (0.01, 'abs'), (1e-7, 'abs')):\n"
+        "            for dither in (None, 11, 2**24 - 1):\n"
+        "                for level in (1, 2):\n"
+        "                    frame = hvd_lossy.compress(x, eb, mode=mode, dither=dither, level=level)\n"
+        "                    out.append(frame.numpy().tobytes())\n"
+        "                    out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
+        "big = torch.randn(4096, 128, generator=g)[torch.randint(0, 4096, (16384,), generator=g)]\n"
+        "frame = hvd_lossy.compress(big, 0.03)  # decodes to 8 MiB: the streaming row copy\n"
+        "out.append(frame.numpy().tobytes())\n"
+        "out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
         "sys.stdout.buffer.write(b''.join(out))\n")
-    import os
 
-    runs = []
-    for no_avx in ("", "1"):
-        env = dict(os.environ, HVD_LOSSY_NO_AVX2=no_avx) if no_avx else {
-            k: v for k, v in os.environ.items() if k != "HVD_LOSSY_NO_AVX2"}
-        runs.append(subprocess.run([sys.executable, str(script)], env=env, check=True,
-                                   capture_output=True, timeout=120).stdout)
-    assert len(runs[0]) > 0 and runs[0] == runs[1]
+    def frames(**flags):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_LOSSY_NO_")}
+        env.update(flags)
+        return subprocess.run([sys.executable, str(script)], env=env, check=True,
+                              capture_output=True, timeout=300).stdout
+
+    # The first byte says which kernels ran; the rest must not depend on it.
+    runs = [frames(), frames(HVD_LOSSY_NO_AVX512="1"), frames(HVD_LOSSY_NO_AVX2="1")]
+    levels = [r[0] for r in runs]
+    assert levels[2] == 0 and levels[1] <= 1 and levels[0] >= levels[1]
+    assert len(runs[0]) > 1 and runs[0][1:] == runs[1][1:] == runs[2][1:]
 
 
 def test_decompress_into_a_given_tensor_reuses_it():
@@ -337,3 +351,270 @@ def test_bad_dither_seed_raises_naming_the_value(dither):
         hvd_lossy.compress(torch.ones(4), 0.1, dither=dither)
     with pytest.raises(ValueError, match="dither"):
         hvd_lossy.compress_chunks(torch.ones(4, 2), [2, 2], 0.1, dither=dither)
+
+
+# ---- native entry points of the lean exchange (compress_into / decompress_into) --------------
+
+from hvd_lossy import _C, _codec  # noqa: E402
+
+SENTINEL = 0xA5
+
+
+def compress_into(x, rows, groups, prefix, eb=0.03, level=1, dither=None, threads=0, cap=None):
+    """Calls _C.compress_into on x (pieces of `rows`) into a buffer filled with SENTINEL; returns
+    (buffer, sizes)."""
+    trailing = list(x.shape[1:])
+    need = _codec.max_grouped_bytes(rows, trailing, groups, prefix)
+    out = torch.full((need if cap is None else cap,), SENTINEL, dtype=torch.uint8)
+    sizes = _C.compress_into(x.data_ptr(), _codec._DTYPE_CODES[x.dtype], rows, trailing,
+                             [eb] * len(rows), 1, level, True, groups, prefix, out.data_ptr(),
+                             out.numel(), threads, -1 if dither is None else dither)
+    return out, list(sizes)
+
+
+def expected_layout(frames, groups, prefix):
+    """[(prefix start, [(frame start, frame bytes)...]) per group] of the documented layout."""
+    layout, at, k = [], 0, 0
+    for g in groups:
+        start, at = at, at + prefix
+        spans = []
+        for f in frames[k:k + g]:
+            spans.append((at, f))
+            at += f.numel()
+        layout.append((start, spans))
+        k += g
+    return layout, at
+
+
+def lookups(rows, dim, dtype=torch.float32, seed=0, distinct=40):
+    g = torch.Generator().manual_seed(seed)
+    table = (torch.rand(distinct, dim, generator=g) * 2 - 1) * 0.05
+    return table[torch.randint(0, distinct, (rows,), generator=g)].to(dtype)
+
+
+@pytest.mark.parametrize("groups", [[2, 0, 3], [0, 5], [5, 0], [1, 1, 1, 1, 1], [0, 0, 5, 0]])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compress_into_lays_out_prefix_then_the_groups_frames_with_no_gaps(groups, dtype):
+    rows = [30, 0, 17, 64, 5]
+    x = lookups(sum(rows), 8, dtype)
+    ref, ref_sizes = hvd_lossy.compress_chunks(x, rows, 0.03)
+    prefix = 24
+    out, sizes = compress_into(x, rows, groups, prefix)
+    assert sizes == ref_sizes
+    layout, end = expected_layout(list(torch.split(ref, ref_sizes)), groups, prefix)
+    assert end == len(groups) * prefix + sum(sizes)
+    for start, spans in layout:
+        assert (out[start:start + prefix] == SENTINEL).all(), "a prefix was written"
+        for at, frame in spans:
+            assert torch.equal(out[at:at + frame.numel()], frame)
+    assert (out[end:] == SENTINEL).all(), "bytes past the send buffer were written"
+
+
+@pytest.mark.parametrize("dither, level", [(None, 2), (123, 1), (2**24 - 1, 2)])
+def test_compress_into_frames_equal_compress_chunks_frames_for_every_mode(dither, level):
+    rows = [100, 3, 0, 250]
+    x = lookups(sum(rows), 16, seed=3)
+    ref, ref_sizes = hvd_lossy.compress_chunks(x, rows, 0.03, level=level, dither=dither)
+    for threads in (1, 2):
+        out, sizes = compress_into(x, rows, [4], 0, level=level, dither=dither, threads=threads)
+        assert sizes == ref_sizes and torch.equal(out[:sum(sizes)], ref)
+
+
+def test_compress_into_with_no_pieces_leaves_only_the_prefixes():
+    x = torch.empty(0, 4)
+    out, sizes = compress_into(x, [], [0, 0], 16)
+    assert sizes == [] and out.numel() == 32 and (out == SENTINEL).all()
+
+
+def test_max_grouped_bytes_is_the_prefixes_plus_every_worst_case_frame():
+    rows, trailing, groups = [10, 0, 7], [3, 4], [1, 2]
+    worst = sum(hvd_lossy.max_frame_bytes(r * 3, 4, 3) for r in rows)
+    assert _codec.max_grouped_bytes(rows, trailing, groups, 40) == 2 * 40 + worst
+
+
+@pytest.mark.parametrize("groups, cap, match", [
+    ([2, 2], None, r"groups hold 4 frames, expected one per piece \(3\)"),
+    ([4, -1], None, "group 1 has -1 frames, expected >= 0"),
+    ([3], 100, "output buffer holds 100 bytes, the frames may need"),
+])
+def test_compress_into_refuses_bad_groups_or_a_small_buffer(groups, cap, match):
+    x = lookups(30, 8)
+    rows = [10, 10, 10]
+    trailing = [8]
+    cap = cap or 1 << 16
+    out = torch.empty(cap, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=match):
+        _C.compress_into(x.data_ptr(), 0, rows, trailing, [0.03] * 3, 1, 1, True, groups, 8,
+                         out.data_ptr(), cap)
+
+
+def decompress_into(buf, sources, out, dtype=None, trailing=None, threads=0):
+    dtype = out.dtype if dtype is None else dtype
+    trailing = list(out.shape[1:]) if trailing is None else trailing
+    return _C.decompress_into(buf.data_ptr(), buf.numel(), sources, _codec._DTYPE_CODES[dtype],
+                              trailing, out.data_ptr(), out.numel() * out.element_size(), threads)
+
+
+def grouped_sources(sizes, groups, rows, prefix):
+    """(offset, length, rows) of each group of a compress_into buffer."""
+    sources, at, k = [], 0, 0
+    for g in groups:
+        at += prefix
+        length = sum(sizes[k:k + g])
+        sources.append((at, length, sum(rows[k:k + g])))
+        at += length
+        k += g
+    return sources
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dither", [None, 5])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decompress_into_decodes_each_sources_frames_at_consecutive_rows(dtype, dither, threads):
+    rows, groups, prefix = [40, 0, 13, 77, 9, 0], [2, 0, 3, 1], 16
+    x = lookups(sum(rows), 12, dtype, seed=4)
+    buf, sizes = compress_into(x, rows, groups, prefix, dither=dither)
+    out = torch.full_like(x, float("nan"))
+    sources = grouped_sources(sizes, groups, rows, prefix)
+    assert decompress_into(buf, sources, out, threads=threads) == [None] * len(groups)
+    ref, ref_sizes = hvd_lossy.compress_chunks(x, rows, 0.03, dither=dither)
+    assert torch.equal(out, torch.cat(hvd_lossy.decompress_chunks(ref, ref_sizes)))
+
+
+def test_decompress_into_of_one_dimensional_pieces_and_of_nothing():
+    x = torch.randn(9)
+    buf, sizes = hvd_lossy.compress_chunks(x, [2, 7], 0.0)
+    out = torch.empty(9)
+    assert decompress_into(buf, [(0, sizes[0], 2), (sizes[0], sizes[1], 7)], out, trailing=[]) == [None, None]
+    assert torch.equal(out, x)
+    empty = torch.empty(0, 4)
+    assert decompress_into(buf, [(3, 0, 0)], empty) == [None]
+    assert decompress_into(buf, [], empty) == []
+
+
+def sealed(frame):
+    """The frame with its checksum recomputed (a frame corrupted before it was sealed)."""
+    frame = frame.clone()
+    frame[12:16] = 0
+    value = _C.checksum(frame.data_ptr(), frame.numel())
+    frame[12:16] = torch.tensor(list(value.to_bytes(4, "little")), dtype=torch.uint8)
+    return frame
+
+
+def three_sources(dtype=torch.float32):
+    """A buffer of three sources of two frames each, their sources and the rows they hold."""
+    rows = [20, 10, 5, 25, 30, 0]
+    x = lookups(sum(rows), 8, dtype, seed=9)
+    buf, sizes = hvd_lossy.compress_chunks(x, rows, 0.03)
+    return x, buf.clone(), sizes, grouped_sources(sizes, [2, 2, 2], rows, 0)
+
+
+def test_decompress_into_reports_a_corrupted_source_and_decodes_the_others():
+    x, buf, sizes, sources = three_sources()
+    ref = torch.cat(hvd_lossy.decompress_chunks(buf, sizes))
+    buf[sources[1][0] + sources[1][1] - 5] ^= 0x40  # in source 1's last frame
+    out = torch.zeros_like(x)
+    errors = decompress_into(buf, sources, out)
+    assert errors[0] is None and errors[2] is None
+    assert errors[1].startswith("source 1") and "checksum" in errors[1]
+    assert torch.equal(out[:30], ref[:30]) and torch.equal(out[60:], ref[60:])
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda s: [s[0], (s[1][0], s[1][1] - 1, s[1][2]), s[2]], "truncated"),
+    (lambda s: [s[0], (s[1][0], s[1][1] + 1, s[1][2]), s[2]], "truncated: 1 bytes left"),
+    (lambda s: [s[0], (s[1][0], s[1][1], s[1][2] + 2), (s[2][0], s[2][1], s[2][2] - 2)],
+     "hold 30 rows, expected 32"),
+    (lambda s: [s[0], (s[1][0], s[1][1], s[1][2] - 6), (s[2][0], s[2][1], s[2][2] + 6)],
+     "frame holds 25 rows, only 19 of the source's 24 are left"),
+])
+def test_decompress_into_refuses_frames_that_do_not_fill_their_source(change, match):
+    x, buf, sizes, sources = three_sources()
+    errors = decompress_into(buf, change(sources), torch.zeros_like(x))
+    assert errors[0] is None
+    assert errors[1].startswith("source 1") and re.search(match, errors[1]), errors[1]
+
+
+def test_decompress_into_refuses_a_frame_announcing_more_rows_before_allocating():
+    # A forged frame (valid checksum) claiming 2**40 rows of 8: refused from its header alone.
+    frame = hvd_lossy.compress(lookups(64, 8), 0.03)
+    raw = bytearray(frame.numpy().tobytes())
+    raw[32:40] = (1 << 40).to_bytes(8, "little")  # n_rows
+    raw[96:104] = (1 << 40).to_bytes(8, "little")  # shape[0]
+    forged = sealed(torch.frombuffer(raw, dtype=torch.uint8))
+    errors = decompress_into(forged, [(0, forged.numel(), 64)], torch.zeros(64, 8))
+    assert errors[0].startswith("source 0, frame 0 at byte 0: frame")
+
+
+@pytest.mark.parametrize("dtype, out_shape, match", [
+    (torch.float16, (90, 8), "frame holds dtype code 0, expected 1"),
+    (torch.float32, (90, 4, 2), r"frame has shape \(\d+, 8\), expected \(rows, 4, 2\)"),
+    (torch.float32, (720,), r"frame has shape \(\d+, 8\), expected \(rows\)"),
+])
+def test_decompress_into_refuses_frames_of_another_dtype_or_row_shape(dtype, out_shape, match):
+    x, buf, sizes, sources = three_sources()
+    out = torch.zeros(out_shape, dtype=dtype)
+    if out.dim() == 1:  # 1-d pieces: a source's rows are its elements
+        sources = [(o, n, r * 8) for o, n, r in sources]
+    errors = decompress_into(buf, sources, out)
+    assert all(e is not None and re.search(match, e) for e in errors), errors
+
+
+@pytest.mark.parametrize("sources, out_rows, match", [
+    ([(0, 10, -1)], 0, "source 0 has -1 rows, expected >= 0"),
+    ([(10, 1 << 20, 5)], 5, r"source 0 spans bytes \[10, 1048586\), past the buffer"),
+    ([(0, 0, 0)], 3, "output buffer holds 96 bytes, the 0 rows of the sources take 0"),
+])
+def test_decompress_into_raises_for_bad_arguments(sources, out_rows, match):
+    buf = hvd_lossy.compress(torch.randn(5, 8), 0.03)
+    with pytest.raises(ValueError, match=match):
+        decompress_into(buf, sources, torch.zeros(out_rows, 8))
+
+
+def test_decompress_chunks_of_frames_of_several_dtypes_and_shapes():
+    pieces = [torch.randn(7, 3), torch.randn(5).half(), torch.randn(2, 3, 4).bfloat16(),
+              torch.tensor(2.5), torch.zeros(0, 6)]
+    buf = torch.cat([hvd_lossy.compress(p, 0.0) for p in pieces])
+    for parts in (hvd_lossy.decompress_chunks(buf), hvd_lossy.decompress_chunks(buf, hvd_lossy.split_frames(buf))):
+        assert len(parts) == len(pieces)
+        for got, want in zip(parts, pieces):
+            assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+            assert got.is_contiguous()
+
+
+def test_decompress_chunks_raises_frame_error_naming_the_bad_frame():
+    buf, sizes = hvd_lossy.compress_chunks(torch.randn(30, 4), [10, 10, 10], 0.01)
+    buf = buf.clone()
+    buf[sizes[0] + sizes[1] - 2] ^= 1  # the last byte of frame 1
+    with pytest.raises(FrameError, match="checksum"):
+        hvd_lossy.decompress_chunks(buf, sizes)
+    with pytest.raises(FrameError, match="truncated"):
+        hvd_lossy.decompress_chunks(buf[:-3])
+
+
+def test_output_cache_reuses_a_block_only_once_nothing_references_it():
+    limit, _ = _codec.output_cache_bytes()
+    frame = hvd_lossy.compress(torch.randn(4096, 64), 0.01)
+    nbytes = 4096 * 64 * 4
+    try:
+        _codec.set_output_cache_bytes(0)
+        assert _codec.output_cache_bytes() == (0, 0)
+        hvd_lossy.decompress(frame)
+        assert _codec.output_cache_bytes()[1] == 0  # a disabled cache keeps nothing
+        _codec.set_output_cache_bytes(64 << 20)
+        a = hvd_lossy.decompress(frame)
+        block_a = a.data_ptr()
+        view = a[10:20]
+        del a
+        assert _codec.output_cache_bytes()[1] == 0  # the view still holds the block
+        b = hvd_lossy.decompress(frame)
+        assert b.data_ptr() != block_a
+        del view
+        assert _codec.output_cache_bytes()[1] == nbytes  # now it is free, so kept
+        c = hvd_lossy.decompress(frame)
+        assert c.data_ptr() == block_a and _codec.output_cache_bytes()[1] == 0
+        assert torch.equal(b, c)
+    finally:
+        _codec.set_output_cache_bytes(limit)
+    with pytest.raises(ValueError, match="output cache size must be an int >= 0"):
+        _codec.set_output_cache_bytes(-1)

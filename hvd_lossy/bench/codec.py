@@ -1,104 +1,190 @@
-"""`python -m hvd_lossy.bench codec`: compression ratio, speed and max error of the codec.
+"""`python -m hvd_lossy.bench codec`: compression ratio, speed and max error of the codec, each
+speed also as a ratio to torch's own fp16 cast timed in the same process.
 
-Two workloads:
+Workloads:
+  realistic  a 64 MB float32 batch, dim 128, that duplicates like real lookups: Zipf ids into one
+             DLRM-initialised table, about 30% of the rows distinct, in random order (the
+             repeated rows' first occurrences are cache misses). One tensor.
   criteo     the bundled Criteo Kaggle rows as a 2-rank all-to-all sends them: 26 tables, dim 32,
              DLRM uniform init, batch 2,048; each table's lookups split into 2 chunks of 1,024
              rows, each chunk compressed alone (bound over the chunk), all 52 in one native call.
-  synthetic  a 64 MB float32 batch of Criteo-scale lookups (published cardinalities, capped;
-             Zipf ids), one tensor.
-Each is measured per level with one thread and with all cores, beside torch's fp16 cast and an
-FBGEMM-style row-wise int8 quantizer (scale and bias per row) timed in the same run.
-Throughput counts the uncompressed bytes (GB = 1e9 bytes); times are medians of --repeat runs.
-"dec GB/s" decodes into a new tensor each call (page faults of fresh memory included); "dec into"
-decodes into a reused tensor (decompress(frame, out=...)).
+  synthetic  the older 64 MB float32 set (Criteo cardinalities capped, dim 32): ratio ~200, so it
+             hides the cost of distinct rows; kept for continuity with earlier results.
+Every method runs on one thread; the codec and the cast alternate call by call, so that both see
+the same machine load, and each time is the median of --repeat calls. "dec new" decodes into a
+new tensor each call (its page faults included, as for the cast's half.float()), "dec into"
+into a reused one. Then 1 thread vs 2 on one call of 52 pieces (compress_chunks, and decoding the
+52 frames), for the criteo chunks and for the realistic batch cut into 52 pieces.
+Throughput counts the uncompressed bytes (GB = 1e9 bytes).
 """
 import argparse
 import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 
 import torch
 
 import hvd_lossy
-from hvd_lossy.bench.criteo import criteo_batch_lookups, synthetic_lookups
+from hvd_lossy import _C, _codec
+from hvd_lossy.bench.criteo import criteo_batch_lookups, realistic_lookups, synthetic_lookups
 
 
-def median_seconds(fn, repeat):
-    fn()  # warm-up: page faults, thread pool start
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+def paired_medians(fns, repeat):
+    """Median seconds of each callable, calling them in turn (one round per repeat) after a
+    warm-up round, so that a change of machine load hits all of them alike."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
 
 
-def max_rel_error(x, y, eb_abs):
-    """Largest |x - y| over the bound (<= 1 means the bound holds everywhere)."""
-    err = (x.double() - y.double()).abs().max().item() if x.numel() else 0.0
+def max_error_over_bound(x, y, eb_abs):
+    """Largest |x - y| over the finite elements, divided by the bound (<= 1: the bound holds)."""
+    finite = torch.isfinite(x)
+    err = (x[finite].double() - y[finite].double()).abs().max().item() if finite.any() else 0.0
     return err / eb_abs if eb_abs > 0 else (0.0 if err == 0 else float("inf"))
 
 
-def bench_lossy(x, rows, eb, level, threads, repeat, dedup=True, dither=None):
-    hvd_lossy.set_num_threads(threads)
-    kw = dict(level=level, dedup=dedup, dither=dither)
-    buf, sizes = hvd_lossy.compress_chunks(x, rows, eb, **kw)
-    t_c = median_seconds(lambda: hvd_lossy.compress_chunks(x, rows, eb, **kw), repeat)
-    t_d = median_seconds(lambda: hvd_lossy.decompress_chunks(buf, sizes), repeat)
-    parts = hvd_lossy.decompress_chunks(buf, sizes)
-    worst, offset = 0.0, 0
-    for src, out, size in zip(torch.split(x, rows), parts, sizes):
-        info = hvd_lossy.frame_info(buf[offset:offset + size])
-        worst = max(worst, max_rel_error(src, out, info["eb_abs"]))
-        offset += size
-    raw = x.numel() * x.element_size()
-    name = f"hvd_lossy L{level}" + ("" if dedup else " no dedup") + ("" if dither is None else " dither")
-    result = {"method": name, "ratio": raw / buf.numel(), "compress_GBps": raw / t_c / 1e9,
-              "decompress_GBps": raw / t_d / 1e9, "max_error_over_bound": worst, "bytes": buf.numel()}
-    if len(rows) == 1:
-        # Decoding into a reused tensor leaves out the page faults of a fresh 64 MB allocation,
-        # which the operating system charges to whoever touches the memory first.
-        out = torch.empty_like(x)
-        t_into = median_seconds(lambda: hvd_lossy.decompress(buf, out=out), repeat)
-        result["decompress_into_GBps"] = raw / t_into / 1e9
-    return result
+def chunk_sources(sizes, rows):
+    offsets = [0]
+    for s in sizes:
+        offsets.append(offsets[-1] + s)
+    return [(o, s, r) for o, s, r in zip(offsets, sizes, rows)]
 
 
-def int8_rowwise(x):
-    lo = x.min(dim=1, keepdim=True).values
-    hi = x.max(dim=1, keepdim=True).values
-    scale = ((hi - lo) / 255.0).clamp_min(1e-12)
-    q = torch.round((x - lo) / scale).to(torch.uint8)
-    return q, scale, lo
-
-
-def bench_baselines(x, threads, repeat):
-    torch.set_num_threads(max(threads, 1) if threads else os.cpu_count())
-    raw = x.numel() * x.element_size()
-    half = x.half()
-    out = [{"method": "torch fp16 cast", "ratio": 2.0,
-            "compress_GBps": raw / median_seconds(lambda: x.half(), repeat) / 1e9,
-            "decompress_GBps": raw / median_seconds(lambda: half.float(), repeat) / 1e9,
-            "max_abs_error": (x - half.float()).abs().max().item()}]
-    q, scale, lo = int8_rowwise(x)
-    packed = q.numel() + 8 * q.shape[0]  # codes plus an fp32 scale and bias per row
-    out.append({"method": "int8 row-wise (FBGEMM-style)", "ratio": raw / packed,
-                "compress_GBps": raw / median_seconds(lambda: int8_rowwise(x), repeat) / 1e9,
-                "decompress_GBps": raw / median_seconds(lambda: q.float() * scale + lo, repeat) / 1e9,
-                "max_abs_error": (x - (q.float() * scale + lo)).abs().max().item()})
+def decode_into(buf, sizes, rows, out, threads):
+    """All frames straight into `out` with the native decompress_into (the lean exchange)."""
+    errors = _C.decompress_into(buf.data_ptr(), buf.numel(), chunk_sources(sizes, rows),
+                                _codec._DTYPE_CODES[out.dtype], list(out.shape[1:]),
+                                out.data_ptr(), out.numel() * out.element_size(), threads)
+    if any(errors):
+        raise RuntimeError(f"decompress_into failed: {errors}")
     return out
 
 
-def workloads(synthetic_mb):
-    tables = criteo_batch_lookups(batch=2048, dim=32)
-    criteo = torch.cat(tables)
-    synth = synthetic_lookups(synthetic_mb << 20, dim=32)
-    return {
-        "criteo": (criteo, [1024] * (2 * len(tables))),
-        "synthetic": (synth, [synth.shape[0]]),
-    }
+def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None):
+    """One codec configuration on one thread, beside the fp16 cast in both directions."""
+    hvd_lossy.set_num_threads(1)
+    torch.set_num_threads(1)
+    kw = dict(level=level, dedup=dedup, dither=dither)
+    one = len(rows) == 1
+    if one:
+        frame = hvd_lossy.compress(x, eb, **kw)
+        buf, sizes = frame, [frame.numel()]
+        compress = lambda: hvd_lossy.compress(x, eb, **kw)  # noqa: E731
+        decompress = lambda: hvd_lossy.decompress(frame)  # noqa: E731
+        reused = torch.empty_like(x)
+        decompress_into = lambda: hvd_lossy.decompress(frame, out=reused)  # noqa: E731
+        parts = [hvd_lossy.decompress(frame)]
+    else:
+        buf, sizes = hvd_lossy.compress_chunks(x, rows, eb, **kw)
+        compress = lambda: hvd_lossy.compress_chunks(x, rows, eb, **kw)  # noqa: E731
+        decompress = lambda: hvd_lossy.decompress_chunks(buf, sizes)  # noqa: E731
+        reused = torch.empty_like(x)
+        decompress_into = lambda: decode_into(buf, sizes, rows, reused, 1)  # noqa: E731
+        parts = hvd_lossy.decompress_chunks(buf, sizes)
+    half = x.half()
+    t_c, t_d, t_i, t_h, t_f = paired_medians(
+        [compress, decompress, decompress_into, lambda: x.half(), lambda: half.float()], repeat)
+    worst, offset = 0.0, 0
+    for src, out, size in zip(torch.split(x, rows), parts, sizes):
+        info = hvd_lossy.frame_info(buf[offset:offset + size])
+        worst = max(worst, max_error_over_bound(src, out, info["eb_abs"]))
+        offset += size
+    assert torch.equal(reused, torch.cat(parts)), "decoding into a reused tensor differs"
+    raw = x.numel() * x.element_size()
+    name = f"L{level}" + ("" if dedup else " no dedup") + ("" if dither is None else " dither")
+    gbps = lambda t: raw / t / 1e9  # noqa: E731
+    return {"method": name, "ratio": raw / buf.numel(), "bytes": buf.numel(),
+            "compress_GBps": gbps(t_c), "decompress_new_GBps": gbps(t_d),
+            "decompress_into_GBps": gbps(t_i), "fp16_cast_GBps": gbps(t_h),
+            "fp16_back_GBps": gbps(t_f), "compress_vs_cast": t_h / t_c,
+            "decompress_new_vs_cast": t_f / t_d, "decompress_into_vs_cast": t_f / t_i,
+            "max_error_over_bound": worst}
+
+
+def bench_threads(x, rows, eb, repeat, level=1):
+    """1 vs 2 threads on one call of len(rows) pieces, compress and decode (into a reused tensor
+    and into new ones), interleaved."""
+    torch.set_num_threads(1)
+    buf, sizes = hvd_lossy.compress_chunks(x, rows, eb, level=level)
+    out = torch.empty_like(x)
+
+    def with_threads(n, fn):
+        def run():
+            hvd_lossy.set_num_threads(n)
+            return fn()
+        return run
+
+    fns = []
+    for n in (1, 2):
+        fns += [with_threads(n, lambda: hvd_lossy.compress_chunks(x, rows, eb, level=level)),
+                with_threads(n, lambda: hvd_lossy.decompress_chunks(buf, sizes)),
+                with_threads(n, lambda n=n: decode_into(buf, sizes, rows, out, n))]
+    t = paired_medians(fns, repeat)
+    hvd_lossy.set_num_threads(0)
+    raw = x.numel() * x.element_size()
+    names = ("compress", "decompress_new", "decompress_into")
+    result = {"method": f"L{level}, {len(rows)} pieces", "pieces": len(rows), "ratio": raw / buf.numel()}
+    for k, name in enumerate(names):
+        result[f"{name}_GBps_1t"] = raw / t[k] / 1e9
+        result[f"{name}_GBps_2t"] = raw / t[3 + k] / 1e9
+        result[f"{name}_speedup_2t"] = t[k] / t[3 + k]
+    return result
+
+
+def workloads(realistic_mb, names):
+    made = {}
+    if "realistic" in names:
+        x = realistic_lookups(realistic_mb << 20, dim=128)
+        made["realistic"] = (x, [x.shape[0]])
+    if "criteo" in names:
+        tables = criteo_batch_lookups(batch=2048, dim=32)
+        made["criteo"] = (torch.cat(tables), [1024] * (2 * len(tables)))
+    if "synthetic" in names:
+        x = synthetic_lookups(realistic_mb << 20, dim=32)
+        made["synthetic"] = (x, [x.shape[0]])
+    return made
+
+
+def pieces(n_rows, count):
+    return [n_rows * (i + 1) // count - n_rows * i // count for i in range(count)]
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(__file__), timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def print_table(results):
+    print(f"{'workload':10} {'method':16} {'ratio':>7} {'comp':>7} {'dec new':>8} {'dec into':>9} "
+          f"{'fp16':>6} {'back':>6} {'comp/cast':>9} {'new/cast':>8} {'into/cast':>9} {'err/eb':>6}")
+    for r in results["runs"]:
+        print(f"{r['workload']:10} {r['method']:16} {r['ratio']:7.2f} {r['compress_GBps']:7.3f} "
+              f"{r['decompress_new_GBps']:8.3f} {r['decompress_into_GBps']:9.3f} "
+              f"{r['fp16_cast_GBps']:6.2f} {r['fp16_back_GBps']:6.2f} {r['compress_vs_cast']:9.3f} "
+              f"{r['decompress_new_vs_cast']:8.3f} {r['decompress_into_vs_cast']:9.3f} "
+              f"{r['max_error_over_bound']:6.3f}")
+    print("(GB/s on one thread; x/cast: the codec's speed over the fp16 cast's in the same rounds)")
+    print(f"\n{'workload':10} {'call':20} {'comp 1t':>8} {'comp 2t':>8} {'x':>5} {'new 1t':>7} "
+          f"{'new 2t':>7} {'x':>5} {'into 1t':>8} {'into 2t':>8} {'x':>5}")
+    for r in results["threads"]:
+        print(f"{r['workload']:10} {r['method']:20} {r['compress_GBps_1t']:8.3f} "
+              f"{r['compress_GBps_2t']:8.3f} {r['compress_speedup_2t']:5.2f} "
+              f"{r['decompress_new_GBps_1t']:7.3f} {r['decompress_new_GBps_2t']:7.3f} "
+              f"{r['decompress_new_speedup_2t']:5.2f} {r['decompress_into_GBps_1t']:8.3f} "
+              f"{r['decompress_into_GBps_2t']:8.3f} {r['decompress_into_speedup_2t']:5.2f}")
 
 
 def main(argv=None):
@@ -106,38 +192,35 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--error-bound", type=float, default=0.03, help="relative bound (default 0.03)")
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--synthetic-mb", type=int, default=64)
+    parser.add_argument("--workloads", nargs="+", default=["realistic", "criteo"],
+                        choices=["realistic", "criteo", "synthetic"])
+    parser.add_argument("--realistic-mb", type=int, default=64, help="size of the 64 MB sets")
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run for tests: 4 MB sets, 1 repeat, level 1 only")
     parser.add_argument("--json", default="benchmarks/out/codec.json", help="where to write results")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.realistic_mb, args.repeat, args.levels = 4, 1, [1]
 
-    cores = os.cpu_count()
-    results = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.processor() or platform.machine(),
-               "cores": cores, "error_bound_rel": args.error_bound, "runs": []}
-    for name, (x, rows) in workloads(args.synthetic_mb).items():
-        for threads in (1, 0):
-            label = "1 core" if threads == 1 else f"all cores ({cores})"
-            # Stage ablation: quantize + pack alone, + duplicate-row removal, + entropy coder;
-            # then the dithered (gradient) path, which has no dedup and no SIMD kernel.
-            for level, dedup in [(1, False), *((lv, True) for lv in args.levels)]:
-                r = bench_lossy(x, rows, args.error_bound, level, threads, args.repeat, dedup)
-                results["runs"].append({"workload": name, "threads": label, **r})
-            for level in args.levels:
-                r = bench_lossy(x, rows, args.error_bound, level, threads, args.repeat, False, dither=1)
-                results["runs"].append({"workload": name, "threads": label, **r})
-            for r in bench_baselines(x, threads, args.repeat):
-                results["runs"].append({"workload": name, "threads": label, **r})
+    results = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(),
+               "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+               "torch": torch.__version__, "error_bound_rel": args.error_bound,
+               "repeat": args.repeat, "runs": [], "threads": []}
+    for name, (x, rows) in workloads(args.realistic_mb, args.workloads).items():
+        configs = [dict(level=lv) for lv in args.levels]
+        configs += [dict(level=1, dedup=False), dict(level=1, dedup=False, dither=1)]
+        for cfg in configs:
+            r = bench_method(x, rows, args.error_bound, repeat=args.repeat, **cfg)
+            if name == "realistic" and cfg == configs[0]:
+                r["distinct_row_fraction"] = len(torch.unique(x, dim=0)) / x.shape[0]
+            results["runs"].append({"workload": name, **r})
+        split = rows if len(rows) > 1 else pieces(x.shape[0], 52)
+        results["threads"].append({"workload": name, **bench_threads(x, split, args.error_bound,
+                                                                     args.repeat)})
     hvd_lossy.set_num_threads(0)
-
-    print(f"{'workload':10} {'threads':14} {'method':30} {'ratio':>8} {'comp GB/s':>10} {'dec GB/s':>9} "
-          f"{'dec into':>9} {'err/eb':>7}")
-    for r in results["runs"]:
-        err = r.get("max_error_over_bound")
-        err = f"{err:7.3f}" if err is not None else f"{'-':>7}"
-        into = r.get("decompress_into_GBps")
-        into = f"{into:9.3f}" if into is not None else f"{'-':>9}"
-        print(f"{r['workload']:10} {r['threads']:14} {r['method']:30} {r['ratio']:8.2f} "
-              f"{r['compress_GBps']:10.3f} {r['decompress_GBps']:9.3f} {into} {err}")
+    torch.set_num_threads(os.cpu_count() or 1)
+    print_table(results)
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
