@@ -359,3 +359,56 @@ def set_output_cache_bytes(n):
 def output_cache_bytes():
     """``(limit, held)``: the output cache's limit and the bytes it holds now."""
     return tuple(_C.output_cache_bytes())
+
+
+def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offset=0, mode="rel",
+                     level=1, dedup=True, dither=None):
+    """Compresses pieces of dim 0 of a CPU tensor straight into a send buffer, in groups.
+
+    The bytes written at ``out[offset:]`` are ``[prefix][frames of group 0][prefix][frames of
+    group 1]...`` with no gaps: ``groups[g]`` consecutive pieces form group g, and
+    ``prefix_bytes`` bytes before each group are left for the caller (a per-destination header).
+
+    Arguments:
+        tensor: contiguous CPU tensor as for :func:`compress_chunks`; dim 0 is cut into pieces
+            of ``rows`` rows.
+        error_bounds: one bound per piece.
+        out: 1-D CPU ``torch.uint8`` tensor with at least :func:`max_grouped_bytes` bytes after
+            ``offset``.
+        mode, level, dedup: as for :func:`compress`; dither: None, or the seed of piece 0 (piece
+            i uses ``(dither + i) % 2**24``).
+
+    Returns:
+        the list of frame sizes; the group layout ends at ``offset + len(groups) * prefix_bytes
+        + sum(sizes)``.
+    """
+    code = _dtype_code(tensor)
+    seed = _check_dither(dither)
+    src = tensor.contiguous()
+    return list(_C.compress_into(src.data_ptr() if src.numel() else 0, code, [int(r) for r in rows],
+                                 list(src.shape[1:]), [_check_bound(e) for e in error_bounds],
+                                 _mode_code(mode), _check_level(level), bool(dedup),
+                                 [int(g) for g in groups], int(prefix_bytes),
+                                 out.data_ptr() + offset, out.numel() - offset, _threads, seed))
+
+
+def decompress_into(buffer, sources, out):
+    """Decodes several sources' frames from ``buffer`` straight into consecutive rows of ``out``.
+
+    Arguments:
+        buffer: 1-D CPU ``torch.uint8`` tensor.
+        sources: list of ``(offset, length, rows)``: the bytes ``[offset, offset + length)`` of
+            ``buffer`` are one source's back-to-back frames, which must decode to exactly
+            ``rows`` rows of ``out``'s dtype and trailing shape (source 0's rows come first).
+        out: contiguous CPU tensor that the sources' rows fill exactly.
+
+    Returns:
+        one entry per source: None, or why its frames were refused (checksum or format error,
+        wrong dtype or row shape, rows that do not add up). A refused source may leave its rows
+        of ``out`` partly written. One native call, threaded across frames.
+    """
+    return list(_C.decompress_into(buffer.data_ptr(), buffer.numel(),
+                                   [(int(o), int(n), int(r)) for o, n, r in sources],
+                                   _dtype_code(out), list(out.shape[1:]),
+                                   out.data_ptr() if out.numel() else 0,
+                                   out.numel() * out.element_size(), _threads))

@@ -15,10 +15,11 @@ from horovod.torch import mpi_ops as _ops
 
 import hvd_lossy
 from hvd_lossy import auto as _auto
-from hvd_lossy.collective import LossyCall, decode_frames, host_bytes, plain_start
+from hvd_lossy.collective import LossyCall, decode_frames, host_bytes, is_mismatch, plain_start
 from hvd_lossy.compression import Compression, NoneCompressor, is_lossy
 from hvd_lossy.protocol import (GRANK, HEADER_BYTES, LOSSLESS, PAYLOAD, ROWS, _LocalError,
-                                check_lossy_tensor, header, like_of, pack_header, parse_header)
+                                check_lossy_tensor, header, header_bytes, like_of, pack_header,
+                                parse_header)
 
 _INT32_MAX = 2 ** 31 - 1  # Horovod's alltoall splits are int32 byte counts here
 
@@ -80,12 +81,69 @@ class Alltoall(LossyCall):
         _check_plan(plan, rows_to)
         lo = sum(rows_to[:me])
         hi = lo + rows_to[me]
+        self.local_rows = (lo, hi)
         seed = c.next_dither_seed(_ops.rank())
-        # Frames for the ranks before this one, then after it: the own chunk is copied, not coded.
-        parts = [([p for p in plan if p[0] < me], tensor[:lo]),
-                 ([p for p in plan if p[0] > me], tensor[hi:])]
+        # The ranks before this one, then the ones after it: the own chunk is copied, not coded.
+        parts = [(range(me + 1), tensor[:lo]), (range(me + 1, self.size), tensor[hi:])]
+        pack = self._pack_in_place if self.device.type == "cpu" else self._pack_copying
+        send, sizes = pack(parts, seed)
+        it = iter(sizes)
+        self.frame_sizes = [None if dest == me else next(it) for dest, _r, _e in plan]
+        self.record.error_bounds = [float(p[2]) for p in plan if p[0] != me]
+        self.record.raw_bytes = (tensor.shape[0] - rows_to[me]) * _row_bytes(tensor)
+        self.record.local_bytes = rows_to[me] * _row_bytes(tensor)
+        self.record.wire_bytes = sum(sizes)
+        self.record.meta_bytes = HEADER_BYTES * self.size
+        return send
+
+    def _pieces(self, dests):
+        return [p for p in self.plan if p[0] in dests and p[0] != self.me]
+
+    @staticmethod
+    def _compress_error(e):
+        return _LocalError(7, detail=f"{type(e).__name__}: {e}")
+
+    def _pack_in_place(self, parts, seed):
+        """Frames straight into the send buffer after a reserved header slot per destination;
+        the headers are written once the sizes are known."""
+        c = self.compressor
+        trailing = list(self.tensor.shape[1:])
+        plans = [self._pieces(dests) for dests, _rows in parts]
+        groups = [[sum(1 for p in pieces if p[0] == d) for d in dests]
+                  for (dests, _rows), pieces in zip(parts, plans)]
+        cap = sum(hvd_lossy.max_grouped_bytes([p[1] for p in pieces], trailing, g, HEADER_BYTES)
+                  for pieces, g in zip(plans, groups))
+        send = torch.empty(cap, dtype=torch.uint8)
+        sizes, offset, group_at = [], 0, []
+        for (dests, rows), pieces, g in zip(parts, plans, groups):
+            try:
+                got = hvd_lossy.compress_grouped(
+                    rows.detach(), [p[1] for p in pieces], [p[2] for p in pieces], g,
+                    HEADER_BYTES, send, offset, mode=c.mode, level=c.level, dedup=c.dedup,
+                    dither=seed)
+            except Exception as e:
+                raise self._compress_error(e) from e
+            if seed is not None:
+                seed = (seed + len(pieces)) % hvd_lossy.DITHER_SEEDS
+            k = 0
+            for n_frames in g:
+                group_at.append((offset, sum(got[k:k + n_frames])))
+                offset += HEADER_BYTES + group_at[-1][1]
+                k += n_frames
+            sizes.extend(got)
+        host = send.numpy()
+        for dest, (at, nbytes) in enumerate(group_at):
+            self._check_split(dest, nbytes)
+            pack_header(header(self.tensor, None, self.rows_to[dest], nbytes, self.pending), host, at)
+        self.send_splits = torch.tensor([HEADER_BYTES + n for _at, n in group_at], dtype=torch.int32)
+        return send[:offset], sizes
+
+    def _pack_copying(self, parts, seed):
+        """Device tensors: frames from compress_chunks, then one buffer with the headers."""
+        c = self.compressor
         frames, sizes = [], []
-        for pieces, rows in parts:
+        for dests, rows in parts:
+            pieces = self._pieces(dests)
             if not pieces:
                 continue
             try:
@@ -93,45 +151,31 @@ class Alltoall(LossyCall):
                     rows.detach(), [p[1] for p in pieces], [p[2] for p in pieces], mode=c.mode,
                     level=c.level, dedup=c.dedup, dither=seed)
             except Exception as e:
-                raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
+                raise self._compress_error(e) from e
             if seed is not None:
                 seed = (seed + len(pieces)) % hvd_lossy.DITHER_SEEDS
             frames.append(buf)
             sizes.extend(got)
         byte_counts = [0] * self.size
-        it = iter(sizes)
-        self.frame_sizes = [None if dest == me else next(it) for dest, _r, _e in plan]
-        for (dest, _rows, _eb), n in zip(plan, self.frame_sizes):
-            if n is not None:
-                byte_counts[dest] += n
-        for dest, nbytes in enumerate(byte_counts):
-            if nbytes + HEADER_BYTES > _INT32_MAX:
-                raise _LocalError(8, nbytes, dest)
-        self.record.error_bounds = [float(p[2]) for p in plan if p[0] != me]
-        self.record.raw_bytes = (tensor.shape[0] - rows_to[me]) * _row_bytes(tensor)
-        self.record.local_bytes = rows_to[me] * _row_bytes(tensor)
-        self.record.wire_bytes = sum(sizes)
-        self.local_rows = (lo, hi)
-        return self._assemble(byte_counts, torch.cat(frames) if len(frames) > 1 else
-                              (frames[0] if frames else None))
-
-    def _assemble(self, byte_counts, frames):
-        """Headers and frames in one send buffer; also sets the byte splits."""
-        total = HEADER_BYTES * self.size + sum(byte_counts)
-        send = torch.empty(total, dtype=torch.uint8)
-        host = send.numpy()
-        offset, src = 0, 0
-        for dest in range(self.size):
-            n = byte_counts[dest]
-            pack_header(header(self.tensor, None, self.rows_to[dest], n, self.pending), host, offset)
-            offset += HEADER_BYTES
+        for (dest, _r, _e), n in zip(self._pieces(range(self.size)), sizes):
+            byte_counts[dest] += n
+        for dest, n in enumerate(byte_counts):
+            self._check_split(dest, n)
+        chunks, src = [], 0
+        body = torch.cat(frames) if frames else None
+        for dest, n in enumerate(byte_counts):
+            chunks.append(header_bytes(header(self.tensor, None, self.rows_to[dest], n,
+                                              self.pending), self.device))
             if n:
-                send[offset:offset + n].copy_(frames[src:src + n])
-                offset += n
+                chunks.append(body[src:src + n])
                 src += n
         self.send_splits = torch.tensor([HEADER_BYTES + n for n in byte_counts], dtype=torch.int32)
-        self.record.meta_bytes = HEADER_BYTES * self.size
-        return send.to(self.device) if self.device.type != "cpu" else send
+        return torch.cat(chunks), sizes
+
+    @staticmethod
+    def _check_split(dest, nbytes):
+        if nbytes + HEADER_BYTES > _INT32_MAX:
+            raise _LocalError(8, nbytes, dest)
 
     def pack_failed(self):
         send = torch.empty(HEADER_BYTES * self.size, dtype=torch.uint8)
@@ -178,17 +222,28 @@ class Alltoall(LossyCall):
         dtype, trailing = like_of(headers[0])
         rows = [h[ROWS] for h in headers]
         out = torch.empty((sum(rows), *trailing), dtype=dtype, device=self.device)
-        row, offset = 0, 0
-        for src, (h, n) in enumerate(zip(headers, counts)):
-            piece = out[row:row + rows[src]]
-            if src == self.me:
-                lo, hi = self.local_rows
-                piece.copy_(self.tensor[lo:hi].detach())
-            elif rows[src] or h[PAYLOAD]:
-                decode_frames(recv[offset + HEADER_BYTES:offset + n], piece, dtype, trailing,
-                              h[GRANK])
-            row += rows[src]
-            offset += n
+        starts = [sum(rows[:s]) for s in range(self.size + 1)]
+        offsets = [sum(counts[:s]) for s in range(self.size)]
+        me = self.me
+        lo, hi = self.local_rows
+        out[starts[me]:starts[me + 1]].copy_(self.tensor[lo:hi].detach())
+        for sources in (range(me), range(me + 1, self.size)):
+            if not sources:
+                continue
+            if self.device.type == "cpu":
+                into = out[starts[sources[0]]:starts[sources[-1] + 1]]
+                errors = hvd_lossy.decompress_into(
+                    recv, [(offsets[s] + HEADER_BYTES, headers[s][PAYLOAD], rows[s])
+                           for s in sources], into)
+                for s, error in zip(sources, errors):
+                    if error is not None:
+                        raise _LocalError(11 if is_mismatch(error) else 10, headers[s][GRANK],
+                                          detail=error)
+            else:
+                for s in sources:
+                    body = recv[offsets[s] + HEADER_BYTES:offsets[s] + counts[s]]
+                    decode_frames(body, out[starts[s]:starts[s + 1]], dtype, trailing,
+                                  headers[s][GRANK])
         self.received = torch.tensor(rows, dtype=self.split_dtype)
         return out
 

@@ -64,6 +64,12 @@ def decode_frames(body, out, dtype, trailing, origin):
                                              f"{dtype} x {trailing}, its frames hold {row}")
 
 
+def is_mismatch(error):
+    """Whether decompress_into refused frames for disagreeing with what the sender announced,
+    rather than for being corrupt."""
+    return any(k in error for k in ("frame holds", "frame has shape", ") hold "))
+
+
 def plain_start(op, tensor, compression, launch):
     """Horovod's collective `launch(payload)` on compression.compress(tensor); for
     Compression.none exactly Horovod's own, except that a non-contiguous input is made

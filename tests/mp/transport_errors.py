@@ -78,20 +78,20 @@ def test_uncompressible_dtype_raises_everywhere():
 
 
 def with_bad_rank_compressing(once, call):
-    """Runs call() while, on rank BAD, the next compress_chunks call goes through
-    once(real, *args) instead."""
-    real = hvd_lossy.compress_chunks
+    """Runs call() while, on rank BAD, the next compress_grouped call (the alltoall's frames
+    for the ranks before it; BAD is the last rank) goes through once(real, *args) instead."""
+    real = hvd_lossy.compress_grouped
 
     def patched(*args, **kwargs):
-        hvd_lossy.compress_chunks = real
+        hvd_lossy.compress_grouped = real
         return once(real, *args, **kwargs)
 
     if R == BAD:
-        hvd_lossy.compress_chunks = patched
+        hvd_lossy.compress_grouped = patched
     try:
         return call()
     finally:
-        hvd_lossy.compress_chunks = real
+        hvd_lossy.compress_grouped = real
 
 
 def expect_receive_error(receivers, once, *needles):
@@ -114,10 +114,10 @@ def expect_receive_error(receivers, once, *needles):
 
 
 def test_corrupt_frame_raises_on_the_receiver_then_on_every_other_rank():
-    def corrupting(real, *args, **kwargs):  # flips one byte inside the frame meant for rank 0
-        buffer, sizes = real(*args, **kwargs)
-        buffer[sizes[0] // 2] ^= 0x40
-        return buffer, sizes
+    def corrupting(real, tensor, rows, bounds, groups, prefix, out, offset, **kwargs):
+        sizes = real(tensor, rows, bounds, groups, prefix, out, offset, **kwargs)
+        out[offset + prefix + sizes[0] // 2] ^= 0x40  # inside the first frame, meant for rank 0
+        return sizes
 
     expect_receive_error(
         {0}, corrupting, f"rank 0: the bytes received from rank {BAD} failed to decode")
