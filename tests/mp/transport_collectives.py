@@ -232,6 +232,42 @@ def test_auto_measures_again_when_a_rank_changes_its_message_size():
     assert mine["decision"] == "probing", mine
 
 
+def count_horovod_ops(call):
+    """call() with every Horovod collective counted: {function name: calls}."""
+    from horovod.torch import mpi_ops
+    names = ("alltoall_async", "allgather_async", "broadcast_async", "allreduce_async")
+    real = {n: getattr(mpi_ops, n) for n in names}
+    counts = dict.fromkeys(names, 0)
+
+    def counting(n):
+        def wrapper(*args, **kwargs):
+            counts[n] += 1
+            return real[n](*args, **kwargs)
+        return wrapper
+
+    for n in names:
+        setattr(mpi_ops, n, counting(n))
+    try:
+        call()
+    finally:
+        for n in names:
+            setattr(mpi_ops, n, real[n])
+    return {n: k for n, k in counts.items() if k}
+
+
+def test_a_lossy_alltoall_and_its_gradient_take_one_horovod_collective_each():
+    splits = uneven_splits(R, 140, N)
+    x = lookups(R, 140, sum(splits), (6,)).requires_grad_()
+
+    def forward_and_backward():
+        out, _ = hvd.alltoall(x, splits, compression=hvd.Compression.lossy(EB, dither="backward"))
+        out.sum().backward()
+
+    assert count_horovod_ops(forward_and_backward) == {"alltoall_async": 2}
+    assert count_horovod_ops(lambda: hvd.allgather(x.detach(), compression=hvd.Compression.lossy(EB))) \
+        == {"allgather_async": 1}
+
+
 def test_allgather_delivers_every_rank_within_bound():
     rows = [(s * 2) % 3 for s in range(N)]  # rank 0 contributes no rows
     for case, dtype, trailing in ((90, torch.float32, (4,)), (91, torch.bfloat16, ()), (92, torch.float16, (2, 3))):
