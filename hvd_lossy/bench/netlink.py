@@ -65,6 +65,8 @@ SETTINGS = {
     "criteo-d128": lambda o: ["--synthetic", str(o.synthetic), "--synthetic-test", str(o.synthetic_test),
                               "--embedding-dim", "128", "--batch-size", "1024", "--steps", str(o.steps)],
     "readme": lambda o: [],  # the bundled Criteo rows, every flag at its default (README)
+    # scripts/run_main.sh: the bundled rows at the paper's width, 3 epochs (21 steps, seconds a run)
+    "bundled-d128": lambda o: ["--embedding-dim", "128", "--batch-size", "1024", "--epochs", "3"],
     # --quick: a few steps of a small model, seconds a run
     "tiny": lambda o: ["--synthetic", "4096", "--synthetic-test", "512", "--embedding-dim", "16",
                        "--batch-size", "256", "--steps", str(o.steps)],
@@ -419,7 +421,7 @@ def write_png(path, dlrm, a2a):
     sized = [r for r in a2a if r["bytes"]]
     if sized:
         top = max(r["bytes"] for r in sized)
-        panels.append((f"all-to-all, {top / 2**20:g} MiB a rank", [r for r in sized if r["bytes"] == top],
+        panels.append((f"all-to-all, {top / 2**20:.3g} MiB a rank", [r for r in sized if r["bytes"] == top],
                        lambda r: f"{r['mode']}, {r['ranks']} ranks"))
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 4.2), squeeze=False)
     for ax, (title, recs, label) in zip(axes[0], panels):
@@ -595,6 +597,9 @@ def main(argv=None):
     except Unavailable as e:
         print(f"netlink: {e}", file=sys.stderr)
         return EXIT_UNAVAILABLE
+    except KeyboardInterrupt:
+        print(f"netlink: interrupted; namespace {name} deleted, nothing written", file=sys.stderr)
+        return 130
     dlrm, a2a = summarise_dlrm(runs), summarise_alltoall(rows)
     if a2a:
         print("\nall-to-all over the emulated link\n" + alltoall_table(a2a))
