@@ -119,6 +119,16 @@ def test_quick_fills_only_what_was_not_given_and_flags_after_dashes_go_to_train(
     assert full.settings == ["criteo-d128", "readme"]
 
 
+def test_batches_are_the_nearest_multiple_of_the_ranks_so_3_ranks_can_train():
+    assert [netlink.batch_for(1024, n) for n in (2, 3, 5)] == [1024, 1023, 1025]
+    assert netlink.batch_for(128, 3) == 129 and netlink.batch_for(4, 8) == 8
+    opts = netlink.parse([])
+    assert netlink.SETTINGS["readme"](opts, 2) == []  # README defaults untouched where they work
+    assert netlink.SETTINGS["readme"](opts, 3) == ["--batch-size", "129"]
+    flags = netlink.SETTINGS["criteo-d128"](opts, 3)
+    assert flags[flags.index("--batch-size") + 1] == "1023" and flags[flags.index("--embedding-dim") + 1] == "128"
+
+
 def test_horovod_settings_are_the_same_environment_for_every_mode():
     opts = netlink.parse(["--cycle-time", "2.5", "--fusion-mb", "32"])
     assert netlink.horovod_env(opts) == {"HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_FUSION_THRESHOLD": str(32 << 20)}

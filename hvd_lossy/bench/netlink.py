@@ -59,17 +59,32 @@ DLRM_MODES = {
     "auto": ["--compression", "lossy", "--error-bound", "0.03", "--auto"],
 }
 DLRM_BASELINE = "uncompressed"
-# Criteo-scale synthetic rows (published cardinalities capped at 100k) at the paper's width; N and
-# --steps sized so that a run takes well under a minute at 1 Gbit/s on 2 cores.
+README_BATCH = 128  # the example's default --batch-size
+
+
+def batch_for(batch, ranks):
+    """The multiple of `ranks` nearest to `batch` (ties: the smaller): train.py splits the global
+    batch evenly, so 3 ranks train on 1023 rows instead of 1024. At least one row a rank."""
+    below = batch - batch % ranks
+    return max(ranks, below if batch - below <= below + ranks - batch else below + ranks)
+
+
+# Train.py flags of each DLRM setting, for `ranks` ranks. criteo-d128: Criteo-scale synthetic rows
+# (published cardinalities capped at 100k) at the paper's width, N and --steps sized so that a run
+# takes well under a minute at 1 Gbit/s on 2 cores.
 SETTINGS = {
-    "criteo-d128": lambda o: ["--synthetic", str(o.synthetic), "--synthetic-test", str(o.synthetic_test),
-                              "--embedding-dim", "128", "--batch-size", "1024", "--steps", str(o.steps)],
-    "readme": lambda o: [],  # the bundled Criteo rows, every flag at its default (README)
+    "criteo-d128": lambda o, ranks: ["--synthetic", str(o.synthetic), "--synthetic-test", str(o.synthetic_test),
+                                     "--embedding-dim", "128", "--batch-size", str(batch_for(1024, ranks)),
+                                     "--steps", str(o.steps)],
+    # the bundled Criteo rows, every flag at its default (README)
+    "readme": lambda o, ranks: ([] if README_BATCH % ranks == 0 else
+                                ["--batch-size", str(batch_for(README_BATCH, ranks))]),
     # scripts/run_main.sh: the bundled rows at the paper's width, 3 epochs (21 steps, seconds a run)
-    "bundled-d128": lambda o: ["--embedding-dim", "128", "--batch-size", "1024", "--epochs", "3"],
+    "bundled-d128": lambda o, ranks: ["--embedding-dim", "128", "--batch-size", str(batch_for(1024, ranks)),
+                                      "--epochs", "3"],
     # --quick: a few steps of a small model, seconds a run
-    "tiny": lambda o: ["--synthetic", "4096", "--synthetic-test", "512", "--embedding-dim", "16",
-                       "--batch-size", "256", "--steps", str(o.steps)],
+    "tiny": lambda o, ranks: ["--synthetic", "4096", "--synthetic-test", "512", "--embedding-dim", "16",
+                              "--batch-size", str(batch_for(256, ranks)), "--steps", str(o.steps)],
 }
 COMMON_TRAIN = ["--no-progress", "--eval-points", "0", "--seed", "0"]
 EXIT_UNAVAILABLE = 3  # distinct from usage errors (2): scripts/run_main.sh falls back on it
@@ -285,7 +300,7 @@ def run_alltoall(ns, rate, ranks, opts, workdir):
 def run_dlrm(ns, rate, ranks, setting, mode, rep, opts, workdir):
     """One training run: its record (failed ones carry the error instead of numbers)."""
     metrics = workdir / f"dlrm_{rate}_{ranks}_{setting}_{mode}_{rep}.json"
-    args = SETTINGS[setting](opts) + DLRM_MODES[mode] + COMMON_TRAIN + opts.train_args
+    args = SETTINGS[setting](opts, ranks) + DLRM_MODES[mode] + COMMON_TRAIN + opts.train_args
     argv = [sys.executable, str(TRAIN), *args, "--label", mode, "--metrics-out", str(metrics)]
     run = run_in(ns, ranks, argv, opts, opts.timeout)
     rec = {"bandwidth_gbit": rate, "ranks": ranks, "setting": setting, "mode": mode, "repeat": rep,
