@@ -87,6 +87,20 @@ SETTINGS = {
                               "--batch-size", str(batch_for(256, ranks)), "--steps", str(o.steps)],
 }
 COMMON_TRAIN = ["--no-progress", "--eval-points", "0", "--seed", "0"]
+# What the JSON's records hold (also written into it).
+FIELDS = {
+    "dlrm": "per (bandwidth_gbit, ranks, setting, mode): iter_seconds_median = median over rounds of "
+            "each run's median step (rank 0, warm-up steps left out); speedup = uncompressed's / this; "
+            "auc = mean over rounds; wire_bytes = median tx_bytes delta of the namespace's lo over a "
+            "whole run (all ranks, every collective, start-up and evaluation included); "
+            "a2a_bytes_sent = the example's own all-to-all count; status ok|failed (+ error)",
+    "alltoall": "per (bandwidth_gbit, ranks, mode, bytes): bytes = the message each rank hands to the "
+                "all-to-all (its own chunk included); ms_per_call = median over rounds of the slowest "
+                "rank's median call; wire_bytes = tx_bytes of lo per call (all ranks, headers and "
+                "Horovod control traffic included); speedup = plain's ms / this",
+    "bandwidth_gbit": "tbf rate in Gbit/s; null = no qdisc (unlimited)",
+    "dlrm_runs, alltoall_runs": "every single run / round behind the summaries",
+}
 EXIT_UNAVAILABLE = 3  # distinct from usage errors (2): scripts/run_main.sh falls back on it
 
 
@@ -151,7 +165,7 @@ class Namespace:
         if proc.returncode != 0:
             raise Unavailable(f"cannot create network namespace {self.name}: `ip netns add` said: "
                               f"{proc.stderr.strip() or proc.returncode}")
-        try:
+        try:  # from here on the namespace exists: whatever interrupts us deletes it
             _ip("-n", self.name, "link", "set", "lo", "up")
         except BaseException:
             self.close()
@@ -564,7 +578,8 @@ def meta(opts, argv):
                         "inherited": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}},
             "rates_gbit": opts.rates, "ranks": opts.ranks, "repeat": opts.repeat, "warmup_steps": opts.warmup,
             "dlrm_modes": {m: DLRM_MODES[m] for m in opts.dlrm_modes}, "a2a_modes": opts.a2a_modes,
-            "train_args": opts.train_args}
+            "train_args": opts.train_args,
+            "fields": FIELDS}
 
 
 def measure(ns, opts, log=print):
