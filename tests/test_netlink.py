@@ -244,7 +244,7 @@ def test_quick_run_writes_the_documented_json_and_png(tmp_path):
     _link_or_skip(name + "-probe")
     out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
     proc = subprocess.run([sys.executable, "-m", "hvd_lossy.bench", "netlink", "--quick", "--namespace", name,
-                           "--dlrm-modes", "uncompressed,lossy,auto", "--cycle-time", "2", "--fusion-mb", "32",
+                           "--dlrm-modes", "uncompressed,auto", "--cycle-time", "2", "--fusion-mb", "32",
                            "--json", str(out_json), "--png", str(out_png)],
                           env=_env(), cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -253,15 +253,15 @@ def test_quick_run_writes_the_documented_json_and_png(tmp_path):
     assert report["horovod"]["cycle_time_ms"] == 2 and report["horovod"]["fusion_mb"] == 32
     assert report["horovod"]["env"] == {"HOROVOD_CYCLE_TIME": "2", "HOROVOD_FUSION_THRESHOLD": str(32 << 20)}
     dlrm = {r["mode"]: r for r in report["dlrm"]}
-    assert set(dlrm) == {"uncompressed", "lossy", "auto"}
+    assert set(dlrm) == {"uncompressed", "auto"}  # (lossy and adaptive: the main job's test)
     for r in dlrm.values():
         assert r["bandwidth_gbit"] == 1.0 and r["ranks"] == 2
         assert {"iter_seconds_median", "speedup", "auc", "wire_bytes"} <= set(r)
-    base, lossy = dlrm["uncompressed"], dlrm["lossy"]
-    assert base["status"] == lossy["status"] == "ok" and base["speedup"] == 1.0
-    assert lossy["iter_seconds_median"] > 0 and 0 < lossy["auc"] < 1
-    # The tx_bytes deltas are real: the lossy run put fewer bytes on the link than plain Horovod.
-    assert 0 < lossy["wire_bytes"] < base["wire_bytes"]
+    base = dlrm["uncompressed"]
+    assert base["status"] == "ok" and base["speedup"] == 1.0
+    assert base["iter_seconds_median"] > 0 and 0 < base["auc"] < 1
+    # 6 steps of (256 x 26 x 16) float32 lookups and their gradients crossed the link at least
+    assert base["wire_bytes"] > 6 * 2 * 256 * 26 * 16 * 4 / 2
     auto = dlrm["auto"]  # until hvd_lossy has auto=True this fails, with the reason, alone
     assert (auto["status"] == "ok" and auto["speedup"] > 0) or "auto" in auto["error"]
     a2a = {(r["mode"], r["bytes"]): r for r in report["alltoall"]}
@@ -289,4 +289,7 @@ def test_main_job_compares_over_an_emulated_link_or_says_why_not(tmp_path):
         report = json.loads((tmp_path / "netlink.json").read_text())
         assert [r["mode"] for r in report["dlrm"]] == ["uncompressed", "adaptive"]
         assert all(r["steps"] == 3 for r in report["dlrm_runs"])
+        base, adaptive = report["dlrm"]
+        # The tx_bytes deltas are real: the compressed run put fewer bytes on the link.
+        assert 0 < adaptive["wire_bytes"] < base["wire_bytes"]
     assert "adaptive vs uncompressed: dAUC" in proc.stdout  # the shared-memory table follows
