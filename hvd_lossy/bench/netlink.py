@@ -447,20 +447,27 @@ def write_png(path, dlrm, a2a):
     x = {g: i for i, g in enumerate(rates)}
     panels = [(f"DLRM, {s}", [r for r in dlrm if r["setting"] == s], lambda r: f"{r['mode']}, {r['ranks']} ranks")
               for s in dict.fromkeys(r["setting"] for r in dlrm)]
-    sized = [r for r in a2a if r["bytes"]]
-    if sized:
-        top = max(r["bytes"] for r in sized)
-        panels.append((f"all-to-all, {top / 2**20:.3g} MiB a rank", [r for r in sized if r["bytes"] == top],
+    # The largest message of each rank count (sizes differ a little: whole samples per rank).
+    top = {}
+    for r in a2a:
+        if r["bytes"]:
+            top[r["ranks"]] = max(top.get(r["ranks"], 0), r["bytes"])
+    if top:
+        panels.append((f"all-to-all, {max(top.values()) / 2**20:.3g} MiB a rank",
+                       [r for r in a2a if r["bytes"] and r["bytes"] == top[r["ranks"]]],
                        lambda r: f"{r['mode']}, {r['ranks']} ranks"))
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 4.2), squeeze=False)
     for ax, (title, recs, label) in zip(axes[0], panels):
         lines = {}
-        for r in recs:
-            if r["speedup"] is not None:
-                lines.setdefault(label(r), []).append((x[r["bandwidth_gbit"]], r["speedup"]))
-        for name, pts in sorted(lines.items()):
+        for r in recs:  # the baselines are the dashed line at 1
+            if r["speedup"] is not None and r["mode"] not in (DLRM_BASELINE, A2A_BASELINE):
+                lines.setdefault((label(r), r["ranks"]), []).append((x[r["bandwidth_gbit"]], r["speedup"]))
+        styles = ["-", "--", ":", "-."]  # one per rank count
+        all_ranks = sorted({k[1] for k in lines})
+        for (name, ranks), pts in sorted(lines.items()):
             pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name,
+                    ls=styles[all_ranks.index(ranks) % len(styles)])
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xticks(range(len(rates)), [("unlimited" if g is None else f"{g:g}") for g in rates])
         ax.set_xlabel("link (Gbit/s)")
