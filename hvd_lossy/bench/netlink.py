@@ -518,9 +518,12 @@ def parser():
     p.add_argument("--ranks", type=lambda s: [int(v) for v in s.split(",")], default=None,
                    help="rank counts, comma-separated (default 2,3; more than 2 oversubscribes 2 cores)")
     p.add_argument("--repeat", type=int, default=None, help="rounds of every mode at each rate (default 3)")
-    p.add_argument("--parts", type=_choices(["alltoall", "dlrm"]), default=["alltoall", "dlrm"])
-    p.add_argument("--a2a-modes", type=_choices(A2A_MODES), default=A2A_MODES)
-    p.add_argument("--dlrm-modes", type=_choices(DLRM_MODES), default=list(DLRM_MODES))
+    p.add_argument("--parts", type=_choices(["alltoall", "dlrm"]), default=["alltoall", "dlrm"],
+                   help="what to measure (default alltoall,dlrm)")
+    p.add_argument("--a2a-modes", type=_choices(A2A_MODES), default=A2A_MODES,
+                   help="all-to-all modes (default %s)" % ",".join(A2A_MODES))
+    p.add_argument("--dlrm-modes", type=_choices(DLRM_MODES), default=list(DLRM_MODES),
+                   help="DLRM modes (default %s; speedups are against %s)" % (",".join(DLRM_MODES), DLRM_BASELINE))
     p.add_argument("--settings", type=_choices(SETTINGS), default=None,
                    help="DLRM settings (default criteo-d128,readme)")
     p.add_argument("--sizes", type=lambda s: [float(v) for v in s.split(",")], default=None,
