@@ -85,6 +85,10 @@ def parser():
     c.add_argument("--lossy-frames", choices=["table", "destination"], default="table",
                    help="lossy: one frame per (destination, table), so a relative bound is relative to "
                         "each table's range (default), or one frame per destination")
+    c.add_argument("--auto", action="store_true",
+                   help="lossy/adaptive: pass auto=True to the compressor (the library then decides "
+                        "per call whether compressing pays on this link); only passed when given, "
+                        "so an hvd_lossy without it fails with a clear error")
     c.add_argument("--policy", default=None, help="adaptive controller policy")
     c.add_argument("--schedule", default=None, help="adaptive controller schedule")
     c.add_argument("--schedule-iters", type=int, default=None, metavar="E",
@@ -147,6 +151,9 @@ def check(args, world):
     if args.plain_horovod and args.compression != "none":
         raise UsageError("--plain-horovod uses horovod.torch.alltoall, which cannot compress; "
                          "got --compression %s" % args.compression)
+    if args.auto and args.compression not in ("lossy", "adaptive"):
+        raise UsageError("--auto applies to --compression lossy or adaptive, got --compression %s"
+                         % args.compression)
     if args.plain_horovod and args.overlap:
         raise UsageError("--overlap needs hvd_lossy's differentiable alltoall_async; "
                          "horovod.torch.alltoall_async (--plain-horovod) has no autograd")

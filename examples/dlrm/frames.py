@@ -27,9 +27,9 @@ class TableBytes(LossyCompressor):
     """
 
     def __init__(self, error_bound, mode, level, layouts, backward=None, table_bytes=None, prefix="",
-                 dither=False):
+                 dither=False, **auto):
         super().__init__(error_bound, mode=mode, level=level, backward=backward,
-                         segments=[len(layout) for layout in layouts], dither=dither)
+                         segments=[len(layout) for layout in layouts], dither=dither, **auto)
         self.layouts = [list(layout) for layout in layouts]
         self.table_bytes = {} if table_bytes is None else table_bytes
         self.prefix = prefix
@@ -46,13 +46,14 @@ class TableBytes(LossyCompressor):
                 acc[1] += size
 
 
-def table_compressors(error_bound, mode, level, backward, names_by_rank, rank, dither=False):
+def table_compressors(error_bound, mode, level, backward, names_by_rank, rank, dither=False, **auto):
     """The forward compressor of `rank` (with its gradient compressor as `backward`).
 
     Arguments:
         backward: None (uncompressed gradients), Compression.fp16, "same" or an error bound.
         names_by_rank: the table names each rank owns.
         dither: as LossyCompressor's (False, True or "backward").
+        auto: `auto=True` (--auto), passed to both compressors; absent otherwise.
     Returns:
         a TableBytes whose `table_bytes` collects both directions.
     """
@@ -60,7 +61,7 @@ def table_compressors(error_bound, mode, level, backward, names_by_rank, rank, d
     if backward == "same" or isinstance(backward, float):
         eb = error_bound if backward == "same" else backward
         backward = TableBytes(eb, mode, level, names_by_rank, table_bytes=table_bytes, prefix="bwd:",
-                              dither=bool(dither))
+                              dither=bool(dither), **auto)
     world = len(names_by_rank)
     return TableBytes(error_bound, mode, level, [names_by_rank[rank]] * world, backward=backward,
-                      table_bytes=table_bytes, dither=dither is True)
+                      table_bytes=table_bytes, dither=dither is True, **auto)

@@ -153,7 +153,7 @@ def train(args):
         final, label=args.label or args.compression, steps=step,
         epochs_run=step / source.steps_per_epoch, world=world,
         batch_size=args.batch_size, train_seconds=train_seconds,
-        iter_seconds_median=statistics.median(iter_s), loss_final=losses[-1],
+        iter_seconds_median=statistics.median(iter_s), iter_seconds=iter_s, loss_final=losses[-1],
         data_checksum=hashlib.sha256("".join(digests).encode()).hexdigest(),
         loss_curve=losses, eval_curve=evals, time_split=splits,
         table_names=data.TABLE_NAMES, table_rows=source.cardinalities, owners=owners,

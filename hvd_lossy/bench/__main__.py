@@ -1,8 +1,9 @@
-"""`python -m hvd_lossy.bench {codec,alltoall} [options]`: runs one benchmark's main(argv)."""
+"""`python -m hvd_lossy.bench {codec,alltoall,netlink} [options]`: runs one benchmark's main(argv)."""
 import importlib
 import sys
 
-SUBCOMMANDS = {"codec": "hvd_lossy.bench.codec", "alltoall": "hvd_lossy.bench.alltoall"}
+SUBCOMMANDS = {"codec": "hvd_lossy.bench.codec", "alltoall": "hvd_lossy.bench.alltoall",
+               "netlink": "hvd_lossy.bench.netlink"}
 
 
 def main(argv):

@@ -1,0 +1,662 @@
+"""The embedding all-to-all and DLRM training over an emulated network link.
+
+    sudo python -m hvd_lossy.bench netlink [--rates 1,10,25,100,unlimited] [--ranks 2,3]
+        [--repeat 3] [--json out.json] [--png out.png] [--quick] [-- extra train.py flags]
+
+On one machine the ranks' all-to-all goes through shared memory, where compression only costs
+time. This tool makes a private network namespace, limits its loopback with a token bucket
+(`tc qdisc ... tbf rate R`) and runs every rank inside it with MPI over TCP, so every byte of
+every collective crosses a link of R Gbit/s ("unlimited": the namespace's loopback with no
+qdisc). At each rate, in one run, it measures
+
+  a) the all-to-all's time per call for plain Horovod, fp16, lossy at 0.01/0.03/0.05 and auto
+     (hvd_lossy.bench.netlink_worker, messages 64 KiB to 64 MiB a rank);
+  b) the DLRM example's median step time (after warm-up steps) and AUC for uncompressed
+     (--plain-horovod), fp16, lossy, adaptive and auto, at each --ranks, on Criteo-scale synthetic
+     data at --embedding-dim 128 --batch-size 1024 and at the example's README defaults;
+  c) the bytes that really crossed the link: the loopback's tx_bytes delta per run.
+
+Within a rate the modes take turns, --repeat rounds, so noise hits all of them alike. Every run
+gets the same Horovod settings (--cycle-time, --fusion-mb; recorded). A mode that fails (e.g.
+auto before the library has it) is reported as failed with its error; the others go on.
+
+Needs root, `ip` and `tc` (iproute2) and `mpirun`; says which is missing otherwise. The
+namespace is deleted afterwards, also on errors, Ctrl-C and SIGTERM. No address outside it is
+used: MPI's TCP and out-of-band traffic are pinned to the namespace's `lo`.
+"""
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import pathlib
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TRAIN = REPO / "examples" / "dlrm" / "train.py"
+
+DEFAULT_RATES = [1.0, 10.0, 25.0, 100.0, None]  # Gbit/s; None: no qdisc ("unlimited")
+# Token bucket of the recipe measured in benchmarks/RESULTS.md: a burst of 512 KiB keeps short
+# messages from being paced packet by packet; the latency only bounds the queue.
+TBF = ["burst", "512kb", "latency", "100ms"]
+A2A_SIZES_MIB = [1 / 16, 1 / 4, 1, 4, 16, 64]
+A2A_MODES = ["plain", "fp16", "lossy 0.01", "lossy 0.03", "lossy 0.05", "auto"]
+A2A_BASELINE = "plain"
+
+# DLRM modes: train.py flags. adaptive is the training recipe of scripts/run_main.sh.
+DLRM_MODES = {
+    "uncompressed": ["--plain-horovod"],
+    "fp16": ["--compression", "fp16"],
+    "lossy": ["--compression", "lossy", "--error-bound", "0.03"],
+    "adaptive": ["--compression", "adaptive", "--error-bound", "0.03", "--backward-error-bound", "0.02",
+                 "--dither", "backward", "--level", "2"],
+    "auto": ["--compression", "lossy", "--error-bound", "0.03", "--auto"],
+}
+DLRM_BASELINE = "uncompressed"
+README_BATCH = 128  # the example's default --batch-size
+
+
+def batch_for(batch, ranks):
+    """The multiple of `ranks` nearest to `batch` (ties: the smaller): train.py splits the global
+    batch evenly, so 3 ranks train on 1023 rows instead of 1024. At least one row a rank."""
+    below = batch - batch % ranks
+    return max(ranks, below if batch - below <= below + ranks - batch else below + ranks)
+
+
+# Train.py flags of each DLRM setting, for `ranks` ranks. criteo-d128: Criteo-scale synthetic rows
+# (published cardinalities capped at 100k) at the paper's width, N and --steps sized so that a run
+# takes well under a minute at 1 Gbit/s on 2 cores.
+SETTINGS = {
+    "criteo-d128": lambda o, ranks: ["--synthetic", str(o.synthetic), "--synthetic-test", str(o.synthetic_test),
+                                     "--embedding-dim", "128", "--batch-size", str(batch_for(1024, ranks)),
+                                     "--steps", str(o.steps)],
+    # the bundled Criteo rows, every flag at its default (README)
+    "readme": lambda o, ranks: ([] if README_BATCH % ranks == 0 else
+                                ["--batch-size", str(batch_for(README_BATCH, ranks))]),
+    # scripts/run_main.sh: the bundled rows at the paper's width, 3 epochs (21 steps, seconds a run)
+    "bundled-d128": lambda o, ranks: ["--embedding-dim", "128", "--batch-size", str(batch_for(1024, ranks)),
+                                      "--epochs", "3"],
+    # --quick: a few steps of a small model, seconds a run
+    "tiny": lambda o, ranks: ["--synthetic", "4096", "--synthetic-test", "512", "--embedding-dim", "16",
+                              "--batch-size", str(batch_for(256, ranks)), "--steps", str(o.steps)],
+}
+COMMON_TRAIN = ["--no-progress", "--eval-points", "0", "--seed", "0"]
+# What the JSON's records hold (also written into it).
+FIELDS = {
+    "dlrm": "per (bandwidth_gbit, ranks, setting, mode): iter_seconds_median = median over rounds of "
+            "each run's median step (rank 0, warm-up steps left out); speedup = uncompressed's / this; "
+            "auc = mean over rounds; wire_bytes = median tx_bytes delta of the namespace's lo over a "
+            "whole run (all ranks, every collective, start-up and evaluation included); "
+            "a2a_bytes_sent = the example's own all-to-all count; status ok|failed (+ error)",
+    "alltoall": "per (bandwidth_gbit, ranks, mode, bytes): bytes = the message each rank hands to the "
+                "all-to-all (its own chunk included); ms_per_call = median over rounds of the slowest "
+                "rank's median call; wire_bytes = tx_bytes of lo per call (all ranks, headers and "
+                "Horovod control traffic included); speedup = plain's ms / this",
+    "bandwidth_gbit": "tbf rate in Gbit/s; null = no qdisc (unlimited)",
+    "dlrm_runs, alltoall_runs": "every single run / round behind the summaries",
+}
+EXIT_UNAVAILABLE = 3  # distinct from usage errors (2): scripts/run_main.sh falls back on it
+
+
+class Unavailable(RuntimeError):
+    """This machine cannot emulate a link; the message names what is missing."""
+
+
+# ---------------------------------------------------------------- preconditions
+
+
+def missing_requirements():
+    """What stops us creating a limited namespace, as readable phrases (empty: nothing)."""
+    problems = [f"`{tool}` not found on PATH ({why})" for tool, why in (
+        ("ip", "iproute2: creates the network namespace"),
+        ("tc", "iproute2: limits its loopback"),
+        ("mpirun", "Open MPI: runs the ranks inside it")) if shutil.which(tool) is None]
+    if os.geteuid() != 0:
+        problems.append(f"not root (euid {os.geteuid()}): network namespaces and qdiscs need root")
+    return problems
+
+
+def preflight(probe_name=None):
+    """Raises Unavailable unless root, ip, tc and mpirun are there and a namespace with a tbf
+    qdisc can really be made (containers may forbid either); the probe namespace is removed."""
+    problems = missing_requirements()
+    if problems:
+        raise Unavailable("cannot emulate a link: " + "; ".join(problems))
+    with Namespace(probe_name or f"hvdl-probe-{os.getpid()}") as ns:
+        ns.set_rate(1.0)
+
+
+def _ip(*args, check=True):
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise Unavailable(f"`ip {' '.join(args)}` failed (exit {proc.returncode}): "
+                          f"{proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def namespaces():
+    """Names of the existing network namespaces."""
+    out = _ip("netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+class Namespace:
+    """A network namespace of our own with its loopback up; deleted on exit from `with`.
+
+    Everything run through `command()` lives in it, so traffic can only reach its own `lo`."""
+
+    def __init__(self, name):
+        if not name.startswith("hvdl-") or "/" in name:
+            raise ValueError(f"namespace name must start with 'hvdl-' and hold no '/', got {name!r}")
+        self.name = name
+        self.rate = None
+
+    def __enter__(self):
+        if self.name in namespaces():
+            raise Unavailable(f"network namespace {self.name} already exists; another run is using it "
+                              f"(or a killed one left it: `ip netns del {self.name}`)")
+        proc = _ip("netns", "add", self.name, check=False)
+        if proc.returncode != 0:
+            raise Unavailable(f"cannot create network namespace {self.name}: `ip netns add` said: "
+                              f"{proc.stderr.strip() or proc.returncode}")
+        try:  # from here on the namespace exists: whatever interrupts us deletes it
+            _ip("-n", self.name, "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def command(self, argv):
+        return ["ip", "netns", "exec", self.name, *argv]
+
+    def set_rate(self, gbit):
+        """Loopback limited to `gbit` Gbit/s, or no qdisc at all for None."""
+        if gbit is None:
+            # `del` fails when there is no root qdisc yet: that is already unlimited.
+            subprocess.run(self.command(["tc", "qdisc", "del", "dev", "lo", "root"]), capture_output=True)
+        else:
+            proc = subprocess.run(self.command(["tc", "qdisc", "replace", "dev", "lo", "root", "tbf",
+                                                "rate", f"{gbit:g}gbit", *TBF]), capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise Unavailable(f"cannot limit {self.name}'s loopback to {gbit:g} Gbit/s with tc tbf "
+                                  f"(is the sch_tbf module available?): {proc.stderr.strip()}")
+        self.rate = gbit
+
+    def tx_bytes(self):
+        """Bytes sent on the namespace's loopback so far (= bytes that crossed the link)."""
+        proc = subprocess.run(self.command(["cat", "/sys/class/net/lo/statistics/tx_bytes"]),
+                              capture_output=True, text=True, check=True)
+        return int(proc.stdout)
+
+    def close(self):
+        """Ends whatever still runs inside (only our own runs can), then deletes the namespace."""
+        pids = _ip("netns", "pids", self.name, check=False).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        _ip("netns", "del", self.name, check=False)
+        if self.name in namespaces():
+            print(f"netlink: WARNING: could not delete network namespace {self.name}; "
+                  f"remove it with `ip netns del {self.name}`", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def signals_raise():
+    """SIGTERM and SIGHUP raise SystemExit (SIGINT already raises KeyboardInterrupt), so the
+    `finally` and `with` blocks that delete the namespace run on them too."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# ---------------------------------------------------------------- running ranks in the namespace
+
+
+def horovod_env(opts):
+    """The Horovod settings every mode gets, as environment variables ({} keeps Horovod's own)."""
+    env = {}
+    if opts.cycle_time is not None:
+        env["HOROVOD_CYCLE_TIME"] = f"{opts.cycle_time:g}"
+    if opts.fusion_mb is not None:
+        env["HOROVOD_FUSION_THRESHOLD"] = str(int(opts.fusion_mb * 2**20))
+    return env
+
+
+def mpirun(ranks, env_names, argv):
+    """mpirun of `argv` on `ranks` processes of this machine, MPI pinned to TCP over `lo`."""
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks),
+           "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo",
+           "--mca", "oob_tcp_if_include", "lo"]
+    for name in sorted(env_names):
+        cmd += ["-x", name]
+    return cmd + argv
+
+
+def run_in(ns, ranks, argv, opts, timeout):
+    """Runs `argv` under mpirun inside `ns`. Returns dict(rc, output, seconds, wire_bytes).
+    Whatever ends this call early (timeout, Ctrl-C, an exception) ends the ranks first."""
+    extra = horovod_env(opts)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    cmd = ns.command(mpirun(ranks, ["OMP_NUM_THREADS", "PYTHONPATH", "PATH", *extra], argv))
+    before = ns.tx_bytes()
+    t0 = time.perf_counter()
+    # Own session: a Ctrl-C reaches only us, and we end the whole launch ourselves.
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        output, rc = f"timed out after {timeout:g} s", None
+    except BaseException:
+        _kill_group(proc)
+        raise
+    return dict(rc=rc, output=output, seconds=time.perf_counter() - t0, wire_bytes=ns.tx_bytes() - before)
+
+
+def _kill_group(proc):
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def error_of(output, rc):
+    """The line that says why a launch failed: train.py's own error line when there is one."""
+    lines = [line.strip() for line in (output or "").splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("train.py: error:"):
+            return line
+    for line in reversed(lines):
+        if "Error" in line or "error" in line:
+            return line[:400]
+    return f"exit status {rc}: " + " | ".join(lines[-3:])[:400]
+
+
+# ---------------------------------------------------------------- the two measurements
+
+
+def run_alltoall(ns, rate, ranks, opts, workdir):
+    """All-to-all records at one rate: one launch, the modes taking turns inside it."""
+    out = workdir / f"a2a_{rate}_{ranks}.json"
+    argv = [sys.executable, "-m", "hvd_lossy.bench.netlink_worker", "--modes", ",".join(opts.a2a_modes),
+            "--sizes", ",".join(f"{s:g}" for s in opts.sizes), "--iters", str(opts.iters),
+            "--repeat", str(opts.repeat), "--json", str(out)]
+    run = run_in(ns, ranks, argv, opts, opts.timeout)
+    base = {"bandwidth_gbit": rate, "ranks": ranks}
+    if run["rc"] != 0 or not out.exists():
+        return [dict(base, mode=m, bytes=None, status="failed", error=error_of(run["output"], run["rc"]))
+                for m in opts.a2a_modes]
+    return [dict(base, **r) for r in json.loads(out.read_text())["results"]]
+
+
+def run_dlrm(ns, rate, ranks, setting, mode, rep, opts, workdir):
+    """One training run: its record (failed ones carry the error instead of numbers)."""
+    metrics = workdir / f"dlrm_{rate}_{ranks}_{setting}_{mode}_{rep}.json"
+    args = SETTINGS[setting](opts, ranks) + DLRM_MODES[mode] + COMMON_TRAIN + opts.train_args
+    argv = [sys.executable, str(TRAIN), *args, "--label", mode, "--metrics-out", str(metrics)]
+    run = run_in(ns, ranks, argv, opts, opts.timeout)
+    rec = {"bandwidth_gbit": rate, "ranks": ranks, "setting": setting, "mode": mode, "repeat": rep,
+           "train_args": args, "wire_bytes": run["wire_bytes"], "wall_seconds": run["seconds"]}
+    if run["rc"] != 0 or not metrics.exists():
+        return dict(rec, status="failed", error=error_of(run["output"], run["rc"]))
+    m = json.loads(metrics.read_text())
+    steps = m["iter_seconds"]
+    warm = min(opts.warmup, len(steps) - 1)  # at least one step is left to take the median of
+    if opts.keep_metrics:
+        metrics.rename(opts.keep_metrics / metrics.name)
+    return dict(rec, status="ok", iter_seconds_median=statistics.median(steps[warm:]), warmup_steps=warm,
+                steps=m["steps"], auc=m["auc"], logloss=m["logloss"], a2a_bytes_sent=m["a2a_bytes_sent"],
+                a2a_bytes_plain=m["a2a_bytes_plain"], compression_ratio=m["compression_ratio"],
+                train_seconds=m["train_seconds"])
+
+
+# ---------------------------------------------------------------- summaries
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def summarise_dlrm(runs):
+    """One record per (rate, ranks, setting, mode): medians over the repeats, speedup against
+    uncompressed at the same rate, ranks and setting."""
+    groups = {}
+    for r in runs:
+        groups.setdefault((r["bandwidth_gbit"], r["ranks"], r["setting"], r["mode"]), []).append(r)
+    out = []
+    for (rate, ranks, setting, mode), rs in groups.items():
+        ok = [r for r in rs if r["status"] == "ok"]
+        rec = {"bandwidth_gbit": rate, "ranks": ranks, "setting": setting, "mode": mode,
+               "runs": len(rs), "ok_runs": len(ok), "status": "ok" if ok else "failed",
+               "iter_seconds_median": _median([r["iter_seconds_median"] for r in ok]),
+               "auc": statistics.fmean([r["auc"] for r in ok]) if ok else None,
+               "wire_bytes": _median([r["wire_bytes"] for r in ok]),
+               "a2a_bytes_sent": _median([r["a2a_bytes_sent"] for r in ok]),
+               "compression_ratio": _median([r["compression_ratio"] for r in ok]),
+               "train_args": rs[0]["train_args"]}
+        if not ok:
+            rec["error"] = rs[0]["error"]
+        out.append(rec)
+    for rec in out:
+        base = next((b for b in out if b["mode"] == DLRM_BASELINE and
+                     (b["bandwidth_gbit"], b["ranks"], b["setting"]) ==
+                     (rec["bandwidth_gbit"], rec["ranks"], rec["setting"])), None)
+        t0 = base and base["iter_seconds_median"]
+        rec["speedup"] = t0 / rec["iter_seconds_median"] if t0 and rec["iter_seconds_median"] else None
+        rec["auc_delta"] = (rec["auc"] - base["auc"]) if base and base["auc"] is not None and \
+            rec["auc"] is not None else None
+    return out
+
+
+def summarise_alltoall(rows):
+    """One record per (rate, ranks, mode, bytes): medians over the repeats, speedup vs plain."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["bandwidth_gbit"], r["ranks"], r["mode"], r["bytes"]), []).append(r)
+    out = []
+    for (rate, ranks, mode, size), rs in groups.items():
+        ok = [r for r in rs if r["status"] == "ok"]
+        failed = [r for r in rs if r["status"] != "ok"]
+        rec = {"bandwidth_gbit": rate, "ranks": ranks, "mode": mode, "bytes": size,
+               "status": "ok" if ok and not failed else "failed",
+               "ms_per_call": _median([r["ms_per_call"] for r in ok]),
+               "ms_per_call_runs": [r["ms_per_call"] for r in ok],
+               "wire_bytes": _median([r["link_bytes_per_call"] for r in ok])}
+        if failed:
+            rec["error"] = failed[0]["error"]
+        out.append(rec)
+    for rec in out:
+        base = next((b for b in out if b["mode"] == A2A_BASELINE and
+                     (b["bandwidth_gbit"], b["ranks"], b["bytes"]) ==
+                     (rec["bandwidth_gbit"], rec["ranks"], rec["bytes"])), None)
+        t0 = base and base["ms_per_call"]
+        rec["speedup"] = t0 / rec["ms_per_call"] if t0 and rec["ms_per_call"] else None
+    return out
+
+
+def rate_label(rate):
+    return "unlimited" if rate is None else f"{rate:g} Gbit/s"
+
+
+def _fmt(x, spec, none="-"):
+    return none if x is None else format(x, spec)
+
+
+def dlrm_table(records):
+    lines = [f"{'link':>12} {'ranks':>5} {'setting':>12} {'mode':>12} {'ms/step':>9} {'speedup':>8} "
+             f"{'AUC':>7} {'dAUC':>8} {'link MB':>9} {'a2a ratio':>9}"]
+    for r in records:
+        row = (f"{rate_label(r['bandwidth_gbit']):>12} {r['ranks']:>5} {r['setting']:>12} {r['mode']:>12} "
+               f"{_fmt(r['iter_seconds_median'] and 1e3 * r['iter_seconds_median'], '9.1f'):>9} "
+               f"{_fmt(r['speedup'], '7.2f') + ('x' if r['speedup'] else ''):>8} "
+               f"{_fmt(r['auc'], '.4f'):>7} {_fmt(r['auc_delta'], '+.4f'):>8} "
+               f"{_fmt(r['wire_bytes'] and r['wire_bytes'] / 1e6, '9.1f'):>9} "
+               f"{_fmt(r['compression_ratio'], '8.1f') + ('x' if r['compression_ratio'] else ''):>9}")
+        if r["status"] != "ok":
+            row += f"  FAILED: {r['error']}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def alltoall_table(records):
+    modes = list(dict.fromkeys(r["mode"] for r in records))
+    keys = list(dict.fromkeys((r["bandwidth_gbit"], r["ranks"], r["bytes"]) for r in records
+                              if r["bytes"] is not None))
+    cell = {(r["bandwidth_gbit"], r["ranks"], r["bytes"], r["mode"]): r for r in records}
+    lines = [f"{'link':>12} {'ranks':>5} {'MiB/rank':>9} " + " ".join(f"{m:>11}" for m in modes)
+             + "   (ms per call, slowest rank; median over repeats)"]
+    for rate, ranks, size in keys:
+        cells = [cell.get((rate, ranks, size, m)) for m in modes]
+        lines.append(f"{rate_label(rate):>12} {ranks:>5} {size / 2**20:9.4g} " + " ".join(
+            f"{_fmt(c and c['ms_per_call'], '11.2f') if c and c['status'] == 'ok' else 'failed':>11}"
+            for c in cells))
+    errors = {r["mode"]: r["error"] for r in records if r["status"] != "ok"}
+    lines += [f"  {m} failed: {e}" for m, e in errors.items()]
+    return "\n".join(lines)
+
+
+def write_png(path, dlrm, a2a):
+    """Speedup against bandwidth: one panel per DLRM setting (a line per mode and rank count),
+    and one for the all-to-all at its largest message."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rates = sorted({r["bandwidth_gbit"] for r in dlrm + a2a}, key=lambda g: (g is None, g or 0))
+    x = {g: i for i, g in enumerate(rates)}
+    panels = [(f"DLRM, {s}", [r for r in dlrm if r["setting"] == s], lambda r: f"{r['mode']}, {r['ranks']} ranks")
+              for s in dict.fromkeys(r["setting"] for r in dlrm)]
+    # The largest message of each rank count (sizes differ a little: whole samples per rank).
+    top = {}
+    for r in a2a:
+        if r["bytes"]:
+            top[r["ranks"]] = max(top.get(r["ranks"], 0), r["bytes"])
+    if top:
+        panels.append((f"all-to-all, {max(top.values()) / 2**20:.3g} MiB a rank",
+                       [r for r in a2a if r["bytes"] and r["bytes"] == top[r["ranks"]]],
+                       lambda r: f"{r['mode']}, {r['ranks']} ranks"))
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 4.2), squeeze=False)
+    for ax, (title, recs, label) in zip(axes[0], panels):
+        lines = {}
+        for r in recs:  # the baselines are the dashed line at 1
+            if r["speedup"] is not None and r["mode"] not in (DLRM_BASELINE, A2A_BASELINE):
+                lines.setdefault((label(r), r["ranks"]), []).append((x[r["bandwidth_gbit"]], r["speedup"]))
+        styles = ["-", "--", ":", "-."]  # one per rank count
+        all_ranks = sorted({k[1] for k in lines})
+        for (name, ranks), pts in sorted(lines.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name,
+                    ls=styles[all_ranks.index(ranks) % len(styles)])
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xticks(range(len(rates)), [("unlimited" if g is None else f"{g:g}") for g in rates])
+        ax.set_xlabel("link (Gbit/s)")
+        ax.set_ylabel("speedup vs uncompressed")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _rates(text):
+    out = []
+    for v in text.split(","):
+        v = v.strip().lower()
+        if v in ("unlimited", "none", "inf"):
+            out.append(None)
+            continue
+        try:
+            g = float(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"rates are Gbit/s numbers or 'unlimited', got {v!r}") from None
+        if g <= 0:
+            raise argparse.ArgumentTypeError(f"a rate must be > 0 Gbit/s, got {v!r}")
+        out.append(g)
+    return out
+
+
+def _choices(allowed):
+    def parse(text):
+        got = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in got if v not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {bad}; expected some of {list(allowed)}")
+        return got
+    return parse
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="python -m hvd_lossy.bench netlink",
+                                description=__doc__.split("\n")[0],
+                                epilog="Flags after `--` go to every train.py run.")
+    p.add_argument("--rates", type=_rates, default=None,
+                   help="link rates in Gbit/s and/or 'unlimited' (default 1,10,25,100,unlimited)")
+    p.add_argument("--ranks", type=lambda s: [int(v) for v in s.split(",")], default=None,
+                   help="rank counts, comma-separated (default 2,3; more than 2 oversubscribes 2 cores)")
+    p.add_argument("--repeat", type=int, default=None, help="rounds of every mode at each rate (default 3)")
+    p.add_argument("--parts", type=_choices(["alltoall", "dlrm"]), default=["alltoall", "dlrm"],
+                   help="what to measure (default alltoall,dlrm)")
+    p.add_argument("--a2a-modes", type=_choices(A2A_MODES), default=A2A_MODES,
+                   help="all-to-all modes (default %s)" % ",".join(A2A_MODES))
+    p.add_argument("--dlrm-modes", type=_choices(DLRM_MODES), default=list(DLRM_MODES),
+                   help="DLRM modes (default %s; speedups are against %s)" % (",".join(DLRM_MODES), DLRM_BASELINE))
+    p.add_argument("--settings", type=_choices(SETTINGS), default=None,
+                   help="DLRM settings (default criteo-d128,readme)")
+    p.add_argument("--sizes", type=lambda s: [float(v) for v in s.split(",")], default=None,
+                   help="all-to-all message sizes in MiB a rank (default 0.0625,0.25,1,4,16,64)")
+    p.add_argument("--iters", type=int, default=None, help="timed all-to-all calls per mode and round (default 5)")
+    p.add_argument("--synthetic", type=int, default=100_000, help="criteo-d128: synthetic training rows")
+    p.add_argument("--synthetic-test", type=int, default=10_000, help="criteo-d128: held-out rows")
+    p.add_argument("--steps", type=int, default=None, help="criteo-d128/tiny: training steps (default 40)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="steps left out of the median step time (default 5)")
+    p.add_argument("--cycle-time", type=float, default=None, metavar="MS",
+                   help="HOROVOD_CYCLE_TIME for every run (default: Horovod's own)")
+    p.add_argument("--fusion-mb", type=float, default=None,
+                   help="HOROVOD_FUSION_THRESHOLD in MiB for every run (default: Horovod's own)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per launch before it is killed")
+    p.add_argument("--namespace", default=None, help="namespace name (default hvdl-<pid>; must start with hvdl-)")
+    p.add_argument("--json", type=pathlib.Path, default=None)
+    p.add_argument("--png", type=pathlib.Path, default=None)
+    p.add_argument("--keep-metrics", type=pathlib.Path, default=None, metavar="DIR",
+                   help="keep every DLRM run's metrics JSON here")
+    p.add_argument("--quick", action="store_true",
+                   help="a tiny run for tests: 1 Gbit/s, 2 ranks, 1 round, 64 KiB and 1 MiB messages, "
+                        "the tiny DLRM setting (explicit flags still win)")
+    p.add_argument("--check", action="store_true",
+                   help="only say whether this machine can emulate a link (exit 0) or why not (exit 3)")
+    return p
+
+
+def parse(argv):
+    argv = list(argv)
+    train_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    opts = parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    opts.train_args = train_args
+    quick = dict(rates=[1.0], ranks=[2], repeat=1, settings=["tiny"], sizes=[1 / 16, 1], iters=2, steps=6,
+                 warmup=2)
+    full = dict(rates=DEFAULT_RATES, ranks=[2, 3], repeat=3, settings=["criteo-d128", "readme"],
+                sizes=A2A_SIZES_MIB, iters=5, steps=40, warmup=5)
+    for key, value in (quick if opts.quick else full).items():
+        if getattr(opts, key) is None:
+            setattr(opts, key, value)
+    for name in ("repeat", "iters", "steps"):
+        if getattr(opts, name) < 1:
+            parser().error(f"--{name} must be >= 1, got {getattr(opts, name)}")
+    if opts.warmup < 0:
+        parser().error(f"--warmup must be >= 0, got {opts.warmup}")
+    if any(n < 2 for n in opts.ranks):
+        parser().error(f"--ranks must be >= 2 (an all-to-all needs a peer), got {opts.ranks}")
+    if "dlrm" in opts.parts and not TRAIN.exists():
+        parser().error(f"the DLRM part needs the example at {TRAIN} (a source checkout); "
+                       f"use --parts alltoall")
+    return opts
+
+
+def meta(opts, argv):
+    return {"benchmark": "netlink", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": "python -m hvd_lossy.bench netlink " + " ".join(argv),
+            "machine": {"cpus": os.cpu_count(), "host": os.uname().nodename},
+            "link": {"qdisc": "tbf rate <R>gbit " + " ".join(TBF), "unlimited": "no qdisc",
+                     "transport": "mpirun --mca btl tcp,self over the namespace's lo"},
+            "horovod": {"cycle_time_ms": opts.cycle_time, "fusion_mb": opts.fusion_mb,
+                        "env": horovod_env(opts) or "Horovod defaults",
+                        "inherited": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}},
+            "rates_gbit": opts.rates, "ranks": opts.ranks, "repeat": opts.repeat, "warmup_steps": opts.warmup,
+            "dlrm_modes": {m: DLRM_MODES[m] for m in opts.dlrm_modes}, "a2a_modes": opts.a2a_modes,
+            "train_args": opts.train_args,
+            "fields": FIELDS}
+
+
+def measure(ns, opts, log=print):
+    """Every measurement at every rate; returns (dlrm runs, all-to-all rows)."""
+    dlrm, a2a = [], []
+    with tempfile.TemporaryDirectory(prefix="hvdl-netlink-") as tmp:
+        work = pathlib.Path(tmp)
+        for rate in opts.rates:
+            ns.set_rate(rate)
+            for ranks in opts.ranks:
+                if "alltoall" in opts.parts:
+                    log(f"[{rate_label(rate)}, {ranks} ranks] all-to-all: {', '.join(opts.a2a_modes)}")
+                    a2a += run_alltoall(ns, rate, ranks, opts, work)
+                if "dlrm" not in opts.parts:
+                    continue
+                for setting in opts.settings:
+                    for rep in range(opts.repeat):
+                        for mode in opts.dlrm_modes:  # modes take turns: noise hits all alike
+                            rec = run_dlrm(ns, rate, ranks, setting, mode, rep, opts, work)
+                            log(f"[{rate_label(rate)}, {ranks} ranks] dlrm {setting} {mode} #{rep}: " + (
+                                f"{1e3 * rec['iter_seconds_median']:.1f} ms/step, AUC {rec['auc']:.4f}, "
+                                f"{rec['wire_bytes'] / 1e6:.1f} MB on the link" if rec["status"] == "ok"
+                                else f"FAILED: {rec['error']}"))
+                            dlrm.append(rec)
+    return dlrm, a2a
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    opts = parse(argv)
+    name = opts.namespace or f"hvdl-{os.getpid()}"
+    try:
+        if opts.check:
+            preflight(f"{name}-probe" if opts.namespace else None)
+            print("netlink: ok: root, ip, tc and mpirun present; a namespace with a tbf qdisc works")
+            return 0
+        missing = missing_requirements()
+        if missing:
+            raise Unavailable("cannot emulate a link: " + "; ".join(missing))
+        if opts.keep_metrics:
+            opts.keep_metrics.mkdir(parents=True, exist_ok=True)
+        with signals_raise(), Namespace(name) as ns:
+            print(f"netlink: namespace {name}, rates {', '.join(map(rate_label, opts.rates))}", flush=True)
+            runs, rows = measure(ns, opts, log=lambda s: print(s, flush=True))
+    except Unavailable as e:
+        print(f"netlink: {e}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except KeyboardInterrupt:
+        print(f"netlink: interrupted; namespace {name} deleted, nothing written", file=sys.stderr)
+        return 130
+    dlrm, a2a = summarise_dlrm(runs), summarise_alltoall(rows)
+    if a2a:
+        print("\nall-to-all over the emulated link\n" + alltoall_table(a2a))
+    if dlrm:
+        print(f"\nDLRM training (median step after {opts.warmup} warm-up steps, median over "
+              f"{opts.repeat} rounds; link MB: bytes that crossed the link in a run)\n" + dlrm_table(dlrm))
+    if opts.json:
+        report = dict(meta(opts, argv), dlrm=dlrm, alltoall=a2a, dlrm_runs=runs, alltoall_runs=rows)
+        opts.json.parent.mkdir(parents=True, exist_ok=True)
+        opts.json.write_text(json.dumps(report, indent=1))
+        print(f"wrote {opts.json}")
+    if opts.png:
+        opts.png.parent.mkdir(parents=True, exist_ok=True)
+        write_png(opts.png, dlrm, a2a)
+        print(f"wrote {opts.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

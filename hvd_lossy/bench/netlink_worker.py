@@ -1,0 +1,129 @@
+"""All-to-all worker of `python -m hvd_lossy.bench netlink` (run by it under mpirun, inside the
+network namespace whose loopback carries the emulated link):
+
+    mpirun -np N python -m hvd_lossy.bench.netlink_worker --modes plain,fp16,auto --sizes 0.0625,1 \
+        --iters 5 --repeat 3 --json out.json
+
+The messages are those of `hvd_lossy.bench alltoall` (real Criteo ids, DLRM-initialised tables,
+per-table frames). Per message size the modes take turns, `--repeat` rounds of `--iters` timed
+calls each, so machine noise hits every mode alike. Per round, rank 0 reads the loopback's
+tx_bytes before and after the timed calls: with every rank inside the namespace that counter is
+every byte that crossed the link (payload, headers, Horovod's own control traffic).
+
+A mode whose compressor cannot be built (e.g. "auto" before hvd_lossy has auto=True) or whose
+call raises is reported as failed, with the error, and the other modes go on.
+"""
+import argparse
+import json
+import pathlib
+import statistics
+import time
+import traceback
+
+import torch
+
+from hvd_lossy.bench.alltoall import message
+from hvd_lossy.bench.criteo import N_SPARSE, load_sparse_ids
+
+DIM = 32
+# The netlink default modes; "auto" is lossy 0.03 with auto=True (the library picks per call).
+MODES = ["plain", "fp16", "lossy 0.01", "lossy 0.03", "lossy 0.05", "auto"]
+AUTO_BOUND = 0.03
+TX_BYTES = pathlib.Path("/sys/class/net/lo/statistics/tx_bytes")
+
+
+def make_compressor(hvd, mode, segments):
+    """The compressor of `mode` (None for plain Horovod); ValueError for an unknown mode name.
+    Whatever the constructor raises (TypeError for an unsupported auto=True) propagates."""
+    if mode == "plain":
+        return None
+    if mode == "fp16":
+        return hvd.Compression.fp16
+    if mode == "auto":
+        return hvd.Compression.lossy(AUTO_BOUND, segments=segments, auto=True)
+    if mode.startswith("lossy "):
+        return hvd.Compression.lossy(float(mode.split()[1]), segments=segments)
+    raise ValueError(f"unknown all-to-all mode {mode!r}; expected one of {MODES} or 'lossy <bound>'")
+
+
+def tx_bytes():
+    return int(TX_BYTES.read_text())
+
+
+def timed_round(hvd, call, iters):
+    """(slowest rank's median seconds per call, link bytes per call as rank 0 saw them)."""
+    hvd.barrier()
+    before = tx_bytes() if hvd.rank() == 0 else 0
+    times = []
+    for _ in range(iters):
+        hvd.barrier()
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    hvd.barrier()  # every rank has received everything: all of it has crossed the link
+    after = tx_bytes() if hvd.rank() == 0 else 0
+    local = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    return float(hvd.allreduce(local, op=hvd.Max)), (after - before) / iters
+
+
+def run_size(hvd, ids, cards, size, modes, iters, repeat):
+    import horovod.torch as horovod
+    rank, ranks = hvd.rank(), hvd.size()
+    owned = len([t for t in range(N_SPARSE) if t % ranks == rank])
+    per_dest = max(1, round(size / (ranks * owned * DIM * 4)))
+    x, splits = message(ids, cards, rank, ranks, per_dest)
+    raw = x.numel() * 4
+    calls, failed = {}, []
+    for mode in modes:
+        try:
+            comp = make_compressor(hvd, mode, owned)
+        except Exception as e:  # noqa: BLE001 - reported as this mode's result, not fatal
+            failed.append({"mode": mode, "bytes": raw, "status": "failed", "error": f"{type(e).__name__}: {e}"})
+            continue
+        if comp is None:
+            calls[mode] = lambda: horovod.alltoall(x, splits)
+        else:
+            calls[mode] = lambda comp=comp: hvd.alltoall(x, splits, compression=comp)
+    rows = []
+    for rep in range(repeat):
+        for mode in list(calls):
+            try:
+                if rep == 0:
+                    calls[mode]()  # warm-up: Horovod's response cache, the codec's buffers
+                seconds, link = timed_round(hvd, calls[mode], iters)
+            except Exception as e:  # noqa: BLE001 - the collective raised on every rank
+                failed.append({"mode": mode, "bytes": raw, "status": "failed",
+                               "error": f"{type(e).__name__}: {e}",
+                               "traceback": traceback.format_exc(limit=3)})
+                del calls[mode]
+                continue
+            rows.append({"mode": mode, "bytes": raw, "samples_per_rank": per_dest, "repeat": rep,
+                         "ms_per_call": 1e3 * seconds, "link_bytes_per_call": link, "status": "ok"})
+    return rows + failed
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m hvd_lossy.bench.netlink_worker",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--modes", type=lambda s: s.split(","), default=MODES)
+    p.add_argument("--sizes", type=lambda s: [int(float(v) * 2**20) for v in s.split(",")], required=True,
+                   help="per-rank message sizes in MiB, comma-separated")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--json", type=pathlib.Path, required=True)
+    args = p.parse_args(argv)
+
+    import hvd_lossy.torch as hvd
+    hvd.init()
+    ids, cards = load_sparse_ids()
+    ids = torch.from_numpy(ids)
+    rows = []
+    for size in args.sizes:
+        rows += run_size(hvd, ids, cards, size, args.modes, args.iters, args.repeat)
+    if hvd.rank() == 0:
+        args.json.write_text(json.dumps({"ranks": hvd.size(), "dim": DIM, "iters": args.iters,
+                                         "results": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

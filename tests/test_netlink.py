@@ -1,0 +1,295 @@
+"""`python -m hvd_lossy.bench netlink`: refusals that name what is missing, the namespace gone
+after failures and signals, the summaries' arithmetic, the JSON/PNG of a real --quick run, and
+the main job's emulated-link comparison. Tests that need root, ip and tc skip (with the reason)
+elsewhere; the refusal and summary tests run anywhere."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hvd_lossy.bench import netlink
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _tools(tmp_path, names, ip_script="exit 0"):
+    """A PATH folder holding fake `names` (exit 0); `ip` runs `ip_script` when given."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    for name in names:
+        body = ip_script if name == "ip" else "exit 0"
+        (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+        (folder / name).chmod(0o755)
+    return str(folder)
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    env.update(extra)
+    return env
+
+
+def _link_or_skip(name):
+    problems = netlink.missing_requirements()
+    if problems:
+        pytest.skip("no emulated link on this machine: " + "; ".join(problems))
+    try:
+        netlink.preflight(name)
+    except netlink.Unavailable as e:
+        pytest.skip(str(e))
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def test_missing_tc_and_mpirun_are_named_and_present_ip_is_not(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", _tools(tmp_path, ["ip"]))
+    problems = " ".join(netlink.missing_requirements())
+    assert "`tc` not found on PATH" in problems and "`mpirun` not found on PATH" in problems
+    assert "`ip`" not in problems
+
+
+def test_the_command_refuses_without_tc_with_exit_3_and_creates_nothing(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hvd_lossy.bench", "netlink", "--quick",
+                           "--namespace", f"hvdl-t{os.getpid()}-notc"],
+                          env=_env(PATH=_tools(tmp_path, ["ip", "mpirun"])), cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == netlink.EXIT_UNAVAILABLE == 3, proc.stderr
+    assert "cannot emulate a link: `tc` not found on PATH (iproute2: limits its loopback)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    if netlink.shutil.which("ip"):
+        assert f"hvdl-t{os.getpid()}-notc" not in netlink.namespaces()
+
+
+def test_non_root_is_refused_naming_the_effective_uid(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", _tools(tmp_path, ["ip", "tc", "mpirun"]))
+    monkeypatch.setattr(netlink.os, "geteuid", lambda: 1000)
+    with pytest.raises(netlink.Unavailable, match=r"not root \(euid 1000\): network namespaces and qdiscs need root"):
+        netlink.preflight()
+
+
+def test_a_namespace_that_cannot_be_created_is_refused_with_ip_s_own_words(tmp_path, monkeypatch):
+    # An `ip` that lists nothing and fails `netns add` as it does in an unprivileged container.
+    script = ('[ "$1 $2" = "netns add" ] && { echo "mount --make-shared /run/netns failed: '
+              'Operation not permitted" >&2; exit 1; }; exit 0')
+    monkeypatch.setenv("PATH", _tools(tmp_path, ["ip", "tc", "mpirun"], ip_script=script))
+    monkeypatch.setattr(netlink.os, "geteuid", lambda: 0)
+    with pytest.raises(netlink.Unavailable, match=r"cannot create network namespace hvdl-x: `ip netns add` "
+                                                  r"said: mount --make-shared /run/netns failed: Operation not permitted"):
+        netlink.preflight("hvdl-x")
+
+
+def test_check_flag_says_why_not_and_exits_3(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hvd_lossy.bench", "netlink", "--check"],
+                          env=_env(PATH=_tools(tmp_path, ["tc", "mpirun"])), cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert "`ip` not found on PATH (iproute2: creates the network namespace)" in proc.stderr
+
+
+def test_only_our_own_namespace_names_are_accepted():
+    with pytest.raises(ValueError, match=r"must start with 'hvdl-' .* got 'eth0'"):
+        netlink.Namespace("eth0")
+    with pytest.raises(ValueError, match="got 'hvdl-a/b'"):
+        netlink.Namespace("hvdl-a/b")
+
+
+# ---------------------------------------------------------------- command line and summaries
+
+
+def test_rates_are_gbit_numbers_or_unlimited():
+    assert netlink._rates("1, 25,unlimited") == [1.0, 25.0, None]
+    with pytest.raises(netlink.argparse.ArgumentTypeError, match="got 'fast'"):
+        netlink._rates("1,fast")
+    with pytest.raises(netlink.argparse.ArgumentTypeError, match="must be > 0 Gbit/s, got '0'"):
+        netlink._rates("0")
+
+
+def test_quick_fills_only_what_was_not_given_and_flags_after_dashes_go_to_train():
+    opts = netlink.parse(["--quick", "--rates", "10,unlimited", "--", "--seed", "3"])
+    assert opts.rates == [10.0, None] and opts.ranks == [2] and opts.repeat == 1
+    assert opts.train_args == ["--seed", "3"]
+    full = netlink.parse([])
+    assert full.rates == [1.0, 10.0, 25.0, 100.0, None] and full.ranks == [2, 3]
+    assert full.settings == ["criteo-d128", "readme"]
+
+
+def test_batches_are_the_nearest_multiple_of_the_ranks_so_3_ranks_can_train():
+    assert [netlink.batch_for(1024, n) for n in (2, 3, 5)] == [1024, 1023, 1025]
+    assert netlink.batch_for(128, 3) == 129 and netlink.batch_for(4, 8) == 8
+    opts = netlink.parse([])
+    assert netlink.SETTINGS["readme"](opts, 2) == []  # README defaults untouched where they work
+    assert netlink.SETTINGS["readme"](opts, 3) == ["--batch-size", "129"]
+    flags = netlink.SETTINGS["criteo-d128"](opts, 3)
+    assert flags[flags.index("--batch-size") + 1] == "1023" and flags[flags.index("--embedding-dim") + 1] == "128"
+
+
+def test_horovod_settings_are_the_same_environment_for_every_mode():
+    opts = netlink.parse(["--cycle-time", "2.5", "--fusion-mb", "32"])
+    assert netlink.horovod_env(opts) == {"HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_FUSION_THRESHOLD": str(32 << 20)}
+    assert netlink.horovod_env(netlink.parse([])) == {}  # Horovod's own defaults
+    cmd = netlink.mpirun(3, ["HOROVOD_CYCLE_TIME"], ["python", "x.py"])
+    assert cmd[cmd.index("-np") + 1] == "3" and ["-x", "HOROVOD_CYCLE_TIME"] == cmd[-4:-2]
+    assert ["--mca", "btl", "tcp,self"] == cmd[5:8]
+
+
+def _run(rate, mode, t, auc=0.7, wire=100, status="ok", ranks=2):
+    rec = {"bandwidth_gbit": rate, "ranks": ranks, "setting": "s", "mode": mode, "train_args": [],
+           "wire_bytes": wire, "status": status}
+    if status == "ok":
+        rec.update(iter_seconds_median=t, auc=auc, a2a_bytes_sent=wire, compression_ratio=1.0)
+    else:
+        rec["error"] = "train.py: error: boom"
+    return rec
+
+
+def test_dlrm_speedup_is_against_uncompressed_at_the_same_rate_and_ranks():
+    runs = [_run(1.0, "uncompressed", 0.3), _run(1.0, "lossy", 0.1, auc=0.69, wire=10),
+            _run(1.0, "lossy", 0.2, auc=0.71, wire=20), _run(None, "uncompressed", 0.05),
+            _run(None, "lossy", 0.1), _run(1.0, "auto", None, status="failed"),
+            _run(1.0, "lossy", 0.6, ranks=3)]
+    got = {(r["bandwidth_gbit"], r["mode"], r["ranks"]): r for r in netlink.summarise_dlrm(runs)}
+    lossy = got[(1.0, "lossy", 2)]
+    assert lossy["iter_seconds_median"] == pytest.approx(0.15) and lossy["speedup"] == pytest.approx(2.0)
+    assert lossy["auc"] == pytest.approx(0.70) and lossy["auc_delta"] == pytest.approx(0.0)
+    assert lossy["wire_bytes"] == 15 and lossy["runs"] == 2
+    assert got[(None, "lossy", 2)]["speedup"] == pytest.approx(0.5)
+    assert got[(1.0, "uncompressed", 2)]["speedup"] == 1.0
+    assert got[(1.0, "lossy", 3)]["speedup"] is None  # no uncompressed run with 3 ranks
+    auto = got[(1.0, "auto", 2)]
+    assert auto["status"] == "failed" and auto["error"] == "train.py: error: boom" and auto["speedup"] is None
+
+
+def test_alltoall_summary_takes_the_median_round_and_keeps_failures_with_their_error():
+    rows = [{"bandwidth_gbit": 1.0, "ranks": 2, "mode": m, "bytes": 1 << 20, "ms_per_call": t,
+             "link_bytes_per_call": w, "status": "ok"} for m, t, w in
+            (("plain", 8.0, 2e6), ("plain", 6.0, 2e6), ("plain", 7.0, 2e6), ("lossy 0.03", 2.0, 2e5))]
+    rows.append({"bandwidth_gbit": 1.0, "ranks": 2, "mode": "auto", "bytes": 1 << 20, "status": "failed",
+                 "error": "TypeError: no auto"})
+    got = {r["mode"]: r for r in netlink.summarise_alltoall(rows)}
+    assert got["plain"]["ms_per_call"] == 7.0 and got["plain"]["ms_per_call_runs"] == [8.0, 6.0, 7.0]
+    assert got["lossy 0.03"]["speedup"] == pytest.approx(3.5) and got["lossy 0.03"]["wire_bytes"] == 2e5
+    assert got["auto"]["status"] == "failed" and got["auto"]["error"] == "TypeError: no auto"
+    assert "auto failed: TypeError: no auto" in netlink.alltoall_table(list(got.values()))
+
+
+def test_a_failed_launch_is_reported_by_its_own_error_line():
+    out = "noise\ntrain.py: error: --auto: this hvd_lossy's compressors do not take auto=True\nmpirun noise\n"
+    assert netlink.error_of(out, 2) == "train.py: error: --auto: this hvd_lossy's compressors do not take auto=True"
+    assert netlink.error_of("a\nb\nc\nd", 1) == "exit status 1: b | c | d"
+
+
+# ---------------------------------------------------------------- real runs (root, ip, tc)
+
+
+@pytest.mark.mpi
+def test_a_failure_inside_the_run_deletes_the_namespace(monkeypatch):
+    name = f"hvdl-t{os.getpid()}-fail"
+    _link_or_skip(name + "-probe")
+    seen = []
+
+    def fail(ns, *args, **kwargs):
+        seen.append((ns.name in netlink.namespaces(), ns.rate))
+        raise RuntimeError("forced failure")
+    monkeypatch.setattr(netlink, "run_dlrm", fail)
+    with pytest.raises(RuntimeError, match="forced failure"):
+        netlink.main(["--quick", "--parts", "dlrm", "--namespace", name])
+    assert seen == [(True, 1.0)]  # it existed, limited to 1 Gbit/s, when the run failed
+    assert name not in netlink.namespaces()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)])
+def test_a_signal_mid_run_ends_the_ranks_and_deletes_the_namespace(sig, status):
+    name = f"hvdl-t{os.getpid()}-sig{int(sig)}"
+    _link_or_skip(name + "-probe")
+    proc = subprocess.Popen([sys.executable, "-m", "hvd_lossy.bench", "netlink", "--quick", "--parts",
+                             "alltoall", "--namespace", name], env=_env(), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(pids) < 3:  # mpirun and two ranks inside
+            pids = netlink._ip("netns", "pids", name, check=False).stdout.split()
+            time.sleep(0.2)
+        assert len(pids) >= 3, f"the ranks never started in {name}"
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == status, output
+    assert name not in netlink.namespaces()
+    assert [pid for pid in pids if _running(pid)] == []
+
+
+def _running(pid):
+    """False for a process that is gone or a zombie (dead; in a container whose pid 1 does not
+    reap, orphaned ranks stay zombies)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+@pytest.mark.mpi
+def test_quick_run_writes_the_documented_json_and_png(tmp_path):
+    name = f"hvdl-t{os.getpid()}-quick"
+    _link_or_skip(name + "-probe")
+    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    proc = subprocess.run([sys.executable, "-m", "hvd_lossy.bench", "netlink", "--quick", "--namespace", name,
+                           "--dlrm-modes", "uncompressed,auto", "--cycle-time", "2", "--fusion-mb", "32",
+                           "--json", str(out_json), "--png", str(out_png)],
+                          env=_env(), cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert name not in netlink.namespaces()
+    report = json.loads(out_json.read_text())
+    assert report["horovod"]["cycle_time_ms"] == 2 and report["horovod"]["fusion_mb"] == 32
+    assert report["horovod"]["env"] == {"HOROVOD_CYCLE_TIME": "2", "HOROVOD_FUSION_THRESHOLD": str(32 << 20)}
+    dlrm = {r["mode"]: r for r in report["dlrm"]}
+    assert set(dlrm) == {"uncompressed", "auto"}  # (lossy and adaptive: the main job's test)
+    for r in dlrm.values():
+        assert r["bandwidth_gbit"] == 1.0 and r["ranks"] == 2
+        assert {"iter_seconds_median", "speedup", "auc", "wire_bytes"} <= set(r)
+    base = dlrm["uncompressed"]
+    assert base["status"] == "ok" and base["speedup"] == 1.0
+    assert base["iter_seconds_median"] > 0 and 0 < base["auc"] < 1
+    # 6 steps of (256 x 26 x 16) float32 lookups and their gradients crossed the link at least
+    assert base["wire_bytes"] > 6 * 2 * 256 * 26 * 16 * 4 / 2
+    auto = dlrm["auto"]  # until hvd_lossy has auto=True this fails, with the reason, alone
+    assert (auto["status"] == "ok" and auto["speedup"] > 0) or "auto" in auto["error"]
+    a2a = {(r["mode"], r["bytes"]): r for r in report["alltoall"]}
+    assert {m for m, _ in a2a} == set(netlink.A2A_MODES)
+    big = max(b for _, b in a2a if b)
+    assert a2a[("plain", big)]["ms_per_call"] > 0 and a2a[("plain", big)]["speedup"] == 1.0
+    assert 0 < a2a[("lossy 0.03", big)]["wire_bytes"] < a2a[("plain", big)]["wire_bytes"]
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "speedup" in proc.stdout and "ms per call" in proc.stdout
+
+
+@pytest.mark.mpi
+def test_main_job_compares_over_an_emulated_link_or_says_why_not(tmp_path):
+    env = _env(PY=sys.executable, OUT=str(tmp_path))
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "run_main.sh"), "--steps", "3"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    emulated = proc.stdout.split("== 2. over shared memory")[0]
+    if netlink.missing_requirements():
+        assert "SKIPPED: cannot emulate a link: " in emulated
+    else:
+        rows = {line.split()[4]: line.split() for line in emulated.splitlines() if "bundled-d128" in line}
+        assert set(rows) == {"uncompressed", "adaptive"}, emulated
+        assert rows["uncompressed"][6] == "1.00x" and rows["adaptive"][6].endswith("x")
+        report = json.loads((tmp_path / "netlink.json").read_text())
+        assert [r["mode"] for r in report["dlrm"]] == ["uncompressed", "adaptive"]
+        assert all(r["steps"] == 3 for r in report["dlrm_runs"])
+        base, adaptive = report["dlrm"]
+        # The tx_bytes deltas are real: the compressed run put fewer bytes on the link.
+        assert 0 < adaptive["wire_bytes"] < base["wire_bytes"]
+    assert "adaptive vs uncompressed: dAUC" in proc.stdout  # the shared-memory table follows
