@@ -32,20 +32,19 @@ def make_compression(args, owners, rank, world, cardinalities, total_steps):
     from hvd_lossy.torch import Compression
     backward = backward_setting(args)
     dither = {"none": False, "backward": "backward", "all": True}[args.dither]
-    # Only with --auto: an hvd_lossy that lacks the argument then fails loudly (see Link).
-    auto = {"auto": True} if args.auto else {}
+    auto = args.auto
     if args.compression == "none":
         return Compression.none, None
     if args.compression == "fp16":
         return Compression.fp16, None
     if args.compression == "lossy" and args.lossy_frames == "destination":
         return Compression.lossy(args.error_bound, args.eb_mode, level=args.level,
-                                 backward=backward, dither=dither, **auto), None
+                                 backward=backward, dither=dither, auto=auto), None
     if args.compression == "lossy":
         from frames import table_compressors
         names = [[n for n, r in zip(data.TABLE_NAMES, owners) if r == k] for k in range(world)]
         return table_compressors(args.error_bound, args.eb_mode, args.level, backward, names, rank,
-                                 dither=dither, **auto), None
+                                 dither=dither, auto=auto), None
     from hvd_lossy.adaptive import Controller
     tables = {name: (rows, owner) for name, rows, owner in zip(data.TABLE_NAMES, cardinalities, owners)}
     # The schedule decays to 1.0 over the run and the controller re-plans ~20 times, unless told.
@@ -61,7 +60,7 @@ def make_compression(args, owners, rank, world, cardinalities, total_steps):
     controller = Controller(**kwargs)
     local = controller.tables_of(rank)
     compressor = Compression.adaptive(controller, tables=local, backward=backward, level=args.level,
-                                      dither=dither, **auto)
+                                      dither=dither, auto=auto)
     return compressor, controller
 
 
@@ -91,12 +90,6 @@ class Link:
             except ValueError as e:
                 from cli import UsageError
                 raise UsageError("compression settings: %s" % e) from None
-            except TypeError as e:
-                if not args.auto:
-                    raise
-                from cli import UsageError
-                raise UsageError("--auto: this hvd_lossy's compressors do not take auto=True "
-                                 "(%s)" % e) from None
         self.steps, self.table_history = [], []
         self._mark = self._fwd = None
         self._evaluating = False

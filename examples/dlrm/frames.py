@@ -27,9 +27,9 @@ class TableBytes(LossyCompressor):
     """
 
     def __init__(self, error_bound, mode, level, layouts, backward=None, table_bytes=None, prefix="",
-                 dither=False, **auto):
+                 dither=False, auto=False):
         super().__init__(error_bound, mode=mode, level=level, backward=backward,
-                         segments=[len(layout) for layout in layouts], dither=dither, **auto)
+                         segments=[len(layout) for layout in layouts], dither=dither, auto=auto)
         self.layouts = [list(layout) for layout in layouts]
         self.table_bytes = {} if table_bytes is None else table_bytes
         self.prefix = prefix
@@ -46,14 +46,15 @@ class TableBytes(LossyCompressor):
                 acc[1] += size
 
 
-def table_compressors(error_bound, mode, level, backward, names_by_rank, rank, dither=False, **auto):
+def table_compressors(error_bound, mode, level, backward, names_by_rank, rank, dither=False,
+                      auto=False):
     """The forward compressor of `rank` (with its gradient compressor as `backward`).
 
     Arguments:
         backward: None (uncompressed gradients), Compression.fp16, "same" or an error bound.
         names_by_rank: the table names each rank owns.
         dither: as LossyCompressor's (False, True or "backward").
-        auto: `auto=True` (--auto), passed to both compressors; absent otherwise.
+        auto: as LossyCompressor's (--auto), for both compressors.
     Returns:
         a TableBytes whose `table_bytes` collects both directions.
     """
@@ -61,7 +62,7 @@ def table_compressors(error_bound, mode, level, backward, names_by_rank, rank, d
     if backward == "same" or isinstance(backward, float):
         eb = error_bound if backward == "same" else backward
         backward = TableBytes(eb, mode, level, names_by_rank, table_bytes=table_bytes, prefix="bwd:",
-                              dither=bool(dither), **auto)
+                              dither=bool(dither), auto=auto)
     world = len(names_by_rank)
     return TableBytes(error_bound, mode, level, [names_by_rank[rank]] * world, backward=backward,
-                      table_bytes=table_bytes, dither=dither is True, **auto)
+                      table_bytes=table_bytes, dither=dither is True, auto=auto)
