@@ -194,7 +194,8 @@ class Link:
                     a2a_fwd_bytes_plain=int(tot[0]), a2a_fwd_bytes_sent=int(tot[1]),
                     a2a_bwd_bytes_plain=int(tot[2]), a2a_bwd_bytes_sent=int(tot[3]),
                     compression=self.args.compression, plain_horovod=self.plain,
-                    compressor=_describe(self.compression))
+                    compressor=_describe(self.compression),
+                    auto=[] if self.plain else self._lossy.comm_stats()["auto"])
 
     def table_report(self):
         """Per-table bounds and ratios at the end of training (collective for adaptive)."""
