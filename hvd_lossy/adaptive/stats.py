@@ -68,20 +68,26 @@ def lookup_stats(tensor):
     t = t.reshape(-1, t.shape[-1]) if t.dim() > 2 else t
     rows = t.shape[0]
     uniq = float(_unique_rows(t))
-    x = t.to(torch.float64)
-    if x.numel() == 0:
+    if t.numel() == 0:
         return (0.0, 0.0, 0.0, math.inf, -math.inf, float(rows), uniq)
-    lo, hi = (float(v) for v in torch.aminmax(x))
-    n = x.numel()
-    if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN or inf somewhere: mask them out
-        finite = torch.isfinite(x)
-        n = int(finite.sum())
-        if n == 0:
-            return (0.0, 0.0, 0.0, math.inf, -math.inf, float(rows), uniq)
-        # torch.where, not boolean indexing: the latter is ~100x slower on CPU.
-        lo = float(torch.where(finite, x, math.inf).min())
-        hi = float(torch.where(finite, x, -math.inf).max())
-        x = torch.where(finite, x, 0.0)
+    # The common case (all finite) in float32, summed in float64: no float64 copy of the whole
+    # tensor (this runs for every observed frame).
+    f = t if t.dtype == torch.float32 else t.float()
+    lo, hi = (float(v) for v in torch.aminmax(f))
+    if math.isfinite(lo) and math.isfinite(hi):
+        sumsq = float((f * f).sum(dtype=torch.float64))
+        if math.isfinite(sumsq):  # squares beyond float32's range take the float64 path
+            return (float(t.numel()), float(f.sum(dtype=torch.float64)), sumsq, lo, hi,
+                    float(rows), uniq)
+    x = t.to(torch.float64)
+    finite = torch.isfinite(x)
+    n = int(finite.sum())
+    if n == 0:
+        return (0.0, 0.0, 0.0, math.inf, -math.inf, float(rows), uniq)
+    # torch.where, not boolean indexing: the latter is ~100x slower on CPU.
+    lo = float(torch.where(finite, x, math.inf).min())
+    hi = float(torch.where(finite, x, -math.inf).max())
+    x = torch.where(finite, x, 0.0)
     return (float(n), float(x.sum()), float((x * x).sum()), lo, hi, float(rows), uniq)
 
 
@@ -106,7 +112,11 @@ def grad_stats(tensor):
     """(elements, sum of |g|) over the finite elements of a gradient tensor."""
     import torch
 
-    g = tensor.detach().to(torch.float64)
+    g = tensor.detach()
+    total = float(g.abs().sum(dtype=torch.float64))
+    if math.isfinite(total):  # the common case, without a float64 copy of the whole tensor
+        return float(g.numel()), total
+    g = g.to(torch.float64)
     finite = torch.isfinite(g)
     return float(finite.sum()), float(torch.where(finite, g.abs(), 0.0).sum())
 
