@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "codec_common.h"
 #include "kernels_cpu.h"
 #include "pack.h"
+#include "parallel.h"
 #include "rans.h"
 
 namespace hl {
@@ -909,8 +911,9 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
   const uint8_t* in = static_cast<const uint8_t*>(input);
   const uint64_t eb = hl_elem_bytes(p.dtype);
   std::vector<uint64_t> sizes(n, 0);
-  // Many small pieces: one thread each, all frames built before any is placed (a frame's place
-  // depends on the sizes before it). Few large ones: each piece uses all threads in turn and is
+  // Many small pieces: one thread each (parallel_items, which never waits for a helper that
+  // has no core), all frames built before any is placed (a frame's place depends on the sizes
+  // before it). Few large ones: each piece uses all threads in turn and is
   // written as soon as it is built.
   const bool across = (int)n >= threads && n > 1;
   if (!across) {
@@ -924,17 +927,9 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
     return sizes;
   }
   std::vector<Prepared> frames(n);
-  std::exception_ptr error;  // the first failure, rethrown as itself after the loop
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
-  for (int64_t i = 0; i < (int64_t)n; ++i) {
-    try {
-      frames[i] = prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], 1);
-    } catch (...) {
-#pragma omp critical
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
+  parallel::parallel_items(n, threads, [&](size_t i) {
+    frames[i] = prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], 1);
+  });
   std::vector<uint64_t> at(n, 0);
   uint64_t w = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -943,11 +938,10 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
     sizes[i] = frames[i].h.total_bytes;
     w += sizes[i];
   }
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
-  for (int64_t i = 0; i < (int64_t)n; ++i) {
+  parallel::parallel_items(n, threads, [&](size_t i) {
     write_frame(frames[i], out + at[i], sizes[i], 1);
     frames[i] = Prepared();  // sections back to this thread's pool while they are warm
-  }
+  });
   return sizes;
 }
 
@@ -1098,29 +1092,25 @@ struct Job {
   bool verified;  // checksum already verified
 };
 
-// Verifies and decodes every job, threaded across frames when there are enough of them and
-// within each frame otherwise. A FrameError is recorded for the job's owner (the first one an
+// Verifies and decodes every job, threaded across frames when there are enough of them (the
+// cooperative parallel_items: see parallel.h) and within each frame otherwise. A FrameError is recorded for the job's owner (the first one an
 // owner gets wins) and the other jobs go on; anything else is rethrown after the loop.
 void run_jobs(const std::vector<Job>& jobs, std::vector<std::string>* errors, int threads) {
-  const int64_t n = (int64_t)jobs.size();
-  const bool across = n >= threads && n > 1;
-  std::exception_ptr fatal;
-#pragma omp parallel for num_threads(threads) schedule(dynamic) if (across)
-  for (int64_t i = 0; i < n; ++i) {
+  const size_t n = jobs.size();
+  const bool across = (int)n >= threads && n > 1;
+  const int inner = across ? 1 : threads;
+  std::mutex lock;
+  auto one = [&](size_t i) {
     const Job& j = jobs[i];
-    const int inner = across ? 1 : threads;
     try {
       if (!j.verified) verify_checksum(j.h, j.frame, j.h.total_bytes, inner);
       if (j.out) decode_frame(j.h, j.frame, j.out, inner);
     } catch (const FrameError& e) {
-#pragma omp critical
+      std::lock_guard<std::mutex> g(lock);
       if ((*errors)[j.owner].empty()) (*errors)[j.owner] = e.what();
-    } catch (...) {
-#pragma omp critical
-      if (!fatal) fatal = std::current_exception();
-    }
-  }
-  if (fatal) std::rethrow_exception(fatal);
+    }  // anything else leaves parallel_items as itself
+  };
+  parallel::parallel_items(n, across ? threads : 1, one);
 }
 
 // The frames of one source laid out at consecutive rows: "" when they fit, else the reason.
