@@ -130,6 +130,9 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
         return compress(tensor.cpu(), eb, mode, level, dedup, dither).to(tensor.device)
     src = tensor.contiguous()
     shape = list(src.shape)
+    if not src.is_cuda:  # frames built first, then written once into memory of their size
+        return torch.from_numpy(_C.compress_new(src.data_ptr(), code, shape, eb, m, lv, bool(dedup),
+                                                _threads, seed))
     cap = max_frame_bytes(*_rows_of(shape), len(shape))
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
     if src.is_cuda:
@@ -178,6 +181,10 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
         return buffer.to(tensor.device), sizes
     src = tensor.contiguous()
     trailing = list(src.shape[1:])
+    if not src.is_cuda:  # frames built first, then written once into memory of their size
+        block, sizes = _C.compress_many_new(src.data_ptr(), code, rows, trailing, ebs, m, lv,
+                                            bool(dedup), _threads, seed)
+        return torch.from_numpy(block), list(sizes)
     cap = 0
     for r in rows:
         shape = [r, *trailing]

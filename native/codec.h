@@ -76,6 +76,20 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
                                         const std::vector<int64_t>& groups, uint64_t prefix_bytes,
                                         uint8_t* out, uint64_t out_cap, int threads);
 
+// compress_many_cpu into memory it asks alloc for once, when the frames' total size is known:
+// no worst-case buffer, each frame written once. Returns the frame sizes.
+std::vector<uint64_t> compress_alloc_cpu(const void* input, const CompressParams& p,
+                                         const std::vector<int64_t>& rows,
+                                         const std::vector<int64_t>& trailing,
+                                         const std::vector<double>& error_bounds,
+                                         const std::function<uint8_t*(uint64_t)>& alloc,
+                                         int threads);
+
+// compress_cpu the same way: alloc(frame size) once the frame is built. Returns its size.
+uint64_t compress_shape_alloc_cpu(const void* input, const CompressParams& p,
+                                  const std::vector<int64_t>& shape,
+                                  const std::function<uint8_t*(uint64_t)>& alloc, int threads);
+
 // Capacity compress_into_cpu needs: groups.size() * prefix_bytes + the worst-case frame of
 // every piece. Throws ArgumentError for negative rows or groups that do not add up.
 uint64_t max_grouped_bytes(const std::vector<int64_t>& rows, const std::vector<int64_t>& trailing,

@@ -879,70 +879,97 @@ uint64_t max_grouped_bytes(const std::vector<int64_t>& rows, const std::vector<i
   return groups.size() * prefix_bytes + plan_pieces(p, rows, trailing, {}).max_frames;
 }
 
+namespace {
+
+// prefixes_before[i]: prefixes the grouped layout puts right before piece i (one for the group
+// it opens and one for each empty group before that; 0 inside a group); [n]: those after the
+// last piece (trailing empty groups).
+std::vector<uint64_t> prefixes_before(const std::vector<int64_t>& groups, size_t n) {
+  std::vector<uint64_t> before(n + 1, 0);
+  size_t i = 0;
+  uint64_t open = 0;
+  for (int64_t g : groups) {
+    ++open;
+    for (int64_t k = 0; k < g; ++k, ++i) {
+      before[i] = open;
+      open = 0;
+    }
+  }
+  before[n] = open;
+  return before;
+}
+
+// Builds every piece's frame, then asks place(total) for the memory of the whole layout and
+// writes each frame once, at its final place in it. Many small pieces: one thread each
+// (parallel_items, which never waits for a helper that has no core). Few large ones: each
+// piece uses all threads in turn.
+std::vector<uint64_t> build_and_place(const void* input, const CompressParams& p, const Pieces& c,
+                                      const std::vector<uint64_t>& before, uint64_t prefix_bytes,
+                                      const std::function<uint8_t*(uint64_t)>& place,
+                                      int threads) {
+  const size_t n = c.shapes.size();
+  const uint8_t* in = static_cast<const uint8_t*>(input);
+  const uint64_t eb = hl_elem_bytes(p.dtype);
+  const bool across = (int)n >= threads && n > 1;
+  const int inner = across ? 1 : threads;
+  std::vector<Prepared> frames(n);
+  parallel::parallel_items(n, across ? threads : 1, [&](size_t i) {
+    frames[i] = prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], inner);
+  });
+  std::vector<uint64_t> at(n, 0), sizes(n, 0);
+  uint64_t w = 0;
+  for (size_t i = 0; i < n; ++i) {
+    w += before[i] * prefix_bytes;
+    at[i] = w;
+    sizes[i] = frames[i].h.total_bytes;
+    w += sizes[i];
+  }
+  uint8_t* out = place(w + before[n] * prefix_bytes);
+  parallel::parallel_items(n, across ? threads : 1, [&](size_t i) {
+    write_frame(frames[i], out + at[i], sizes[i], inner);
+    frames[i] = Prepared();  // sections back to this thread's pool while they are warm
+  });
+  return sizes;
+}
+
+}  // namespace
+
 std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams& p,
                                         const std::vector<int64_t>& rows,
                                         const std::vector<int64_t>& trailing,
                                         const std::vector<double>& error_bounds,
                                         const std::vector<int64_t>& groups, uint64_t prefix_bytes,
                                         uint8_t* out, uint64_t out_cap, int threads) {
-  threads = resolve_threads(threads);
-  const size_t n = rows.size();
   const Pieces c = plan_pieces(p, rows, trailing, error_bounds);
-  check_groups(groups, n);
+  check_groups(groups, rows.size());
   const uint64_t need = groups.size() * prefix_bytes + c.max_frames;
   if (need > out_cap)
     throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
                         " bytes, the frames may need " + std::to_string(need));
-  // prefixes_before[i]: prefixes the layout puts right before piece i (one for the group it
-  // opens and one for each empty group before that; 0 inside a group).
-  std::vector<uint64_t> prefixes_before(n + 1, 0);
-  {
-    size_t i = 0;
-    uint64_t open = 0;
-    for (int64_t g : groups) {
-      ++open;
-      for (int64_t k = 0; k < g; ++k, ++i) {
-        prefixes_before[i] = open;
-        open = 0;
-      }
-    }
-    prefixes_before[n] = open;  // trailing empty groups: their prefixes end the buffer
-  }
-  const uint8_t* in = static_cast<const uint8_t*>(input);
-  const uint64_t eb = hl_elem_bytes(p.dtype);
-  std::vector<uint64_t> sizes(n, 0);
-  // Many small pieces: one thread each (parallel_items, which never waits for a helper that
-  // has no core), all frames built before any is placed (a frame's place depends on the sizes
-  // before it). Few large ones: each piece uses all threads in turn and is
-  // written as soon as it is built.
-  const bool across = (int)n >= threads && n > 1;
-  if (!across) {
-    uint64_t w = 0;
-    for (size_t i = 0; i < n; ++i) {
-      w += prefixes_before[i] * prefix_bytes;
-      sizes[i] = write_frame(prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], threads),
-                             out + w, out_cap - w, threads);
-      w += sizes[i];
-    }
-    return sizes;
-  }
-  std::vector<Prepared> frames(n);
-  parallel::parallel_items(n, threads, [&](size_t i) {
-    frames[i] = prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], 1);
-  });
-  std::vector<uint64_t> at(n, 0);
-  uint64_t w = 0;
-  for (size_t i = 0; i < n; ++i) {
-    w += prefixes_before[i] * prefix_bytes;
-    at[i] = w;
-    sizes[i] = frames[i].h.total_bytes;
-    w += sizes[i];
-  }
-  parallel::parallel_items(n, threads, [&](size_t i) {
-    write_frame(frames[i], out + at[i], sizes[i], 1);
-    frames[i] = Prepared();  // sections back to this thread's pool while they are warm
-  });
-  return sizes;
+  return build_and_place(input, p, c, prefixes_before(groups, rows.size()), prefix_bytes,
+                         [&](uint64_t) { return out; }, resolve_threads(threads));
+}
+
+std::vector<uint64_t> compress_alloc_cpu(const void* input, const CompressParams& p,
+                                         const std::vector<int64_t>& rows,
+                                         const std::vector<int64_t>& trailing,
+                                         const std::vector<double>& error_bounds,
+                                         const std::function<uint8_t*(uint64_t)>& alloc,
+                                         int threads) {
+  const Pieces c = plan_pieces(p, rows, trailing, error_bounds);
+  return build_and_place(input, p, c, prefixes_before({(int64_t)rows.size()}, rows.size()), 0,
+                         alloc, resolve_threads(threads));
+}
+
+uint64_t compress_shape_alloc_cpu(const void* input, const CompressParams& p,
+                                  const std::vector<int64_t>& shape,
+                                  const std::function<uint8_t*(uint64_t)>& alloc, int threads) {
+  check_params(p);
+  for (int64_t s : shape)
+    if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
+  threads = resolve_threads(threads);
+  const Prepared f = prepare_one(input, p, shape, threads);
+  return write_frame(f, alloc(f.h.total_bytes), f.h.total_bytes, threads);
 }
 
 std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams& p,

@@ -319,10 +319,25 @@ HL_AVX512 void range_f32_avx512(const float* x, uint64_t n, double* lo_out, doub
 
 // Dither offsets of eight consecutive elements (dither4, eight wide). False when the indices
 // cross a 2^32 boundary.
-HL_AVX512 inline bool dither8(uint32_t seed, uint64_t first, __m512d step, __m512d* u) {
+// The high half of the element index enters the hash through one mix32 that is the same for
+// 2^32 elements in a row: computed again only when that half changes.
+struct DitherInner {
+  uint32_t seed;
+  uint64_t high = ~0ull;
+  uint32_t inner = 0;
+  uint32_t of(uint64_t first) {
+    if ((first >> 32) != high) {
+      high = first >> 32;
+      inner = mix32((uint32_t)high ^ (seed * 0x9e3779b9u));
+    }
+    return inner;
+  }
+};
+
+HL_AVX512 inline bool dither8(DitherInner& di, uint64_t first, __m512d step, __m512d* u) {
   const uint32_t lo = (uint32_t)first;
   if (lo > 0xfffffff8u) return false;
-  const uint32_t inner = mix32((uint32_t)(first >> 32) ^ (seed * 0x9e3779b9u));
+  const uint32_t inner = di.of(first);
   __m256i h = _mm256_xor_si256(
       _mm256_add_epi32(_mm256_set1_epi32((int)lo), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
       _mm256_set1_epi32((int)inner));
@@ -365,6 +380,7 @@ HL_AVX512 void quantize_f32_avx512(const float* xs, const uint64_t* idx, uint64_
                                    uint8_t* row_outlier, uint64_t* hashes) {
   const __m512d inv = _mm512_set1_pd(qp.inv_step), step = _mm512_set1_pd(qp.step),
                 eb = _mm512_set1_pd(qp.eb_abs);
+  DitherInner di{qp.seed};
   for (uint64_t r = 0; r < rows; ++r) {
     prefetch_gathered(xs, idx, r, rows, d * 4);
     const float* x = xs + (idx ? idx[r] : r) * d;
@@ -373,7 +389,7 @@ HL_AVX512 void quantize_f32_avx512(const float* xs, const uint64_t* idx, uint64_
     uint64_t i = 0;
     if (qp.dither) {  // never deduplicated: idx is null, row r is element r*d
       __m512d u;
-      for (; i + 8 <= d && dither8(qp.seed, qp.first + r * d + i, step, &u); i += 8)
+      for (; i + 8 <= d && dither8(di, qp.first + r * d + i, step, &u); i += 8)
         miss |= quantize8_f32(x + i, inv, step, eb, u, z + i);
     } else {
       const __m512d zero = _mm512_setzero_pd();
@@ -413,7 +429,8 @@ HL_AVX512 void dequantize_dithered_f32_avx512(const uint32_t* z, uint64_t n, dou
   const __m256i one = _mm256_set1_epi32(1);
   uint64_t i = 0;
   __m512d u;
-  for (; i + 8 <= n && dither8(seed, first + i, st, &u); i += 8) {
+  DitherInner di{seed};
+  for (; i + 8 <= n && dither8(di, first + i, st, &u); i += 8) {
     __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + i));
     __m256i q = _mm256_xor_si256(_mm256_srli_epi32(c, 1),
                                  _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(c, one)));
