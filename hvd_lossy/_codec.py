@@ -247,7 +247,8 @@ def decompress(frame, out=None):
     Arguments:
         frame: a 1-D torch.uint8 tensor holding one frame.
         out: optional contiguous tensor of the frame's dtype and shape on the frame's device to
-            decode into (reusing it saves the page faults of a fresh allocation).
+            decode into. Without it a CPU frame decodes into memory the codec owns and reuses
+            once nothing references it (see :func:`set_output_cache_bytes`).
 
     Returns:
         The decoded tensor (``out`` when given).
