@@ -227,8 +227,9 @@ def test_corrupt_or_foreign_frames_raise_frame_error():
 
 
 def test_simd_and_portable_paths_write_identical_frames(tmp_path):
-    """The AVX-512 and AVX2 float32 kernels (plain and dithered, encode and decode, range, pack
-    and unpack) must give exactly the portable loops' bytes. Rows of 37 exercise every vector
+    """The AVX-512 and AVX2 kernels (plain and dithered, encode and decode, range, pack and
+    unpack; float32, and float16/bfloat16 at AVX-512) must give exactly the portable loops'
+    bytes, near the dtypes' overflow and subnormal edges too. Rows of 37 exercise every vector
     tail, rows of 128 the full-width loops."""
     import os
     import subprocess
@@ -239,17 +240,21 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
         "import sys, torch, hvd_lossy\n"
         "g = torch.Generator().manual_seed(7)\n"
         "out = [bytes([hvd_lossy._C.simd_level()])]\n"
-        "for scale in (1e-3, 1.0, 1e6):\n"
+        "edges = {torch.float32: 3.4e38, torch.float16: 65504.0, torch.bfloat16: 3.3e38}\n"
+        "for dtype, scale in ((torch.float32, 1e-3), (torch.float32, 1.0), (torch.float32, 1e6),\n"
+        "                     (torch.float16, 1.0), (torch.float16, 1e-5), (torch.float16, 3e4),\n"
+        "                     (torch.bfloat16, 1.0), (torch.bfloat16, 1e-30), (torch.bfloat16, 1e30)):\n"
         "    for rows, dim in ((257, 37), (96, 128), (5, 3)):\n"
-        "        x = torch.randn(rows, dim, generator=g) * scale\n"
-        "        x[3, 1] = float('nan'); x[2, 2] = float('-inf'); x[4] = x[2]; x[1, 0] = 3.4e38\n"
+        "        x = (torch.randn(rows, dim, generator=g) * scale).to(dtype)\n"
+        "        x[3, 1] = float('nan'); x[2, 2] = float('-inf'); x[4] = x[2]; x[1, 0] = edges[dtype]\n"
+        "        x[0, :3] = torch.tensor([6e-8, -3e-5, 1e-40]).to(dtype)  # subnormals of each dtype\n"
         "        x = torch.cat([x, x[torch.randint(0, rows, (rows,), generator=g)]])\n"
         "        for eb, mode in ((0.03, 'rel'), (1e-4, 'rel'), (0.01, 'abs'), (1e-7, 'abs')):\n"
         "            for dither in (None, 11, 2**24 - 1):\n"
         "                for level in (1, 2):\n"
         "                    frame = hvd_lossy.compress(x, eb, mode=mode, dither=dither, level=level)\n"
         "                    out.append(frame.numpy().tobytes())\n"
-        "                    out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
+        "                    out.append(hvd_lossy.decompress(frame).view(torch.uint8).numpy().tobytes())\n"
         "big = torch.randn(4096, 128, generator=g)[torch.randint(0, 4096, (16384,), generator=g)]\n"
         "frame = hvd_lossy.compress(big, 0.03)  # decodes to 8 MiB: the streaming row copy\n"
         "out.append(frame.numpy().tobytes())\n"
