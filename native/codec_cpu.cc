@@ -1020,8 +1020,8 @@ HlFrameHeader parse_header(const uint8_t* frame, uint64_t size, std::vector<int6
     throw FrameError("frame is corrupted: error bound " + std::to_string(h.eb_abs));
   const uint64_t shape_end = HL_HEADER_BYTES + 8ull * h.ndim;
   if (shape_end > size) throw FrameError("frame is truncated inside its shape");
-  std::vector<int64_t> dims(h.ndim);
-  if (h.ndim) memcpy(dims.data(), frame + HL_HEADER_BYTES, 8ull * h.ndim);
+  int64_t dims[HL_MAX_NDIM];  // on the stack: decoding many small frames allocates nothing here
+  if (h.ndim) memcpy(dims, frame + HL_HEADER_BYTES, 8ull * h.ndim);
   uint64_t rows = 1, len = 1;
   for (int i = 0; i < h.ndim; ++i)
     if (dims[i] < 0) throw FrameError("frame is corrupted: dimension " + std::to_string(dims[i]));
@@ -1060,7 +1060,7 @@ HlFrameHeader parse_header(const uint8_t* frame, uint64_t size, std::vector<int6
       (!identity && h.map_bytes < hl_div_up(h.n_rows, HL_BLOCK)))
     throw FrameError("frame is corrupted: sections too small for " + std::to_string(h.n_rows) +
                      " rows of " + std::to_string(len));
-  if (shape) *shape = dims;
+  if (shape) shape->assign(dims, dims + h.ndim);  // reuses the caller's capacity
   return h;
 }
 

@@ -623,3 +623,26 @@ def test_output_cache_reuses_a_block_only_once_nothing_references_it():
         _codec.set_output_cache_bytes(limit)
     with pytest.raises(ValueError, match="output cache size must be an int >= 0"):
         _codec.set_output_cache_bytes(-1)
+
+
+def test_codec_benchmark_reports_speeds_beside_the_fp16_cast_and_thread_scaling(tmp_path):
+    import json
+
+    from hvd_lossy.bench import codec as bench
+
+    out = tmp_path / "codec.json"
+    assert bench.main(["--quick", "--workloads", "realistic", "criteo", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    runs = {(r["workload"], r["method"]): r for r in results["runs"]}
+    assert set(runs) == {(w, m) for w in ("realistic", "criteo")
+                         for m in ("L1", "L1 no dedup", "L1 no dedup dither")}
+    for r in runs.values():
+        assert r["max_error_over_bound"] <= 1
+        assert r["compress_vs_cast"] == pytest.approx(r["compress_GBps"] / r["fp16_cast_GBps"])
+        assert r["decompress_new_vs_cast"] == pytest.approx(r["decompress_new_GBps"] / r["fp16_back_GBps"])
+    realistic = runs[("realistic", "L1")]
+    assert 0.2 < realistic["distinct_row_fraction"] < 0.4  # duplicates like real lookups
+    assert 10 < realistic["ratio"] < 25
+    assert [t["pieces"] for t in results["threads"]] == [52, 52]
+    for t in results["threads"]:
+        assert t["compress_speedup_2t"] == pytest.approx(t["compress_GBps_2t"] / t["compress_GBps_1t"])

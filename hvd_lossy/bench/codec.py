@@ -141,10 +141,10 @@ def bench_threads(x, rows, eb, repeat, level=1):
     return result
 
 
-def workloads(realistic_mb, names):
+def workloads(realistic_mb, names, table_rows):
     made = {}
     if "realistic" in names:
-        x = realistic_lookups(realistic_mb << 20, dim=128)
+        x = realistic_lookups(realistic_mb << 20, dim=128, table_rows=table_rows)
         made["realistic"] = (x, [x.shape[0]])
     if "criteo" in names:
         tables = criteo_batch_lookups(batch=2048, dim=32)
@@ -195,19 +195,24 @@ def main(argv=None):
     parser.add_argument("--workloads", nargs="+", default=["realistic", "criteo"],
                         choices=["realistic", "criteo", "synthetic"])
     parser.add_argument("--realistic-mb", type=int, default=64, help="size of the 64 MB sets")
+    parser.add_argument("--table-rows", type=int, default=1_000_000,
+                        help="rows of the realistic set's table (1,000,000: ~30%% of 64 MB distinct)")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run for tests: 4 MB sets, 1 repeat, level 1 only")
+                        help="a smoke run for tests: 4 MB sets (a 20,000-row table, again ~30%% "
+                             "distinct), 1 repeat, level 1 only")
     parser.add_argument("--json", default="benchmarks/out/codec.json", help="where to write results")
     args = parser.parse_args(argv)
     if args.quick:
-        args.realistic_mb, args.repeat, args.levels = 4, 1, [1]
+        args.realistic_mb, args.table_rows, args.repeat, args.levels = 4, 20_000, 1, [1]
 
     results = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(),
                "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                "torch": torch.__version__, "error_bound_rel": args.error_bound,
-               "repeat": args.repeat, "runs": [], "threads": []}
-    for name, (x, rows) in workloads(args.realistic_mb, args.workloads).items():
+               "repeat": args.repeat, "load_average_before": os.getloadavg(), "runs": [],
+               "threads": []}
+    results["table_rows"] = args.table_rows
+    for name, (x, rows) in workloads(args.realistic_mb, args.workloads, args.table_rows).items():
         configs = [dict(level=lv) for lv in args.levels]
         configs += [dict(level=1, dedup=False), dict(level=1, dedup=False, dither=1)]
         for cfg in configs:
@@ -220,7 +225,10 @@ def main(argv=None):
                                                                      args.repeat)})
     hvd_lossy.set_num_threads(0)
     torch.set_num_threads(os.cpu_count() or 1)
+    results["load_average_after"] = os.getloadavg()
     print_table(results)
+    print(f"load average before / after: {results['load_average_before'][0]:.2f} / "
+          f"{results['load_average_after'][0]:.2f} (on {results['cores']} cores)")
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
