@@ -328,11 +328,14 @@ def _decode_new(buffer, sizes):
     (each on its own 64-byte boundary), so the block lives while any of them does."""
     block, parts = _C.decompress_frames(buffer.data_ptr(), buffer.numel(), sizes, _threads)
     base = torch.from_numpy(block)
-    tensors = []
+    typed, tensors = {}, []  # one typed view of the block per dtype: two ops a piece, not three
     for code, shape, offset in parts:
         dtype = _CODE_DTYPES[code]
-        nbytes = _numel(shape) * dtype.itemsize
-        tensors.append(base[offset:offset + nbytes].view(dtype).view(shape))
+        view = typed.get(code)
+        if view is None:  # the block's length is a multiple of 64, so of any itemsize
+            view = typed[code] = base.view(dtype)
+        start = offset // dtype.itemsize
+        tensors.append(view[start:start + _numel(shape)].view(shape))
     return tensors
 
 
