@@ -13,7 +13,8 @@ Workloads:
 Every method runs on one thread; the codec and the cast alternate call by call, so that both see
 the same machine load, and each time is the median of --repeat calls. "dec new" decodes into a
 new tensor each call (its page faults included, as for the cast's half.float()), "dec into"
-into a reused one. Then 1 thread vs 2 on one call of 52 pieces (compress_chunks, and decoding the
+into a reused one; the cast is also timed into reused tensors (copy_), the fair partner of
+"dec into" and of compress (whose frames land in reused codec-owned memory). Then 1 thread vs 2 on one call of 52 pieces (compress_chunks, and decoding the
 52 frames), for the criteo chunks and for the realistic batch cut into 52 pieces.
 Throughput counts the uncompressed bytes (GB = 1e9 bytes).
 """
@@ -101,8 +102,10 @@ def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None):
         decompress_into = lambda: decode_into(buf, sizes, rows, reused, 1)  # noqa: E731
         parts = hvd_lossy.decompress_chunks(buf, sizes)
     half = x.half()
-    t_c, t_d, t_i, t_h, t_f = paired_medians(
-        [compress, decompress, decompress_into, lambda: x.half(), lambda: half.float()], repeat)
+    half_out, float_out = torch.empty_like(half), torch.empty_like(x)
+    t_c, t_d, t_i, t_h, t_f, t_hi, t_fi = paired_medians(
+        [compress, decompress, decompress_into, lambda: x.half(), lambda: half.float(),
+         lambda: half_out.copy_(x), lambda: float_out.copy_(half)], repeat)
     worst, offset = 0.0, 0
     for src, out, size in zip(torch.split(x, rows), parts, sizes):
         info = hvd_lossy.frame_info(buf[offset:offset + size])
@@ -115,8 +118,10 @@ def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None):
     return {"method": name, "ratio": raw / buf.numel(), "bytes": buf.numel(),
             "compress_GBps": gbps(t_c), "decompress_new_GBps": gbps(t_d),
             "decompress_into_GBps": gbps(t_i), "fp16_cast_GBps": gbps(t_h),
-            "fp16_back_GBps": gbps(t_f), "compress_vs_cast": t_h / t_c,
+            "fp16_back_GBps": gbps(t_f), "fp16_cast_into_GBps": gbps(t_hi),
+            "fp16_back_into_GBps": gbps(t_fi), "compress_vs_cast": t_h / t_c,
             "decompress_new_vs_cast": t_f / t_d, "decompress_into_vs_cast": t_f / t_i,
+            "compress_vs_cast_into": t_hi / t_c, "decompress_into_vs_cast_into": t_fi / t_i,
             "max_error_over_bound": worst}
 
 
@@ -185,7 +190,15 @@ def print_table(results):
               f"{r['fp16_cast_GBps']:6.2f} {r['fp16_back_GBps']:6.2f} {r['compress_vs_cast']:9.3f} "
               f"{r['decompress_new_vs_cast']:8.3f} {r['decompress_into_vs_cast']:9.3f} "
               f"{r['max_error_over_bound']:6.3f}")
-    print("(GB/s on one thread; x/cast: the codec's speed over the fp16 cast's in the same rounds)")
+    print("(GB/s on one thread; x/cast: the codec's speed over the fp16 cast's in the same rounds;\n"
+          " the cast allocates its result: x.half(), half.float())")
+    print(f"\n{'workload':10} {'method':16} {'cast into':>9} {'back into':>9} {'comp/into':>9} "
+          f"{'dec into/back into':>18}")
+    for r in results["runs"]:
+        print(f"{r['workload']:10} {r['method']:16} {r['fp16_cast_into_GBps']:9.2f} "
+              f"{r['fp16_back_into_GBps']:9.2f} {r['compress_vs_cast_into']:9.3f} "
+              f"{r['decompress_into_vs_cast_into']:18.3f}")
+    print("(the cast into reused tensors, copy_(): no allocation, no page faults)")
     print(f"\n{'workload':10} {'call':20} {'comp 1t':>8} {'comp 2t':>8} {'x':>5} {'new 1t':>7} "
           f"{'new 2t':>7} {'x':>5} {'into 1t':>8} {'into 2t':>8} {'x':>5}")
     for r in results["threads"]:
