@@ -693,14 +693,29 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
   const uint8_t* code_p = map_p + h.map_bytes;
   const uint8_t* out_p = code_p + h.code_bytes;
 
-  Buffer<uint32_t> codes(nu);
-  if (h.level == 1)
-    unpack_blocks(code_p, h.code_bytes, nu, 32, codes.data(), "code section", threads);
-  else
-    rans_decode(code_p, h.code_bytes, nu, codes.data(), threads);
-
   Buffer<raw_t> uniq(identity ? 0 : nu);
   raw_t* u = identity ? out : uniq.data();
+  const double step = 2.0 * h.eb_abs;
+  const bool dithered = h.flags & HL_FLAG_DITHER;
+  const uint32_t seed = dither_seed(h);
+  Buffer<uint32_t> codes;
+  if (h.level == 1 && !lossless) {
+    // Codes go from the packed section to elements a chunk at a time, through L1: no array of
+    // every code (as large as the decoded unique rows) is written and read back.
+    unpack_blocks_to(code_p, h.code_bytes, nu, 32, "code section", threads,
+                     [&](uint64_t first, const uint32_t* z, uint64_t count) {
+                       if (dithered)  // identity map: code i is element i
+                         cpu::dequantize_dithered(DT, z, count, step, seed, first, u + first);
+                       else
+                         cpu::dequantize(DT, z, count, step, u + first);
+                     });
+  } else {
+    codes = Buffer<uint32_t>(nu);
+    if (h.level == 1)
+      unpack_blocks(code_p, h.code_bytes, nu, 32, codes.data(), "code section", threads);
+    else
+      rans_decode(code_p, h.code_bytes, nu, codes.data(), threads);
+  }
   if (lossless) {
     const uint32_t limit = sizeof(raw_t) == 2 ? 0xffffu : 0xffffffffu;
     bool bad = false;
@@ -709,10 +724,7 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
       u[i] = (raw_t)codes[i];
     }
     if (bad) throw FrameError("frame is corrupted: a lossless code exceeds the dtype's bits");
-  } else {
-    const double step = 2.0 * h.eb_abs;
-    const bool dithered = h.flags & HL_FLAG_DITHER;
-    const uint32_t seed = dither_seed(h);
+  } else if (h.level == 2) {
     const int nt = nu > 65536 ? threads : 1;
 #pragma omp parallel num_threads(nt)
     {
