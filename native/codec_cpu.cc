@@ -678,11 +678,12 @@ uint32_t dither_seed(const HlFrameHeader& h) {
   return (uint32_t)h.reserved[0] | (uint32_t)h.reserved[1] << 8 | (uint32_t)h.reserved[2] << 16;
 }
 
-// Decoded tensors from this size on are written with streaming stores (see decode).
+// Calls decoding this much or more write duplicate rows with streaming stores: an output far
+// larger than the caches bypasses them, saving the read of each line before it is written.
 constexpr uint64_t kStreamFrom = uint64_t(8) << 20;
 
 template <int DT>
-void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threads) {
+void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threads, bool stream) {
   typedef typename Elem<DT>::raw_t raw_t;
   raw_t* out = static_cast<raw_t*>(out_v);
   const uint64_t d = h.row_len;
@@ -766,9 +767,6 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
                      std::to_string(h.n_unique) + " unique rows");
   if (d == 0) return;  // rows of no elements: nothing to copy, and u (or out) may be null
   const uint64_t rows = h.n_rows, row_bytes = d * sizeof(raw_t);
-  // Outputs far larger than the caches bypass them: streaming stores skip reading each output
-  // line before writing it.
-  const bool stream = rows * row_bytes >= kStreamFrom;
   const int nt = rows * d > 65536 ? threads : 1;
 #pragma omp parallel num_threads(nt)
   {
@@ -1095,11 +1093,13 @@ void verify_checksum(const HlFrameHeader& h, const uint8_t* frame, uint64_t size
 
 // Decodes a frame whose header is parsed and checksum verified into its n_rows * row_len
 // elements at out.
-void decode_frame(const HlFrameHeader& h, const uint8_t* frame, void* out, int threads) {
+// stream: the call's whole output is at least kStreamFrom (see decode).
+void decode_frame(const HlFrameHeader& h, const uint8_t* frame, void* out, int threads,
+                  bool stream) {
   switch (h.dtype) {
-    case HL_FLOAT32: return decode<HL_FLOAT32>(h, frame, out, threads);
-    case HL_FLOAT16: return decode<HL_FLOAT16>(h, frame, out, threads);
-    case HL_BFLOAT16: return decode<HL_BFLOAT16>(h, frame, out, threads);
+    case HL_FLOAT32: return decode<HL_FLOAT32>(h, frame, out, threads, stream);
+    case HL_FLOAT16: return decode<HL_FLOAT16>(h, frame, out, threads, stream);
+    case HL_BFLOAT16: return decode<HL_BFLOAT16>(h, frame, out, threads, stream);
   }
 }
 
@@ -1138,12 +1138,15 @@ void run_jobs(const std::vector<Job>& jobs, std::vector<std::string>* errors, in
   const size_t n = jobs.size();
   const bool across = (int)n >= threads && n > 1;
   const int inner = across ? 1 : threads;
+  uint64_t total = 0;
+  for (const Job& j : jobs) total += j.out ? decoded_bytes(j.h) : 0;
+  const bool stream = total >= kStreamFrom;
   std::mutex lock;
   auto one = [&](size_t i) {
     const Job& j = jobs[i];
     try {
       if (!j.verified) verify_checksum(j.h, j.frame, j.h.total_bytes, inner);
-      if (j.out) decode_frame(j.h, j.frame, j.out, inner);
+      if (j.out) decode_frame(j.h, j.frame, j.out, inner, stream);
     } catch (const FrameError& e) {
       std::lock_guard<std::mutex> g(lock);
       if ((*errors)[j.owner].empty()) (*errors)[j.owner] = e.what();
@@ -1212,7 +1215,7 @@ void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out
   if (out_bytes != need)
     throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
                         " bytes, the frame decodes to " + std::to_string(need));
-  decode_frame(h, frame, out, threads);
+  decode_frame(h, frame, out, threads, need >= kStreamFrom);
 }
 
 std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buffer_len,

@@ -259,6 +259,8 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
         "frame = hvd_lossy.compress(big, 0.03)  # decodes to 8 MiB: the streaming row copy\n"
         "out.append(frame.numpy().tobytes())\n"
         "out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
+        "buf, sizes = hvd_lossy.compress_chunks(big, [4096] * 4, 0.03)  # 8 MiB over 4 frames\n"
+        "out += [p.numpy().tobytes() for p in hvd_lossy.decompress_chunks(buf, sizes)]\n"
         "sys.stdout.buffer.write(b''.join(out))\n")
 
     def frames(**flags):
