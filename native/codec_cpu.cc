@@ -206,7 +206,7 @@ class Numbering {
   std::vector<uint64_t> first;
 
  private:
-  static constexpr uint64_t kSlotAhead = 32, kRowAhead = 16;
+  static constexpr uint64_t kSlotAhead = 24, kRowAhead = 12;
   static constexpr uint64_t kEmpty = ~0ull, kTag = 0xffffffff00000000ull;
 
   void resize(uint64_t cap) {
@@ -236,7 +236,7 @@ class Numbering {
 inline void prefetch_row(const void* p, uint64_t bytes) {
   const char* c = static_cast<const char*>(p);
   const uint64_t n = bytes < 1024 ? bytes : 1024;
-  for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(c + off);
+  for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(c + off, 0, 2);
 }
 
 template <class Same, class Row>
