@@ -326,13 +326,19 @@ def _decode_new(buffer, sizes):
     """Decodes the CPU frames of ``buffer`` (of these sizes, or walked by their headers when
     None) in one native call into one new block of memory; the tensors returned are views of it
     (each on its own 64-byte boundary), so the block lives while any of them does."""
-    block, parts = _C.decompress_frames(buffer.data_ptr(), buffer.numel(), sizes, _threads)
+    block, parts, trailing = _C.decompress_frames(buffer.data_ptr(), buffer.numel(), sizes, _threads)
     base = torch.from_numpy(block)
+    if trailing is not None and parts:
+        # Pieces of one tensor lie back to back: one typed view and one split cut them all.
+        typed = base.view(_CODE_DTYPES[parts[0][0]])
+        if trailing:
+            typed = typed.view(-1, *trailing)
+        return list(typed.split([shape[0] for _, shape, _ in parts]))
     typed, tensors = {}, []  # one typed view of the block per dtype: two ops a piece, not three
     for code, shape, offset in parts:
         dtype = _CODE_DTYPES[code]
         view = typed.get(code)
-        if view is None:  # the block's length is a multiple of 64, so of any itemsize
+        if view is None:  # parts start on 64-byte boundaries: the block's length is a multiple
             view = typed[code] = base.view(dtype)
         start = offset // dtype.itemsize
         tensors.append(view[start:start + _numel(shape)].view(shape))

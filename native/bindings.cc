@@ -79,27 +79,48 @@ auto with_new_block(Call call) {
   return std::make_pair(block_array(block, total), std::move(result));
 }
 
-// Decoded parts start on cache lines (and any dtype's alignment).
-constexpr uint64_t kPartAlign = 64;
+// Whether every frame is (r_k, *trailing) of one dtype, with rows of at least one element (the
+// pieces of one tensor, as compress_chunks makes them); sets trailing.
+bool uniform_rows(const std::vector<hl::ParsedFrame>& frames, std::vector<int64_t>* trailing) {
+  for (size_t k = 0; k < frames.size(); ++k) {
+    const auto& f = frames[k];
+    if (f.shape.empty() || f.h.dtype != frames[0].h.dtype) return false;
+    if (!std::equal(f.shape.begin() + 1, f.shape.end(), frames[0].shape.begin() + 1,
+                    frames[0].shape.end()))
+      return false;
+  }
+  if (frames.empty()) return false;
+  trailing->assign(frames[0].shape.begin() + 1, frames[0].shape.end());
+  for (int64_t t : *trailing)
+    if (t == 0) return false;  // rows of no elements: a view(-1, ...) could not infer the rows
+  return true;
+}
 
-// Decodes back-to-back frames into one block of memory the codec owns (hl::acquire_output),
-// handed to Python as a uint8 numpy array whose destructor gives the block back. Returns
-// (array, [(dtype_code, shape, byte offset), ...]); one call, GIL released while it works.
+// Decodes back-to-back frames into one block of memory the codec owns, handed to Python as a
+// uint8 array. Returns (array, [(dtype_code, shape, byte offset), ...], trailing): trailing is
+// the shared trailing shape when every frame is (r_k, *trailing) of one dtype, and then the
+// parts lie back to back with no padding (so Python can cut them with one split); otherwise
+// None, and each part starts on a cache line. One call, GIL released while it works.
 py::tuple decode_frames_new(uintptr_t buffer, uint64_t len, const py::object& sizes_obj,
                             int threads) {
   std::vector<uint64_t> sizes;
   const bool have_sizes = !sizes_obj.is_none();
   if (have_sizes) sizes = sizes_obj.cast<std::vector<uint64_t>>();
   std::vector<uint64_t> offsets;
+  std::vector<hl::ParsedFrame> frames;
+  std::vector<int64_t> trailing;
+  bool uniform = false;
   auto done = with_new_block([&](const std::function<uint8_t*(uint64_t)>& alloc) {
-    return hl::decompress_frames_cpu(ptr<const uint8_t>(buffer), len,
-                                     have_sizes ? &sizes : nullptr, kPartAlign, alloc, &offsets,
-                                     threads);
+    frames = hl::parse_frames(ptr<const uint8_t>(buffer), len, have_sizes ? &sizes : nullptr);
+    uniform = uniform_rows(frames, &trailing);
+    const uint64_t align = uniform ? hl_elem_bytes(frames[0].h.dtype) : 64;
+    hl::decompress_frames_cpu(ptr<const uint8_t>(buffer), frames, align, alloc, &offsets, threads);
+    return 0;
   });
   py::list parts;
-  for (size_t k = 0; k < done.second.size(); ++k)
-    parts.append(py::make_tuple((int)done.second[k].h.dtype, done.second[k].shape, offsets[k]));
-  return py::make_tuple(done.first, parts);
+  for (size_t k = 0; k < frames.size(); ++k)
+    parts.append(py::make_tuple((int)frames[k].h.dtype, frames[k].shape, offsets[k]));
+  return py::make_tuple(done.first, parts, uniform ? py::cast(trailing) : py::none());
 }
 
 }  // namespace

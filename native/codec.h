@@ -144,15 +144,12 @@ std::vector<ParsedFrame> parse_frames(const uint8_t* buffer, uint64_t len,
 // Bytes frame h decodes to.
 uint64_t decoded_frame_bytes(const HlFrameHeader& h);
 
-// Decodes the back-to-back frames of [buffer, buffer+len) (of the given sizes, or walked by
-// their headers when sizes is null) into memory it asks alloc for, once, after every header and
-// checksum is verified: frame k's elements at out + (*out_offsets)[k], each part rounded up to
-// `align` bytes. Returns the parsed frames. Throws FrameError for the first bad frame.
-std::vector<ParsedFrame> decompress_frames_cpu(const uint8_t* buffer, uint64_t len,
-                                               const std::vector<uint64_t>* sizes,
-                                               uint64_t align,
-                                               const std::function<uint8_t*(uint64_t)>& alloc,
-                                               std::vector<uint64_t>* out_offsets, int threads);
+// Decodes parsed frames (parse_frames of [buffer, ...)) into memory it asks alloc for, once,
+// after every checksum is verified: frame k's elements at out + (*out_offsets)[k], each part
+// rounded up to `align` bytes. Throws FrameError for the first bad frame.
+void decompress_frames_cpu(const uint8_t* buffer, const std::vector<ParsedFrame>& frames,
+                           uint64_t align, const std::function<uint8_t*(uint64_t)>& alloc,
+                           std::vector<uint64_t>* out_offsets, int threads);
 
 // Checksum of a frame as stored in its header (the checksum field read as zero).
 uint32_t frame_checksum(const uint8_t* frame, uint64_t size);

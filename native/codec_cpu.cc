@@ -1279,13 +1279,10 @@ std::vector<ParsedFrame> parse_frames(const uint8_t* buffer, uint64_t len,
   return frames;
 }
 
-std::vector<ParsedFrame> decompress_frames_cpu(const uint8_t* buffer, uint64_t len,
-                                               const std::vector<uint64_t>* sizes,
-                                               uint64_t align,
-                                               const std::function<uint8_t*(uint64_t)>& alloc,
-                                               std::vector<uint64_t>* out_offsets, int threads) {
+void decompress_frames_cpu(const uint8_t* buffer, const std::vector<ParsedFrame>& frames,
+                           uint64_t align, const std::function<uint8_t*(uint64_t)>& alloc,
+                           std::vector<uint64_t>* out_offsets, int threads) {
   threads = resolve_threads(threads);
-  std::vector<ParsedFrame> frames = parse_frames(buffer, len, sizes);
   const size_t n = frames.size();
   std::vector<Job> jobs(n);
   std::vector<std::string> errors(n);
@@ -1310,7 +1307,6 @@ std::vector<ParsedFrame> decompress_frames_cpu(const uint8_t* buffer, uint64_t l
   }
   run_jobs(jobs, &errors, threads);
   first_error();
-  return frames;
 }
 
 uint64_t decoded_frame_bytes(const HlFrameHeader& h) { return decoded_bytes(h); }

@@ -578,9 +578,14 @@ def test_decompress_into_raises_for_bad_arguments(sources, out_rows, match):
         decompress_into(buf, sources, torch.zeros(out_rows, 8))
 
 
-def test_decompress_chunks_of_frames_of_several_dtypes_and_shapes():
-    pieces = [torch.randn(7, 3), torch.randn(5).half(), torch.randn(2, 3, 4).bfloat16(),
-              torch.tensor(2.5), torch.zeros(0, 6)]
+@pytest.mark.parametrize("pieces", [
+    [torch.randn(7, 3), torch.randn(5).half(), torch.randn(2, 3, 4).bfloat16(),
+     torch.tensor(2.5), torch.zeros(0, 6)],  # mixed: each part on its own cache line
+    [torch.randn(2, 3, 4), torch.randn(1, 3, 4), torch.randn(0, 3, 4)],  # pieces of one tensor
+    [torch.randn(4), torch.randn(0), torch.randn(9)],
+    [torch.randn(5, 0), torch.randn(3, 0)],
+], ids=["mixed", "pieces", "1d", "empty-rows"])
+def test_decompress_chunks_of_frames_of_several_dtypes_and_shapes(pieces):
     buf = torch.cat([hvd_lossy.compress(p, 0.0) for p in pieces])
     for parts in (hvd_lossy.decompress_chunks(buf), hvd_lossy.decompress_chunks(buf, hvd_lossy.split_frames(buf))):
         assert len(parts) == len(pieces)
