@@ -130,6 +130,9 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
         return compress(tensor.cpu(), eb, mode, level, dedup, dither).to(tensor.device)
     src = tensor.contiguous()
     shape = list(src.shape)
+    if not src.is_cuda:  # frames built first, then written once into memory of their size
+        return torch.from_numpy(_C.compress_new(src.data_ptr(), code, shape, eb, m, lv, bool(dedup),
+                                                _threads, seed))
     cap = max_frame_bytes(*_rows_of(shape), len(shape))
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
     if src.is_cuda:
@@ -178,6 +181,10 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
         return buffer.to(tensor.device), sizes
     src = tensor.contiguous()
     trailing = list(src.shape[1:])
+    if not src.is_cuda:  # frames built first, then written once into memory of their size
+        block, sizes = _C.compress_many_new(src.data_ptr(), code, rows, trailing, ebs, m, lv,
+                                            bool(dedup), _threads, seed)
+        return torch.from_numpy(block), list(sizes)
     cap = 0
     for r in rows:
         shape = [r, *trailing]
@@ -240,7 +247,8 @@ def decompress(frame, out=None):
     Arguments:
         frame: a 1-D torch.uint8 tensor holding one frame.
         out: optional contiguous tensor of the frame's dtype and shape on the frame's device to
-            decode into (reusing it saves the page faults of a fresh allocation).
+            decode into. Without it a CPU frame decodes into memory the codec owns and reuses
+            once nothing references it (see :func:`set_output_cache_bytes`).
 
     Returns:
         The decoded tensor (``out`` when given).
@@ -318,13 +326,22 @@ def _decode_new(buffer, sizes):
     """Decodes the CPU frames of ``buffer`` (of these sizes, or walked by their headers when
     None) in one native call into one new block of memory; the tensors returned are views of it
     (each on its own 64-byte boundary), so the block lives while any of them does."""
-    block, parts = _C.decompress_frames(buffer.data_ptr(), buffer.numel(), sizes, _threads)
+    block, parts, trailing = _C.decompress_frames(buffer.data_ptr(), buffer.numel(), sizes, _threads)
     base = torch.from_numpy(block)
-    tensors = []
+    if trailing is not None and parts:
+        # Pieces of one tensor lie back to back: one typed view and one split cut them all.
+        typed = base.view(_CODE_DTYPES[parts[0][0]])
+        if trailing:
+            typed = typed.view(-1, *trailing)
+        return list(typed.split([shape[0] for _, shape, _ in parts]))
+    typed, tensors = {}, []  # one typed view of the block per dtype: two ops a piece, not three
     for code, shape, offset in parts:
         dtype = _CODE_DTYPES[code]
-        nbytes = _numel(shape) * dtype.itemsize
-        tensors.append(base[offset:offset + nbytes].view(dtype).view(shape))
+        view = typed.get(code)
+        if view is None:  # parts start on 64-byte boundaries: the block's length is a multiple
+            view = typed[code] = base.view(dtype)
+        start = offset // dtype.itemsize
+        tensors.append(view[start:start + _numel(shape)].view(shape))
     return tensors
 
 

@@ -41,50 +41,86 @@ py::dict header_dict(const HlFrameHeader& h, const std::vector<int64_t>& shape) 
   return d;
 }
 
-// Decoded parts start on cache lines (and any dtype's alignment).
-constexpr uint64_t kPartAlign = 64;
-
-// Decodes back-to-back frames into one block of memory the codec owns (hl::acquire_output),
-// handed to Python as a uint8 numpy array whose destructor gives the block back. Returns
-// (array, [(dtype_code, shape, byte offset), ...]); one call, GIL released while it works.
-py::tuple decode_frames_new(uintptr_t buffer, uint64_t len, const py::object& sizes_obj,
-                            int threads) {
-  std::vector<uint64_t> sizes;
-  const bool have_sizes = !sizes_obj.is_none();
-  if (have_sizes) sizes = sizes_obj.cast<std::vector<uint64_t>>();
-  hl::OutputBlock block;
-  std::vector<hl::ParsedFrame> frames;
-  std::vector<uint64_t> offsets;
-  uint64_t total = 0;
-  {
-    py::gil_scoped_release nogil;
-    try {
-      frames = hl::decompress_frames_cpu(
-          ptr<const uint8_t>(buffer), len, have_sizes ? &sizes : nullptr, kPartAlign,
-          [&](uint64_t bytes) {
-            total = bytes;
-            block = hl::acquire_output(bytes);
-            return static_cast<uint8_t*>(block.data);
-          },
-          &offsets, threads);
-    } catch (...) {
-      hl::release_output(block);  // a frame failed after the block was taken
-      throw;
-    }
-  }
-  // From here the capsule owns the block; a failure below frees it through the capsule.
+// A uint8 numpy array of the first `bytes` of a block the codec owns; the array's destructor
+// gives the block back (hl::release_output), so the block is reused only once nothing
+// references it.
+py::array_t<uint8_t> block_array(const hl::OutputBlock& block, uint64_t bytes) {
   hl::OutputBlock* owned = new hl::OutputBlock(block);
   py::capsule owner(owned, [](void* p) {
     auto* b = static_cast<hl::OutputBlock*>(p);
     hl::release_output(*b);
     delete b;
   });
-  py::array_t<uint8_t> array({(py::ssize_t)total}, {(py::ssize_t)1},
-                             static_cast<uint8_t*>(block.data), owner);
+  return py::array_t<uint8_t>({(py::ssize_t)bytes}, {(py::ssize_t)1},
+                              static_cast<uint8_t*>(block.data), owner);
+}
+
+// Runs a codec call that asks for its output memory once (alloc), GIL released; returns the
+// result and the memory as an array. A failure after the block was taken gives it back.
+template <class Call>
+auto with_new_block(Call call) {
+  hl::OutputBlock block;
+  uint64_t total = 0;
+  auto alloc = [&](uint64_t bytes) {
+    total = bytes;
+    block = hl::acquire_output(bytes);
+    return static_cast<uint8_t*>(block.data);
+  };
+  decltype(call(alloc)) result;
+  {
+    py::gil_scoped_release nogil;
+    try {
+      result = call(alloc);
+    } catch (...) {
+      hl::release_output(block);
+      throw;
+    }
+  }
+  return std::make_pair(block_array(block, total), std::move(result));
+}
+
+// Whether every frame is (r_k, *trailing) of one dtype, with rows of at least one element (the
+// pieces of one tensor, as compress_chunks makes them); sets trailing.
+bool uniform_rows(const std::vector<hl::ParsedFrame>& frames, std::vector<int64_t>* trailing) {
+  for (size_t k = 0; k < frames.size(); ++k) {
+    const auto& f = frames[k];
+    if (f.shape.empty() || f.h.dtype != frames[0].h.dtype) return false;
+    if (!std::equal(f.shape.begin() + 1, f.shape.end(), frames[0].shape.begin() + 1,
+                    frames[0].shape.end()))
+      return false;
+  }
+  if (frames.empty()) return false;
+  trailing->assign(frames[0].shape.begin() + 1, frames[0].shape.end());
+  for (int64_t t : *trailing)
+    if (t == 0) return false;  // rows of no elements: a view(-1, ...) could not infer the rows
+  return true;
+}
+
+// Decodes back-to-back frames into one block of memory the codec owns, handed to Python as a
+// uint8 array. Returns (array, [(dtype_code, shape, byte offset), ...], trailing): trailing is
+// the shared trailing shape when every frame is (r_k, *trailing) of one dtype, and then the
+// parts lie back to back with no padding (so Python can cut them with one split); otherwise
+// None, and each part starts on a cache line. One call, GIL released while it works.
+py::tuple decode_frames_new(uintptr_t buffer, uint64_t len, const py::object& sizes_obj,
+                            int threads) {
+  std::vector<uint64_t> sizes;
+  const bool have_sizes = !sizes_obj.is_none();
+  if (have_sizes) sizes = sizes_obj.cast<std::vector<uint64_t>>();
+  std::vector<uint64_t> offsets;
+  std::vector<hl::ParsedFrame> frames;
+  std::vector<int64_t> trailing;
+  bool uniform = false;
+  auto done = with_new_block([&](const std::function<uint8_t*(uint64_t)>& alloc) {
+    frames = hl::parse_frames(ptr<const uint8_t>(buffer), len, have_sizes ? &sizes : nullptr);
+    uniform = uniform_rows(frames, &trailing);
+    const uint64_t align = uniform ? hl_elem_bytes(frames[0].h.dtype) : 64;
+    hl::decompress_frames_cpu(ptr<const uint8_t>(buffer), frames, align, alloc, &offsets, threads);
+    return 0;
+  });
   py::list parts;
   for (size_t k = 0; k < frames.size(); ++k)
     parts.append(py::make_tuple((int)frames[k].h.dtype, frames[k].shape, offsets[k]));
-  return py::make_tuple(array, parts);
+  return py::make_tuple(done.first, parts, uniform ? py::cast(trailing) : py::none());
 }
 
 }  // namespace
@@ -244,6 +280,36 @@ PYBIND11_MODULE(_C, m) {
         py::arg("trailing"), py::arg("out"), py::arg("out_bytes"), py::arg("threads") = 0,
         "Decodes each source's back-to-back frames (offset, length, rows) straight into out at "
         "consecutive rows; returns one entry per source: None, or why it failed.");
+
+  m.def("compress_new",
+        [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, double eb, int mode,
+           int level, bool dedup, int threads, int64_t dither_seed) {
+          const hl::CompressParams p = params(dtype, mode, level, dedup, eb, dither_seed);
+          return with_new_block([&](const std::function<uint8_t*(uint64_t)>& alloc) {
+                   return hl::compress_shape_alloc_cpu(ptr<const void>(in), p, shape, alloc,
+                                                       threads);
+                 }).first;
+        },
+        py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("error_bound"),
+        py::arg("mode"), py::arg("level"), py::arg("dedup"), py::arg("threads") = 0,
+        py::arg("dither_seed") = -1,
+        "compress into new memory of exactly the frame's size: a uint8 array.");
+
+  m.def("compress_many_new",
+        [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
+           const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
+           int level, bool dedup, int threads, int64_t dither_seed) {
+          const hl::CompressParams p = params(dtype, mode, level, dedup, 0.0, dither_seed);
+          auto done = with_new_block([&](const std::function<uint8_t*(uint64_t)>& alloc) {
+            return hl::compress_alloc_cpu(ptr<const void>(in), p, rows, trailing, ebs, alloc,
+                                          threads);
+          });
+          return py::make_tuple(done.first, done.second);
+        },
+        py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
+        py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
+        py::arg("threads") = 0, py::arg("dither_seed") = -1,
+        "compress_many into new memory of exactly the frames' size: (uint8 array, sizes).");
 
   m.def("decompress_frames", &decode_frames_new, py::arg("buffer"), py::arg("buffer_len"),
         py::arg("sizes") = py::none(), py::arg("threads") = 0,

@@ -76,6 +76,20 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
                                         const std::vector<int64_t>& groups, uint64_t prefix_bytes,
                                         uint8_t* out, uint64_t out_cap, int threads);
 
+// compress_many_cpu into memory it asks alloc for once, when the frames' total size is known:
+// no worst-case buffer, each frame written once. Returns the frame sizes.
+std::vector<uint64_t> compress_alloc_cpu(const void* input, const CompressParams& p,
+                                         const std::vector<int64_t>& rows,
+                                         const std::vector<int64_t>& trailing,
+                                         const std::vector<double>& error_bounds,
+                                         const std::function<uint8_t*(uint64_t)>& alloc,
+                                         int threads);
+
+// compress_cpu the same way: alloc(frame size) once the frame is built. Returns its size.
+uint64_t compress_shape_alloc_cpu(const void* input, const CompressParams& p,
+                                  const std::vector<int64_t>& shape,
+                                  const std::function<uint8_t*(uint64_t)>& alloc, int threads);
+
 // Capacity compress_into_cpu needs: groups.size() * prefix_bytes + the worst-case frame of
 // every piece. Throws ArgumentError for negative rows or groups that do not add up.
 uint64_t max_grouped_bytes(const std::vector<int64_t>& rows, const std::vector<int64_t>& trailing,
@@ -130,15 +144,12 @@ std::vector<ParsedFrame> parse_frames(const uint8_t* buffer, uint64_t len,
 // Bytes frame h decodes to.
 uint64_t decoded_frame_bytes(const HlFrameHeader& h);
 
-// Decodes the back-to-back frames of [buffer, buffer+len) (of the given sizes, or walked by
-// their headers when sizes is null) into memory it asks alloc for, once, after every header and
-// checksum is verified: frame k's elements at out + (*out_offsets)[k], each part rounded up to
-// `align` bytes. Returns the parsed frames. Throws FrameError for the first bad frame.
-std::vector<ParsedFrame> decompress_frames_cpu(const uint8_t* buffer, uint64_t len,
-                                               const std::vector<uint64_t>* sizes,
-                                               uint64_t align,
-                                               const std::function<uint8_t*(uint64_t)>& alloc,
-                                               std::vector<uint64_t>* out_offsets, int threads);
+// Decodes parsed frames (parse_frames of [buffer, ...)) into memory it asks alloc for, once,
+// after every checksum is verified: frame k's elements at out + (*out_offsets)[k], each part
+// rounded up to `align` bytes. Throws FrameError for the first bad frame.
+void decompress_frames_cpu(const uint8_t* buffer, const std::vector<ParsedFrame>& frames,
+                           uint64_t align, const std::function<uint8_t*(uint64_t)>& alloc,
+                           std::vector<uint64_t>* out_offsets, int threads);
 
 // Checksum of a frame as stored in its header (the checksum field read as zero).
 uint32_t frame_checksum(const uint8_t* frame, uint64_t size);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "codec_common.h"
 #include "kernels_cpu.h"
 #include "pack.h"
+#include "parallel.h"
 #include "rans.h"
 
 namespace hl {
@@ -204,7 +206,7 @@ class Numbering {
   std::vector<uint64_t> first;
 
  private:
-  static constexpr uint64_t kSlotAhead = 32, kRowAhead = 16;
+  static constexpr uint64_t kSlotAhead = 24, kRowAhead = 12;
   static constexpr uint64_t kEmpty = ~0ull, kTag = 0xffffffff00000000ull;
 
   void resize(uint64_t cap) {
@@ -234,7 +236,7 @@ class Numbering {
 inline void prefetch_row(const void* p, uint64_t bytes) {
   const char* c = static_cast<const char*>(p);
   const uint64_t n = bytes < 1024 ? bytes : 1024;
-  for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(c + off);
+  for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(c + off, 0, 2);
 }
 
 template <class Same, class Row>
@@ -676,11 +678,12 @@ uint32_t dither_seed(const HlFrameHeader& h) {
   return (uint32_t)h.reserved[0] | (uint32_t)h.reserved[1] << 8 | (uint32_t)h.reserved[2] << 16;
 }
 
-// Decoded tensors from this size on are written with streaming stores (see decode).
+// Calls decoding this much or more write duplicate rows with streaming stores: an output far
+// larger than the caches bypasses them, saving the read of each line before it is written.
 constexpr uint64_t kStreamFrom = uint64_t(8) << 20;
 
 template <int DT>
-void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threads) {
+void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threads, bool stream) {
   typedef typename Elem<DT>::raw_t raw_t;
   raw_t* out = static_cast<raw_t*>(out_v);
   const uint64_t d = h.row_len;
@@ -691,14 +694,29 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
   const uint8_t* code_p = map_p + h.map_bytes;
   const uint8_t* out_p = code_p + h.code_bytes;
 
-  Buffer<uint32_t> codes(nu);
-  if (h.level == 1)
-    unpack_blocks(code_p, h.code_bytes, nu, 32, codes.data(), "code section", threads);
-  else
-    rans_decode(code_p, h.code_bytes, nu, codes.data(), threads);
-
   Buffer<raw_t> uniq(identity ? 0 : nu);
   raw_t* u = identity ? out : uniq.data();
+  const double step = 2.0 * h.eb_abs;
+  const bool dithered = h.flags & HL_FLAG_DITHER;
+  const uint32_t seed = dither_seed(h);
+  Buffer<uint32_t> codes;
+  if (h.level == 1 && !lossless) {
+    // Codes go from the packed section to elements a chunk at a time, through L1: no array of
+    // every code (as large as the decoded unique rows) is written and read back.
+    unpack_blocks_to(code_p, h.code_bytes, nu, 32, "code section", threads,
+                     [&](uint64_t first, const uint32_t* z, uint64_t count) {
+                       if (dithered)  // identity map: code i is element i
+                         cpu::dequantize_dithered(DT, z, count, step, seed, first, u + first);
+                       else
+                         cpu::dequantize(DT, z, count, step, u + first);
+                     });
+  } else {
+    codes = Buffer<uint32_t>(nu);
+    if (h.level == 1)
+      unpack_blocks(code_p, h.code_bytes, nu, 32, codes.data(), "code section", threads);
+    else
+      rans_decode(code_p, h.code_bytes, nu, codes.data(), threads);
+  }
   if (lossless) {
     const uint32_t limit = sizeof(raw_t) == 2 ? 0xffffu : 0xffffffffu;
     bool bad = false;
@@ -707,10 +725,7 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
       u[i] = (raw_t)codes[i];
     }
     if (bad) throw FrameError("frame is corrupted: a lossless code exceeds the dtype's bits");
-  } else {
-    const double step = 2.0 * h.eb_abs;
-    const bool dithered = h.flags & HL_FLAG_DITHER;
-    const uint32_t seed = dither_seed(h);
+  } else if (h.level == 2) {
     const int nt = nu > 65536 ? threads : 1;
 #pragma omp parallel num_threads(nt)
     {
@@ -752,9 +767,6 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
                      std::to_string(h.n_unique) + " unique rows");
   if (d == 0) return;  // rows of no elements: nothing to copy, and u (or out) may be null
   const uint64_t rows = h.n_rows, row_bytes = d * sizeof(raw_t);
-  // Outputs far larger than the caches bypass them: streaming stores skip reading each output
-  // line before writing it.
-  const bool stream = rows * row_bytes >= kStreamFrom;
   const int nt = rows * d > 65536 ? threads : 1;
 #pragma omp parallel num_threads(nt)
   {
@@ -877,78 +889,97 @@ uint64_t max_grouped_bytes(const std::vector<int64_t>& rows, const std::vector<i
   return groups.size() * prefix_bytes + plan_pieces(p, rows, trailing, {}).max_frames;
 }
 
+namespace {
+
+// prefixes_before[i]: prefixes the grouped layout puts right before piece i (one for the group
+// it opens and one for each empty group before that; 0 inside a group); [n]: those after the
+// last piece (trailing empty groups).
+std::vector<uint64_t> prefixes_before(const std::vector<int64_t>& groups, size_t n) {
+  std::vector<uint64_t> before(n + 1, 0);
+  size_t i = 0;
+  uint64_t open = 0;
+  for (int64_t g : groups) {
+    ++open;
+    for (int64_t k = 0; k < g; ++k, ++i) {
+      before[i] = open;
+      open = 0;
+    }
+  }
+  before[n] = open;
+  return before;
+}
+
+// Builds every piece's frame, then asks place(total) for the memory of the whole layout and
+// writes each frame once, at its final place in it. Many small pieces: one thread each
+// (parallel_items, which never waits for a helper that has no core). Few large ones: each
+// piece uses all threads in turn.
+std::vector<uint64_t> build_and_place(const void* input, const CompressParams& p, const Pieces& c,
+                                      const std::vector<uint64_t>& before, uint64_t prefix_bytes,
+                                      const std::function<uint8_t*(uint64_t)>& place,
+                                      int threads) {
+  const size_t n = c.shapes.size();
+  const uint8_t* in = static_cast<const uint8_t*>(input);
+  const uint64_t eb = hl_elem_bytes(p.dtype);
+  const bool across = (int)n >= threads && n > 1;
+  const int inner = across ? 1 : threads;
+  std::vector<Prepared> frames(n);
+  parallel::parallel_items(n, across ? threads : 1, [&](size_t i) {
+    frames[i] = prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], inner);
+  });
+  std::vector<uint64_t> at(n, 0), sizes(n, 0);
+  uint64_t w = 0;
+  for (size_t i = 0; i < n; ++i) {
+    w += before[i] * prefix_bytes;
+    at[i] = w;
+    sizes[i] = frames[i].h.total_bytes;
+    w += sizes[i];
+  }
+  uint8_t* out = place(w + before[n] * prefix_bytes);
+  parallel::parallel_items(n, across ? threads : 1, [&](size_t i) {
+    write_frame(frames[i], out + at[i], sizes[i], inner);
+    frames[i] = Prepared();  // sections back to this thread's pool while they are warm
+  });
+  return sizes;
+}
+
+}  // namespace
+
 std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams& p,
                                         const std::vector<int64_t>& rows,
                                         const std::vector<int64_t>& trailing,
                                         const std::vector<double>& error_bounds,
                                         const std::vector<int64_t>& groups, uint64_t prefix_bytes,
                                         uint8_t* out, uint64_t out_cap, int threads) {
-  threads = resolve_threads(threads);
-  const size_t n = rows.size();
   const Pieces c = plan_pieces(p, rows, trailing, error_bounds);
-  check_groups(groups, n);
+  check_groups(groups, rows.size());
   const uint64_t need = groups.size() * prefix_bytes + c.max_frames;
   if (need > out_cap)
     throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
                         " bytes, the frames may need " + std::to_string(need));
-  // prefixes_before[i]: prefixes the layout puts right before piece i (one for the group it
-  // opens and one for each empty group before that; 0 inside a group).
-  std::vector<uint64_t> prefixes_before(n + 1, 0);
-  {
-    size_t i = 0;
-    uint64_t open = 0;
-    for (int64_t g : groups) {
-      ++open;
-      for (int64_t k = 0; k < g; ++k, ++i) {
-        prefixes_before[i] = open;
-        open = 0;
-      }
-    }
-    prefixes_before[n] = open;  // trailing empty groups: their prefixes end the buffer
-  }
-  const uint8_t* in = static_cast<const uint8_t*>(input);
-  const uint64_t eb = hl_elem_bytes(p.dtype);
-  std::vector<uint64_t> sizes(n, 0);
-  // Many small pieces: one thread each, all frames built before any is placed (a frame's place
-  // depends on the sizes before it). Few large ones: each piece uses all threads in turn and is
-  // written as soon as it is built.
-  const bool across = (int)n >= threads && n > 1;
-  if (!across) {
-    uint64_t w = 0;
-    for (size_t i = 0; i < n; ++i) {
-      w += prefixes_before[i] * prefix_bytes;
-      sizes[i] = write_frame(prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], threads),
-                             out + w, out_cap - w, threads);
-      w += sizes[i];
-    }
-    return sizes;
-  }
-  std::vector<Prepared> frames(n);
-  std::exception_ptr error;  // the first failure, rethrown as itself after the loop
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
-  for (int64_t i = 0; i < (int64_t)n; ++i) {
-    try {
-      frames[i] = prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], 1);
-    } catch (...) {
-#pragma omp critical
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
-  std::vector<uint64_t> at(n, 0);
-  uint64_t w = 0;
-  for (size_t i = 0; i < n; ++i) {
-    w += prefixes_before[i] * prefix_bytes;
-    at[i] = w;
-    sizes[i] = frames[i].h.total_bytes;
-    w += sizes[i];
-  }
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
-  for (int64_t i = 0; i < (int64_t)n; ++i) {
-    write_frame(frames[i], out + at[i], sizes[i], 1);
-    frames[i] = Prepared();  // sections back to this thread's pool while they are warm
-  }
-  return sizes;
+  return build_and_place(input, p, c, prefixes_before(groups, rows.size()), prefix_bytes,
+                         [&](uint64_t) { return out; }, resolve_threads(threads));
+}
+
+std::vector<uint64_t> compress_alloc_cpu(const void* input, const CompressParams& p,
+                                         const std::vector<int64_t>& rows,
+                                         const std::vector<int64_t>& trailing,
+                                         const std::vector<double>& error_bounds,
+                                         const std::function<uint8_t*(uint64_t)>& alloc,
+                                         int threads) {
+  const Pieces c = plan_pieces(p, rows, trailing, error_bounds);
+  return build_and_place(input, p, c, prefixes_before({(int64_t)rows.size()}, rows.size()), 0,
+                         alloc, resolve_threads(threads));
+}
+
+uint64_t compress_shape_alloc_cpu(const void* input, const CompressParams& p,
+                                  const std::vector<int64_t>& shape,
+                                  const std::function<uint8_t*(uint64_t)>& alloc, int threads) {
+  check_params(p);
+  for (int64_t s : shape)
+    if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
+  threads = resolve_threads(threads);
+  const Prepared f = prepare_one(input, p, shape, threads);
+  return write_frame(f, alloc(f.h.total_bytes), f.h.total_bytes, threads);
 }
 
 std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams& p,
@@ -999,8 +1030,8 @@ HlFrameHeader parse_header(const uint8_t* frame, uint64_t size, std::vector<int6
     throw FrameError("frame is corrupted: error bound " + std::to_string(h.eb_abs));
   const uint64_t shape_end = HL_HEADER_BYTES + 8ull * h.ndim;
   if (shape_end > size) throw FrameError("frame is truncated inside its shape");
-  std::vector<int64_t> dims(h.ndim);
-  if (h.ndim) memcpy(dims.data(), frame + HL_HEADER_BYTES, 8ull * h.ndim);
+  int64_t dims[HL_MAX_NDIM];  // on the stack: decoding many small frames allocates nothing here
+  if (h.ndim) memcpy(dims, frame + HL_HEADER_BYTES, 8ull * h.ndim);
   uint64_t rows = 1, len = 1;
   for (int i = 0; i < h.ndim; ++i)
     if (dims[i] < 0) throw FrameError("frame is corrupted: dimension " + std::to_string(dims[i]));
@@ -1039,7 +1070,7 @@ HlFrameHeader parse_header(const uint8_t* frame, uint64_t size, std::vector<int6
       (!identity && h.map_bytes < hl_div_up(h.n_rows, HL_BLOCK)))
     throw FrameError("frame is corrupted: sections too small for " + std::to_string(h.n_rows) +
                      " rows of " + std::to_string(len));
-  if (shape) *shape = dims;
+  if (shape) shape->assign(dims, dims + h.ndim);  // reuses the caller's capacity
   return h;
 }
 
@@ -1062,11 +1093,13 @@ void verify_checksum(const HlFrameHeader& h, const uint8_t* frame, uint64_t size
 
 // Decodes a frame whose header is parsed and checksum verified into its n_rows * row_len
 // elements at out.
-void decode_frame(const HlFrameHeader& h, const uint8_t* frame, void* out, int threads) {
+// stream: the call's whole output is at least kStreamFrom (see decode).
+void decode_frame(const HlFrameHeader& h, const uint8_t* frame, void* out, int threads,
+                  bool stream) {
   switch (h.dtype) {
-    case HL_FLOAT32: return decode<HL_FLOAT32>(h, frame, out, threads);
-    case HL_FLOAT16: return decode<HL_FLOAT16>(h, frame, out, threads);
-    case HL_BFLOAT16: return decode<HL_BFLOAT16>(h, frame, out, threads);
+    case HL_FLOAT32: return decode<HL_FLOAT32>(h, frame, out, threads, stream);
+    case HL_FLOAT16: return decode<HL_FLOAT16>(h, frame, out, threads, stream);
+    case HL_BFLOAT16: return decode<HL_BFLOAT16>(h, frame, out, threads, stream);
   }
 }
 
@@ -1098,29 +1131,28 @@ struct Job {
   bool verified;  // checksum already verified
 };
 
-// Verifies and decodes every job, threaded across frames when there are enough of them and
-// within each frame otherwise. A FrameError is recorded for the job's owner (the first one an
+// Verifies and decodes every job, threaded across frames when there are enough of them (the
+// cooperative parallel_items: see parallel.h) and within each frame otherwise. A FrameError is recorded for the job's owner (the first one an
 // owner gets wins) and the other jobs go on; anything else is rethrown after the loop.
 void run_jobs(const std::vector<Job>& jobs, std::vector<std::string>* errors, int threads) {
-  const int64_t n = (int64_t)jobs.size();
-  const bool across = n >= threads && n > 1;
-  std::exception_ptr fatal;
-#pragma omp parallel for num_threads(threads) schedule(dynamic) if (across)
-  for (int64_t i = 0; i < n; ++i) {
+  const size_t n = jobs.size();
+  const bool across = (int)n >= threads && n > 1;
+  const int inner = across ? 1 : threads;
+  uint64_t total = 0;
+  for (const Job& j : jobs) total += j.out ? decoded_bytes(j.h) : 0;
+  const bool stream = total >= kStreamFrom;
+  std::mutex lock;
+  auto one = [&](size_t i) {
     const Job& j = jobs[i];
-    const int inner = across ? 1 : threads;
     try {
       if (!j.verified) verify_checksum(j.h, j.frame, j.h.total_bytes, inner);
-      if (j.out) decode_frame(j.h, j.frame, j.out, inner);
+      if (j.out) decode_frame(j.h, j.frame, j.out, inner, stream);
     } catch (const FrameError& e) {
-#pragma omp critical
+      std::lock_guard<std::mutex> g(lock);
       if ((*errors)[j.owner].empty()) (*errors)[j.owner] = e.what();
-    } catch (...) {
-#pragma omp critical
-      if (!fatal) fatal = std::current_exception();
-    }
-  }
-  if (fatal) std::rethrow_exception(fatal);
+    }  // anything else leaves parallel_items as itself
+  };
+  parallel::parallel_items(n, across ? threads : 1, one);
 }
 
 // The frames of one source laid out at consecutive rows: "" when they fit, else the reason.
@@ -1183,7 +1215,7 @@ void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out
   if (out_bytes != need)
     throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
                         " bytes, the frame decodes to " + std::to_string(need));
-  decode_frame(h, frame, out, threads);
+  decode_frame(h, frame, out, threads, need >= kStreamFrom);
 }
 
 std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buffer_len,
@@ -1247,13 +1279,10 @@ std::vector<ParsedFrame> parse_frames(const uint8_t* buffer, uint64_t len,
   return frames;
 }
 
-std::vector<ParsedFrame> decompress_frames_cpu(const uint8_t* buffer, uint64_t len,
-                                               const std::vector<uint64_t>* sizes,
-                                               uint64_t align,
-                                               const std::function<uint8_t*(uint64_t)>& alloc,
-                                               std::vector<uint64_t>* out_offsets, int threads) {
+void decompress_frames_cpu(const uint8_t* buffer, const std::vector<ParsedFrame>& frames,
+                           uint64_t align, const std::function<uint8_t*(uint64_t)>& alloc,
+                           std::vector<uint64_t>* out_offsets, int threads) {
   threads = resolve_threads(threads);
-  std::vector<ParsedFrame> frames = parse_frames(buffer, len, sizes);
   const size_t n = frames.size();
   std::vector<Job> jobs(n);
   std::vector<std::string> errors(n);
@@ -1278,7 +1307,6 @@ std::vector<ParsedFrame> decompress_frames_cpu(const uint8_t* buffer, uint64_t l
   }
   run_jobs(jobs, &errors, threads);
   first_error();
-  return frames;
 }
 
 uint64_t decoded_frame_bytes(const HlFrameHeader& h) { return decoded_bytes(h); }

@@ -319,10 +319,25 @@ HL_AVX512 void range_f32_avx512(const float* x, uint64_t n, double* lo_out, doub
 
 // Dither offsets of eight consecutive elements (dither4, eight wide). False when the indices
 // cross a 2^32 boundary.
-HL_AVX512 inline bool dither8(uint32_t seed, uint64_t first, __m512d step, __m512d* u) {
+// The high half of the element index enters the hash through one mix32 that is the same for
+// 2^32 elements in a row: computed again only when that half changes.
+struct DitherInner {
+  uint32_t seed;
+  uint64_t high = ~0ull;
+  uint32_t inner = 0;
+  uint32_t of(uint64_t first) {
+    if ((first >> 32) != high) {
+      high = first >> 32;
+      inner = mix32((uint32_t)high ^ (seed * 0x9e3779b9u));
+    }
+    return inner;
+  }
+};
+
+HL_AVX512 inline bool dither8(DitherInner& di, uint64_t first, __m512d step, __m512d* u) {
   const uint32_t lo = (uint32_t)first;
   if (lo > 0xfffffff8u) return false;
-  const uint32_t inner = mix32((uint32_t)(first >> 32) ^ (seed * 0x9e3779b9u));
+  const uint32_t inner = di.of(first);
   __m256i h = _mm256_xor_si256(
       _mm256_add_epi32(_mm256_set1_epi32((int)lo), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
       _mm256_set1_epi32((int)inner));
@@ -336,6 +351,31 @@ HL_AVX512 inline bool dither8(uint32_t seed, uint64_t first, __m512d step, __m51
                                      _mm512_set1_pd(1.0 / 16777216.0)),
                        _mm512_set1_pd(0.5));
   *u = _mm512_mul_pd(unit, step);
+  return true;
+}
+
+// dither8 for sixteen elements: the hash in one 512-bit pass (half the integer work a lane),
+// the offsets as two vectors of eight. False when the indices cross a 2^32 boundary.
+HL_AVX512 inline bool dither16(DitherInner& di, uint64_t first, __m512d step, __m512d* u0,
+                               __m512d* u1) {
+  const uint32_t lo = (uint32_t)first;
+  if (lo > 0xfffffff0u) return false;
+  const uint32_t inner = di.of(first);
+  __m512i h = _mm512_xor_si512(
+      _mm512_add_epi32(_mm512_set1_epi32((int)lo),
+                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)),
+      _mm512_set1_epi32((int)inner));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85ebca6bu));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+  h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xc2b2ae35u));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  h = _mm512_srli_epi32(h, 8);
+  const __m512d half = _mm512_set1_pd(0.5), scale = _mm512_set1_pd(1.0 / 16777216.0);
+  __m512d a = _mm512_cvtepi32_pd(_mm512_castsi512_si256(h));
+  __m512d b = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(h, 1));
+  *u0 = _mm512_mul_pd(_mm512_sub_pd(_mm512_mul_pd(_mm512_add_pd(a, half), scale), half), step);
+  *u1 = _mm512_mul_pd(_mm512_sub_pd(_mm512_mul_pd(_mm512_add_pd(b, half), scale), half), step);
   return true;
 }
 
@@ -365,6 +405,7 @@ HL_AVX512 void quantize_f32_avx512(const float* xs, const uint64_t* idx, uint64_
                                    uint8_t* row_outlier, uint64_t* hashes) {
   const __m512d inv = _mm512_set1_pd(qp.inv_step), step = _mm512_set1_pd(qp.step),
                 eb = _mm512_set1_pd(qp.eb_abs);
+  DitherInner di{qp.seed};
   for (uint64_t r = 0; r < rows; ++r) {
     prefetch_gathered(xs, idx, r, rows, d * 4);
     const float* x = xs + (idx ? idx[r] : r) * d;
@@ -372,8 +413,12 @@ HL_AVX512 void quantize_f32_avx512(const float* xs, const uint64_t* idx, uint64_
     unsigned miss = 0;
     uint64_t i = 0;
     if (qp.dither) {  // never deduplicated: idx is null, row r is element r*d
-      __m512d u;
-      for (; i + 8 <= d && dither8(qp.seed, qp.first + r * d + i, step, &u); i += 8)
+      __m512d u, u1;
+      for (; i + 16 <= d && dither16(di, qp.first + r * d + i, step, &u, &u1); i += 16) {
+        miss |= quantize8_f32(x + i, inv, step, eb, u, z + i);
+        miss |= quantize8_f32(x + i + 8, inv, step, eb, u1, z + i + 8);
+      }
+      for (; i + 8 <= d && dither8(di, qp.first + r * d + i, step, &u); i += 8)
         miss |= quantize8_f32(x + i, inv, step, eb, u, z + i);
     } else {
       const __m512d zero = _mm512_setzero_pd();
@@ -412,15 +457,154 @@ HL_AVX512 void dequantize_dithered_f32_avx512(const uint32_t* z, uint64_t n, dou
   const __m512d st = _mm512_set1_pd(step);
   const __m256i one = _mm256_set1_epi32(1);
   uint64_t i = 0;
-  __m512d u;
-  for (; i + 8 <= n && dither8(seed, first + i, st, &u); i += 8) {
+  __m512d u, u1;
+  DitherInner di{seed};
+  auto eight = [&](uint64_t at, __m512d off) HL_AVX512 {
+    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + at));
+    __m256i q = _mm256_xor_si256(_mm256_srli_epi32(c, 1),
+                                 _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(c, one)));
+    _mm256_storeu_ps(out + at,
+                     _mm512_cvtpd_ps(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(q), st), off)));
+  };
+  for (; i + 16 <= n && dither16(di, first + i, st, &u, &u1); i += 16) {
+    eight(i, u);
+    eight(i + 8, u1);
+  }
+  for (; i + 8 <= n && dither8(di, first + i, st, &u); i += 8) eight(i, u);
+  dequantize_dithered_f32_avx2(z + i, n - i, step, seed, first + i, out + i);
+}
+
+// ---- float16 / bfloat16, AVX-512 (with F16C) --------------------------------------------------
+// The same decisions as quantize_impl for 16-bit elements, eight lanes wide. Element to float:
+// F16C's vcvtph2ps (exact, subnormals included) or a 16-bit shift for bfloat16; float to
+// element: vcvtps2ph with round-to-nearest-even, or f32_to_bf16's integer rounding lane by lane
+// (NaN quieted as it does). Conversions between float and double are IEEE as in the scalar code.
+#define HL_AVX512_F16 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,f16c")))
+
+template <int DT>
+HL_AVX512_F16 inline __m256 half8_to_ps(__m128i h) {
+  if (DT == HL_FLOAT16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <int DT>
+HL_AVX512_F16 inline __m128i ps_to_half8(__m256 f) {
+  if (DT == HL_FLOAT16) return _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256i x = _mm256_castps_si256(f);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i rounding = _mm256_add_epi32(
+      _mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1)));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(x, rounding), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+  return _mm256_cvtepi32_epi16(_mm256_blendv_epi8(rounded, quiet, nan));
+}
+
+template <int DT>
+HL_AVX512_F16 inline unsigned quantize8_half(const uint16_t* x, __m512d inv, __m512d step,
+                                             __m512d eb, __m512d u, uint32_t* z) {
+  const __m512d qmax = _mm512_set1_pd(HL_QMAX);
+  const __m512d magic = _mm512_set1_pd(6755399441055744.0);
+  __m512d v = _mm512_cvtps_pd(half8_to_ps<DT>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))));
+  __m512d s = _mm512_mul_pd(_mm512_sub_pd(v, u), inv);
+  __mmask8 in_range = _mm512_cmp_pd_mask(_mm512_abs_pd(s), qmax, _CMP_LE_OQ);
+  __m512d r = _mm512_sub_pd(_mm512_add_pd(_mm512_maskz_mov_pd(in_range, s), magic), magic);
+  __m256i q = _mm512_cvttpd_epi32(r);
+  __m256 rec = _mm512_cvtpd_ps(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(q), step), u));
+  __m512d back = _mm512_cvtps_pd(half8_to_ps<DT>(ps_to_half8<DT>(rec)));
+  __mmask8 ok = _mm512_mask_cmp_pd_mask(in_range, _mm512_abs_pd(_mm512_sub_pd(v, back)), eb,
+                                        _CMP_LE_OQ);
+  __m256i zig = _mm256_xor_si256(_mm256_slli_epi32(q, 1), _mm256_srai_epi32(q, 31));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(z),
+                      _mm256_mask_mov_epi32(_mm256_set1_epi32(-1), ok, zig));
+  return (unsigned)(uint8_t)~ok;
+}
+
+template <int DT>
+HL_AVX512_F16 void quantize_half_avx512(const uint16_t* xs, const uint64_t* idx, uint64_t rows,
+                                        uint64_t d, const QuantParams& qp, uint32_t* codes,
+                                        uint8_t* row_outlier, uint64_t* hashes) {
+  const __m512d inv = _mm512_set1_pd(qp.inv_step), step = _mm512_set1_pd(qp.step),
+                eb = _mm512_set1_pd(qp.eb_abs);
+  DitherInner di{qp.seed};
+  for (uint64_t r = 0; r < rows; ++r) {
+    prefetch_gathered(xs, idx, r, rows, d * 2);
+    const uint16_t* x = xs + (idx ? idx[r] : r) * d;
+    uint32_t* z = codes + r * d;
+    unsigned miss = 0;
+    uint64_t i = 0;
+    if (qp.dither) {  // never deduplicated: idx is null, row r is element r*d
+      __m512d u, u1;
+      for (; i + 16 <= d && dither16(di, qp.first + r * d + i, step, &u, &u1); i += 16) {
+        miss |= quantize8_half<DT>(x + i, inv, step, eb, u, z + i);
+        miss |= quantize8_half<DT>(x + i + 8, inv, step, eb, u1, z + i + 8);
+      }
+      for (; i + 8 <= d && dither8(di, qp.first + r * d + i, step, &u); i += 8)
+        miss |= quantize8_half<DT>(x + i, inv, step, eb, u, z + i);
+    } else {
+      const __m512d zero = _mm512_setzero_pd();
+      for (; i + 8 <= d; i += 8) miss |= quantize8_half<DT>(x + i, inv, step, eb, zero, z + i);
+    }
+    uint8_t tail = 0;
+    if (i < d) {
+      QuantParams rest = qp;
+      rest.first = qp.first + r * d + i;
+      quantize_impl<DT>(x + i, nullptr, 1, d - i, rest, z + i, &tail, nullptr);
+    }
+    row_outlier[r] = (uint8_t)((miss != 0) | tail);
+    if (hashes)
+      hashes[r] = row_outlier[r] ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
+  }
+}
+
+template <int DT>
+HL_AVX512_F16 void dequantize_half_avx512(const uint32_t* z, uint64_t n, double step,
+                                          uint32_t seed, uint64_t first, bool dithered,
+                                          uint16_t* out) {
+  const __m512d st = _mm512_set1_pd(step);
+  const __m256i one = _mm256_set1_epi32(1);
+  DitherInner di{seed};
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m512d u = _mm512_setzero_pd();
+    if (dithered && !dither8(di, first + i, st, &u)) break;
     __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + i));
     __m256i q = _mm256_xor_si256(_mm256_srli_epi32(c, 1),
                                  _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(c, one)));
-    _mm256_storeu_ps(out + i,
-                     _mm512_cvtpd_ps(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(q), st), u)));
+    __m256 f = _mm512_cvtpd_ps(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(q), st), u));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), ps_to_half8<DT>(f));
   }
-  dequantize_dithered_f32_avx2(z + i, n - i, step, seed, first + i, out + i);
+  if (dithered)
+    dequantize_dithered_impl<DT>(z + i, n - i, step, seed, first + i, out + i);
+  else
+    dequantize_impl<DT>(z + i, n - i, step, out + i);
+}
+
+// range_f32_avx512 of 16-bit elements, widened to float eight at a time (exact).
+template <int DT>
+HL_AVX512_F16 void range_half_avx512(const uint16_t* x, uint64_t n, double* lo_out,
+                                     double* hi_out) {
+  const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
+  __m256 lo = _mm256_set1_ps(INFINITY), hi = _mm256_set1_ps(-INFINITY);
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = half8_to_ps<DT>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    __mmask8 finite = _mm256_cmpneq_epi32_mask(
+        _mm256_and_si256(_mm256_castps_si256(v), exp_mask), exp_mask);
+    lo = _mm256_mask_min_ps(lo, finite, lo, v);
+    hi = _mm256_mask_max_ps(hi, finite, hi, v);
+  }
+  double tl, th;
+  range_impl<DT>(x + i, n - i, &tl, &th);
+  float l[8], h[8];
+  _mm256_storeu_ps(l, lo);
+  _mm256_storeu_ps(h, hi);
+  for (int k = 0; k < 8; ++k) {
+    tl = l[k] < tl ? l[k] : tl;
+    th = h[k] > th ? h[k] : th;
+  }
+  *lo_out = tl;
+  *hi_out = th;
 }
 
 // Copies whole 64-byte lines with non-temporal stores; dst must be 64-byte aligned.
@@ -464,6 +648,7 @@ int simd_level() {
     if (!__builtin_cpu_supports("avx2") || getenv("HVD_LOSSY_NO_AVX2")) return 0;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("f16c") &&
         !getenv("HVD_LOSSY_NO_AVX512"))
       return 2;
     return 1;
@@ -485,6 +670,10 @@ HL_CLONES void finite_range(uint8_t dtype, const void* x, uint64_t n, double* lo
 #ifdef HL_HAVE_AVX2_PATH
   if (dtype == HL_FLOAT32 && cpu_has_avx512())
     return range_f32_avx512(static_cast<const float*>(x), n, lo, hi);
+  if (dtype == HL_FLOAT16 && cpu_has_avx512())
+    return range_half_avx512<HL_FLOAT16>(static_cast<const uint16_t*>(x), n, lo, hi);
+  if (dtype == HL_BFLOAT16 && cpu_has_avx512())
+    return range_half_avx512<HL_BFLOAT16>(static_cast<const uint16_t*>(x), n, lo, hi);
   if (dtype == HL_FLOAT32 && cpu_has_avx2())
     return range_f32_avx2(static_cast<const float*>(x), n, lo, hi);
 #endif
@@ -500,6 +689,12 @@ HL_CLONES void quantize_rows(uint8_t dtype, const void* x, const uint64_t* idx, 
   if (dtype == HL_FLOAT32 && cpu_has_avx512())
     return quantize_f32_avx512(static_cast<const float*>(x), idx, rows, row_len, qp, z,
                                row_outlier, hashes);
+  if (dtype == HL_FLOAT16 && cpu_has_avx512())
+    return quantize_half_avx512<HL_FLOAT16>(static_cast<const uint16_t*>(x), idx, rows, row_len,
+                                            qp, z, row_outlier, hashes);
+  if (dtype == HL_BFLOAT16 && cpu_has_avx512())
+    return quantize_half_avx512<HL_BFLOAT16>(static_cast<const uint16_t*>(x), idx, rows, row_len,
+                                             qp, z, row_outlier, hashes);
   if (dtype == HL_FLOAT32 && cpu_has_avx2())
     return quantize_f32_avx2(static_cast<const float*>(x), idx, rows, row_len, qp, z, row_outlier,
                              hashes);
@@ -542,6 +737,10 @@ HL_CLONES void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double s
 #ifdef HL_HAVE_AVX2_PATH
   if (dtype == HL_FLOAT32 && cpu_has_avx512())
     return dequantize_f32_avx512(z, n, step, static_cast<float*>(out));
+  if (dtype == HL_FLOAT16 && cpu_has_avx512())
+    return dequantize_half_avx512<HL_FLOAT16>(z, n, step, 0, 0, false, static_cast<uint16_t*>(out));
+  if (dtype == HL_BFLOAT16 && cpu_has_avx512())
+    return dequantize_half_avx512<HL_BFLOAT16>(z, n, step, 0, 0, false, static_cast<uint16_t*>(out));
   if (dtype == HL_FLOAT32 && cpu_has_avx2())
     return dequantize_f32_avx2(z, n, step, static_cast<float*>(out));
 #endif
@@ -555,6 +754,12 @@ HL_CLONES void dequantize_dithered(uint8_t dtype, const uint32_t* z, uint64_t n,
 #ifdef HL_HAVE_AVX2_PATH
   if (dtype == HL_FLOAT32 && cpu_has_avx512())
     return dequantize_dithered_f32_avx512(z, n, step, seed, first, static_cast<float*>(out));
+  if (dtype == HL_FLOAT16 && cpu_has_avx512())
+    return dequantize_half_avx512<HL_FLOAT16>(z, n, step, seed, first, true,
+                                              static_cast<uint16_t*>(out));
+  if (dtype == HL_BFLOAT16 && cpu_has_avx512())
+    return dequantize_half_avx512<HL_BFLOAT16>(z, n, step, seed, first, true,
+                                               static_cast<uint16_t*>(out));
   if (dtype == HL_FLOAT32 && cpu_has_avx2())
     return dequantize_dithered_f32_avx2(z, n, step, seed, first, static_cast<float*>(out));
 #endif

@@ -277,8 +277,12 @@ void pack_blocks(const uint32_t* v, uint64_t n, const uint8_t* widths, uint8_t* 
   }
 }
 
-void unpack_blocks(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_width, uint32_t* v,
-                   const char* what, int threads) {
+namespace {
+
+// Validates a block-packed section of n values: widths of at most max_width, and exactly the
+// bytes they announce. Returns the payload.
+const uint8_t* check_blocks(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_width,
+                            const char* what) {
   const uint64_t nb = hl_div_up(n, HL_BLOCK);
   if (nb > len) {
     throw FrameError(std::string("frame is corrupted: the ") + what + " holds " +
@@ -298,31 +302,74 @@ void unpack_blocks(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_wid
     throw FrameError(std::string("frame is corrupted: the ") + what + " holds " +
                      std::to_string(len) + " bytes but its blocks take " + std::to_string(need));
   }
-  const uint8_t* payload = in + nb;
+  return in + nb;
+}
+
+// Blocks [lo, hi) of a checked section into v (value lo * 32 first; the last block cut at n).
+// off: the payload offset of block lo.
+void unpack_range(const uint8_t* widths, const uint8_t* payload, uint64_t n, uint64_t lo,
+                  uint64_t hi, uint64_t off, uint32_t* v, bool wide) {
+  uint32_t tmp[HL_BLOCK];
+  for (uint64_t b = lo; b < hi; ++b) {
+    const uint64_t start = b * HL_BLOCK, at = start - lo * HL_BLOCK;
+    const bool full = start + HL_BLOCK <= n;
+    unpack_one(payload + off, widths[b], full ? v + at : tmp, wide);
+    if (!full)
+      for (uint64_t i = start; i < n; ++i) v[at + i - start] = tmp[i - start];
+    off += 4u * widths[b];
+  }
+}
+
+// Thread t of nt takes blocks [lo, hi) and finds its payload offset by summing the widths
+// before lo.
+void split_blocks(const uint8_t* widths, uint64_t nb, int t, int nt, uint64_t* lo, uint64_t* hi,
+                  uint64_t* off) {
+  *lo = nb * t / nt;
+  *hi = nb * (t + 1) / nt;
+  uint64_t s = 0;
+  for (uint64_t b = 0; b < *lo; ++b) s += widths[b];
+  *off = 4 * s;
+}
+
+}  // namespace
+
+void unpack_blocks(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_width, uint32_t* v,
+                   const char* what, int threads) {
+  const uint8_t* payload = check_blocks(in, len, n, max_width, what);
+  const uint64_t nb = hl_div_up(n, HL_BLOCK);
   const bool wide = wide_simd();
-  auto run = [&](uint64_t lo, uint64_t hi, uint64_t off) {
-    uint32_t tmp[HL_BLOCK];
-    for (uint64_t b = lo; b < hi; ++b) {
-      uint64_t start = b * HL_BLOCK;
-      bool full = start + HL_BLOCK <= n;
-      unpack_one(payload + off, widths[b], full ? v + start : tmp, wide);
-      if (!full)
-        for (uint64_t i = start; i < n; ++i) v[i] = tmp[i - start];
-      off += 4u * widths[b];
-    }
-  };
   if (threads <= 1 || nb <= 4096) {
-    run(0, nb, 0);
+    unpack_range(in, payload, n, 0, nb, 0, v, wide);
     return;
   }
 #pragma omp parallel num_threads(threads)
   {
-    int t = omp_get_thread_num_safe();
-    int nt = omp_get_num_threads_safe();
-    uint64_t lo = nb * t / nt, hi = nb * (t + 1) / nt;
-    uint64_t off = 0;
-    for (uint64_t b = 0; b < lo; ++b) off += widths[b];
-    run(lo, hi, 4 * off);
+    uint64_t lo, hi, off;
+    split_blocks(in, nb, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &lo, &hi, &off);
+    unpack_range(in, payload, n, lo, hi, off, v + lo * HL_BLOCK, wide);
+  }
+}
+
+void unpack_blocks_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_width,
+                      const char* what, int threads, const ChunkSink& sink) {
+  const uint8_t* payload = check_blocks(in, len, n, max_width, what);
+  const uint64_t nb = hl_div_up(n, HL_BLOCK);
+  const bool wide = wide_simd();
+  constexpr uint64_t kChunkBlocks = 64;  // 8 KiB of codes: stays in L1 for the sink
+  const int nt = threads > 1 && nb > 4096 ? threads : 1;
+#pragma omp parallel num_threads(nt)
+  {
+    uint64_t lo, hi, off;
+    split_blocks(in, nb, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &lo, &hi, &off);
+    uint32_t chunk[kChunkBlocks * HL_BLOCK];
+    for (uint64_t b = lo; b < hi; b += kChunkBlocks) {
+      const uint64_t e = b + kChunkBlocks < hi ? b + kChunkBlocks : hi;
+      unpack_range(in, payload, n, b, e, off, chunk, wide);
+      const uint64_t first = b * HL_BLOCK;
+      const uint64_t last = e * HL_BLOCK < n ? e * HL_BLOCK : n;
+      sink(first, chunk, last - first);
+      for (uint64_t k = b; k < e; ++k) off += 4u * in[k];
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,13 @@ void pack_blocks(const uint32_t* v, uint64_t n, const uint8_t* widths, uint8_t* 
 // holds exactly the blocks it announces with widths of at most max_width.
 void unpack_blocks(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_width, uint32_t* v,
                    const char* what, int threads);
+
+// unpack_blocks without an array of all n values: the section is checked first, then unpacked a
+// chunk of a few thousand values at a time into a buffer that stays in L1, each chunk handed to
+// sink(index of its first value, values, count) (from several threads at once when threaded).
+typedef std::function<void(uint64_t, const uint32_t*, uint64_t)> ChunkSink;
+void unpack_blocks_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_width,
+                      const char* what, int threads, const ChunkSink& sink);
 
 // Bounds-checked sequential reader over one section of a frame.
 class Reader {

@@ -227,8 +227,9 @@ def test_corrupt_or_foreign_frames_raise_frame_error():
 
 
 def test_simd_and_portable_paths_write_identical_frames(tmp_path):
-    """The AVX-512 and AVX2 float32 kernels (plain and dithered, encode and decode, range, pack
-    and unpack) must give exactly the portable loops' bytes. Rows of 37 exercise every vector
+    """The AVX-512 and AVX2 kernels (plain and dithered, encode and decode, range, pack and
+    unpack; float32, and float16/bfloat16 at AVX-512) must give exactly the portable loops'
+    bytes, near the dtypes' overflow and subnormal edges too. Rows of 37 exercise every vector
     tail, rows of 128 the full-width loops."""
     import os
     import subprocess
@@ -239,21 +240,27 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
         "import sys, torch, hvd_lossy\n"
         "g = torch.Generator().manual_seed(7)\n"
         "out = [bytes([hvd_lossy._C.simd_level()])]\n"
-        "for scale in (1e-3, 1.0, 1e6):\n"
+        "edges = {torch.float32: 3.4e38, torch.float16: 65504.0, torch.bfloat16: 3.3e38}\n"
+        "for dtype, scale in ((torch.float32, 1e-3), (torch.float32, 1.0), (torch.float32, 1e6),\n"
+        "                     (torch.float16, 1.0), (torch.float16, 1e-5), (torch.float16, 3e4),\n"
+        "                     (torch.bfloat16, 1.0), (torch.bfloat16, 1e-30), (torch.bfloat16, 1e30)):\n"
         "    for rows, dim in ((257, 37), (96, 128), (5, 3)):\n"
-        "        x = torch.randn(rows, dim, generator=g) * scale\n"
-        "        x[3, 1] = float('nan'); x[2, 2] = float('-inf'); x[4] = x[2]; x[1, 0] = 3.4e38\n"
+        "        x = (torch.randn(rows, dim, generator=g) * scale).to(dtype)\n"
+        "        x[3, 1] = float('nan'); x[2, 2] = float('-inf'); x[4] = x[2]; x[1, 0] = edges[dtype]\n"
+        "        x[0, :3] = torch.tensor([6e-8, -3e-5, 1e-40]).to(dtype)  # subnormals of each dtype\n"
         "        x = torch.cat([x, x[torch.randint(0, rows, (rows,), generator=g)]])\n"
         "        for eb, mode in ((0.03, 'rel'), (1e-4, 'rel'), (0.01, 'abs'), (1e-7, 'abs')):\n"
         "            for dither in (None, 11, 2**24 - 1):\n"
         "                for level in (1, 2):\n"
         "                    frame = hvd_lossy.compress(x, eb, mode=mode, dither=dither, level=level)\n"
         "                    out.append(frame.numpy().tobytes())\n"
-        "                    out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
+        "                    out.append(hvd_lossy.decompress(frame).view(torch.uint8).numpy().tobytes())\n"
         "big = torch.randn(4096, 128, generator=g)[torch.randint(0, 4096, (16384,), generator=g)]\n"
         "frame = hvd_lossy.compress(big, 0.03)  # decodes to 8 MiB: the streaming row copy\n"
         "out.append(frame.numpy().tobytes())\n"
         "out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
+        "buf, sizes = hvd_lossy.compress_chunks(big, [4096] * 4, 0.03)  # 8 MiB over 4 frames\n"
+        "out += [p.numpy().tobytes() for p in hvd_lossy.decompress_chunks(buf, sizes)]\n"
         "sys.stdout.buffer.write(b''.join(out))\n")
 
     def frames(**flags):
@@ -571,9 +578,14 @@ def test_decompress_into_raises_for_bad_arguments(sources, out_rows, match):
         decompress_into(buf, sources, torch.zeros(out_rows, 8))
 
 
-def test_decompress_chunks_of_frames_of_several_dtypes_and_shapes():
-    pieces = [torch.randn(7, 3), torch.randn(5).half(), torch.randn(2, 3, 4).bfloat16(),
-              torch.tensor(2.5), torch.zeros(0, 6)]
+@pytest.mark.parametrize("pieces", [
+    [torch.randn(7, 3), torch.randn(5).half(), torch.randn(2, 3, 4).bfloat16(),
+     torch.tensor(2.5), torch.zeros(0, 6)],  # mixed: each part on its own cache line
+    [torch.randn(2, 3, 4), torch.randn(1, 3, 4), torch.randn(0, 3, 4)],  # pieces of one tensor
+    [torch.randn(4), torch.randn(0), torch.randn(9)],
+    [torch.randn(5, 0), torch.randn(3, 0)],
+], ids=["mixed", "pieces", "1d", "empty-rows"])
+def test_decompress_chunks_of_frames_of_several_dtypes_and_shapes(pieces):
     buf = torch.cat([hvd_lossy.compress(p, 0.0) for p in pieces])
     for parts in (hvd_lossy.decompress_chunks(buf), hvd_lossy.decompress_chunks(buf, hvd_lossy.split_frames(buf))):
         assert len(parts) == len(pieces)
@@ -618,3 +630,26 @@ def test_output_cache_reuses_a_block_only_once_nothing_references_it():
         _codec.set_output_cache_bytes(limit)
     with pytest.raises(ValueError, match="output cache size must be an int >= 0"):
         _codec.set_output_cache_bytes(-1)
+
+
+def test_codec_benchmark_reports_speeds_beside_the_fp16_cast_and_thread_scaling(tmp_path):
+    import json
+
+    from hvd_lossy.bench import codec as bench
+
+    out = tmp_path / "codec.json"
+    assert bench.main(["--quick", "--workloads", "realistic", "criteo", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    runs = {(r["workload"], r["method"]): r for r in results["runs"]}
+    assert set(runs) == {(w, m) for w in ("realistic", "criteo")
+                         for m in ("L1", "L1 no dedup", "L1 no dedup dither")}
+    for r in runs.values():
+        assert r["max_error_over_bound"] <= 1
+        assert r["compress_vs_cast"] == pytest.approx(r["compress_GBps"] / r["fp16_cast_GBps"])
+        assert r["decompress_new_vs_cast"] == pytest.approx(r["decompress_new_GBps"] / r["fp16_back_GBps"])
+    realistic = runs[("realistic", "L1")]
+    assert 0.2 < realistic["distinct_row_fraction"] < 0.4  # duplicates like real lookups
+    assert 10 < realistic["ratio"] < 25
+    assert [t["pieces"] for t in results["threads"]] == [52, 52]
+    for t in results["threads"]:
+        assert t["compress_speedup_2t"] == pytest.approx(t["compress_GBps_2t"] / t["compress_GBps_1t"])

@@ -13,7 +13,8 @@ Workloads:
 Every method runs on one thread; the codec and the cast alternate call by call, so that both see
 the same machine load, and each time is the median of --repeat calls. "dec new" decodes into a
 new tensor each call (its page faults included, as for the cast's half.float()), "dec into"
-into a reused one. Then 1 thread vs 2 on one call of 52 pieces (compress_chunks, and decoding the
+into a reused one; the cast is also timed into reused tensors (copy_), the fair partner of
+"dec into" and of compress (whose frames land in reused codec-owned memory). Then 1 thread vs 2 on one call of 52 pieces (compress_chunks, and decoding the
 52 frames), for the criteo chunks and for the realistic batch cut into 52 pieces.
 Throughput counts the uncompressed bytes (GB = 1e9 bytes).
 """
@@ -62,6 +63,15 @@ def chunk_sources(sizes, rows):
 
 def decode_into(buf, sizes, rows, out, threads):
     """All frames straight into `out` with the native decompress_into (the lean exchange)."""
+    if not hasattr(_C, "decompress_into"):
+        # A build from before decompress_into (to measure the same workloads on it): a frame at
+        # a time into views of `out`.
+        hvd_lossy.set_num_threads(threads)
+        offset, row = 0, 0
+        for size, r in zip(sizes, rows):
+            hvd_lossy.decompress(buf[offset:offset + size], out=out[row:row + r])
+            offset, row = offset + size, row + r
+        return out
     errors = _C.decompress_into(buf.data_ptr(), buf.numel(), chunk_sources(sizes, rows),
                                 _codec._DTYPE_CODES[out.dtype], list(out.shape[1:]),
                                 out.data_ptr(), out.numel() * out.element_size(), threads)
@@ -92,8 +102,10 @@ def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None):
         decompress_into = lambda: decode_into(buf, sizes, rows, reused, 1)  # noqa: E731
         parts = hvd_lossy.decompress_chunks(buf, sizes)
     half = x.half()
-    t_c, t_d, t_i, t_h, t_f = paired_medians(
-        [compress, decompress, decompress_into, lambda: x.half(), lambda: half.float()], repeat)
+    half_out, float_out = torch.empty_like(half), torch.empty_like(x)
+    t_c, t_d, t_i, t_h, t_f, t_hi, t_fi = paired_medians(
+        [compress, decompress, decompress_into, lambda: x.half(), lambda: half.float(),
+         lambda: half_out.copy_(x), lambda: float_out.copy_(half)], repeat)
     worst, offset = 0.0, 0
     for src, out, size in zip(torch.split(x, rows), parts, sizes):
         info = hvd_lossy.frame_info(buf[offset:offset + size])
@@ -106,8 +118,10 @@ def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None):
     return {"method": name, "ratio": raw / buf.numel(), "bytes": buf.numel(),
             "compress_GBps": gbps(t_c), "decompress_new_GBps": gbps(t_d),
             "decompress_into_GBps": gbps(t_i), "fp16_cast_GBps": gbps(t_h),
-            "fp16_back_GBps": gbps(t_f), "compress_vs_cast": t_h / t_c,
+            "fp16_back_GBps": gbps(t_f), "fp16_cast_into_GBps": gbps(t_hi),
+            "fp16_back_into_GBps": gbps(t_fi), "compress_vs_cast": t_h / t_c,
             "decompress_new_vs_cast": t_f / t_d, "decompress_into_vs_cast": t_f / t_i,
+            "compress_vs_cast_into": t_hi / t_c, "decompress_into_vs_cast_into": t_fi / t_i,
             "max_error_over_bound": worst}
 
 
@@ -141,10 +155,10 @@ def bench_threads(x, rows, eb, repeat, level=1):
     return result
 
 
-def workloads(realistic_mb, names):
+def workloads(realistic_mb, names, table_rows):
     made = {}
     if "realistic" in names:
-        x = realistic_lookups(realistic_mb << 20, dim=128)
+        x = realistic_lookups(realistic_mb << 20, dim=128, table_rows=table_rows)
         made["realistic"] = (x, [x.shape[0]])
     if "criteo" in names:
         tables = criteo_batch_lookups(batch=2048, dim=32)
@@ -176,7 +190,15 @@ def print_table(results):
               f"{r['fp16_cast_GBps']:6.2f} {r['fp16_back_GBps']:6.2f} {r['compress_vs_cast']:9.3f} "
               f"{r['decompress_new_vs_cast']:8.3f} {r['decompress_into_vs_cast']:9.3f} "
               f"{r['max_error_over_bound']:6.3f}")
-    print("(GB/s on one thread; x/cast: the codec's speed over the fp16 cast's in the same rounds)")
+    print("(GB/s on one thread; x/cast: the codec's speed over the fp16 cast's in the same rounds;\n"
+          " the cast allocates its result: x.half(), half.float())")
+    print(f"\n{'workload':10} {'method':16} {'cast into':>9} {'back into':>9} {'comp/into':>9} "
+          f"{'dec into/back into':>18}")
+    for r in results["runs"]:
+        print(f"{r['workload']:10} {r['method']:16} {r['fp16_cast_into_GBps']:9.2f} "
+              f"{r['fp16_back_into_GBps']:9.2f} {r['compress_vs_cast_into']:9.3f} "
+              f"{r['decompress_into_vs_cast_into']:18.3f}")
+    print("(the cast into reused tensors, copy_(): no allocation, no page faults)")
     print(f"\n{'workload':10} {'call':20} {'comp 1t':>8} {'comp 2t':>8} {'x':>5} {'new 1t':>7} "
           f"{'new 2t':>7} {'x':>5} {'into 1t':>8} {'into 2t':>8} {'x':>5}")
     for r in results["threads"]:
@@ -195,19 +217,24 @@ def main(argv=None):
     parser.add_argument("--workloads", nargs="+", default=["realistic", "criteo"],
                         choices=["realistic", "criteo", "synthetic"])
     parser.add_argument("--realistic-mb", type=int, default=64, help="size of the 64 MB sets")
+    parser.add_argument("--table-rows", type=int, default=1_000_000,
+                        help="rows of the realistic set's table (1,000,000: ~30%% of 64 MB distinct)")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run for tests: 4 MB sets, 1 repeat, level 1 only")
+                        help="a smoke run for tests: 4 MB sets (a 20,000-row table, again ~30%% "
+                             "distinct), 1 repeat, level 1 only")
     parser.add_argument("--json", default="benchmarks/out/codec.json", help="where to write results")
     args = parser.parse_args(argv)
     if args.quick:
-        args.realistic_mb, args.repeat, args.levels = 4, 1, [1]
+        args.realistic_mb, args.table_rows, args.repeat, args.levels = 4, 20_000, 1, [1]
 
     results = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(),
                "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                "torch": torch.__version__, "error_bound_rel": args.error_bound,
-               "repeat": args.repeat, "runs": [], "threads": []}
-    for name, (x, rows) in workloads(args.realistic_mb, args.workloads).items():
+               "repeat": args.repeat, "load_average_before": os.getloadavg(), "runs": [],
+               "threads": []}
+    results["table_rows"] = args.table_rows
+    for name, (x, rows) in workloads(args.realistic_mb, args.workloads, args.table_rows).items():
         configs = [dict(level=lv) for lv in args.levels]
         configs += [dict(level=1, dedup=False), dict(level=1, dedup=False, dither=1)]
         for cfg in configs:
@@ -220,7 +247,10 @@ def main(argv=None):
                                                                      args.repeat)})
     hvd_lossy.set_num_threads(0)
     torch.set_num_threads(os.cpu_count() or 1)
+    results["load_average_after"] = os.getloadavg()
     print_table(results)
+    print(f"load average before / after: {results['load_average_before'][0]:.2f} / "
+          f"{results['load_average_after'][0]:.2f} (on {results['cores']} cores)")
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
