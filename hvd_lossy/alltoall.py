@@ -1,10 +1,11 @@
 """Compressed all-to-all over Horovod: the alltoall case of hvd_lossy.collective's template.
 
 One lossy alltoall is ONE Horovod collective:
-  pack:    the chunk for each destination is a protocol header followed by its frames, all
-           pieces compressed in one native call. The chunk a rank sends itself never crosses a
-           link, so it is not compressed: its header travels (the verdict needs every rank's),
-           its rows are copied straight into the output;
+  pack:    the chunk for each destination is a protocol header followed by its frames,
+           compressed straight into the send buffer behind reserved header slots (one native
+           call for the ranks before this one, one for those after). The chunk a rank sends
+           itself never crosses a link, so it is not compressed: its header travels (the
+           verdict needs every rank's), its rows are copied straight into the output;
   launch:  one uint8 Horovod alltoall; Horovod exchanges the byte splits itself;
   receive: every rank holds every sender's header, so all reach the same verdict; the frames are
            decoded straight into the one output tensor.
@@ -64,6 +65,8 @@ def _check_plan(plan, rows_to):
 
 
 class Alltoall(LossyCall):
+    """One lossy alltoall; start() returns the Handle whose wait() gives (output, received
+    splits)."""
     op = "alltoall"
 
     def __init__(self, tensor, splits, name, compressor, process_set):

@@ -80,3 +80,19 @@ def test_dither_fields_are_validated(offset, value, match):
     frame = golden("f32_rel003_level1")  # deduplicated: has a row map
     with pytest.raises(hvd_lossy.FrameError, match=match):
         hvd_lossy.frame_info(_with_byte(frame, offset, value))
+
+
+@pytest.mark.parametrize("dither", [None, 4321], ids=["plain", "dithered"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_level_two_decodes_to_the_same_bits_as_level_one(dtype, dither):
+    # The entropy stage only re-stores level 1's codes, so the two levels cost the same accuracy:
+    # what a level-2 training run measured holds for level 1, the faster one.
+    g = torch.Generator().manual_seed(5)
+    table = torch.randn(300, 24, generator=g)
+    x = table[torch.randint(0, 300, (2000,), generator=g)].to(dtype)
+    x[7, 3] = float("nan")
+    one = hvd_lossy.compress(x, 0.02, level=1, dither=dither)
+    two = hvd_lossy.compress(x, 0.02, level=2, dither=dither)
+    assert hvd_lossy.frame_info(two)["level"] == 2 and two.numel() < one.numel()
+    bits = {torch.float32: torch.int32}.get(dtype, torch.int16)
+    assert torch.equal(hvd_lossy.decompress(one).view(bits), hvd_lossy.decompress(two).view(bits))

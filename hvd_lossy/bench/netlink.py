@@ -49,13 +49,15 @@ A2A_SIZES_MIB = [1 / 16, 1 / 4, 1, 4, 16, 64]
 A2A_MODES = ["plain", "fp16", "lossy 0.01", "lossy 0.03", "lossy 0.05", "auto"]
 A2A_BASELINE = "plain"
 
-# DLRM modes: train.py flags. adaptive is the training recipe of scripts/run_main.sh.
+# DLRM modes: train.py flags. adaptive is the training recipe of scripts/run_main.sh, at level
+# 1: level 2 decodes to the same bits (tests/test_format.py), so it trains identically, and its
+# entropy coder costs more time than its ~20% fewer bytes save on any of these links.
 DLRM_MODES = {
     "uncompressed": ["--plain-horovod"],
     "fp16": ["--compression", "fp16"],
     "lossy": ["--compression", "lossy", "--error-bound", "0.03"],
     "adaptive": ["--compression", "adaptive", "--error-bound", "0.03", "--backward-error-bound", "0.02",
-                 "--dither", "backward", "--level", "2"],
+                 "--dither", "backward", "--level", "1"],
     "auto": ["--compression", "lossy", "--error-bound", "0.03", "--auto"],
 }
 DLRM_BASELINE = "uncompressed"
