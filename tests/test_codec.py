@@ -651,5 +651,8 @@ def test_codec_benchmark_reports_speeds_beside_the_fp16_cast_and_thread_scaling(
     assert 0.2 < realistic["distinct_row_fraction"] < 0.4  # duplicates like real lookups
     assert 10 < realistic["ratio"] < 25
     assert [t["pieces"] for t in results["threads"]] == [52, 52]
+    assert set(results["fresh_memory"]) >= {"decompress_cached_block_GBps",
+                                            "decompress_fresh_huge_pages_GBps",
+                                            "decompress_torch_empty_GBps"}
     for t in results["threads"]:
         assert t["compress_speedup_2t"] == pytest.approx(t["compress_GBps_2t"] / t["compress_GBps_1t"])
