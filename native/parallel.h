@@ -10,6 +10,7 @@
 // fuzzers) gets it without a new source file.
 #pragma once
 
+#include <pthread.h>
 #include <stddef.h>
 
 #include <algorithm>
@@ -53,10 +54,7 @@ struct Task {
 
 class Pool {
  public:
-  static Pool& instance() {
-    static Pool* pool = new Pool;  // never destroyed: helpers may outlive static destructors
-    return *pool;
-  }
+  static Pool& instance() { return *slot().load(); }
 
   // fn(i) for every i in [0, n), on the caller and up to helpers other threads; rethrows the
   // first exception an item threw, after every claimed item has finished.
@@ -119,6 +117,18 @@ class Pool {
 
   static constexpr int kSpinUs = 50;
   std::atomic<uint64_t> posted_{0};  // tasks ever posted
+  // The process's pool, never destroyed (helpers may outlive static destructors). A forked
+  // child has none of the parent's helpers, and maybe a lock one of them held, so it starts a
+  // pool of its own (the old one is left as it is).
+  static std::atomic<Pool*>& slot() {
+    static std::atomic<Pool*>* s = [] {
+      auto* p = new std::atomic<Pool*>(new Pool);
+      pthread_atfork(nullptr, nullptr, [] { slot().store(new Pool); });
+      return p;
+    }();
+    return *s;
+  }
+
   std::mutex lock_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Task>> tasks_;
