@@ -1309,6 +1309,4 @@ void decompress_frames_cpu(const uint8_t* buffer, const std::vector<ParsedFrame>
   first_error();
 }
 
-uint64_t decoded_frame_bytes(const HlFrameHeader& h) { return decoded_bytes(h); }
-
 }  // namespace hl
