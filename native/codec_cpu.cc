@@ -703,13 +703,21 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
   if (h.level == 1 && !lossless) {
     // Codes go from the packed section to elements a chunk at a time, through L1: no array of
     // every code (as large as the decoded unique rows) is written and read back.
+    struct Dequantize {
+      raw_t* u;
+      double step;
+      bool dithered;
+      uint32_t seed;
+      static void run(void* ctx, uint64_t first, const uint32_t* z, uint64_t count) {
+        const Dequantize& d = *static_cast<const Dequantize*>(ctx);
+        if (d.dithered)  // identity map: code i is element i
+          cpu::dequantize_dithered(DT, z, count, d.step, d.seed, first, d.u + first);
+        else
+          cpu::dequantize(DT, z, count, d.step, d.u + first);
+      }
+    } deq{u, step, dithered, seed};
     unpack_blocks_to(code_p, h.code_bytes, nu, 32, "code section", threads,
-                     [&](uint64_t first, const uint32_t* z, uint64_t count) {
-                       if (dithered)  // identity map: code i is element i
-                         cpu::dequantize_dithered(DT, z, count, step, seed, first, u + first);
-                       else
-                         cpu::dequantize(DT, z, count, step, u + first);
-                     });
+                     ChunkSink{&Dequantize::run, &deq});
   } else {
     codes = Buffer<uint32_t>(nu);
     if (h.level == 1)

@@ -411,7 +411,7 @@ void unpack_blocks(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_wid
 }
 
 void unpack_blocks_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_width,
-                      const char* what, int threads, const ChunkSink& sink) {
+                      const char* what, int threads, ChunkSink sink) {
   const uint8_t* payload = check_blocks(in, len, n, max_width, what);
   const uint64_t nb = hl_div_up(n, HL_BLOCK);
   const int wide = simd();
@@ -427,7 +427,7 @@ void unpack_blocks_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_
       unpack_range(in, payload, n, b, e, off, chunk, wide);
       const uint64_t first = b * HL_BLOCK;
       const uint64_t last = e * HL_BLOCK < n ? e * HL_BLOCK : n;
-      sink(first, chunk, last - first);
+      sink.fn(sink.ctx, first, chunk, last - first);
       for (uint64_t k = b; k < e; ++k) off += 4u * in[k];
     }
   }
