@@ -1256,6 +1256,7 @@ std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buf
     throw ArgumentError("output buffer holds " + std::to_string(out_bytes) + " bytes, the " +
                         std::to_string(rows) + " rows of the sources take " +
                         std::to_string(rows * row_bytes));
+  if (sources.size() > 1) parallel::prewake(threads);  // while the headers are read
   std::vector<std::string> errors(sources.size());
   std::vector<Job> jobs;
   uint8_t* at = static_cast<uint8_t*>(out);
