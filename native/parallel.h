@@ -2,10 +2,10 @@
 // decompress_into): the calling thread works through the items itself and helper threads join
 // in when they get a core. Unlike an OpenMP team, the caller never waits for a helper that has
 // not started, and helpers sleep instead of spinning (they yield for 50 us after a task, in case
-// the call posts another): on a machine whose cores are busy with
-// other processes, an OpenMP barrier waiting for a descheduled thread (with its partner
-// spinning on the same core) made a 0.5 ms call of 52 frames take 20 ms. Here the worst case
-// is the caller doing everything alone.
+// the call posts another). On a machine whose cores are busy with other processes, an OpenMP
+// barrier waiting for a descheduled thread (its partner spinning on the same core) turned a
+// sub-millisecond call of 52 frames into tens of milliseconds; here the worst case is about the
+// caller doing everything alone.
 // Header-only, so every build that compiles codec_cpu.cc (setup.py, the CUDA selftest, the
 // fuzzers) gets it without a new source file.
 #pragma once
