@@ -324,8 +324,9 @@ def decompress_chunks(buffer, sizes=None):
 
 def _decode_new(buffer, sizes):
     """Decodes the CPU frames of ``buffer`` (of these sizes, or walked by their headers when
-    None) in one native call into one new block of memory; the tensors returned are views of it
-    (each on its own 64-byte boundary), so the block lives while any of them does."""
+    None) in one native call into one new block of memory; the tensors returned are views of it,
+    so the block lives while any of them does. Pieces of one tensor (one dtype and row shape)
+    lie back to back; other mixes start each piece on a 64-byte boundary."""
     block, parts, trailing = _C.decompress_frames(buffer.data_ptr(), buffer.numel(), sizes, _threads)
     base = torch.from_numpy(block)
     if trailing is not None and parts:

@@ -8,6 +8,8 @@
 #include "codec.h"
 #include "kernels_cpu.h"
 #include "output_blocks.h"
+#include "pack.h"
+#include "parallel.h"
 
 namespace py = pybind11;
 
@@ -111,6 +113,7 @@ py::tuple decode_frames_new(uintptr_t buffer, uint64_t len, const py::object& si
   std::vector<int64_t> trailing;
   bool uniform = false;
   auto done = with_new_block([&](const std::function<uint8_t*(uint64_t)>& alloc) {
+    hl::parallel::prewake(hl::resolve_threads(threads));  // while the headers are read
     frames = hl::parse_frames(ptr<const uint8_t>(buffer), len, have_sizes ? &sizes : nullptr);
     uniform = uniform_rows(frames, &trailing);
     const uint64_t align = uniform ? hl_elem_bytes(frames[0].h.dtype) : 64;

@@ -141,9 +141,6 @@ struct ParsedFrame {
 std::vector<ParsedFrame> parse_frames(const uint8_t* buffer, uint64_t len,
                                       const std::vector<uint64_t>* sizes);
 
-// Bytes frame h decodes to.
-uint64_t decoded_frame_bytes(const HlFrameHeader& h);
-
 // Decodes parsed frames (parse_frames of [buffer, ...)) into memory it asks alloc for, once,
 // after every checksum is verified: frame k's elements at out + (*out_offsets)[k], each part
 // rounded up to `align` bytes. Throws FrameError for the first bad frame.

@@ -703,13 +703,21 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
   if (h.level == 1 && !lossless) {
     // Codes go from the packed section to elements a chunk at a time, through L1: no array of
     // every code (as large as the decoded unique rows) is written and read back.
+    struct Dequantize {
+      raw_t* u;
+      double step;
+      bool dithered;
+      uint32_t seed;
+      static void run(void* ctx, uint64_t first, const uint32_t* z, uint64_t count) {
+        const Dequantize& d = *static_cast<const Dequantize*>(ctx);
+        if (d.dithered)  // identity map: code i is element i
+          cpu::dequantize_dithered(DT, z, count, d.step, d.seed, first, d.u + first);
+        else
+          cpu::dequantize(DT, z, count, d.step, d.u + first);
+      }
+    } deq{u, step, dithered, seed};
     unpack_blocks_to(code_p, h.code_bytes, nu, 32, "code section", threads,
-                     [&](uint64_t first, const uint32_t* z, uint64_t count) {
-                       if (dithered)  // identity map: code i is element i
-                         cpu::dequantize_dithered(DT, z, count, step, seed, first, u + first);
-                       else
-                         cpu::dequantize(DT, z, count, step, u + first);
-                     });
+                     ChunkSink{&Dequantize::run, &deq});
   } else {
     codes = Buffer<uint32_t>(nu);
     if (h.level == 1)
@@ -1248,6 +1256,7 @@ std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buf
     throw ArgumentError("output buffer holds " + std::to_string(out_bytes) + " bytes, the " +
                         std::to_string(rows) + " rows of the sources take " +
                         std::to_string(rows * row_bytes));
+  if (sources.size() > 1) parallel::prewake(threads);  // while the headers are read
   std::vector<std::string> errors(sources.size());
   std::vector<Job> jobs;
   uint8_t* at = static_cast<uint8_t*>(out);
@@ -1308,7 +1317,5 @@ void decompress_frames_cpu(const uint8_t* buffer, const std::vector<ParsedFrame>
   run_jobs(jobs, &errors, threads);
   first_error();
 }
-
-uint64_t decoded_frame_bytes(const HlFrameHeader& h) { return decoded_bytes(h); }
 
 }  // namespace hl

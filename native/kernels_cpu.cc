@@ -9,6 +9,12 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_AVX2_PATH)
 #include <immintrin.h>
 #define HL_HAVE_AVX2_PATH 1
+// GCC 12's AVX-512 intrinsics fill unused lanes from self-initialised _mm512_undefined_*()
+// values and then warn about them in every caller: not our variables, so not our warnings.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #endif
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)

@@ -1,8 +1,8 @@
-// Bit-plane block packing on the host. With AVX-512BW (chosen at load time, cpu::simd_level)
-// one instruction moves a whole bit plane of 32 values between a mask and byte, 16- or 32-bit
-// lanes. Otherwise values below 256 (the usual case: lossy codes of a few bits) take an SSE2 path
-// that extracts a bit plane of 16 byte-sized values per movemask; wider values take the
-// portable loop.
+// Bit-plane block packing on the host, chosen at load time (cpu::simd_level): with AVX-512BW one
+// instruction moves a whole bit plane of 32 values between a mask and byte, 16- or 32-bit lanes;
+// with AVX2, blocks of values below 256 (the usual case: lossy codes of a few bits) take 32
+// values a plane; otherwise an SSE2 path extracts a bit plane of 16 byte-sized values per
+// movemask, and wider values take the portable loop. All write the same bytes.
 #include "pack.h"
 
 #include "kernels_cpu.h"
@@ -13,6 +13,12 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_AVX2_PATH)
 #include <immintrin.h>
 #define HL_HAVE_AVX512_PACK 1
+// GCC 12's AVX-512 intrinsics fill unused lanes from self-initialised _mm512_undefined_*()
+// values and then warn about them in every caller: not our variables, so not our warnings.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #define HL_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2")))
 #endif
 
@@ -197,29 +203,83 @@ HL_AVX512 uint32_t block_max_avx512(const uint32_t* v) {
 }
 #endif
 
-bool wide_simd() { return cpu::simd_level() >= 2; }
-
-void pack_one(const uint32_t* v, uint32_t w, uint8_t* out, bool wide) {
 #ifdef HL_HAVE_AVX512_PACK
-  if (wide) return pack_block_avx512(v, w, out);
+// AVX2 versions for machines without AVX-512: the byte-sized case (lossy codes of a few bits,
+// the usual one) 32 values a bit plane; wider blocks keep the SSE2 and portable loops.
+#define HL_AVX2 __attribute__((target("avx2")))
+
+HL_AVX2 void pack_block_avx2(const uint32_t* v, uint32_t w, uint8_t* out) {
+  if (w > 8) return pack_block(v, w, out);
+  const __m256i* p = reinterpret_cast<const __m256i*>(v);
+  // Values < 256 survive the saturating packs; the packs work per 128-bit lane, and the
+  // dword permutation puts the 32 bytes back in value order.
+  const __m256i ab = _mm256_packs_epi32(_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1));
+  const __m256i cd = _mm256_packs_epi32(_mm256_loadu_si256(p + 2), _mm256_loadu_si256(p + 3));
+  const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd),
+                                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  for (uint32_t j = 0; j < w; ++j)  // bit j of each byte to its sign bit (as the SSE2 path)
+    store_u32(out + 4 * j, (uint32_t)_mm256_movemask_epi8(
+                               _mm256_sll_epi16(bytes, _mm_cvtsi32_si128((int)(7 - j)))));
+}
+
+HL_AVX2 void unpack_block_avx2(const uint8_t* in, uint32_t w, uint32_t* v) {
+  if (w > 8) return unpack_block(in, w, v);
+  // Byte i of a broadcast plane word picks byte i / 8 of the word, then tests bit i % 8.
+  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+  __m256i acc = _mm256_setzero_si256();
+  for (uint32_t j = 0; j < w; ++j) {
+    const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi32((int)load_u32(in + 4 * j)), pick);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(x, bit), bit);
+    acc = _mm256_or_si256(acc, _mm256_and_si256(set, _mm256_set1_epi8((char)(1u << j))));
+  }
+  const __m128i lo = _mm256_castsi256_si128(acc), hi = _mm256_extracti128_si256(acc, 1);
+  __m256i* o = reinterpret_cast<__m256i*>(v);
+  _mm256_storeu_si256(o, _mm256_cvtepu8_epi32(lo));
+  _mm256_storeu_si256(o + 1, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+  _mm256_storeu_si256(o + 2, _mm256_cvtepu8_epi32(hi));
+  _mm256_storeu_si256(o + 3, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+HL_AVX2 uint32_t block_max_avx2(const uint32_t* v) {
+  const __m256i* p = reinterpret_cast<const __m256i*>(v);
+  __m256i m = _mm256_or_si256(_mm256_or_si256(_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1)),
+                              _mm256_or_si256(_mm256_loadu_si256(p + 2), _mm256_loadu_si256(p + 3)));
+  __m128i h = _mm_or_si128(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  h = _mm_or_si128(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_or_si128(h, _mm_shuffle_epi32(h, 0xb1));
+  return (uint32_t)_mm_cvtsi128_si32(h);
+}
 #endif
-  (void)wide;
+
+// Kernels level (cpu::simd_level): 2 AVX-512, 1 AVX2, 0 SSE2 and portable loops.
+int simd() { return cpu::simd_level(); }
+
+void pack_one(const uint32_t* v, uint32_t w, uint8_t* out, int level) {
+#ifdef HL_HAVE_AVX512_PACK
+  if (level >= 2) return pack_block_avx512(v, w, out);
+  if (level == 1) return pack_block_avx2(v, w, out);
+#endif
+  (void)level;
   pack_block(v, w, out);
 }
 
-void unpack_one(const uint8_t* in, uint32_t w, uint32_t* v, bool wide) {
+void unpack_one(const uint8_t* in, uint32_t w, uint32_t* v, int level) {
 #ifdef HL_HAVE_AVX512_PACK
-  if (wide) return unpack_block_avx512(in, w, v);
+  if (level >= 2) return unpack_block_avx512(in, w, v);
+  if (level == 1) return unpack_block_avx2(in, w, v);
 #endif
-  (void)wide;
+  (void)level;
   unpack_block(in, w, v);
 }
 
-uint32_t full_block_max(const uint32_t* v, bool wide) {
+uint32_t full_block_max(const uint32_t* v, int level) {
 #ifdef HL_HAVE_AVX512_PACK
-  if (wide) return block_max_avx512(v);
+  if (level >= 2) return block_max_avx512(v);
+  if (level == 1) return block_max_avx2(v);
 #endif
-  (void)wide;
+  (void)level;
   return block_max(v, HL_BLOCK);
 }
 
@@ -227,7 +287,7 @@ uint32_t full_block_max(const uint32_t* v, bool wide) {
 
 void block_widths(const uint32_t* v, uint64_t n, uint8_t* widths, int threads) {
   const int64_t nb = (int64_t)hl_div_up(n, HL_BLOCK);
-  const bool wide = wide_simd();
+  const int wide = simd();
 #pragma omp parallel for num_threads(threads) schedule(static) if (nb > 4096)
   for (int64_t b = 0; b < nb; ++b) {
     uint64_t start = (uint64_t)b * HL_BLOCK;
@@ -248,7 +308,7 @@ void pack_blocks(const uint32_t* v, uint64_t n, const uint8_t* widths, uint8_t* 
   const uint64_t nb = hl_div_up(n, HL_BLOCK);
   memcpy(out, widths, nb);
   uint8_t* payload = out + nb;
-  const bool wide = wide_simd();
+  const int wide = simd();
   if (threads <= 1 || nb <= 4096) {
     uint32_t tmp[HL_BLOCK];
     uint64_t off = 0;
@@ -308,7 +368,7 @@ const uint8_t* check_blocks(const uint8_t* in, uint64_t len, uint64_t n, uint32_
 // Blocks [lo, hi) of a checked section into v (value lo * 32 first; the last block cut at n).
 // off: the payload offset of block lo.
 void unpack_range(const uint8_t* widths, const uint8_t* payload, uint64_t n, uint64_t lo,
-                  uint64_t hi, uint64_t off, uint32_t* v, bool wide) {
+                  uint64_t hi, uint64_t off, uint32_t* v, int wide) {
   uint32_t tmp[HL_BLOCK];
   for (uint64_t b = lo; b < hi; ++b) {
     const uint64_t start = b * HL_BLOCK, at = start - lo * HL_BLOCK;
@@ -337,7 +397,7 @@ void unpack_blocks(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_wid
                    const char* what, int threads) {
   const uint8_t* payload = check_blocks(in, len, n, max_width, what);
   const uint64_t nb = hl_div_up(n, HL_BLOCK);
-  const bool wide = wide_simd();
+  const int wide = simd();
   if (threads <= 1 || nb <= 4096) {
     unpack_range(in, payload, n, 0, nb, 0, v, wide);
     return;
@@ -351,10 +411,10 @@ void unpack_blocks(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_wid
 }
 
 void unpack_blocks_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_width,
-                      const char* what, int threads, const ChunkSink& sink) {
+                      const char* what, int threads, ChunkSink sink) {
   const uint8_t* payload = check_blocks(in, len, n, max_width, what);
   const uint64_t nb = hl_div_up(n, HL_BLOCK);
-  const bool wide = wide_simd();
+  const int wide = simd();
   constexpr uint64_t kChunkBlocks = 64;  // 8 KiB of codes: stays in L1 for the sink
   const int nt = threads > 1 && nb > 4096 ? threads : 1;
 #pragma omp parallel num_threads(nt)
@@ -367,7 +427,7 @@ void unpack_blocks_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_
       unpack_range(in, payload, n, b, e, off, chunk, wide);
       const uint64_t first = b * HL_BLOCK;
       const uint64_t last = e * HL_BLOCK < n ? e * HL_BLOCK : n;
-      sink(first, chunk, last - first);
+      sink.fn(sink.ctx, first, chunk, last - first);
       for (uint64_t k = b; k < e; ++k) off += 4u * in[k];
     }
   }

@@ -4,7 +4,6 @@
 
 #include <string.h>
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -53,9 +52,14 @@ void unpack_blocks(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_wid
 // unpack_blocks without an array of all n values: the section is checked first, then unpacked a
 // chunk of a few thousand values at a time into a buffer that stays in L1, each chunk handed to
 // sink(index of its first value, values, count) (from several threads at once when threaded).
-typedef std::function<void(uint64_t, const uint32_t*, uint64_t)> ChunkSink;
+// A plain function and its context rather than a std::function, whose captures would be
+// allocated on every frame decoded.
+struct ChunkSink {
+  void (*fn)(void* ctx, uint64_t first, const uint32_t* values, uint64_t count);
+  void* ctx;
+};
 void unpack_blocks_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_width,
-                      const char* what, int threads, const ChunkSink& sink);
+                      const char* what, int threads, ChunkSink sink);
 
 // Bounds-checked sequential reader over one section of a frame.
 class Reader {

@@ -2,14 +2,15 @@
 // decompress_into): the calling thread works through the items itself and helper threads join
 // in when they get a core. Unlike an OpenMP team, the caller never waits for a helper that has
 // not started, and helpers sleep instead of spinning (they yield for 50 us after a task, in case
-// the call posts another): on a machine whose cores are busy with
-// other processes, an OpenMP barrier waiting for a descheduled thread (with its partner
-// spinning on the same core) made a 0.5 ms call of 52 frames take 20 ms. Here the worst case
-// is the caller doing everything alone.
+// the call posts another). On a machine whose cores are busy with other processes, an OpenMP
+// barrier waiting for a descheduled thread (its partner spinning on the same core) turned a
+// sub-millisecond call of 52 frames into tens of milliseconds; here the worst case is about the
+// caller doing everything alone.
 // Header-only, so every build that compiles codec_cpu.cc (setup.py, the CUDA selftest, the
 // fuzzers) gets it without a new source file.
 #pragma once
 
+#include <pthread.h>
 #include <stddef.h>
 
 #include <algorithm>
@@ -53,10 +54,7 @@ struct Task {
 
 class Pool {
  public:
-  static Pool& instance() {
-    static Pool* pool = new Pool;  // never destroyed: helpers may outlive static destructors
-    return *pool;
-  }
+  static Pool& instance() { return *slot().load(); }
 
   // fn(i) for every i in [0, n), on the caller and up to helpers other threads; rethrows the
   // first exception an item threw, after every claimed item has finished.
@@ -83,7 +81,24 @@ class Pool {
     if (task->error) std::rethrow_exception(task->error);
   }
 
+  // Wakes up to `helpers` helpers (starting them if needed) so that they are already looking out
+  // for work when the caller posts it after some serial preparation (parsing headers): the
+  // wake-up overlaps that work. A hint; nothing waits for it.
+  void prewake(int helpers) {
+    {
+      std::lock_guard<std::mutex> g(lock_);
+      while ((int)threads_.size() < helpers) threads_.emplace_back([this] { serve(); });
+      ++prewakes_;
+    }
+    wake_.notify_all();
+  }
+
  private:
+  bool has_task() const {
+    return std::any_of(tasks_.begin(), tasks_.end(),
+                       [](const std::shared_ptr<Task>& t) { return t->wanted > 0; });
+  }
+
   void serve() {
     std::unique_lock<std::mutex> g(lock_);
     for (;;) {
@@ -95,10 +110,9 @@ class Pool {
       while (posted_.load() == seen && std::chrono::steady_clock::now() < until)
         std::this_thread::yield();
       g.lock();
-      wake_.wait(g, [&] {
-        return std::any_of(tasks_.begin(), tasks_.end(),
-                           [](const std::shared_ptr<Task>& t) { return t->wanted > 0; });
-      });
+      const uint64_t woken = prewakes_;
+      wake_.wait(g, [&] { return has_task() || prewakes_ != woken; });
+      if (!has_task()) continue;  // woken ahead of a call: look out for its work again
       std::shared_ptr<Task> task = *std::find_if(
           tasks_.begin(), tasks_.end(), [](const std::shared_ptr<Task>& t) { return t->wanted > 0; });
       --task->wanted;
@@ -119,11 +133,29 @@ class Pool {
 
   static constexpr int kSpinUs = 50;
   std::atomic<uint64_t> posted_{0};  // tasks ever posted
+  uint64_t prewakes_ = 0;            // prewake() calls (guarded by lock_)
+  // The process's pool, never destroyed (helpers may outlive static destructors). A forked
+  // child has none of the parent's helpers, and maybe a lock one of them held, so it starts a
+  // pool of its own (the old one is left as it is).
+  static std::atomic<Pool*>& slot() {
+    static std::atomic<Pool*>* s = [] {
+      auto* p = new std::atomic<Pool*>(new Pool);
+      pthread_atfork(nullptr, nullptr, [] { slot().store(new Pool); });
+      return p;
+    }();
+    return *s;
+  }
+
   std::mutex lock_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Task>> tasks_;
   std::vector<std::thread> threads_;
 };
+
+// Wakes the helpers a coming parallel_items(.., threads, ..) will want.
+inline void prewake(int threads) {
+  if (threads > 1) Pool::instance().prewake(threads - 1);
+}
 
 // Runs fn(0) ... fn(n-1) on up to `threads` threads (the caller included), items claimed one
 // at a time in order. threads <= 1 or n <= 1: all on the caller.

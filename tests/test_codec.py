@@ -651,5 +651,38 @@ def test_codec_benchmark_reports_speeds_beside_the_fp16_cast_and_thread_scaling(
     assert 0.2 < realistic["distinct_row_fraction"] < 0.4  # duplicates like real lookups
     assert 10 < realistic["ratio"] < 25
     assert [t["pieces"] for t in results["threads"]] == [52, 52]
+    assert set(results["fresh_memory"]) >= {"decompress_cached_block_GBps",
+                                            "decompress_fresh_huge_pages_GBps",
+                                            "decompress_torch_empty_GBps"}
     for t in results["threads"]:
         assert t["compress_speedup_2t"] == pytest.approx(t["compress_GBps_2t"] / t["compress_GBps_1t"])
+
+
+def test_a_forked_child_compresses_and_decodes_on_its_own_threads(tmp_path):
+    """The pool of helper threads does not survive fork(); the child starts its own (rather than
+    counting on helpers it does not have, or locks one of them may have held) and gets the same
+    bytes."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "fork.py"
+    script.write_text(
+        "import os, sys, torch, hvd_lossy\n"
+        "hvd_lossy.set_num_threads(2)\n"
+        "x = torch.randn(52 * 64, 16)\n"
+        "ref, sizes = hvd_lossy.compress_chunks(x, [64] * 52, 0.03)  # the parent's helpers start\n"
+        "r, w = os.pipe()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    buf, _ = hvd_lossy.compress_chunks(x, [64] * 52, 0.03)\n"
+        "    threads = len(os.listdir('/proc/self/task'))  # the child's own helper has started\n"
+        "    same = torch.equal(buf, ref) and torch.equal(torch.cat(hvd_lossy.decompress_chunks(buf)),\n"
+        "                                                torch.cat(hvd_lossy.decompress_chunks(ref)))\n"
+        "    os.write(w, f'{same} {threads}'.encode())\n"
+        "    os._exit(0)\n"
+        "os.close(w)\n"
+        "got = os.read(r, 16)\n"
+        "os.waitpid(pid, 0)\n"
+        "sys.stdout.write(got.decode())\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.stdout == "True 2", out.stderr

@@ -14,8 +14,10 @@ Every method runs on one thread; the codec and the cast alternate call by call, 
 the same machine load, and each time is the median of --repeat calls. "dec new" decodes into a
 new tensor each call (its page faults included, as for the cast's half.float()), "dec into"
 into a reused one; the cast is also timed into reused tensors (copy_), the fair partner of
-"dec into" and of compress (whose frames land in reused codec-owned memory). Then 1 thread vs 2 on one call of 52 pieces (compress_chunks, and decoding the
-52 frames), for the criteo chunks and for the realistic batch cut into 52 pieces.
+"dec into" and of compress (whose frames land in reused codec-owned memory). For the realistic
+set, decoding into new memory three ways: the codec's cached blocks, its fresh huge-page blocks
+(cache off), a torch.empty tensor. Then 1 thread vs 2 on one call of 52 pieces (compress_chunks,
+and decoding the 52 frames), for the criteo chunks and for the realistic batch cut into 52.
 Throughput counts the uncompressed bytes (GB = 1e9 bytes).
 """
 import argparse
@@ -125,6 +127,34 @@ def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None):
             "max_error_over_bound": worst}
 
 
+def bench_fresh_memory(x, eb, repeat):
+    """What decoding into new memory costs, three ways, in the same rounds: the codec's own
+    blocks reused from its cache (the default), its fresh blocks on transparent huge pages
+    (cache off), and a torch.empty tensor (4 KiB pages, faulted in by the decoder)."""
+    hvd_lossy.set_num_threads(1)
+    torch.set_num_threads(1)
+    frame = hvd_lossy.compress(x, eb)
+    limit, _ = _codec.output_cache_bytes()
+
+    def uncached():
+        _codec.set_output_cache_bytes(0)
+        try:
+            return hvd_lossy.decompress(frame)
+        finally:
+            _codec.set_output_cache_bytes(limit)
+
+    half = x.half()
+    t = paired_medians([lambda: hvd_lossy.decompress(frame), uncached,
+                        lambda: hvd_lossy.decompress(frame, out=torch.empty_like(x)),
+                        lambda: half.float()], repeat)
+    raw = x.numel() * x.element_size()
+    names = ("cached_block", "fresh_huge_pages", "torch_empty")
+    result = {f"decompress_{n}_GBps": raw / v / 1e9 for n, v in zip(names, t)}
+    result.update({f"decompress_{n}_vs_cast": t[3] / v for n, v in zip(names, t)})
+    result["fp16_back_GBps"] = raw / t[3] / 1e9
+    return result
+
+
 def bench_threads(x, rows, eb, repeat, level=1):
     """1 vs 2 threads on one call of len(rows) pieces, compress and decode (into a reused tensor
     and into new ones), interleaved."""
@@ -179,6 +209,15 @@ def git_commit():
                               cwd=os.path.dirname(__file__), timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def print_fresh(r):
+    print(f"\n{r['workload']}: decoding into new memory, L1, one thread: codec's cached block "
+          f"{r['decompress_cached_block_GBps']:.3f} GB/s ({r['decompress_cached_block_vs_cast']:.2f}x "
+          f"cast back), fresh huge pages {r['decompress_fresh_huge_pages_GBps']:.3f} "
+          f"({r['decompress_fresh_huge_pages_vs_cast']:.2f}x), torch.empty "
+          f"{r['decompress_torch_empty_GBps']:.3f} ({r['decompress_torch_empty_vs_cast']:.2f}x); "
+          f"half.float() {r['fp16_back_GBps']:.3f}")
 
 
 def print_table(results):
@@ -242,6 +281,9 @@ def main(argv=None):
             if name == "realistic" and cfg == configs[0]:
                 r["distinct_row_fraction"] = len(torch.unique(x, dim=0)) / x.shape[0]
             results["runs"].append({"workload": name, **r})
+        if name == "realistic" and hasattr(_codec, "output_cache_bytes"):  # not on older builds
+            results["fresh_memory"] = {"workload": name, **bench_fresh_memory(x, args.error_bound,
+                                                                               args.repeat)}
         split = rows if len(rows) > 1 else pieces(x.shape[0], 52)
         results["threads"].append({"workload": name, **bench_threads(x, split, args.error_bound,
                                                                      args.repeat)})
@@ -249,6 +291,8 @@ def main(argv=None):
     torch.set_num_threads(os.cpu_count() or 1)
     results["load_average_after"] = os.getloadavg()
     print_table(results)
+    if "fresh_memory" in results:
+        print_fresh(results["fresh_memory"])
     print(f"load average before / after: {results['load_average_before'][0]:.2f} / "
           f"{results['load_average_after'][0]:.2f} (on {results['cores']} cores)")
     if args.json:
