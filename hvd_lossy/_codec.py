@@ -430,3 +430,13 @@ def decompress_into(buffer, sources, out):
                                    _dtype_code(out), list(out.shape[1:]),
                                    out.data_ptr() if out.numel() else 0,
                                    out.numel() * out.element_size(), _threads))
+
+
+def empty(shape, dtype):
+    """A new uninitialised CPU tensor, like ``torch.empty``, on memory from the codec's output
+    cache (see :func:`set_output_cache_bytes`): once the cache holds a block of its size,
+    decoding into it pays no page faults. Its storage cannot be resized."""
+    shape = tuple(int(s) for s in shape)
+    nbytes = _numel(shape) * dtype.itemsize
+    block = torch.from_numpy(_C.empty_block(max(nbytes, 1)))
+    return block[:nbytes].view(dtype).view(shape)

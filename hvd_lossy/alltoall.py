@@ -16,7 +16,8 @@ from horovod.torch import mpi_ops as _ops
 
 import hvd_lossy
 from hvd_lossy import auto as _auto
-from hvd_lossy.collective import LossyCall, decode_frames, host_bytes, is_mismatch, plain_start
+from hvd_lossy.collective import (LossyCall, decode_frames, host_bytes, is_mismatch, new_output,
+                                  plain_start)
 from hvd_lossy.compression import Compression, NoneCompressor, is_lossy
 from hvd_lossy.protocol import (GRANK, HEADER_BYTES, LOSSLESS, PAYLOAD, ROWS, _LocalError,
                                 check_lossy_tensor, header, header_bytes, like_of, pack_header,
@@ -224,7 +225,7 @@ class Alltoall(LossyCall):
             raise self.late_failure
         dtype, trailing = like_of(headers[0])
         rows = [h[ROWS] for h in headers]
-        out = torch.empty((sum(rows), *trailing), dtype=dtype, device=self.device)
+        out = new_output((sum(rows), *trailing), dtype, self.device)
         starts = [sum(rows[:s]) for s in range(self.size + 1)]
         offsets = [sum(counts[:s]) for s in range(self.size)]
         me = self.me

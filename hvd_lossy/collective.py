@@ -27,6 +27,14 @@ from hvd_lossy.protocol import (Handle, _LocalError, base_name, begin_call, comp
                                 raise_from_headers, raise_received)
 
 
+def new_output(shape, dtype, device):
+    """The output tensor of a collective: on the CPU from the codec's output cache, so that
+    decoding into it pays no page faults once the cache holds a block of its size."""
+    if device.type == "cpu":
+        return hvd_lossy._codec.empty(shape, dtype)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def host_bytes(buf):
     """A uint8 tensor as a host numpy array (no copy on the CPU)."""
     return (buf if buf.device.type == "cpu" else buf.cpu()).numpy()

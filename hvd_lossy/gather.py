@@ -14,7 +14,8 @@ import torch
 from horovod.torch import mpi_ops as _ops
 
 import hvd_lossy
-from hvd_lossy.collective import LossyCall, decode_frames, host_bytes, is_mismatch, plain_start
+from hvd_lossy.collective import (LossyCall, decode_frames, host_bytes, is_mismatch, new_output,
+                                  plain_start)
 from hvd_lossy.compression import NoneCompressor, is_lossy
 from hvd_lossy.protocol import (GRANK, HEADER_BYTES, HEADER_FIELDS, LOSSLESS, PAYLOAD, ROWS,
                                 RankError, _LocalError, check_lossy_tensor, header, like_of,
@@ -117,7 +118,7 @@ class Allgather(_OneFrame):
     def decode(self, recv, counts, headers):
         dtype, trailing = like_of(headers[0])
         rows = [h[ROWS] for h in headers]
-        out = torch.empty((sum(rows), *trailing), dtype=dtype, device=self.device)
+        out = new_output((sum(rows), *trailing), dtype, self.device)
         if self.device.type == "cpu":
             errors = hvd_lossy.decompress_into(
                 recv, [(offset, n, r) for (offset, n), r in zip(self.bodies, rows)], out)

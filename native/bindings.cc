@@ -314,6 +314,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("threads") = 0, py::arg("dither_seed") = -1,
         "compress_many into new memory of exactly the frames' size: (uint8 array, sizes).");
 
+  m.def("empty_block",
+        [](uint64_t bytes) { return block_array(hl::acquire_output(bytes), bytes); },
+        py::arg("bytes"),
+        "A uint8 array of `bytes` on a block from the output cache (contents undefined), for "
+        "a tensor the caller decodes into.");
+
   m.def("decompress_frames", &decode_frames_new, py::arg("buffer"), py::arg("buffer_len"),
         py::arg("sizes") = py::none(), py::arg("threads") = 0,
         "Decodes back-to-back frames into one new block: (uint8 array, [(dtype_code, shape, "
