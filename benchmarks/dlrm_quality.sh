@@ -11,7 +11,8 @@
 #   SYNTHETIC_ROWS=200000 SEEDS="0 1" bash benchmarks/dlrm_quality.sh
 #
 # Environment: SYNTHETIC_ROWS (1000000; 0 skips the synthetic set), SAMPLE (1; 0 skips the
-# bundled rows), SEEDS ("0 1 2"), BATCH (2048, synthetic), EB (0.03), CONFIGS (names below),
+# bundled rows), SEEDS ("0 1 2"), BATCH (2048, synthetic), EB (0.03), LEVEL (2: the codec level
+# of the -d/-g/-t configs; level 1 decodes to the same bits, faster), CONFIGS (names below),
 # OUT (benchmarks/out/dlrm_quality; earlier *_s*.json there are summarised too). Summary:
 # $OUT/summary.json.
 set -euo pipefail
@@ -42,13 +43,13 @@ config_args() {
   case "$1" in
     none) echo "--compression none" ;;
     lossy) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound same --dither none" ;;
-    lossy-d0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-d0} --level 2 --dither backward" ;;
-    adaptive-d0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-d0} --level 2 --dither backward" ;;
-    lossy-g0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2 --dither none" ;;
+    lossy-d0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-d0} --level ${LEVEL:-2} --dither backward" ;;
+    adaptive-d0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-d0} --level ${LEVEL:-2} --dither backward" ;;
+    lossy-g0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level ${LEVEL:-2} --dither none" ;;
     adaptive) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound same --dither none" ;;
     adaptive-dither) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound same --dither backward" ;;
-    adaptive-t0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound same --grad-base 0.0${1#*-t0} --level 2 --dither backward" ;;
-    adaptive-g0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level 2 --dither none" ;;
+    adaptive-t0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound same --grad-base 0.0${1#*-t0} --level ${LEVEL:-2} --dither backward" ;;
+    adaptive-g0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level ${LEVEL:-2} --dither none" ;;
     *) echo "unknown config $1 (expected none, lossy, lossy-g0XX, lossy-d0XX, adaptive, adaptive-dither, adaptive-g0XX, adaptive-d0XX, adaptive-t0XX)" >&2; exit 2 ;;
   esac
 }
