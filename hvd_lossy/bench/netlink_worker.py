@@ -22,6 +22,7 @@ import traceback
 
 import torch
 
+from hvd_lossy import auto
 from hvd_lossy.bench.alltoall import message
 from hvd_lossy.bench.criteo import N_SPARSE, load_sparse_ids
 
@@ -73,7 +74,7 @@ def run_size(hvd, ids, cards, size, modes, iters, repeat):
     per_dest = max(1, round(size / (ranks * owned * DIM * 4)))
     x, splits = message(ids, cards, rank, ranks, per_dest)
     raw = x.numel() * 4
-    calls, failed = {}, []
+    calls, failed, warmups = {}, [], {}
     for mode in modes:
         try:
             comp = make_compressor(hvd, mode, owned)
@@ -84,12 +85,15 @@ def run_size(hvd, ids, cards, size, modes, iters, repeat):
             calls[mode] = lambda: horovod.alltoall(x, splits)
         else:
             calls[mode] = lambda comp=comp: hvd.alltoall(x, splits, compression=comp)
+        # warm-up: Horovod's response cache, the codec's buffers, and auto's probing (an auto
+        # compressor times both paths on its first calls and agrees on one LAG calls later)
+        warmups[mode] = 1 + (auto.PROBE_CALLS + auto.LAG if getattr(comp, "auto", False) else 0)
     rows = []
     for rep in range(repeat):
         for mode in list(calls):
             try:
-                if rep == 0:
-                    calls[mode]()  # warm-up: Horovod's response cache, the codec's buffers
+                for _ in range(warmups[mode] if rep == 0 else 0):
+                    calls[mode]()
                 seconds, link = timed_round(hvd, calls[mode], iters)
             except Exception as e:  # noqa: BLE001 - the collective raised on every rank
                 failed.append({"mode": mode, "bytes": raw, "status": "failed",
