@@ -4,8 +4,13 @@ Whether compressing pays depends on the link, the cores and the message size, so
 measured, not guessed. Each compressor with `auto=True` keeps, per process set, a *slot*:
 
   probe    the first PROBE_CALLS calls alternate lossy and plain (Horovod's own alltoall), and
-           each rank times what every call costs it (time spent in the call and in its wait:
-           compress, blocked communication, decode);
+           each rank times, for every call, the interval until the slot's next call: a whole
+           training iteration when the slot is called once per step. That counts what the call
+           costs where it is spent (compress, blocked communication, decode) and also what it
+           costs the rest of the step: on cores shared with the training, a plain call's
+           bytes cost the kernel's TCP stack time that a call-only timer never sees. (The
+           gradient slot of the autograd alltoall alternates in step with the forward one, so
+           probed iterations are all-lossy or all-plain.);
   agree    the ranks allgather, in the background, their size bucket and median times (one
            tiny Horovod allgather, launched at a fixed call number and read LAG calls later,
            so nobody waits for it). Every rank applies the same rule to the same rows: lossy
@@ -30,8 +35,6 @@ from collections import deque
 
 import torch
 from horovod.torch import mpi_ops as _ops
-
-from hvd_lossy.protocol import Handle
 
 PROBE_CALLS = 6   # 3 lossy, 3 plain
 LAG = 4           # calls between launching an agreement and reading it
@@ -65,9 +68,13 @@ class _Slot:
         self.refresh_at = -1
         self.pending = None       # (Horovod handle, call number at which to read it)
         self.counts = {LOSSY: 0, PLAIN: 0}
+        self.last = None          # (start, mode) of the previous call
 
     def choose(self, nbytes):
         """The mode of the next call: the same on every rank of the process set."""
+        now = time.perf_counter()
+        if self.last is not None:  # the previous call's interval, in its own size bucket
+            self.times[self.last[1]].append(now - self.last[0])
         k = self.calls
         self.calls += 1
         bucket = _bucket(nbytes)
@@ -88,10 +95,8 @@ class _Slot:
         else:
             mode = self.decision
         self.counts[mode] += 1
+        self.last = (now, mode)
         return mode
-
-    def record(self, mode, seconds):
-        self.times[mode].append(seconds)
 
     def _launch_agreement(self, k):
         def median(mode):
@@ -148,25 +153,6 @@ def slot(compressor, process_set):
     return s
 
 
-class TimedHandle(Handle):
-    """A started call whose cost on this rank (in start and in wait) feeds its slot."""
-
-    def __init__(self, inner, slot_, mode, start_seconds):
-        super().__init__(inner._hvd_handle, None)
-        self._inner, self._slot, self._mode, self._spent = inner, slot_, mode, start_seconds
-
-    def poll(self):
-        return self._inner.poll()
-
-    def wait(self):
-        if not self._done:
-            t0 = time.perf_counter()
-            self._result = self._inner.wait()
-            self._done = True
-            self._slot.record(self._mode, self._spent + time.perf_counter() - t0)
-        return self._result
-
-
 def start(tensor, splits, process_set, compressor, start_lossy, start_plain):
     """Starts one alltoall of an auto compressor by the mode its slot agrees on."""
     s = slot(compressor, process_set)
@@ -180,10 +166,7 @@ def start(tensor, splits, process_set, compressor, start_lossy, start_plain):
     elif rows:
         own = rows // max(process_set.size(), 1)
     nbytes = (tensor.numel() * tensor.element_size() * (rows - own) // rows) if rows else 0
-    mode = s.choose(nbytes)
-    t0 = time.perf_counter()
-    inner = start_lossy() if mode == LOSSY else start_plain()
-    return TimedHandle(inner, s, mode, time.perf_counter() - t0)
+    return start_lossy() if s.choose(nbytes) == LOSSY else start_plain()
 
 
 def report():
