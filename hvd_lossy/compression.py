@@ -104,9 +104,9 @@ class LossyCompressor(Compressor):
                   independent of the value: small values are kept on average instead of all
                   rounding to 0, which is what gradients need. Dithered frames skip dedup.
         auto: compress an alltoall only where it pays. The first calls alternate compressed
-                  and plain (Horovod's own) alltoalls and time them; the ranks agree, from the
-                  slowest rank's times, on the faster one per message size, and re-check it
-                  every 200 calls (hvd_lossy.auto). comm_stats()["auto"] reports the decisions.
+                  and plain (Horovod's own) alltoalls and time each to this compressor's next
+                  call; the ranks agree, from the slowest rank's times, on the faster one per
+                  message size, and re-check it as calls go on (hvd_lossy.auto). comm_stats()["auto"] reports the decisions.
                   Plain calls are Horovod's own alltoall, with Horovod's own argument checks.
                   The gradient compressor of the autograd alltoall decides on its own.
     """
