@@ -3,14 +3,14 @@
 Whether compressing pays depends on the link, the cores and the message size, so it is
 measured, not guessed. Each compressor with `auto=True` keeps, per process set, a *slot*:
 
-  probe    the first PROBE_CALLS calls alternate lossy and plain (Horovod's own alltoall), and
-           each rank times, for every call, the interval until the slot's next call: a whole
-           training iteration when the slot is called once per step. That counts what the call
-           costs where it is spent (compress, blocked communication, decode) and also what it
-           costs the rest of the step: on cores shared with the training, a plain call's
-           bytes cost the kernel's TCP stack time that a call-only timer never sees. (The
-           gradient slot of the autograd alltoall alternates in step with the forward one, so
-           probed iterations are all-lossy or all-plain.);
+  probe    after WARMUP untimed lossy calls, PROBE_CALLS calls alternate lossy and plain
+           (Horovod's own alltoall), and each rank times every call as the interval until the
+           slot's next call: a whole training iteration when the slot is called once a step.
+           That counts what the call costs where it is spent (compress, blocked communication,
+           decode) and also what it costs the rest of the step: on cores shared with the
+           training, a plain call's bytes cost the kernel's TCP stack time that a call-only
+           timer never sees. (The gradient slot of the autograd alltoall alternates in step
+           with the forward one, so probed iterations are all-lossy or all-plain.);
   agree    the ranks allgather, in the background, their size bucket and median times (one
            tiny Horovod allgather, launched at a fixed call number and read LAG calls later,
            so nobody waits for it). Every rank applies the same rule to the same rows: lossy
@@ -36,7 +36,8 @@ from collections import deque
 import torch
 from horovod.torch import mpi_ops as _ops
 
-PROBE_CALLS = 6   # 3 lossy, 3 plain
+WARMUP = 2        # first calls: lossy, untimed (allocation, caches and the first steps' noise)
+PROBE_CALLS = 8   # 4 lossy, 4 plain
 LAG = 4           # calls between launching an agreement and reading it
 AGREE_EVERY = 16  # calls between agreements once decided
 REFRESH = 200     # calls between runs of the losing mode, to see whether it still loses
@@ -63,8 +64,8 @@ class _Slot:
         self.buckets = None       # agreed: every rank's size bucket at the last decision
         self.decision = None      # agreed: LOSSY, PLAIN, or None while probing
         self.agreed = None        # the rule's inputs at the last agreement
-        self.probe_from = 0
-        self.next_agreement = PROBE_CALLS
+        self.probe_from = WARMUP
+        self.next_agreement = WARMUP + PROBE_CALLS
         self.refresh_at = -1
         self.pending = None       # (Horovod handle, call number at which to read it)
         self.counts = {LOSSY: 0, PLAIN: 0}
@@ -89,13 +90,13 @@ class _Slot:
         if k == self.next_agreement:
             self._launch_agreement(k)
         if self.decision is None:
-            mode = LOSSY if (k - self.probe_from) % 2 == 0 else PLAIN
+            mode = LOSSY if k < self.probe_from or (k - self.probe_from) % 2 == 0 else PLAIN
         elif k == self.refresh_at:
             mode = PLAIN if self.decision == LOSSY else LOSSY
         else:
             mode = self.decision
         self.counts[mode] += 1
-        self.last = (now, mode)
+        self.last = (now, mode) if k >= WARMUP else None
         return mode
 
     def _launch_agreement(self, k):

@@ -87,7 +87,8 @@ def run_size(hvd, ids, cards, size, modes, iters, repeat):
             calls[mode] = lambda comp=comp: hvd.alltoall(x, splits, compression=comp)
         # warm-up: Horovod's response cache, the codec's buffers, and auto's probing (an auto
         # compressor times both paths on its first calls and agrees on one LAG calls later)
-        warmups[mode] = 1 + (auto.PROBE_CALLS + auto.LAG if getattr(comp, "auto", False) else 0)
+        warmups[mode] = 1 + (auto.WARMUP + auto.PROBE_CALLS + auto.LAG
+                             if getattr(comp, "auto", False) else 0)
     rows = []
     for rep in range(repeat):
         for mode in list(calls):
