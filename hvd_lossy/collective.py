@@ -121,14 +121,15 @@ class LossyCall:
         after_launch()    -> work that may wait until the bytes travel (compressor hooks).
     """
     op = ""
+    compare_rows = False  # whether the verdict also requires every rank's rows to agree
 
     def __init__(self, tensor, compressor, name, process_set):
         self.tensor, self.compressor, self.process_set = tensor, compressor, process_set
         self.size, self.me = process_set.size(), process_set.rank()
-        self.base = base_name(self.op, name, process_set)
+        self.call, self.pending = begin_call(process_set)
+        self.base = base_name(self.op, name, self.call, process_set)
         self.record = _stats.CallStats(op=self.op, compression=repr(compressor))
         self.failure = None
-        self.call, self.pending = begin_call(process_set)
         self.device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
 
     def start(self):
@@ -176,8 +177,6 @@ class LossyCall:
         self.record.recv_raw_bytes = output.numel() * output.element_size()
         _stats.record(self.record)
         return self.result(output)
-
-    compare_rows = False
 
     def result(self, output):
         return output

@@ -13,7 +13,6 @@ process set carries the failure in its headers, and every other rank raises the 
 there. So every rank raises and no rank is left waiting in a collective another rank skipped.
 """
 import collections
-import itertools
 import struct
 
 import torch
@@ -221,16 +220,14 @@ def raise_received(op, failure, call, process_set):
                     origins) from failure
 
 
-_call_counters = collections.defaultdict(itertools.count)
-
-
-def base_name(op, name, process_set):
-    """Names the sub-operations of one call alike on all ranks of the process set, also when
-    the user gives no name. Calls are collective within a set, so a counter per set agrees
-    across its ranks (one global counter would not: ranks outside a set skip its calls)."""
+def base_name(op, name, call, process_set):
+    """Names the sub-operations of lossy call number `call` (begin_call's) alike on all ranks
+    of the process set, also when the user gives no name: calls are collective within a set,
+    so its count agrees across its ranks (one global count would not: ranks outside a set skip
+    its calls)."""
     if name is not None:
         return name
-    return f"hvd_lossy.{op}.{process_set.process_set_id}.{next(_call_counters[process_set.process_set_id])}"
+    return f"hvd_lossy.{op}.{process_set.process_set_id}.{call}"
 
 
 def check_lossy_tensor(tensor, min_ndim=1):

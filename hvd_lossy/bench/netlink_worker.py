@@ -16,14 +16,12 @@ call raises is reported as failed, with the error, and the other modes go on.
 import argparse
 import json
 import pathlib
-import statistics
-import time
 import traceback
 
 import torch
 
 from hvd_lossy import auto
-from hvd_lossy.bench.alltoall import message
+from hvd_lossy.bench.alltoall import message, time_calls
 from hvd_lossy.bench.criteo import N_SPARSE, load_sparse_ids
 
 DIM = 32
@@ -55,16 +53,10 @@ def timed_round(hvd, call, iters):
     """(slowest rank's median seconds per call, link bytes per call as rank 0 saw them)."""
     hvd.barrier()
     before = tx_bytes() if hvd.rank() == 0 else 0
-    times = []
-    for _ in range(iters):
-        hvd.barrier()
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
+    seconds = time_calls(call, hvd, iters, warmup=0)
     hvd.barrier()  # every rank has received everything: all of it has crossed the link
     after = tx_bytes() if hvd.rank() == 0 else 0
-    local = torch.tensor([statistics.median(times)], dtype=torch.float64)
-    return float(hvd.allreduce(local, op=hvd.Max)), (after - before) / iters
+    return seconds, (after - before) / iters
 
 
 def run_size(hvd, ids, cards, size, modes, iters, repeat):
