@@ -421,15 +421,28 @@ def decompress_into(buffer, sources, out):
         out: contiguous CPU tensor that the sources' rows fill exactly.
 
     Returns:
-        one entry per source: None, or why its frames were refused (checksum or format error,
-        wrong dtype or row shape, rows that do not add up). A refused source may leave its rows
-        of ``out`` partly written. One native call, threaded across frames.
+        one entry per source: None, or a :class:`SourceRefusal` saying why its frames were
+        refused (checksum or format error, wrong dtype or row shape, rows that do not add up).
+        A refused source may leave its rows of ``out`` partly written. One native call,
+        threaded across frames.
     """
-    return list(_C.decompress_into(buffer.data_ptr(), buffer.numel(),
-                                   [(int(o), int(n), int(r)) for o, n, r in sources],
-                                   _dtype_code(out), list(out.shape[1:]),
-                                   out.data_ptr() if out.numel() else 0,
-                                   out.numel() * out.element_size(), _threads))
+    errors = _C.decompress_into(buffer.data_ptr(), buffer.numel(),
+                                [(int(o), int(n), int(r)) for o, n, r in sources],
+                                _dtype_code(out), list(out.shape[1:]),
+                                out.data_ptr() if out.numel() else 0,
+                                out.numel() * out.element_size(), _threads)
+    return [None if e is None else SourceRefusal(*e) for e in errors]
+
+
+class SourceRefusal(str):
+    """Why :func:`decompress_into` refused a source (the message), and ``mismatch``: True when
+    its frames were well formed but disagree with the dtype, row shape or rows asked for, False
+    when they were corrupt or truncated."""
+
+    def __new__(cls, message, mismatch):
+        refusal = super().__new__(cls, message)
+        refusal.mismatch = bool(mismatch)
+        return refusal
 
 
 def empty(shape, dtype):

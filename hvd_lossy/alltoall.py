@@ -16,7 +16,7 @@ from horovod.torch import mpi_ops as _ops
 
 import hvd_lossy
 from hvd_lossy import auto as _auto
-from hvd_lossy.collective import (LossyCall, decode_frames, host_bytes, is_mismatch, new_output,
+from hvd_lossy.collective import (LossyCall, decode_frames, host_bytes, new_output, remote_bytes,
                                   plain_start)
 from hvd_lossy.compression import Compression, NoneCompressor, is_lossy
 from hvd_lossy.protocol import (GRANK, HEADER_BYTES, LOSSLESS, PAYLOAD, ROWS, _LocalError,
@@ -241,7 +241,7 @@ class Alltoall(LossyCall):
                            for s in sources], into)
                 for s, error in zip(sources, errors):
                     if error is not None:
-                        raise _LocalError(11 if is_mismatch(error) else 10, headers[s][GRANK],
+                        raise _LocalError(11 if error.mismatch else 10, headers[s][GRANK],
                                           detail=error)
             else:
                 for s in sources:
@@ -261,7 +261,8 @@ def _row_bytes(tensor):
 
 def _plain_start(tensor, splits, name, compression, process_set):
     return plain_start("alltoall", tensor, compression, lambda payload: _ops.alltoall_async(
-        payload, splits=splits, name=name, process_set=process_set))
+        payload, splits=splits, name=name, process_set=process_set),
+        local_bytes=remote_bytes(tensor, splits, process_set)[1])
 
 
 def start(tensor, splits=None, name=None, compression=Compression.none,

@@ -36,6 +36,8 @@ from collections import deque
 import torch
 from horovod.torch import mpi_ops as _ops
 
+from hvd_lossy.collective import remote_bytes
+
 WARMUP = 2        # first calls: lossy, untimed (allocation, caches and the first steps' noise)
 PROBE_CALLS = 8   # 4 lossy, 4 plain
 LAG = 4           # calls between launching an agreement and reading it
@@ -156,18 +158,8 @@ def slot(compressor, process_set):
 
 def start(tensor, splits, process_set, compressor, start_lossy, start_plain):
     """Starts one alltoall of an auto compressor by the mode its slot agrees on."""
-    s = slot(compressor, process_set)
-    rows = tensor.shape[0] if isinstance(tensor, torch.Tensor) and tensor.dim() else 0
-    own = 0
-    if splits is not None and rows:
-        try:
-            own = int(splits[process_set.rank()])
-        except (IndexError, TypeError, ValueError):
-            own = 0  # bad splits: the lossy path reports them on every rank
-    elif rows:
-        own = rows // max(process_set.size(), 1)
-    nbytes = (tensor.numel() * tensor.element_size() * (rows - own) // rows) if rows else 0
-    return start_lossy() if s.choose(nbytes) == LOSSY else start_plain()
+    nbytes, _local = remote_bytes(tensor, splits, process_set)
+    return start_lossy() if slot(compressor, process_set).choose(nbytes) == LOSSY else start_plain()
 
 
 def report():

@@ -72,16 +72,29 @@ def decode_frames(body, out, dtype, trailing, origin):
                                              f"{dtype} x {trailing}, its frames hold {row}")
 
 
-def is_mismatch(error):
-    """Whether decompress_into refused frames for disagreeing with what the sender announced,
-    rather than for being corrupt."""
-    return any(k in error for k in ("frame holds", "frame has shape", ") hold "))
+def remote_bytes(tensor, splits, process_set):
+    """(bytes an alltoall of `tensor` sends to other ranks, bytes it keeps): its own chunk is a
+    local copy in every method. Bad splits count as sending everything (the collective reports
+    them)."""
+    rows = tensor.shape[0] if isinstance(tensor, torch.Tensor) and tensor.dim() else 0
+    if not rows:
+        return 0, 0
+    own = rows // max(process_set.size(), 1)
+    if splits is not None:
+        try:
+            own = min(max(int(splits[process_set.rank()]), 0), rows)
+        except (IndexError, TypeError, ValueError):
+            own = 0
+    total = tensor.numel() * tensor.element_size()
+    return total * (rows - own) // rows, total * own // rows
 
 
-def plain_start(op, tensor, compression, launch):
+def plain_start(op, tensor, compression, launch, local_bytes=0):
     """Horovod's collective `launch(payload)` on compression.compress(tensor); for
     Compression.none exactly Horovod's own, except that a non-contiguous input is made
-    contiguous first. The alltoall's result is the pair (output, received_splits)."""
+    contiguous first. The alltoall's result is the pair (output, received_splits).
+    local_bytes: of the input, what an alltoall keeps on this rank (left out of the bytes
+    sent, as the lossy path leaves it out)."""
     record = _stats.CallStats(op=op, compression=compression_name(compression))
     t0 = time.perf_counter()
     payload, ctx = compression.compress(tensor)
@@ -90,8 +103,10 @@ def plain_start(op, tensor, compression, launch):
     t1 = time.perf_counter()
     handle = launch(payload)
     record.comm_s = time.perf_counter() - t1
-    record.raw_bytes = tensor.numel() * tensor.element_size()
-    record.wire_bytes = payload.numel() * payload.element_size()
+    raw = tensor.numel() * tensor.element_size()
+    record.local_bytes = local_bytes
+    record.raw_bytes = raw - local_bytes
+    record.wire_bytes = payload.numel() * payload.element_size() * (raw - local_bytes) // max(raw, 1)
 
     def finish(hvd_handle):
         t2 = time.perf_counter()

@@ -14,7 +14,7 @@ import torch
 from horovod.torch import mpi_ops as _ops
 
 import hvd_lossy
-from hvd_lossy.collective import (LossyCall, decode_frames, host_bytes, is_mismatch, new_output,
+from hvd_lossy.collective import (LossyCall, decode_frames, host_bytes, new_output,
                                   plain_start)
 from hvd_lossy.compression import NoneCompressor, is_lossy
 from hvd_lossy.protocol import (GRANK, HEADER_BYTES, HEADER_FIELDS, LOSSLESS, PAYLOAD, ROWS,
@@ -124,7 +124,7 @@ class Allgather(_OneFrame):
                 recv, [(offset, n, r) for (offset, n), r in zip(self.bodies, rows)], out)
             for h, error in zip(headers, errors):
                 if error is not None:
-                    raise _LocalError(11 if is_mismatch(error) else 10, h[GRANK], detail=error)
+                    raise _LocalError(11 if error.mismatch else 10, h[GRANK], detail=error)
             return out
         row = 0
         for h, (offset, n), r in zip(headers, self.bodies, rows):

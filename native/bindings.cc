@@ -269,20 +269,25 @@ PYBIND11_MODULE(_C, m) {
           if (dtype < 0 || dtype > 255)
             throw hl::ArgumentError("unsupported dtype code " + std::to_string(dtype));
           std::vector<std::string> errors;
+          std::vector<uint8_t> mismatched;
           {
             py::gil_scoped_release nogil;
             errors = hl::decompress_into_cpu(ptr<const uint8_t>(buffer), buffer_len, sources,
                                              (uint8_t)dtype, trailing, ptr<void>(out), out_bytes,
-                                             threads);
+                                             threads, &mismatched);
           }
           py::list result;
-          for (const std::string& e : errors) result.append(e.empty() ? py::object(py::none()) : py::object(py::str(e)));
+          for (size_t i = 0; i < errors.size(); ++i)
+            result.append(errors[i].empty()
+                              ? py::object(py::none())
+                              : py::object(py::make_tuple(errors[i], bool(mismatched[i]))));
           return result;
         },
         py::arg("buffer"), py::arg("buffer_len"), py::arg("sources"), py::arg("dtype"),
         py::arg("trailing"), py::arg("out"), py::arg("out_bytes"), py::arg("threads") = 0,
         "Decodes each source's back-to-back frames (offset, length, rows) straight into out at "
-        "consecutive rows; returns one entry per source: None, or why it failed.");
+        "consecutive rows; returns one entry per source: None, or (why it failed, whether "
+        "its frames were well formed but disagree with the dtype, row shape or rows asked).");
 
   m.def("compress_new",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, double eb, int mode,

@@ -121,13 +121,16 @@ struct DecodeSource {
 // Every frame must have dtype and shape (r, *trailing) (trailing empty: a 1-d frame of r), and
 // a source's frames must fill its length exactly and add up to its rows; a frame announcing
 // more rows than its source has left is refused before anything is decoded. Checksums are
-// verified once per frame. Returns one message per source, empty when it decoded; a failed
-// source's rows of out may be partly written. Bad arguments (dtype, a source past the buffer,
-// out_bytes) throw ArgumentError. Threaded across frames, and within frames when few.
+// verified once per frame. Returns one message per source, empty when it decoded; when
+// `mismatched` is given, (*mismatched)[i] says whether source i's frames were well formed but
+// disagree with the dtype, row shape or rows asked for (else they were corrupt or truncated). A
+// failed source's rows of out may be partly written. Bad arguments (dtype, a source past the
+// buffer, out_bytes) throw ArgumentError. Threaded across frames, and within frames when few.
 std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buffer_len,
                                              const std::vector<DecodeSource>& sources,
                                              uint8_t dtype, const std::vector<int64_t>& trailing,
-                                             void* out, uint64_t out_bytes, int threads);
+                                             void* out, uint64_t out_bytes, int threads,
+                                             std::vector<uint8_t>* mismatched = nullptr);
 
 // A frame of a buffer of back-to-back frames, its header validated (parse_header).
 struct ParsedFrame {

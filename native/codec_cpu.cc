@@ -1164,9 +1164,10 @@ void run_jobs(const std::vector<Job>& jobs, std::vector<std::string>* errors, in
 }
 
 // The frames of one source laid out at consecutive rows: "" when they fit, else the reason.
+// Sets *mismatch when the frames are well formed but disagree with what the source must hold.
 std::string plan_source(const uint8_t* buffer, const DecodeSource& src, size_t index,
                         uint8_t dtype, const std::vector<int64_t>& trailing, uint64_t row_bytes,
-                        uint8_t* out, std::vector<Job>* jobs) {
+                        uint8_t* out, std::vector<Job>* jobs, bool* mismatch) {
   const size_t first_job = jobs->size();
   uint64_t pos = 0, rows = 0;
   size_t k = 0;
@@ -1183,6 +1184,7 @@ std::string plan_source(const uint8_t* buffer, const DecodeSource& src, size_t i
     } catch (const FrameError& e) {
       return fail(e.what());
     }
+    *mismatch = true;  // until the checks below pass
     if (h.dtype != dtype)
       return fail("frame holds dtype code " + std::to_string(h.dtype) + ", expected " +
                   std::to_string(dtype));
@@ -1199,11 +1201,13 @@ std::string plan_source(const uint8_t* buffer, const DecodeSource& src, size_t i
       return fail("frame holds " + std::to_string(shape[0]) + " rows, only " +
                   std::to_string((uint64_t)src.rows - rows) + " of the source's " +
                   std::to_string(src.rows) + " are left");
+    *mismatch = false;
     jobs->push_back(Job{buffer + src.offset + pos, h, out + rows * row_bytes, index, false});
     rows += (uint64_t)shape[0];
     pos += h.total_bytes;
   }
   if (rows != (uint64_t)src.rows) {
+    *mismatch = true;
     jobs->resize(first_job);
     return "source " + std::to_string(index) + ": its " + std::to_string(k) + " frames in bytes [" +
            std::to_string(src.offset) + ", " + std::to_string(src.offset + src.length) +
@@ -1229,7 +1233,8 @@ void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out
 std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buffer_len,
                                              const std::vector<DecodeSource>& sources,
                                              uint8_t dtype, const std::vector<int64_t>& trailing,
-                                             void* out, uint64_t out_bytes, int threads) {
+                                             void* out, uint64_t out_bytes, int threads,
+                                             std::vector<uint8_t>* mismatched) {
   threads = resolve_threads(threads);
   if (dtype > HL_BFLOAT16)
     throw ArgumentError("unsupported dtype code " + std::to_string(dtype) +
@@ -1258,16 +1263,20 @@ std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buf
                         std::to_string(rows * row_bytes));
   if (sources.size() > 1) parallel::prewake(threads);  // while the headers are read
   std::vector<std::string> errors(sources.size());
+  std::vector<uint8_t> mismatch(sources.size(), 0);
   std::vector<Job> jobs;
   uint8_t* at = static_cast<uint8_t*>(out);
   for (size_t i = 0; i < sources.size(); ++i) {
-    errors[i] = plan_source(buffer, sources[i], i, dtype, trailing, row_bytes, at, &jobs);
+    bool m = false;
+    errors[i] = plan_source(buffer, sources[i], i, dtype, trailing, row_bytes, at, &jobs, &m);
+    mismatch[i] = m;
     at += (uint64_t)sources[i].rows * row_bytes;
   }
   run_jobs(jobs, &errors, threads);
   for (size_t i = 0; i < errors.size(); ++i)  // decoding errors arrive without their source
     if (!errors[i].empty() && errors[i].compare(0, 7, "source ") != 0)
       errors[i] = "source " + std::to_string(i) + ": " + errors[i];
+  if (mismatched) *mismatched = std::move(mismatch);
   return errors;
 }
 

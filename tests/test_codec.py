@@ -456,10 +456,13 @@ def test_compress_into_refuses_bad_groups_or_a_small_buffer(groups, cap, match):
 
 
 def decompress_into(buf, sources, out, dtype=None, trailing=None, threads=0):
+    """_C.decompress_into's messages (None per source that decoded); dtype and trailing default
+    to out's, and may be given apart from it to test the native checks."""
     dtype = out.dtype if dtype is None else dtype
     trailing = list(out.shape[1:]) if trailing is None else trailing
-    return _C.decompress_into(buf.data_ptr(), buf.numel(), sources, _codec._DTYPE_CODES[dtype],
-                              trailing, out.data_ptr(), out.numel() * out.element_size(), threads)
+    errors = _C.decompress_into(buf.data_ptr(), buf.numel(), sources, _codec._DTYPE_CODES[dtype],
+                                trailing, out.data_ptr(), out.numel() * out.element_size(), threads)
+    return [None if e is None else e[0] for e in errors]
 
 
 def grouped_sources(sizes, groups, rows, prefix):
@@ -525,6 +528,17 @@ def test_decompress_into_reports_a_corrupted_source_and_decodes_the_others():
     assert errors[0] is None and errors[2] is None
     assert errors[1].startswith("source 1") and "checksum" in errors[1]
     assert torch.equal(out[:30], ref[:30]) and torch.equal(out[60:], ref[60:])
+
+
+def test_decompress_into_says_whether_a_source_was_corrupt_or_disagrees_with_what_was_asked():
+    x, buf, sizes, sources = three_sources()
+    buf[sources[1][0] + sources[1][1] - 5] ^= 0x40  # source 1: corrupt
+    moved = [sources[0], sources[1], (sources[2][0], sources[2][1], sources[2][2] + 2)]
+    out = torch.zeros(x.shape[0] + 2, x.shape[1])
+    errors = hvd_lossy.decompress_into(buf, moved, out)  # source 2: asked for 2 rows too many
+    assert errors[0] is None
+    assert "checksum" in errors[1] and errors[1].mismatch is False
+    assert "expected" in errors[2] and errors[2].mismatch is True
 
 
 @pytest.mark.parametrize("change, match", [

@@ -101,7 +101,9 @@ class Link:
         name = "emb.a2a"  # one name: Horovod caches responses by name, and calls never overlap
         if self.plain:
             out = hvd.alltoall(tensor, splits=splits, name=name)
-            self._plain_bytes = tensor.numel() * tensor.element_size()
+            # what leaves the rank: its own chunk is a local copy (as hvd_lossy counts it)
+            self._plain_bytes = (tensor.numel() * tensor.element_size()
+                                 * (1 - splits[self.rank] / max(sum(splits), 1)))
         else:
             compression = self.compression
             if self._evaluating and self.args.eval_compression == "none":
