@@ -42,11 +42,14 @@ class _OneFrame(LossyCall):
             frame, _ = self.compressor.compress(self.tensor.detach())
         except Exception as e:
             raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
-        self.record.raw_bytes = self.tensor.numel() * self.tensor.element_size()
-        self.record.wire_bytes = frame.numel()
-        bound = getattr(self.compressor, "error_bound", None)
-        self.record.error_bounds = [] if bound is None else [float(bound)]
+        self.note_frame(frame.numel())
         return frame
+
+    def note_frame(self, nbytes):
+        """Statistics of the one frame this rank sends."""
+        self.record.raw_bytes = self.tensor.numel() * self.tensor.element_size()
+        self.record.wire_bytes = nbytes
+        self.record.error_bounds = [float(self.compressor.error_bound)]
 
     def rows(self):
         t = self.tensor
@@ -82,9 +85,7 @@ class Allgather(_OneFrame):
                 dedup=c.dedup, dither=c.next_dither_seed(_ops.rank()))
         except Exception as e:
             raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
-        self.record.raw_bytes = t.numel() * t.element_size()
-        self.record.wire_bytes = size
-        self.record.error_bounds = [float(c.error_bound)]
+        self.note_frame(size)
         self.record.meta_bytes = HEADER_BYTES
         pack_header(header(t, None, rows[0], size, self.pending), send.numpy(), 0)
         return send[:HEADER_BYTES + size]
