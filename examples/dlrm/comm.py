@@ -102,8 +102,9 @@ class Link:
         if self.plain:
             out = hvd.alltoall(tensor, splits=splits, name=name)
             # what leaves the rank: its own chunk is a local copy (as hvd_lossy counts it)
+            rows = [int(r) for r in splits]  # a list or a tensor
             self._plain_bytes = (tensor.numel() * tensor.element_size()
-                                 * (1 - splits[self.rank] / max(sum(splits), 1)))
+                                 * (sum(rows) - rows[self.rank]) // max(sum(rows), 1))
         else:
             compression = self.compression
             if self._evaluating and self.args.eval_compression == "none":
