@@ -385,63 +385,6 @@ HL_AVX512 inline bool dither16(DitherInner& di, uint64_t first, __m512d step, __
   return true;
 }
 
-// quantize4_f32 eight wide: codes (or the outlier mark) of eight elements; returns the mask of
-// misses.
-HL_AVX512 inline unsigned quantize8_f32(const float* x, __m512d inv, __m512d step, __m512d eb,
-                                        __m512d u, uint32_t* z) {
-  const __m512d qmax = _mm512_set1_pd(HL_QMAX);
-  const __m512d magic = _mm512_set1_pd(6755399441055744.0);
-  __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x));
-  __m512d s = _mm512_mul_pd(_mm512_sub_pd(v, u), inv);
-  __mmask8 in_range = _mm512_cmp_pd_mask(_mm512_abs_pd(s), qmax, _CMP_LE_OQ);
-  __m512d r = _mm512_sub_pd(_mm512_add_pd(_mm512_maskz_mov_pd(in_range, s), magic), magic);
-  __m256i q = _mm512_cvttpd_epi32(r);
-  __m512d back = _mm512_cvtps_pd(
-      _mm512_cvtpd_ps(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(q), step), u)));
-  __mmask8 ok = _mm512_mask_cmp_pd_mask(in_range, _mm512_abs_pd(_mm512_sub_pd(v, back)), eb,
-                                        _CMP_LE_OQ);
-  __m256i zig = _mm256_xor_si256(_mm256_slli_epi32(q, 1), _mm256_srai_epi32(q, 31));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(z),
-                      _mm256_mask_mov_epi32(_mm256_set1_epi32(-1), ok, zig));
-  return (unsigned)(uint8_t)~ok;
-}
-
-HL_AVX512 void quantize_f32_avx512(const float* xs, const uint64_t* idx, uint64_t rows,
-                                   uint64_t d, const QuantParams& qp, uint32_t* codes,
-                                   uint8_t* row_outlier, uint64_t* hashes) {
-  const __m512d inv = _mm512_set1_pd(qp.inv_step), step = _mm512_set1_pd(qp.step),
-                eb = _mm512_set1_pd(qp.eb_abs);
-  DitherInner di{qp.seed};
-  for (uint64_t r = 0; r < rows; ++r) {
-    prefetch_gathered(xs, idx, r, rows, d * 4);
-    const float* x = xs + (idx ? idx[r] : r) * d;
-    uint32_t* z = codes + r * d;
-    unsigned miss = 0;
-    uint64_t i = 0;
-    if (qp.dither) {  // never deduplicated: idx is null, row r is element r*d
-      __m512d u, u1;
-      for (; i + 16 <= d && dither16(di, qp.first + r * d + i, step, &u, &u1); i += 16) {
-        miss |= quantize8_f32(x + i, inv, step, eb, u, z + i);
-        miss |= quantize8_f32(x + i + 8, inv, step, eb, u1, z + i + 8);
-      }
-      for (; i + 8 <= d && dither8(di, qp.first + r * d + i, step, &u); i += 8)
-        miss |= quantize8_f32(x + i, inv, step, eb, u, z + i);
-    } else {
-      const __m512d zero = _mm512_setzero_pd();
-      for (; i + 8 <= d; i += 8) miss |= quantize8_f32(x + i, inv, step, eb, zero, z + i);
-    }
-    uint8_t tail = 0;
-    if (i < d) {
-      QuantParams rest = qp;
-      rest.first = qp.first + r * d + i;
-      quantize_f32_avx2(x + i, nullptr, 1, d - i, rest, z + i, &tail, nullptr);
-    }
-    row_outlier[r] = (uint8_t)((miss != 0) | tail);
-    if (hashes)
-      hashes[r] = row_outlier[r] ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
-  }
-}
-
 HL_AVX512 void dequantize_f32_avx512(const uint32_t* z, uint64_t n, double step, float* out) {
   const __m512d st = _mm512_set1_pd(step);
   const __m512i one = _mm512_set1_epi32(1);
@@ -506,18 +449,47 @@ HL_AVX512_F16 inline __m128i ps_to_half8(__m256 f) {
   return _mm256_cvtepi32_epi16(_mm256_blendv_epi8(rounded, quiet, nan));
 }
 
+// Element lanes of the AVX-512 quantizer: eight elements widened to double, the double an
+// element holds after rounding a float through the element type, and the scalar/AVX2 code for
+// a row's last d % 8 elements. One quantizer for every dtype, so the dtypes cannot drift apart.
+struct F32Lanes {
+  using T = float;
+  static HL_AVX512_F16 __m512d load(const float* x) { return _mm512_cvtps_pd(_mm256_loadu_ps(x)); }
+  static HL_AVX512_F16 __m512d stored(__m256 f) { return _mm512_cvtps_pd(f); }
+  static void tail(const float* x, uint64_t n, const QuantParams& qp, uint32_t* z, uint8_t* miss) {
+    quantize_f32_avx2(x, nullptr, 1, n, qp, z, miss, nullptr);
+  }
+};
+
 template <int DT>
-HL_AVX512_F16 inline unsigned quantize8_half(const uint16_t* x, __m512d inv, __m512d step,
-                                             __m512d eb, __m512d u, uint32_t* z) {
+struct HalfLanes {
+  using T = uint16_t;
+  static HL_AVX512_F16 __m512d load(const uint16_t* x) {
+    return _mm512_cvtps_pd(half8_to_ps<DT>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))));
+  }
+  static HL_AVX512_F16 __m512d stored(__m256 f) {
+    return _mm512_cvtps_pd(half8_to_ps<DT>(ps_to_half8<DT>(f)));
+  }
+  static void tail(const uint16_t* x, uint64_t n, const QuantParams& qp, uint32_t* z,
+                   uint8_t* miss) {
+    quantize_impl<DT>(x, nullptr, 1, n, qp, z, miss, nullptr);
+  }
+};
+
+// quantize4_f32 eight wide: codes (or the outlier mark) of eight elements; returns the mask of
+// misses.
+template <class L>
+HL_AVX512_F16 inline unsigned quantize8(const typename L::T* x, __m512d inv, __m512d step,
+                                        __m512d eb, __m512d u, uint32_t* z) {
   const __m512d qmax = _mm512_set1_pd(HL_QMAX);
   const __m512d magic = _mm512_set1_pd(6755399441055744.0);
-  __m512d v = _mm512_cvtps_pd(half8_to_ps<DT>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))));
+  __m512d v = L::load(x);
   __m512d s = _mm512_mul_pd(_mm512_sub_pd(v, u), inv);
   __mmask8 in_range = _mm512_cmp_pd_mask(_mm512_abs_pd(s), qmax, _CMP_LE_OQ);
   __m512d r = _mm512_sub_pd(_mm512_add_pd(_mm512_maskz_mov_pd(in_range, s), magic), magic);
   __m256i q = _mm512_cvttpd_epi32(r);
-  __m256 rec = _mm512_cvtpd_ps(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(q), step), u));
-  __m512d back = _mm512_cvtps_pd(half8_to_ps<DT>(ps_to_half8<DT>(rec)));
+  __m512d back =
+      L::stored(_mm512_cvtpd_ps(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(q), step), u)));
   __mmask8 ok = _mm512_mask_cmp_pd_mask(in_range, _mm512_abs_pd(_mm512_sub_pd(v, back)), eb,
                                         _CMP_LE_OQ);
   __m256i zig = _mm256_xor_si256(_mm256_slli_epi32(q, 1), _mm256_srai_epi32(q, 31));
@@ -526,36 +498,36 @@ HL_AVX512_F16 inline unsigned quantize8_half(const uint16_t* x, __m512d inv, __m
   return (unsigned)(uint8_t)~ok;
 }
 
-template <int DT>
-HL_AVX512_F16 void quantize_half_avx512(const uint16_t* xs, const uint64_t* idx, uint64_t rows,
-                                        uint64_t d, const QuantParams& qp, uint32_t* codes,
-                                        uint8_t* row_outlier, uint64_t* hashes) {
+template <class L>
+HL_AVX512_F16 void quantize_avx512(const typename L::T* xs, const uint64_t* idx, uint64_t rows,
+                                   uint64_t d, const QuantParams& qp, uint32_t* codes,
+                                   uint8_t* row_outlier, uint64_t* hashes) {
   const __m512d inv = _mm512_set1_pd(qp.inv_step), step = _mm512_set1_pd(qp.step),
                 eb = _mm512_set1_pd(qp.eb_abs);
   DitherInner di{qp.seed};
   for (uint64_t r = 0; r < rows; ++r) {
-    prefetch_gathered(xs, idx, r, rows, d * 2);
-    const uint16_t* x = xs + (idx ? idx[r] : r) * d;
+    prefetch_gathered(xs, idx, r, rows, d * sizeof(typename L::T));
+    const typename L::T* x = xs + (idx ? idx[r] : r) * d;
     uint32_t* z = codes + r * d;
     unsigned miss = 0;
     uint64_t i = 0;
     if (qp.dither) {  // never deduplicated: idx is null, row r is element r*d
       __m512d u, u1;
       for (; i + 16 <= d && dither16(di, qp.first + r * d + i, step, &u, &u1); i += 16) {
-        miss |= quantize8_half<DT>(x + i, inv, step, eb, u, z + i);
-        miss |= quantize8_half<DT>(x + i + 8, inv, step, eb, u1, z + i + 8);
+        miss |= quantize8<L>(x + i, inv, step, eb, u, z + i);
+        miss |= quantize8<L>(x + i + 8, inv, step, eb, u1, z + i + 8);
       }
       for (; i + 8 <= d && dither8(di, qp.first + r * d + i, step, &u); i += 8)
-        miss |= quantize8_half<DT>(x + i, inv, step, eb, u, z + i);
+        miss |= quantize8<L>(x + i, inv, step, eb, u, z + i);
     } else {
       const __m512d zero = _mm512_setzero_pd();
-      for (; i + 8 <= d; i += 8) miss |= quantize8_half<DT>(x + i, inv, step, eb, zero, z + i);
+      for (; i + 8 <= d; i += 8) miss |= quantize8<L>(x + i, inv, step, eb, zero, z + i);
     }
     uint8_t tail = 0;
     if (i < d) {
       QuantParams rest = qp;
       rest.first = qp.first + r * d + i;
-      quantize_impl<DT>(x + i, nullptr, 1, d - i, rest, z + i, &tail, nullptr);
+      L::tail(x + i, d - i, rest, z + i, &tail);
     }
     row_outlier[r] = (uint8_t)((miss != 0) | tail);
     if (hashes)
@@ -693,14 +665,14 @@ HL_CLONES void quantize_rows(uint8_t dtype, const void* x, const uint64_t* idx, 
                              uint8_t* row_outlier, uint64_t* hashes) {
 #ifdef HL_HAVE_AVX2_PATH
   if (dtype == HL_FLOAT32 && cpu_has_avx512())
-    return quantize_f32_avx512(static_cast<const float*>(x), idx, rows, row_len, qp, z,
-                               row_outlier, hashes);
+    return quantize_avx512<F32Lanes>(static_cast<const float*>(x), idx, rows, row_len, qp, z,
+                                     row_outlier, hashes);
   if (dtype == HL_FLOAT16 && cpu_has_avx512())
-    return quantize_half_avx512<HL_FLOAT16>(static_cast<const uint16_t*>(x), idx, rows, row_len,
-                                            qp, z, row_outlier, hashes);
+    return quantize_avx512<HalfLanes<HL_FLOAT16>>(static_cast<const uint16_t*>(x), idx, rows,
+                                                  row_len, qp, z, row_outlier, hashes);
   if (dtype == HL_BFLOAT16 && cpu_has_avx512())
-    return quantize_half_avx512<HL_BFLOAT16>(static_cast<const uint16_t*>(x), idx, rows, row_len,
-                                             qp, z, row_outlier, hashes);
+    return quantize_avx512<HalfLanes<HL_BFLOAT16>>(static_cast<const uint16_t*>(x), idx, rows,
+                                                   row_len, qp, z, row_outlier, hashes);
   if (dtype == HL_FLOAT32 && cpu_has_avx2())
     return quantize_f32_avx2(static_cast<const float*>(x), idx, rows, row_len, qp, z, row_outlier,
                              hashes);
