@@ -2,6 +2,8 @@
 
 The only module that imports the compiled extension ``hvd_lossy._C``.
 """
+import numbers
+
 import torch
 
 from . import _C
@@ -53,14 +55,21 @@ def _check_level(level):
     return int(level)
 
 
-def _check_bound(eb):
-    try:
-        value = float(eb)
-    except (TypeError, ValueError):
-        raise TypeError(f"error_bound must be a number, got {eb!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"error_bound must be a finite number >= 0, got {eb!r}")
-    return value
+def check_error_bound(value, name="error_bound", positive=False):
+    """The one rule for every error bound hvd_lossy accepts (codec, compressors, adaptive
+    controller): a real number (not a bool, a string or a tensor), finite and >= 0 (> 0 when
+    `positive`). Returns it as a float; raises TypeError for a non-number, ValueError for a
+    value out of range, both naming the value."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    number = float(value)
+    if not (number > 0 if positive else number >= 0) or number == float("inf"):
+        raise ValueError(f"{name} must be a finite number {'>' if positive else '>='} 0, "
+                         f"got {value!r}")
+    return number
+
+
+_check_bound = check_error_bound
 
 
 def _check_device(tensor):

@@ -26,13 +26,7 @@ def is_lossy(compression):
     return isinstance(compression, LossyCompressor)
 
 
-def _check_error_bound(error_bound):
-    if isinstance(error_bound, bool) or not isinstance(error_bound, numbers.Real):
-        raise TypeError(f"error_bound must be a number, got {error_bound!r}")
-    value = float(error_bound)
-    if not 0.0 <= value < float("inf"):
-        raise ValueError(f"error_bound must be a finite number >= 0, got {error_bound!r}")
-    return value
+_check_error_bound = hvd_lossy.check_error_bound
 
 
 def _check_segments(segments, name):

@@ -43,10 +43,11 @@ def _check_bound_setting(value, what):
     """"table" or a finite float >= 0."""
     if isinstance(value, str) and value == TABLE:
         return TABLE
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value < 0:
-        raise ValueError(f"{what} must be 'table' or a finite error bound >= 0, got {value!r}")
-    return float(value)
+    try:
+        return hvd_lossy.check_error_bound(value, what)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be 'table' or a finite error bound >= 0, got {value!r}") \
+            from None
 
 
 class AdaptiveCompressor(LossyCompressor):

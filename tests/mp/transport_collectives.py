@@ -1,6 +1,8 @@
 """Worker: compressed alltoall, allgather and broadcast deliver what the peers sent, within the
 bound; Compression.none is Horovod's own result bit for bit. Run by tests/test_transport.py
 under mpirun and horovodrun with 2 or 3 ranks."""
+import time
+
 import horovod.torch as horovod
 import torch
 from transport_util import (N, R, abs_bound, assert_within, cases_of, lookups, pieces_for,
@@ -66,6 +68,19 @@ def test_fp16_compression_rounds_to_half():
     assert out.dtype == torch.float32 and torch.equal(out, ref.half().float())
 
 
+def wait_for_poll(handle, seconds=30):
+    """Polls until the handle reports its communication done, without synchronizing: what
+    overlapping needs. Fails if poll() is not a bool or never turns True."""
+    deadline = time.monotonic() + seconds
+    while True:
+        done = hvd.poll(handle)
+        assert isinstance(done, bool), f"poll() returned {done!r}, expected a bool"
+        if done:
+            return
+        assert time.monotonic() < deadline, f"poll() still False after {seconds} s"
+        time.sleep(0.001)
+
+
 def test_async_returns_horovod_pairs_and_overlaps():
     lossy = hvd.Compression.lossy(EB)
     xs = [lookups(R, 50 + i, sum(uneven_splits(R, 50 + i, N))) for i in range(2)]
@@ -75,7 +90,7 @@ def test_async_returns_horovod_pairs_and_overlaps():
     plain = hvd.alltoall_async(even)
     assert isinstance(plain, int), "Compression.none hands out Horovod's own handle"
     for i in reversed(range(2)):  # finish in the other order than started
-        hvd.poll(handles[i])
+        wait_for_poll(handles[i])  # the exchange completes in the background: it overlaps
         out, got = hvd.synchronize(handles[i])
         refs = pieces_for(R, 50 + i, N)
         assert got.tolist() == [r.shape[0] for r in refs]
