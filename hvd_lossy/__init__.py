@@ -22,6 +22,8 @@ from ._codec import (
     get_num_threads,
     max_frame_bytes,
     max_grouped_bytes,
+    max_output_bytes,
+    set_max_output_bytes,
     set_num_threads,
     split_frames,
 )
@@ -43,6 +45,8 @@ __all__ = [
     "get_num_threads",
     "max_frame_bytes",
     "max_grouped_bytes",
+    "max_output_bytes",
+    "set_max_output_bytes",
     "set_num_threads",
     "split_frames",
 ]

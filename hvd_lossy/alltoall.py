@@ -16,14 +16,12 @@ from horovod.torch import mpi_ops as _ops
 
 import hvd_lossy
 from hvd_lossy import auto as _auto
-from hvd_lossy.collective import (LossyCall, decode_frames, host_bytes, new_output, remote_bytes,
-                                  plain_start)
+from hvd_lossy.collective import (LossyCall, check_announced_output, decode_frames, host_bytes,
+                                  new_output, plain_start, remote_bytes)
 from hvd_lossy.compression import Compression, NoneCompressor, is_lossy
 from hvd_lossy.protocol import (GRANK, HEADER_BYTES, LOSSLESS, PAYLOAD, ROWS, _LocalError,
                                 check_lossy_tensor, header, header_bytes, like_of, pack_header,
-                                parse_header)
-
-_INT32_MAX = 2 ** 31 - 1  # Horovod's alltoall splits are int32 byte counts here
+                                parse_header, per_rank_limit)
 
 
 def split_list(splits, rows, size):
@@ -176,10 +174,9 @@ class Alltoall(LossyCall):
         self.send_splits = torch.tensor([HEADER_BYTES + n for n in byte_counts], dtype=torch.int32)
         return torch.cat(chunks), sizes
 
-    @staticmethod
-    def _check_split(dest, nbytes):
-        if nbytes + HEADER_BYTES > _INT32_MAX:
-            raise _LocalError(8, nbytes, dest)
+    def _check_split(self, dest, nbytes):
+        if nbytes + HEADER_BYTES > per_rank_limit(self.size):
+            raise _LocalError(8, nbytes + HEADER_BYTES, dest)
 
     def pack_failed(self):
         send = torch.empty(HEADER_BYTES * self.size, dtype=torch.uint8)
@@ -225,6 +222,7 @@ class Alltoall(LossyCall):
             raise self.late_failure
         dtype, trailing = like_of(headers[0])
         rows = [h[ROWS] for h in headers]
+        check_announced_output(headers, dtype, trailing)
         out = new_output((sum(rows), *trailing), dtype, self.device)
         starts = [sum(rows[:s]) for s in range(self.size + 1)]
         offsets = [sum(counts[:s]) for s in range(self.size)]

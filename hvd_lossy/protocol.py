@@ -46,14 +46,28 @@ _ERRORS = {
     5: "dtype {dtype} cannot be compressed (expected float32, float16 or bfloat16)",
     6: "the tensor has {a} dims, expected 1 to {b}",
     7: "compression failed",
-    8: "{a} bytes for rank {b} exceed Horovod's int32 split limit",
+    8: "{a} bytes for rank {b} exceed what one destination may take in a call "
+       "((2^31 - 1) / ranks: Horovod's counts are int32)",
     9: "bad argument",
     10: "the bytes received from rank {a} failed to decode (checksum or format error)",
     11: "the frames received from rank {a} disagree with the dtype, shape or rows it announced",
     12: "ranks disagree on the {what}",
     13: "receiving failed unexpectedly",
+    14: "{a} bytes exceed the {b} bytes one rank may send in a call (Horovod's counts are int32)",
+    15: "rank {a} announced more output than max_output_bytes (hvd_lossy.set_max_output_bytes)",
 }
 _AGREEMENT = ("dtype", "number of dims", "trailing shape", "dim 0")
+
+INT32_MAX = 2 ** 31 - 1
+
+
+def per_rank_limit(size):
+    """Bytes one rank may send to one destination (alltoall) or contribute (allgather) in one
+    call of a process set of `size` ranks. Horovod's uint8 counts and displacements are int32,
+    so a call must stay under 2 GiB on every rank, and a receiver's total is the sum of `size`
+    senders' chunks, which no sender sees: keeping each chunk under 1/size of the limit keeps
+    every rank's send and receive totals under it."""
+    return INT32_MAX // max(size, 1)
 
 
 class RankError(ValueError):
@@ -242,14 +256,17 @@ def check_lossy_tensor(tensor, min_ndim=1):
 class Handle:
     """A started collective; `hvd_lossy.torch.synchronize(handle)` returns its result."""
 
-    def __init__(self, hvd_handle, finish, is_plain_horovod=False):
+    def __init__(self, hvd_handle, finish, is_plain_horovod=False, poll=None):
         self._hvd_handle, self._finish, self._done, self._result = hvd_handle, finish, False, None
         # True when the call is exactly Horovod's own (Compression.none): the public async API
         # then hands out Horovod's integer handle, so horovod.torch.synchronize works on it too.
         self.is_plain_horovod = is_plain_horovod
+        # poll(hvd_handle): True once wait() would not block; a call of several rounds (a
+        # broadcast) passes its own, which also starts the next round when one is done.
+        self._poll = poll or _ops.poll
 
     def poll(self):
-        return self._done or _ops.poll(self._hvd_handle)
+        return self._done or self._poll(self._hvd_handle)
 
     def wait(self):
         if not self._done:

@@ -99,6 +99,41 @@ def test_async_returns_horovod_pairs_and_overlaps():
     assert torch.equal(out, horovod.alltoall(even))
 
 
+def test_plain_handles_finished_by_horovod_leave_nothing_behind():
+    x = lookups(R, 53, 2 * N)
+    for _ in range(200):
+        handle = hvd.alltoall_async(x)  # Compression.none: Horovod's own integer handle
+        horovod.synchronize(handle)
+    assert len(hvd._plain_handles) <= 1, f"{len(hvd._plain_handles)} handles kept"
+    out, _ = hvd.synchronize(hvd.alltoall_async(x))  # ours still finishes them, with statistics
+    assert torch.equal(out, horovod.alltoall(x))
+
+
+def test_broadcast_async_neither_blocks_nor_raises_before_synchronize():
+    x = lookups(R, 54, 3)
+    lossy = hvd.Compression.lossy(EB)
+    # Rank 0 starts its broadcast before a blocking (Horovod, named) collective the others run
+    # first: a broadcast_async that waited for its header round would deadlock here.
+    if R == 0:
+        handle = hvd.broadcast_async(x, 0, compression=lossy)
+        gathered = horovod.allgather(x, name="plain.54")
+    else:
+        gathered = horovod.allgather(x, name="plain.54")
+        handle = hvd.broadcast_async(x, 0, compression=lossy)
+    assert gathered.shape == (3 * N, 4)
+    wait_for_poll(handle)
+    ref = lookups(0, 54, 3)
+    assert_within(hvd.synchronize(handle), ref, abs_bound(ref, EB), "broadcast_async")
+    bad = hvd.broadcast_async(x, N + 3, compression=lossy)  # a root outside the set
+    wait_for_poll(bad)  # the verdict is known: synchronize raises without waiting
+    try:
+        hvd.synchronize(bad)
+    except hvd.RankError as e:
+        assert f"root_rank {N + 3} is not in the process set" in str(e)
+    else:
+        raise AssertionError("a broadcast from a root outside the set did not raise")
+
+
 def test_differentiable_async_gives_the_gradient_alltoall_gives():
     case = 55
     splits = uneven_splits(R, case, N)
