@@ -84,7 +84,8 @@ class Alltoall(LossyCall):
         lo = sum(rows_to[:me])
         hi = lo + rows_to[me]
         self.local_rows = (lo, hi)
-        seed = c.next_dither_seed(_ops.rank())
+        seed = c.next_dither_seed(_ops.rank(), _ops.size(),
+                                  sum(1 for dest, _r, _e in plan if dest != me))
         # The ranks before this one, then the ones after it: the own chunk is copied, not coded.
         parts = [(range(me + 1), tensor[:lo]), (range(me + 1, self.size), tensor[hi:])]
         pack = self._pack_in_place if self.device.type == "cpu" else self._pack_copying

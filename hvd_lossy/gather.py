@@ -91,7 +91,7 @@ class Allgather(_OneFrame):
         try:
             (size,) = hvd_lossy.compress_grouped(
                 t, rows, [c.error_bound], [1], HEADER_BYTES, send, 0, mode=c.mode, level=c.level,
-                dedup=c.dedup, dither=c.next_dither_seed(_ops.rank()))
+                dedup=c.dedup, dither=c.next_dither_seed(_ops.rank(), _ops.size()))
         except Exception as e:
             raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
         self.note_frame(size)

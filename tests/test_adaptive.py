@@ -408,9 +408,9 @@ def test_backward_compressor_lays_out_each_owners_tables():
 def test_dither_backward_makes_the_gradient_compressor_dither():
     c = two_rank_controller(rank=1, grad_base=0.06)
     fwd = AdaptiveCompressor(c, c.tables_of(1), backward="table", dither="backward")
-    assert fwd.next_dither_seed(1) is None
+    assert fwd.next_dither_seed(1, 2) is None
     bwd = fwd.for_backward()
-    assert bwd.dither is True and bwd.next_dither_seed(1) is not None
+    assert bwd.dither is True and bwd.next_dither_seed(1, 2) is not None
     assert AdaptiveCompressor(c, ["c"], backward=0.01, dither=True).for_backward().dither is True
     assert AdaptiveCompressor(c, ["c"]).for_backward().dither is False
     assert "dither='backward'" in repr(fwd) and fwd.get_config()["dither"] == "backward"

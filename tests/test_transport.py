@@ -115,10 +115,11 @@ def test_dither_backward_dithers_the_gradient_frames_only():
     assert c.next_dither_seed() is None  # lookups keep plain rounding (and dedup)
     b = c.for_backward()
     assert b.dither is True and b.error_bound == 0.02 and b.segments == 2
-    seeds = [b.next_dither_seed(rank=1) for _ in range(3)]
-    assert len(set(seeds)) == 3 and all(0 <= s < hvd_lossy.DITHER_SEEDS for s in seeds)
-    assert Compression.lossy(0.03, backward=0.02, dither="backward").for_backward().next_dither_seed(1) == seeds[0]
-    assert b.next_dither_seed(rank=0) != Compression.lossy(0.02, dither=True).next_dither_seed(rank=1)
+    seeds = [b.next_dither_seed(rank=1, size=2) for _ in range(3)]
+    assert len(set(seeds)) == 3 and all(hvd_lossy.DITHER_SEEDS // 2 <= s < hvd_lossy.DITHER_SEEDS
+                                        for s in seeds)  # rank 1's half of the seeds
+    other = Compression.lossy(0.03, backward=0.02, dither="backward").for_backward()
+    assert other.next_dither_seed(1, 2) not in seeds  # compressors share the process's seeds
     assert Compression.lossy(0.03, dither="backward").for_backward().dither is True
     assert LossyCompressor.from_config(json.loads(json.dumps(c.get_config()))) == c
     assert eval(repr(c)) == c
@@ -244,3 +245,25 @@ def test_error_bound_rule_accepts_real_numbers_as_floats(value, expected):
     assert hvd_lossy.check_error_bound(value) == expected
     assert hvd_lossy.check_error_bound(np.float32(value)) == pytest.approx(expected)
     assert hvd_lossy.compress(torch.rand(4, 8), np.float64(value)).dtype == torch.uint8
+
+
+@pytest.mark.parametrize("size,frames", [(8, 208), (3, 7), (1, 1)])
+def test_dither_seeds_never_repeat_within_the_period_the_docstring_states(size, frames):
+    """Every rank's seed ranges of successive calls are disjoint from each other and from every
+    other rank's, for 2^24 // size // frames calls (8 ranks x 208 frames: 10,082 calls; the old
+    scheme repeated after about 1,800); then the rank's block starts over."""
+    import hvd_lossy
+    from hvd_lossy.compression import dither_seed_range
+    block = hvd_lossy.DITHER_SEEDS // size
+    calls = min(block // frames, 20000)
+    ranges = []
+    for rank in range(size):
+        used = 0
+        for _ in range(calls):
+            seed, used = dither_seed_range(used, rank, size, frames)
+            ranges.append((seed, seed + frames))
+    ranges.sort()
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(ranges, ranges[1:]))
+    assert ranges[0][0] >= 0 and ranges[-1][1] <= hvd_lossy.DITHER_SEEDS
+    if calls == block // frames:  # the next call starts the block over
+        assert dither_seed_range(used, size - 1, size, frames)[0] == (size - 1) * block
