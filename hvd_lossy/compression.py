@@ -89,7 +89,9 @@ class LossyCompressor(Compressor):
 
     An alltoall asks `plan(splits)` how to cut the tensor into frames, compresses all of them in
     one native call, then calls `after_compress`. Subclasses (the adaptive controller) override
-    these two to pick a bound per frame and to learn from the sizes achieved.
+    these two to pick a bound per frame and to learn from the sizes achieved. One compressor may
+    serve several exchanges in flight (alltoall_async): nothing passes from `plan` to
+    `after_compress` except the plan itself, which subclasses must keep so.
 
     Arguments:
         error_bound: mode "rel": fraction of each frame's finite value range (max - min);

@@ -492,3 +492,24 @@ def test_budget_policy_reaches_its_target_ratio_on_real_frames():
             c.step()
         assert raw / sent == pytest.approx(target, rel=0.05)
         assert len(set(c.bounds().values())) > 1  # shaped by sensitivity, not one bound
+
+
+def test_one_compressor_serves_two_exchanges_in_flight():
+    """plan() of a second exchange between plan() and after_compress() of the first (two
+    alltoall_async calls with one compressor) records each frame with its own table."""
+    def recorded(interleave):
+        c = two_rank_controller(E=10)
+        comp = AdaptiveCompressor(c, [["a", "b"], ["c"]])
+        first_x, second_x = torch.randn(6, 16), torch.rand(12, 16) * 100
+        first = comp.plan([4, 2])    # a, b to rank 0; c to rank 1
+        steps = [lambda: comp.after_compress(first, [100, 110, 120], first_x)]
+        second = comp.plan([0, 12])  # nothing to rank 0 (still one frame per table), c to rank 1
+        steps.append(lambda: comp.after_compress(second, [10, 11, 130], second_x))
+        for step in (reversed(steps) if interleave else steps):
+            step()
+        c.exchange()
+        return {s.name: (s.raw_bytes, s.frame_bytes) for s in c.stats()}
+
+    got = recorded(interleave=True)
+    assert got == recorded(interleave=False)
+    assert got["c"] == ((2 + 12) * 16 * 4, 120 + 130) and got["a"] == (2 * 16 * 4, 100)

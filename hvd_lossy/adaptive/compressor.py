@@ -98,7 +98,6 @@ class AdaptiveCompressor(LossyCompressor):
         if not isinstance(observe, bool):
             raise TypeError(f"observe must be True or False, got {observe!r}")
         self.direction, self.observe = direction, observe
-        self._frame_tables = []
         self._unique_fraction = {}  # last observed, per table, for the rate model's element count
 
     def _check_tables(self, tables):
@@ -140,14 +139,13 @@ class AdaptiveCompressor(LossyCompressor):
             empty frame.
         """
         bounds = self._bounds()
-        plan, frame_tables = [], []
+        plan = []
         for dest, rows in enumerate(splits):
             names = self._layout(dest)
             if not names:
                 if rows:
                     raise ValueError(f"the chunk for rank {dest} has {rows} rows but no tables")
                 plan.append((dest, 0, 0.0))
-                frame_tables.append(None)
                 continue
             per_table, rest = divmod(int(rows), len(names))
             if rest:
@@ -156,21 +154,31 @@ class AdaptiveCompressor(LossyCompressor):
             for name in names:
                 eb = bounds[name] if bounds is not None else self.bound
                 plan.append((dest, per_table, float(eb)))
-                frame_tables.append(name)
-        self._frame_tables = frame_tables
         return plan
+
+    def _tables_of(self, plan):
+        """The table of each frame of a plan() result (None for a destination without tables),
+        read from the plan and the fixed layout: no state passes from plan() to after_compress(),
+        so one compressor may serve several exchanges in flight."""
+        tables, seen = [], {}
+        for dest, _rows, _eb in plan:
+            names = self._layout(dest)
+            k = seen[dest] = seen.get(dest, -1) + 1
+            if names and k >= len(names):
+                raise ValueError(f"the plan has {k + 1} frames for rank {dest}, its layout "
+                                 f"{names} has {len(names)} tables")
+            tables.append(names[k] if names else None)
+        return tables
 
     def after_compress(self, plan, frame_sizes, tensor):
         """Record each frame's bytes with the controller (and observe its rows if asked); the
         size of a frame the alltoall did not code (the rank's own chunk) is None."""
-        if len(plan) != len(self._frame_tables):
-            raise RuntimeError(f"after_compress got a plan of {len(plan)} frames, plan() made "
-                               f"{len(self._frame_tables)}")
+        frame_tables = self._tables_of(plan)
         row_len = math.prod(tensor.shape[1:])
         row_bytes = row_len * tensor.element_size()
         header = hvd_lossy.max_frame_bytes(0, row_len, tensor.dim())
         c, offset = self.controller, 0
-        for (_dest, rows, eb), size, name in zip(plan, frame_sizes, self._frame_tables):
+        for (_dest, rows, eb), size, name in zip(plan, frame_sizes, frame_tables):
             piece = tensor[offset:offset + rows]
             offset += rows
             if name is None or rows == 0:
