@@ -513,3 +513,13 @@ def test_one_compressor_serves_two_exchanges_in_flight():
     got = recorded(interleave=True)
     assert got == recorded(interleave=False)
     assert got["c"] == ((2 + 12) * 16 * 4, 120 + 130) and got["a"] == (2 * 16 * 4, 100)
+
+
+@pytest.mark.mpi
+def test_adaptive_alltoall_in_a_process_set_talks_over_the_set_and_lays_tables_out_by_set_rank():
+    """tests/mp/adaptive_process_set.py: 3 ranks, a set of 2; bounds land on the right tables
+    forward and backward, the controller exchanges over the set, a mismatched one raises."""
+    from tests._launch import run_mpi
+
+    out = run_mpi("tests/mp/adaptive_process_set.py", np=3, timeout=120)
+    assert sorted(out.count(f"rank {r}: adaptive process set OK") for r in range(3)) == [1, 1, 1], out

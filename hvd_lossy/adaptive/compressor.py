@@ -138,6 +138,10 @@ class AdaptiveCompressor(LossyCompressor):
             list of (destination, rows, error_bound); a destination without tables gets one
             empty frame.
         """
+        if len(splits) != self.controller.size:
+            raise ValueError(f"the all-to-all has {len(splits)} ranks but the controller spans "
+                             f"{self.controller.size}: for alltoall(..., process_set=ps) build "
+                             f"the Controller with process_set=ps")
         bounds = self._bounds()
         plan = []
         for dest, rows in enumerate(splits):
