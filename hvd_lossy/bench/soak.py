@@ -189,6 +189,10 @@ def run(args, hvd, sets):
         calls += len(mine)
         if rnd + 1 == args.warmup:
             warm_rss = rss_bytes()
+        if args.progress and (rnd + 1) % args.progress == 0:
+            print(f"rank {rank}: round {rnd + 1}, {calls} calls, {checker.elements} elements, "
+                  f"{checker.violations} violations, RSS {rss_bytes() / 2**20:.1f} MiB, "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
     seconds = time.perf_counter() - t0
     return checker, number, calls, warm_rss or rss_bytes(), rss_bytes(), seconds
 
@@ -210,6 +214,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=None,
                         help="rounds before the warm-up RSS is taken (default rounds // 10)")
     parser.add_argument("--no-sets", action="store_true", help="the world only, no process sets")
+    parser.add_argument("--progress", type=int, default=0, metavar="ROUNDS",
+                        help="print the counts so far every ROUNDS rounds (0: never)")
     parser.add_argument("--json", type=pathlib.Path, help="write the results here (rank 0)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
