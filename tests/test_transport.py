@@ -267,3 +267,13 @@ def test_dither_seeds_never_repeat_within_the_period_the_docstring_states(size, 
     assert ranges[0][0] >= 0 and ranges[-1][1] <= hvd_lossy.DITHER_SEEDS
     if calls == block // frames:  # the next call starts the block over
         assert dither_seed_range(used, size - 1, size, frames)[0] == (size - 1) * block
+
+
+@pytest.mark.mpi
+def test_resident_memory_stays_flat_over_lossy_alltoalls_after_warm_up():
+    """tests/mp/memory_flat.py: RSS grows by at most 5 MiB over 600 calls (sync, async,
+    autograd, dither, both levels) after 200 warm-up calls; the benchmark number over 10^4
+    calls is in benchmarks/RESULTS.md."""
+    output = run_mpi("tests/mp/memory_flat.py", np=2, args=[600, 200], timeout=150)
+    assert sorted(re.findall(r"^rank (\d): RSS growth -?\d+ bytes over 600 calls$", output,
+                             re.M)) == ["0", "1"], output
