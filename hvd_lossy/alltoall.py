@@ -137,7 +137,8 @@ class Alltoall(LossyCall):
         host = send.numpy()
         for dest, (at, nbytes) in enumerate(group_at):
             self._check_split(dest, nbytes)
-            pack_header(header(self.tensor, None, self.rows_to[dest], nbytes, self.pending), host, at)
+            pack_header(header(self.tensor, None, self.rows_to[dest], nbytes, self.pending,
+                               self.settings), host, at)
         self.send_splits = torch.tensor([HEADER_BYTES + n for _at, n in group_at], dtype=torch.int32)
         return send[:offset], sizes
 
@@ -168,7 +169,7 @@ class Alltoall(LossyCall):
         body = torch.cat(frames) if frames else None
         for dest, n in enumerate(byte_counts):
             chunks.append(header_bytes(header(self.tensor, None, self.rows_to[dest], n,
-                                              self.pending), self.device))
+                                              self.pending, self.settings), self.device))
             if n:
                 chunks.append(body[src:src + n])
                 src += n
@@ -183,7 +184,8 @@ class Alltoall(LossyCall):
         send = torch.empty(HEADER_BYTES * self.size, dtype=torch.uint8)
         host = send.numpy()
         for dest in range(self.size):
-            pack_header(header(self.tensor, self.failure, self.rows_to[dest], 0, self.pending),
+            pack_header(header(self.tensor, self.failure, self.rows_to[dest], 0, self.pending,
+                               self.settings),
                         host, dest * HEADER_BYTES)
         self.send_splits = torch.full((self.size,), HEADER_BYTES, dtype=torch.int32)
         self.record.meta_bytes = HEADER_BYTES * self.size

@@ -24,7 +24,8 @@ import hvd_lossy
 from hvd_lossy import stats as _stats
 from hvd_lossy.compression import NoneCompressor
 from hvd_lossy.protocol import (GRANK, ROWS, Handle, _LocalError, base_name, begin_call,
-                                compression_name, raise_from_headers, raise_received)
+                                compression_name, raise_from_headers, raise_received,
+                                settings_digest)
 
 
 def new_output(shape, dtype, device):
@@ -161,6 +162,7 @@ class LossyCall:
         self.tensor, self.compressor, self.process_set = tensor, compressor, process_set
         self.size, self.me = process_set.size(), process_set.rank()
         self.call, self.pending = begin_call(process_set)
+        self.settings = settings_digest(compressor)
         self.base = base_name(self.op, name, self.call, process_set)
         self.record = _stats.CallStats(op=self.op, compression=repr(compressor))
         self.failure = None

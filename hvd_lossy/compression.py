@@ -210,6 +210,13 @@ class LossyCompressor(Compressor):
             return self._backward_compressor
         return self.backward
 
+    def agreement(self):
+        """What every rank of a collective must share about this compressor (it travels as a
+        digest in the protocol headers; ranks that differ raise RankError)."""
+        return {"type": type(self).__name__, "error_bound": self.error_bound, "mode": self.mode,
+                "level": self.level, "dedup": self.dedup, "dither": self.dither,
+                "auto": self.auto}
+
     def compress(self, tensor):
         """Compresses the whole tensor into one frame.
 

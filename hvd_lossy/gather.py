@@ -66,7 +66,8 @@ class _OneFrame(LossyCall):
                            dtype=torch.uint8)
         rows = 0 if self.failure else self.rows()
         nbytes = 0 if frame is None else frame.numel()
-        pack_header(header(self.tensor, self.failure, rows, nbytes, self.pending), send.numpy(), 0)
+        pack_header(header(self.tensor, self.failure, rows, nbytes, self.pending, self.settings),
+                    send.numpy(), 0)
         if frame is not None:
             send[HEADER_BYTES:].copy_(frame)
         self.record.meta_bytes = HEADER_BYTES
@@ -96,7 +97,7 @@ class Allgather(_OneFrame):
             raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
         self.note_frame(size)
         self.record.meta_bytes = HEADER_BYTES
-        pack_header(header(t, None, rows[0], size, self.pending), send.numpy(), 0)
+        pack_header(header(t, None, rows[0], size, self.pending, self.settings), send.numpy(), 0)
         return send[:HEADER_BYTES + size]
 
     def pack_failed(self):
@@ -173,8 +174,8 @@ class Broadcast(_OneFrame):
         payload and all ranks reach the same verdict before it moves) without waiting for it."""
         self.frame = frame
         nbytes = 0 if self.failure or frame is None else frame.numel()
-        fields = torch.tensor([header(self.tensor, self.failure, self.rows(), nbytes, self.pending)],
-                              dtype=torch.int64)
+        fields = torch.tensor([header(self.tensor, self.failure, self.rows(), nbytes, self.pending,
+                                      self.settings)], dtype=torch.int64)
         self.record.meta_bytes = 8 * HEADER_FIELDS
         return _ops.allgather_async(fields, name=self.base + ".meta", process_set=self.process_set)
 

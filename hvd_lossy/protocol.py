@@ -13,7 +13,9 @@ process set carries the failure in its headers, and every other rank raises the 
 there. So every rank raises and no rank is left waiting in a collective another rank skipped.
 """
 import collections
+import json
 import struct
+import zlib
 
 import torch
 from horovod.torch import mpi_ops as _ops
@@ -27,11 +29,12 @@ MAX_NDIM = 8  # HL_MAX_NDIM of the frame format
 
 # Header: int64 fields, then the trailing dims (MAX_NDIM slots, -1 padded). The same layout is
 # the metadata row that broadcast allgathers. PENDING/PENDING_A/PENDING_SEQ report a failure
-# this rank found receiving an earlier call (code, the sender, that call's number).
+# this rank found receiving an earlier call (code, the sender, that call's number); SETTINGS is
+# a digest of the compressor's settings (settings_digest), which the ranks must share.
 MAGIC = 0x324C5648  # "HVL2": guards against reading frames or garbage as a header
 (_MAGIC, _STATUS, _A, _B, GRANK, _DTYPE, _NDIM, ROWS, PAYLOAD, _PENDING, _PENDING_A,
- _PENDING_SEQ) = range(12)
-_DIMS = 12
+ _PENDING_SEQ, _SETTINGS) = range(13)
+_DIMS = 13
 HEADER_FIELDS = _DIMS + MAX_NDIM
 HEADER_BYTES = 8 * HEADER_FIELDS
 _HEADER = struct.Struct(f"<{HEADER_FIELDS}q")
@@ -56,7 +59,7 @@ _ERRORS = {
     14: "{a} bytes exceed the {b} bytes one rank may send in a call (Horovod's counts are int32)",
     15: "rank {a} announced more output than max_output_bytes (hvd_lossy.set_max_output_bytes)",
 }
-_AGREEMENT = ("dtype", "number of dims", "trailing shape", "dim 0")
+_AGREEMENT = ("dtype", "number of dims", "trailing shape", "compression settings", "dim 0")
 
 INT32_MAX = 2 ** 31 - 1
 
@@ -123,14 +126,24 @@ def begin_call(process_set):
     return p.calls, fields
 
 
-def header(tensor, failure, rows, payload, pending=(0, 0, 0)):
+def settings_digest(compressor):
+    """A 31-bit digest of what the ranks of a lossy collective must agree on about its
+    compressor (compressor.agreement(): bound, mode, level, dither, ...): ranks calling with
+    different compressors or bounds get a RankError instead of frames decoded to bounds their
+    receivers did not ask for."""
+    agreement = getattr(compressor, "agreement", None)
+    key = agreement() if agreement is not None else repr(compressor)
+    return zlib.crc32(json.dumps(key, sort_keys=True, default=repr).encode()) & 0x7FFFFFFF
+
+
+def header(tensor, failure, rows, payload, pending=(0, 0, 0), settings=0):
     """The header fields (list of ints) this rank sends ahead of `payload` frame bytes."""
     code, a, b = (failure.code, failure.a, failure.b) if failure else (0, 0, 0)
     is_tensor = isinstance(tensor, torch.Tensor)
     dims = (list(tensor.shape[1:]) if is_tensor else []) + [-1] * MAX_NDIM
     ndim = tensor.dim() if is_tensor else -1
     return ([MAGIC, code, a, b, _ops.rank(), dtype_code(tensor), ndim, int(rows), int(payload)]
-            + list(pending) + dims[:MAX_NDIM])
+            + list(pending) + [settings] + dims[:MAX_NDIM])
 
 
 def pack_header(fields, out, offset):
@@ -164,7 +177,8 @@ def check_headers(headers, compare_rows=False):
     for h in headers:
         if h[_STATUS]:
             return _LocalError(h[_STATUS], h[_A], h[_B], origin=h[GRANK], dtype=h[_DTYPE])
-    keys = [lambda h: _dtype_name(h[_DTYPE]), lambda h: h[_NDIM], lambda h: like_of(h)[1]]
+    keys = [lambda h: _dtype_name(h[_DTYPE]), lambda h: h[_NDIM], lambda h: like_of(h)[1],
+            lambda h: f"settings {h[_SETTINGS]:#010x}"]
     if compare_rows:
         keys.append(lambda h: h[ROWS])
     for what, key in enumerate(keys):

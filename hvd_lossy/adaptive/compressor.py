@@ -219,6 +219,15 @@ class AdaptiveCompressor(LossyCompressor):
                 dither=bool(self.dither), auto=self.auto)
         return self._backward_compressor
 
+    def agreement(self):
+        """As LossyCompressor's, with the controller's configuration in place of one bound; the
+        table layout is left out, since each rank sends its own tables."""
+        controller = self.controller.get_config()
+        controller.pop("telemetry", None)  # only rank 0 writes it
+        return {"type": type(self).__name__, "controller": controller, "level": self.level,
+                "dedup": self.dedup, "bound": self.bound, "direction": self.direction,
+                "dither": self.dither, "auto": self.auto}
+
     def compress(self, tensor):
         """One frame of the whole tensor at the base bound (collectives other than alltoall)."""
         return super().compress(tensor)

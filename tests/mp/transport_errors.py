@@ -155,11 +155,24 @@ def test_chunks_adding_up_past_the_per_call_limit_raise_everywhere():
                       "bytes one rank may send in a call", "int32")
 
 
+def test_ranks_calling_with_different_bounds_or_compressors_raise_everywhere():
+    x = even()
+    for mine in (hvd.Compression.lossy(0.05 if R == BAD else 0.02),
+                 hvd.Compression.lossy(0.02, level=2 if R == BAD else 1),
+                 hvd.Compression.lossy(0.02, mode="abs" if R == BAD else "rel")):
+        expect_rank_error(lambda: hvd.alltoall(x, compression=mine),
+                          "disagree on the compression settings")
+        expect_rank_error(lambda: hvd.allgather(x, compression=mine),
+                          "disagree on the compression settings")
+    expect_rank_error(lambda: hvd.broadcast(x, 0, compression=hvd.Compression.lossy(
+        0.05 if R == BAD else 0.02)), "disagree on the compression settings")
+
+
 def test_header_announcing_2_pow_40_rows_raises_before_allocating():
     real = hvd_lossy.alltoall.header
 
-    def huge(tensor, failure, rows, payload, pending=(0, 0, 0)):
-        return real(tensor, failure, rows if payload == 0 else 1 << 40, payload, pending)
+    def huge(tensor, failure, rows, payload, *more):
+        return real(tensor, failure, rows if payload == 0 else 1 << 40, payload, *more)
 
     def bad_call():
         if R == BAD:
