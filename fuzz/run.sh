@@ -5,9 +5,15 @@
 #                                        harness SECONDS (default 120)
 #   fuzz/run.sh replay                   build, then only replay fuzz/crashes/ through every harness
 #   fuzz/run.sh coverage                 line coverage of native/ reached by the saved corpora
+#   fuzz/run.sh ci                       no clang needed: every native harness built with g++
+#                                        -fsanitize=address,undefined and fuzz/replay_main.cc,
+#                                        run once over fresh seeds, fuzz/crashes/ and
+#                                        fuzz/corpus/<harness>/ (the CI regression, seconds)
 #
 # Harnesses: decode (libFuzzer, native, raw bytes), decode_patched (native, checksum and
-# total_bytes patched), py (atheris through hvd_lossy's Python API), py_patched.
+# total_bytes patched), decode_into / decode_into_patched (the transport's decompress_into_cpu
+# on a receive buffer of frames), py (atheris through hvd_lossy's Python API), py_patched.
+# A native harness is one line of NATIVE_HARNESSES below: name, source, extra flags.
 # Environment: CXX (clang++ with libFuzzer; default clang++-14 or clang++), FUZZ_WORK (build
 # outputs, corpora, logs; default fuzz/work), FUZZ_MAX_LEN (default 8192), PYTHON (default
 # .venv/bin/python), FUZZ_SKIP_BUILD=1 (reuse the binaries already in $FUZZ_WORK).
@@ -20,8 +26,18 @@ cd "$ROOT"
 WORK="${FUZZ_WORK:-$ROOT/fuzz/work}"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 MAX_LEN="${FUZZ_MAX_LEN:-8192}"
-CXX="${CXX:-$(command -v clang++-14 || command -v clang++ || true)}"
-[ -n "$CXX" ] || { echo "no clang++ found: apt-get install -y clang-14 libclang-rt-14-dev" >&2; exit 2; }
+# name|source|extra flags: everything else (build, replay, fuzzing, the CI replay) follows.
+NATIVE_HARNESSES=(
+  "decode|fuzz/fuzz_decode.cc|"
+  "decode_patched|fuzz/fuzz_decode.cc|-DHL_FUZZ_PATCH=1"
+  "decode_into|fuzz/fuzz_decode_into.cc|"
+  "decode_into_patched|fuzz/fuzz_decode_into.cc|-DHL_FUZZ_PATCH=1"
+)
+native_names() { local h; for h in "${NATIVE_HARNESSES[@]}"; do echo "${h%%|*}"; done; }
+if [ "${1:-}" != ci ]; then
+  CXX="${CXX:-$(command -v clang++-14 || command -v clang++ || true)}"
+  [ -n "$CXX" ] || { echo "no clang++ found: apt-get install -y clang-14 libclang-rt-14-dev" >&2; exit 2; }
+fi
 
 # The codec sources the Python extension links (CMakeLists.txt's hl_codec), minus CUDA and the
 # bindings; globbed so that a new CPU source file is picked up.
@@ -40,10 +56,13 @@ build() {
   if [ "${FUZZ_SKIP_BUILD:-0}" = 1 ] && [ -x "$WORK/bin/fuzz_decode" ]; then return 0; fi
   mkdir -p "$WORK/bin" "$WORK/native"
   echo "== building with $CXX"
-  "$CXX" "${CXXFLAGS[@]}" "${SAN[@]}" -fsanitize=fuzzer fuzz/fuzz_decode.cc "${CODEC_SRCS[@]}" \
-    -o "$WORK/bin/fuzz_decode"
-  "$CXX" "${CXXFLAGS[@]}" "${SAN[@]}" -fsanitize=fuzzer -DHL_FUZZ_PATCH=1 fuzz/fuzz_decode.cc \
-    "${CODEC_SRCS[@]}" -o "$WORK/bin/fuzz_decode_patched"
+  local h name src flags
+  for h in "${NATIVE_HARNESSES[@]}"; do
+    IFS='|' read -r name src flags <<< "$h"
+    # shellcheck disable=SC2086  # flags are words
+    "$CXX" "${CXXFLAGS[@]}" "${SAN[@]}" -fsanitize=fuzzer $flags "$src" "${CODEC_SRCS[@]}" \
+      -o "$WORK/bin/fuzz_$name"
+  done
   if [ -n "$ATHERIS_LIB" ]; then
     # The extension instrumented for libFuzzer's coverage feedback and ASan/UBSan; its sanitizer
     # runtime comes from atheris' asan_with_fuzzer.so, preloaded into python (see run_py).
@@ -72,18 +91,19 @@ run_py() {
 
 harness_cmd() {
   case "$1" in
-    decode) echo "$WORK/bin/fuzz_decode" ;;
-    decode_patched) echo "$WORK/bin/fuzz_decode_patched" ;;
     py) echo "run_py 0" ;;
     py_patched) echo "run_py 1" ;;
-    *) echo "unknown harness $1, expected decode, decode_patched, py or py_patched" >&2; exit 2 ;;
+    *)
+      if native_names | grep -qx "$1"; then echo "$WORK/bin/fuzz_$1"; return; fi
+      echo "unknown harness $1, expected one of: $(native_names | tr '\n' ' ')py py_patched" >&2
+      exit 2 ;;
   esac
 }
 
 replay() {
   local status=0 inputs=(fuzz/crashes/*)
   [ -e "${inputs[0]}" ] || { echo "== no regression inputs in fuzz/crashes/"; return 0; }
-  for h in decode decode_patched py py_patched; do
+  for h in $(native_names) py py_patched; do
     echo "== replaying ${#inputs[@]} regression inputs through $h"
     if ! $(harness_cmd "$h") -runs=1 "${inputs[@]}" > "$WORK/logs/replay_$h.log" 2>&1; then
       echo "!! $h fails on a regression input, see $WORK/logs/replay_$h.log"
@@ -127,15 +147,45 @@ coverage() {
   echo "== per-line: $llvmcov show $bin -instr-profile=$prof/merged.profdata native/codec_cpu.cc"
 }
 
+ci() {
+  # The CI regression without clang: the codec once, then each harness linked with a main()
+  # that replays files, all under ASan/UBSan; every input of every corpus, once.
+  local cxx="${CXX_CI:-g++}" objs=() f h name src flags status=0
+  mkdir -p "$WORK/ci"
+  echo "== building the native harnesses with $cxx (ASan/UBSan, replay main)"
+  for f in "${CODEC_SRCS[@]}"; do
+    "$cxx" "${CXXFLAGS[@]}" "${SAN[@]}" -c "$f" -o "$WORK/ci/$(basename "$f" .cc).o" &
+    objs+=("$WORK/ci/$(basename "$f" .cc).o")
+  done
+  wait
+  "$PYTHON" fuzz/make_seeds.py "$WORK/ci/seeds" --chunks --max-bytes "$MAX_LEN" > /dev/null
+  for h in "${NATIVE_HARNESSES[@]}"; do
+    IFS='|' read -r name src flags <<< "$h"
+    # shellcheck disable=SC2086
+    "$cxx" "${CXXFLAGS[@]}" "${SAN[@]}" $flags "$src" fuzz/replay_main.cc "${objs[@]}" \
+      -o "$WORK/ci/replay_$name"
+    local dirs=("$WORK/ci/seeds" fuzz/crashes)
+    [ -d "fuzz/corpus/$name" ] && dirs+=("fuzz/corpus/$name")
+    local rc=0
+    "$WORK/ci/replay_$name" "${dirs[@]}" > "$WORK/ci/$name.log" 2>&1 || rc=$?
+    echo "== $name: $(tail -1 "$WORK/ci/$name.log")"
+    if [ $rc != 0 ] || grep -qE "ERROR: AddressSanitizer|runtime error" "$WORK/ci/$name.log"; then
+      echo "!! $name fails on a saved input (status $rc):"; tail -20 "$WORK/ci/$name.log"; status=1
+    fi
+  done
+  return $status
+}
+
 mkdir -p "$WORK/logs"
 case "${1:-}" in
   coverage) coverage; exit 0 ;;
   replay) build; replay; exit $? ;;
+  ci) ci; exit $? ;;
 esac
 SECONDS_EACH="${1:-120}"
 shift || true
 HARNESSES=("$@")
-[ ${#HARNESSES[@]} -gt 0 ] || HARNESSES=(decode decode_patched py py_patched)
+[ ${#HARNESSES[@]} -gt 0 ] || mapfile -t HARNESSES < <(native_names; echo py; echo py_patched)
 build
 seeds
 status=0

@@ -11,6 +11,7 @@ from ._codec import (
     DITHER_SEEDS,
     CodecError,
     FrameError,
+    check_error_bound,
     compress,
     compress_chunks,
     compress_grouped,
@@ -21,6 +22,8 @@ from ._codec import (
     get_num_threads,
     max_frame_bytes,
     max_grouped_bytes,
+    max_output_bytes,
+    set_max_output_bytes,
     set_num_threads,
     split_frames,
 )
@@ -31,6 +34,7 @@ __all__ = [
     "CodecError",
     "FrameError",
     "DITHER_SEEDS",
+    "check_error_bound",
     "compress",
     "compress_chunks",
     "compress_grouped",
@@ -41,6 +45,8 @@ __all__ = [
     "get_num_threads",
     "max_frame_bytes",
     "max_grouped_bytes",
+    "max_output_bytes",
+    "set_max_output_bytes",
     "set_num_threads",
     "split_frames",
 ]

@@ -2,6 +2,9 @@
 
 The only module that imports the compiled extension ``hvd_lossy._C``.
 """
+import numbers
+import os
+
 import torch
 
 from . import _C
@@ -53,14 +56,21 @@ def _check_level(level):
     return int(level)
 
 
-def _check_bound(eb):
-    try:
-        value = float(eb)
-    except (TypeError, ValueError):
-        raise TypeError(f"error_bound must be a number, got {eb!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"error_bound must be a finite number >= 0, got {eb!r}")
-    return value
+def check_error_bound(value, name="error_bound", positive=False):
+    """The one rule for every error bound hvd_lossy accepts (codec, compressors, adaptive
+    controller): a real number (not a bool, a string or a tensor), finite and >= 0 (> 0 when
+    `positive`). Returns it as a float; raises TypeError for a non-number, ValueError for a
+    value out of range, both naming the value."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    number = float(value)
+    if not (number > 0 if positive else number >= 0) or number == float("inf"):
+        raise ValueError(f"{name} must be a finite number {'>' if positive else '>='} 0, "
+                         f"got {value!r}")
+    return number
+
+
+_check_bound = check_error_bound
 
 
 def _check_device(tensor):
@@ -73,6 +83,53 @@ def _check_device(tensor):
 
 def _stream(tensor):
     return torch.cuda.current_stream(tensor.device).cuda_stream
+
+
+def _physical_memory():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, AttributeError):
+        return 1 << 40
+
+
+# A frame announcing more output than the machine has memory cannot decode here, however valid
+# its checksum: duplicate rows let a few KiB announce terabytes, so decoders of bytes from
+# elsewhere (the collectives) refuse it as a bad frame instead of trying to allocate.
+_max_output_bytes = _physical_memory()
+
+
+def set_max_output_bytes(n):
+    """Sets the most bytes one decoding call may produce (default: the machine's physical
+    memory). decompress/decompress_chunks, and the collectives of hvd_lossy.torch for what the
+    headers they receive announce, raise FrameError (a RankError in a collective) above it,
+    before allocating. Use it to bound what a corrupt or hostile peer can make a receiver
+    allocate."""
+    global _max_output_bytes
+    _max_output_bytes = _check_output_limit(n)
+
+
+def max_output_bytes():
+    """The decode limit in bytes (see :func:`set_max_output_bytes`)."""
+    return _max_output_bytes
+
+
+def _check_output_limit(n):
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        raise ValueError(f"max_output_bytes must be an int >= 0 (bytes), got {n!r}")
+    return int(n)
+
+
+def _output_limit(n):
+    return _max_output_bytes if n is None else _check_output_limit(n)
+
+
+def check_output_bytes(nbytes, limit=None, what="the frame"):
+    """Raises FrameError (the message the native decoder gives too) when `what` announces more than `limit` (default the module's) bytes
+    of output."""
+    limit = _output_limit(limit)
+    if nbytes > limit:
+        raise FrameError(f"{what} announces {nbytes} bytes of output, more than max_output_bytes "
+                         f"({limit}; hvd_lossy.set_max_output_bytes changes it)")
 
 
 DITHER_SEEDS = 1 << 24
@@ -241,7 +298,7 @@ def frame_info(frame):
     return info
 
 
-def decompress(frame, out=None):
+def decompress(frame, out=None, max_output_bytes=None):
     """Decodes a frame into a tensor of its original dtype and shape, on the frame's device.
 
     Arguments:
@@ -249,6 +306,8 @@ def decompress(frame, out=None):
         out: optional contiguous tensor of the frame's dtype and shape on the frame's device to
             decode into. Without it a CPU frame decodes into memory the codec owns and reuses
             once nothing references it (see :func:`set_output_cache_bytes`).
+        max_output_bytes: refuse (FrameError) a frame announcing more output bytes; None: the
+            limit of :func:`set_max_output_bytes`. Without ``out`` nothing is allocated first.
 
     Returns:
         The decoded tensor (``out`` when given).
@@ -259,10 +318,11 @@ def decompress(frame, out=None):
     frame = _as_frame_bytes(frame)
     if out is None and not frame.is_cuda:
         # One native call: header, checksum (before anything is allocated: a corrupted header
-        # could ask for terabytes), memory, decode.
-        return _decode_new(frame, [frame.numel()])[0]
+        # could ask for terabytes), the limit, memory, decode.
+        return _decode_new(frame, [frame.numel()], max_output_bytes)[0]
     info = frame_info(frame)
     if out is None:
+        check_output_bytes(info["raw_bytes"], max_output_bytes)
         out = torch.empty(info["shape"], dtype=info["dtype"], device=frame.device)
     elif not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
@@ -294,40 +354,50 @@ def split_frames(buffer):
     return sizes
 
 
-def decompress_chunks(buffer, sizes=None):
+def decompress_chunks(buffer, sizes=None, max_output_bytes=None):
     """Decodes back-to-back frames (as made by :func:`compress_chunks`) into a list of tensors.
 
     Arguments:
         buffer: 1-D ``torch.uint8`` tensor of frames.
         sizes: their sizes in bytes; None walks the frames by the sizes in their headers.
+        max_output_bytes: refuse (FrameError) frames announcing more output bytes in all; None:
+            the limit of :func:`set_max_output_bytes`.
 
     On the CPU this is one native call (headers and checksums verified first, then one block of
     memory for all pieces, then every frame decoded, threaded across frames); the pieces are
     views of that block (see :func:`set_output_cache_bytes`).
     """
     buffer = _as_frame_bytes(buffer)
+    limit = _output_limit(max_output_bytes)
     if sizes is None and not buffer.is_cuda:
-        return _decode_new(buffer, None)  # the native call walks the frames by their headers
+        # the native call walks the frames by their headers
+        return _decode_new(buffer, None, limit)
     if sizes is None:
         sizes = split_frames(buffer)
     sizes = [int(s) for s in sizes]
     if sum(sizes) != buffer.numel():
         raise ValueError(f"frame sizes sum to {sum(sizes)} but the buffer holds {buffer.numel()} bytes")
     if not buffer.is_cuda:
-        return _decode_new(buffer, sizes)
-    out, offset = [], 0
+        return _decode_new(buffer, sizes, limit)
+    out, offset, announced = [], 0, 0
     for s in sizes:
-        out.append(decompress(buffer[offset:offset + s]))
+        announced += frame_info(buffer[offset:offset + s])["raw_bytes"]
+        offset += s
+    check_output_bytes(announced, limit, "the frames")
+    offset = 0
+    for s in sizes:
+        out.append(decompress(buffer[offset:offset + s], max_output_bytes=limit))
         offset += s
     return out
 
 
-def _decode_new(buffer, sizes):
+def _decode_new(buffer, sizes, max_output_bytes=None):
     """Decodes the CPU frames of ``buffer`` (of these sizes, or walked by their headers when
     None) in one native call into one new block of memory; the tensors returned are views of it,
     so the block lives while any of them does. Pieces of one tensor (one dtype and row shape)
     lie back to back; other mixes start each piece on a 64-byte boundary."""
-    block, parts, trailing = _C.decompress_frames(buffer.data_ptr(), buffer.numel(), sizes, _threads)
+    block, parts, trailing = _C.decompress_frames(buffer.data_ptr(), buffer.numel(), sizes, _threads,
+                                                  _output_limit(max_output_bytes))
     base = torch.from_numpy(block)
     if trailing is not None and parts:
         # Pieces of one tensor lie back to back: one typed view and one split cut them all.

@@ -16,14 +16,12 @@ from horovod.torch import mpi_ops as _ops
 
 import hvd_lossy
 from hvd_lossy import auto as _auto
-from hvd_lossy.collective import (LossyCall, decode_frames, host_bytes, new_output, remote_bytes,
-                                  plain_start)
+from hvd_lossy.collective import (LossyCall, check_announced_output, decode_frames, host_bytes,
+                                  new_output, plain_start, remote_bytes)
 from hvd_lossy.compression import Compression, NoneCompressor, is_lossy
 from hvd_lossy.protocol import (GRANK, HEADER_BYTES, LOSSLESS, PAYLOAD, ROWS, _LocalError,
                                 check_lossy_tensor, header, header_bytes, like_of, pack_header,
-                                parse_header)
-
-_INT32_MAX = 2 ** 31 - 1  # Horovod's alltoall splits are int32 byte counts here
+                                parse_header, per_rank_limit)
 
 
 def split_list(splits, rows, size):
@@ -86,7 +84,8 @@ class Alltoall(LossyCall):
         lo = sum(rows_to[:me])
         hi = lo + rows_to[me]
         self.local_rows = (lo, hi)
-        seed = c.next_dither_seed(_ops.rank())
+        seed = c.next_dither_seed(_ops.rank(), _ops.size(),
+                                  sum(1 for dest, _r, _e in plan if dest != me))
         # The ranks before this one, then the ones after it: the own chunk is copied, not coded.
         parts = [(range(me + 1), tensor[:lo]), (range(me + 1, self.size), tensor[hi:])]
         pack = self._pack_in_place if self.device.type == "cpu" else self._pack_copying
@@ -138,7 +137,8 @@ class Alltoall(LossyCall):
         host = send.numpy()
         for dest, (at, nbytes) in enumerate(group_at):
             self._check_split(dest, nbytes)
-            pack_header(header(self.tensor, None, self.rows_to[dest], nbytes, self.pending), host, at)
+            pack_header(header(self.tensor, None, self.rows_to[dest], nbytes, self.pending,
+                               self.settings), host, at)
         self.send_splits = torch.tensor([HEADER_BYTES + n for _at, n in group_at], dtype=torch.int32)
         return send[:offset], sizes
 
@@ -169,23 +169,23 @@ class Alltoall(LossyCall):
         body = torch.cat(frames) if frames else None
         for dest, n in enumerate(byte_counts):
             chunks.append(header_bytes(header(self.tensor, None, self.rows_to[dest], n,
-                                              self.pending), self.device))
+                                              self.pending, self.settings), self.device))
             if n:
                 chunks.append(body[src:src + n])
                 src += n
         self.send_splits = torch.tensor([HEADER_BYTES + n for n in byte_counts], dtype=torch.int32)
         return torch.cat(chunks), sizes
 
-    @staticmethod
-    def _check_split(dest, nbytes):
-        if nbytes + HEADER_BYTES > _INT32_MAX:
-            raise _LocalError(8, nbytes, dest)
+    def _check_split(self, dest, nbytes):
+        if nbytes + HEADER_BYTES > per_rank_limit(self.size):
+            raise _LocalError(8, nbytes + HEADER_BYTES, dest)
 
     def pack_failed(self):
         send = torch.empty(HEADER_BYTES * self.size, dtype=torch.uint8)
         host = send.numpy()
         for dest in range(self.size):
-            pack_header(header(self.tensor, self.failure, self.rows_to[dest], 0, self.pending),
+            pack_header(header(self.tensor, self.failure, self.rows_to[dest], 0, self.pending,
+                               self.settings),
                         host, dest * HEADER_BYTES)
         self.send_splits = torch.full((self.size,), HEADER_BYTES, dtype=torch.int32)
         self.record.meta_bytes = HEADER_BYTES * self.size
@@ -225,6 +225,7 @@ class Alltoall(LossyCall):
             raise self.late_failure
         dtype, trailing = like_of(headers[0])
         rows = [h[ROWS] for h in headers]
+        check_announced_output(headers, dtype, trailing)
         out = new_output((sum(rows), *trailing), dtype, self.device)
         starts = [sum(rows[:s]) for s in range(self.size + 1)]
         offsets = [sum(counts[:s]) for s in range(self.size)]

@@ -23,8 +23,9 @@ from horovod.torch import mpi_ops as _ops
 import hvd_lossy
 from hvd_lossy import stats as _stats
 from hvd_lossy.compression import NoneCompressor
-from hvd_lossy.protocol import (Handle, _LocalError, base_name, begin_call, compression_name,
-                                raise_from_headers, raise_received)
+from hvd_lossy.protocol import (GRANK, ROWS, Handle, _LocalError, base_name, begin_call,
+                                compression_name, raise_from_headers, raise_received,
+                                settings_digest)
 
 
 def new_output(shape, dtype, device):
@@ -33,6 +34,25 @@ def new_output(shape, dtype, device):
     if device.type == "cpu":
         return hvd_lossy._codec.empty(shape, dtype)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def check_announced_output(headers, dtype, trailing):
+    """Refuses, before anything is allocated, headers whose rows would make the output larger
+    than hvd_lossy.max_output_bytes(): the rows come from the peers, and a corrupt or hostile
+    header could otherwise make this rank allocate without bound. The frames themselves may
+    decode to no more than their header's rows (decompress_into refuses more)."""
+    row_bytes = dtype.itemsize
+    for t in trailing:
+        row_bytes *= t
+    total = 0
+    for h in headers:
+        if h[ROWS] < 0:
+            raise _LocalError(10, h[GRANK], detail=f"header announces {h[ROWS]} rows")
+        total += h[ROWS] * row_bytes
+        if total > hvd_lossy.max_output_bytes():
+            raise _LocalError(15, h[GRANK], detail=f"the headers announce at least {total} bytes "
+                                                   f"of output, more than max_output_bytes "
+                                                   f"({hvd_lossy.max_output_bytes()})")
 
 
 def host_bytes(buf):
@@ -142,6 +162,7 @@ class LossyCall:
         self.tensor, self.compressor, self.process_set = tensor, compressor, process_set
         self.size, self.me = process_set.size(), process_set.rank()
         self.call, self.pending = begin_call(process_set)
+        self.settings = settings_digest(compressor)
         self.base = base_name(self.op, name, self.call, process_set)
         self.record = _stats.CallStats(op=self.op, compression=repr(compressor))
         self.failure = None
@@ -165,10 +186,14 @@ class LossyCall:
             t2 = time.perf_counter()
             self.after_launch()
             self.record.compress_s += time.perf_counter() - t2
-        return Handle(handle, self._finish)
+        return Handle(handle, self._finish, poll=self.poll)
 
     def after_launch(self):
         pass
+
+    def poll(self, hvd_handle):
+        """True once _finish(hvd_handle) would not wait for communication."""
+        return _ops.poll(hvd_handle)
 
     def _finish(self, hvd_handle):
         t0 = time.perf_counter()

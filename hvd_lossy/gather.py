@@ -3,7 +3,9 @@
 allgather: each rank sends one header plus one frame in a single Horovod allgather (1
 collective). broadcast: the receivers must size their buffer before the payload arrives, so all
 ranks first allgather their headers (which also settles every argument check), then the root's
-frame is broadcast (2 collectives).
+frame is broadcast (2 collectives). Starting a broadcast only starts the header round: the
+payload round starts from poll() or synchronize() once the headers are in, so broadcast_async
+neither blocks nor raises.
 
 Every rank returns the decoded tensor, the root of a broadcast and a rank's own slice of an
 allgather included, so that all ranks hold exactly the same values afterwards.
@@ -14,12 +16,12 @@ import torch
 from horovod.torch import mpi_ops as _ops
 
 import hvd_lossy
-from hvd_lossy.collective import (LossyCall, decode_frames, host_bytes, new_output,
-                                  plain_start)
+from hvd_lossy.collective import (LossyCall, check_announced_output, decode_frames, host_bytes,
+                                  new_output, plain_start)
 from hvd_lossy.compression import NoneCompressor, is_lossy
-from hvd_lossy.protocol import (GRANK, HEADER_BYTES, HEADER_FIELDS, LOSSLESS, PAYLOAD, ROWS,
-                                RankError, _LocalError, check_lossy_tensor, header, like_of,
-                                pack_header, parse_header, raise_from_headers)
+from hvd_lossy.protocol import (GRANK, HEADER_BYTES, HEADER_FIELDS, INT32_MAX, LOSSLESS, PAYLOAD,
+                                ROWS, RankError, _LocalError, check_lossy_tensor, header, like_of,
+                                pack_header, parse_header, per_rank_limit, raise_from_headers)
 
 
 def _lossy_compressor(tensor, compression):
@@ -46,7 +48,11 @@ class _OneFrame(LossyCall):
         return frame
 
     def note_frame(self, nbytes):
-        """Statistics of the one frame this rank sends."""
+        """Statistics of the one frame this rank sends; refuses a frame too large for one
+        call."""
+        limit = self.send_limit()
+        if HEADER_BYTES + nbytes > limit:
+            raise _LocalError(14, HEADER_BYTES + nbytes, limit)
         self.record.raw_bytes = self.tensor.numel() * self.tensor.element_size()
         self.record.wire_bytes = nbytes
         self.record.error_bounds = [float(self.compressor.error_bound)]
@@ -60,7 +66,8 @@ class _OneFrame(LossyCall):
                            dtype=torch.uint8)
         rows = 0 if self.failure else self.rows()
         nbytes = 0 if frame is None else frame.numel()
-        pack_header(header(self.tensor, self.failure, rows, nbytes, self.pending), send.numpy(), 0)
+        pack_header(header(self.tensor, self.failure, rows, nbytes, self.pending, self.settings),
+                    send.numpy(), 0)
         if frame is not None:
             send[HEADER_BYTES:].copy_(frame)
         self.record.meta_bytes = HEADER_BYTES
@@ -69,6 +76,9 @@ class _OneFrame(LossyCall):
 
 class Allgather(_OneFrame):
     op = "allgather"
+
+    def send_limit(self):
+        return per_rank_limit(self.size)
 
     def pack(self):
         check_lossy_tensor(self.tensor)
@@ -82,12 +92,12 @@ class Allgather(_OneFrame):
         try:
             (size,) = hvd_lossy.compress_grouped(
                 t, rows, [c.error_bound], [1], HEADER_BYTES, send, 0, mode=c.mode, level=c.level,
-                dedup=c.dedup, dither=c.next_dither_seed(_ops.rank()))
+                dedup=c.dedup, dither=c.next_dither_seed(_ops.rank(), _ops.size()))
         except Exception as e:
             raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
         self.note_frame(size)
         self.record.meta_bytes = HEADER_BYTES
-        pack_header(header(t, None, rows[0], size, self.pending), send.numpy(), 0)
+        pack_header(header(t, None, rows[0], size, self.pending, self.settings), send.numpy(), 0)
         return send[:HEADER_BYTES + size]
 
     def pack_failed(self):
@@ -119,6 +129,7 @@ class Allgather(_OneFrame):
     def decode(self, recv, counts, headers):
         dtype, trailing = like_of(headers[0])
         rows = [h[ROWS] for h in headers]
+        check_announced_output(headers, dtype, trailing)
         out = new_output((sum(rows), *trailing), dtype, self.device)
         if self.device.type == "cpu":
             errors = hvd_lossy.decompress_into(
@@ -143,6 +154,11 @@ class Broadcast(_OneFrame):
         super().__init__(tensor, compressor, name, process_set)
         self.root_rank, self.is_root = root_rank, _ops.rank() == root_rank
         self.frame = None
+        self.data_handle = None  # the payload round, once started
+        self.refusal = None  # the RankError of the header round, raised again by every wait
+
+    def send_limit(self):
+        return INT32_MAX  # the root's frame is the whole payload; the headers are fixed-size
 
     def pack(self):
         check_lossy_tensor(self.tensor, min_ndim=0)
@@ -154,29 +170,63 @@ class Broadcast(_OneFrame):
         return None
 
     def launch(self, frame):
-        # The metadata round: every rank's header, so that receivers can size the payload and
-        # all ranks reach the same verdict before the payload moves.
-        t0 = time.perf_counter()
+        """Starts the header round (every rank's header, so that receivers can size the
+        payload and all ranks reach the same verdict before it moves) without waiting for it."""
+        self.frame = frame
         nbytes = 0 if self.failure or frame is None else frame.numel()
-        fields = torch.tensor([header(self.tensor, self.failure, self.rows(), nbytes, self.pending)],
-                              dtype=torch.int64)
-        self.meta = _ops.synchronize(_ops.allgather_async(
-            fields, name=self.base + ".meta", process_set=self.process_set)).tolist()
-        self.record.comm_s += time.perf_counter() - t0
+        fields = torch.tensor([header(self.tensor, self.failure, self.rows(), nbytes, self.pending,
+                                      self.settings)], dtype=torch.int64)
         self.record.meta_bytes = 8 * HEADER_FIELDS
-        raise_from_headers(self.op, self.meta, self.process_set, self.failure, compare_rows=True)
-        granks = [h[GRANK] for h in self.meta]
-        if self.root_rank not in granks:
-            raise RankError(f"hvd_lossy broadcast failed on every rank: root_rank {self.root_rank} "
-                            f"is not in the process set (global ranks {granks})", [])
-        nbytes = self.meta[granks.index(self.root_rank)][PAYLOAD]
-        payload = frame if self.is_root else torch.empty(nbytes, dtype=torch.uint8,
-                                                         device=self.device)
-        return _ops.broadcast_async(payload, self.root_rank, name=self.base + ".data",
-                                    process_set=self.process_set)
+        return _ops.allgather_async(fields, name=self.base + ".meta", process_set=self.process_set)
 
-    def complete(self, hvd_handle):
-        recv = _ops.synchronize(hvd_handle)
+    def poll(self, meta_handle):
+        if self.data_handle is None and self.refusal is None:
+            if not _ops.poll(meta_handle):
+                return False
+            try:
+                self._launch_payload(meta_handle)
+            except RankError:
+                return True  # synchronize raises it without waiting
+        return self.refusal is not None or _ops.poll(self.data_handle)
+
+    def _launch_payload(self, meta_handle):
+        """The verdict from every rank's header, then the root's frame (once per call)."""
+        if self.refusal is not None:
+            raise self.refusal
+        if self.data_handle is not None:
+            return
+        t0 = time.perf_counter()
+        self.meta = _ops.synchronize(meta_handle).tolist()
+        self.record.comm_s += time.perf_counter() - t0
+        try:
+            raise_from_headers(self.op, self.meta, self.process_set, self.failure,
+                               compare_rows=True)
+            granks = [h[GRANK] for h in self.meta]
+            if self.root_rank not in granks:
+                raise RankError(f"hvd_lossy broadcast failed on every rank: root_rank "
+                                f"{self.root_rank} is not in the process set (global ranks "
+                                f"{granks})", [])
+            nbytes = self.meta[granks.index(self.root_rank)][PAYLOAD]
+            # The ranks agree on the shape (compare_rows), so a frame larger than the worst case
+            # of that shape is corrupt: every rank sees the same header and refuses alike.
+            dtype, trailing = like_of(self.meta[0])
+            rows = self.meta[0][ROWS]
+            worst = hvd_lossy.max_frame_bytes(*_frame_rows(rows, trailing), len(trailing) + 1)
+            if not 0 <= nbytes <= worst:
+                raise RankError(f"hvd_lossy broadcast failed on every rank: rank {self.root_rank} "
+                                f"announced a frame of {nbytes} bytes, expected 0 to {worst} "
+                                f"for {rows} x {list(trailing)} {dtype}", [self.root_rank])
+        except RankError as e:
+            self.refusal = e
+            raise
+        payload = self.frame if self.is_root else torch.empty(nbytes, dtype=torch.uint8,
+                                                              device=self.device)
+        self.data_handle = _ops.broadcast_async(payload, self.root_rank, name=self.base + ".data",
+                                                process_set=self.process_set)
+
+    def complete(self, meta_handle):
+        self._launch_payload(meta_handle)
+        recv = _ops.synchronize(self.data_handle)
         self.record.recv_wire_bytes = recv.numel()
         return recv, None
 
@@ -184,8 +234,9 @@ class Broadcast(_OneFrame):
         return self.meta
 
     def decode(self, recv, counts, headers):
+        expected = self.tensor.numel() * self.tensor.element_size()
         try:
-            output = hvd_lossy.decompress(recv)
+            output = hvd_lossy.decompress(recv, max_output_bytes=expected)
         except Exception as e:
             raise _LocalError(10, self.root_rank, detail=f"{type(e).__name__}: {e}") from e
         if output.dtype != self.tensor.dtype or output.shape != self.tensor.shape:
@@ -193,6 +244,17 @@ class Broadcast(_OneFrame):
                               detail=f"frame holds {output.dtype} {tuple(output.shape)}, expected "
                                      f"{self.tensor.dtype} {tuple(self.tensor.shape)}")
         return output
+
+
+def _frame_rows(rows, trailing):
+    """(rows, row_len) of a frame of shape (rows, *trailing) as max_frame_bytes counts them; a
+    0-d or 1-D tensor is one row."""
+    if not trailing:
+        return 1, max(rows, 0)
+    n = max(rows, 0)
+    for t in trailing[:-1]:
+        n *= t
+    return n, trailing[-1]
 
 
 def allgather_start(tensor, name, compression, process_set):

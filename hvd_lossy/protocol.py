@@ -13,7 +13,9 @@ process set carries the failure in its headers, and every other rank raises the 
 there. So every rank raises and no rank is left waiting in a collective another rank skipped.
 """
 import collections
+import json
 import struct
+import zlib
 
 import torch
 from horovod.torch import mpi_ops as _ops
@@ -27,11 +29,12 @@ MAX_NDIM = 8  # HL_MAX_NDIM of the frame format
 
 # Header: int64 fields, then the trailing dims (MAX_NDIM slots, -1 padded). The same layout is
 # the metadata row that broadcast allgathers. PENDING/PENDING_A/PENDING_SEQ report a failure
-# this rank found receiving an earlier call (code, the sender, that call's number).
+# this rank found receiving an earlier call (code, the sender, that call's number); SETTINGS is
+# a digest of the compressor's settings (settings_digest), which the ranks must share.
 MAGIC = 0x324C5648  # "HVL2": guards against reading frames or garbage as a header
 (_MAGIC, _STATUS, _A, _B, GRANK, _DTYPE, _NDIM, ROWS, PAYLOAD, _PENDING, _PENDING_A,
- _PENDING_SEQ) = range(12)
-_DIMS = 12
+ _PENDING_SEQ, _SETTINGS) = range(13)
+_DIMS = 13
 HEADER_FIELDS = _DIMS + MAX_NDIM
 HEADER_BYTES = 8 * HEADER_FIELDS
 _HEADER = struct.Struct(f"<{HEADER_FIELDS}q")
@@ -46,14 +49,28 @@ _ERRORS = {
     5: "dtype {dtype} cannot be compressed (expected float32, float16 or bfloat16)",
     6: "the tensor has {a} dims, expected 1 to {b}",
     7: "compression failed",
-    8: "{a} bytes for rank {b} exceed Horovod's int32 split limit",
+    8: "{a} bytes for rank {b} exceed what one destination may take in a call "
+       "((2^31 - 1) / ranks: Horovod's counts are int32)",
     9: "bad argument",
     10: "the bytes received from rank {a} failed to decode (checksum or format error)",
     11: "the frames received from rank {a} disagree with the dtype, shape or rows it announced",
     12: "ranks disagree on the {what}",
     13: "receiving failed unexpectedly",
+    14: "{a} bytes exceed the {b} bytes one rank may send in a call (Horovod's counts are int32)",
+    15: "rank {a} announced more output than max_output_bytes (hvd_lossy.set_max_output_bytes)",
 }
-_AGREEMENT = ("dtype", "number of dims", "trailing shape", "dim 0")
+_AGREEMENT = ("dtype", "number of dims", "trailing shape", "compression settings", "dim 0")
+
+INT32_MAX = 2 ** 31 - 1
+
+
+def per_rank_limit(size):
+    """Bytes one rank may send to one destination (alltoall) or contribute (allgather) in one
+    call of a process set of `size` ranks. Horovod's uint8 counts and displacements are int32,
+    so a call must stay under 2 GiB on every rank, and a receiver's total is the sum of `size`
+    senders' chunks, which no sender sees: keeping each chunk under 1/size of the limit keeps
+    every rank's send and receive totals under it."""
+    return INT32_MAX // max(size, 1)
 
 
 class RankError(ValueError):
@@ -109,14 +126,24 @@ def begin_call(process_set):
     return p.calls, fields
 
 
-def header(tensor, failure, rows, payload, pending=(0, 0, 0)):
+def settings_digest(compressor):
+    """A 31-bit digest of what the ranks of a lossy collective must agree on about its
+    compressor (compressor.agreement(): bound, mode, level, dither, ...): ranks calling with
+    different compressors or bounds get a RankError instead of frames decoded to bounds their
+    receivers did not ask for."""
+    agreement = getattr(compressor, "agreement", None)
+    key = agreement() if agreement is not None else repr(compressor)
+    return zlib.crc32(json.dumps(key, sort_keys=True, default=repr).encode()) & 0x7FFFFFFF
+
+
+def header(tensor, failure, rows, payload, pending=(0, 0, 0), settings=0):
     """The header fields (list of ints) this rank sends ahead of `payload` frame bytes."""
     code, a, b = (failure.code, failure.a, failure.b) if failure else (0, 0, 0)
     is_tensor = isinstance(tensor, torch.Tensor)
     dims = (list(tensor.shape[1:]) if is_tensor else []) + [-1] * MAX_NDIM
     ndim = tensor.dim() if is_tensor else -1
     return ([MAGIC, code, a, b, _ops.rank(), dtype_code(tensor), ndim, int(rows), int(payload)]
-            + list(pending) + dims[:MAX_NDIM])
+            + list(pending) + [settings] + dims[:MAX_NDIM])
 
 
 def pack_header(fields, out, offset):
@@ -150,7 +177,8 @@ def check_headers(headers, compare_rows=False):
     for h in headers:
         if h[_STATUS]:
             return _LocalError(h[_STATUS], h[_A], h[_B], origin=h[GRANK], dtype=h[_DTYPE])
-    keys = [lambda h: _dtype_name(h[_DTYPE]), lambda h: h[_NDIM], lambda h: like_of(h)[1]]
+    keys = [lambda h: _dtype_name(h[_DTYPE]), lambda h: h[_NDIM], lambda h: like_of(h)[1],
+            lambda h: f"settings {h[_SETTINGS]:#010x}"]
     if compare_rows:
         keys.append(lambda h: h[ROWS])
     for what, key in enumerate(keys):
@@ -242,14 +270,17 @@ def check_lossy_tensor(tensor, min_ndim=1):
 class Handle:
     """A started collective; `hvd_lossy.torch.synchronize(handle)` returns its result."""
 
-    def __init__(self, hvd_handle, finish, is_plain_horovod=False):
+    def __init__(self, hvd_handle, finish, is_plain_horovod=False, poll=None):
         self._hvd_handle, self._finish, self._done, self._result = hvd_handle, finish, False, None
         # True when the call is exactly Horovod's own (Compression.none): the public async API
         # then hands out Horovod's integer handle, so horovod.torch.synchronize works on it too.
         self.is_plain_horovod = is_plain_horovod
+        # poll(hvd_handle): True once wait() would not block; a call of several rounds (a
+        # broadcast) passes its own, which also starts the next round when one is done.
+        self._poll = poll or _ops.poll
 
     def poll(self):
-        return self._done or _ops.poll(self._hvd_handle)
+        return self._done or self._poll(self._hvd_handle)
 
     def wait(self):
         if not self._done:

@@ -140,6 +140,12 @@ _plain_handles = {}  # Horovod handle -> our Handle, to record statistics on syn
 
 def _expose(handle):
     if handle.is_plain_horovod:
+        # A handle finished by horovod.torch.synchronize is gone from Horovod's map but not from
+        # ours (its statistics are then not recorded): forget those, so entries stay bounded by
+        # the operations in flight.
+        live = _ops._handle_map
+        for stale in [h for h in _plain_handles if h not in live]:
+            del _plain_handles[stale]
         _plain_handles[handle._hvd_handle] = handle
         return handle._hvd_handle
     return handle

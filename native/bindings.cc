@@ -103,8 +103,12 @@ bool uniform_rows(const std::vector<hl::ParsedFrame>& frames, std::vector<int64_
 // the shared trailing shape when every frame is (r_k, *trailing) of one dtype, and then the
 // parts lie back to back with no padding (so Python can cut them with one split); otherwise
 // None, and each part starts on a cache line. One call, GIL released while it works.
+// max_output: the most bytes the frames may decode to. They are checked when the block is
+// asked for, after every checksum: a sealed frame can legitimately announce terabytes (a row
+// map of duplicates costs about a bit a row), and the limit turns that into a FrameError
+// instead of an allocation failure.
 py::tuple decode_frames_new(uintptr_t buffer, uint64_t len, const py::object& sizes_obj,
-                            int threads) {
+                            int threads, uint64_t max_output) {
   std::vector<uint64_t> sizes;
   const bool have_sizes = !sizes_obj.is_none();
   if (have_sizes) sizes = sizes_obj.cast<std::vector<uint64_t>>();
@@ -117,7 +121,16 @@ py::tuple decode_frames_new(uintptr_t buffer, uint64_t len, const py::object& si
     frames = hl::parse_frames(ptr<const uint8_t>(buffer), len, have_sizes ? &sizes : nullptr);
     uniform = uniform_rows(frames, &trailing);
     const uint64_t align = uniform ? hl_elem_bytes(frames[0].h.dtype) : 64;
-    hl::decompress_frames_cpu(ptr<const uint8_t>(buffer), frames, align, alloc, &offsets, threads);
+    auto limited = [&](uint64_t bytes) {
+      if (bytes > max_output)
+        throw hl::FrameError("the frames announce " + std::to_string(bytes) +
+                             " bytes of output, more than max_output_bytes (" +
+                             std::to_string(max_output) +
+                             "; hvd_lossy.set_max_output_bytes changes it)");
+      return alloc(bytes);
+    };
+    hl::decompress_frames_cpu(ptr<const uint8_t>(buffer), frames, align, limited, &offsets,
+                              threads);
     return 0;
   });
   py::list parts;
@@ -327,8 +340,9 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("decompress_frames", &decode_frames_new, py::arg("buffer"), py::arg("buffer_len"),
         py::arg("sizes") = py::none(), py::arg("threads") = 0,
+        py::arg("max_output") = UINT64_MAX,
         "Decodes back-to-back frames into one new block: (uint8 array, [(dtype_code, shape, "
-        "offset)]).");
+        "offset)]); FrameError when they would decode to more than max_output bytes.");
 
   m.def("simd_level", &hl::cpu::simd_level,
         "Instruction set of the CPU kernels: 0 portable, 1 AVX2, 2 AVX-512.");

@@ -1678,8 +1678,9 @@ std::vector<uint64_t> compress_many_cuda(const void* input_dev, const CompressPa
   std::vector<JobOutcome> res = encode_jobs(jobs, stream);
   std::vector<uint64_t> sizes(n);
   for (size_t i = 0; i < n; ++i) {
-    // compress_many_cpu reports a chunk's failure as CodecError.
-    if (res[i].error) throw CodecError(bound_overflow_message(jobs[i].eb));
+    // The same bad argument as compress_cuda's and the CPU codec's: the same ArgumentError
+    // (ValueError in Python) on every path.
+    if (res[i].error) throw ArgumentError(bound_overflow_message(jobs[i].eb));
     sizes[i] = res[i].total;
   }
   // Close the gaps left by the worst-case slots, in order. A frame whose slot overlaps its

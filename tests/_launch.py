@@ -31,21 +31,10 @@ def _horovodrun(np):
     return [exe, "-np", str(np), "-H", f"localhost:{np}", "--gloo", "--network-interface", "lo"]
 
 
-def run_mpi(script, np=2, args=(), launcher="mpirun", timeout=90, env=None):
-    """Runs `python script *args` on `np` processes and fails the test unless all exit 0.
-
-    Arguments:
-        script: path of the worker (".py"), absolute or relative to the repository root, or
-                a module name to run as `python -m script`.
-        np: number of processes.
-        args: extra command-line arguments for the worker.
-        launcher: "mpirun" (Open MPI, oversubscribed) or "horovodrun" (Gloo controller).
-        timeout: seconds before the whole launch is killed and the test fails.
-        env: extra environment variables.
-
-    Returns:
-        the combined stdout and stderr of all processes.
-    """
+def launch(script, np=2, args=(), launcher="mpirun", timeout=90, env=None):
+    """Runs `python script *args` on `np` processes (arguments as for run_mpi) and returns
+    (exit status of the launcher, combined output, command line); past `timeout` seconds it
+    kills the launch and every rank, and the status is None."""
     if launcher == "mpirun":
         cmd = _mpirun(np)
     elif launcher == "horovodrun":
@@ -68,7 +57,28 @@ def run_mpi(script, np=2, args=(), launcher="mpirun", timeout=90, env=None):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
         output, _ = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s (hang?); output:\n{output}")
-    if proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited with {proc.returncode}; output:\n{output}")
+        return None, output, " ".join(cmd)
+    return proc.returncode, output, " ".join(cmd)
+
+
+def run_mpi(script, np=2, args=(), launcher="mpirun", timeout=90, env=None):
+    """Runs `python script *args` on `np` processes and fails the test unless all exit 0.
+
+    Arguments:
+        script: path of the worker (".py"), absolute or relative to the repository root, or
+                a module name to run as `python -m script`.
+        np: number of processes.
+        args: extra command-line arguments for the worker.
+        launcher: "mpirun" (Open MPI, oversubscribed) or "horovodrun" (Gloo controller).
+        timeout: seconds before the whole launch is killed and the test fails.
+        env: extra environment variables.
+
+    Returns:
+        the combined stdout and stderr of all processes.
+    """
+    status, output, cmd = launch(script, np, args, launcher, timeout, env)
+    if status is None:
+        pytest.fail(f"{cmd} did not finish in {timeout} s (hang?); output:\n{output}")
+    if status != 0:
+        pytest.fail(f"{cmd} exited with {status}; output:\n{output}")
     return output

@@ -408,9 +408,9 @@ def test_backward_compressor_lays_out_each_owners_tables():
 def test_dither_backward_makes_the_gradient_compressor_dither():
     c = two_rank_controller(rank=1, grad_base=0.06)
     fwd = AdaptiveCompressor(c, c.tables_of(1), backward="table", dither="backward")
-    assert fwd.next_dither_seed(1) is None
+    assert fwd.next_dither_seed(1, 2) is None
     bwd = fwd.for_backward()
-    assert bwd.dither is True and bwd.next_dither_seed(1) is not None
+    assert bwd.dither is True and bwd.next_dither_seed(1, 2) is not None
     assert AdaptiveCompressor(c, ["c"], backward=0.01, dither=True).for_backward().dither is True
     assert AdaptiveCompressor(c, ["c"]).for_backward().dither is False
     assert "dither='backward'" in repr(fwd) and fwd.get_config()["dither"] == "backward"
@@ -492,3 +492,34 @@ def test_budget_policy_reaches_its_target_ratio_on_real_frames():
             c.step()
         assert raw / sent == pytest.approx(target, rel=0.05)
         assert len(set(c.bounds().values())) > 1  # shaped by sensitivity, not one bound
+
+
+def test_one_compressor_serves_two_exchanges_in_flight():
+    """plan() of a second exchange between plan() and after_compress() of the first (two
+    alltoall_async calls with one compressor) records each frame with its own table."""
+    def recorded(interleave):
+        c = two_rank_controller(E=10)
+        comp = AdaptiveCompressor(c, [["a", "b"], ["c"]])
+        first_x, second_x = torch.randn(6, 16), torch.rand(12, 16) * 100
+        first = comp.plan([4, 2])    # a, b to rank 0; c to rank 1
+        steps = [lambda: comp.after_compress(first, [100, 110, 120], first_x)]
+        second = comp.plan([0, 12])  # nothing to rank 0 (still one frame per table), c to rank 1
+        steps.append(lambda: comp.after_compress(second, [10, 11, 130], second_x))
+        for step in (reversed(steps) if interleave else steps):
+            step()
+        c.exchange()
+        return {s.name: (s.raw_bytes, s.frame_bytes) for s in c.stats()}
+
+    got = recorded(interleave=True)
+    assert got == recorded(interleave=False)
+    assert got["c"] == ((2 + 12) * 16 * 4, 120 + 130) and got["a"] == (2 * 16 * 4, 100)
+
+
+@pytest.mark.mpi
+def test_adaptive_alltoall_in_a_process_set_talks_over_the_set_and_lays_tables_out_by_set_rank():
+    """tests/mp/adaptive_process_set.py: 3 ranks, a set of 2; bounds land on the right tables
+    forward and backward, the controller exchanges over the set, a mismatched one raises."""
+    from tests._launch import run_mpi
+
+    out = run_mpi("tests/mp/adaptive_process_set.py", np=3, timeout=120)
+    assert sorted(out.count(f"rank {r}: adaptive process set OK") for r in range(3)) == [1, 1, 1], out

@@ -700,3 +700,28 @@ def test_a_forked_child_compresses_and_decodes_on_its_own_threads(tmp_path):
         "sys.stdout.write(got.decode())\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.stdout == "True 2", out.stderr
+
+
+def _rss():
+    import os
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_decode_larger_than_the_cache_limit_gives_its_memory_back():
+    """One huge call does not pin its memory for the rest of the run: what the output cache
+    may keep is bounded by set_output_cache_bytes (default 256 MiB), and a block over it is
+    returned to the system once nothing references it."""
+    import gc
+    limit, _ = _codec.output_cache_bytes()
+    frame = hvd_lossy.compress(torch.ones(1 << 14, 1024), 0.01)  # 64 MiB of one repeated row
+    try:
+        _codec.set_output_cache_bytes(8 << 20)
+        before = _rss()
+        y = hvd_lossy.decompress(frame)
+        assert _rss() - before >= 60 << 20  # the decode really took its 64 MiB
+        del y
+        gc.collect()
+        assert _rss() - before < 16 << 20 and _codec.output_cache_bytes()[1] <= 8 << 20
+    finally:
+        _codec.set_output_cache_bytes(limit)

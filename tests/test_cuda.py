@@ -234,8 +234,12 @@ def test_bound_overflow_raises_like_the_cpu():
     with pytest.raises(ValueError, match="overflows") as gpu_err:
         hvd_lossy.compress(x.cuda(), 1e300)
     assert str(gpu_err.value) == str(cpu_err.value)
-    with pytest.raises(RuntimeError, match="overflows"):
+    with pytest.raises(ValueError, match="overflows") as cpu_err:
+        hvd_lossy.compress_chunks(x, [1], 1e300)
+    with pytest.raises(ValueError, match="overflows") as gpu_err:
         hvd_lossy.compress_chunks(x.cuda(), [1], 1e300)
+    assert type(gpu_err.value) is type(cpu_err.value) and str(gpu_err.value) == str(cpu_err.value)
+    assert type(gpu_err.value) is ValueError  # not CodecError: a bad argument, not a codec fault
 
 
 def with_checksum(frame):

@@ -372,3 +372,60 @@ def test_corrupted_frame_claiming_a_huge_shape_raises_frame_error_before_allocat
     assert hvd_lossy.frame_info(as_frame(data))["raw_bytes"] == 4 << 40
     with pytest.raises(FrameError, match="checksum"):
         hvd_lossy.decompress(as_frame(data))
+
+
+# ---- limits on what a frame may announce -------------------------------------------------------
+
+def _decoders(frame):
+    """Every public way to decode frames of untrusted bytes into new memory."""
+    return {"decompress": lambda: hvd_lossy.decompress(frame),
+            "decompress_chunks": lambda: hvd_lossy.decompress_chunks(frame),
+            "decompress_chunks sizes": lambda: hvd_lossy.decompress_chunks(frame, [frame.numel()])}
+
+
+def test_sealed_frame_claiming_4_tib_raises_frame_error_not_an_allocation_failure():
+    frame = as_frame(seal(_forged_huge_frame(1 << 20)))  # valid checksum, 64 KiB, 4 TiB of output
+    assert hvd_lossy.frame_info(frame)["raw_bytes"] == 4 << 40 > hvd_lossy.max_output_bytes()
+    for what, call in _decoders(frame).items():
+        with pytest.raises(FrameError, match="4398046511104 bytes of output, more than "
+                                             "max_output_bytes") as info:
+            call()
+        assert type(info.value) is FrameError, what  # not CodecError (a RuntimeError)
+
+
+def test_frame_claiming_2_pow_40_rows_is_refused_without_allocating():
+    x = torch.zeros(32, 4)
+    for level in (1, 2):
+        data = hvd_lossy.compress(x, 0.01, level=level).numpy().tobytes()
+        shape_at = HEADER_BYTES  # dim 0 of the shape, after the fixed header
+        forged = with_field(data, "n_rows", 1 << 40)
+        forged = forged[:shape_at] + struct.pack("<q", 1 << 40) + forged[shape_at + 8:]
+        frame = as_frame(seal(forged))
+        for what, call in _decoders(frame).items():
+            with pytest.raises(FrameError) as info:
+                call()
+            assert type(info.value) is FrameError, (what, info.value)
+        out = torch.empty(32, 4)
+        assert hvd_lossy.decompress_into(frame, [(0, frame.numel(), 32)], out)[0] is not None
+
+
+def test_decode_limit_refuses_a_valid_expanding_frame_per_call_and_when_set():
+    x = torch.ones(4096, 64)  # 1 MiB of one repeated row: a frame of a few hundred bytes
+    frame = hvd_lossy.compress(x, 0.01)
+    assert frame.numel() * 1000 < 1 << 20  # over 1,000x
+    assert torch.equal(hvd_lossy.decompress(frame, max_output_bytes=1 << 20), x)
+    for call in (lambda: hvd_lossy.decompress(frame, max_output_bytes=(1 << 20) - 1),
+                 lambda: hvd_lossy.decompress_chunks(frame, max_output_bytes=(1 << 20) - 1)):
+        with pytest.raises(FrameError, match="1048576 bytes of output"):
+            call()
+    default = hvd_lossy.max_output_bytes()
+    hvd_lossy.set_max_output_bytes(1 << 19)
+    try:
+        with pytest.raises(FrameError, match=f"max_output_bytes \\({1 << 19};"):
+            hvd_lossy.decompress(frame)
+    finally:
+        hvd_lossy.set_max_output_bytes(default)
+    assert torch.equal(hvd_lossy.decompress(frame), x)
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="max_output_bytes must be an int >= 0"):
+            hvd_lossy.set_max_output_bytes(bad)

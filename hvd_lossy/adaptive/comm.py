@@ -7,6 +7,7 @@ COMM_WORLD is Horovod's world. Under ``horovodrun --gloo`` each process is its o
 1, so the controller falls back to Horovod's collectives and says so once.
 """
 
+import pickle
 import sys
 import warnings
 
@@ -50,33 +51,44 @@ class MPIComm:
 
 
 class HorovodComm:
-    """Horovod's collectives (horovod.torch must be initialised)."""
+    """Horovod's collectives (horovod.torch must be initialised), over the world or over one
+    process set, whose ranks are then the ranks within the set."""
 
     name = "horovod"
 
-    def __init__(self):
+    def __init__(self, process_set=None):
         import horovod.torch as hvd
 
         self.hvd = hvd
-        self.rank = hvd.rank()
-        self.size = hvd.size()
+        self.process_set = hvd.global_process_set if process_set is None else process_set
+        self.rank = self.process_set.rank()
+        self.size = self.process_set.size()
         self._count = 0
 
     def _name(self):
-        # Every rank issues the same collectives in the same order, so the names match up.
+        # Every rank of the set issues the same collectives in the same order, so the names
+        # match up; the set's id keeps two sets' controllers apart.
         self._count += 1
-        return f"hvd_lossy.adaptive.{self._count}"
+        return f"hvd_lossy.adaptive.{self.process_set.process_set_id}.{self._count}"
 
     def allgather_array(self, array):
         import torch
 
         array = np.ascontiguousarray(array)
         flat = torch.from_numpy(array.reshape(1, -1).copy())
-        out = self.hvd.allgather(flat, name=self._name()).numpy()
+        out = self.hvd.allgather(flat, name=self._name(), process_set=self.process_set).numpy()
         return out.reshape((self.size,) + array.shape)
 
     def allgather_object(self, obj):
-        return self.hvd.allgather_object(obj, name=self._name())
+        # Horovod 0.28's allgather_object has no process_set: the pickles travel as bytes,
+        # their sizes first.
+        import torch
+
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        sizes = self.allgather_array(np.array([data.numel()], dtype=np.int64))[:, 0]
+        blob = self.hvd.allgather(data, name=self._name(), process_set=self.process_set).numpy()
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        return [pickle.loads(blob[offsets[i]:offsets[i + 1]].tobytes()) for i in range(self.size)]
 
 
 _warned_fallback = False
@@ -95,13 +107,16 @@ def _horovod_world():
     return hvd.rank(), hvd.size()
 
 
-def resolve_comm(comm=None):
+def resolve_comm(comm=None, process_set=None):
     """The controller's communicator.
 
     Arguments:
         comm: None (automatic), ``"mpi"`` (mpi4py COMM_WORLD), ``"horovod"``, ``"local"`` (one
             process), an mpi4py communicator, or an object with ``rank``, ``size``,
             ``allgather_array`` and ``allgather_object``.
+        process_set: a Horovod ProcessSet: the controller talks over that set only (Horovod's
+            collectives), and its ranks are the ranks within the set, as in the all-to-alls
+            of ``alltoall(..., process_set=)``. Not together with ``comm``.
 
     Returns:
         An object with ``rank``, ``size``, ``name``, ``allgather_array``, ``allgather_object``.
@@ -110,6 +125,13 @@ def resolve_comm(comm=None):
     With Horovod, mpi4py's COMM_WORLD if it holds the same ranks in the same order, else Horovod's
     collectives, with a one-time warning.
     """
+    if process_set is not None:
+        if comm is not None:
+            raise ValueError(f"give comm or process_set, not both (got comm={comm!r})")
+        if not all(hasattr(process_set, a) for a in ("rank", "size", "process_set_id")):
+            raise TypeError(f"process_set must be a horovod ProcessSet, got "
+                            f"{type(process_set).__name__}")
+        return HorovodComm(process_set)
     if comm is None:
         return _auto_comm()
     if isinstance(comm, str):

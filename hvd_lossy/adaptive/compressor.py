@@ -43,10 +43,11 @@ def _check_bound_setting(value, what):
     """"table" or a finite float >= 0."""
     if isinstance(value, str) and value == TABLE:
         return TABLE
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value < 0:
-        raise ValueError(f"{what} must be 'table' or a finite error bound >= 0, got {value!r}")
-    return float(value)
+    try:
+        return hvd_lossy.check_error_bound(value, what)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be 'table' or a finite error bound >= 0, got {value!r}") \
+            from None
 
 
 class AdaptiveCompressor(LossyCompressor):
@@ -97,7 +98,6 @@ class AdaptiveCompressor(LossyCompressor):
         if not isinstance(observe, bool):
             raise TypeError(f"observe must be True or False, got {observe!r}")
         self.direction, self.observe = direction, observe
-        self._frame_tables = []
         self._unique_fraction = {}  # last observed, per table, for the rate model's element count
 
     def _check_tables(self, tables):
@@ -138,15 +138,18 @@ class AdaptiveCompressor(LossyCompressor):
             list of (destination, rows, error_bound); a destination without tables gets one
             empty frame.
         """
+        if len(splits) != self.controller.size:
+            raise ValueError(f"the all-to-all has {len(splits)} ranks but the controller spans "
+                             f"{self.controller.size}: for alltoall(..., process_set=ps) build "
+                             f"the Controller with process_set=ps")
         bounds = self._bounds()
-        plan, frame_tables = [], []
+        plan = []
         for dest, rows in enumerate(splits):
             names = self._layout(dest)
             if not names:
                 if rows:
                     raise ValueError(f"the chunk for rank {dest} has {rows} rows but no tables")
                 plan.append((dest, 0, 0.0))
-                frame_tables.append(None)
                 continue
             per_table, rest = divmod(int(rows), len(names))
             if rest:
@@ -155,21 +158,31 @@ class AdaptiveCompressor(LossyCompressor):
             for name in names:
                 eb = bounds[name] if bounds is not None else self.bound
                 plan.append((dest, per_table, float(eb)))
-                frame_tables.append(name)
-        self._frame_tables = frame_tables
         return plan
+
+    def _tables_of(self, plan):
+        """The table of each frame of a plan() result (None for a destination without tables),
+        read from the plan and the fixed layout: no state passes from plan() to after_compress(),
+        so one compressor may serve several exchanges in flight."""
+        tables, seen = [], {}
+        for dest, _rows, _eb in plan:
+            names = self._layout(dest)
+            k = seen[dest] = seen.get(dest, -1) + 1
+            if names and k >= len(names):
+                raise ValueError(f"the plan has {k + 1} frames for rank {dest}, its layout "
+                                 f"{names} has {len(names)} tables")
+            tables.append(names[k] if names else None)
+        return tables
 
     def after_compress(self, plan, frame_sizes, tensor):
         """Record each frame's bytes with the controller (and observe its rows if asked); the
         size of a frame the alltoall did not code (the rank's own chunk) is None."""
-        if len(plan) != len(self._frame_tables):
-            raise RuntimeError(f"after_compress got a plan of {len(plan)} frames, plan() made "
-                               f"{len(self._frame_tables)}")
+        frame_tables = self._tables_of(plan)
         row_len = math.prod(tensor.shape[1:])
         row_bytes = row_len * tensor.element_size()
         header = hvd_lossy.max_frame_bytes(0, row_len, tensor.dim())
         c, offset = self.controller, 0
-        for (_dest, rows, eb), size, name in zip(plan, frame_sizes, self._frame_tables):
+        for (_dest, rows, eb), size, name in zip(plan, frame_sizes, frame_tables):
             piece = tensor[offset:offset + rows]
             offset += rows
             if name is None or rows == 0:
@@ -205,6 +218,15 @@ class AdaptiveCompressor(LossyCompressor):
                 observe=self.observe, bound=self.backward, direction="backward",
                 dither=bool(self.dither), auto=self.auto)
         return self._backward_compressor
+
+    def agreement(self):
+        """As LossyCompressor's, with the controller's configuration in place of one bound; the
+        table layout is left out, since each rank sends its own tables."""
+        controller = self.controller.get_config()
+        controller.pop("telemetry", None)  # only rank 0 writes it
+        return {"type": type(self).__name__, "controller": controller, "level": self.level,
+                "dedup": self.dedup, "bound": self.bound, "direction": self.direction,
+                "dither": self.dither, "auto": self.auto}
 
     def compress(self, tensor):
         """One frame of the whole tensor at the base bound (collectives other than alltoall)."""

@@ -1,9 +1,10 @@
 """Configuration pieces of the controller: table specs and argument checks."""
 
 import dataclasses
-import math
 
 import numpy as np
+
+from hvd_lossy import check_error_bound
 
 __all__ = ["TableSpec", "table_specs", "check_int", "check_bound"]
 
@@ -24,10 +25,12 @@ def check_int(name, value, minimum):
 
 
 def check_bound(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
+    """A base bound: hvd_lossy's one error-bound rule, > 0 (ValueError for any bad value, as
+    the controller's other settings)."""
+    try:
+        return check_error_bound(value, name, positive=True)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
 
 
 def table_specs(tables, size):

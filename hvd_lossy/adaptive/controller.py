@@ -50,6 +50,9 @@ class Controller:
             max(1, interval // 10), i.e. about 10 samples per interval.
         telemetry: path of a JSON-lines file that rank 0 rewrites (one line per exchange), or None.
         comm: see ``hvd_lossy.adaptive.comm.resolve_comm``; None picks mpi4py or Horovod.
+        process_set: a Horovod ProcessSet for a controller of the all-to-alls within that set:
+            it exchanges statistics over the set only, and ranks (owners, ``tables_of``) are
+            ranks within the set. Only the set's members construct it.
 
     Construction is collective: every rank checks its configuration and exchanges a hash of it, so
     a bad or mismatched configuration raises ValueError on every rank instead of hanging.
@@ -57,8 +60,8 @@ class Controller:
 
     def __init__(self, tables, policy="paper", schedule="step", E=65536, base=0.03, interval=100,
                  mode="rel", eval_bound="none", grad_base=None, sample_every=None, telemetry=None,
-                 comm=None):
-        self._comm = resolve_comm(comm)
+                 comm=None, process_set=None):
+        self._comm = resolve_comm(comm, process_set)
         error = None
         try:
             self._configure(tables, policy, schedule, E, base, interval, mode, eval_bound,

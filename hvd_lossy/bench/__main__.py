@@ -1,9 +1,9 @@
-"""`python -m hvd_lossy.bench {codec,alltoall,netlink} [options]`: runs one benchmark's main(argv)."""
+"""`python -m hvd_lossy.bench {codec,alltoall,netlink,soak} [options]`: runs one benchmark's main(argv)."""
 import importlib
 import sys
 
 SUBCOMMANDS = {"codec": "hvd_lossy.bench.codec", "alltoall": "hvd_lossy.bench.alltoall",
-               "netlink": "hvd_lossy.bench.netlink"}
+               "netlink": "hvd_lossy.bench.netlink", "soak": "hvd_lossy.bench.soak"}
 
 
 def main(argv):

@@ -1,6 +1,8 @@
 """Worker: compressed alltoall, allgather and broadcast deliver what the peers sent, within the
 bound; Compression.none is Horovod's own result bit for bit. Run by tests/test_transport.py
 under mpirun and horovodrun with 2 or 3 ranks."""
+import time
+
 import horovod.torch as horovod
 import torch
 from transport_util import (N, R, abs_bound, assert_within, cases_of, lookups, pieces_for,
@@ -66,6 +68,19 @@ def test_fp16_compression_rounds_to_half():
     assert out.dtype == torch.float32 and torch.equal(out, ref.half().float())
 
 
+def wait_for_poll(handle, seconds=30):
+    """Polls until the handle reports its communication done, without synchronizing: what
+    overlapping needs. Fails if poll() is not a bool or never turns True."""
+    deadline = time.monotonic() + seconds
+    while True:
+        done = hvd.poll(handle)
+        assert isinstance(done, bool), f"poll() returned {done!r}, expected a bool"
+        if done:
+            return
+        assert time.monotonic() < deadline, f"poll() still False after {seconds} s"
+        time.sleep(0.001)
+
+
 def test_async_returns_horovod_pairs_and_overlaps():
     lossy = hvd.Compression.lossy(EB)
     xs = [lookups(R, 50 + i, sum(uneven_splits(R, 50 + i, N))) for i in range(2)]
@@ -75,13 +90,48 @@ def test_async_returns_horovod_pairs_and_overlaps():
     plain = hvd.alltoall_async(even)
     assert isinstance(plain, int), "Compression.none hands out Horovod's own handle"
     for i in reversed(range(2)):  # finish in the other order than started
-        hvd.poll(handles[i])
+        wait_for_poll(handles[i])  # the exchange completes in the background: it overlaps
         out, got = hvd.synchronize(handles[i])
         refs = pieces_for(R, 50 + i, N)
         assert got.tolist() == [r.shape[0] for r in refs]
         assert_within(out, torch.cat(refs), max(abs_bound(r, EB) for r in refs), "async")
     out, got = hvd.synchronize(plain)  # as Horovod: a pair even without splits
     assert torch.equal(out, horovod.alltoall(even))
+
+
+def test_plain_handles_finished_by_horovod_leave_nothing_behind():
+    x = lookups(R, 53, 2 * N)
+    for _ in range(200):
+        handle = hvd.alltoall_async(x)  # Compression.none: Horovod's own integer handle
+        horovod.synchronize(handle)
+    assert len(hvd._plain_handles) <= 1, f"{len(hvd._plain_handles)} handles kept"
+    out, _ = hvd.synchronize(hvd.alltoall_async(x))  # ours still finishes them, with statistics
+    assert torch.equal(out, horovod.alltoall(x))
+
+
+def test_broadcast_async_neither_blocks_nor_raises_before_synchronize():
+    x = lookups(R, 54, 3)
+    lossy = hvd.Compression.lossy(EB)
+    # Rank 0 starts its broadcast before a blocking (Horovod, named) collective the others run
+    # first: a broadcast_async that waited for its header round would deadlock here.
+    if R == 0:
+        handle = hvd.broadcast_async(x, 0, compression=lossy)
+        gathered = horovod.allgather(x, name="plain.54")
+    else:
+        gathered = horovod.allgather(x, name="plain.54")
+        handle = hvd.broadcast_async(x, 0, compression=lossy)
+    assert gathered.shape == (3 * N, 4)
+    wait_for_poll(handle)
+    ref = lookups(0, 54, 3)
+    assert_within(hvd.synchronize(handle), ref, abs_bound(ref, EB), "broadcast_async")
+    bad = hvd.broadcast_async(x, N + 3, compression=lossy)  # a root outside the set
+    wait_for_poll(bad)  # the verdict is known: synchronize raises without waiting
+    try:
+        hvd.synchronize(bad)
+    except hvd.RankError as e:
+        assert f"root_rank {N + 3} is not in the process set" in str(e)
+    else:
+        raise AssertionError("a broadcast from a root outside the set did not raise")
 
 
 def test_differentiable_async_gives_the_gradient_alltoall_gives():

@@ -132,6 +132,65 @@ def test_frames_disagreeing_with_announced_shape_raise_on_receivers_then_everywh
                          f"the frames received from rank {BAD} disagree")
 
 
+def with_limit(limit, call):
+    """Runs call() with Horovod's int32 count limit taken as `limit` bytes on every rank."""
+    real = hvd_lossy.protocol.INT32_MAX
+    hvd_lossy.protocol.INT32_MAX = limit
+    try:
+        return call()
+    finally:
+        hvd_lossy.protocol.INT32_MAX = real
+
+
+def test_chunks_adding_up_past_the_per_call_limit_raise_everywhere():
+    # A chunk of one header and one frame fits the limit alone, but not N of them: a receiver
+    # of N such chunks would overflow, which no single sender sees.
+    x = torch.randn(4 * N, 8, generator=torch.Generator().manual_seed(R))
+    chunk = hvd_lossy.protocol.HEADER_BYTES + hvd_lossy.compress(x[:4], 0.02).numel()
+    limit = chunk + 1  # a whole chunk fits...
+    assert hvd_lossy.protocol.per_rank_limit(N) == (2 ** 31 - 1) // N
+    expect_rank_error(lambda: with_limit(limit, lambda: hvd.alltoall(x, compression=LOSSY)),
+                      "exceed what one destination may take in a call", "int32")
+    expect_rank_error(lambda: with_limit(limit, lambda: hvd.allgather(x, compression=LOSSY)),
+                      "bytes one rank may send in a call", "int32")
+
+
+def test_ranks_calling_with_different_bounds_or_compressors_raise_everywhere():
+    x = even()
+    for mine in (hvd.Compression.lossy(0.05 if R == BAD else 0.02),
+                 hvd.Compression.lossy(0.02, level=2 if R == BAD else 1),
+                 hvd.Compression.lossy(0.02, mode="abs" if R == BAD else "rel")):
+        expect_rank_error(lambda: hvd.alltoall(x, compression=mine),
+                          "disagree on the compression settings")
+        expect_rank_error(lambda: hvd.allgather(x, compression=mine),
+                          "disagree on the compression settings")
+    expect_rank_error(lambda: hvd.broadcast(x, 0, compression=hvd.Compression.lossy(
+        0.05 if R == BAD else 0.02)), "disagree on the compression settings")
+
+
+def test_header_announcing_2_pow_40_rows_raises_before_allocating():
+    real = hvd_lossy.alltoall.header
+
+    def huge(tensor, failure, rows, payload, *more):
+        return real(tensor, failure, rows if payload == 0 else 1 << 40, payload, *more)
+
+    def bad_call():
+        if R == BAD:
+            hvd_lossy.alltoall.header = huge  # only chunks with frames: not BAD's own
+        try:
+            return hvd.alltoall(even(), compression=LOSSY)
+        finally:
+            hvd_lossy.alltoall.header = real
+
+    needle = f"rank {BAD} announced more output than max_output_bytes"
+    if R != BAD:
+        expect_rank_error(bad_call, needle)
+        assert hvd.alltoall(even(), compression=LOSSY).shape == even().shape
+    else:
+        assert bad_call().shape == even().shape
+        expect_rank_error(lambda: hvd.alltoall(even(), compression=LOSSY), "reported with the next one")
+
+
 class BrokenPlan(LossyCompressor):
     def plan(self, splits):
         if R == BAD:
