@@ -140,8 +140,8 @@ _plain_handles = {}  # Horovod handle -> our Handle, to record statistics on syn
 
 def _expose(handle):
     if handle.is_plain_horovod:
-        _plain_handles[handle._hvd_handle] = handle
-        return handle._hvd_handle
+        _plain_handles[handle._work.handle] = handle
+        return handle._work.handle
     return handle
 
 
@@ -150,7 +150,7 @@ class _DifferentiableHandle(_Handle):
     input's autograd graph, so the gradient travels back as with alltoall()."""
 
     def __init__(self, tensor, started, compression, process_set):
-        super().__init__(started._hvd_handle, None)
+        super().__init__(started._work, None)
         self._tensor, self._started = tensor, started
         self._compression, self._process_set = compression, process_set
 
