@@ -83,6 +83,7 @@ class Alltoall(LossyCall):
         self.rows_to = rows_to = split_list(self.splits, tensor.shape[0], self.size)
         self.plan = plan = c.plan(rows_to)
         _check_plan(plan, rows_to)
+        self.tensor = tensor = self.arrange(tensor, plan)
         lo = sum(rows_to[:me])
         hi = lo + rows_to[me]
         self.local_rows = (lo, hi)
@@ -99,6 +100,15 @@ class Alltoall(LossyCall):
         self.record.wire_bytes = sum(sizes)
         self.record.meta_bytes = HEADER_BYTES * self.size
         return send
+
+    def arrange(self, tensor, plan):
+        """The tensor whose rows the plan's frames cut, in order (a subclass may reorder rows;
+        hvd_lossy.torch's alltoall sends `tensor` as given)."""
+        if getattr(self.compressor, "row_len", None) is not None:
+            raise _LocalError(9, detail=f"{self.compressor!r} has row_len, the layout of "
+                                        "hvd_lossy.distributed's flattened chunks; this alltoall "
+                                        "takes [rows, dim] tensors and segments=<tables>")
+        return tensor
 
     def _pieces(self, dests):
         return [p for p in self.plan if p[0] in dests and p[0] != self.me]

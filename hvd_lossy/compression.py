@@ -98,6 +98,14 @@ class LossyCompressor(Compressor):
                   setting the error of a table with narrow ones.
         backward_segments: the same for the gradient all-to-all (whose chunk for rank r holds
                   rank r's tables); defaults to `segments`.
+        row_len: None, or the embedding dim of hvd_lossy.distributed's flattened layout: a 1-D
+                  input whose chunk for each destination is `[rows, tables x row_len]` (the
+                  tables' lookups side by side, split sizes in elements, as the reference
+                  DLRM code has them). Each table's rows then become one frame of their own
+                  (own bound, own dedup). hvd_lossy.torch's alltoall refuses it (pass
+                  `[rows, dim]` tensors and `segments` there).
+        tables: the number of tables side by side in a row_len chunk: another name for
+                  `segments` (give one of the two), an int or one per destination.
         dither: False; True (every frame); or "backward" (only the gradient frames of the
                   autograd all-to-all, which an error bound or "same" `backward` then builds
                   dithered). Subtractive dither keeps the bound but makes the error uniform and
@@ -113,7 +121,7 @@ class LossyCompressor(Compressor):
     codec_id = "lossy"
 
     def __init__(self, error_bound, mode="rel", level=1, backward=SAME, dedup=True, segments=1,
-                 backward_segments=None, dither=False, auto=False):
+                 backward_segments=None, dither=False, auto=False, row_len=None, tables=None):
         self.error_bound = _check_error_bound(error_bound)
         if mode not in _MODES:
             raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
@@ -122,6 +130,15 @@ class LossyCompressor(Compressor):
         if not isinstance(dedup, bool):
             raise TypeError(f"dedup must be True or False, got {dedup!r}")
         self.mode, self.level, self.dedup = mode, int(level), dedup
+        if tables is not None:
+            if segments != 1:
+                raise ValueError(f"tables and segments name the same setting: give one, got "
+                                 f"tables={tables!r} and segments={segments!r}")
+            segments = tables
+        if row_len is not None and (isinstance(row_len, bool) or not isinstance(
+                row_len, numbers.Integral) or row_len < 1):
+            raise ValueError(f"row_len must be None or an int >= 1, got {row_len!r}")
+        self.row_len = None if row_len is None else int(row_len)
         self.segments = _check_segments(segments, "segments")
         self.backward_segments = (None if backward_segments is None
                                   else _check_segments(backward_segments, "backward_segments"))
@@ -188,7 +205,7 @@ class LossyCompressor(Compressor):
                 bound = self.error_bound if self.backward == SAME else self.backward
                 self._backward_compressor = LossyCompressor(
                     bound, mode=self.mode, level=self.level, dedup=self.dedup, segments=segments,
-                    dither=bool(self.dither), auto=self.auto)
+                    dither=bool(self.dither), auto=self.auto, row_len=self.row_len)
             return self._backward_compressor
         return self.backward
 
@@ -225,6 +242,8 @@ class LossyCompressor(Compressor):
             config["dither"] = self.dither
         if self.auto:
             config["auto"] = True
+        if self.row_len is not None:
+            config["row_len"] = self.row_len
         return config
 
     @classmethod
@@ -248,6 +267,8 @@ class LossyCompressor(Compressor):
             segments += f", dither={self.dither!r}"
         if self.auto:
             segments += ", auto=True"
+        if self.row_len is not None:
+            segments += f", row_len={self.row_len!r}"
         return (f"{type(self).__name__}(error_bound={self.error_bound!r}, mode={self.mode!r}, "
                 f"level={self.level!r}, backward={backward}, dedup={self.dedup!r}{segments})")
 
@@ -279,11 +300,11 @@ class Compression:
 
     @staticmethod
     def lossy(error_bound, mode="rel", level=1, backward=SAME, dedup=True, segments=1,
-              backward_segments=None, dither=False, auto=False):
+              backward_segments=None, dither=False, auto=False, row_len=None, tables=None):
         """An error-bounded LossyCompressor; see its docstring for the arguments."""
         return LossyCompressor(error_bound, mode=mode, level=level, backward=backward, dedup=dedup,
                                segments=segments, backward_segments=backward_segments,
-                               dither=dither, auto=auto)
+                               dither=dither, auto=auto, row_len=row_len, tables=tables)
 
     @staticmethod
     def adaptive(controller, tables, backward=SAME, **kwargs):
