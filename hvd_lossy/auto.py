@@ -163,6 +163,16 @@ def start(tensor, splits, backend, compressor, start_lossy, start_plain):
     return start_lossy() if slot(compressor, backend).choose(nbytes) == LOSSY else start_plain()
 
 
+def settle(key):
+    """Waits for the agreements still under way on the group of backend key `key` (a group
+    is torn down only once none is pending: torch.distributed aborts the process otherwise).
+    Collective, like the agreements: every rank has the same ones pending."""
+    for s in sorted(_live, key=_order):
+        if s.backend.key == key and s.pending is not None:
+            s.pending[0].wait()
+            s.pending, s.next_agreement = None, s.calls  # agree again at the next call
+
+
 def report():
     """The auto slots' state, for comm_stats()."""
     return [s.report() for s in sorted(_live, key=_order)]

@@ -19,6 +19,8 @@ receive sizes up front, so TorchBackend exchanges them first in one small blocki
 (Horovod does the same round inside its alltoall, AlltoallGetRecvSplits); the data collective
 after it is asynchronous.
 """
+import weakref
+
 import torch
 
 
@@ -90,14 +92,25 @@ class TorchBackend:
             raise RuntimeError("hvd_lossy.distributed needs torch.distributed.init_process_group() "
                                "first (torch.distributed is not initialised)")
         self._dist = dist
-        self.group = dist.group.WORLD if group is None else group
-        self._rank, self._size = dist.get_rank(self.group), dist.get_world_size(self.group)
+        group = dist.group.WORLD if group is None else group
+        self._rank, self._size = dist.get_rank(group), dist.get_world_size(group)
         if self._rank < 0:
             raise ValueError(f"this rank (global {dist.get_rank()}) is not in the process group "
-                             f"{self.group!r}")
+                             f"{group!r}")
         self._global = dist.get_rank()
-        self.key = ("torch", self.group)  # the group object itself: one state per group
-        self._counts_on_device = dist.get_backend(self.group) == "nccl"
+        # Held weakly and named by its name: state kept per group (call numbers, auto slots)
+        # must not keep a group alive past destroy_process_group, or its threads outlive the
+        # interpreter and abort the process at exit.
+        self._group = weakref.ref(group)
+        self.key = ("torch", group.group_name)
+        self._counts_on_device = dist.get_backend(group) == "nccl"
+
+    @property
+    def group(self):
+        group = self._group()
+        if group is None:
+            raise RuntimeError(f"process group {self.key[1]!r} was destroyed")
+        return group
 
     def rank(self):
         return self._rank

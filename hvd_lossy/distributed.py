@@ -22,6 +22,8 @@ Data flow of a lossy call (every step on every rank, in this order):
       verdict alike on every rank  -->  decode into `output` (row_len: into a table-major
       buffer, then one copy back into the interleaved chunks of `output`).
 """
+import weakref as _weakref
+
 import torch as _torch
 import torch.distributed as _dist
 
@@ -36,7 +38,7 @@ from hvd_lossy.compression import (Compression, FP16Compressor, LossyCompressor,
 from hvd_lossy.protocol import RankError  # noqa: E402,F401
 from hvd_lossy.stats import reset_comm_stats  # noqa: E402,F401
 
-_backends = {}  # group -> TorchBackend (rank and size read once)
+_backends = _weakref.WeakKeyDictionary()  # group -> TorchBackend (rank and size read once)
 
 
 def _backend(group):
@@ -231,6 +233,14 @@ def all_to_all_single_autograd(input, output_split_sizes=None, input_split_sizes
         return _AllToAll.apply(input, started, output, calls, splits, group, compression)
     work = _DifferentiableWork(finish, started.is_completed)
     return work if async_op else work.wait()
+
+
+def destroy_process_group(group=None):
+    """As torch.distributed.destroy_process_group, after waiting for what hvd_lossy still has
+    under way on the group (auto=True's agreements, read a few calls after they start)."""
+    for g in [g for g in list(_backends.keys()) if group is None or g is group]:
+        _auto.settle(_backends.pop(g).key)
+    return _dist.destroy_process_group(group)
 
 
 def comm_stats():
