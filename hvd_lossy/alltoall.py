@@ -1,21 +1,21 @@
-"""Compressed all-to-all over Horovod: the alltoall case of hvd_lossy.collective's template.
+"""Compressed all-to-all: the alltoall case of hvd_lossy.collective's template.
 
-One lossy alltoall is ONE Horovod collective:
+One lossy alltoall is ONE alltoall of the backend (Horovod or torch.distributed):
   pack:    the chunk for each destination is a protocol header followed by its frames,
            compressed straight into the send buffer behind reserved header slots (one native
            call for the ranks before this one, one for those after). The chunk a rank sends
            itself never crosses a link, so it is not compressed: its header travels (the
            verdict needs every rank's), its rows are copied straight into the output;
-  launch:  one uint8 Horovod alltoall; Horovod exchanges the byte splits itself;
+  launch:  one uint8 alltoall; the backend exchanges the byte splits itself;
   receive: every rank holds every sender's header, so all reach the same verdict; the frames are
            decoded straight into the one output tensor.
 Nothing blocks before the launch, so alltoall_async overlaps communication fully.
 """
 import torch
-from horovod.torch import mpi_ops as _ops
 
 import hvd_lossy
 from hvd_lossy import auto as _auto
+from hvd_lossy.backend import as_backend
 from hvd_lossy.collective import (LossyCall, check_announced_output, decode_frames, host_bytes,
                                   new_output, plain_start, remote_bytes)
 from hvd_lossy.compression import Compression, NoneCompressor, is_lossy
@@ -68,8 +68,8 @@ class Alltoall(LossyCall):
     splits)."""
     op = "alltoall"
 
-    def __init__(self, tensor, splits, name, compressor, process_set):
-        super().__init__(tensor, compressor, name, process_set)
+    def __init__(self, tensor, splits, name, compressor, backend):
+        super().__init__(tensor, compressor, name, backend)
         self.splits = splits
         self.split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
         self.rows_to = [0] * self.size
@@ -81,10 +81,11 @@ class Alltoall(LossyCall):
         self.rows_to = rows_to = split_list(self.splits, tensor.shape[0], self.size)
         self.plan = plan = c.plan(rows_to)
         _check_plan(plan, rows_to)
+        self.tensor = tensor = self.arrange(tensor, plan)
         lo = sum(rows_to[:me])
         hi = lo + rows_to[me]
         self.local_rows = (lo, hi)
-        seed = c.next_dither_seed(_ops.rank(), _ops.size(),
+        seed = c.next_dither_seed(self.grank, self.backend.global_size(),
                                   sum(1 for dest, _r, _e in plan if dest != me))
         # The ranks before this one, then the ones after it: the own chunk is copied, not coded.
         parts = [(range(me + 1), tensor[:lo]), (range(me + 1, self.size), tensor[hi:])]
@@ -98,6 +99,15 @@ class Alltoall(LossyCall):
         self.record.wire_bytes = sum(sizes)
         self.record.meta_bytes = HEADER_BYTES * self.size
         return send
+
+    def arrange(self, tensor, plan):
+        """The tensor whose rows the plan's frames cut, in order (a subclass may reorder rows;
+        hvd_lossy.torch's alltoall sends `tensor` as given)."""
+        if getattr(self.compressor, "row_len", None) is not None:
+            raise _LocalError(9, detail=f"{self.compressor!r} has row_len, the layout of "
+                                        "hvd_lossy.distributed's flattened chunks; this alltoall "
+                                        "takes [rows, dim] tensors and segments=<tables>")
+        return tensor
 
     def _pieces(self, dests):
         return [p for p in self.plan if p[0] in dests and p[0] != self.me]
@@ -138,7 +148,7 @@ class Alltoall(LossyCall):
         for dest, (at, nbytes) in enumerate(group_at):
             self._check_split(dest, nbytes)
             pack_header(header(self.tensor, None, self.rows_to[dest], nbytes, self.pending,
-                               self.settings), host, at)
+                               self.grank, self.settings), host, at)
         self.send_splits = torch.tensor([HEADER_BYTES + n for _at, n in group_at], dtype=torch.int32)
         return send[:offset], sizes
 
@@ -169,7 +179,8 @@ class Alltoall(LossyCall):
         body = torch.cat(frames) if frames else None
         for dest, n in enumerate(byte_counts):
             chunks.append(header_bytes(header(self.tensor, None, self.rows_to[dest], n,
-                                              self.pending, self.settings), self.device))
+                                              self.pending, self.grank, self.settings),
+                                       self.device))
             if n:
                 chunks.append(body[src:src + n])
                 src += n
@@ -185,15 +196,13 @@ class Alltoall(LossyCall):
         host = send.numpy()
         for dest in range(self.size):
             pack_header(header(self.tensor, self.failure, self.rows_to[dest], 0, self.pending,
-                               self.settings),
-                        host, dest * HEADER_BYTES)
+                               self.grank, self.settings), host, dest * HEADER_BYTES)
         self.send_splits = torch.full((self.size,), HEADER_BYTES, dtype=torch.int32)
         self.record.meta_bytes = HEADER_BYTES * self.size
         return send.to(self.device) if self.device.type != "cpu" else send
 
     def launch(self, payload):
-        return _ops.alltoall_async(payload, splits=self.send_splits, name=self.base + ".data",
-                                   process_set=self.process_set)
+        return self.backend.alltoall_async(payload, self.send_splits, self.base + ".data")
 
     def after_launch(self):
         # The compressor's statistics wait until the bytes travel; a failure here is reported
@@ -203,8 +212,8 @@ class Alltoall(LossyCall):
         except Exception as e:
             self.late_failure = _LocalError(9, detail=f"after_compress: {type(e).__name__}: {e}")
 
-    def complete(self, hvd_handle):
-        recv, recv_splits = _ops.synchronize(hvd_handle)
+    def complete(self, work):
+        recv, recv_splits = work.wait()
         return recv, recv_splits.tolist()
 
     def headers(self, recv, counts):
@@ -226,7 +235,7 @@ class Alltoall(LossyCall):
         dtype, trailing = like_of(headers[0])
         rows = [h[ROWS] for h in headers]
         check_announced_output(headers, dtype, trailing)
-        out = new_output((sum(rows), *trailing), dtype, self.device)
+        out = self.output_for((sum(rows), *trailing), dtype)
         starts = [sum(rows[:s]) for s in range(self.size + 1)]
         offsets = [sum(counts[:s]) for s in range(self.size)]
         me = self.me
@@ -252,6 +261,10 @@ class Alltoall(LossyCall):
         self.received = torch.tensor(rows, dtype=self.split_dtype)
         return out
 
+    def output_for(self, shape, dtype):
+        """The tensor the received rows are decoded into (a subclass may hand its own)."""
+        return new_output(shape, dtype, self.device)
+
     def result(self, output):
         return output, self.received
 
@@ -260,25 +273,26 @@ def _row_bytes(tensor):
     return (tensor.numel() // max(tensor.shape[0], 1) if tensor.dim() else 1) * tensor.element_size()
 
 
-def _plain_start(tensor, splits, name, compression, process_set):
-    return plain_start("alltoall", tensor, compression, lambda payload: _ops.alltoall_async(
-        payload, splits=splits, name=name, process_set=process_set),
-        local_bytes=remote_bytes(tensor, splits, process_set)[1])
+def _plain_start(tensor, splits, name, compression, backend):
+    return plain_start("alltoall", tensor, compression, lambda payload: backend.alltoall_async(
+        payload, splits, name), local_bytes=remote_bytes(tensor, splits, backend)[1])
 
 
-def start(tensor, splits=None, name=None, compression=Compression.none,
-          process_set=_ops.global_process_set):
+def start(tensor, splits=None, name=None, compression=Compression.none, process_set=None):
     """Starts an alltoall with any compressor; returns a Handle whose wait() gives
-    (output, received_splits)."""
+    (output, received_splits). process_set: a Horovod ProcessSet (None: all ranks) or an
+    hvd_lossy.backend backend."""
+    backend = as_backend(process_set)
     if compression is None:
         compression = NoneCompressor
     if is_lossy(compression) and compression.auto:
         return _auto.start(
-            tensor, splits, process_set, compression,
-            lambda: Alltoall(tensor, splits, name, compression, process_set).start(),
-            lambda: start(tensor, splits, name, NoneCompressor, process_set))
+            tensor, splits, backend, compression,
+            lambda: Alltoall(tensor, splits, name, compression, backend).start(),
+            lambda: start(tensor, splits, name, NoneCompressor, backend))
     if is_lossy(compression):
-        return Alltoall(tensor, splits, name, compression, process_set).start()
+        return Alltoall(tensor, splits, name, compression, backend).start()
     if compression is NoneCompressor and getattr(tensor, "dtype", None) == torch.bfloat16:
-        return Alltoall(tensor, splits, name, LOSSLESS, process_set).start()
-    return _plain_start(tensor, splits, name, compression, process_set)
+        return Alltoall(tensor, splits, name, LOSSLESS, backend).start()
+    return _plain_start(tensor, splits, name, compression, backend)
+

@@ -4,7 +4,7 @@ Whether compressing pays depends on the link, the cores and the message size, so
 measured, not guessed. Each compressor with `auto=True` keeps, per process set, a *slot*:
 
   probe    after WARMUP untimed lossy calls, PROBE_CALLS calls alternate lossy and plain
-           (Horovod's own alltoall), and each rank times every call as the interval until the
+           (the backend's own alltoall), and each rank times every call as the interval until the
            slot's next call: a whole training iteration when the slot is called once a step.
            That counts what the call costs where it is spent (compress, blocked communication,
            decode) and also what it costs the rest of the step: on cores shared with the
@@ -12,7 +12,7 @@ measured, not guessed. Each compressor with `auto=True` keeps, per process set, 
            timer never sees. (The gradient slot of the autograd alltoall alternates in step
            with the forward one, so probed iterations are all-lossy or all-plain.);
   agree    the ranks allgather, in the background, their size bucket and median times (one
-           tiny Horovod allgather, launched at a fixed call number and read LAG calls later,
+           tiny allgather, launched at a fixed call number and read LAG calls later,
            so nobody waits for it). Every rank applies the same rule to the same rows: lossy
            when the slowest rank's lossy median beats the slowest plain median (by HYSTERESIS
            when that means switching, for the same sizes), else plain. A rank without times
@@ -34,8 +34,8 @@ import weakref
 from collections import deque
 
 import torch
-from horovod.torch import mpi_ops as _ops
 
+from hvd_lossy.backend import as_backend
 from hvd_lossy.collective import remote_bytes
 
 WARMUP = 2        # first calls: lossy, untimed (allocation, caches and the first steps' noise)
@@ -57,8 +57,8 @@ def _bucket(nbytes):
 
 
 class _Slot:
-    def __init__(self, number, compressor, process_set):
-        self.number, self.process_set = number, process_set
+    def __init__(self, number, compressor, backend):
+        self.number, self.backend = number, backend
         self.label = repr(compressor)
         self.calls = 0
         self.times = {LOSSY: deque(maxlen=KEEP), PLAIN: deque(maxlen=KEEP)}
@@ -69,7 +69,7 @@ class _Slot:
         self.probe_from = WARMUP
         self.next_agreement = WARMUP + PROBE_CALLS
         self.refresh_at = -1
-        self.pending = None       # (Horovod handle, call number at which to read it)
+        self.pending = None       # (the backend's Work, call number at which to read it)
         self.counts = {LOSSY: 0, PLAIN: 0}
         self.last = None          # (start, mode) of the previous call
 
@@ -86,7 +86,7 @@ class _Slot:
             for t in self.times.values():
                 t.clear()
         if self.pending is not None and k >= self.pending[1]:
-            rows = _ops.synchronize(self.pending[0]).tolist()
+            rows = self.pending[0].wait().tolist()
             self.pending = None
             self._apply(rows, k)
         if k == self.next_agreement:
@@ -107,10 +107,9 @@ class _Slot:
             return statistics.median(t) if t else math.nan
         row = torch.tensor([[float(self.local_bucket), median(PLAIN), median(LOSSY)]],
                            dtype=torch.float64)
-        handle = _ops.allgather_async(
-            row, name=f"hvd_lossy.auto.{self.process_set.process_set_id}.{self.number}.{k}",
-            process_set=self.process_set)
-        self.pending = (handle, k + LAG)
+        work = self.backend.allgather_async(
+            row, f"hvd_lossy.auto.{self.backend.key}.{self.number}.{k}", same_shape=True)
+        self.pending = (work, k + LAG)
         self.next_agreement = -1  # set again once this one is read
 
     def _apply(self, rows, k):
@@ -136,7 +135,8 @@ class _Slot:
             self.refresh_at = k + REFRESH - 1
 
     def report(self):
-        return {"compressor": self.label, "process_set": self.process_set.process_set_id,
+        key = self.backend.key
+        return {"compressor": self.label, "process_set": key if isinstance(key, int) else repr(key),
                 "calls": self.calls, "decision": self.decision or "probing",
                 "message_bytes": None if self.buckets is None else
                 [round(2 ** (b / 2)) for b in self.buckets],
@@ -144,24 +144,40 @@ class _Slot:
                 **(self.agreed or {})}
 
 
-def slot(compressor, process_set):
-    """The slot of `compressor` on `process_set` (made at its first call there)."""
-    s = compressor._auto_slots.get(process_set.process_set_id)
+def slot(compressor, group):
+    """The slot of `compressor` on `group` (a Horovod ProcessSet or an hvd_lossy.backend
+    backend), made at its first call there."""
+    backend = as_backend(group)
+    s = compressor._auto_slots.get(backend.key)
     if s is None:
         # Numbered in order of first use, which is collective, so the numbers agree.
-        number = next(_numbers[process_set.process_set_id])
-        s = compressor._auto_slots[process_set.process_set_id] = _Slot(number, compressor,
-                                                                        process_set)
+        number = next(_numbers[backend.key])
+        s = compressor._auto_slots[backend.key] = _Slot(number, compressor, backend)
         _live.add(s)
     return s
 
 
-def start(tensor, splits, process_set, compressor, start_lossy, start_plain):
+def start(tensor, splits, backend, compressor, start_lossy, start_plain):
     """Starts one alltoall of an auto compressor by the mode its slot agrees on."""
-    nbytes, _local = remote_bytes(tensor, splits, process_set)
-    return start_lossy() if slot(compressor, process_set).choose(nbytes) == LOSSY else start_plain()
+    nbytes, _local = remote_bytes(tensor, splits, backend)
+    return start_lossy() if slot(compressor, backend).choose(nbytes) == LOSSY else start_plain()
+
+
+def settle(key):
+    """Waits for the agreements still under way on the group of backend key `key` (a group
+    is torn down only once none is pending: torch.distributed aborts the process otherwise).
+    Collective, like the agreements: every rank has the same ones pending."""
+    for s in sorted(_live, key=_order):
+        if s.backend.key == key and s.pending is not None:
+            s.pending[0].wait()
+            s.pending, s.next_agreement = None, s.calls  # agree again at the next call
 
 
 def report():
     """The auto slots' state, for comm_stats()."""
-    return [s.report() for s in sorted(_live, key=lambda s: (s.process_set.process_set_id, s.number))]
+    return [s.report() for s in sorted(_live, key=_order)]
+
+
+def _order(s):
+    key = s.backend.key  # Horovod's process set ids first, in order; then torch groups
+    return (0, key, s.number) if isinstance(key, int) else (1, repr(key), s.number)

@@ -5,20 +5,20 @@ A lossy call is one object that runs five steps, always in this order on every r
   plan     check the arguments and decide the frames (subclass: `pack`);
   pack     compress into the send buffer, each destination's chunk led by a header. A failure
            here does not raise: it goes into the headers, and the chunks carry no frames;
-  launch   ONE Horovod collective moves the buffer (subclass: `launch`);
+  launch   ONE collective of the backend (Horovod or torch.distributed, hvd_lossy.backend)
+           moves the buffer (subclass: `launch`);
   receive  every rank holds every sender's header, so all reach the same verdict on the
            sending side's failures and raise alike (protocol.raise_from_headers); then the
            frames are decoded straight into the output (subclass: `decode`);
   report   a failure only this receiver sees raises here and travels in the headers of the
            next lossy call on the process set (protocol.raise_received).
 
-Compression.none and Compression.fp16 take `plain_start`: Horovod's own collective on
+Compression.none and Compression.fp16 take `plain_start`: the backend's own collective on
 `compression.compress(tensor)`.
 """
 import time
 
 import torch
-from horovod.torch import mpi_ops as _ops
 
 import hvd_lossy
 from hvd_lossy import stats as _stats
@@ -92,17 +92,17 @@ def decode_frames(body, out, dtype, trailing, origin):
                                              f"{dtype} x {trailing}, its frames hold {row}")
 
 
-def remote_bytes(tensor, splits, process_set):
+def remote_bytes(tensor, splits, backend):
     """(bytes an alltoall of `tensor` sends to other ranks, bytes it keeps): its own chunk is a
     local copy in every method. Bad splits count as sending everything (the collective reports
     them)."""
     rows = tensor.shape[0] if isinstance(tensor, torch.Tensor) and tensor.dim() else 0
     if not rows:
         return 0, 0
-    own = rows // max(process_set.size(), 1)
+    own = rows // max(backend.size(), 1)
     if splits is not None:
         try:
-            own = min(max(int(splits[process_set.rank()]), 0), rows)
+            own = min(max(int(splits[backend.rank()]), 0), rows)
         except (IndexError, TypeError, ValueError):
             own = 0
     total = tensor.numel() * tensor.element_size()
@@ -110,8 +110,8 @@ def remote_bytes(tensor, splits, process_set):
 
 
 def plain_start(op, tensor, compression, launch, local_bytes=0):
-    """Horovod's collective `launch(payload)` on compression.compress(tensor); for
-    Compression.none exactly Horovod's own, except that a non-contiguous input is made
+    """The backend's collective `launch(payload)` (-> Work) on compression.compress(tensor); for
+    Compression.none exactly the backend's own, except that a non-contiguous input is made
     contiguous first. The alltoall's result is the pair (output, received_splits).
     local_bytes: of the input, what an alltoall keeps on this rank (left out of the bytes
     sent, as the lossy path leaves it out)."""
@@ -128,9 +128,9 @@ def plain_start(op, tensor, compression, launch, local_bytes=0):
     record.raw_bytes = raw - local_bytes
     record.wire_bytes = payload.numel() * payload.element_size() * (raw - local_bytes) // max(raw, 1)
 
-    def finish(hvd_handle):
+    def finish(work):
         t2 = time.perf_counter()
-        result = _ops.synchronize(hvd_handle)
+        result = work.wait()
         record.comm_s += time.perf_counter() - t2
         output = result[0] if isinstance(result, tuple) else result
         record.recv_wire_bytes = output.numel() * output.element_size()
@@ -149,8 +149,8 @@ class LossyCall:
 
         pack()            -> uint8 send tensor, headers included (raise _LocalError to fail);
         pack_failed()     -> the send tensor of headers only, after a failure;
-        launch(payload)   -> a Horovod handle;
-        complete(handle)  -> (received uint8 tensor, its chunks' byte counts or None);
+        launch(payload)   -> the backend's Work (self.backend: hvd_lossy.backend);
+        complete(work)    -> (received uint8 tensor, its chunks' byte counts or None);
         headers(recv, counts) -> every sender's header fields, in process-set rank order;
         decode(recv, counts, headers) -> the output (raise _LocalError on a bad frame);
         after_launch()    -> work that may wait until the bytes travel (compressor hooks).
@@ -158,12 +158,12 @@ class LossyCall:
     op = ""
     compare_rows = False  # whether the verdict also requires every rank's rows to agree
 
-    def __init__(self, tensor, compressor, name, process_set):
-        self.tensor, self.compressor, self.process_set = tensor, compressor, process_set
-        self.size, self.me = process_set.size(), process_set.rank()
-        self.call, self.pending = begin_call(process_set)
+    def __init__(self, tensor, compressor, name, backend):
+        self.tensor, self.compressor, self.backend = tensor, compressor, backend
+        self.size, self.me, self.grank = backend.size(), backend.rank(), backend.global_rank()
+        self.call, self.pending = begin_call(backend)
         self.settings = settings_digest(compressor)
-        self.base = base_name(self.op, name, self.call, process_set)
+        self.base = base_name(self.op, name, self.call, backend)
         self.record = _stats.CallStats(op=self.op, compression=repr(compressor))
         self.failure = None
         self.device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
@@ -191,28 +191,28 @@ class LossyCall:
     def after_launch(self):
         pass
 
-    def poll(self, hvd_handle):
-        """True once _finish(hvd_handle) would not wait for communication."""
-        return _ops.poll(hvd_handle)
+    def poll(self, work):
+        """True once _finish(work) would not wait for communication."""
+        return work.poll()
 
-    def _finish(self, hvd_handle):
+    def _finish(self, work):
         t0 = time.perf_counter()
-        recv, counts = self.complete(hvd_handle)
+        recv, counts = self.complete(work)
         self.record.comm_s += time.perf_counter() - t0
         t1 = time.perf_counter()
         try:
             headers = self.headers(recv, counts)
         except _LocalError as e:
-            raise_received(self.op, e, self.call, self.process_set)
-        raise_from_headers(self.op, headers, self.process_set, self.failure,
+            raise_received(self.op, e, self.call, self.backend)
+        raise_from_headers(self.op, headers, self.backend, self.failure,
                            compare_rows=self.compare_rows)
         try:
             output = self.decode(recv, counts, headers)
         except _LocalError as e:
-            raise_received(self.op, e, self.call, self.process_set)
+            raise_received(self.op, e, self.call, self.backend)
         except Exception as e:  # never return without telling the peers
             raise_received(self.op, _LocalError(13, detail=f"{type(e).__name__}: {e}"), self.call,
-                           self.process_set)
+                           self.backend)
         self.record.decompress_s = time.perf_counter() - t1
         self.record.recv_raw_bytes = output.numel() * output.element_size()
         _stats.record(self.record)

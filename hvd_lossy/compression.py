@@ -26,9 +26,6 @@ def is_lossy(compression):
     return isinstance(compression, LossyCompressor)
 
 
-_dither_used = 0  # seeds this process has taken from its block (see next_dither_seed)
-
-
 def dither_seed_range(used, rank, size, frames):
     """(first seed, seeds used after) for `frames` dithered frames of global rank `rank` of
     `size`, which has taken `used` seeds of its block [rank * B, (rank + 1) * B), B = 2^24 //
@@ -109,6 +106,14 @@ class LossyCompressor(Compressor):
                   setting the error of a table with narrow ones.
         backward_segments: the same for the gradient all-to-all (whose chunk for rank r holds
                   rank r's tables); defaults to `segments`.
+        row_len: None, or the embedding dim of hvd_lossy.distributed's flattened layout: a 1-D
+                  input whose chunk for each destination is `[rows, tables x row_len]` (the
+                  tables' lookups side by side, split sizes in elements, as the reference
+                  DLRM code has them). Each table's rows then become one frame of their own
+                  (own bound, own dedup). hvd_lossy.torch's alltoall refuses it (pass
+                  `[rows, dim]` tensors and `segments` there).
+        tables: the number of tables side by side in a row_len chunk: another name for
+                  `segments` (give one of the two), an int or one per destination.
         dither: False; True (every frame); or "backward" (only the gradient frames of the
                   autograd all-to-all, which an error bound or "same" `backward` then builds
                   dithered). Subtractive dither keeps the bound but makes the error uniform and
@@ -124,7 +129,7 @@ class LossyCompressor(Compressor):
     codec_id = "lossy"
 
     def __init__(self, error_bound, mode="rel", level=1, backward=SAME, dedup=True, segments=1,
-                 backward_segments=None, dither=False, auto=False):
+                 backward_segments=None, dither=False, auto=False, row_len=None, tables=None):
         self.error_bound = _check_error_bound(error_bound)
         if mode not in _MODES:
             raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
@@ -133,32 +138,42 @@ class LossyCompressor(Compressor):
         if not isinstance(dedup, bool):
             raise TypeError(f"dedup must be True or False, got {dedup!r}")
         self.mode, self.level, self.dedup = mode, int(level), dedup
+        if tables is not None:
+            if segments != 1:
+                raise ValueError(f"tables and segments name the same setting: give one, got "
+                                 f"tables={tables!r} and segments={segments!r}")
+            segments = tables
+        if row_len is not None and (isinstance(row_len, bool) or not isinstance(
+                row_len, numbers.Integral) or row_len < 1):
+            raise ValueError(f"row_len must be None or an int >= 1, got {row_len!r}")
+        self.row_len = None if row_len is None else int(row_len)
         self.segments = _check_segments(segments, "segments")
         self.backward_segments = (None if backward_segments is None
                                   else _check_segments(backward_segments, "backward_segments"))
         self.backward = _normalise_backward(backward)
         self.dither = _check_dither_setting(dither)
         self._backward_compressor = None
+        self._dither_used = 0  # seeds taken from this rank's block (next_dither_seed)
         if not isinstance(auto, bool):
             raise TypeError(f"auto must be True or False, got {auto!r}")
         self.auto = auto
         self._auto_slots = {}  # process set id -> hvd_lossy.auto's state of this compressor
 
     def next_dither_seed(self, rank=0, size=1, frames=1):
-        """Dither seed of the first of the next `frames` frames this process compresses (frame
-        i uses seed + i), or None when this compressor's own frames are not dithered.
+        """Dither seed of the first of the next `frames` frames this compressor compresses
+        (frame i uses seed + i), or None when this compressor's own frames are not dithered.
 
         Seeds are 24 bits (they travel in the frame header), so they must repeat eventually;
-        this scheme makes that as late as it can be: global rank `rank` of `size` takes its
-        seeds in order from its own block of 2^24 // size, shared by every compressor of the
-        process, and starts the block over when a call's frames do not fit in what is left.
-        No two frames of the job share a seed until a rank has dithered 2^24 // size frames
-        (8 ranks sending 208 frames a call: the first 10,082 calls). Deterministic: runs
-        that make the same calls repeat."""
+        this scheme makes that as late as it can be: on global rank `rank` of `size` the
+        compressor takes its seeds in order from the rank's own block of 2^24 // size, and
+        starts the block over when a call's frames do not fit in what is left. No two frames
+        of this compressor share a seed, on any rank, until a rank has dithered 2^24 // size
+        frames (8 ranks sending 208 frames a call: the first 10,082 calls). The count is the
+        compressor's own, not the process's, so a run that builds its compressors afresh and
+        makes the same calls repeats exactly, whatever ran before it in the process."""
         if self.dither is not True:
             return None
-        global _dither_used
-        seed, _dither_used = dither_seed_range(_dither_used, rank, size, frames)
+        seed, self._dither_used = dither_seed_range(self._dither_used, rank, size, frames)
         return seed
 
     def plan(self, splits):
@@ -206,7 +221,7 @@ class LossyCompressor(Compressor):
                 bound = self.error_bound if self.backward == SAME else self.backward
                 self._backward_compressor = LossyCompressor(
                     bound, mode=self.mode, level=self.level, dedup=self.dedup, segments=segments,
-                    dither=bool(self.dither), auto=self.auto)
+                    dither=bool(self.dither), auto=self.auto, row_len=self.row_len)
             return self._backward_compressor
         return self.backward
 
@@ -215,7 +230,7 @@ class LossyCompressor(Compressor):
         digest in the protocol headers; ranks that differ raise RankError)."""
         return {"type": type(self).__name__, "error_bound": self.error_bound, "mode": self.mode,
                 "level": self.level, "dedup": self.dedup, "dither": self.dither,
-                "auto": self.auto}
+                "auto": self.auto, "row_len": self.row_len}
 
     def compress(self, tensor):
         """Compresses the whole tensor into one frame.
@@ -250,6 +265,8 @@ class LossyCompressor(Compressor):
             config["dither"] = self.dither
         if self.auto:
             config["auto"] = True
+        if self.row_len is not None:
+            config["row_len"] = self.row_len
         return config
 
     @classmethod
@@ -273,6 +290,8 @@ class LossyCompressor(Compressor):
             segments += f", dither={self.dither!r}"
         if self.auto:
             segments += ", auto=True"
+        if self.row_len is not None:
+            segments += f", row_len={self.row_len!r}"
         return (f"{type(self).__name__}(error_bound={self.error_bound!r}, mode={self.mode!r}, "
                 f"level={self.level!r}, backward={backward}, dedup={self.dedup!r}{segments})")
 
@@ -315,11 +334,11 @@ class Compression:
 
     @staticmethod
     def lossy(error_bound, mode="rel", level=1, backward=SAME, dedup=True, segments=1,
-              backward_segments=None, dither=False, auto=False):
+              backward_segments=None, dither=False, auto=False, row_len=None, tables=None):
         """An error-bounded LossyCompressor; see its docstring for the arguments."""
         return LossyCompressor(error_bound, mode=mode, level=level, backward=backward, dedup=dedup,
                                segments=segments, backward_segments=backward_segments,
-                               dither=dither, auto=auto)
+                               dither=dither, auto=auto, row_len=row_len, tables=tables)
 
     @staticmethod
     def adaptive(controller, tables, backward=SAME, **kwargs):

@@ -5,7 +5,7 @@ collective). broadcast: the receivers must size their buffer before the payload 
 ranks first allgather their headers (which also settles every argument check), then the root's
 frame is broadcast (2 collectives). Starting a broadcast only starts the header round: the
 payload round starts from poll() or synchronize() once the headers are in, so broadcast_async
-neither blocks nor raises.
+neither blocks nor raises. The collectives are the backend's (hvd_lossy.backend).
 
 Every rank returns the decoded tensor, the root of a broadcast and a rank's own slice of an
 allgather included, so that all ranks hold exactly the same values afterwards.
@@ -13,9 +13,9 @@ allgather included, so that all ranks hold exactly the same values afterwards.
 import time
 
 import torch
-from horovod.torch import mpi_ops as _ops
 
 import hvd_lossy
+from hvd_lossy.backend import as_backend
 from hvd_lossy.collective import (LossyCall, check_announced_output, decode_frames, host_bytes,
                                   new_output, plain_start)
 from hvd_lossy.compression import NoneCompressor, is_lossy
@@ -66,7 +66,8 @@ class _OneFrame(LossyCall):
                            dtype=torch.uint8)
         rows = 0 if self.failure else self.rows()
         nbytes = 0 if frame is None else frame.numel()
-        pack_header(header(self.tensor, self.failure, rows, nbytes, self.pending, self.settings),
+        pack_header(header(self.tensor, self.failure, rows, nbytes, self.pending, self.grank,
+                           self.settings),
                     send.numpy(), 0)
         if frame is not None:
             send[HEADER_BYTES:].copy_(frame)
@@ -92,22 +93,23 @@ class Allgather(_OneFrame):
         try:
             (size,) = hvd_lossy.compress_grouped(
                 t, rows, [c.error_bound], [1], HEADER_BYTES, send, 0, mode=c.mode, level=c.level,
-                dedup=c.dedup, dither=c.next_dither_seed(_ops.rank(), _ops.size()))
+                dedup=c.dedup, dither=c.next_dither_seed(self.grank, self.backend.global_size()))
         except Exception as e:
             raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
         self.note_frame(size)
         self.record.meta_bytes = HEADER_BYTES
-        pack_header(header(t, None, rows[0], size, self.pending, self.settings), send.numpy(), 0)
+        pack_header(header(t, None, rows[0], size, self.pending, self.grank, self.settings),
+                    send.numpy(), 0)
         return send[:HEADER_BYTES + size]
 
     def pack_failed(self):
         return self.with_header(None)
 
     def launch(self, payload):
-        return _ops.allgather_async(payload, name=self.base + ".data", process_set=self.process_set)
+        return self.backend.allgather_async(payload, self.base + ".data")
 
-    def complete(self, hvd_handle):
-        return _ops.synchronize(hvd_handle), None
+    def complete(self, work):
+        return work.wait(), None
 
     def headers(self, recv, counts):
         """Headers and frame offsets of each rank in the result (header, frame, header...)."""
@@ -150,9 +152,9 @@ class Broadcast(_OneFrame):
     op = "broadcast"
     compare_rows = True
 
-    def __init__(self, tensor, root_rank, name, compressor, process_set):
-        super().__init__(tensor, compressor, name, process_set)
-        self.root_rank, self.is_root = root_rank, _ops.rank() == root_rank
+    def __init__(self, tensor, root_rank, name, compressor, backend):
+        super().__init__(tensor, compressor, name, backend)
+        self.root_rank, self.is_root = root_rank, self.grank == root_rank
         self.frame = None
         self.data_handle = None  # the payload round, once started
         self.refusal = None  # the RankError of the header round, raised again by every wait
@@ -175,19 +177,19 @@ class Broadcast(_OneFrame):
         self.frame = frame
         nbytes = 0 if self.failure or frame is None else frame.numel()
         fields = torch.tensor([header(self.tensor, self.failure, self.rows(), nbytes, self.pending,
-                                      self.settings)], dtype=torch.int64)
+                                      self.grank, self.settings)], dtype=torch.int64)
         self.record.meta_bytes = 8 * HEADER_FIELDS
-        return _ops.allgather_async(fields, name=self.base + ".meta", process_set=self.process_set)
+        return self.backend.allgather_async(fields, self.base + ".meta", same_shape=True)
 
     def poll(self, meta_handle):
         if self.data_handle is None and self.refusal is None:
-            if not _ops.poll(meta_handle):
+            if not meta_handle.poll():
                 return False
             try:
                 self._launch_payload(meta_handle)
             except RankError:
                 return True  # synchronize raises it without waiting
-        return self.refusal is not None or _ops.poll(self.data_handle)
+        return self.refusal is not None or self.data_handle.poll()
 
     def _launch_payload(self, meta_handle):
         """The verdict from every rank's header, then the root's frame (once per call)."""
@@ -196,10 +198,10 @@ class Broadcast(_OneFrame):
         if self.data_handle is not None:
             return
         t0 = time.perf_counter()
-        self.meta = _ops.synchronize(meta_handle).tolist()
+        self.meta = meta_handle.wait().tolist()
         self.record.comm_s += time.perf_counter() - t0
         try:
-            raise_from_headers(self.op, self.meta, self.process_set, self.failure,
+            raise_from_headers(self.op, self.meta, self.backend, self.failure,
                                compare_rows=True)
             granks = [h[GRANK] for h in self.meta]
             if self.root_rank not in granks:
@@ -221,12 +223,12 @@ class Broadcast(_OneFrame):
             raise
         payload = self.frame if self.is_root else torch.empty(nbytes, dtype=torch.uint8,
                                                               device=self.device)
-        self.data_handle = _ops.broadcast_async(payload, self.root_rank, name=self.base + ".data",
-                                                process_set=self.process_set)
+        self.data_handle = self.backend.broadcast_async(payload, self.root_rank,
+                                                        self.base + ".data")
 
     def complete(self, meta_handle):
         self._launch_payload(meta_handle)
-        recv = _ops.synchronize(self.data_handle)
+        recv = self.data_handle.wait()
         self.record.recv_wire_bytes = recv.numel()
         return recv, None
 
@@ -257,19 +259,22 @@ def _frame_rows(rows, trailing):
     return n, trailing[-1]
 
 
-def allgather_start(tensor, name, compression, process_set):
-    """Starts an allgather; the Handle's wait() gives the concatenation along dim 0."""
+def allgather_start(tensor, name, compression, process_set=None):
+    """Starts an allgather; the Handle's wait() gives the concatenation along dim 0.
+    process_set: a Horovod ProcessSet (None: all ranks) or an hvd_lossy.backend backend."""
+    backend = as_backend(process_set)
     compressor = _lossy_compressor(tensor, compression)
     if compressor is None:
-        return plain_start("allgather", tensor, compression, lambda payload: _ops.allgather_async(
-            payload, name=name, process_set=process_set))
-    return Allgather(tensor, compressor, name, process_set).start()
+        return plain_start("allgather", tensor, compression,
+                           lambda payload: backend.allgather_async(payload, name))
+    return Allgather(tensor, compressor, name, backend).start()
 
 
-def broadcast_start(tensor, root_rank, name, compression, process_set):
+def broadcast_start(tensor, root_rank, name, compression, process_set=None):
     """Starts a broadcast from global rank root_rank; the Handle's wait() gives the tensor."""
+    backend = as_backend(process_set)
     compressor = _lossy_compressor(tensor, compression)
     if compressor is None:
-        return plain_start("broadcast", tensor, compression, lambda payload: _ops.broadcast_async(
-            payload, root_rank, name=name, process_set=process_set))
-    return Broadcast(tensor, root_rank, name, compressor, process_set).start()
+        return plain_start("broadcast", tensor, compression,
+                           lambda payload: backend.broadcast_async(payload, root_rank, name))
+    return Broadcast(tensor, root_rank, name, compressor, backend).start()

@@ -18,7 +18,6 @@ import struct
 import zlib
 
 import torch
-from horovod.torch import mpi_ops as _ops
 
 from hvd_lossy.compression import Compression, LossyCompressor, NoneCompressor
 
@@ -92,7 +91,7 @@ class _LocalError(Exception):
     def __init__(self, code, a=0, b=0, detail=None, origin=None, dtype=-1):
         super().__init__(detail or _ERRORS[code])
         self.code, self.a, self.b, self.detail, self.dtype = code, int(a), int(b), detail, dtype
-        self.origin = _ops.rank() if origin is None else origin
+        self.origin = origin  # global rank; None: the rank that raised it (raise_received fills it)
 
 
 def dtype_code(tensor):
@@ -105,7 +104,7 @@ def _dtype_name(code):
 
 
 class _Pending:
-    """Per process set: the number of this rank's lossy collectives so far (the same on every
+    """Per process set (backend.key): the number of this rank's lossy collectives so far (the same on every
     rank of the set, since they are collective) and a receive failure not yet reported."""
 
     def __init__(self):
@@ -117,9 +116,9 @@ class _Pending:
 _pending = collections.defaultdict(_Pending)
 
 
-def begin_call(process_set):
-    """Numbers a new lossy collective on `process_set`; returns (number, pending fields)."""
-    p = _pending[process_set.process_set_id]
+def begin_call(backend):
+    """Numbers a new lossy collective on `backend`'s group; returns (number, pending fields)."""
+    p = _pending[backend.key]
     p.calls += 1
     fields = p.failure or (0, 0, 0)
     p.failure = None  # it travels in this call's headers
@@ -136,13 +135,14 @@ def settings_digest(compressor):
     return zlib.crc32(json.dumps(key, sort_keys=True, default=repr).encode()) & 0x7FFFFFFF
 
 
-def header(tensor, failure, rows, payload, pending=(0, 0, 0), settings=0):
-    """The header fields (list of ints) this rank sends ahead of `payload` frame bytes."""
+def header(tensor, failure, rows, payload, pending, grank, settings=0):
+    """The header fields (list of ints) global rank `grank` sends ahead of `payload` frame
+    bytes."""
     code, a, b = (failure.code, failure.a, failure.b) if failure else (0, 0, 0)
     is_tensor = isinstance(tensor, torch.Tensor)
     dims = (list(tensor.shape[1:]) if is_tensor else []) + [-1] * MAX_NDIM
     ndim = tensor.dim() if is_tensor else -1
-    return ([MAGIC, code, a, b, _ops.rank(), dtype_code(tensor), ndim, int(rows), int(payload)]
+    return ([MAGIC, code, a, b, grank, dtype_code(tensor), ndim, int(rows), int(payload)]
             + list(pending) + [settings] + dims[:MAX_NDIM])
 
 
@@ -189,7 +189,7 @@ def check_headers(headers, compare_rows=False):
     return None
 
 
-def _message(op, rows, local):
+def _message(op, rows, local, grank):
     parts, seen, origins = [], set(), []
     for code, a, b, origin, dtype in rows:
         if code == 0 or (code, a, b, origin) in seen:
@@ -204,12 +204,12 @@ def _message(op, rows, local):
         if origin >= 0:
             origins.append(origin)
     message = f"hvd_lossy {op} failed on every rank: " + "; ".join(parts)
-    if local is not None and local.detail and local.code != 12 and local.origin == _ops.rank():
-        message += f" (detail on rank {_ops.rank()}: {local.detail})"
+    if local is not None and local.detail and local.code != 12 and local.origin in (None, grank):
+        message += f" (detail on rank {grank}: {local.detail})"
     return message, origins
 
 
-def raise_from_headers(op, headers, process_set, local=None, compare_rows=False):
+def raise_from_headers(op, headers, backend, local=None, compare_rows=False):
     """For headers every rank holds alike (the data collective's): raises the same RankError on
     all ranks if any reported a failure or they disagree, adding any receive failure a peer
     reports from an earlier call (which a rank that already raised for it skips). `local` adds
@@ -218,7 +218,7 @@ def raise_from_headers(op, headers, process_set, local=None, compare_rows=False)
     verdict = check_headers(headers, compare_rows)
     if verdict is not None and not rows:
         rows, local = [[verdict.code, verdict.a, verdict.b, verdict.origin, verdict.dtype]], verdict
-    p = _pending[process_set.process_set_id]
+    p = _pending[backend.key]
     late, calls = [], set()
     for h in headers:
         if h[_PENDING] and h[_PENDING_SEQ] not in p.raised_at:
@@ -227,7 +227,7 @@ def raise_from_headers(op, headers, process_set, local=None, compare_rows=False)
     if verdict is None and not late:
         return
     p.raised_at.update(calls)
-    message, origins = _message(op, rows + late, local)
+    message, origins = _message(op, rows + late, local, backend.global_rank())
     if late:
         numbers = ", ".join(f"#{c}" for c in sorted(calls))
         message += (f" (the receive failure was found in hvd_lossy collective {numbers} on this "
@@ -235,27 +235,29 @@ def raise_from_headers(op, headers, process_set, local=None, compare_rows=False)
     raise RankError(message, origins) from local
 
 
-def raise_received(op, failure, call, process_set):
+def raise_received(op, failure, call, backend):
     """This rank failed receiving call number `call`: raise now and report it to the peers
     in this rank's next lossy collective on the process set."""
-    p = _pending[process_set.process_set_id]
+    if failure.origin is None:
+        failure.origin = backend.global_rank()
+    p = _pending[backend.key]
     p.failure = (failure.code, failure.a, call)
     p.raised_at.add(call)
     message, origins = _message(op, [[failure.code, failure.a, failure.b, failure.origin,
-                                      failure.dtype]], failure)
+                                      failure.dtype]], failure, backend.global_rank())
     raise RankError(message.replace("failed on every rank", "failed receiving on this rank")
                     + "; its peers raise this with their next lossy collective on the process set",
                     origins) from failure
 
 
-def base_name(op, name, call, process_set):
+def base_name(op, name, call, backend):
     """Names the sub-operations of lossy call number `call` (begin_call's) alike on all ranks
     of the process set, also when the user gives no name: calls are collective within a set,
     so its count agrees across its ranks (one global count would not: ranks outside a set skip
     its calls)."""
     if name is not None:
         return name
-    return f"hvd_lossy.{op}.{process_set.process_set_id}.{call}"
+    return f"hvd_lossy.{op}.{backend.key}.{call}"
 
 
 def check_lossy_tensor(tensor, min_ndim=1):
@@ -268,24 +270,25 @@ def check_lossy_tensor(tensor, min_ndim=1):
 
 
 class Handle:
-    """A started collective; `hvd_lossy.torch.synchronize(handle)` returns its result."""
+    """A started collective; `hvd_lossy.torch.synchronize(handle)` returns its result.
+    `work`: the backend's started collective (hvd_lossy.backend.Work), which `finish` completes."""
 
-    def __init__(self, hvd_handle, finish, is_plain_horovod=False, poll=None):
-        self._hvd_handle, self._finish, self._done, self._result = hvd_handle, finish, False, None
+    def __init__(self, work, finish, is_plain_horovod=False, poll=None):
+        self._work, self._finish, self._done, self._result = work, finish, False, None
         # True when the call is exactly Horovod's own (Compression.none): the public async API
         # then hands out Horovod's integer handle, so horovod.torch.synchronize works on it too.
         self.is_plain_horovod = is_plain_horovod
-        # poll(hvd_handle): True once wait() would not block; a call of several rounds (a
-        # broadcast) passes its own, which also starts the next round when one is done.
-        self._poll = poll or _ops.poll
+        # poll(work): True once wait() would not block; a call of several rounds (a broadcast)
+        # passes its own, which also starts the next round when one is done.
+        self._poll = poll or (lambda work: work.poll())
 
     def poll(self):
-        return self._done or self._poll(self._hvd_handle)
+        return self._done or self._poll(self._work)
 
     def wait(self):
         if not self._done:
             self._done = True
-            self._result = self._finish(self._hvd_handle)
+            self._result = self._finish(self._work)
         return self._result
 
 

@@ -146,8 +146,8 @@ def _expose(handle):
         live = _ops._handle_map
         for stale in [h for h in _plain_handles if h not in live]:
             del _plain_handles[stale]
-        _plain_handles[handle._hvd_handle] = handle
-        return handle._hvd_handle
+        _plain_handles[handle._work.handle] = handle
+        return handle._work.handle
     return handle
 
 
@@ -156,7 +156,7 @@ class _DifferentiableHandle(_Handle):
     input's autograd graph, so the gradient travels back as with alltoall()."""
 
     def __init__(self, tensor, started, compression, process_set):
-        super().__init__(started._hvd_handle, None)
+        super().__init__(started._work, None)
         self._tensor, self._started = tensor, started
         self._compression, self._process_set = compression, process_set
 

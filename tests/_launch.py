@@ -1,7 +1,9 @@
-"""Launches multi-process test workers under mpirun or horovodrun, never waiting forever.
+"""Launches multi-process test workers under mpirun, horovodrun or torchrun, never waiting
+forever.
 
     from tests._launch import run_mpi
     run_mpi("tests/mp/transport_alltoall.py", np=2)
+    run_mpi("tests/mp/dist_run.py", np=3, launcher="torchrun")   # torch.distributed workers
 
 A worker script asserts and exits non-zero on failure; run_mpi fails the calling test with the
 workers' output when the launch exits non-zero or runs past its timeout.
@@ -31,6 +33,12 @@ def _horovodrun(np):
     return [exe, "-np", str(np), "-H", f"localhost:{np}", "--gloo", "--network-interface", "lo"]
 
 
+def _torchrun(np):
+    exe = shutil.which("torchrun", path=str(pathlib.Path(sys.executable).parent)) or "torchrun"
+    # --standalone: a private rendezvous on a free local port, so parallel runs never meet.
+    return [exe, "--standalone", "--nproc_per_node", str(np), "--no-python"]
+
+
 def launch(script, np=2, args=(), launcher="mpirun", timeout=90, env=None):
     """Runs `python script *args` on `np` processes (arguments as for run_mpi) and returns
     (exit status of the launcher, combined output, command line); past `timeout` seconds it
@@ -39,8 +47,10 @@ def launch(script, np=2, args=(), launcher="mpirun", timeout=90, env=None):
         cmd = _mpirun(np)
     elif launcher == "horovodrun":
         cmd = _horovodrun(np)
+    elif launcher == "torchrun":
+        cmd = _torchrun(np)
     else:
-        raise ValueError(f"launcher must be 'mpirun' or 'horovodrun', got {launcher!r}")
+        raise ValueError(f"launcher must be 'mpirun', 'horovodrun' or 'torchrun', got {launcher!r}")
     target = [str(REPO / script)] if script.endswith(".py") else ["-m", script]
     cmd += [sys.executable, *target, *map(str, args)]
     full_env = dict(os.environ)
@@ -69,7 +79,8 @@ def run_mpi(script, np=2, args=(), launcher="mpirun", timeout=90, env=None):
                 a module name to run as `python -m script`.
         np: number of processes.
         args: extra command-line arguments for the worker.
-        launcher: "mpirun" (Open MPI, oversubscribed) or "horovodrun" (Gloo controller).
+        launcher: "mpirun" (Open MPI, oversubscribed), "horovodrun" (Gloo controller) or
+                  "torchrun" (torch.distributed's launcher; the worker initialises its group).
         timeout: seconds before the whole launch is killed and the test fails.
         env: extra environment variables.
 

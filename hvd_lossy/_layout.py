@@ -1,0 +1,174 @@
+"""The alltoall of hvd_lossy.distributed.all_to_all_single: torch.distributed's arguments
+(output filled in place, split sizes for both sides) on hvd_lossy.alltoall's exchange.
+
+With a compressor's `row_len`, the input is the reference DLRM's flattened layout: the chunk for
+destination d is `[rows_d, tables_d x row_len]`, its tables side by side. The codec wants each
+table's rows as one frame of consecutive rows (one bound per table, duplicates found within a
+table), so `arrange` copies each chunk into table-major order once (`[tables_d, rows_d,
+row_len]`), and the receiver decodes table-major and copies each chunk back into `output`'s
+interleaved layout once. How many tables a received chunk holds is read from its frames
+(one frame per table), so the receiver needs no layout of its own.
+"""
+import hvd_lossy
+from hvd_lossy.alltoall import Alltoall, split_list
+from hvd_lossy.collective import new_output
+from hvd_lossy.compression import LossyCompressor
+from hvd_lossy.protocol import GRANK, HEADER_BYTES, ROWS, _LocalError
+
+
+def _bad(detail):
+    return _LocalError(9, detail=detail)
+
+
+class _TablesPlan:
+    """A plain LossyCompressor with its tables per destination given by the call (the gradient
+    of the autograd form, whose chunk for rank d holds rank d's tables); all else delegated."""
+
+    def __init__(self, compressor, tables):
+        self._c, self._tables = compressor, tables
+
+    def __getattr__(self, name):
+        return getattr(self._c, name)
+
+    def plan(self, splits):
+        out = []
+        for dest, rows in enumerate(splits):
+            k = self._tables[dest]
+            if rows and (k < 1 or rows % k):
+                raise ValueError(f"chunk for rank {dest} has {rows} rows, not {k} equal tables")
+            out.extend([(dest, rows // k, self._c.error_bound)] * k if rows else
+                       [(dest, 0, self._c.error_bound)])
+        return out
+
+    def __repr__(self):
+        return repr(self._c)
+
+
+class SingleAlltoall(Alltoall):
+    """One lossy all_to_all_single. After wait(): `output` holds the result, `recv_tables` the
+    tables of each received chunk (row_len layout only)."""
+
+    def __init__(self, output, input, output_split_sizes, input_split_sizes, compressor, backend,
+                 tables=None):
+        super().__init__(input, input_split_sizes, None, compressor, backend)
+        self._input, self.output, self.out_splits = input, output, output_split_sizes
+        self.row_len = getattr(compressor, "row_len", None)
+        if tables is not None and self.row_len is not None and type(compressor) is LossyCompressor:
+            self.compressor = _TablesPlan(compressor, list(tables))
+        self.send_tables = self.recv_tables = None
+
+    def pack(self):
+        inp, out = self._input, self.output
+        if not hasattr(out, "dtype") or not hasattr(out, "is_contiguous"):
+            raise _bad(f"output must be a torch.Tensor, got {type(out).__name__}")
+        if out.dtype != getattr(inp, "dtype", None) or out.device != getattr(inp, "device", None):
+            raise _bad(f"output is {out.dtype} on {out.device}, input "
+                       f"{getattr(inp, 'dtype', None)} on {getattr(inp, 'device', None)}")
+        if not out.is_contiguous():
+            raise _bad("output must be contiguous")
+        if self.row_len is not None:
+            self._view_rows(inp, out)
+        elif tuple(out.shape[1:]) != tuple(inp.shape[1:]) or out.dim() != inp.dim():
+            raise _bad(f"output shape {tuple(out.shape)} and input shape {tuple(inp.shape)} "
+                       "differ past dim 0")
+        rows_out = out.shape[0] if self.row_len is None else out.numel() // self.row_len
+        self.expect = split_list(self._rows(self.out_splits, "output_split_sizes"), rows_out,
+                                 self.size)
+        return super().pack()
+
+    def _rows(self, splits, what):
+        if splits is None or self.row_len is None:
+            return splits
+        values = [int(s) for s in splits]
+        for d, v in enumerate(values):
+            if v % self.row_len:
+                raise _bad(f"{what}[{d}] = {v} elements is not a whole number of rows of "
+                           f"row_len {self.row_len}")
+        return [v // self.row_len for v in values]
+
+    def _view_rows(self, inp, out):
+        for what, t in (("input", inp), ("output", out)):
+            if t.dim() != 1 or t.numel() % self.row_len:
+                raise _bad(f"row_len={self.row_len} needs 1-D tensors of whole rows, {what} has "
+                           f"shape {tuple(t.shape)}")
+        self.splits = self._rows(self.splits, "input_split_sizes")
+        self.tensor = inp.reshape(-1, self.row_len)
+
+    def arrange(self, tensor, plan):
+        if self.row_len is None:
+            return tensor
+        tables, chunks, lo = [], [], 0
+        for dest, rows in enumerate(self.rows_to):
+            pieces = [p[1] for p in plan if p[0] == dest]
+            k = len(pieces) if rows else 0
+            if rows and any(r != pieces[0] for r in pieces):
+                raise _bad(f"row_len layout: the frames for rank {dest} have rows {pieces}; "
+                           "interleaved tables need one frame per table, all of equal rows")
+            tables.append(k)
+            if rows:
+                chunks.append(tensor[lo:lo + rows].view(rows // k, k, self.row_len).transpose(0, 1))
+            lo += rows
+        self.send_tables = tables
+        if not chunks:
+            return tensor
+        flat = new_output(tuple(tensor.shape), tensor.dtype, tensor.device)
+        at = 0
+        for c in chunks:  # the one copy into table-major order
+            n = c.shape[0] * c.shape[1]
+            flat[at:at + n].view(c.shape).copy_(c)
+            at += n
+        return flat
+
+    def output_for(self, shape, dtype):
+        if self.row_len is not None:
+            return new_output(shape, dtype, self.device)
+        if self.output.numel() != _numel(shape):
+            raise _LocalError(11, -1, detail=f"received {shape[0]} rows in all, output holds "
+                                             f"{self.output.shape[0]}")
+        return self.output.view(shape)
+
+    def decode(self, recv, counts, headers):
+        for src, (h, want) in enumerate(zip(headers, self.expect)):
+            if h[ROWS] != want:
+                unit = "rows" if self.row_len is None else f"rows of {self.row_len}"
+                raise _LocalError(11, h[GRANK], detail=f"rank {h[GRANK]} sent {h[ROWS]} {unit}, "
+                                                       f"output_split_sizes[{src}] expects {want}")
+        out = super().decode(recv, counts, headers)
+        if self.row_len is None:
+            return out
+        self.recv_tables = self._received_tables(recv, counts, headers)
+        dest, at = self.output, 0
+        for rows, k in zip((h[ROWS] for h in headers), self.recv_tables):
+            if rows:
+                r = rows // k
+                dest[at * self.row_len:(at + rows) * self.row_len].view(r, k, self.row_len) \
+                    .copy_(out[at:at + rows].view(k, r, self.row_len).transpose(0, 1))
+            at += rows
+        return out
+
+    def _received_tables(self, recv, counts, headers):
+        """Tables of each received chunk: one frame per table (the own chunk: as sent)."""
+        tables, offset = [], 0
+        for src, (n, h) in enumerate(zip(counts, headers)):
+            if src == self.me:
+                tables.append(self.send_tables[src])
+            elif not h[ROWS]:
+                tables.append(0)
+            else:
+                k = len(hvd_lossy.split_frames(recv[offset + HEADER_BYTES:offset + n]))
+                if h[ROWS] % k:
+                    raise _LocalError(11, h[GRANK], detail=f"{h[ROWS]} rows in {k} frames: not "
+                                                           "one frame per table of equal rows")
+                tables.append(k)
+            offset += n
+        return tables
+
+    def result(self, output):
+        return self.output, self.received
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,0 +1,251 @@
+"""hvd_lossy for torch.distributed users: `all_to_all_single` with `compression=`.
+
+    import hvd_lossy.distributed as dist      # instead of: import torch.distributed as dist
+    dist.init_process_group("gloo")
+    work = dist.all_to_all_single(output, input, out_splits, in_splits, async_op=True,
+                                  compression=dist.Compression.lossy(0.03))
+    work.wait()
+
+Everything torch.distributed offers is here unchanged, except all_to_all_single, which takes
+`compression=` (the compressors of hvd_lossy.torch): Compression.none is exactly
+torch.distributed's call, Compression.fp16 casts around it, a lossy compressor sends frames
+through the same exchange as hvd_lossy.torch (hvd_lossy.alltoall over hvd_lossy.backend's
+TorchBackend), so the frames are the same bytes whichever library carried them. Lossy calls
+raise RankError on every rank of the group when any rank gets bad arguments or a bad frame.
+
+Data flow of a lossy call (every step on every rank, in this order):
+
+    input (1-D elements, or [rows, ...])  --view-->  rows for the codec ([rows, row_len] with
+      row_len; the splits divided by row_len)  --plan (compressor)-->  frames per destination
+      --arrange (row_len only: each chunk [rows, tables x row_len] becomes table-major,
+      one copy)-->  pack + one uint8 all_to_all_single (after the byte counts)  -->  headers:
+      verdict alike on every rank  -->  decode into `output` (row_len: into a table-major
+      buffer, then one copy back into the interleaved chunks of `output`).
+"""
+import weakref as _weakref
+
+import torch as _torch
+import torch.distributed as _dist
+
+globals().update({_k: _v for _k, _v in vars(_dist).items() if not _k.startswith("__")})
+
+from hvd_lossy import auto as _auto  # noqa: E402  (after the copy: these names override it)
+from hvd_lossy import stats as _stats  # noqa: E402
+from hvd_lossy._layout import SingleAlltoall as _SingleAlltoall  # noqa: E402
+from hvd_lossy.backend import TorchBackend as _TorchBackend  # noqa: E402
+from hvd_lossy.compression import (Compression, FP16Compressor, LossyCompressor,  # noqa: E402,F401
+                                   NoneCompressor, is_lossy)
+from hvd_lossy.protocol import RankError  # noqa: E402,F401
+from hvd_lossy.stats import reset_comm_stats  # noqa: E402,F401
+
+_backends = _weakref.WeakKeyDictionary()  # group -> TorchBackend (rank and size read once)
+
+
+def _backend(group):
+    key = _dist.group.WORLD if group is None else group
+    b = _backends.get(key)
+    if b is None:
+        b = _backends[key] = _TorchBackend(key)
+    return b
+
+
+class Work:
+    """A started all_to_all_single: wait() blocks until `output` holds the result (True, as
+    torch's Work.wait()) and raises RankError, on every rank, if a lossy call failed."""
+
+    def __init__(self, wait, is_completed):
+        self._wait, self._is_completed, self._done = wait, is_completed, False
+
+    def wait(self, timeout=None):
+        if not self._done:
+            self._done = True
+            self._wait()
+        return True
+
+    def is_completed(self):
+        return self._done or bool(self._is_completed())
+
+
+def _started(handle):
+    return Work(handle.wait, handle.poll)
+
+
+def _plain(output, input, output_split_sizes, input_split_sizes, group, async_op, backend,
+           compression):
+    """torch.distributed's own call (Compression.none, returned as is), or around an fp16 cast."""
+    record = _stats.CallStats(op="alltoall", compression=(
+        "Compression.none" if compression is NoneCompressor else "Compression.fp16"))
+    sent, kept = _remote_bytes(input, input_split_sizes, backend)
+    record.raw_bytes, record.local_bytes = sent, kept
+    record.recv_raw_bytes = output.numel() * output.element_size()
+    if compression is NoneCompressor:
+        record.wire_bytes, record.recv_wire_bytes = sent, record.recv_raw_bytes
+        _stats.record(record)
+        return _dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                       group=group, async_op=async_op)
+    payload, ctx = compression.compress(input)
+    record.wire_bytes = sent * payload.element_size() // max(input.element_size(), 1)
+    into = _torch.empty(output.shape, dtype=payload.dtype, device=output.device)
+    record.recv_wire_bytes = into.numel() * into.element_size()
+    _stats.record(record)
+    work = _dist.all_to_all_single(into, payload.contiguous(), output_split_sizes,
+                                   input_split_sizes, group=group, async_op=True)
+
+    def finish():
+        work.wait()
+        output.copy_(compression.decompress(into, ctx))
+    started = Work(finish, work.is_completed)
+    if async_op:
+        return started
+    started.wait()
+    return None
+
+
+def _remote_bytes(input, splits, backend):
+    from hvd_lossy.collective import remote_bytes
+    return remote_bytes(input, splits, backend)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                      async_op=False, compression=Compression.none):
+    """As torch.distributed.all_to_all_single, plus `compression`.
+
+    Splits `input` along dim 0 by `input_split_sizes` (None: evenly), sends piece d to rank d
+    of `group`, and fills `output` in place with the pieces received, in rank order
+    (`output_split_sizes` of them; None: evenly).
+
+    Arguments:
+        output, input: tensors of one dtype and trailing shape; split sizes count dim-0 rows
+            (elements of a 1-D tensor, as the reference DLRM code flattens its lookups).
+        compression: Compression.none (exactly torch.distributed's call), Compression.fp16, or
+            a LossyCompressor (Compression.lossy(error_bound, ...), Compression.adaptive(...),
+            auto=True). With `row_len=dim` a 1-D input's chunks are read as
+            `[rows, tables x dim]`: each table's rows are their own frame (own bound, own dedup);
+            the tables of each chunk come from the compressor's `tables`/`segments`, those of
+            each received chunk from its frames.
+        async_op: True returns a Work whose wait() completes the call.
+
+    Returns:
+        None, or with async_op=True a Work with wait() and is_completed(). A lossy call never
+        raises when it starts: bad arguments on any rank travel in the frame headers and raise
+        RankError in wait() (or here, synchronously), on every rank. A receiving rank whose
+        frames disagree with its `output_split_sizes` raises at once; its peers raise with
+        their next lossy call on the group.
+    """
+    return _start(output, input, output_split_sizes, input_split_sizes, group, async_op,
+                  compression)
+
+
+def _start(output, input, output_split_sizes, input_split_sizes, group, async_op, compression,
+           tables=None, calls=None):
+    """all_to_all_single; `tables` gives a row_len layout's tables per destination (the autograd
+    form's gradient), `calls` collects the lossy call objects started."""
+    compression = NoneCompressor if compression is None else compression
+    backend = _backend(group)
+    if not is_lossy(compression):
+        if compression not in (NoneCompressor, FP16Compressor):
+            raise TypeError(f"compression must be Compression.none, Compression.fp16 or a "
+                            f"LossyCompressor, got {compression!r}")
+        return _plain(output, input, output_split_sizes, input_split_sizes, group, async_op,
+                      backend, compression)
+
+    def lossy():
+        call = _SingleAlltoall(output, input, output_split_sizes, input_split_sizes, compression,
+                               backend, tables)
+        if calls is not None:
+            calls.append(call)
+        return _started(call.start())
+    if compression.auto:
+        handle = _auto.start(input, input_split_sizes, backend, compression, lossy, lambda: _plain(
+            output, input, output_split_sizes, input_split_sizes, group, True, backend,
+            NoneCompressor))
+    else:
+        handle = lossy()
+    if async_op:
+        return handle
+    handle.wait()
+    return None
+
+
+def for_backward(compression):
+    """The compressor that the gradient of an all-to-all compressed by `compression` travels
+    with (its `backward` setting), for a custom autograd Function's backward."""
+    return compression.for_backward() if is_lossy(compression) else compression
+
+
+def _output_like(input, output_split_sizes):
+    rows = input.shape[0] if output_split_sizes is None else sum(int(s) for s in output_split_sizes)
+    return input.new_empty((rows, *input.shape[1:]))
+
+
+class _AllToAll(_torch.autograd.Function):
+    """Completes a started all_to_all_single; the gradient returns by one with the splits
+    reversed, compressed by the forward compressor's for_backward()."""
+
+    @staticmethod
+    def forward(ctx, input, started, output, calls, splits, group, compression):
+        started.wait()
+        ctx.splits, ctx.group, ctx.input_shape = splits, group, input.shape
+        ctx.backward_compression = for_backward(compression)
+        ctx.tables = calls[0].recv_tables if calls else None  # what each sender's chunk held
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        output_split_sizes, input_split_sizes = ctx.splits
+        grad = grad_output.new_empty(ctx.input_shape)
+        _start(grad, grad_output.contiguous(), input_split_sizes, output_split_sizes, ctx.group,
+               False, ctx.backward_compression, tables=ctx.tables)
+        return grad, None, None, None, None, None, None
+
+
+class _DifferentiableWork(Work):
+    def __init__(self, finish, is_completed):
+        super().__init__(None, is_completed)
+        self._finish, self._output = finish, None
+
+    def wait(self, timeout=None):
+        """Returns the output, part of the input's autograd graph."""
+        if not self._done:
+            self._done = True
+            self._output = self._finish()
+        return self._output
+
+
+def all_to_all_single_autograd(input, output_split_sizes=None, input_split_sizes=None, group=None,
+                               async_op=False, compression=Compression.none):
+    """all_to_all_single as part of the autograd graph: returns a new output whose gradient
+    travels back by an all_to_all_single with the splits reversed, compressed by the
+    compressor's `backward` setting (for_backward()). The gradient of a row_len layout keeps
+    each rank's tables (learnt from the frames the forward received).
+
+    Returns:
+        the output tensor; with async_op=True a Work whose wait() returns it.
+    """
+    output = _output_like(input, output_split_sizes)
+    calls = []
+    started = _start(output, input.detach(), output_split_sizes, input_split_sizes, group, True,
+                     compression, calls=calls)
+    splits = (None if output_split_sizes is None else list(output_split_sizes),
+              None if input_split_sizes is None else list(input_split_sizes))
+
+    def finish():
+        return _AllToAll.apply(input, started, output, calls, splits, group, compression)
+    work = _DifferentiableWork(finish, started.is_completed)
+    return work if async_op else work.wait()
+
+
+def destroy_process_group(group=None):
+    """As torch.distributed.destroy_process_group, after waiting for what hvd_lossy still has
+    under way on the group (auto=True's agreements, read a few calls after they start)."""
+    for g in [g for g in list(_backends.keys()) if group is None or g is group]:
+        _auto.settle(_backends.pop(g).key)
+    return _dist.destroy_process_group(group)
+
+
+def comm_stats():
+    """Statistics of this rank's all_to_all_single calls since reset_comm_stats() (see
+    hvd_lossy.stats.comm_stats), plus "auto" as in hvd_lossy.torch.comm_stats()."""
+    stats = _stats.comm_stats()
+    stats["auto"] = _auto.report()
+    return stats

@@ -1,0 +1,47 @@
+"""hvd_lossy.distributed: torch.distributed's all_to_all_single with compression=, on the same
+exchange as hvd_lossy.torch. The contracts live as named cases in the torchrun workers
+(tests/mp/dist_*.py):
+  collectives: Compression.none bit-identical to torch.distributed (float32/bfloat16/float16,
+      sync and async); lossy output filled in place within each frame's bound; 1-D even splits;
+      fp16 and auto=True; bad splits, a wrong output, output splits disagreeing with the senders
+      raise RankError on every rank and the ranks stay in step; the autograd form's gradient
+      returns with the splits reversed under the backward setting; the reference DLRM's
+      flattened [batch, tables x dim] layout (row_len=, tables=) keeps each table's bound in
+      both directions and dedups within each table.
+"""
+import pytest
+import torch
+
+from tests._launch import run_mpi
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or
+                                not torch.distributed.is_gloo_available(),
+                                reason="this torch has no gloo backend")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np", [2, 3])
+def test_all_to_all_single_under_torchrun_gloo(np):
+    output = run_mpi("tests/mp/dist_run.py", np=np, args=["collectives"], launcher="torchrun",
+                     timeout=120)
+    for rank in range(np):
+        assert f"rank {rank}: " in output and "cases passed" in output, output
+
+
+def test_mpi_backend_is_tested_where_torch_has_it():
+    if not torch.distributed.is_mpi_available():
+        pytest.skip("this torch build has no MPI backend (the CPU wheel is built without it)")
+    output = run_mpi("tests/mp/dist_run.py", np=2, args=["--backend", "mpi", "collectives"])
+    assert "rank 1: " in output and "cases passed" in output, output
+
+
+def test_compressor_layout_settings_round_trip_and_refuse_bad_values():
+    from hvd_lossy.compression import Compression, LossyCompressor  # noqa: F401 (eval namespace)
+    c = Compression.lossy(0.03, row_len=16, tables=3)
+    assert c.segments == 3 and c.row_len == 16
+    assert LossyCompressor.from_config(c.get_config()) == c and eval(repr(c)) == c
+    assert c.for_backward().row_len == 16
+    with pytest.raises(ValueError, match="row_len must be None or an int >= 1, got 0"):
+        Compression.lossy(0.03, row_len=0)
+    with pytest.raises(ValueError, match="tables and segments name the same setting"):
+        Compression.lossy(0.03, tables=2, segments=2)
