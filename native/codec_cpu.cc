@@ -441,6 +441,7 @@ struct Outlier {
 };
 
 struct Sections {
+  bool map_rans = false;  // format 2: the map is a compact rANS section of rans_map_symbols
   Bytes map;
   Bytes code;
   std::vector<Outlier> outliers;
@@ -473,6 +474,22 @@ Bytes packed(const uint32_t* v, uint64_t n, int threads) {
   return pack(v, n, plan_packing(v, n, threads), threads);
 }
 
+// Format 2's entropy-coded row map: symbol 0 for a row seen first, u + 1 for a repeat of
+// unique row u (hot rows come first, so their symbols are small and frequent), rANS coded.
+std::vector<uint8_t> rans_map_encode(const uint32_t* map, uint64_t n, int threads) {
+  Buffer<uint32_t> sym(n);
+  uint64_t next = 0;
+  for (uint64_t r = 0; r < n; ++r) {
+    if (map[r] == next) {
+      sym[r] = 0;
+      ++next;
+    } else {
+      sym[r] = map[r] + 1;
+    }
+  }
+  return rans_encode(sym.data(), n, threads, true);
+}
+
 // Builds the map, code and outlier sections.
 template <int DT>
 Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t level,
@@ -482,7 +499,17 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
   const uint64_t n_unique = c.n_unique;
   s.n_unique = n_unique;
   uint32_t* ucodes = c.codes.data();
-  if (n_unique < t.n_rows) s.map = packed(c.map.data(), t.n_rows, threads);
+  if (n_unique < t.n_rows) {
+    s.map = packed(c.map.data(), t.n_rows, threads);
+    if (compact) {  // format 2 may store the map entropy coded, when that is smaller
+      std::vector<uint8_t> coded = rans_map_encode(c.map.data(), t.n_rows, threads);
+      if (coded.size() + 2 < s.map.size()) {
+        s.map = Bytes(coded.size());
+        memcpy(s.map.data(), coded.data(), coded.size());
+        s.map_rans = true;
+      }
+    }
+  }
   if (!lossless) {
     for (uint64_t u = 0; u < n_unique; ++u) {
       if (!c.row_outlier[u]) continue;
@@ -666,6 +693,8 @@ SegmentDesc segment_desc(const Prepared& f, uint8_t mode) {
                       (h.n_outliers ? HL_SEG_OUTLIERS : 0) |
                       (mode == HL_MODE_REL ? HL_SEG_REL : 0) |
                       ((h.flags & HL_FLAG_DITHER) ? HL_SEG_DITHER : 0));
+  if (f.s.map_rans) d.flags |= HL_SEG_MAP_RANS;
+  d.map_bytes = h.map_bytes;
   d.rows = f.shape.empty() ? 1 : (uint64_t)f.shape[0];
   d.bound = f.bound;
   d.n_unique = h.n_unique;
@@ -841,7 +870,17 @@ void decode(const SegmentView& h, void* out_v, int threads, bool stream) {
 
   if (identity) return;
   Buffer<uint32_t> map(h.n_rows);
-  unpack_blocks(map_p, h.map_bytes, h.n_rows, 32, map.data(), "row map", threads);
+  if (h.map_rans) {
+    rans_decode(map_p, h.map_bytes, h.n_rows, map.data(), threads, true);
+    uint64_t seen = 0;  // symbols back to entries (rans_map_encode); checked below
+    for (uint64_t r = 0; r < h.n_rows; ++r) {
+      const uint32_t v = map[r];
+      map[r] = v == 0 ? (uint32_t)seen++ : v - 1;
+      if (seen > h.n_unique) break;  // the check below names it
+    }
+  } else {
+    unpack_blocks(map_p, h.map_bytes, h.n_rows, 32, map.data(), "row map", threads);
+  }
   uint64_t next = 0;
   for (uint64_t r = 0; r < h.n_rows; ++r) {
     if (map[r] > next || map[r] >= h.n_unique)

@@ -83,11 +83,16 @@
 //                                   encoder rounds its bound down to such a value and codes
 //                                   with exactly it (step = 2 * eb_abs in double, as v1)
 //     varint n_unique               HL_SEG_MAP only (1 <= n_unique < rows)
+//     varint map_bytes              HL_SEG_MAP_RANS only
 //     varint n_outliers             HL_SEG_OUTLIERS only (>= 1)
 //     varint code_bytes
 //   payload[n_segments], each, back to back:
-//     map                           HL_SEG_MAP only: block-packed row -> unique row, as v1;
-//                                   its length follows from its width bytes
+//     map                           HL_SEG_MAP only: block-packed row -> unique row, as v1
+//                                   (its length follows from its width bytes), or with
+//                                   HL_SEG_MAP_RANS a compact rANS section of map_bytes over
+//                                   one symbol a row: 0 for a row not seen before (it gets the
+//                                   next unique index), u + 1 for a repeat of unique row u. The
+//                                   encoder picks whichever is smaller.
 //     code                          code_bytes: level 1 block packing as v1, or (HL_SEG_LEVEL2)
 //                                   the compact rANS section below
 //     outliers                      n_outliers records of pos_bytes + elem_bytes bytes:
@@ -161,7 +166,8 @@ static_assert(sizeof(HlFrameHeader) == HL_HEADER_BYTES, "frame header must be 96
 #define HL_SEG_OUTLIERS 0x08    // an outlier section and n_outliers
 #define HL_SEG_REL 0x10         // the bound was relative to the segment's value range
 #define HL_SEG_DITHER 0x20      // subtractive dither with the segment's seed
-#define HL_SEG_KNOWN 0x3f
+#define HL_SEG_MAP_RANS 0x40    // the map is a compact rANS section (with HL_SEG_MAP only)
+#define HL_SEG_KNOWN 0x7f
 
 #ifdef __cplusplus
 #if defined(__CUDACC__)

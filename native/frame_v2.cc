@@ -178,6 +178,12 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
         throw FrameError("frame is corrupted: segment " + num(k) + " has " + num(s.n_unique) +
                          " unique rows of " + num(s.n_rows));
     }
+    if (flags & HL_SEG_MAP_RANS) {
+      if (!(flags & HL_SEG_MAP))
+        throw FrameError("frame is corrupted: segment " + num(k) + " has a coded map but no map");
+      s.map_rans = true;
+      s.map_bytes = in.varint("segment map size");
+    }
     if (flags & HL_SEG_OUTLIERS) {
       s.n_outliers = in.varint("segment outliers");
       if (s.n_outliers == 0) throw FrameError("frame is corrupted: an empty outlier section");
@@ -194,7 +200,12 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
       return FrameError("frame is corrupted: segment " + num(k) + " (" + num(s.n_rows) + " x " +
                         num(s.row_len) + "): " + what);
     };
-    if (!(s.flags & HL_FLAG_IDENTITY_MAP)) {
+    if (s.map_rans) {
+      if (s.map_bytes < 4 + 4 * hl_div_up(s.n_rows, HL_RANS_CHUNK) || s.map_bytes > in.left())
+        throw fail("coded row map of " + num(s.map_bytes) + " bytes");
+      s.map = frame + in.pos();
+      in.skip(s.map_bytes);
+    } else if (!(s.flags & HL_FLAG_IDENTITY_MAP)) {
       const uint64_t nb = hl_div_up(s.n_rows, HL_BLOCK);
       if (nb > in.left()) throw fail("truncated row map");
       uint64_t payload = 0;
@@ -242,6 +253,7 @@ uint64_t SegmentDesc::descriptor_bytes() const {
   uint64_t n = 1 + varint_bytes(rows) + varint_bytes(code_bytes);
   if (!(flags & HL_SEG_LOSSLESS)) n += 3;
   if (flags & HL_SEG_MAP) n += varint_bytes(n_unique);
+  if (flags & HL_SEG_MAP_RANS) n += varint_bytes(map_bytes);
   if (flags & HL_SEG_OUTLIERS) n += varint_bytes(n_outliers);
   return n;
 }
@@ -281,6 +293,7 @@ uint8_t* v2_write_head(const HeadV2& h, const std::vector<SegmentDesc>& segs, ui
     w = put_varint(w, s.rows);
     if (!(s.flags & HL_SEG_LOSSLESS)) w = put_fixed(w, s.bound, 3);
     if (s.flags & HL_SEG_MAP) w = put_varint(w, s.n_unique);
+    if (s.flags & HL_SEG_MAP_RANS) w = put_varint(w, s.map_bytes);
     if (s.flags & HL_SEG_OUTLIERS) w = put_varint(w, s.n_outliers);
     w = put_varint(w, s.code_bytes);
   }

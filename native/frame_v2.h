@@ -18,6 +18,7 @@ struct SegmentView {
   uint8_t version = 1;  // 1: v1 rANS table and 12-byte outliers; 2: the compact ones
   uint8_t dtype = 0, level = 1, flags = 0;
   uint8_t pos_bytes = 8;  // bytes of an outlier's position (v2)
+  bool map_rans = false;  // v2: the map is entropy coded (HL_SEG_MAP_RANS)
   uint32_t seed = 0;
   double eb_abs = 0;
   uint64_t n_rows = 0, row_len = 0, n_unique = 0, n_outliers = 0;
@@ -91,6 +92,7 @@ struct SegmentDesc {
   uint64_t rows = 0;
   uint32_t bound = 0;  // hl_bound_code, lossy only
   uint64_t n_unique = 0, n_outliers = 0, code_bytes = 0;
+  uint64_t map_bytes = 0;      // stored only with HL_SEG_MAP_RANS
   uint64_t payload_bytes = 0;  // map + code + outliers
   uint64_t descriptor_bytes() const;
 };

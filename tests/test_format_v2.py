@@ -86,6 +86,15 @@ def test_segments_keep_their_own_bound_mode_and_dither_seed():
     assert mixed[0]["lossless"] and not mixed[1]["lossless"]
 
 
+def test_hot_repeated_rows_get_an_entropy_coded_map_smaller_than_block_packing():
+    info = hvd_lossy.frame_info(golden("v2_f32_coded_map_level2"))
+    for seg in info["segments"]:
+        assert seg["map_coded"] and 1 < seg["n_unique"] < seg["rows"]
+        width = (seg["n_unique"] - 1).bit_length()
+        packed = (seg["rows"] + 31) // 32 * (1 + 4 * width)  # block packing, all blocks full width
+        assert seg["map_bytes"] < packed
+
+
 def test_crc32c_hardware_and_portable_agree_with_the_standard_check_value():
     assert crc32c(b"123456789") == 0xE3069283 == crc32c(b"123456789", portable=True)
     g = torch.Generator().manual_seed(0)

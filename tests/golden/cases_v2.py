@@ -10,6 +10,12 @@ import torch
 
 from cases import HERE, lookups, specials
 
+def hot_lookups(rows=600, dim=8, distinct=24):
+    """Lookups where one hot row takes three rows of four (a skewed row map)."""
+    base = lookups(rows=distinct, dim=dim, distinct=distinct)
+    return base[[0 if i % 4 else (i // 4) % distinct for i in range(rows)]]
+
+
 # name: (make the tensor, rows a segment, compress_chunks keyword arguments)
 CASES_V2 = {
     "v2_f32_rel003_level2_3seg": (lambda: lookups(), [40, 32, 24],
@@ -20,6 +26,8 @@ CASES_V2 = {
                                   dict(error_bounds=0.001, mode="abs", level=2, dither=77)),
     "v2_bf16_specials_lossless_mix": (lambda: specials(torch.bfloat16), [3, 5],
                                       dict(error_bounds=[0.0, 0.05], mode="rel", level=1)),
+    "v2_f32_coded_map_level2": (lambda: hot_lookups(), [300, 300],
+                                dict(error_bounds=0.03, mode="rel", level=2)),
     "v2_f32_1d_2seg": (lambda: lookups(rows=1, dim=100).reshape(-1), [60, 40],
                        dict(error_bounds=0.03, mode="rel", level=1)),
 }
