@@ -7,7 +7,7 @@
 #   fuzz/run.sh coverage                 line coverage of native/ reached by the saved corpora
 #
 # Harnesses: decode (libFuzzer, native, raw bytes), decode_patched (native, checksum and
-# total_bytes patched), py (atheris through hvd_lossy's Python API), py_patched.
+# total_bytes patched), decode_v2 and decode_v2_patched (the same for format-2 frames), py (atheris through hvd_lossy's Python API), py_patched.
 # Environment: CXX (clang++ with libFuzzer; default clang++-14 or clang++), FUZZ_WORK (build
 # outputs, corpora, logs; default fuzz/work), FUZZ_MAX_LEN (default 8192), PYTHON (default
 # .venv/bin/python), FUZZ_SKIP_BUILD=1 (reuse the binaries already in $FUZZ_WORK).
@@ -44,6 +44,10 @@ build() {
     -o "$WORK/bin/fuzz_decode"
   "$CXX" "${CXXFLAGS[@]}" "${SAN[@]}" -fsanitize=fuzzer -DHL_FUZZ_PATCH=1 fuzz/fuzz_decode.cc \
     "${CODEC_SRCS[@]}" -o "$WORK/bin/fuzz_decode_patched"
+  "$CXX" "${CXXFLAGS[@]}" "${SAN[@]}" -fsanitize=fuzzer fuzz/fuzz_decode_v2.cc "${CODEC_SRCS[@]}" \
+    -o "$WORK/bin/fuzz_decode_v2"
+  "$CXX" "${CXXFLAGS[@]}" "${SAN[@]}" -fsanitize=fuzzer -DHL_FUZZ_PATCH=1 fuzz/fuzz_decode_v2.cc \
+    "${CODEC_SRCS[@]}" -o "$WORK/bin/fuzz_decode_v2_patched"
   if [ -n "$ATHERIS_LIB" ]; then
     # The extension instrumented for libFuzzer's coverage feedback and ASan/UBSan; its sanitizer
     # runtime comes from atheris' asan_with_fuzzer.so, preloaded into python (see run_py).
@@ -74,16 +78,18 @@ harness_cmd() {
   case "$1" in
     decode) echo "$WORK/bin/fuzz_decode" ;;
     decode_patched) echo "$WORK/bin/fuzz_decode_patched" ;;
+    decode_v2) echo "$WORK/bin/fuzz_decode_v2" ;;
+    decode_v2_patched) echo "$WORK/bin/fuzz_decode_v2_patched" ;;
     py) echo "run_py 0" ;;
     py_patched) echo "run_py 1" ;;
-    *) echo "unknown harness $1, expected decode, decode_patched, py or py_patched" >&2; exit 2 ;;
+    *) echo "unknown harness $1, expected decode, decode_patched, decode_v2, decode_v2_patched, py or py_patched" >&2; exit 2 ;;
   esac
 }
 
 replay() {
   local status=0 inputs=(fuzz/crashes/*)
   [ -e "${inputs[0]}" ] || { echo "== no regression inputs in fuzz/crashes/"; return 0; }
-  for h in decode decode_patched py py_patched; do
+  for h in decode decode_patched decode_v2 decode_v2_patched py py_patched; do
     echo "== replaying ${#inputs[@]} regression inputs through $h"
     if ! $(harness_cmd "$h") -runs=1 "${inputs[@]}" > "$WORK/logs/replay_$h.log" 2>&1; then
       echo "!! $h fails on a regression input, see $WORK/logs/replay_$h.log"
@@ -135,7 +141,7 @@ esac
 SECONDS_EACH="${1:-120}"
 shift || true
 HARNESSES=("$@")
-[ ${#HARNESSES[@]} -gt 0 ] || HARNESSES=(decode decode_patched py py_patched)
+[ ${#HARNESSES[@]} -gt 0 ] || HARNESSES=(decode decode_patched decode_v2 decode_v2_patched py py_patched)
 build
 seeds
 status=0
