@@ -223,10 +223,17 @@ def _as_frame_bytes(frame):
     return frame.contiguous()
 
 
+def _is_v2(head):
+    return head.numel() >= 3 and head[:3].tolist() == [0x48, 0x56, 2]  # "HV", version 2
+
+
 def _host_header(frame):
     """Header fields of a frame; for a CUDA frame only the header travels to the host."""
     head = frame[: _C.HEADER_BYTES + 64].cpu() if frame.is_cuda else frame
     size = frame.numel()
+    if frame.is_cuda and _is_v2(head):  # format 2 is validated whole: its CRC covers it all
+        head = frame.cpu()
+        return _C.frame_info(head.data_ptr(), size)
     if frame.is_cuda:
         # frame_info validates section sizes against the total, which needs the full length.
         return _C.frame_info_prefix(head.data_ptr(), head.numel(), size)
@@ -241,7 +248,12 @@ def frame_info(frame):
         ``eb_param``, ``mode``, ``level``, ``lossless``, ``dither_seed`` (None when not
         dithered), ``n_rows``, ``row_len``, ``n_unique``,
         ``n_outliers``, section sizes, ``raw_bytes``, ``frame_bytes`` and ``ratio``
-        (raw over frame bytes).
+        (raw over frame bytes), and ``format`` (1). A format-2 frame gives ``format`` (2),
+        ``dtype``, ``shape``, ``frame_bytes``, ``header_bytes``, ``checksum``, ``n_outliers``,
+        ``raw_bytes``, ``ratio`` and ``segments``: one dict a segment with its ``rows``,
+        ``level``, ``mode``, ``lossless``, ``dither_seed``, ``eb_abs``, ``n_rows``, ``row_len``,
+        ``n_unique``, ``n_outliers``, ``map_bytes``, ``map_coded``, ``code_bytes``,
+        ``outlier_bytes`` and ``segment_bytes`` (descriptor and payload).
     """
     frame = _as_frame_bytes(frame)
     info = _host_header(frame)
@@ -286,7 +298,8 @@ def decompress(frame, out=None):
                          f"on {frame.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
                          f"{'' if out.is_contiguous() else ' (non-contiguous)'}")
     nbytes = out.numel() * out.element_size()
-    if frame.is_cuda and info["dither_seed"] is not None:  # no CUDA decoder for dither yet
+    if frame.is_cuda and (info["format"] == 2 or info["dither_seed"] is not None):
+        # no CUDA decoder for format 2 or dither yet
         out.copy_(decompress(frame.cpu()))
     elif frame.is_cuda:
         _C.decompress_cuda(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _stream(frame))

@@ -56,6 +56,28 @@ def summarise(results):
             for rows, modes in sorted(table.items())}
 
 
+def codec_alone(rows_list):
+    """Bytes of rank 0's chunk for rank 1 as the codec alone writes it (this checkout): one
+    format-1 frame a table, and one format-2 frame of 13 segments. Deterministic."""
+    import torch
+
+    import hvd_lossy
+    from hvd_lossy.bench.alltoall import message
+    from hvd_lossy.bench.criteo import load_sparse_ids
+    ids, cards = load_sparse_ids()
+    ids = torch.from_numpy(ids)
+    out = {}
+    for rows in rows_list:
+        x, _ = message(ids, cards, 0, RANKS, rows)
+        chunk = x[x.shape[0] // RANKS:].contiguous()
+        raw = chunk.numel() * 4
+        v1 = sum(hvd_lossy.compress_chunks(chunk, [rows] * TABLES, 0.03, level=2)[1])
+        v2 = hvd_lossy.compress_chunks(chunk, [rows] * TABLES, 0.03, level=2, format=2)[0].numel()
+        out[str(rows)] = {"raw": raw, "format1_bytes": v1, "format2_bytes": v2,
+                          "format1_ratio": raw / v1, "format2_ratio": raw / v2}
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m hvd_lossy.bench.wire", description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=lambda s: [int(v) for v in s.split(",")], default=[64, 256, 1024])
@@ -79,6 +101,10 @@ def main(argv=None):
             per_rows = summarise(run_tree(ns, tree, args.rows, args.iters, args.repeat, pathlib.Path(tmp)))
             report["trees"][label] = {"path": tree, "rows": {
                 str(r): dict(m, ratio=m["plain"] / m[MODES[1]]) for r, m in per_rows.items()}}
+    report["codec_alone"] = codec = codec_alone(args.rows)
+    print(f"codec alone, one destination's 13 tables: {'rows':>6} {'format 1':>9} {'format 2':>9}")
+    for r, c in codec.items():
+        print(f"{'':42}{r:>6} {c['format1_ratio']:8.2f}x {c['format2_ratio']:8.2f}x")
     print(f"{'tree':>8} {'rows':>6} {'plain B/call':>13} {'lossy B/call':>13} {'ratio':>7}")
     for label, t in report["trees"].items():
         for r, m in t["rows"].items():
