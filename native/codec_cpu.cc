@@ -501,7 +501,9 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
   uint32_t* ucodes = c.codes.data();
   if (n_unique < t.n_rows) {
     s.map = packed(c.map.data(), t.n_rows, threads);
-    if (compact) {  // format 2 may store the map entropy coded, when that is smaller
+    // Format 2 at level 2 may store the map entropy coded, when that is smaller. Level 1
+    // keeps block packing: decoding a coded map costs as much as decoding level-2 codes.
+    if (compact && level == 2) {
       std::vector<uint8_t> coded = rans_map_encode(c.map.data(), t.n_rows, threads);
       if (coded.size() + 2 < s.map.size()) {
         s.map = Bytes(coded.size());

@@ -91,8 +91,9 @@
 //                                   (its length follows from its width bytes), or with
 //                                   HL_SEG_MAP_RANS a compact rANS section of map_bytes over
 //                                   one symbol a row: 0 for a row not seen before (it gets the
-//                                   next unique index), u + 1 for a repeat of unique row u. The
-//                                   encoder picks whichever is smaller.
+//                                   next unique index), u + 1 for a repeat of unique row u. At
+//                                   level 2 the encoder picks whichever is smaller; level 1
+//                                   always packs (decoding speed).
 //     code                          code_bytes: level 1 block packing as v1, or (HL_SEG_LEVEL2)
 //                                   the compact rANS section below
 //     outliers                      n_outliers records of pos_bytes + elem_bytes bytes:
