@@ -1,6 +1,6 @@
 """Writes a seed corpus of valid hvd_lossy frames for the decoder fuzzers.
 
-One file per frame, named after what it exercises, so the fuzzers start from every kind of
+One file per frame (format 1, and format 2 as v2_*), named after what it exercises, so the fuzzers start from every kind of
 section the decoder parses: levels 1 and 2 (one and several rANS streams, escaped codes), the
 three dtypes, rel and abs bounds, duplicate rows (row map), dither, outliers (NaN, +-Inf, values beyond
 the quantizer's range), lossless frames, empty tensors, 0-d and 1-d tensors. With --chunks it also
@@ -79,6 +79,30 @@ def frames():
     yield "f32_l1_wide", hvd_lossy.compress(_lookups(8, 32, torch.float32, seed=7), 1e-7, mode="abs")
 
 
+def frames_v2():
+    """Yields (name, frame) pairs of format-2 frames: several segments with their own bounds,
+    levels, coded and packed maps, outliers, lossless and dithered segments, 0-d and 1-d."""
+    for dname, dtype in {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}.items():
+        x = _with_specials(_lookups(96, 16, dtype, seed=20, distinct=9))
+        for level in (1, 2):
+            buf, _ = hvd_lossy.compress_chunks(x, [30, 0, 40, 26], [0.03, 0.01, 0.0, 0.002],
+                                               level=level, format=2)
+            yield f"v2_{dname}_segments_l{level}", buf
+            buf, _ = hvd_lossy.compress_chunks(x, [48, 48], 0.02, level=level, dither=99, format=2)
+            yield f"v2_{dname}_dither_l{level}", buf
+        hot = _lookups(8, 8, dtype, seed=21)[[0 if i % 4 else i % 8 for i in range(400)]]
+        yield f"v2_{dname}_coded_map", hvd_lossy.compress_chunks(hot, [200, 200], 0.03, level=2,
+                                                                format=2)[0]
+        yield f"v2_{dname}_1d", hvd_lossy.compress_chunks(_lookups(1, 40, dtype, seed=3).view(-1),
+                                                         [25, 15], 0.02, format=2)[0]
+        yield f"v2_{dname}_0d", hvd_lossy.compress(torch.tensor(1.5, dtype=dtype), 0.1, format=2)
+        yield f"v2_{dname}_3d", hvd_lossy.compress(_lookups(24, 8, dtype, seed=4).view(3, 8, 8),
+                                                   0.02, level=2, format=2)
+    yield "v2_f32_l2_streams", hvd_lossy.compress(_lookups(160, 64, torch.float32, seed=5), 0.02,
+                                                  level=2, format=2)
+    yield "v2_f32_empty", hvd_lossy.compress_chunks(torch.empty(0, 4), [0, 0], 0.1, format=2)[0]
+
+
 def chunk_buffers():
     """Yields (name, buffer) pairs of back-to-back frames."""
     x = _lookups(40, 8, torch.float32, seed=8, distinct=5)
@@ -98,7 +122,7 @@ def main():
                     help="skip seeds larger than this (the fuzzers' -max_len)")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    items = list(frames()) + (list(chunk_buffers()) if args.chunks else [])
+    items = list(frames()) + list(frames_v2()) + (list(chunk_buffers()) if args.chunks else [])
     written = 0
     for name, frame in items:
         data = bytes(frame.numpy().tobytes())

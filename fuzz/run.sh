@@ -12,7 +12,8 @@
 #
 # Harnesses: decode (libFuzzer, native, raw bytes), decode_patched (native, checksum and
 # total_bytes patched), decode_into / decode_into_patched (the transport's decompress_into_cpu
-# on a receive buffer of frames), py (atheris through hvd_lossy's Python API), py_patched.
+# on a receive buffer of frames), decode_v2 / decode_v2_patched (the same as decode for format-2
+# frames), py (atheris through hvd_lossy's Python API), py_patched.
 # A native harness is one line of NATIVE_HARNESSES below: name, source, extra flags.
 # Environment: CXX (clang++ with libFuzzer; default clang++-14 or clang++), FUZZ_WORK (build
 # outputs, corpora, logs; default fuzz/work), FUZZ_MAX_LEN (default 8192), PYTHON (default
@@ -32,6 +33,8 @@ NATIVE_HARNESSES=(
   "decode_patched|fuzz/fuzz_decode.cc|-DHL_FUZZ_PATCH=1"
   "decode_into|fuzz/fuzz_decode_into.cc|"
   "decode_into_patched|fuzz/fuzz_decode_into.cc|-DHL_FUZZ_PATCH=1"
+  "decode_v2|fuzz/fuzz_decode_v2.cc|"
+  "decode_v2_patched|fuzz/fuzz_decode_v2.cc|-DHL_FUZZ_PATCH=1"
 )
 native_names() { local h; for h in "${NATIVE_HARNESSES[@]}"; do echo "${h%%|*}"; done; }
 if [ "${1:-}" != ci ]; then

@@ -158,7 +158,13 @@ def _rows_of(shape):
     return rows, shape[-1]
 
 
-def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
+def _check_format(format):
+    if isinstance(format, bool) or format not in (1, 2):
+        raise ValueError(f"format must be 1 or 2, got {format!r}")
+    return int(format)
+
+
+def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None, format=1):
     """Compresses a tensor into one self-describing frame.
 
     Arguments:
@@ -173,6 +179,9 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
             uniform in [-eb, eb] and independent of the value (unbiased, e.g. for gradients)
             instead of rounding every |x| < eb to 0, at the same bound; the seed travels in the
             frame. Turns dedup off. No CUDA kernel yet: device tensors are coded on the CPU.
+        format: 1 (the default), or 2: the compact frame of native/frame.h (one segment here;
+            the all-to-all puts a destination's pieces in one). Its bound is the requested one
+            rounded down to 24 bits. Format 2 is coded on the CPU for device tensors too.
 
     Returns:
         A 1-D ``torch.uint8`` tensor on the input's device. Every finite element decodes within
@@ -182,14 +191,15 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
     eb = _check_bound(error_bound)
     m, lv = _mode_code(mode), _check_level(level)
     seed = _check_dither(dither)
+    fmt = _check_format(format)
     _check_device(tensor)
-    if tensor.is_cuda and seed >= 0:
-        return compress(tensor.cpu(), eb, mode, level, dedup, dither).to(tensor.device)
+    if tensor.is_cuda and (seed >= 0 or fmt == 2):
+        return compress(tensor.cpu(), eb, mode, level, dedup, dither, fmt).to(tensor.device)
     src = tensor.contiguous()
     shape = list(src.shape)
     if not src.is_cuda:  # frames built first, then written once into memory of their size
         return torch.from_numpy(_C.compress_new(src.data_ptr(), code, shape, eb, m, lv, bool(dedup),
-                                                _threads, seed))
+                                                _threads, seed, fmt))
     cap = max_frame_bytes(*_rows_of(shape), len(shape))
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
     if src.is_cuda:
@@ -201,7 +211,8 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
     return out[:size].clone() if size < cap // 2 else out[:size]
 
 
-def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True, dither=None):
+def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True, dither=None,
+                    format=1):
     """Compresses consecutive pieces of dim 0 into back-to-back frames, in one native call.
 
     Arguments:
@@ -210,10 +221,12 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
         error_bounds: one bound for all pieces, or a list with one per piece.
         mode, level, dedup: as for :func:`compress`.
         dither: None, or the seed of piece 0; piece i uses ``(dither + i) % 2**24``.
+        format: 1 (a frame a piece), or 2: ONE frame whose segments are the pieces, each with
+            its own bound (coded on the CPU for device tensors too).
 
     Returns:
         ``(buffer, sizes)``: a 1-D ``torch.uint8`` tensor holding the frames back to back and the
-        list of their sizes in bytes.
+        list of their sizes in bytes (format 2: one frame, ``[its size]``).
     """
     code = _dtype_code(tensor)
     m, lv = _mode_code(mode), _check_level(level)
@@ -233,15 +246,16 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
         ebs = [_check_bound(e) for e in error_bounds]
     else:
         ebs = [_check_bound(error_bounds)] * len(rows)
-    if tensor.is_cuda and seed >= 0:
-        buffer, sizes = compress_chunks(tensor.cpu(), rows, ebs, mode, level, dedup, dither)
+    fmt = _check_format(format)
+    if tensor.is_cuda and (seed >= 0 or fmt == 2):
+        buffer, sizes = compress_chunks(tensor.cpu(), rows, ebs, mode, level, dedup, dither, fmt)
         return buffer.to(tensor.device), sizes
     src = tensor.contiguous()
     trailing = list(src.shape[1:])
     if not src.is_cuda:  # frames built first, then written once into memory of their size
         block, sizes = _C.compress_many_new(src.data_ptr(), code, rows, trailing, ebs, m, lv,
-                                            bool(dedup), _threads, seed)
-        return torch.from_numpy(block), list(sizes)
+                                            bool(dedup), _threads, seed, fmt)
+        return torch.from_numpy(block), (list(sizes) if fmt == 1 else [block.size])
     cap = 0
     for r in rows:
         shape = [r, *trailing]
@@ -266,10 +280,17 @@ def _as_frame_bytes(frame):
     return frame.contiguous()
 
 
+def _is_v2(head):
+    return head.numel() >= 3 and head[:3].tolist() == [0x48, 0x56, 2]  # "HV", version 2
+
+
 def _host_header(frame):
     """Header fields of a frame; for a CUDA frame only the header travels to the host."""
     head = frame[: _C.HEADER_BYTES + 64].cpu() if frame.is_cuda else frame
     size = frame.numel()
+    if frame.is_cuda and _is_v2(head):  # format 2 is validated whole: its CRC covers it all
+        head = frame.cpu()
+        return _C.frame_info(head.data_ptr(), size)
     if frame.is_cuda:
         # frame_info validates section sizes against the total, which needs the full length.
         return _C.frame_info_prefix(head.data_ptr(), head.numel(), size)
@@ -284,7 +305,12 @@ def frame_info(frame):
         ``eb_param``, ``mode``, ``level``, ``lossless``, ``dither_seed`` (None when not
         dithered), ``n_rows``, ``row_len``, ``n_unique``,
         ``n_outliers``, section sizes, ``raw_bytes``, ``frame_bytes`` and ``ratio``
-        (raw over frame bytes).
+        (raw over frame bytes), and ``format`` (1). A format-2 frame gives ``format`` (2),
+        ``dtype``, ``shape``, ``frame_bytes``, ``header_bytes``, ``checksum``, ``n_outliers``,
+        ``raw_bytes``, ``ratio`` and ``segments``: one dict a segment with its ``rows``,
+        ``level``, ``mode``, ``lossless``, ``dither_seed``, ``eb_abs``, ``n_rows``, ``row_len``,
+        ``n_unique``, ``n_outliers``, ``map_bytes``, ``map_coded``, ``code_bytes``,
+        ``outlier_bytes`` and ``segment_bytes`` (descriptor and payload).
     """
     frame = _as_frame_bytes(frame)
     info = _host_header(frame)
@@ -332,7 +358,8 @@ def decompress(frame, out=None, max_output_bytes=None):
                          f"on {frame.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
                          f"{'' if out.is_contiguous() else ' (non-contiguous)'}")
     nbytes = out.numel() * out.element_size()
-    if frame.is_cuda and info["dither_seed"] is not None:  # no CUDA decoder for dither yet
+    if frame.is_cuda and (info["format"] == 2 or info["dither_seed"] is not None):
+        # no CUDA decoder for format 2 or dither yet
         out.copy_(decompress(frame.cpu()))
     elif frame.is_cuda:
         _C.decompress_cuda(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _stream(frame))
@@ -423,12 +450,13 @@ def _numel(shape):
     return n
 
 
-def max_grouped_bytes(rows, trailing, groups, prefix_bytes):
+def max_grouped_bytes(rows, trailing, groups, prefix_bytes, format=1):
     """Capacity ``_C.compress_into`` needs for pieces of ``rows`` (dim-0 entries) x ``trailing``
-    in ``groups`` (frames per group) with ``prefix_bytes`` before each group:
-    ``len(groups) * prefix_bytes`` plus every piece's worst-case frame."""
+    in ``groups`` (pieces per group) with ``prefix_bytes`` before each group:
+    ``len(groups) * prefix_bytes`` plus every piece's worst-case frame (format 2: every
+    group's worst-case frame header and every piece's worst-case segment)."""
     return _C.max_grouped_bytes([int(r) for r in rows], [int(t) for t in trailing],
-                                [int(g) for g in groups], int(prefix_bytes))
+                                [int(g) for g in groups], int(prefix_bytes), _check_format(format))
 
 
 def set_output_cache_bytes(n):
@@ -450,7 +478,7 @@ def output_cache_bytes():
 
 
 def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offset=0, mode="rel",
-                     level=1, dedup=True, dither=None):
+                     level=1, dedup=True, dither=None, format=1):
     """Compresses pieces of dim 0 of a CPU tensor straight into a send buffer, in groups.
 
     The bytes written at ``out[offset:]`` are ``[prefix][frames of group 0][prefix][frames of
@@ -465,10 +493,13 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
             ``offset``.
         mode, level, dedup: as for :func:`compress`; dither: None, or the seed of piece 0 (piece
             i uses ``(dither + i) % 2**24``).
+        format: 1 (a frame a piece) or 2 (ONE frame a non-empty group, its pieces the frame's
+            segments; an empty group has no frame).
 
     Returns:
-        the list of frame sizes; the group layout ends at ``offset + len(groups) * prefix_bytes
-        + sum(sizes)``.
+        one size a piece: its frame (format 1) or its segment, the first piece of a group also
+        counting the frame header (format 2), so a group's sizes add up to its bytes; the group
+        layout ends at ``offset + len(groups) * prefix_bytes + sum(sizes)``.
     """
     code = _dtype_code(tensor)
     seed = _check_dither(dither)
@@ -477,7 +508,8 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
                                  list(src.shape[1:]), [_check_bound(e) for e in error_bounds],
                                  _mode_code(mode), _check_level(level), bool(dedup),
                                  [int(g) for g in groups], int(prefix_bytes),
-                                 out.data_ptr() + offset, out.numel() - offset, _threads, seed))
+                                 out.data_ptr() + offset, out.numel() - offset, _threads, seed,
+                                 _check_format(format)))
 
 
 def decompress_into(buffer, sources, out):

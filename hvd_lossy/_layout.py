@@ -13,7 +13,7 @@ import hvd_lossy
 from hvd_lossy.alltoall import Alltoall, split_list
 from hvd_lossy.collective import new_output
 from hvd_lossy.compression import LossyCompressor
-from hvd_lossy.protocol import GRANK, HEADER_BYTES, ROWS, _LocalError
+from hvd_lossy.protocol import GRANK, ROWS, _LocalError
 
 
 def _bad(detail):
@@ -155,7 +155,7 @@ class SingleAlltoall(Alltoall):
             elif not h[ROWS]:
                 tables.append(0)
             else:
-                k = len(hvd_lossy.split_frames(recv[offset + HEADER_BYTES:offset + n]))
+                k = _pieces(recv[offset + self.recv_header_len[src]:offset + n])
                 if h[ROWS] % k:
                     raise _LocalError(11, h[GRANK], detail=f"{h[ROWS]} rows in {k} frames: not "
                                                            "one frame per table of equal rows")
@@ -165,6 +165,16 @@ class SingleAlltoall(Alltoall):
 
     def result(self, output):
         return self.output, self.received
+
+
+def _pieces(body):
+    """Row pieces in a chunk's frames: a format-2 frame's segments, one for a v1 frame."""
+    k, at = 0, 0
+    for size in hvd_lossy.split_frames(body):
+        segments = hvd_lossy.frame_info(body[at:at + size]).get("segments")
+        k += 1 if segments is None else len(segments)
+        at += size
+    return k
 
 
 def _numel(shape):

@@ -1,9 +1,11 @@
 """Compressed all-to-all: the alltoall case of hvd_lossy.collective's template.
 
 One lossy alltoall is ONE alltoall of the backend (Horovod or torch.distributed):
-  pack:    the chunk for each destination is a protocol header followed by its frames,
-           compressed straight into the send buffer behind reserved header slots (one native
-           call for the ranks before this one, one for those after). The chunk a rank sends
+  pack:    the chunk for each destination is a compact protocol header followed by ONE frame
+           of format 2 whose segments are the pieces for that destination, compressed straight
+           into the send buffer behind reserved header slots (one native call for the ranks
+           before this one, one for those after). Device tensors send v1 frames, a frame a
+           piece, until the CUDA codec writes format 2; receivers decode either. The chunk a rank sends
            itself never crosses a link, so it is not compressed: its header travels (the
            verdict needs every rank's), its rows are copied straight into the output;
   launch:  one uint8 alltoall; the backend exchanges the byte splits itself;
@@ -19,9 +21,9 @@ from hvd_lossy.backend import as_backend
 from hvd_lossy.collective import (LossyCall, check_announced_output, decode_frames, host_bytes,
                                   new_output, plain_start, remote_bytes)
 from hvd_lossy.compression import Compression, NoneCompressor, is_lossy
-from hvd_lossy.protocol import (GRANK, HEADER_BYTES, LOSSLESS, PAYLOAD, ROWS, _LocalError,
-                                check_lossy_tensor, header, header_bytes, like_of, pack_header,
-                                parse_header, per_rank_limit)
+from hvd_lossy.protocol import (GRANK, LOSSLESS, PAYLOAD, ROWS, _LocalError, check_lossy_tensor,
+                                compact_bytes, compact_size, header, like_of, pack_compact,
+                                parse_compact, per_rank_limit)
 
 
 def split_list(splits, rows, size):
@@ -97,7 +99,7 @@ class Alltoall(LossyCall):
         self.record.raw_bytes = (tensor.shape[0] - rows_to[me]) * _row_bytes(tensor)
         self.record.local_bytes = rows_to[me] * _row_bytes(tensor)
         self.record.wire_bytes = sum(sizes)
-        self.record.meta_bytes = HEADER_BYTES * self.size
+        self.record.meta_bytes = self.header_len * self.size
         return send
 
     def arrange(self, tensor, plan):
@@ -121,10 +123,13 @@ class Alltoall(LossyCall):
         the headers are written once the sizes are known."""
         c = self.compressor
         trailing = list(self.tensor.shape[1:])
+        # Every destination's header has this length: only rows and payload differ.
+        self.header_len = hlen = compact_size(header(self.tensor, None, 0, 0, self.pending,
+                                                     self.grank, self.settings))
         plans = [self._pieces(dests) for dests, _rows in parts]
         groups = [[sum(1 for p in pieces if p[0] == d) for d in dests]
                   for (dests, _rows), pieces in zip(parts, plans)]
-        cap = sum(hvd_lossy.max_grouped_bytes([p[1] for p in pieces], trailing, g, HEADER_BYTES)
+        cap = sum(hvd_lossy.max_grouped_bytes([p[1] for p in pieces], trailing, g, hlen, format=2)
                   for pieces, g in zip(plans, groups))
         send = torch.empty(cap, dtype=torch.uint8)
         sizes, offset, group_at = [], 0, []
@@ -132,8 +137,8 @@ class Alltoall(LossyCall):
             try:
                 got = hvd_lossy.compress_grouped(
                     rows.detach(), [p[1] for p in pieces], [p[2] for p in pieces], g,
-                    HEADER_BYTES, send, offset, mode=c.mode, level=c.level, dedup=c.dedup,
-                    dither=seed)
+                    hlen, send, offset, mode=c.mode, level=c.level, dedup=c.dedup,
+                    dither=seed, format=2)
             except Exception as e:
                 raise self._compress_error(e) from e
             if seed is not None:
@@ -141,20 +146,22 @@ class Alltoall(LossyCall):
             k = 0
             for n_frames in g:
                 group_at.append((offset, sum(got[k:k + n_frames])))
-                offset += HEADER_BYTES + group_at[-1][1]
+                offset += hlen + group_at[-1][1]
                 k += n_frames
             sizes.extend(got)
         host = send.numpy()
         for dest, (at, nbytes) in enumerate(group_at):
             self._check_split(dest, nbytes)
-            pack_header(header(self.tensor, None, self.rows_to[dest], nbytes, self.pending,
-                               self.grank, self.settings), host, at)
-        self.send_splits = torch.tensor([HEADER_BYTES + n for _at, n in group_at], dtype=torch.int32)
+            pack_compact(header(self.tensor, None, self.rows_to[dest], nbytes, self.pending,
+                                self.grank, self.settings), host, at)
+        self.send_splits = torch.tensor([hlen + n for _at, n in group_at], dtype=torch.int32)
         return send[:offset], sizes
 
     def _pack_copying(self, parts, seed):
         """Device tensors: frames from compress_chunks, then one buffer with the headers."""
         c = self.compressor
+        self.header_len = compact_size(header(self.tensor, None, 0, 0, self.pending, self.grank,
+                                              self.settings))
         frames, sizes = [], []
         for dests, rows in parts:
             pieces = self._pieces(dests)
@@ -178,27 +185,27 @@ class Alltoall(LossyCall):
         chunks, src = [], 0
         body = torch.cat(frames) if frames else None
         for dest, n in enumerate(byte_counts):
-            chunks.append(header_bytes(header(self.tensor, None, self.rows_to[dest], n,
-                                              self.pending, self.grank, self.settings),
-                                       self.device))
+            head = compact_bytes(header(self.tensor, None, self.rows_to[dest], n, self.pending,
+                                        self.grank, self.settings))
+            chunks.append(torch.frombuffer(bytearray(head), dtype=torch.uint8).to(self.device))
             if n:
                 chunks.append(body[src:src + n])
                 src += n
-        self.send_splits = torch.tensor([HEADER_BYTES + n for n in byte_counts], dtype=torch.int32)
+        self.send_splits = torch.tensor([self.header_len + n for n in byte_counts],
+                                        dtype=torch.int32)
         return torch.cat(chunks), sizes
 
     def _check_split(self, dest, nbytes):
-        if nbytes + HEADER_BYTES > per_rank_limit(self.size):
-            raise _LocalError(8, nbytes + HEADER_BYTES, dest)
+        if nbytes + self.header_len > per_rank_limit(self.size):
+            raise _LocalError(8, nbytes + self.header_len, dest)
 
     def pack_failed(self):
-        send = torch.empty(HEADER_BYTES * self.size, dtype=torch.uint8)
-        host = send.numpy()
-        for dest in range(self.size):
-            pack_header(header(self.tensor, self.failure, self.rows_to[dest], 0, self.pending,
-                               self.grank, self.settings), host, dest * HEADER_BYTES)
-        self.send_splits = torch.full((self.size,), HEADER_BYTES, dtype=torch.int32)
-        self.record.meta_bytes = HEADER_BYTES * self.size
+        heads = [compact_bytes(header(self.tensor, self.failure, self.rows_to[dest], 0,
+                                      self.pending, self.grank, self.settings))
+                 for dest in range(self.size)]
+        send = torch.frombuffer(bytearray(b"".join(heads)), dtype=torch.uint8)
+        self.send_splits = torch.tensor([len(h) for h in heads], dtype=torch.int32)
+        self.record.meta_bytes = sum(len(h) for h in heads)
         return send.to(self.device) if self.device.type != "cpu" else send
 
     def launch(self, payload):
@@ -218,15 +225,16 @@ class Alltoall(LossyCall):
 
     def headers(self, recv, counts):
         buf = host_bytes(recv)
-        headers, offset = [], 0
+        headers, offset, self.recv_header_len = [], 0, []
         for src, n in enumerate(counts):
-            h = parse_header(buf, offset, n, src)
-            if h[PAYLOAD] != n - HEADER_BYTES:
+            h, hlen = parse_compact(buf, offset, n, src)
+            if h[PAYLOAD] != n - hlen:
                 raise _LocalError(10, h[GRANK], detail=f"header announces {h[PAYLOAD]} bytes, "
-                                                       f"{n - HEADER_BYTES} arrived")
+                                                       f"{n - hlen} arrived")
             headers.append(h)
+            self.recv_header_len.append(hlen)
             offset += n
-        self.record.recv_wire_bytes = recv.numel() - HEADER_BYTES * len(counts)
+        self.record.recv_wire_bytes = recv.numel() - sum(self.recv_header_len)
         return headers
 
     def decode(self, recv, counts, headers):
@@ -247,7 +255,7 @@ class Alltoall(LossyCall):
             if self.device.type == "cpu":
                 into = out[starts[sources[0]]:starts[sources[-1] + 1]]
                 errors = hvd_lossy.decompress_into(
-                    recv, [(offsets[s] + HEADER_BYTES, headers[s][PAYLOAD], rows[s])
+                    recv, [(offsets[s] + self.recv_header_len[s], headers[s][PAYLOAD], rows[s])
                            for s in sources], into)
                 for s, error in zip(sources, errors):
                     if error is not None:
@@ -255,7 +263,7 @@ class Alltoall(LossyCall):
                                           detail=error)
             else:
                 for s in sources:
-                    body = recv[offsets[s] + HEADER_BYTES:offsets[s] + counts[s]]
+                    body = recv[offsets[s] + self.recv_header_len[s]:offsets[s] + counts[s]]
                     decode_frames(body, out[starts[s]:starts[s + 1]], dtype, trailing,
                                   headers[s][GRANK])
         self.received = torch.tensor(rows, dtype=self.split_dtype)

@@ -166,6 +166,85 @@ def parse_header(buf, offset, avail, source):
     return fields
 
 
+# The compact header of the alltoall (one per destination, in front of its one v2 frame): the
+# same fields, as bytes
+#   "H3", uint8 length, zigzag varints of every field but magic, rows and payload (the dims
+#   only as many as ndim - 1), then rows and payload as uint64.
+# Its length depends only on what a rank sends every destination alike, so the slot before each
+# destination's frame can be reserved before the frames' sizes are known.
+COMPACT_MAGIC = b"H3"
+_VARINT_FIELDS = (_STATUS, _A, _B, GRANK, _DTYPE, _NDIM, _PENDING, _PENDING_A, _PENDING_SEQ,
+                  _SETTINGS)
+_TAIL = struct.Struct("<QQ")
+
+
+def _varint(v):
+    z = (v << 1) ^ (v >> 63)  # zigzag: -1 (no tensor) stays one byte
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return out
+
+
+def _compact_body(fields):
+    body = bytearray()
+    for i in _VARINT_FIELDS:
+        body += _varint(int(fields[i]))
+    for d in fields[_DIMS:_DIMS + max(int(fields[_NDIM]) - 1, 0)]:
+        body += _varint(int(d))
+    return body
+
+
+def compact_size(fields):
+    """Bytes of the compact header of these fields (the same for any rows and payload)."""
+    return 3 + len(_compact_body(fields)) + _TAIL.size
+
+
+def compact_bytes(fields):
+    body = _compact_body(fields)
+    return bytes(COMPACT_MAGIC) + bytes([3 + len(body) + _TAIL.size]) + bytes(body) + _TAIL.pack(
+        int(fields[ROWS]), int(fields[PAYLOAD]))
+
+
+def pack_compact(fields, out, offset):
+    """Writes the compact header into the uint8 numpy array `out` at byte `offset`; returns
+    its length."""
+    data = compact_bytes(fields)
+    out[offset:offset + len(data)] = memoryview(data)
+    return len(data)
+
+
+def parse_compact(buf, offset, avail, source):
+    """(header fields, header bytes) of the compact header at byte `offset` of the host uint8
+    numpy array `buf` (`avail` bytes left), sent by process-set rank `source`."""
+    if avail < 3 + _TAIL.size or bytes(buf[offset:offset + 2]) != COMPACT_MAGIC:
+        raise _LocalError(10, source, detail="no hvd_lossy header where one was expected")
+    n = int(buf[offset + 2])
+    if not 3 + _TAIL.size <= n <= avail:
+        raise _LocalError(10, source, detail=f"a header of {n} bytes, {avail} left")
+    data = bytes(buf[offset + 3:offset + n - _TAIL.size])
+    values, v, shift = [], 0, 0
+    for b in data:
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            values.append((v >> 1) ^ -(v & 1))
+            v, shift = 0, 0
+    if shift or len(values) < len(_VARINT_FIELDS):
+        raise _LocalError(10, source, detail="a header that does not parse")
+    fields = [MAGIC] + [0] * (HEADER_FIELDS - 1)
+    for i, value in zip(_VARINT_FIELDS, values):
+        fields[i] = value
+    dims = values[len(_VARINT_FIELDS):]
+    if len(dims) != max(fields[_NDIM] - 1, 0) or len(dims) > MAX_NDIM:
+        raise _LocalError(10, source, detail="a header whose dims disagree with its ndim")
+    fields[_DIMS:] = (dims + [-1] * MAX_NDIM)[:MAX_NDIM]
+    fields[ROWS], fields[PAYLOAD] = _TAIL.unpack_from(buf, offset + n - _TAIL.size)
+    return fields, n
+
+
 def like_of(h):
     """(dtype, trailing shape) announced by a header."""
     return _DTYPES[h[_DTYPE]], tuple(d for d in h[_DIMS:_DIMS + max(h[_NDIM] - 1, 0)])

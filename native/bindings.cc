@@ -6,6 +6,8 @@
 
 #include "bindings_util.h"
 #include "codec.h"
+#include "crc32c.h"
+#include "frame_v2.h"
 #include "kernels_cpu.h"
 #include "output_blocks.h"
 #include "pack.h"
@@ -18,8 +20,55 @@ namespace {
 using hl::py_util::params;
 using hl::py_util::ptr;
 
+hl::CompressParams params_f(int dtype, int mode, int level, bool dedup, double eb,
+                           int64_t dither_seed, int format) {
+  hl::CompressParams p = params(dtype, mode, level, dedup, eb, dither_seed);
+  if (format != 1 && format != 2)
+    throw hl::ArgumentError("format must be 1 or 2, got " + std::to_string(format));
+  p.format = (uint8_t)format;
+  return p;
+}
+
+// frame_info of a v2 frame: the frame's fields and one dict a segment.
+py::dict v2_dict(const hl::FrameV2& f) {
+  py::dict d;
+  d["format"] = 2;
+  d["dtype_code"] = (int)f.dtype;
+  d["shape"] = f.shape();
+  d["frame_bytes"] = f.total_bytes;
+  d["header_bytes"] = f.header_bytes;
+  d["checksum"] = f.crc;
+  py::list segs;
+  uint64_t n_outliers = 0;
+  for (size_t k = 0; k < f.segs.size(); ++k) {
+    const hl::SegmentView& s = f.segs[k];
+    py::dict e;
+    e["rows"] = s.dim0;
+    e["level"] = (int)s.level;
+    e["mode"] = (s.flags & HL_FLAG_REL) ? "rel" : "abs";
+    e["lossless"] = bool(s.flags & HL_FLAG_LOSSLESS);
+    e["dither_seed"] = (s.flags & HL_FLAG_DITHER) ? py::cast(s.seed) : py::none();
+    e["eb_abs"] = s.eb_abs;
+    e["n_rows"] = s.n_rows;
+    e["row_len"] = s.row_len;
+    e["n_unique"] = s.n_unique;
+    e["n_outliers"] = s.n_outliers;
+    e["map_bytes"] = s.map_bytes;
+    e["map_coded"] = s.map_rans;
+    e["code_bytes"] = s.code_bytes;
+    e["outlier_bytes"] = s.outlier_bytes;
+    e["segment_bytes"] = s.bytes;
+    n_outliers += s.n_outliers;
+    segs.append(e);
+  }
+  d["segments"] = segs;
+  d["n_outliers"] = n_outliers;
+  return d;
+}
+
 py::dict header_dict(const HlFrameHeader& h, const std::vector<int64_t>& shape) {
   py::dict d;
+  d["format"] = 1;
   d["dtype_code"] = (int)h.dtype;
   d["shape"] = shape;
   d["level"] = (int)h.level;
@@ -158,6 +207,7 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.attr("FORMAT_VERSION") = HL_VERSION;
+  m.attr("FORMAT_VERSIONS") = py::make_tuple(HL_VERSION, HL_V2_VERSION);
   m.attr("HEADER_BYTES") = HL_HEADER_BYTES;
 #ifdef HL_WITH_CUDA
   m.attr("WITH_CUDA") = true;
@@ -177,35 +227,38 @@ PYBIND11_MODULE(_C, m) {
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
            int level, bool dedup, uintptr_t out, uint64_t out_cap, int threads,
-           int64_t dither_seed) {
+           int64_t dither_seed, int format) {
           return hl::compress_many_cpu(ptr<const void>(in),
-                                       params(dtype, mode, level, dedup, 0.0, dither_seed), rows,
+                                       params_f(dtype, mode, level, dedup, 0.0, dither_seed, format), rows,
                                        trailing, ebs, ptr<uint8_t>(out), out_cap, threads);
         },
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
         py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
         py::arg("out"), py::arg("out_cap"), py::arg("threads") = 0, py::arg("dither_seed") = -1,
-        py::call_guard<py::gil_scoped_release>(),
-        "Compresses consecutive chunks into back-to-back frames; returns their sizes.");
+        py::arg("format") = 1, py::call_guard<py::gil_scoped_release>(),
+        "Compresses consecutive chunks into back-to-back frames (format 2: one frame of them "
+        "all); returns their sizes.");
 
   m.def("compress",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, double eb, int mode,
            int level, bool dedup, uintptr_t out, uint64_t out_cap, int threads,
-           int64_t dither_seed) {
+           int64_t dither_seed, int format) {
           return hl::compress_cpu(ptr<const void>(in),
-                                  params(dtype, mode, level, dedup, eb, dither_seed), shape,
+                                  params_f(dtype, mode, level, dedup, eb, dither_seed, format), shape,
                                   ptr<uint8_t>(out), out_cap, threads);
         },
         py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("error_bound"),
         py::arg("mode"), py::arg("level"), py::arg("dedup"), py::arg("out"), py::arg("out_cap"),
-        py::arg("threads") = 0, py::arg("dither_seed") = -1,
+        py::arg("threads") = 0, py::arg("dither_seed") = -1, py::arg("format") = 1,
         py::call_guard<py::gil_scoped_release>(),
         "Compresses one tensor into a frame; returns its size.");
 
   m.def("frame_info",
         [](uintptr_t frame, uint64_t size) {
+          const uint8_t* f = ptr<const uint8_t>(frame);
+          if (hl::is_v2(f, size)) return v2_dict(hl::parse_v2(f, size));
           std::vector<int64_t> shape;
-          HlFrameHeader h = hl::parse_header(ptr<const uint8_t>(frame), size, &shape);
+          HlFrameHeader h = hl::parse_header(f, size, &shape);
           return header_dict(h, shape);
         },
         py::arg("frame"), py::arg("size"), "Validated header of a frame as a dict.");
@@ -224,6 +277,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("frame_bytes",
         [](uintptr_t frame, uint64_t avail) -> uint64_t {
+          if (hl::is_v2(ptr<const uint8_t>(frame), avail))
+            return hl::v2_frame_bytes(ptr<const uint8_t>(frame), avail);
           if (avail < HL_HEADER_BYTES)
             throw hl::FrameError("frame is truncated: " + std::to_string(avail) +
                                  " bytes left, a frame has at least " +
@@ -252,23 +307,23 @@ PYBIND11_MODULE(_C, m) {
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
            int level, bool dedup, const std::vector<int64_t>& groups, uint64_t prefix_bytes,
-           uintptr_t out, uint64_t out_cap, int threads, int64_t dither_seed) {
+           uintptr_t out, uint64_t out_cap, int threads, int64_t dither_seed, int format) {
           return hl::compress_into_cpu(ptr<const void>(in),
-                                       params(dtype, mode, level, dedup, 0.0, dither_seed), rows,
+                                       params_f(dtype, mode, level, dedup, 0.0, dither_seed, format), rows,
                                        trailing, ebs, groups, prefix_bytes, ptr<uint8_t>(out),
                                        out_cap, threads);
         },
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
         py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
         py::arg("groups"), py::arg("prefix_bytes"), py::arg("out"), py::arg("out_cap"),
-        py::arg("threads") = 0, py::arg("dither_seed") = -1,
+        py::arg("threads") = 0, py::arg("dither_seed") = -1, py::arg("format") = 1,
         py::call_guard<py::gil_scoped_release>(),
-        "compress_many with the frames in groups, prefix_bytes left untouched before each "
+        "compress_many with the frames in groups (format 2: one frame a group), prefix_bytes left untouched before each "
         "group: out holds [prefix][frames of group 0][prefix][frames of group 1]... with no "
         "gaps. Returns the frame sizes.");
 
   m.def("max_grouped_bytes", &hl::max_grouped_bytes, py::arg("rows"), py::arg("trailing"),
-        py::arg("groups"), py::arg("prefix_bytes"),
+        py::arg("groups"), py::arg("prefix_bytes"), py::arg("format") = 1,
         "Capacity compress_into needs: len(groups) * prefix_bytes + every piece's worst case.");
 
   m.def("decompress_into",
@@ -304,8 +359,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("compress_new",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, double eb, int mode,
-           int level, bool dedup, int threads, int64_t dither_seed) {
-          const hl::CompressParams p = params(dtype, mode, level, dedup, eb, dither_seed);
+           int level, bool dedup, int threads, int64_t dither_seed, int format) {
+          const hl::CompressParams p = params_f(dtype, mode, level, dedup, eb, dither_seed, format);
           return with_new_block([&](const std::function<uint8_t*(uint64_t)>& alloc) {
                    return hl::compress_shape_alloc_cpu(ptr<const void>(in), p, shape, alloc,
                                                        threads);
@@ -313,14 +368,14 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("error_bound"),
         py::arg("mode"), py::arg("level"), py::arg("dedup"), py::arg("threads") = 0,
-        py::arg("dither_seed") = -1,
+        py::arg("dither_seed") = -1, py::arg("format") = 1,
         "compress into new memory of exactly the frame's size: a uint8 array.");
 
   m.def("compress_many_new",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
-           int level, bool dedup, int threads, int64_t dither_seed) {
-          const hl::CompressParams p = params(dtype, mode, level, dedup, 0.0, dither_seed);
+           int level, bool dedup, int threads, int64_t dither_seed, int format) {
+          const hl::CompressParams p = params_f(dtype, mode, level, dedup, 0.0, dither_seed, format);
           auto done = with_new_block([&](const std::function<uint8_t*(uint64_t)>& alloc) {
             return hl::compress_alloc_cpu(ptr<const void>(in), p, rows, trailing, ebs, alloc,
                                           threads);
@@ -329,7 +384,7 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
         py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
-        py::arg("threads") = 0, py::arg("dither_seed") = -1,
+        py::arg("threads") = 0, py::arg("dither_seed") = -1, py::arg("format") = 1,
         "compress_many into new memory of exactly the frames' size: (uint8 array, sizes).");
 
   m.def("empty_block",
@@ -351,6 +406,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("output_cache_bytes", [] {
     return py::make_tuple(hl::output_cache_limit(), hl::output_cache_held());
   });
+
+  m.def("crc32c",
+        [](uintptr_t p, uint64_t n, bool portable) {
+          return portable ? hl::crc32c_portable(ptr<const uint8_t>(p), n)
+                          : hl::crc32c(ptr<const uint8_t>(p), n);
+        },
+        py::arg("data"), py::arg("size"), py::arg("portable") = false,
+        "CRC32C of format-2 frames (hardware when present; portable=True: the table version).");
+  m.def("crc32c_hardware", &hl::crc32c_hardware);
 
   m.def("checksum",
         [](uintptr_t frame, uint64_t size) {

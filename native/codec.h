@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -33,7 +34,10 @@ struct CompressParams {
   double error_bound; // relative factor (mode rel) or absolute bound; 0 = lossless
   bool dither = false;       // subtractive dither (frame.h); turns dedup off
   uint32_t dither_seed = 0;  // < HL_DITHER_SEEDS; chunk i of compress_many uses seed + i
+  uint8_t format = 1;        // 1: a frame a piece; 2: a frame a group, the pieces its segments
 };
+
+struct FrameV2;  // frame_v2.h
 
 // Rows and row length of a shape: the last dimension is a row; 0-d and 1-d tensors are one row.
 // Throws ArgumentError for more than HL_MAX_NDIM dimensions or a negative one.
@@ -62,6 +66,11 @@ std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams&
                                         const std::vector<double>& error_bounds, uint8_t* out,
                                         uint64_t out_cap, int threads);
 
+// With p.format == 2 every group is ONE v2 frame whose segments are the group's pieces (an
+// empty group writes no frame), and the returned sizes are still one a piece: a piece's
+// segment (descriptor and payload), the first piece of each group also counting the frame's
+// header, so each group's sizes add up to its frame. compress_many/compress_alloc are one group.
+//
 // compress_many_cpu with the frames grouped for an all-to-all: groups[g] frames (in piece order,
 // the counts summing to rows.size()) form group g, and prefix_bytes bytes are left untouched
 // before the first frame of each group (an empty group still gets its prefix). The layout is
@@ -93,7 +102,8 @@ uint64_t compress_shape_alloc_cpu(const void* input, const CompressParams& p,
 // Capacity compress_into_cpu needs: groups.size() * prefix_bytes + the worst-case frame of
 // every piece. Throws ArgumentError for negative rows or groups that do not add up.
 uint64_t max_grouped_bytes(const std::vector<int64_t>& rows, const std::vector<int64_t>& trailing,
-                           const std::vector<int64_t>& groups, uint64_t prefix_bytes);
+                           const std::vector<int64_t>& groups, uint64_t prefix_bytes,
+                           int format = 1);
 
 // One tensor of the given shape (ndim 0..HL_MAX_NDIM). Returns the frame size.
 uint64_t compress_cpu(const void* input, const CompressParams& p,
@@ -135,8 +145,9 @@ std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buf
 // A frame of a buffer of back-to-back frames, its header validated (parse_header).
 struct ParsedFrame {
   uint64_t offset = 0;
-  HlFrameHeader h;
+  HlFrameHeader h;  // v1 frames (and h.dtype, h.total_bytes for v2 ones)
   std::vector<int64_t> shape;
+  std::shared_ptr<const FrameV2> v2;  // v2 frames: the parsed header and segments
 };
 
 // Validates the headers of the frames in [buffer, buffer+len): of the given sizes, or walked by

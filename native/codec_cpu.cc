@@ -15,6 +15,8 @@
 
 #include "codec.h"
 #include "codec_common.h"
+#include "crc32c.h"
+#include "frame_v2.h"
 #include "kernels_cpu.h"
 #include "pack.h"
 #include "parallel.h"
@@ -439,6 +441,7 @@ struct Outlier {
 };
 
 struct Sections {
+  bool map_rans = false;  // format 2: the map is a compact rANS section of rans_map_symbols
   Bytes map;
   Bytes code;
   std::vector<Outlier> outliers;
@@ -471,16 +474,44 @@ Bytes packed(const uint32_t* v, uint64_t n, int threads) {
   return pack(v, n, plan_packing(v, n, threads), threads);
 }
 
+// Format 2's entropy-coded row map: symbol 0 for a row seen first, u + 1 for a repeat of
+// unique row u (hot rows come first, so their symbols are small and frequent), rANS coded.
+std::vector<uint8_t> rans_map_encode(const uint32_t* map, uint64_t n, int threads) {
+  Buffer<uint32_t> sym(n);
+  uint64_t next = 0;
+  for (uint64_t r = 0; r < n; ++r) {
+    if (map[r] == next) {
+      sym[r] = 0;
+      ++next;
+    } else {
+      sym[r] = map[r] + 1;
+    }
+  }
+  return rans_encode(sym.data(), n, threads, true);
+}
+
 // Builds the map, code and outlier sections.
 template <int DT>
 Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t level,
-                        int threads) {
+                        bool compact, int threads) {
   Sections s;
   const uint64_t d = t.row_len;
   const uint64_t n_unique = c.n_unique;
   s.n_unique = n_unique;
   uint32_t* ucodes = c.codes.data();
-  if (n_unique < t.n_rows) s.map = packed(c.map.data(), t.n_rows, threads);
+  if (n_unique < t.n_rows) {
+    s.map = packed(c.map.data(), t.n_rows, threads);
+    // Format 2 at level 2 may store the map entropy coded, when that is smaller. Level 1
+    // keeps block packing: decoding a coded map costs as much as decoding level-2 codes.
+    if (compact && level == 2) {
+      std::vector<uint8_t> coded = rans_map_encode(c.map.data(), t.n_rows, threads);
+      if (coded.size() + 2 < s.map.size()) {
+        s.map = Bytes(coded.size());
+        memcpy(s.map.data(), coded.data(), coded.size());
+        s.map_rans = true;
+      }
+    }
+  }
   if (!lossless) {
     for (uint64_t u = 0; u < n_unique; ++u) {
       if (!c.row_outlier[u]) continue;
@@ -495,7 +526,7 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
   const uint64_t n_codes = n_unique * d;
   const Packing plan = plan_packing(ucodes, n_codes, threads);
   if (level == 2 && n_codes > 0) {
-    std::vector<uint8_t> entropy = rans_encode(ucodes, n_codes, threads);
+    std::vector<uint8_t> entropy = rans_encode(ucodes, n_codes, threads, compact);
     if (entropy.size() < plan.bytes) {  // the packed section is never built
       s.code = Bytes(entropy.size());
       memcpy(s.code.data(), entropy.data(), entropy.size());
@@ -557,6 +588,7 @@ struct Prepared {
   HlFrameHeader h;
   std::vector<int64_t> shape;
   Sections s;
+  uint32_t bound = 0;  // format 2: hl_bound_code of h.eb_abs (lossy)
 };
 
 template <int DT>
@@ -571,7 +603,10 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
     distinct = distinct_raw_rows(t, need_range, threads, &lo, &hi);
   else if (need_range)
     finite_range(t, threads, &lo, &hi);
-  const double eb_abs = absolute_bound(p, lo, hi);
+  double eb_abs = absolute_bound(p, lo, hi);
+  // Format 2 stores 24 bits of the bound: code with exactly that, rounded down, value.
+  const uint32_t bound = p.format == 2 ? hl_bound_code(eb_abs) : 0;
+  if (p.format == 2) eb_abs = hl_bound_of_code(bound);
   const bool lossless = force_lossless || eb_abs == 0;
   Dither dither;
   dither.on = p.dither && !lossless;
@@ -580,7 +615,7 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   {
     Coded coded = code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads);
     distinct = DistinctRows();  // back to the pool before the sections take theirs
-    f.s = build_sections(t, coded, lossless, p.level, threads);
+    f.s = build_sections(t, coded, lossless, p.level, p.format == 2, threads);
   }
   const Sections& s = f.s;
   const int ndim = (int)shape.size();
@@ -617,6 +652,7 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   h.outlier_bytes = outlier_bytes;
   h.total_bytes = total;
   f.shape = shape;
+  f.bound = lossless ? 0 : bound;
   return f;
 }
 
@@ -646,6 +682,45 @@ uint64_t write_frame(const Prepared& f, uint8_t* out, uint64_t out_cap, int thre
   const uint32_t sum = checksum_with_zero_field(out, total, threads);
   memcpy(out + offsetof(HlFrameHeader, checksum), &sum, 4);
   return total;
+}
+
+
+// The v2 descriptor of a prepared piece.
+SegmentDesc segment_desc(const Prepared& f, uint8_t mode) {
+  const HlFrameHeader& h = f.h;
+  SegmentDesc d;
+  const bool lossless = h.flags & HL_FLAG_LOSSLESS;
+  d.flags = (uint8_t)((h.level == 2 ? HL_SEG_LEVEL2 : 0) | (lossless ? HL_SEG_LOSSLESS : 0) |
+                      ((h.flags & HL_FLAG_IDENTITY_MAP) ? 0 : HL_SEG_MAP) |
+                      (h.n_outliers ? HL_SEG_OUTLIERS : 0) |
+                      (mode == HL_MODE_REL ? HL_SEG_REL : 0) |
+                      ((h.flags & HL_FLAG_DITHER) ? HL_SEG_DITHER : 0));
+  if (f.s.map_rans) d.flags |= HL_SEG_MAP_RANS;
+  d.map_bytes = h.map_bytes;
+  d.rows = f.shape.empty() ? 1 : (uint64_t)f.shape[0];
+  d.bound = f.bound;
+  d.n_unique = h.n_unique;
+  d.n_outliers = h.n_outliers;
+  d.code_bytes = h.code_bytes;
+  const uint64_t rec = v2_pos_bytes(h.n_unique * h.row_len) + hl_elem_bytes(h.dtype);
+  d.payload_bytes = h.map_bytes + h.code_bytes + h.n_outliers * rec;
+  return d;
+}
+
+// Writes a prepared piece's v2 payload (map, code, compact outliers) at w; returns its end.
+uint8_t* write_payload_v2(const Prepared& f, uint64_t elem_bytes, uint8_t* w) {
+  const Sections& s = f.s;
+  if (!s.map.empty()) memcpy(w, s.map.data(), s.map.size());
+  w += s.map.size();
+  if (!s.code.empty()) memcpy(w, s.code.data(), s.code.size());
+  w += s.code.size();
+  const uint8_t pb = v2_pos_bytes(f.h.n_unique * f.h.row_len);
+  for (const Outlier& o : s.outliers) {
+    memcpy(w, &o.pos, pb);  // little-endian: the low bytes
+    memcpy(w + pb, &o.raw, elem_bytes);
+    w += pb + elem_bytes;
+  }
+  return w;
 }
 
 Prepared prepare_one(const void* input, const CompressParams& p, const std::vector<int64_t>& shape,
@@ -678,27 +753,56 @@ uint32_t dither_seed(const HlFrameHeader& h) {
   return (uint32_t)h.reserved[0] | (uint32_t)h.reserved[1] << 8 | (uint32_t)h.reserved[2] << 16;
 }
 
+}  // namespace
+
+// The one segment of a v1 frame whose header is validated.
+SegmentView view_v1(const HlFrameHeader& h, const uint8_t* frame) {
+  SegmentView v;
+  v.version = 1;
+  v.dtype = h.dtype;
+  v.level = h.level;
+  v.flags = h.flags;
+  v.pos_bytes = 8;
+  v.seed = dither_seed(h);
+  v.eb_abs = h.eb_abs;
+  v.n_rows = h.n_rows;
+  v.row_len = h.row_len;
+  v.n_unique = h.n_unique;
+  v.n_outliers = h.n_outliers;
+  v.map = frame + HL_HEADER_BYTES + 8ull * h.ndim;
+  v.map_bytes = h.map_bytes;
+  v.code = v.map + h.map_bytes;
+  v.code_bytes = h.code_bytes;
+  v.outliers = v.code + h.code_bytes;
+  v.outlier_bytes = h.outlier_bytes;
+  v.bytes = h.total_bytes;
+  return v;
+}
+
+namespace {
+
 // Calls decoding this much or more write duplicate rows with streaming stores: an output far
 // larger than the caches bypasses them, saving the read of each line before it is written.
 constexpr uint64_t kStreamFrom = uint64_t(8) << 20;
 
 template <int DT>
-void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threads, bool stream) {
+void decode(const SegmentView& h, void* out_v, int threads, bool stream) {
   typedef typename Elem<DT>::raw_t raw_t;
   raw_t* out = static_cast<raw_t*>(out_v);
   const uint64_t d = h.row_len;
   const uint64_t nu = h.n_unique * d;
   const bool identity = h.flags & HL_FLAG_IDENTITY_MAP;
   const bool lossless = h.flags & HL_FLAG_LOSSLESS;
-  const uint8_t* map_p = frame + HL_HEADER_BYTES + 8ull * h.ndim;
-  const uint8_t* code_p = map_p + h.map_bytes;
-  const uint8_t* out_p = code_p + h.code_bytes;
+  const bool compact = h.version == 2;
+  const uint8_t* map_p = h.map;
+  const uint8_t* code_p = h.code;
+  const uint8_t* out_p = h.outliers;
 
   Buffer<raw_t> uniq(identity ? 0 : nu);
   raw_t* u = identity ? out : uniq.data();
   const double step = 2.0 * h.eb_abs;
   const bool dithered = h.flags & HL_FLAG_DITHER;
-  const uint32_t seed = dither_seed(h);
+  const uint32_t seed = h.seed;
   Buffer<uint32_t> codes;
   if (h.level == 1 && !lossless) {
     // Codes go from the packed section to elements a chunk at a time, through L1: no array of
@@ -723,7 +827,7 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
     if (h.level == 1)
       unpack_blocks(code_p, h.code_bytes, nu, 32, codes.data(), "code section", threads);
     else
-      rans_decode(code_p, h.code_bytes, nu, codes.data(), threads);
+      rans_decode(code_p, h.code_bytes, nu, codes.data(), threads, compact);
   }
   if (lossless) {
     const uint32_t limit = sizeof(raw_t) == 2 ? 0xffffu : 0xffffffffu;
@@ -747,11 +851,17 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
   }
 
   uint64_t prev = 0;
+  const uint64_t rec = compact ? h.pos_bytes + sizeof(raw_t) : HL_OUTLIER_BYTES;
   for (uint64_t k = 0; k < h.n_outliers; ++k) {
-    uint64_t pos;
-    uint32_t raw;
-    memcpy(&pos, out_p + HL_OUTLIER_BYTES * k, 8);
-    memcpy(&raw, out_p + HL_OUTLIER_BYTES * k + 8, 4);
+    uint64_t pos = 0;
+    uint32_t raw = 0;
+    if (compact) {  // little-endian fields of pos_bytes and the element's bytes
+      memcpy(&pos, out_p + rec * k, h.pos_bytes);
+      memcpy(&raw, out_p + rec * k + h.pos_bytes, sizeof(raw_t));
+    } else {
+      memcpy(&pos, out_p + HL_OUTLIER_BYTES * k, 8);
+      memcpy(&raw, out_p + HL_OUTLIER_BYTES * k + 8, 4);
+    }
     if (pos >= nu || (k > 0 && pos <= prev) || (sizeof(raw_t) == 2 && raw > 0xffffu))
       throw FrameError("frame is corrupted: outlier " + std::to_string(k) + " at position " +
                        std::to_string(pos) + " is out of order or out of range (" +
@@ -762,7 +872,17 @@ void decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v, int threa
 
   if (identity) return;
   Buffer<uint32_t> map(h.n_rows);
-  unpack_blocks(map_p, h.map_bytes, h.n_rows, 32, map.data(), "row map", threads);
+  if (h.map_rans) {
+    rans_decode(map_p, h.map_bytes, h.n_rows, map.data(), threads, true);
+    uint64_t seen = 0;  // symbols back to entries (rans_map_encode); checked below
+    for (uint64_t r = 0; r < h.n_rows; ++r) {
+      const uint32_t v = map[r];
+      map[r] = v == 0 ? (uint32_t)seen++ : v - 1;
+      if (seen > h.n_unique) break;  // the check below names it
+    }
+  } else {
+    unpack_blocks(map_p, h.map_bytes, h.n_rows, 32, map.data(), "row map", threads);
+  }
   uint64_t next = 0;
   for (uint64_t r = 0; r < h.n_rows; ++r) {
     if (map[r] > next || map[r] >= h.n_unique)
@@ -799,6 +919,9 @@ void check_params(const CompressParams& p) {
   if (!(p.error_bound >= 0) || !isfinite(p.error_bound))
     throw ArgumentError("error_bound must be a finite number >= 0, got " +
                         std::to_string(p.error_bound));
+  if (p.format != 1 && p.format != 2)
+    throw ArgumentError("unsupported frame format " + std::to_string(p.format) +
+                        ", expected 1 or 2");
   if (p.dither_seed >= HL_DITHER_SEEDS)
     throw ArgumentError("dither seed " + std::to_string(p.dither_seed) +
                         " is out of range, expected 0.." + std::to_string(HL_DITHER_SEEDS - 1));
@@ -828,12 +951,29 @@ double absolute_bound(const CompressParams& p, double lo, double hi) {
   return eb;
 }
 
+namespace {
+uint64_t write_single_v2(const void* input, const CompressParams& p,
+                         const std::vector<int64_t>& shape,
+                         const std::function<uint8_t*(uint64_t)>& alloc, int threads);
+}  // namespace
+
 uint64_t compress_cpu(const void* input, const CompressParams& p,
                       const std::vector<int64_t>& shape, uint8_t* out, uint64_t out_cap,
                       int threads) {
   check_params(p);
   for (int64_t s : shape)
     if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
+  if (p.format == 2) {
+    uint64_t size = 0;
+    write_single_v2(input, p, shape, [&](uint64_t bytes) {
+      if (bytes > out_cap)
+        throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
+                            " bytes, the frame needs " + std::to_string(bytes));
+      size = bytes;
+      return out;
+    }, resolve_threads(threads));
+    return size;
+  }
   return compress_one(input, p, shape, out, out_cap, resolve_threads(threads));
 }
 
@@ -846,6 +986,7 @@ struct Pieces {
   std::vector<std::vector<int64_t>> shapes;
   std::vector<uint64_t> in_off;  // elements
   uint64_t max_frames = 0;       // sum of hl_max_frame_bytes
+  uint64_t max_segments = 0;     // sum of hl_max_segment_bytes (format 2)
 };
 
 Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& rows,
@@ -871,6 +1012,7 @@ Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& rows,
     shape_to_rows(c.shapes[i], &r, &len);
     c.in_off[i + 1] = c.in_off[i] + (uint64_t)rows[i] * row_elems;
     c.max_frames += hl_max_frame_bytes(r, len, (int)c.shapes[i].size());
+    c.max_segments += hl_max_segment_bytes(r, len);
   }
   return c;
 }
@@ -890,11 +1032,23 @@ void check_groups(const std::vector<int64_t>& groups, size_t n_frames) {
 
 }  // namespace
 
+namespace {
+// Worst case of the grouped layout of c's pieces: every prefix, and a frame a piece (format 1)
+// or a frame a group (format 2).
+uint64_t grouped_bound(const Pieces& c, size_t n_groups, uint64_t prefix_bytes, int format) {
+  if (format == 2) return n_groups * (prefix_bytes + HL_V2_MAX_HEADER) + c.max_segments;
+  return n_groups * prefix_bytes + c.max_frames;
+}
+}  // namespace
+
 uint64_t max_grouped_bytes(const std::vector<int64_t>& rows, const std::vector<int64_t>& trailing,
-                           const std::vector<int64_t>& groups, uint64_t prefix_bytes) {
+                           const std::vector<int64_t>& groups, uint64_t prefix_bytes,
+                           int format) {
   CompressParams p{HL_FLOAT32, HL_MODE_ABS, 1, false, 0.0};
+  if (format != 1 && format != 2)
+    throw ArgumentError("unsupported frame format " + std::to_string(format) + ", expected 1 or 2");
   check_groups(groups, rows.size());
-  return groups.size() * prefix_bytes + plan_pieces(p, rows, trailing, {}).max_frames;
+  return grouped_bound(plan_pieces(p, rows, trailing, {}), groups.size(), prefix_bytes, format);
 }
 
 namespace {
@@ -921,7 +1075,7 @@ std::vector<uint64_t> prefixes_before(const std::vector<int64_t>& groups, size_t
 // writes each frame once, at its final place in it. Many small pieces: one thread each
 // (parallel_items, which never waits for a helper that has no core). Few large ones: each
 // piece uses all threads in turn.
-std::vector<uint64_t> build_and_place(const void* input, const CompressParams& p, const Pieces& c,
+std::vector<uint64_t> build_and_place_v1(const void* input, const CompressParams& p, const Pieces& c,
                                       const std::vector<uint64_t>& before, uint64_t prefix_bytes,
                                       const std::function<uint8_t*(uint64_t)>& place,
                                       int threads) {
@@ -950,6 +1104,95 @@ std::vector<uint64_t> build_and_place(const void* input, const CompressParams& p
   return sizes;
 }
 
+
+// Builds every piece in parallel (as build_and_place_v1), then one v2 frame a non-empty group.
+// Returns a size a piece: its segment, the group's first piece also counting the frame header.
+std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams& p,
+                                         const Pieces& c, const std::vector<int64_t>& groups,
+                                         uint64_t prefix_bytes,
+                                         const std::function<uint8_t*(uint64_t)>& place,
+                                         int threads) {
+  const size_t n = c.shapes.size();
+  const uint8_t* in = static_cast<const uint8_t*>(input);
+  const uint64_t eb = hl_elem_bytes(p.dtype);
+  const bool across = (int)n >= threads && n > 1;
+  const int inner = across ? 1 : threads;
+  std::vector<Prepared> frames(n);
+  parallel::parallel_items(n, across ? threads : 1, [&](size_t i) {
+    frames[i] = prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], inner);
+  });
+  std::vector<SegmentDesc> descs(n);
+  for (size_t i = 0; i < n; ++i) descs[i] = segment_desc(frames[i], p.mode);
+  struct Group {
+    size_t first, count;
+    HeadV2 head;
+    uint64_t at = 0, total = 0, header = 0;
+  };
+  std::vector<Group> gs;
+  std::vector<uint64_t> sizes(n, 0);
+  uint64_t w = 0, first = 0;
+  for (int64_t g : groups) {
+    w += prefix_bytes;
+    Group grp{first, (size_t)g, HeadV2()};
+    first += (uint64_t)g;
+    if (g == 0) continue;  // an empty group sends no frame
+    grp.head.dtype = p.dtype;
+    grp.head.ndim = (int)c.shapes[grp.first].size();
+    if (grp.head.ndim > 1)
+      grp.head.trailing.assign(c.shapes[grp.first].begin() + 1, c.shapes[grp.first].end());
+    for (size_t i = grp.first; i < grp.first + grp.count; ++i)
+      grp.head.seeded |= (descs[i].flags & HL_SEG_DITHER) != 0;
+    grp.head.seed = grp.head.seeded ? c.params[grp.first].dither_seed : 0;
+    const std::vector<SegmentDesc> mine(descs.begin() + grp.first,
+                                        descs.begin() + grp.first + grp.count);
+    grp.total = v2_frame_size(grp.head, mine, &grp.header);
+    grp.at = w;
+    w += grp.total;
+    for (size_t i = grp.first; i < grp.first + grp.count; ++i)
+      sizes[i] = descs[i].descriptor_bytes() + descs[i].payload_bytes;
+    sizes[grp.first] += grp.header;
+    gs.push_back(std::move(grp));
+  }
+  uint8_t* out = place(w);
+  parallel::parallel_items(gs.size(), across ? threads : 1, [&](size_t k) {
+    const Group& g = gs[k];
+    const std::vector<SegmentDesc> mine(descs.begin() + g.first, descs.begin() + g.first + g.count);
+    uint8_t* frame = out + g.at;
+    uint8_t* pw = v2_write_head(g.head, mine, g.total, frame);
+    for (size_t i = g.first; i < g.first + g.count; ++i) {
+      pw = write_payload_v2(frames[i], eb, pw);
+      frames[i] = Prepared();
+    }
+    if (pw != frame + g.total) throw CodecError("v2 frame layout is inconsistent");
+    v2_seal(frame, g.total);
+  });
+  return sizes;
+}
+
+std::vector<uint64_t> build_and_place(const void* input, const CompressParams& p, const Pieces& c,
+                                      const std::vector<int64_t>& groups, uint64_t prefix_bytes,
+                                      const std::function<uint8_t*(uint64_t)>& place,
+                                      int threads) {
+  if (p.format == 2) return build_and_place_v2(input, p, c, groups, prefix_bytes, place, threads);
+  return build_and_place_v1(input, p, c, prefixes_before(groups, c.shapes.size()), prefix_bytes,
+                            place, threads);
+}
+
+// One tensor as a v2 frame of one segment.
+uint64_t write_single_v2(const void* input, const CompressParams& p,
+                         const std::vector<int64_t>& shape,
+                         const std::function<uint8_t*(uint64_t)>& alloc, int threads) {
+  Pieces c;
+  c.params = {p};
+  c.shapes = {shape};
+  c.in_off = {0, 0};
+  uint64_t size = 0;
+  build_and_place_v2(input, p, c, {1}, 0, [&](uint64_t bytes) {
+    size = bytes;
+    return alloc(bytes);
+  }, threads);
+  return size;
+}
 }  // namespace
 
 std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams& p,
@@ -960,12 +1203,12 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
                                         uint8_t* out, uint64_t out_cap, int threads) {
   const Pieces c = plan_pieces(p, rows, trailing, error_bounds);
   check_groups(groups, rows.size());
-  const uint64_t need = groups.size() * prefix_bytes + c.max_frames;
+  const uint64_t need = grouped_bound(c, groups.size(), prefix_bytes, p.format);
   if (need > out_cap)
     throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
                         " bytes, the frames may need " + std::to_string(need));
-  return build_and_place(input, p, c, prefixes_before(groups, rows.size()), prefix_bytes,
-                         [&](uint64_t) { return out; }, resolve_threads(threads));
+  return build_and_place(input, p, c, groups, prefix_bytes, [&](uint64_t) { return out; },
+                         resolve_threads(threads));
 }
 
 std::vector<uint64_t> compress_alloc_cpu(const void* input, const CompressParams& p,
@@ -975,8 +1218,8 @@ std::vector<uint64_t> compress_alloc_cpu(const void* input, const CompressParams
                                          const std::function<uint8_t*(uint64_t)>& alloc,
                                          int threads) {
   const Pieces c = plan_pieces(p, rows, trailing, error_bounds);
-  return build_and_place(input, p, c, prefixes_before({(int64_t)rows.size()}, rows.size()), 0,
-                         alloc, resolve_threads(threads));
+  return build_and_place(input, p, c, {(int64_t)rows.size()}, 0, alloc,
+                         resolve_threads(threads));
 }
 
 uint64_t compress_shape_alloc_cpu(const void* input, const CompressParams& p,
@@ -986,6 +1229,7 @@ uint64_t compress_shape_alloc_cpu(const void* input, const CompressParams& p,
   for (int64_t s : shape)
     if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
   threads = resolve_threads(threads);
+  if (p.format == 2) return write_single_v2(input, p, shape, alloc, threads);
   const Prepared f = prepare_one(input, p, shape, threads);
   return write_frame(f, alloc(f.h.total_bytes), f.h.total_bytes, threads);
 }
@@ -1099,68 +1343,106 @@ void verify_checksum(const HlFrameHeader& h, const uint8_t* frame, uint64_t size
   }
 }
 
-// Decodes a frame whose header is parsed and checksum verified into its n_rows * row_len
-// elements at out.
-// stream: the call's whole output is at least kStreamFrom (see decode).
-void decode_frame(const HlFrameHeader& h, const uint8_t* frame, void* out, int threads,
-                  bool stream) {
-  switch (h.dtype) {
-    case HL_FLOAT32: return decode<HL_FLOAT32>(h, frame, out, threads, stream);
-    case HL_FLOAT16: return decode<HL_FLOAT16>(h, frame, out, threads, stream);
-    case HL_BFLOAT16: return decode<HL_BFLOAT16>(h, frame, out, threads, stream);
+// Decodes a segment whose frame is parsed and verified into its n_rows * row_len elements
+// at out. stream: the call's whole output is at least kStreamFrom (see decode).
+void decode_segment(const SegmentView& v, void* out, int threads, bool stream) {
+  switch (v.dtype) {
+    case HL_FLOAT32: return decode<HL_FLOAT32>(v, out, threads, stream);
+    case HL_FLOAT16: return decode<HL_FLOAT16>(v, out, threads, stream);
+    case HL_BFLOAT16: return decode<HL_BFLOAT16>(v, out, threads, stream);
   }
 }
 
-uint64_t decoded_bytes(const HlFrameHeader& h) {
-  return h.n_rows * h.row_len * hl_elem_bytes(h.dtype);
+uint64_t decoded_bytes(const SegmentView& v) {
+  return v.n_rows * v.row_len * hl_elem_bytes(v.dtype);
 }
 
-// Reads the header of the frame at frame (avail bytes left in its span) and returns it
-// validated, with the frame's size: its header's total_bytes, refused when past avail.
-HlFrameHeader next_frame(const uint8_t* frame, uint64_t avail, std::vector<int64_t>* shape) {
+// The frame at frame (avail bytes left in its span), v1 or v2, validated (not its checksum):
+// its size is its header's, refused when past avail.
+ParsedFrame next_frame(const uint8_t* frame, uint64_t avail) {
+  ParsedFrame f;
+  if (is_v2(frame, avail)) {
+    const uint64_t size = v2_frame_bytes(frame, avail);
+    auto v2 = std::make_shared<FrameV2>(parse_v2(frame, size));
+    memset(&f.h, 0, sizeof(f.h));
+    f.h.dtype = v2->dtype;
+    f.h.total_bytes = size;
+    f.shape = v2->shape();
+    f.v2 = std::move(v2);
+    return f;
+  }
   if (avail < HL_HEADER_BYTES)
     throw FrameError("frame is truncated: " + std::to_string(avail) +
                      " bytes left, a frame has at least " + std::to_string(HL_HEADER_BYTES));
   HlFrameHeader h;
   memcpy(&h, frame, sizeof(h));
-  if (h.magic != HL_MAGIC) return parse_header(frame, avail, shape);  // names the bad magic
+  if (h.magic != HL_MAGIC) {
+    f.h = parse_header(frame, avail, &f.shape);  // names the bad magic
+    return f;
+  }
   if (h.total_bytes > avail)
     throw FrameError("frame is truncated: its header says " + std::to_string(h.total_bytes) +
                      " bytes, " + std::to_string(avail) + " left");
-  return parse_header(frame, h.total_bytes, shape);
+  f.h = parse_header(frame, h.total_bytes, &f.shape);
+  return f;
 }
 
-// One frame to decode: its bytes, its parsed header and where its elements go.
+// One segment to decode: where its elements go, and for a v1 frame the bytes its checksum
+// covers (v2 frames are verified whole before their segments become jobs).
 struct Job {
-  const uint8_t* frame;
-  HlFrameHeader h;
-  uint8_t* out;   // null: only verify the checksum
-  size_t owner;   // the source (decompress_into) or frame index it reports errors to
-  bool verified;  // checksum already verified
+  SegmentView seg;
+  const uint8_t* frame;  // v1: the frame to verify
+  uint32_t checksum;     // v1: its header's checksum
+  uint8_t* out;          // null: only verify the checksum
+  size_t owner;          // the source (decompress_into) or frame index it reports errors to
+  bool verified;         // checksum already verified
 };
 
-// Verifies and decodes every job, threaded across frames when there are enough of them (the
-// cooperative parallel_items: see parallel.h) and within each frame otherwise. A FrameError is recorded for the job's owner (the first one an
-// owner gets wins) and the other jobs go on; anything else is rethrown after the loop.
+void verify_v1(const Job& j, int threads) {
+  HlFrameHeader h;
+  h.checksum = j.checksum;
+  verify_checksum(h, j.frame, j.seg.bytes, threads);
+}
+
+// Verifies and decodes every job, threaded across segments when there are enough of them (the
+// cooperative parallel_items: see parallel.h) and within each segment otherwise. A FrameError
+// is recorded for the job's owner (the first one an owner gets wins) and the other jobs go on;
+// anything else is rethrown after the loop.
 void run_jobs(const std::vector<Job>& jobs, std::vector<std::string>* errors, int threads) {
   const size_t n = jobs.size();
   const bool across = (int)n >= threads && n > 1;
   const int inner = across ? 1 : threads;
   uint64_t total = 0;
-  for (const Job& j : jobs) total += j.out ? decoded_bytes(j.h) : 0;
+  for (const Job& j : jobs) total += j.out ? decoded_bytes(j.seg) : 0;
   const bool stream = total >= kStreamFrom;
   std::mutex lock;
   auto one = [&](size_t i) {
     const Job& j = jobs[i];
     try {
-      if (!j.verified) verify_checksum(j.h, j.frame, j.h.total_bytes, inner);
-      if (j.out) decode_frame(j.h, j.frame, j.out, inner, stream);
+      if (!j.verified) verify_v1(j, inner);
+      if (j.out) decode_segment(j.seg, j.out, inner, stream);
     } catch (const FrameError& e) {
       std::lock_guard<std::mutex> g(lock);
       if ((*errors)[j.owner].empty()) (*errors)[j.owner] = e.what();
     }  // anything else leaves parallel_items as itself
   };
   parallel::parallel_items(n, across ? threads : 1, one);
+}
+
+// Jobs for the segments of a parsed frame at frame, elements from out on (null: verify only).
+// A v2 frame is verified here, once; a v1 frame's checksum is left to run_jobs.
+void add_jobs(const uint8_t* frame, const ParsedFrame& f, uint8_t* out, size_t owner,
+              std::vector<Job>* jobs) {
+  if (!f.v2) {
+    jobs->push_back(Job{view_v1(f.h, frame), frame, f.h.checksum, out, owner, false});
+    return;
+  }
+  verify_v2(*f.v2, frame);
+  uint64_t at = 0;
+  for (const SegmentView& s : f.v2->segs) {
+    jobs->push_back(Job{s, frame, 0, out ? out + at : nullptr, owner, true});
+    at += decoded_bytes(s);
+  }
 }
 
 // The frames of one source laid out at consecutive rows: "" when they fit, else the reason.
@@ -1171,22 +1453,22 @@ std::string plan_source(const uint8_t* buffer, const DecodeSource& src, size_t i
   const size_t first_job = jobs->size();
   uint64_t pos = 0, rows = 0;
   size_t k = 0;
-  std::vector<int64_t> shape;
   auto fail = [&](const std::string& why) {
     jobs->resize(first_job);  // nothing of a failed source is decoded
     return "source " + std::to_string(index) + ", frame " + std::to_string(k) + " at byte " +
            std::to_string(src.offset + pos) + ": " + why;
   };
   for (; pos < src.length; ++k) {
-    HlFrameHeader h;
+    ParsedFrame f;
     try {
-      h = next_frame(buffer + src.offset + pos, src.length - pos, &shape);
+      f = next_frame(buffer + src.offset + pos, src.length - pos);
     } catch (const FrameError& e) {
       return fail(e.what());
     }
+    const std::vector<int64_t>& shape = f.shape;
     *mismatch = true;  // until the checks below pass
-    if (h.dtype != dtype)
-      return fail("frame holds dtype code " + std::to_string(h.dtype) + ", expected " +
+    if (f.h.dtype != dtype)
+      return fail("frame holds dtype code " + std::to_string(f.h.dtype) + ", expected " +
                   std::to_string(dtype));
     bool same = shape.size() == trailing.size() + 1;
     for (size_t d = 0; same && d < trailing.size(); ++d) same = shape[d + 1] == trailing[d];
@@ -1202,9 +1484,13 @@ std::string plan_source(const uint8_t* buffer, const DecodeSource& src, size_t i
                   std::to_string((uint64_t)src.rows - rows) + " of the source's " +
                   std::to_string(src.rows) + " are left");
     *mismatch = false;
-    jobs->push_back(Job{buffer + src.offset + pos, h, out + rows * row_bytes, index, false});
+    try {
+      add_jobs(buffer + src.offset + pos, f, out + rows * row_bytes, index, jobs);
+    } catch (const FrameError& e) {
+      return fail(e.what());
+    }
     rows += (uint64_t)shape[0];
-    pos += h.total_bytes;
+    pos += f.h.total_bytes;
   }
   if (rows != (uint64_t)src.rows) {
     *mismatch = true;
@@ -1221,13 +1507,30 @@ std::string plan_source(const uint8_t* buffer, const DecodeSource& src, size_t i
 void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out_bytes,
                     int threads) {
   threads = resolve_threads(threads);
+  if (is_v2(frame, size)) {
+    const FrameV2 f = parse_v2(frame, size);
+    verify_v2(f, frame);
+    const uint64_t need = f.decoded_bytes();
+    if (out_bytes != need)
+      throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
+                          " bytes, the frame decodes to " + std::to_string(need));
+    ParsedFrame pf;
+    pf.v2 = std::make_shared<FrameV2>(f);
+    std::vector<Job> jobs;
+    add_jobs(frame, pf, static_cast<uint8_t*>(out), 0, &jobs);
+    std::vector<std::string> errors(1);
+    run_jobs(jobs, &errors, threads);
+    if (!errors[0].empty()) throw FrameError(errors[0]);
+    return;
+  }
   HlFrameHeader h = parse_header(frame, size, nullptr);
   verify_checksum(h, frame, size, threads);
-  const uint64_t need = decoded_bytes(h);
+  const SegmentView v = view_v1(h, frame);
+  const uint64_t need = decoded_bytes(v);
   if (out_bytes != need)
     throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
                         " bytes, the frame decodes to " + std::to_string(need));
-  decode_frame(h, frame, out, threads, need >= kStreamFrom);
+  decode_segment(v, out, threads, need >= kStreamFrom);
 }
 
 std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buffer_len,
@@ -1285,16 +1588,27 @@ std::vector<ParsedFrame> parse_frames(const uint8_t* buffer, uint64_t len,
   std::vector<ParsedFrame> frames;
   uint64_t pos = 0;
   for (size_t k = 0; sizes ? k < sizes->size() : pos < len; ++k) {
-    ParsedFrame f;
     const uint64_t avail = sizes ? (*sizes)[k] : len - pos;
     if (pos + avail > len)
       throw ArgumentError("frame sizes overrun the buffer of " + std::to_string(len) + " bytes");
+    ParsedFrame f;
+    if (sizes && !is_v2(buffer + pos, avail)) {
+      f.h = parse_header(buffer + pos, avail, &f.shape);
+    } else {
+      f = next_frame(buffer + pos, avail);
+      if (sizes && f.h.total_bytes != avail)
+        throw FrameError("frame is truncated or has trailing bytes: " + std::to_string(avail) +
+                         " bytes, its header says " + std::to_string(f.h.total_bytes));
+    }
     f.offset = pos;
-    f.h = sizes ? parse_header(buffer + pos, avail, &f.shape) : next_frame(buffer + pos, avail, &f.shape);
     pos += f.h.total_bytes;
     frames.push_back(std::move(f));
   }
   return frames;
+}
+
+uint64_t frame_decoded_bytes(const ParsedFrame& f) {
+  return f.v2 ? f.v2->decoded_bytes() : f.h.n_rows * f.h.row_len * hl_elem_bytes(f.h.dtype);
 }
 
 void decompress_frames_cpu(const uint8_t* buffer, const std::vector<ParsedFrame>& frames,
@@ -1302,26 +1616,47 @@ void decompress_frames_cpu(const uint8_t* buffer, const std::vector<ParsedFrame>
                            std::vector<uint64_t>* out_offsets, int threads) {
   threads = resolve_threads(threads);
   const size_t n = frames.size();
-  std::vector<Job> jobs(n);
   std::vector<std::string> errors(n);
   auto first_error = [&] {
     for (size_t k = 0; k < n; ++k)
       if (!errors[k].empty()) throw FrameError(errors[k]);
   };
   // Checksums first: a corrupted header must not make us allocate what it claims.
-  for (size_t k = 0; k < n; ++k) jobs[k] = Job{buffer + frames[k].offset, frames[k].h, nullptr, k, false};
-  run_jobs(jobs, &errors, threads);
+  std::vector<Job> checks;
+  for (size_t k = 0; k < n; ++k) {
+    if (frames[k].v2) {
+      try {
+        verify_v2(*frames[k].v2, buffer + frames[k].offset);
+      } catch (const FrameError& e) {
+        errors[k] = e.what();
+      }
+    } else {
+      const uint8_t* fp = buffer + frames[k].offset;
+      checks.push_back(Job{view_v1(frames[k].h, fp), fp, frames[k].h.checksum, nullptr, k, false});
+    }
+  }
+  run_jobs(checks, &errors, threads);
   first_error();
   out_offsets->assign(n, 0);
   uint64_t total = 0;
   for (size_t k = 0; k < n; ++k) {
     (*out_offsets)[k] = total;
-    total += hl_div_up(decoded_bytes(frames[k].h), align) * align;
+    total += hl_div_up(frame_decoded_bytes(frames[k]), align) * align;
   }
   uint8_t* out = alloc(total);
+  std::vector<Job> jobs;
   for (size_t k = 0; k < n; ++k) {
-    jobs[k].out = out + (*out_offsets)[k];
-    jobs[k].verified = true;
+    const uint8_t* fp = buffer + frames[k].offset;
+    if (frames[k].v2) {
+      uint64_t at = 0;
+      for (const SegmentView& sv : frames[k].v2->segs) {
+        jobs.push_back(Job{sv, fp, 0, out + (*out_offsets)[k] + at, k, true});
+        at += decoded_bytes(sv);
+      }
+    } else {
+      jobs.push_back(Job{view_v1(frames[k].h, fp), fp, frames[k].h.checksum,
+                         out + (*out_offsets)[k], k, true});
+    }
   }
   run_jobs(jobs, &errors, threads);
   first_error();

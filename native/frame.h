@@ -1,4 +1,9 @@
-// hvd_lossy frame format, version 1: the one byte format shared by the CPU and CUDA codecs.
+// hvd_lossy frame formats, versions 1 and 2: the one byte format shared by the CPU and CUDA
+// codecs. Version 1 (below) carries one tensor a frame; version 2 (after it) carries several
+// row segments, each with its own bound, in one compact frame. Decoders read both; the first
+// two bytes ("HV") are the same and the third tells them apart ('D' in v1, 2 in v2).
+//
+// ---- version 1 ----
 //
 // A frame is self-describing: decompress needs nothing but its bytes. All integers and floats
 // are little-endian. Layout, each part starting right after the previous one:
@@ -54,10 +59,61 @@
 //
 // Checksum: hl_checksum over the whole frame with the checksum field read as zero. It is a sum
 // of a bijective mix of each 8-byte word and its index, so a GPU can compute it as a reduction.
+//
+// ---- version 2: one frame, many segments (an all-to-all sends one a destination) ----
+// The frame's tensor has shape (R, *trailing) and is cut along dim 0 into segments; segment k
+// holds rows[k] rows (sum = R) and is coded exactly like a v1 frame of shape (rows[k],
+// *trailing) with its own bound, level, mode, map and outliers. ndim 1: segment k is one row of
+// rows[k] elements (as v1 codes a 1-d tensor); ndim 0: exactly one segment of one element.
+// Varints are unsigned LEB128 (7 bits a byte, low first, at most 10 bytes, no overlong form).
+//
+//   uint8  'H', 'V', 2              magic and version
+//   uint32 crc32c                   CRC32C (Castagnoli, reflected, init/final ~0) of bytes
+//                                   [7, total): everything after this field
+//   varint total_bytes              the whole frame
+//   uint8  info                     bits 0-1 dtype, bits 2-5 ndim (0..8), bit 7 HL_V2_SEEDED
+//   uint24 seed                     only with HL_V2_SEEDED: segment k's dither seed is
+//                                   (seed + k) mod 2^24
+//   varint dims[ndim - 1]           the trailing dims (none for ndim <= 1)
+//   varint n_segments
+//   descriptor[n_segments], each:
+//     uint8  flags                  HL_SEG_*
+//     varint rows
+//     uint24 bound                  lossy only: eb_abs = float32 with bits (bound << 8); the
+//                                   encoder rounds its bound down to such a value and codes
+//                                   with exactly it (step = 2 * eb_abs in double, as v1)
+//     varint n_unique               HL_SEG_MAP only (1 <= n_unique < rows)
+//     varint map_bytes              HL_SEG_MAP_RANS only
+//     varint n_outliers             HL_SEG_OUTLIERS only (>= 1)
+//     varint code_bytes
+//   payload[n_segments], each, back to back:
+//     map                           HL_SEG_MAP only: block-packed row -> unique row, as v1
+//                                   (its length follows from its width bytes), or with
+//                                   HL_SEG_MAP_RANS a compact rANS section of map_bytes over
+//                                   one symbol a row: 0 for a row not seen before (it gets the
+//                                   next unique index), u + 1 for a repeat of unique row u. At
+//                                   level 2 the encoder picks whichever is smaller; level 1
+//                                   always packs (decoding speed).
+//     code                          code_bytes: level 1 block packing as v1, or (HL_SEG_LEVEL2)
+//                                   the compact rANS section below
+//     outliers                      n_outliers records of pos_bytes + elem_bytes bytes:
+//                                   position (little-endian, ascending, pos_bytes = bytes of
+//                                   n_unique * row_len - 1, at least 1), raw bits
+// Compact rANS section (same coder and streams as v1 level 2, smaller table and framing):
+//   uint8  K - 1                    symbols 0..K-1 can occur (K = largest present + 1)
+//   uint8  w                        bits a frequency, 1..13
+//   freq[K]                         w bits each, LSB first, ceil(K * w / 8) bytes; 0 = absent;
+//                                   they sum to 1 << HL_RANS_BITS
+//   varint n_escapes, varint (escape - 255)[n_escapes]
+//   varint stream_bytes[n_streams - 1]   the last stream takes the rest of the section
+//   streams as v1
+// Duplicate rows, dither, outliers and the lossless fallback follow the v1 rules per segment.
 #pragma once
 
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #define HL_MAGIC 0x4C445648u  // "HVDL" as read little-endian
 #define HL_VERSION 1
@@ -99,6 +155,21 @@ struct HlFrameHeader {
 };
 static_assert(sizeof(HlFrameHeader) == HL_HEADER_BYTES, "frame header must be 96 bytes");
 
+// version 2
+#define HL_V2_VERSION 2
+#define HL_V2_PREFIX 7          // magic, version and CRC32C
+#define HL_V2_SEEDED 0x80       // info bit: a dither seed follows
+#define HL_V2_MAX_HEADER 128    // frame header without descriptors, worst case
+#define HL_V2_MAX_SEGMENT 48    // one descriptor, worst case
+#define HL_SEG_LEVEL2 0x01      // code section is compact rANS (else block packing)
+#define HL_SEG_LOSSLESS 0x02    // raw bits, no bound stored
+#define HL_SEG_MAP 0x04         // duplicate rows dropped: a map section and n_unique
+#define HL_SEG_OUTLIERS 0x08    // an outlier section and n_outliers
+#define HL_SEG_REL 0x10         // the bound was relative to the segment's value range
+#define HL_SEG_DITHER 0x20      // subtractive dither with the segment's seed
+#define HL_SEG_MAP_RANS 0x40    // the map is a compact rANS section (with HL_SEG_MAP only)
+#define HL_SEG_KNOWN 0x7f
+
 #ifdef __cplusplus
 #if defined(__CUDACC__)
 #define HL_HD __host__ __device__ __forceinline__
@@ -122,5 +193,29 @@ HL_HD uint64_t hl_packed_max_bytes(uint64_t n) {
 HL_HD uint64_t hl_max_frame_bytes(uint64_t n_rows, uint64_t row_len, int ndim) {
   return HL_HEADER_BYTES + 8ull * (uint64_t)ndim + hl_packed_max_bytes(n_rows) +
          hl_packed_max_bytes(n_rows * row_len);
+}
+
+// Upper bound of one segment of a v2 frame (descriptor and payload): its sections are never
+// larger than those of the v1 frame of the same rows, which hl_max_frame_bytes bounds.
+HL_HD uint64_t hl_max_segment_bytes(uint64_t n_rows, uint64_t row_len) {
+  return HL_V2_MAX_SEGMENT + hl_packed_max_bytes(n_rows) + hl_packed_max_bytes(n_rows * row_len);
+}
+
+// The bound a v2 segment stores for a wanted absolute bound: the largest float32 with the low
+// 8 bits of its significand zero that is <= eb (0 when eb is below the smallest one).
+HL_HD uint32_t hl_bound_code(double eb) {
+  if (!(eb > 0)) return 0;
+  float f = (float)eb;
+  if ((double)f > eb) f = nextafterf(f, 0.0f);
+  if (f > 3.4028234e38f) f = 3.4028234e38f;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (u >> 8) & 0xffffffu;
+}
+HL_HD double hl_bound_of_code(uint32_t code) {
+  const uint32_t u = code << 8;
+  float f;
+  memcpy(&f, &u, 4);
+  return (double)f;
 }
 #endif

@@ -7,10 +7,11 @@
 
 namespace hl {
 
-// Encodes n codes into a level-2 code section.
-std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads);
+// Encodes n codes into a level-2 code section: v1's layout, or (compact) format 2's.
+std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads, bool compact = false);
 
 // Decodes a level-2 code section of exactly len bytes into n codes. Throws FrameError.
-void rans_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* z, int threads);
+void rans_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* z, int threads,
+                 bool compact = false);
 
 }  // namespace hl

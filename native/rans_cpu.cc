@@ -69,9 +69,61 @@ std::vector<uint8_t> encode_stream(const uint32_t* z, uint64_t lo, uint64_t hi,
   return std::vector<uint8_t>(p, end);
 }
 
+
+void put_varint(std::vector<uint8_t>* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back((uint8_t)(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back((uint8_t)v);
+}
+
+// The compact section of format 2 (frame.h): K, w, w-bit frequencies, varint escapes and
+// stream lengths (the last implied).
+void write_compact(const uint32_t* freq, const uint32_t* z, uint64_t n, uint64_t n_esc,
+                   const std::vector<std::vector<uint8_t>>& streams, std::vector<uint8_t>* out) {
+  int k = 0;
+  uint32_t fmax = 0;
+  for (int s = 0; s < 256; ++s)
+    if (freq[s]) {
+      k = s + 1;
+      fmax = freq[s] > fmax ? freq[s] : fmax;
+    }
+  const uint32_t w = bit_width(fmax);
+  out->push_back((uint8_t)(k - 1));
+  out->push_back((uint8_t)w);
+  uint64_t acc = 0;
+  int bits = 0;
+  for (int s = 0; s < k; ++s) {
+    acc |= (uint64_t)freq[s] << bits;
+    bits += (int)w;
+    while (bits >= 8) {
+      out->push_back((uint8_t)acc);
+      acc >>= 8;
+      bits -= 8;
+    }
+  }
+  if (bits) out->push_back((uint8_t)acc);
+  put_varint(out, n_esc);
+  for (uint64_t i = 0; i < n; ++i)
+    if (z[i] >= HL_RANS_ESC) put_varint(out, z[i] - HL_RANS_ESC);
+  for (size_t s = 0; s + 1 < streams.size(); ++s) put_varint(out, streams[s].size());
+  for (auto& st : streams) out->insert(out->end(), st.begin(), st.end());
+}
+
+uint64_t read_varint(Reader& r) {
+  uint64_t v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    const uint8_t b = r.read<uint8_t>();
+    v |= (uint64_t)(b & 0x7f) << shift;
+    if (!(b & 0x80)) return v;
+  }
+  throw FrameError("frame is corrupted: a varint in the entropy-coded section is too long");
+}
+
 }  // namespace
 
-std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads) {
+std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads, bool compact) {
   uint64_t counts[256] = {0};
   uint64_t n_esc = 0;
   for (uint64_t i = 0; i < n; ++i) {
@@ -99,6 +151,10 @@ std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads) {
     const uint8_t* b = static_cast<const uint8_t*>(p);
     out.insert(out.end(), b, b + len);
   };
+  if (compact) {
+    write_compact(t.freq, z, n, n_esc, streams, &out);
+    return out;
+  }
   uint16_t n_present = 0;
   for (int s = 0; s < 256; ++s) n_present += t.freq[s] != 0;
   put(&n_present, 2);
@@ -121,22 +177,74 @@ std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads) {
   return out;
 }
 
-void rans_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* z, int threads) {
+void rans_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* z, int threads,
+                 bool compact) {
   Reader r(in, len, "entropy-coded code section");
   Table t = {};
-  uint32_t n_present = r.read<uint16_t>();
-  if (n_present < 1 || n_present > 256)
-    throw FrameError("frame is corrupted: entropy table lists " + std::to_string(n_present) +
-                     " symbols, expected 1..256");
-  int prev = -1;
-  for (uint32_t i = 0; i < n_present; ++i) {
-    int sym = r.read<uint8_t>();
-    uint32_t f = r.read<uint16_t>();
-    if (sym <= prev || f == 0)
-      throw FrameError("frame is corrupted: entropy table entries must have ascending symbols "
-                       "and nonzero frequencies");
-    t.freq[sym] = f;
-    prev = sym;
+  const uint64_t n_streams = hl_div_up(n, HL_RANS_CHUNK);
+  std::vector<uint32_t> escapes;
+  std::vector<uint64_t> start(n_streams + 1, 0);
+  if (compact) {
+    if (n == 0) throw FrameError("frame is corrupted: an entropy-coded section of no codes");
+    const int k = r.read<uint8_t>() + 1;
+    const uint32_t w = r.read<uint8_t>();
+    if (w < 1 || w > HL_RANS_BITS + 1)
+      throw FrameError("frame is corrupted: entropy table frequencies of " + std::to_string(w) +
+                       " bits, expected 1.." + std::to_string(HL_RANS_BITS + 1));
+    const uint8_t* bits = r.take(((uint64_t)k * w + 7) / 8);
+    for (int s = 0; s < k; ++s) {
+      uint32_t f = 0;
+      for (uint32_t b = 0; b < w; ++b) {
+        const uint64_t at = (uint64_t)s * w + b;
+        f |= (uint32_t)((bits[at >> 3] >> (at & 7)) & 1) << b;
+      }
+      t.freq[s] = f;
+    }
+    const uint64_t n_esc = read_varint(r);
+    if (n_esc > n || n_esc > r.remaining())
+      throw FrameError("frame is corrupted: " + std::to_string(n_esc) + " escapes for " +
+                       std::to_string(n) + " codes");
+    escapes.resize(n_esc);
+    for (uint64_t e = 0; e < n_esc; ++e) {
+      const uint64_t v = read_varint(r) + HL_RANS_ESC;
+      if (v > 0xffffffffull) throw FrameError("frame is corrupted: escape value overflows");
+      escapes[e] = (uint32_t)v;
+    }
+    if (n_streams - 1 > r.remaining())
+      throw FrameError("frame is corrupted: " + std::to_string(n_streams) +
+                       " entropy-coded streams in " + std::to_string(len) + " bytes");
+    for (uint64_t s = 0; s + 1 < n_streams; ++s) {
+      const uint64_t l = read_varint(r);
+      if (l > len) throw FrameError("frame is corrupted: an entropy-coded stream overruns");
+      start[s + 1] = start[s] + l;
+    }
+    if (start[n_streams - 1] > r.remaining())
+      throw FrameError("frame is corrupted: entropy-coded streams overrun their section");
+    start[n_streams] = r.remaining();
+  } else {
+    uint32_t n_present = r.read<uint16_t>();
+    if (n_present < 1 || n_present > 256)
+      throw FrameError("frame is corrupted: entropy table lists " + std::to_string(n_present) +
+                       " symbols, expected 1..256");
+    int prev = -1;
+    for (uint32_t i = 0; i < n_present; ++i) {
+      int sym = r.read<uint8_t>();
+      uint32_t f = r.read<uint16_t>();
+      if (sym <= prev || f == 0)
+        throw FrameError("frame is corrupted: entropy table entries must have ascending symbols "
+                         "and nonzero frequencies");
+      t.freq[sym] = f;
+      prev = sym;
+    }
+    uint64_t n_esc = r.read<uint32_t>();
+    if (n_esc > n)
+      throw FrameError("frame is corrupted: " + std::to_string(n_esc) + " escapes for " +
+                       std::to_string(n) + " codes");
+    const uint8_t* esc = r.take(4 * n_esc);
+    escapes.resize(n_esc);
+    for (uint64_t e = 0; e < n_esc; ++e) escapes[e] = load_u32(esc + 4 * e);
+    const uint8_t* lens = r.take(4 * n_streams);
+    for (uint64_t k = 0; k < n_streams; ++k) start[k + 1] = start[k] + load_u32(lens + 4 * k);
   }
   build_cum(&t);
   if (t.cum[256] != kScale)
@@ -145,16 +253,7 @@ void rans_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* z, int t
   uint8_t lut[kScale];
   for (int s = 0; s < 256; ++s)
     for (uint32_t c = t.cum[s]; c < t.cum[s + 1]; ++c) lut[c] = (uint8_t)s;
-
-  uint64_t n_esc = r.read<uint32_t>();
-  if (n_esc > n)
-    throw FrameError("frame is corrupted: " + std::to_string(n_esc) + " escapes for " +
-                     std::to_string(n) + " codes");
-  const uint8_t* esc = r.take(4 * n_esc);
-  const uint64_t n_streams = hl_div_up(n, HL_RANS_CHUNK);
-  const uint8_t* lens = r.take(4 * n_streams);
-  std::vector<uint64_t> start(n_streams + 1, 0);
-  for (uint64_t k = 0; k < n_streams; ++k) start[k + 1] = start[k] + load_u32(lens + 4 * k);
+  const uint64_t n_esc = escapes.size();
   const uint8_t* data = r.take(start[n_streams]);
   if (r.remaining() != 0)
     throw FrameError("frame is corrupted: " + std::to_string(r.remaining()) +
@@ -201,7 +300,7 @@ void rans_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* z, int t
   for (uint64_t i = 0; i < n; ++i) {
     if (z[i] != HL_RANS_ESC) continue;
     if (k == n_esc) throw FrameError("frame is corrupted: more escaped codes than escapes");
-    uint32_t v = load_u32(esc + 4 * k++);
+    uint32_t v = escapes[k++];
     if (v < HL_RANS_ESC) throw FrameError("frame is corrupted: escape value below 255");
     z[i] = v;
   }

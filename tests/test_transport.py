@@ -2,7 +2,8 @@
 launches. The contracts live as named cases in the workers (tests/mp/transport_*.py):
   collectives: every received element within the frame's bound, for float32/float16/bfloat16,
       1-D and n-D, uneven and zero splits, async, autograd with reversed splits, several
-      frames per destination; Compression.none bit-identical to Horovod; allgather/broadcast;
+      frames per destination, a destination's pieces in one compact frame; Compression.none
+      bit-identical to Horovod; allgather/broadcast;
       reductions refuse lossy compressors; statistics.
   errors: bad splits, dtype/shape disagreement, uncompressible dtype, a corrupt frame, frames
       disagreeing with their announcement, a failing compressor: RankError on every rank,

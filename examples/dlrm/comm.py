@@ -5,8 +5,9 @@
 and seconds per training step, split into forward (lookups) and backward (gradients).
 
 Bytes follow hvd_lossy.stats: "plain" is the uncompressed size of every tensor handed to the
-all-to-all (the rank's own chunk included), "sent" what was handed to Horovod for it. Totals are
-summed over ranks.
+all-to-all (the rank's own chunk included), "sent" what was handed to Horovod for it as it goes
+on the wire: the frames ("codec", their own headers included) plus the protocol header of each
+destination but the rank itself. Totals are summed over ranks.
 """
 
 import contextlib
@@ -17,7 +18,7 @@ import torch
 
 import data
 
-_KEYS = ("raw_bytes", "wire_bytes", "compress_s", "comm_s", "decompress_s")
+_KEYS = ("raw_bytes", "wire_bytes", "meta_bytes", "compress_s", "comm_s", "decompress_s")
 
 
 def backward_setting(args):
@@ -166,14 +167,18 @@ class Link:
         if self.plain:
             fwd_s, bwd_s = ex.clock.get("fwd_s", 0.0), ex.backward_seconds()
             raw = self._plain_bytes
-            rec = dict(fwd_raw=raw, fwd_wire=raw, bwd_raw=raw, bwd_wire=raw,
-                       compress_s=0.0, comm_s=fwd_s + bwd_s, decompress_s=0.0)
+            rec = dict(fwd_raw=raw, fwd_wire=raw, bwd_raw=raw, bwd_wire=raw, fwd_codec=raw,
+                       bwd_codec=raw, compress_s=0.0, comm_s=fwd_s + bwd_s, decompress_s=0.0)
         else:
             fwd = _diff(self._fwd, self._mark)
             bwd = _diff(end, self._fwd)
             both = _diff(end, self._mark)
-            rec = dict(fwd_raw=fwd["raw_bytes"], fwd_wire=fwd["wire_bytes"],
-                       bwd_raw=bwd["raw_bytes"], bwd_wire=bwd["wire_bytes"],
+            # meta_bytes counts a header for every destination; the own one stays local.
+            remote = (self.world - 1) / self.world
+            rec = dict(fwd_raw=fwd["raw_bytes"], bwd_raw=bwd["raw_bytes"],
+                       fwd_wire=fwd["wire_bytes"] + fwd["meta_bytes"] * remote,
+                       bwd_wire=bwd["wire_bytes"] + bwd["meta_bytes"] * remote,
+                       fwd_codec=fwd["wire_bytes"], bwd_codec=bwd["wire_bytes"],
                        compress_s=both["compress_s"] + both["decompress_s"], comm_s=both["comm_s"],
                        decompress_s=both["decompress_s"])
         rec["compute_s"] = max(iter_s - rec["compress_s"] - rec["comm_s"], 0.0)
@@ -188,11 +193,13 @@ class Link:
 
     def totals(self):
         """Bytes over the whole training run, summed over ranks."""
-        local = np.array([[s["fwd_raw"], s["fwd_wire"], s["bwd_raw"], s["bwd_wire"]]
-                          for s in self.steps], np.float64).reshape(-1, 4).sum(axis=0)
+        local = np.array([[s["fwd_raw"], s["fwd_wire"], s["bwd_raw"], s["bwd_wire"],
+                           s["fwd_codec"] + s["bwd_codec"]]
+                          for s in self.steps], np.float64).reshape(-1, 5).sum(axis=0)
         tot = hvd.allreduce(torch.from_numpy(local), op=hvd.Sum, name="a2a.totals").numpy()
         plain, sent = tot[0] + tot[2], tot[1] + tot[3]
         return dict(a2a_bytes_plain=int(plain), a2a_bytes_sent=int(sent),
+                    a2a_bytes_codec=int(tot[4]),
                     compression_ratio=float(plain / sent) if sent else 1.0,
                     a2a_fwd_bytes_plain=int(tot[0]), a2a_fwd_bytes_sent=int(tot[1]),
                     a2a_bwd_bytes_plain=int(tot[2]), a2a_bwd_bytes_sent=int(tot[3]),

@@ -16,6 +16,7 @@ ROWS = [
     ("all-to-all MB sent", "a2a_bytes_sent", "%.2f", 1e-6),
     ("  of which forward", "a2a_fwd_bytes_sent", "%.2f", 1e-6),
     ("  of which backward", "a2a_bwd_bytes_sent", "%.2f", 1e-6),
+    ("  of which codec frames", "a2a_bytes_codec", "%.2f", 1e-6),
     ("compression ratio", "compression_ratio", "x%.1f"),
     ("train seconds", "train_seconds", "%.1f"),
     ("median step ms", "iter_seconds_median", "%.1f", 1e3),

@@ -11,7 +11,8 @@ sample take further passes over it with fresh table values, so that repeating ro
 duplicates the codec could exploit.
 
 Reported per message size and method: bytes a rank puts on the wire (what it sends the other
-ranks: its own chunk is a local copy in every method), the reduction against plain, and seconds
+ranks: its own chunk is a local copy in every method) and the codec's share of them (frames,
+their own headers included; the rest is protocol headers), the reduction against plain, and seconds
 per call (median over iterations, slowest rank). Bytes of the lossy methods include the
 protocol's headers, not only the frames.
 """
@@ -84,31 +85,35 @@ def run_size(hvd, ids, cards, size, methods, iters):
         hvd.reset_comm_stats()
         if compression is None:
             seconds = time_calls(lambda: horovod.alltoall(x, splits), hvd, iters)
-            wire, parts = remote, {}
+            wire, codec, parts = remote, remote, {}
         else:
             seconds = time_calls(lambda: hvd.alltoall(x, splits, compression=compression), hvd, iters)
             total = hvd.comm_stats()["total"]
             if compression is hvd.Compression.fp16:
-                wire = remote / 2
+                wire = codec = remote / 2
             else:  # frames for the other ranks plus their protocol headers
-                wire = (total["wire_bytes"] + total["meta_bytes"] * (ranks - 1) / ranks) / total["calls"]
+                codec = total["wire_bytes"] / total["calls"]
+                wire = codec + total["meta_bytes"] * (ranks - 1) / ranks / total["calls"]
             parts = {k: total[k] / total["calls"] for k in ("compress_s", "comm_s", "decompress_s")}
         out, _ = hvd.alltoall(x, splits, compression=compression or hvd.Compression.none)
-        wire = float(hvd.allreduce(torch.tensor([float(wire)], dtype=torch.float64), op=hvd.Average))
+        wire, codec = hvd.allreduce(torch.tensor([float(wire), float(codec)], dtype=torch.float64),
+                                    op=hvd.Average).tolist()
         results.append({"method": label, "message_bytes": raw, "samples_per_rank": per_dest,
-                        "wire_bytes": wire, "reduction": remote / wire, "seconds": seconds,
+                        "wire_bytes": wire, "codec_bytes": codec, "codec_share": codec / wire,
+                        "reduction": remote / wire, "seconds": seconds,
                         "max_abs_error": float((out - reference).abs().max()), **parts})
     return results
 
 
 def print_table(rows, ranks):
     print(f"\nall-to-all of Criteo lookups, {ranks} ranks, dim {DIM}, float32; per rank and call")
-    print(f"{'message':>9} {'method':>12} {'wire bytes':>12} {'reduction':>9} {'ms/call':>9} "
+    print(f"{'message':>9} {'method':>12} {'wire bytes':>12} {'codec':>6} {'reduction':>9} {'ms/call':>9} "
           f"{'compress':>9} {'comm':>9} {'decompress':>10} {'max |err|':>10}")
     for r in rows:
         parts = [f"{1e3 * r[k]:9.2f}" if k in r else f"{'':>9}" for k in ("compress_s", "comm_s")]
         dec = f"{1e3 * r['decompress_s']:10.2f}" if "decompress_s" in r else f"{'':>10}"
         print(f"{r['message_bytes'] / 2**20:8.3f}M {r['method']:>12} {r['wire_bytes']:12.0f} "
+              f"{100 * r.get('codec_share', 1.0):5.1f}% "
               f"{r['reduction']:8.1f}x {1e3 * r['seconds']:9.2f} {parts[0]} {parts[1]} {dec} "
               f"{r['max_abs_error']:10.2e}")
 

@@ -82,11 +82,30 @@ def decode_into(buf, sizes, rows, out, threads):
     return out
 
 
-def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None):
-    """One codec configuration on one thread, beside the fp16 cast in both directions."""
+def _worst_error(x, rows, buf, sizes, parts, format):
+    """Largest error over bound of any piece, each against its own frame's (format 1) or
+    segment's (format 2) bound."""
+    worst, offset = 0.0, 0
+    if format == 1:
+        for src, out, size in zip(torch.split(x, rows), parts, sizes):
+            info = hvd_lossy.frame_info(buf[offset:offset + size])
+            worst = max(worst, max_error_over_bound(src, out, info["eb_abs"]))
+            offset += size
+        return worst
+    segs = hvd_lossy.frame_info(buf)["segments"]
+    for seg, src, out in zip(segs, torch.split(x, rows), torch.split(parts[0], rows)):
+        worst = max(worst, max_error_over_bound(src, out, seg["eb_abs"]))
+    return worst
+
+
+def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None, format=1):
+    """One codec configuration on one thread, beside the fp16 cast in both directions. Format
+    2 puts every piece in one frame, as the all-to-all sends a destination."""
     hvd_lossy.set_num_threads(1)
     torch.set_num_threads(1)
     kw = dict(level=level, dedup=dedup, dither=dither)
+    if format != 1:  # a build from before format 2 is measured with the default
+        kw["format"] = format
     one = len(rows) == 1
     if one:
         frame = hvd_lossy.compress(x, eb, **kw)
@@ -101,21 +120,19 @@ def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None):
         compress = lambda: hvd_lossy.compress_chunks(x, rows, eb, **kw)  # noqa: E731
         decompress = lambda: hvd_lossy.decompress_chunks(buf, sizes)  # noqa: E731
         reused = torch.empty_like(x)
-        decompress_into = lambda: decode_into(buf, sizes, rows, reused, 1)  # noqa: E731
+        frame_rows = rows if format == 1 else [sum(rows)]
+        decompress_into = lambda: decode_into(buf, sizes, frame_rows, reused, 1)  # noqa: E731
         parts = hvd_lossy.decompress_chunks(buf, sizes)
     half = x.half()
     half_out, float_out = torch.empty_like(half), torch.empty_like(x)
     t_c, t_d, t_i, t_h, t_f, t_hi, t_fi = paired_medians(
         [compress, decompress, decompress_into, lambda: x.half(), lambda: half.float(),
          lambda: half_out.copy_(x), lambda: float_out.copy_(half)], repeat)
-    worst, offset = 0.0, 0
-    for src, out, size in zip(torch.split(x, rows), parts, sizes):
-        info = hvd_lossy.frame_info(buf[offset:offset + size])
-        worst = max(worst, max_error_over_bound(src, out, info["eb_abs"]))
-        offset += size
+    worst = _worst_error(x, rows, buf, sizes, parts, format)
     assert torch.equal(reused, torch.cat(parts)), "decoding into a reused tensor differs"
     raw = x.numel() * x.element_size()
-    name = f"L{level}" + ("" if dedup else " no dedup") + ("" if dither is None else " dither")
+    name = (f"L{level}" + ("" if dedup else " no dedup") + ("" if dither is None else " dither")
+            + ("" if format == 1 else " v2"))
     gbps = lambda t: raw / t / 1e9  # noqa: E731
     return {"method": name, "ratio": raw / buf.numel(), "bytes": buf.numel(),
             "compress_GBps": gbps(t_c), "decompress_new_GBps": gbps(t_d),
@@ -253,6 +270,8 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--error-bound", type=float, default=0.03, help="relative bound (default 0.03)")
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--formats", type=int, nargs="+", default=[1], choices=[1, 2],
+                        help="frame formats to measure (2: one frame of all pieces)")
     parser.add_argument("--workloads", nargs="+", default=["realistic", "criteo"],
                         choices=["realistic", "criteo", "synthetic"])
     parser.add_argument("--realistic-mb", type=int, default=64, help="size of the 64 MB sets")
@@ -274,8 +293,9 @@ def main(argv=None):
                "threads": []}
     results["table_rows"] = args.table_rows
     for name, (x, rows) in workloads(args.realistic_mb, args.workloads, args.table_rows).items():
-        configs = [dict(level=lv) for lv in args.levels]
-        configs += [dict(level=1, dedup=False), dict(level=1, dedup=False, dither=1)]
+        configs = [dict(level=lv, format=f) for f in args.formats for lv in args.levels]
+        configs += [dict(level=1, dedup=False, format=f) for f in args.formats]
+        configs += [dict(level=1, dedup=False, dither=1, format=f) for f in args.formats]
         for cfg in configs:
             r = bench_method(x, rows, args.error_bound, repeat=args.repeat, **cfg)
             if name == "realistic" and cfg == configs[0]:

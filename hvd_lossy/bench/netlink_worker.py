@@ -40,9 +40,14 @@ def make_compressor(hvd, mode, segments):
         return hvd.Compression.fp16
     if mode == "auto":
         return hvd.Compression.lossy(AUTO_BOUND, segments=segments, auto=True)
-    if mode.startswith("lossy "):
-        return hvd.Compression.lossy(float(mode.split()[1]), segments=segments)
-    raise ValueError(f"unknown all-to-all mode {mode!r}; expected one of {MODES} or 'lossy <bound>'")
+    if mode.startswith("lossy "):  # "lossy <bound>" at level 1, "lossy <bound> l2" at level 2
+        words = mode.split()
+        level = 2 if words[2:] == ["l2"] else 1
+        if len(words) > 3 or (len(words) == 3 and level != 2):
+            raise ValueError(f"unknown all-to-all mode {mode!r}; expected 'lossy <bound> [l2]'")
+        return hvd.Compression.lossy(float(words[1]), segments=segments, level=level)
+    raise ValueError(f"unknown all-to-all mode {mode!r}; expected one of {MODES} or "
+                     f"'lossy <bound> [l2]'")
 
 
 def tx_bytes():

@@ -146,12 +146,14 @@ def test_chunks_adding_up_past_the_per_call_limit_raise_everywhere():
     # A chunk of one header and one frame fits the limit alone, but not N of them: a receiver
     # of N such chunks would overflow, which no single sender sees.
     x = torch.randn(4 * N, 8, generator=torch.Generator().manual_seed(R))
-    chunk = hvd_lossy.protocol.HEADER_BYTES + hvd_lossy.compress(x[:4], 0.02).numel()
-    limit = chunk + 1  # a whole chunk fits...
+    # The alltoall's chunk: a compact header (at most 40 bytes) and one format-2 frame.
+    chunk = 40 + hvd_lossy.compress(x[:4], 0.02, format=2).numel()
     assert hvd_lossy.protocol.per_rank_limit(N) == (2 ** 31 - 1) // N
-    expect_rank_error(lambda: with_limit(limit, lambda: hvd.alltoall(x, compression=LOSSY)),
+    expect_rank_error(lambda: with_limit(chunk + 1, lambda: hvd.alltoall(x, compression=LOSSY)),
                       "exceed what one destination may take in a call", "int32")
-    expect_rank_error(lambda: with_limit(limit, lambda: hvd.allgather(x, compression=LOSSY)),
+    # The allgather's contribution: the fixed header and a frame of the whole tensor.
+    chunk = hvd_lossy.protocol.HEADER_BYTES + hvd_lossy.compress(x[:4], 0.02).numel()
+    expect_rank_error(lambda: with_limit(chunk + 1, lambda: hvd.allgather(x, compression=LOSSY)),
                       "bytes one rank may send in a call", "int32")
 
 

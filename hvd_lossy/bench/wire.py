@@ -1,0 +1,118 @@
+"""Bytes on the wire of the lossy all-to-all against plain Horovod, as the kernel counts them
+(issue #10's measurement): 2 ranks in a private network namespace, each sending 13 Criteo
+tables of dim 32 to every rank, `rows` lookups a (destination, table), one segment a table
+(`segments=13`), rel-eb 0.03 at level 2. The ratio is plain's tx bytes of the namespace's
+loopback (TCP/IP included) over the lossy mode's, per call.
+
+    python -m hvd_lossy.bench.wire [--rows 64,256,1024] [--tree label=PATH ...] [--json PATH]
+
+--tree runs the same worker against another checkout's hvd_lossy (e.g. before=/work/main), so
+two versions are compared side by side in one run. Needs root (ip netns) and mpirun.
+"""
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+from hvd_lossy.bench import netlink
+
+WORKER = pathlib.Path(__file__).resolve().parent / "netlink_worker.py"
+RANKS, TABLES, DIM = 2, 13, 32
+MODES = ["plain", "lossy 0.03 l2"]
+
+
+def size_mib(rows):
+    """The worker's per-rank message size in MiB for `rows` lookups a (destination, table)."""
+    return rows * RANKS * TABLES * DIM * 4 / 2 ** 20
+
+
+def run_tree(ns, tree, rows, iters, repeat, workdir):
+    out = workdir / f"wire_{abs(hash(tree))}.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(tree),
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    argv = [sys.executable, str(WORKER), "--modes", ",".join(MODES),
+            "--sizes", ",".join(f"{size_mib(r):.9g}" for r in rows), "--iters", str(iters),
+            "--repeat", str(repeat), "--json", str(out)]
+    cmd = ns.command(netlink.mpirun(RANKS, ["OMP_NUM_THREADS", "PYTHONPATH", "PATH"], argv))
+    proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"worker failed in {tree}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return json.loads(out.read_text())["results"]
+
+
+def summarise(results):
+    """{rows: {mode: median link bytes a call}} over the repeats."""
+    table = {}
+    for r in results:
+        if r.get("status") != "ok":
+            raise RuntimeError(f"mode {r['mode']} failed: {r.get('error')}")
+        table.setdefault(r["samples_per_rank"], {}).setdefault(r["mode"], []).append(
+            r["link_bytes_per_call"])
+    return {rows: {m: sorted(v)[len(v) // 2] for m, v in modes.items()}
+            for rows, modes in sorted(table.items())}
+
+
+def codec_alone(rows_list):
+    """Bytes of rank 0's chunk for rank 1 as the codec alone writes it (this checkout): one
+    format-1 frame a table, and one format-2 frame of 13 segments. Deterministic."""
+    import torch
+
+    import hvd_lossy
+    from hvd_lossy.bench.alltoall import message
+    from hvd_lossy.bench.criteo import load_sparse_ids
+    ids, cards = load_sparse_ids()
+    ids = torch.from_numpy(ids)
+    out = {}
+    for rows in rows_list:
+        x, _ = message(ids, cards, 0, RANKS, rows)
+        chunk = x[x.shape[0] // RANKS:].contiguous()
+        raw = chunk.numel() * 4
+        v1 = sum(hvd_lossy.compress_chunks(chunk, [rows] * TABLES, 0.03, level=2)[1])
+        v2 = hvd_lossy.compress_chunks(chunk, [rows] * TABLES, 0.03, level=2, format=2)[0].numel()
+        out[str(rows)] = {"raw": raw, "format1_bytes": v1, "format2_bytes": v2,
+                          "format1_ratio": raw / v1, "format2_ratio": raw / v2}
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m hvd_lossy.bench.wire", description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=lambda s: [int(v) for v in s.split(",")], default=[64, 256, 1024])
+    p.add_argument("--tree", action="append", default=[],
+                   help="label=PATH of an hvd_lossy checkout to measure (default: this one)")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--json", type=pathlib.Path)
+    args = p.parse_args(argv)
+    trees = [t.split("=", 1) for t in args.tree] or [["this", str(netlink.REPO)]]
+    missing = netlink.missing_requirements()
+    if missing:
+        sys.exit(f"wire: cannot run: {missing}")
+    report = {"benchmark": "wire", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "command": "python -m hvd_lossy.bench.wire " + " ".join(argv or sys.argv[1:]),
+              "ranks": RANKS, "tables": TABLES, "dim": DIM, "modes": MODES,
+              "load_average": os.getloadavg(), "trees": {}}
+    with netlink.signals_raise(), tempfile.TemporaryDirectory() as tmp, \
+            netlink.Namespace(f"hvdl-wire-{os.getpid()}") as ns:
+        for label, tree in trees:
+            per_rows = summarise(run_tree(ns, tree, args.rows, args.iters, args.repeat, pathlib.Path(tmp)))
+            report["trees"][label] = {"path": tree, "rows": {
+                str(r): dict(m, ratio=m["plain"] / m[MODES[1]]) for r, m in per_rows.items()}}
+    report["codec_alone"] = codec = codec_alone(args.rows)
+    print(f"codec alone, one destination's 13 tables: {'rows':>6} {'format 1':>9} {'format 2':>9}")
+    for r, c in codec.items():
+        print(f"{'':42}{r:>6} {c['format1_ratio']:8.2f}x {c['format2_ratio']:8.2f}x")
+    print(f"{'tree':>8} {'rows':>6} {'plain B/call':>13} {'lossy B/call':>13} {'ratio':>7}")
+    for label, t in report["trees"].items():
+        for r, m in t["rows"].items():
+            print(f"{label:>8} {r:>6} {m['plain']:13.0f} {m[MODES[1]]:13.0f} {m['ratio']:7.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

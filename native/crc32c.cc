@@ -1,0 +1,86 @@
+// CRC32C for format-2 frames: hardware (SSE4.2) when present, slicing-by-8 tables otherwise.
+#include "crc32c.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <nmmintrin.h>
+#define HL_CRC_X86 1
+#endif
+
+namespace hl {
+namespace {
+
+constexpr uint32_t kPoly = 0x82f63b78u;
+
+struct Tables {
+  uint32_t t[8][256];
+  Tables() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (kPoly & (0u - (c & 1)));
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i)
+      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xff];
+  }
+};
+
+const Tables& tables() {
+  static const Tables t;
+  return t;
+}
+
+uint32_t update_portable(uint32_t c, const uint8_t* p, uint64_t n) {
+  const Tables& T = tables();
+  while (n >= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);  // little-endian hosts only, like the rest of the codec
+    w ^= c;
+    c = T.t[7][w & 0xff] ^ T.t[6][(w >> 8) & 0xff] ^ T.t[5][(w >> 16) & 0xff] ^
+        T.t[4][(w >> 24) & 0xff] ^ T.t[3][(w >> 32) & 0xff] ^ T.t[2][(w >> 40) & 0xff] ^
+        T.t[1][(w >> 48) & 0xff] ^ T.t[0][w >> 56];
+    p += 8;
+    n -= 8;
+  }
+  while (n--) c = (c >> 8) ^ T.t[0][(c ^ *p++) & 0xff];
+  return c;
+}
+
+#ifdef HL_CRC_X86
+__attribute__((target("sse4.2"))) uint32_t update_hw(uint32_t c, const uint8_t* p, uint64_t n) {
+  uint64_t c64 = c;
+  while (n >= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    c64 = _mm_crc32_u64(c64, w);
+    p += 8;
+    n -= 8;
+  }
+  c = (uint32_t)c64;
+  while (n--) c = _mm_crc32_u8(c, *p++);
+  return c;
+}
+#endif
+
+}  // namespace
+
+bool crc32c_hardware() {
+#ifdef HL_CRC_X86
+  static const bool has = __builtin_cpu_supports("sse4.2");
+  return has;
+#else
+  return false;
+#endif
+}
+
+uint32_t crc32c_portable(const uint8_t* p, uint64_t n) { return ~update_portable(~0u, p, n); }
+
+uint32_t crc32c(const uint8_t* p, uint64_t n) {
+#ifdef HL_CRC_X86
+  if (crc32c_hardware()) return ~update_hw(~0u, p, n);
+#endif
+  return crc32c_portable(p, n);
+}
+
+}  // namespace hl

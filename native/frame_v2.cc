@@ -1,0 +1,307 @@
+// Format-2 frame headers and descriptors: layout, writing and validation (frame.h).
+#include "frame_v2.h"
+
+#include <stdio.h>
+
+#include "codec_common.h"
+#include "crc32c.h"
+
+namespace hl {
+namespace {
+
+// Bounds-checked reads of the header; every failure names the frame's field.
+class In {
+ public:
+  In(const uint8_t* p, uint64_t n) : p_(p), n_(n) {}
+  uint64_t varint(const char* what) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (pos_ >= n_) throw FrameError(std::string("frame is truncated inside its ") + what);
+      const uint8_t b = p_[pos_++];
+      if (shift == 63 && b > 1)
+        throw FrameError(std::string("frame is corrupted: ") + what + " overflows 64 bits");
+      v |= (uint64_t)(b & 0x7f) << shift;
+      if (!(b & 0x80)) {
+        if (b == 0 && shift > 0)
+          throw FrameError(std::string("frame is corrupted: overlong varint in its ") + what);
+        return v;
+      }
+    }
+    throw FrameError(std::string("frame is corrupted: ") + what + " is longer than 10 bytes");
+  }
+  uint32_t fixed(int bytes, const char* what) {
+    if (n_ - pos_ < (uint64_t)bytes)
+      throw FrameError(std::string("frame is truncated inside its ") + what);
+    uint32_t v = 0;
+    for (int i = 0; i < bytes; ++i) v |= (uint32_t)p_[pos_++] << (8 * i);
+    return v;
+  }
+  uint64_t pos() const { return pos_; }
+  uint64_t left() const { return n_ - pos_; }
+  void skip(uint64_t k) { pos_ += k; }
+
+ private:
+  const uint8_t* p_;
+  uint64_t n_;
+  uint64_t pos_ = 0;
+};
+
+uint8_t* put_fixed(uint8_t* p, uint32_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) *p++ = (uint8_t)(v >> (8 * i));
+  return p;
+}
+
+std::string num(uint64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+std::vector<int64_t> FrameV2::shape() const {
+  std::vector<int64_t> s;
+  if (ndim == 0) return s;
+  s.push_back((int64_t)rows);
+  s.insert(s.end(), trailing.begin(), trailing.end());
+  return s;
+}
+
+uint64_t FrameV2::decoded_bytes() const {
+  uint64_t n = 0;
+  for (const SegmentView& s : segs) n += s.n_rows * s.row_len;
+  return n * hl_elem_bytes(dtype);
+}
+
+uint64_t v2_frame_bytes(const uint8_t* p, uint64_t avail) {
+  In in(p, avail);
+  if (avail < HL_V2_PREFIX + 1)
+    throw FrameError("frame is truncated: " + num(avail) + " bytes, a v2 frame has at least " +
+                     num(HL_V2_PREFIX + 1));
+  in.skip(HL_V2_PREFIX);
+  const uint64_t total = in.varint("total size");
+  if (total > avail || total < in.pos())
+    throw FrameError("frame is truncated: its header says " + num(total) + " bytes, " +
+                     num(avail) + " left");
+  return total;
+}
+
+FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
+  if (!is_v2(frame, size)) throw FrameError("not an hvd_lossy v2 frame");
+  FrameV2 f;
+  In in(frame, size);
+  in.skip(3);
+  f.crc = in.fixed(4, "checksum");
+  f.total_bytes = in.varint("total size");
+  if (f.total_bytes != size)
+    throw FrameError("frame is truncated or has trailing bytes: " + num(size) +
+                     " bytes, its header says " + num(f.total_bytes));
+  const uint32_t info = in.fixed(1, "info byte");
+  f.dtype = info & 3;
+  f.ndim = (info >> 2) & 15;
+  f.seeded = info & HL_V2_SEEDED;
+  if (f.dtype > HL_BFLOAT16 || f.ndim > HL_MAX_NDIM || (info & 0x40)) {
+    char buf[80];
+    snprintf(buf, sizeof(buf), "frame is corrupted: info byte 0x%02x", info);
+    throw FrameError(buf);
+  }
+  if (f.seeded) f.seed = in.fixed(3, "dither seed");
+  uint64_t slab = 1, row_len = 1;  // rows a dim-0 entry holds; elements a row
+  for (int d = 1; d < f.ndim; ++d) {
+    const uint64_t v = in.varint("shape");
+    if (v > (1ull << 60)) throw FrameError("frame is corrupted: dimension " + num(v));
+    f.trailing.push_back((int64_t)v);
+  }
+  if (f.ndim >= 2) {
+    row_len = (uint64_t)f.trailing.back();
+    for (int d = 0; d + 2 < f.ndim; ++d)
+      if (__builtin_mul_overflow(slab, (uint64_t)f.trailing[d], &slab) || slab > (1ull << 60))
+        throw FrameError("frame is corrupted: shape overflows");
+  }
+  const uint64_t n_segs = in.varint("segment count");
+  f.header_bytes = in.pos();
+  if (n_segs > in.left() / 3)  // a descriptor has at least 3 bytes
+    throw FrameError("frame is corrupted: " + num(n_segs) + " segments in " + num(size) +
+                     " bytes");
+  if (f.ndim == 0 && n_segs != 1)
+    throw FrameError("frame is corrupted: a 0-d frame with " + num(n_segs) + " segments");
+  f.segs.resize(n_segs);
+  const uint64_t eb = hl_elem_bytes(f.dtype);
+  for (uint64_t k = 0; k < n_segs; ++k) {
+    SegmentView& s = f.segs[k];
+    const uint64_t at = in.pos();
+    s.version = 2;
+    s.dtype = f.dtype;
+    const uint32_t flags = in.fixed(1, "segment flags");
+    if (flags & ~HL_SEG_KNOWN) {
+      char buf[96];
+      snprintf(buf, sizeof(buf), "frame is corrupted: segment %llu has unknown flags 0x%02x",
+               (unsigned long long)k, flags);
+      throw FrameError(buf);
+    }
+    const bool lossless = flags & HL_SEG_LOSSLESS;
+    s.dim0 = in.varint("segment rows");
+    if (lossless && (flags & (HL_SEG_OUTLIERS | HL_SEG_DITHER)))
+      throw FrameError("frame is corrupted: lossless segment " + num(k) +
+                       " with outliers or dither");
+    if ((flags & HL_SEG_DITHER) && (!f.seeded || (flags & HL_SEG_MAP)))
+      throw FrameError("frame is corrupted: dithered segment " + num(k) +
+                       " without a seed or with a row map");
+    if (f.ndim == 0) {
+      if (s.dim0 != 1) throw FrameError("frame is corrupted: a 0-d segment of " + num(s.dim0));
+      s.n_rows = s.row_len = 1;
+    } else if (f.ndim == 1) {
+      if (s.dim0 > (1ull << 60)) throw FrameError("frame is corrupted: segment size overflows");
+      s.n_rows = 1;
+      s.row_len = s.dim0;
+    } else {
+      if (__builtin_mul_overflow(s.dim0, slab, &s.n_rows))
+        throw FrameError("frame is corrupted: segment rows overflow");
+      s.row_len = row_len;
+    }
+    uint64_t elems;
+    if (__builtin_mul_overflow(s.n_rows, s.row_len, &elems) || elems > (1ull << 60) ||
+        __builtin_add_overflow(f.rows, s.dim0, &f.rows) || f.rows > (1ull << 62))
+      throw FrameError("frame is corrupted: segment " + num(k) + " overflows");
+    s.level = (flags & HL_SEG_LEVEL2) ? 2 : 1;
+    s.flags = (uint8_t)((lossless ? HL_FLAG_LOSSLESS : 0) | ((flags & HL_SEG_REL) ? HL_FLAG_REL : 0) |
+                        ((flags & HL_SEG_MAP) ? 0 : HL_FLAG_IDENTITY_MAP) |
+                        ((flags & HL_SEG_DITHER) ? HL_FLAG_DITHER : 0));
+    s.seed = (uint32_t)((f.seed + k) % HL_DITHER_SEEDS);
+    if (!lossless) {
+      const uint32_t code = in.fixed(3, "segment bound");
+      s.eb_abs = hl_bound_of_code(code);
+      if (!(s.eb_abs > 0) || !isfinite(s.eb_abs))
+        throw FrameError("frame is corrupted: segment " + num(k) + " has bound " +
+                         std::to_string(s.eb_abs));
+    }
+    s.n_unique = s.n_rows;
+    if (flags & HL_SEG_MAP) {
+      s.n_unique = in.varint("segment unique rows");
+      if (s.n_unique == 0 || s.n_unique >= s.n_rows || s.n_rows > 0xffffffffull)
+        throw FrameError("frame is corrupted: segment " + num(k) + " has " + num(s.n_unique) +
+                         " unique rows of " + num(s.n_rows));
+    }
+    if (flags & HL_SEG_MAP_RANS) {
+      if (!(flags & HL_SEG_MAP))
+        throw FrameError("frame is corrupted: segment " + num(k) + " has a coded map but no map");
+      s.map_rans = true;
+      s.map_bytes = in.varint("segment map size");
+    }
+    if (flags & HL_SEG_OUTLIERS) {
+      s.n_outliers = in.varint("segment outliers");
+      if (s.n_outliers == 0) throw FrameError("frame is corrupted: an empty outlier section");
+    }
+    s.code_bytes = in.varint("segment code size");
+    s.bytes = in.pos() - at;
+  }
+  // Payloads: every size against the bytes left before anything is read or allocated.
+  for (uint64_t k = 0; k < n_segs; ++k) {
+    SegmentView& s = f.segs[k];
+    const uint64_t at = in.pos();
+    const uint64_t n_codes = s.n_unique * s.row_len;
+    auto fail = [&](const std::string& what) {
+      return FrameError("frame is corrupted: segment " + num(k) + " (" + num(s.n_rows) + " x " +
+                        num(s.row_len) + "): " + what);
+    };
+    if (s.map_rans) {
+      if (s.map_bytes < 4 + 4 * hl_div_up(s.n_rows, HL_RANS_CHUNK) || s.map_bytes > in.left())
+        throw fail("coded row map of " + num(s.map_bytes) + " bytes");
+      s.map = frame + in.pos();
+      in.skip(s.map_bytes);
+    } else if (!(s.flags & HL_FLAG_IDENTITY_MAP)) {
+      const uint64_t nb = hl_div_up(s.n_rows, HL_BLOCK);
+      if (nb > in.left()) throw fail("truncated row map");
+      uint64_t payload = 0;
+      for (uint64_t b = 0; b < nb; ++b) {
+        const uint8_t w = frame[in.pos() + b];
+        if (w > 32) throw fail("row map block width " + num(w));
+        payload += 4ull * w;
+      }
+      s.map = frame + in.pos();
+      s.map_bytes = nb + payload;
+      if (s.map_bytes > in.left()) throw fail("truncated row map");
+      in.skip(s.map_bytes);
+    }
+    const uint64_t min_code = s.level == 1 ? hl_div_up(n_codes, HL_BLOCK)
+                                           : 4 + 4 * hl_div_up(n_codes, HL_RANS_CHUNK);
+    if ((s.level == 2 && n_codes == 0) || s.code_bytes < min_code)
+      throw fail("code section of " + num(s.code_bytes) + " bytes, too small");
+    if (s.code_bytes > in.left()) throw fail("truncated code section");
+    s.code = frame + in.pos();
+    in.skip(s.code_bytes);
+    s.pos_bytes = v2_pos_bytes(n_codes);
+    if (s.n_outliers > n_codes) throw fail(num(s.n_outliers) + " outliers");
+    s.outlier_bytes = s.n_outliers * (s.pos_bytes + eb);
+    if (s.outlier_bytes > in.left()) throw fail("truncated outlier section");
+    s.outliers = frame + in.pos();
+    in.skip(s.outlier_bytes);
+    s.bytes += in.pos() - at;
+  }
+  if (in.left() != 0)
+    throw FrameError("frame is corrupted: " + num(in.left()) + " stray bytes after its segments");
+  return f;
+}
+
+void verify_v2(const FrameV2& f, const uint8_t* frame) {
+  const uint32_t crc = crc32c(frame + HL_V2_PREFIX, f.total_bytes - HL_V2_PREFIX);
+  if (crc != f.crc) {
+    char buf[128];
+    snprintf(buf, sizeof(buf), "frame is corrupted: CRC32C 0x%08x, its header says 0x%08x", crc,
+             f.crc);
+    throw FrameError(buf);
+  }
+}
+
+uint64_t SegmentDesc::descriptor_bytes() const {
+  uint64_t n = 1 + varint_bytes(rows) + varint_bytes(code_bytes);
+  if (!(flags & HL_SEG_LOSSLESS)) n += 3;
+  if (flags & HL_SEG_MAP) n += varint_bytes(n_unique);
+  if (flags & HL_SEG_MAP_RANS) n += varint_bytes(map_bytes);
+  if (flags & HL_SEG_OUTLIERS) n += varint_bytes(n_outliers);
+  return n;
+}
+
+namespace {
+uint64_t head_body_bytes(const HeadV2& h, size_t n_segs) {
+  uint64_t n = 1 + (h.seeded ? 3 : 0) + varint_bytes(n_segs);
+  for (int64_t d : h.trailing) n += varint_bytes((uint64_t)d);
+  return n;
+}
+}  // namespace
+
+uint64_t v2_frame_size(const HeadV2& h, const std::vector<SegmentDesc>& segs,
+                       uint64_t* header_bytes) {
+  uint64_t body = head_body_bytes(h, segs.size());
+  for (const SegmentDesc& s : segs) body += s.descriptor_bytes() + s.payload_bytes;
+  uint64_t len = 1;  // the total's own varint counts in the total
+  while (varint_bytes(HL_V2_PREFIX + len + body) > len) ++len;
+  if (header_bytes) *header_bytes = HL_V2_PREFIX + len + head_body_bytes(h, segs.size());
+  return HL_V2_PREFIX + len + body;
+}
+
+uint8_t* v2_write_head(const HeadV2& h, const std::vector<SegmentDesc>& segs, uint64_t total,
+                       uint8_t* out) {
+  uint8_t* w = out;
+  *w++ = 'H';
+  *w++ = 'V';
+  *w++ = HL_V2_VERSION;
+  w = put_fixed(w, 0, 4);  // the CRC, once the payloads are written
+  w = put_varint(w, total);
+  *w++ = (uint8_t)(h.dtype | (h.ndim << 2) | (h.seeded ? HL_V2_SEEDED : 0));
+  if (h.seeded) w = put_fixed(w, h.seed, 3);
+  for (int64_t d : h.trailing) w = put_varint(w, (uint64_t)d);
+  w = put_varint(w, segs.size());
+  for (const SegmentDesc& s : segs) {
+    *w++ = s.flags;
+    w = put_varint(w, s.rows);
+    if (!(s.flags & HL_SEG_LOSSLESS)) w = put_fixed(w, s.bound, 3);
+    if (s.flags & HL_SEG_MAP) w = put_varint(w, s.n_unique);
+    if (s.flags & HL_SEG_MAP_RANS) w = put_varint(w, s.map_bytes);
+    if (s.flags & HL_SEG_OUTLIERS) w = put_varint(w, s.n_outliers);
+    w = put_varint(w, s.code_bytes);
+  }
+  return w;
+}
+
+void v2_seal(uint8_t* frame, uint64_t total) {
+  put_fixed(frame + 3, crc32c(frame + HL_V2_PREFIX, total - HL_V2_PREFIX), 4);
+}
+
+}  // namespace hl

@@ -1,0 +1,118 @@
+// Format-2 frames (frame.h) on the host: varints, the layout of a frame's header and
+// descriptors, and the parser that validates them. The segment view is what the decoder works
+// on, for v1 frames (one segment) and v2 segments alike.
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+#include "codec.h"
+
+namespace hl {
+
+// One run of rows to decode: a v1 frame or a v2 segment. flags are HL_FLAG_* of v1.
+struct SegmentView {
+  uint8_t version = 1;  // 1: v1 rANS table and 12-byte outliers; 2: the compact ones
+  uint8_t dtype = 0, level = 1, flags = 0;
+  uint8_t pos_bytes = 8;  // bytes of an outlier's position (v2)
+  bool map_rans = false;  // v2: the map is entropy coded (HL_SEG_MAP_RANS)
+  uint32_t seed = 0;
+  double eb_abs = 0;
+  uint64_t n_rows = 0, row_len = 0, n_unique = 0, n_outliers = 0;
+  uint64_t dim0 = 0;  // dim-0 entries of the segment (rows[k] of frame.h)
+  const uint8_t* map = nullptr;
+  const uint8_t* code = nullptr;
+  const uint8_t* outliers = nullptr;
+  uint64_t map_bytes = 0, code_bytes = 0, outlier_bytes = 0;
+  uint64_t bytes = 0;  // v2: its descriptor and payload
+};
+
+// A parsed v2 frame: header fields and its segments, every size validated (not the CRC).
+struct FrameV2 {
+  uint64_t total_bytes = 0;
+  uint32_t crc = 0;
+  uint8_t dtype = 0;
+  int ndim = 0;
+  std::vector<int64_t> trailing;  // dims after dim 0
+  bool seeded = false;
+  uint32_t seed = 0;
+  uint64_t rows = 0;  // sum of the segments' dim0
+  uint64_t header_bytes = 0;  // through the n_segments field
+  std::vector<SegmentView> segs;
+  // The frame's tensor shape: (rows, *trailing), () for ndim 0.
+  std::vector<int64_t> shape() const;
+  uint64_t decoded_bytes() const;
+};
+
+inline bool is_v2(const uint8_t* p, uint64_t n) {
+  return n >= 3 && p[0] == 'H' && p[1] == 'V' && p[2] == HL_V2_VERSION;
+}
+
+// Size of the v2 frame at p, from its total_bytes; FrameError unless it fits in avail.
+uint64_t v2_frame_bytes(const uint8_t* p, uint64_t avail);
+
+// Validates the header, every descriptor and every section size of the frame of exactly size
+// bytes. Throws FrameError. Allocates only after a size is checked against the bytes present.
+FrameV2 parse_v2(const uint8_t* frame, uint64_t size);
+
+// CRC32C of the frame against its header. Throws FrameError.
+void verify_v2(const FrameV2& f, const uint8_t* frame);
+
+// ---- writing ------------------------------------------------------------------------------
+
+inline uint64_t varint_bytes(uint64_t v) {
+  uint64_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+inline uint8_t* put_varint(uint8_t* p, uint64_t v) {
+  while (v >= 0x80) {
+    *p++ = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  *p++ = (uint8_t)v;
+  return p;
+}
+// Bytes of an outlier position in a segment of n_codes codes.
+inline uint8_t v2_pos_bytes(uint64_t n_codes) {
+  uint8_t b = 1;
+  for (uint64_t m = n_codes > 0 ? n_codes - 1 : 0; m > 0xff; m >>= 8) ++b;
+  return b;
+}
+
+// A segment as the writer lays it out: descriptor fields and payload size.
+struct SegmentDesc {
+  uint8_t flags = 0;  // HL_SEG_*
+  uint64_t rows = 0;
+  uint32_t bound = 0;  // hl_bound_code, lossy only
+  uint64_t n_unique = 0, n_outliers = 0, code_bytes = 0;
+  uint64_t map_bytes = 0;      // stored only with HL_SEG_MAP_RANS
+  uint64_t payload_bytes = 0;  // map + code + outliers
+  uint64_t descriptor_bytes() const;
+};
+
+struct HeadV2 {
+  uint8_t dtype = 0;
+  int ndim = 0;
+  std::vector<int64_t> trailing;
+  bool seeded = false;
+  uint32_t seed = 0;
+};
+
+// Total size of the frame, and where the header ends (before the descriptors).
+uint64_t v2_frame_size(const HeadV2& h, const std::vector<SegmentDesc>& segs,
+                       uint64_t* header_bytes);
+// Writes the header and descriptors of a frame of `total` bytes at out; returns where the
+// first payload goes.
+uint8_t* v2_write_head(const HeadV2& h, const std::vector<SegmentDesc>& segs, uint64_t total,
+                       uint8_t* out);
+// Stores the CRC32C of the written frame.
+void v2_seal(uint8_t* frame, uint64_t total);
+
+}  // namespace hl

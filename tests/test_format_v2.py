@@ -1,0 +1,217 @@
+"""Format version 2 (native/frame.h): one compact frame whose row segments each keep their own
+bound, level, mode, map and outliers. Golden frames pin its bytes; v1 frames keep decoding."""
+import pathlib
+import struct
+import sys
+
+import pytest
+import torch
+
+import hvd_lossy
+from hvd_lossy import _C
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "golden"))
+from cases import HERE, lookups, specials  # noqa: E402
+from cases_v2 import CASES_V2, encode  # noqa: E402
+
+
+def golden(name):
+    return torch.frombuffer(bytearray((HERE / f"{name}.bin").read_bytes()), dtype=torch.uint8)
+
+
+def crc32c(data, portable=False):
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    return _C.crc32c(buf.data_ptr(), len(data), portable)
+
+
+def segments_of(x, rows):
+    out, at = [], 0
+    for r in rows:
+        out.append(x[at:at + r])
+        at += r
+    return out
+
+
+def assert_within_segment_bounds(x, y, info, rows):
+    for seg, xs, ys in zip(info["segments"], segments_of(x, rows), segments_of(y, rows)):
+        finite = torch.isfinite(xs)
+        if finite.any():
+            err = (xs[finite].double() - ys[finite].double()).abs().max().item()
+            assert err <= seg["eb_abs"], (err, seg)
+        assert torch.equal(torch.isnan(xs), torch.isnan(ys))
+        inf = torch.isinf(xs)
+        assert torch.equal(xs[inf], ys[inf])
+
+
+@pytest.mark.parametrize("name", sorted(CASES_V2))
+def test_encoder_reproduces_v2_golden_frame(name):
+    assert torch.equal(encode(name), golden(name)), f"{name}: v2 frame bytes changed"
+
+
+@pytest.mark.parametrize("name", sorted(CASES_V2))
+def test_v2_golden_frame_decodes_every_segment_within_its_bound(name):
+    make, rows, _kwargs = CASES_V2[name]
+    x = make()
+    frame = golden(name)
+    info = hvd_lossy.frame_info(frame)
+    y = hvd_lossy.decompress(frame)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert [s["rows"] for s in info["segments"]] == rows
+    assert_within_segment_bounds(x, y, info, rows)
+
+
+def test_v2_header_is_magic_version_crc32c_then_varints():
+    frame = golden("v2_f32_rel003_level2_3seg").numpy().tobytes()
+    assert frame[:3] == b"HV\x02"
+    (crc,) = struct.unpack_from("<I", frame, 3)
+    assert crc == crc32c(frame[7:])
+    info = hvd_lossy.frame_info(torch.frombuffer(bytearray(frame), dtype=torch.uint8))
+    assert info["format"] == 2 and info["checksum"] == crc and info["frame_bytes"] == len(frame)
+    assert info["header_bytes"] <= 16
+    for seg in info["segments"]:
+        descriptor = seg["segment_bytes"] - seg["map_bytes"] - seg["code_bytes"] - seg["outlier_bytes"]
+        assert descriptor <= 8  # flags, rows, 24-bit bound, code size (+ n_unique with a map)
+
+
+def test_segments_keep_their_own_bound_mode_and_dither_seed():
+    info = hvd_lossy.frame_info(golden("v2_f32_rel003_level2_3seg"))
+    x = lookups()
+    for seg, xs, rel in zip(info["segments"], segments_of(x, [40, 32, 24]), [0.03, 0.01, 0.05]):
+        want = rel * (xs.max() - xs.min()).item()
+        assert seg["mode"] == "rel" and seg["level"] in (1, 2)  # 2 only where it is smaller
+        assert want * (1 - 2 ** -15) <= seg["eb_abs"] <= want  # rounded down to 24 bits
+    dithered = hvd_lossy.frame_info(golden("v2_f16_abs001_dither_2seg"))["segments"]
+    assert [s["dither_seed"] for s in dithered] == [77, 78]
+    mixed = hvd_lossy.frame_info(golden("v2_bf16_specials_lossless_mix"))["segments"]
+    assert mixed[0]["lossless"] and not mixed[1]["lossless"]
+
+
+def test_hot_repeated_rows_get_an_entropy_coded_map_smaller_than_block_packing():
+    info = hvd_lossy.frame_info(golden("v2_f32_coded_map_level2"))
+    for seg in info["segments"]:
+        assert seg["map_coded"] and 1 < seg["n_unique"] < seg["rows"]
+        width = (seg["n_unique"] - 1).bit_length()
+        packed = (seg["rows"] + 31) // 32 * (1 + 4 * width)  # block packing, all blocks full width
+        assert seg["map_bytes"] < packed
+
+
+def test_crc32c_hardware_and_portable_agree_with_the_standard_check_value():
+    assert crc32c(b"123456789") == 0xE3069283 == crc32c(b"123456789", portable=True)
+    g = torch.Generator().manual_seed(0)
+    data = torch.randint(0, 256, (300,), generator=g, dtype=torch.uint8).numpy().tobytes()
+    for n in (0, 1, 7, 8, 9, 63, 64, 65, 300):
+        assert crc32c(data[:n]) == crc32c(data[:n], portable=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("level", [1, 2])
+def test_random_segments_decode_within_bounds_with_specials(dtype, level):
+    g = torch.Generator().manual_seed(level)
+    x = (torch.randn(200, 24, generator=g) * 0.1).to(dtype)
+    x[torch.randint(0, 200, (150,), generator=g)] = x[:150].clone()  # repeated rows: maps
+    flat = x.view(-1)
+    flat[5], flat[900], flat[3000], flat[4000] = float("nan"), float("inf"), -float("inf"), 60000
+    rows = [0, 64, 1, 100, 35]
+    buf, sizes = hvd_lossy.compress_chunks(x, rows, [0.02, 0.05, 0.0, 0.001, 0.1], level=level,
+                                           format=2)
+    assert sizes == [buf.numel()]
+    info = hvd_lossy.frame_info(buf)
+    assert_within_segment_bounds(x, hvd_lossy.decompress(buf), info, rows)
+    assert sum(s["n_outliers"] for s in info["segments"]) >= 3
+
+
+def test_every_corrupted_byte_or_truncation_raises_frame_error():
+    frame = golden("v2_bf16_specials_lossless_mix").numpy().tobytes()
+    for i in range(len(frame)):
+        bad = bytearray(frame)
+        bad[i] ^= 0x5A
+        with pytest.raises(hvd_lossy.FrameError):
+            hvd_lossy.decompress(torch.frombuffer(bad, dtype=torch.uint8))
+    for n in range(1, len(frame)):
+        with pytest.raises(hvd_lossy.FrameError):
+            hvd_lossy.decompress(torch.frombuffer(bytearray(frame[:n]), dtype=torch.uint8))
+
+
+def _varint(v):
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _sealed(body):
+    """A v2 frame around `body` (everything after total_bytes), with a correct CRC."""
+    for total_len in range(1, 11):
+        total = 7 + total_len + len(body)
+        if len(_varint(total)) == total_len:
+            break
+    rest = _varint(total) + body
+    return b"HV\x02" + struct.pack("<I", crc32c(rest)) + rest
+
+
+def test_a_frame_claiming_2_pow_40_rows_is_refused_before_allocating():
+    # f32, ndim 2, trailing 32; one lossless level-1 segment of 2^40 rows and a 1-byte code section.
+    body = bytes([0 | (2 << 2)]) + _varint(32) + _varint(1) + bytes([0x02]) + _varint(1 << 40) \
+        + _varint(1) + b"\x00"
+    frame = torch.frombuffer(bytearray(_sealed(body)), dtype=torch.uint8)
+    with pytest.raises(hvd_lossy.FrameError, match="too small"):
+        hvd_lossy.frame_info(frame)
+    with pytest.raises(hvd_lossy.FrameError):
+        hvd_lossy.decompress(frame)
+
+
+def test_a_sealed_frame_with_a_bad_field_names_it():
+    body = bytes([3 | (2 << 2)]) + _varint(4) + _varint(0)  # dtype code 3 does not exist
+    with pytest.raises(hvd_lossy.FrameError, match="info byte"):
+        hvd_lossy.frame_info(torch.frombuffer(bytearray(_sealed(body)), dtype=torch.uint8))
+
+
+def test_one_v2_frame_a_group_and_no_frame_for_an_empty_group():
+    x = lookups(rows=96, dim=32)
+    rows, groups, prefix = [30, 10, 56], [2, 0, 1], 5
+    out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, [32], groups, prefix, format=2),
+                      dtype=torch.uint8)
+    sizes = hvd_lossy.compress_grouped(x, rows, [0.03, 0.02, 0.01], groups, prefix, out,
+                                       format=2, level=2)
+    assert len(sizes) == 3
+    first = out[prefix:prefix + sizes[0] + sizes[1]]
+    assert hvd_lossy.frame_info(first)["shape"] == (40, 32)
+    at = prefix + sizes[0] + sizes[1] + 2 * prefix  # the empty group: its prefix only
+    last = out[at:at + sizes[2]]
+    assert hvd_lossy.frame_info(last)["shape"] == (56, 32)
+    assert torch.equal(hvd_lossy.decompress(last), hvd_lossy.decompress(
+        hvd_lossy.compress_chunks(x[40:], [56], 0.01, level=2, format=2)[0]))
+
+
+def test_v1_and_v2_frames_decode_side_by_side_into_one_output():
+    x = lookups(rows=96, dim=32)
+    v1, v1_sizes = hvd_lossy.compress_chunks(x[:50], [20, 30], 0.03)
+    v2, _ = hvd_lossy.compress_chunks(x[50:], [16, 30], 0.03, format=2)
+    buffer = torch.cat([v1, v2])
+    out = torch.empty(96, 32)
+    errors = hvd_lossy.decompress_into(buffer, [(0, v1.numel(), 50), (v1.numel(), v2.numel(), 46)], out)
+    assert errors == [None, None]
+    assert torch.equal(out[:50], torch.cat(list(hvd_lossy.decompress_chunks(v1, v1_sizes))))
+    assert torch.equal(out[50:], hvd_lossy.decompress(v2))
+
+
+def test_v2_source_with_rows_other_than_announced_is_a_mismatch():
+    x = lookups(rows=96, dim=32)
+    v2, _ = hvd_lossy.compress_chunks(x, [40, 56], 0.03, format=2)
+    errors = hvd_lossy.decompress_into(v2, [(0, v2.numel(), 95)], torch.empty(95, 32))
+    assert errors[0] is not None and errors[0].mismatch
+
+
+def test_v2_is_smaller_than_v1_frames_on_small_segments():
+    x = lookups(rows=96, dim=32)
+    rows = [8] * 12
+    v1, _ = hvd_lossy.compress_chunks(x, rows, 0.03, level=2)
+    v2, _ = hvd_lossy.compress_chunks(x, rows, 0.03, level=2, format=2)
+    assert v2.numel() < v1.numel() - 12 * 96  # at least a v1 header a segment saved
+
+
+def test_format_argument_is_checked():
+    with pytest.raises(ValueError, match="format must be 1 or 2"):
+        hvd_lossy.compress(torch.zeros(4, 4), 0.1, format=3)
