@@ -26,9 +26,6 @@ def is_lossy(compression):
     return isinstance(compression, LossyCompressor)
 
 
-_dither_used = 0  # seeds this process has taken from its block (see next_dither_seed)
-
-
 def dither_seed_range(used, rank, size, frames):
     """(first seed, seeds used after) for `frames` dithered frames of global rank `rank` of
     `size`, which has taken `used` seeds of its block [rank * B, (rank + 1) * B), B = 2^24 //
@@ -139,6 +136,7 @@ class LossyCompressor(Compressor):
         self.backward = _normalise_backward(backward)
         self.dither = _check_dither_setting(dither)
         self._backward_compressor = None
+        self._dither_used = 0  # seeds taken from this rank's block (next_dither_seed)
         if not isinstance(auto, bool):
             raise TypeError(f"auto must be True or False, got {auto!r}")
         self.auto = auto
@@ -149,16 +147,16 @@ class LossyCompressor(Compressor):
         i uses seed + i), or None when this compressor's own frames are not dithered.
 
         Seeds are 24 bits (they travel in the frame header), so they must repeat eventually;
-        this scheme makes that as late as it can be: global rank `rank` of `size` takes its
-        seeds in order from its own block of 2^24 // size, shared by every compressor of the
-        process, and starts the block over when a call's frames do not fit in what is left.
-        No two frames of the job share a seed until a rank has dithered 2^24 // size frames
-        (8 ranks sending 208 frames a call: the first 10,082 calls). Deterministic: runs
-        that make the same calls repeat."""
+        this scheme makes that as late as it can be: global rank `rank` of `size` takes this
+        compressor's seeds in order from its own block of 2^24 // size, and starts the block
+        over when a call's frames do not fit in what is left. No two frames this compressor
+        dithers, on any rank, share a seed until a rank has dithered 2^24 // size frames with
+        it (8 ranks sending 208 frames a call: the first 10,082 calls). Deterministic: a
+        compressor making the same calls gives the same seeds (runs repeat); two compressors
+        may reuse each other's seeds."""
         if self.dither is not True:
             return None
-        global _dither_used
-        seed, _dither_used = dither_seed_range(_dither_used, rank, size, frames)
+        seed, self._dither_used = dither_seed_range(self._dither_used, rank, size, frames)
         return seed
 
     def plan(self, splits):
