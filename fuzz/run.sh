@@ -8,7 +8,7 @@
 #   fuzz/run.sh ci                       no clang needed: every native harness built with g++
 #                                        -fsanitize=address,undefined and fuzz/replay_main.cc,
 #                                        run once over fresh seeds, fuzz/crashes/ and
-#                                        fuzz/corpus/<harness>/ (the CI regression, seconds)
+#                                        fuzz/regression/<harness>/ (the CI regression, seconds)
 #
 # Harnesses: decode (libFuzzer, native, raw bytes), decode_patched (native, checksum and
 # total_bytes patched), decode_into / decode_into_patched (the transport's decompress_into_cpu
@@ -168,7 +168,7 @@ ci() {
     "$cxx" "${CXXFLAGS[@]}" "${SAN[@]}" $flags "$src" fuzz/replay_main.cc "${objs[@]}" \
       -o "$WORK/ci/replay_$name"
     local dirs=("$WORK/ci/seeds" fuzz/crashes)
-    [ -d "fuzz/corpus/$name" ] && dirs+=("fuzz/corpus/$name")
+    [ -d "fuzz/regression/$name" ] && dirs+=("fuzz/regression/$name")
     local rc=0
     "$WORK/ci/replay_$name" "${dirs[@]}" > "$WORK/ci/$name.log" 2>&1 || rc=$?
     echo "== $name: $(tail -1 "$WORK/ci/$name.log")"

@@ -30,9 +30,8 @@ LAUNCHES = [
 def test_collectives_deliver_within_bound_and_errors_raise_on_every_rank(launcher, np):
     output = run_mpi("tests/mp/transport_run.py", np=np, args=["collectives", "errors", "process_sets"],
                      launcher=launcher, timeout=120)
-    # horovodrun prefixes each line with "[rank]<stdout>:"
-    passed = [int(r) for r in re.findall(r"^(?:\[\d+\]<stdout>:)?rank (\d+): \d+ cases passed$",
-                                         output, re.M)]
+    # horovodrun prefixes lines with "[rank]<stdout>:", and ranks' lines may run together
+    passed = [int(r) for r in re.findall(r"rank (\d+): \d+ cases passed", output)]
     assert sorted(passed) == list(range(np)), output  # every rank, each once
 
 
@@ -280,5 +279,6 @@ def test_resident_memory_stays_flat_over_lossy_alltoalls_after_warm_up():
     autograd, dither, both levels) after 200 warm-up calls; the benchmark number over 10^4
     calls is in benchmarks/RESULTS.md."""
     output = run_mpi("tests/mp/memory_flat.py", np=2, args=[600, 200], timeout=150)
-    assert sorted(re.findall(r"^rank (\d): RSS growth -?\d+ bytes over 600 calls$", output,
-                             re.M)) == ["0", "1"], output
+    # the ranks' lines may run together in the launcher's output
+    assert sorted(re.findall(r"rank (\d): RSS growth -?\d+ bytes over 600 calls", output)) \
+        == ["0", "1"], output
