@@ -190,15 +190,17 @@ def measure_ratio_real(path, rows_list, dim=128, bound=0.03, max_chunks=8):
 # ---------------------------------------------------------------- the link and compute (namespace)
 
 
-def measure_link(ns, ranks_list, limited_gbit=0.2, big_mib=2.0):
-    """Per rank count: a call's fixed cost and the unlimited loopback's payload rate; and the
-    payload share of the limited link's rate (efficiency), at the largest rank count."""
+def measure_link(ns, ranks_list, limited_gbit=0.2, big_mib=2.0, dense=None, id_rows=512):
+    """Per rank count: a call's fixed cost and the unlimited loopback's payload rate; the bytes
+    MPI's allreduce (of the val-d128 dense part) and allgather (of its ids) move over a ring's;
+    and the payload share of the limited link's rate (efficiency), at the extreme rank counts."""
+    dense = dense or dense_params(SETTINGS["val-d128"]["dim"])
     out = {"latency_s": {}, "unlimited_payload_gbit": {}, "raw": []}
     with tempfile.TemporaryDirectory() as tmp:
         def worker(ranks, big):
             path = pathlib.Path(tmp) / f"c{ranks}.json"
             argv = [sys.executable, str(REPO / "benchmarks" / "perfmodel_collectives.py"), "--big-mib", str(big),
-                    "--json", str(path)]
+                    "--dense-params", str(dense), "--id-rows", str(id_rows // ranks), "--json", str(path)]
             run = nl.run_in(ns, ranks, argv, HOROVOD, 600)
             if run["rc"] != 0:
                 raise RuntimeError(f"collectives worker failed at {ranks} ranks: {run['output'][-1500:]}")
@@ -207,10 +209,20 @@ def measure_link(ns, ranks_list, limited_gbit=0.2, big_mib=2.0):
             out["raw"].append(rec)
             return rec
         ns.set_rate(None)
+        factors = {"allreduce": [], "allgather": []}
         for ranks in ranks_list:
             rec = worker(ranks, 16.0)
             out["latency_s"][str(ranks)] = rec["latency_s"]
             out["unlimited_payload_gbit"][str(ranks)] = rec["payload_rate_bytes_s"] * 8 / 1e9
+            # link bytes over a ring's payload, over the big all-to-all's link bytes a payload byte
+            overhead = rec["link_bytes_per_call"] / rec["remote_bytes_per_call"]
+            counted = rec["counted_link_bytes_per_call"]
+            factors["allreduce"].append(counted["allreduce"] / overhead / (2 * (ranks - 1) * dense * 4))
+            factors["allgather"].append(counted["allgather"] / overhead /
+                                        (ranks * (ranks - 1) * (id_rows // ranks) * 26 * 8))
+        out["allreduce_bytes_factor"] = statistics.median(factors["allreduce"])
+        out["allgather_bytes_factor"] = statistics.median(factors["allgather"])
+        out["factor_runs"] = factors
         ns.set_rate(limited_gbit)
         effs = []
         for ranks in (min(ranks_list), max(ranks_list)):
@@ -327,6 +339,10 @@ def build_presets(calib):
                 "link": _v("shared", "the emulation: one loopback for all ranks"),
                 "latency_s": _v({"by_ranks": link.get("latency_s", {})}, "measured (calibration 'link')"),
                 "efficiency": _v(link.get("efficiency", 1.0), "measured: payload rate / tbf rate (calibration 'link')"),
+                "allreduce_bytes_factor": _v(link.get("allreduce_bytes_factor", 1.0),
+                                             "measured: MPI's allreduce bytes over a ring's (calibration 'link')"),
+                "allgather_bytes_factor": _v(link.get("allgather_bytes_factor", 1.0),
+                                             "measured: MPI's allgather bytes over a ring's (calibration 'link')"),
                 "bandwidth_gbit": _v(None, "the run's tbf rate")},
             "codec": "cpu-dev", "ratio": "dev-d128"}
     for data in ("kaggle", "terabyte"):

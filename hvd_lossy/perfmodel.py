@@ -1,7 +1,7 @@
 """When does compression pay: a calibrated model of one hybrid-parallel DLRM training step.
 
-    python -m hvd_lossy.perfmodel --ranks 8,64,1024 --bandwidth 25,100,400 --cardinalities kaggle
-    python -m hvd_lossy.perfmodel --ranks 8 --bandwidth 0.2 --preset dev-validation --json out.json
+    python -m hvd_lossy.perfmodel --preset cluster-terabyte --ranks 8,64,1024 --bandwidth 25,100,400
+    python -m hvd_lossy.perfmodel --preset dev-val-d128 --ranks 8 --bandwidth 0.2 --json out.json
 
 One step of the DLRM example (examples/dlrm/train.py) is a sum of terms, each a small function:
 
@@ -150,7 +150,8 @@ def step_terms(mode, workload, network, calibration):
             "alltoall": each owner receives only its tables' ids), sharding ("table" as the
             example, or "balanced": every rank an equal share of every table's lookups)).
         network: dict(bandwidth_gbit, link ("per_rank" | "shared"), latency_s (one
-            collective call), efficiency (payload share of the line rate)).
+            collective call), efficiency (payload share of the line rate), and optionally
+            allreduce_bytes_factor / allgather_bytes_factor (bytes moved over a ring's)).
         calibration: dict with "ratio" (per mode, "fwd" and "bwd" curves) and "codec"
             (GB/s and seconds a piece, see codec_work).
     """
@@ -197,7 +198,11 @@ def step_terms(mode, workload, network, calibration):
     else:
         ids_sent = [rows * T * ID_BYTES * (P - 1) / P] * P
         ids_recv = [len(k) * rows * ID_BYTES * (P - 1) for k in owned]
-    dense = workload["dense_params"] * FLOAT_BYTES
+    # MPI picks its own allreduce/allgather algorithms: the factors (measured on the emulated
+    # link, 1 elsewhere) are the bytes they really move over what a ring would.
+    ids_sent = [x * network.get("allgather_bytes_factor", 1.0) for x in ids_sent]
+    ids_recv = [x * network.get("allgather_bytes_factor", 1.0) for x in ids_recv]
+    dense = workload["dense_params"] * FLOAT_BYTES * network.get("allreduce_bytes_factor", 1.0)
     ring = [2 * (P - 1) / P * dense] * P
     # a shared link carries each rank's ring traffic once: the sum; a cluster the busiest rank.
     return {
@@ -267,9 +272,10 @@ def at_ranks(value, ranks, batch, name):
     raise ValueError(f"{name} must be a number, {{'by_ranks': ...}} or {{'fixed_s', 'per_row_s'}}, got {value!r}")
 
 
-def scenario(name, calibration, ranks, bandwidth_gbit, **overrides):
+def scenario(name, calibration, ranks, bandwidth_gbit, codec=None, **overrides):
     """(workload, network, resolved calibration) of preset `name` at `ranks` and
-    `bandwidth_gbit`, ready for predict(); `overrides` replace workload or network fields."""
+    `bandwidth_gbit`, ready for predict(); `codec` names another codec set of the calibration,
+    `overrides` replace workload or network fields."""
     presets = calibration["presets"]
     if name not in presets:
         raise ValueError(f"unknown preset {name!r}; the calibration has {sorted(presets)}")
@@ -283,7 +289,7 @@ def scenario(name, calibration, ranks, bandwidth_gbit, **overrides):
     workload["ranks"], network["bandwidth_gbit"] = ranks, check_positive("bandwidth_gbit", bandwidth_gbit)
     workload["compute_s"] = at_ranks(workload["compute_s"], ranks, workload["batch"], "compute_s")
     network["latency_s"] = at_ranks(network["latency_s"], ranks, workload["batch"], "latency_s")
-    resolved = {"ratio": calibration["ratio"][p["ratio"]], "codec": calibration["codec"][p["codec"]]}
+    resolved = {"ratio": calibration["ratio"][p["ratio"]], "codec": calibration["codec"][codec or p["codec"]]}
     return workload, network, resolved
 
 
@@ -301,17 +307,20 @@ def table(rows):
     return "\n".join(lines)
 
 
-def sweep(preset_name, calibration, ranks, bandwidths, modes, **overrides):
+def sweep(preset_name, calibration, ranks, bandwidths, modes, codec=None, **overrides):
     """predict() for every (ranks, bandwidth, mode), each row carrying its inputs."""
+    if codec is not None and codec not in calibration["codec"]:
+        raise ValueError(f"unknown codec {codec!r}; the calibration has {sorted(calibration['codec'])}")
     out = []
     for p in ranks:
         for g in bandwidths:
-            workload, network, resolved = scenario(preset_name, calibration, p, g, **overrides)
+            workload, network, resolved = scenario(preset_name, calibration, p, g, codec, **overrides)
             for mode in modes:
                 rec = predict(mode, workload, network, resolved)
                 inputs = dict(workload, **network)
-                inputs["cardinalities"] = overrides.get("cardinalities", calibration["presets"][preset_name]
-                                                        ["workload"]["cardinalities"])
+                inputs["cardinalities"] = calibration["presets"][preset_name]["workload"]["cardinalities"]["value"]
+                inputs["codec"] = codec or calibration["presets"][preset_name]["codec"]
+                inputs["ratio"] = calibration["presets"][preset_name]["ratio"]
                 out.append(dict(rec, ranks=p, bandwidth_gbit=g, preset=preset_name, inputs=inputs))
     return out
 
@@ -330,15 +339,15 @@ def _numbers(kind):
 
 def parser():
     p = argparse.ArgumentParser(prog="python -m hvd_lossy.perfmodel", description=__doc__.split("\n")[0])
-    p.add_argument("--preset", default="cluster-gpu",
-                   help="a workload + network + codec of the calibration (default cluster-gpu; "
+    p.add_argument("--preset", default="cluster-kaggle",
+                   help="a workload + network + codec of the calibration (default cluster-kaggle; "
                         "`--list` names them)")
     p.add_argument("--ranks", type=_numbers(int), default=[8, 64, 1024], help="rank counts (default 8,64,1024)")
     p.add_argument("--bandwidth", type=_numbers(float), default=[25, 100, 400],
                    help="link rates in Gbit/s (default 25,100,400)")
     p.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
-    p.add_argument("--cardinalities", choices=sorted(CARDINALITIES), default=None,
-                   help="published table sizes (default: the preset's)")
+    p.add_argument("--codec", default=None,
+                   help="codec rates of the calibration (default: the preset's; e.g. gpu-h200-one-launch)")
     p.add_argument("--batch", type=int, default=None, help="global batch (default: the preset's)")
     p.add_argument("--compute-ms", type=float, default=None, help="compute a step in ms (default: the preset's)")
     p.add_argument("--calibration", type=pathlib.Path, default=CALIBRATION)
@@ -358,14 +367,12 @@ def main(argv=None):
     if bad:
         parser().error(f"unknown modes {bad}; expected some of {list(MODES)}")
     overrides = {}
-    if args.cardinalities:
-        overrides["cardinalities"] = args.cardinalities
     if args.batch:
         overrides["batch"] = args.batch
     if args.compute_ms is not None:
         overrides["compute_s"] = check_positive("--compute-ms", args.compute_ms) / 1e3
     try:
-        rows = sweep(args.preset, calibration, args.ranks, args.bandwidth, args.modes, **overrides)
+        rows = sweep(args.preset, calibration, args.ranks, args.bandwidth, args.modes, args.codec, **overrides)
     except ValueError as e:
         parser().error(str(e))
     print(f"preset {args.preset}: {calibration['presets'][args.preset]['about']}")
