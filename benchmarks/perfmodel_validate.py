@@ -190,7 +190,7 @@ def measure_ratio_real(path, rows_list, dim=128, bound=0.03, max_chunks=8):
 # ---------------------------------------------------------------- the link and compute (namespace)
 
 
-def measure_link(ns, ranks_list, limited_gbit=0.2, big_mib=2.0, dense=None, id_rows=512):
+def measure_link(ns, ranks_list, limited_gbit=0.2, big_mib=8.0, dense=None, id_rows=512):
     """Per rank count: a call's fixed cost and the unlimited loopback's payload rate; the bytes
     MPI's allreduce (of the val-d128 dense part) and allgather (of its ids) move over a ring's;
     and the payload share of the limited link's rate (efficiency), at the extreme rank counts."""
@@ -227,7 +227,9 @@ def measure_link(ns, ranks_list, limited_gbit=0.2, big_mib=2.0, dense=None, id_r
         effs = []
         for ranks in (min(ranks_list), max(ranks_list)):
             rec = worker(ranks, big_mib)
-            effs.append(rec["payload_rate_bytes_s"] * 8 / 1e9 / limited_gbit)
+            # the call's fixed cost is the latency term's: only the rest is the bytes' time
+            seconds = rec["big_seconds"] - out["latency_s"][str(ranks)]
+            effs.append(rec["remote_bytes_per_call"] / seconds * 8 / 1e9 / limited_gbit)
         out["efficiency"] = statistics.mean(effs)
         out["efficiency_runs"] = effs
     return out
@@ -240,35 +242,55 @@ def run_dlrm(ns, setting, ranks, mode, tmp, tag):
     if run["rc"] != 0 or not metrics.exists():
         return {"status": "failed", "error": nl.error_of(run["output"], run["rc"])}
     step, m = read_step(metrics, SETTINGS[setting]["warmup"])
-    return {"status": "ok", "measured_s": step, "compression_ratio": m["compression_ratio"],
+    split = m["time_split"][min(SETTINGS[setting]["warmup"], len(m["time_split"]) - 1):]
+    return {"status": "ok", "measured_s": step,
+            # the step outside the all-to-all calls and the codec (train.py's own split, rank 0)
+            "outside_a2a_s": statistics.median(t["compute_s"] for t in split), "compression_ratio": m["compression_ratio"],
             "fwd_ratio": m["a2a_fwd_bytes_plain"] / m["a2a_fwd_bytes_sent"],
             "bwd_ratio": m["a2a_bwd_bytes_plain"] / m["a2a_bwd_bytes_sent"],
             "wire_bytes": run["wire_bytes"], "wall_s": run["seconds"], "loadavg": os.getloadavg()}
 
 
 def measure_compute(ns, setting, ranks_list, rounds, calibration):
-    """The example's plain step over the unlimited loopback, less the model's communication there
-    (calibrated latency, the loopback's measured payload rate): compute a step, per rank count."""
+    """Plain runs of `setting` over the unlimited loopback: {ranks: [run records]}."""
     ns.set_rate(None)
-    steps = {str(r): [] for r in ranks_list}
+    runs = {str(r): [] for r in ranks_list}
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(rounds):
             for ranks in ranks_list:
-                rec = run_dlrm(ns, setting, ranks, "plain", tmp, f"u{k}")
-                if rec["status"] != "ok":
-                    raise RuntimeError(f"plain {setting} at {ranks} ranks failed: {rec['error']}")
-                steps[str(ranks)].append(rec["measured_s"])
-                print(f"compute {setting} {ranks} ranks round {k}: {1e3 * rec['measured_s']:.1f} ms", flush=True)
+                runs[str(ranks)].append(unlimited_run(ns, setting, ranks, tmp, k))
+    return compute_from_runs(setting, runs, calibration)
+
+
+def unlimited_run(ns, setting, ranks, tmp, tag):
+    rate = ns.rate
+    ns.set_rate(None)
+    rec = run_dlrm(ns, setting, ranks, "plain", tmp, f"u{tag}")
+    ns.set_rate(rate)
+    if rec["status"] != "ok":
+        raise RuntimeError(f"plain {setting} at {ranks} ranks, unlimited, failed: {rec['error']}")
+    print(f"compute {setting} {ranks} ranks #{tag}: step {1e3 * rec['measured_s']:.1f} ms, outside the "
+          f"all-to-alls {1e3 * rec['outside_a2a_s']:.1f} ms (load {rec['loadavg'][0]:.1f})", flush=True)
+    return rec
+
+
+def compute_from_runs(setting, runs, calibration):
+    """Compute a step, per rank count: the plain step outside its all-to-all calls (train.py's
+    split; the all-to-alls' own time is measured, so the loopback's rate hardly matters), less
+    the model's ids allgather and dense allreduce over the unlimited loopback."""
     link = calibration["link"]
     out = {}
-    for ranks in ranks_list:
-        step = statistics.median(steps[str(ranks)])
-        preset = f"dev-{setting}"
-        wl, net, res = perfmodel.scenario(preset, calibration, ranks, link["unlimited_payload_gbit"][str(ranks)],
-                                          compute_s=0.0, efficiency=1.0)
-        comm = perfmodel.predict("plain", wl, net, res)["seconds"]
-        out[str(ranks)] = {"compute_s": max(step - comm, 0.0), "plain_step_unlimited_s": step,
-                           "model_comm_unlimited_s": comm, "rounds": steps[str(ranks)]}
+    for ranks, recs in runs.items():
+        outside = statistics.median(r["outside_a2a_s"] for r in recs)
+        wl, net, res = perfmodel.scenario(f"dev-{setting}", calibration, int(ranks),
+                                          link["unlimited_payload_gbit"][ranks], compute_s=0.0, efficiency=1.0,
+                                          batch=nl.batch_for(SETTINGS[setting]["batch"], int(ranks)))
+        terms = perfmodel.step_terms("plain", wl, net, res)
+        other = terms["ids"] + terms["allreduce"]
+        out[ranks] = {"compute_s": max(outside - other, 0.0), "outside_a2a_s": outside,
+                      "model_ids_allreduce_unlimited_s": other,
+                      "plain_step_unlimited_s": statistics.median(r["measured_s"] for r in recs),
+                      "runs": [{k: r[k] for k in ("measured_s", "outside_a2a_s", "loadavg")} for r in recs]}
     return out
 
 
@@ -420,9 +442,10 @@ def calibrate(opts):
             calib["presets"] = build_presets(calib)
             if "compute" in opts.parts:
                 calib.setdefault("compute", {})
-                calib["compute"]["val-d128"] = measure_compute(ns, "val-d128", opts.ranks, opts.rounds, calib)
+                # val-d128's compute is measured by `validate`, in turns with its limited runs
                 calib["compute"]["criteo-d128"] = measure_compute(ns, "criteo-d128", [2, 3], opts.rounds, calib)
-                calib["provenance"]["compute"] = provenance(f"plain runs, {opts.rounds} rounds, no qdisc")
+                calib["provenance"]["compute_criteo"] = provenance(f"criteo-d128: plain runs, {opts.rounds} "
+                                                                   f"rounds, no qdisc")
     calib["presets"] = build_presets(calib)
     calib["about"] = ("Inputs of hvd_lossy.perfmodel; every value says where it was measured or that it is "
                       "assumed (presets.*.*.source, codec.*.source, provenance)")
@@ -441,12 +464,15 @@ def predicted(setting, ranks, gbit, mode, calib):
 
 def validate(opts):
     calib = perfmodel.load_calibration()
-    runs = []
+    runs, unlimited = [], {str(r): [] for r in opts.ranks}
     with tempfile.TemporaryDirectory() as tmp, nl.signals_raise(), nl.Namespace(opts.namespace) as ns:
-        for gbit in opts.rates:
-            ns.set_rate(gbit)
+        for k in range(opts.rounds):
             for ranks in opts.ranks:
-                for k in range(opts.rounds):
+                # the compute calibration's run of this round: no qdisc, plain (the machine is
+                # shared, so calibration and validation take turns under the same load)
+                unlimited[str(ranks)].append(unlimited_run(ns, "val-d128", ranks, tmp, k))
+                for gbit in opts.rates:
+                    ns.set_rate(gbit)
                     for mode in opts.modes:  # modes take turns: noise hits them alike
                         rec = run_dlrm(ns, "val-d128", ranks, mode, tmp, f"{gbit}_{k}")
                         rec.update(ranks=ranks, bandwidth_gbit=gbit, mode=mode, round=k, setting="val-d128")
@@ -454,6 +480,12 @@ def validate(opts):
                         print(f"{gbit:g} Gbit/s, {ranks} ranks, {mode} #{k}: " + (
                             f"{1e3 * rec['measured_s']:.1f} ms/step (load {rec['loadavg'][0]:.1f})"
                             if rec["status"] == "ok" else f"FAILED {rec['error']}"), flush=True)
+    calib.setdefault("compute", {})["val-d128"] = compute_from_runs("val-d128", unlimited, calib)
+    calib["provenance"]["compute"] = provenance(
+        f"val-d128: plain runs with no qdisc, one a rank count in each of the {opts.rounds} validation rounds, "
+        f"before that round's limited runs; criteo-d128: see compute.criteo-d128")
+    calib["presets"] = build_presets(calib)
+    perfmodel.CALIBRATION.write_text(json.dumps(calib, indent=1))
     out = summarise(runs, calib)
     out["held_against_results"] = hold_against_results(calib)
     VALIDATION.write_text(json.dumps(out, indent=1))
