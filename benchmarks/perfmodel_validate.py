@@ -245,7 +245,8 @@ def run_dlrm(ns, setting, ranks, mode, tmp, tag):
     split = m["time_split"][min(SETTINGS[setting]["warmup"], len(m["time_split"]) - 1):]
     return {"status": "ok", "measured_s": step,
             # the step outside the all-to-all calls and the codec (train.py's own split, rank 0)
-            "outside_a2a_s": statistics.median(t["compute_s"] for t in split), "compression_ratio": m["compression_ratio"],
+            "outside_a2a_s": statistics.median(t["compute_s"] for t in split),
+            "codec_s": statistics.median(t["compress_s"] for t in split), "compression_ratio": m["compression_ratio"],
             "fwd_ratio": m["a2a_fwd_bytes_plain"] / m["a2a_fwd_bytes_sent"],
             "bwd_ratio": m["a2a_bwd_bytes_plain"] / m["a2a_bwd_bytes_sent"],
             "wire_bytes": run["wire_bytes"], "wall_s": run["seconds"], "loadavg": os.getloadavg()}
@@ -262,15 +263,17 @@ def measure_compute(ns, setting, ranks_list, rounds, calibration):
     return compute_from_runs(setting, runs, calibration)
 
 
-def unlimited_run(ns, setting, ranks, tmp, tag):
+def unlimited_run(ns, setting, ranks, tmp, tag, mode="plain"):
     rate = ns.rate
     ns.set_rate(None)
-    rec = run_dlrm(ns, setting, ranks, "plain", tmp, f"u{tag}")
+    rec = run_dlrm(ns, setting, ranks, mode, tmp, f"u{tag}")
     ns.set_rate(rate)
     if rec["status"] != "ok":
-        raise RuntimeError(f"plain {setting} at {ranks} ranks, unlimited, failed: {rec['error']}")
-    print(f"compute {setting} {ranks} ranks #{tag}: step {1e3 * rec['measured_s']:.1f} ms, outside the "
-          f"all-to-alls {1e3 * rec['outside_a2a_s']:.1f} ms (load {rec['loadavg'][0]:.1f})", flush=True)
+        raise RuntimeError(f"{mode} {setting} at {ranks} ranks, unlimited, failed: {rec['error']}")
+    rec["mode"] = mode
+    print(f"calibration {setting} {mode} {ranks} ranks #{tag}: step {1e3 * rec['measured_s']:.1f} ms, outside "
+          f"the all-to-alls {1e3 * rec['outside_a2a_s']:.1f} ms, codec {1e3 * rec['codec_s']:.1f} ms "
+          f"(load {rec['loadavg'][0]:.1f})", flush=True)
     return rec
 
 
@@ -280,7 +283,9 @@ def compute_from_runs(setting, runs, calibration):
     the model's ids allgather and dense allreduce over the unlimited loopback."""
     link = calibration["link"]
     out = {}
-    for ranks, recs in runs.items():
+    for ranks, both in runs.items():
+        recs = [r for r in both if r.get("mode", "plain") == "plain"]
+        lossy = [r for r in both if r.get("mode") == "lossy"]
         outside = statistics.median(r["outside_a2a_s"] for r in recs)
         wl, net, res = perfmodel.scenario(f"dev-{setting}", calibration, int(ranks),
                                           link["unlimited_payload_gbit"][ranks], compute_s=0.0, efficiency=1.0,
@@ -290,7 +295,11 @@ def compute_from_runs(setting, runs, calibration):
         out[ranks] = {"compute_s": max(outside - other, 0.0), "outside_a2a_s": outside,
                       "model_ids_allreduce_unlimited_s": other,
                       "plain_step_unlimited_s": statistics.median(r["measured_s"] for r in recs),
-                      "runs": [{k: r[k] for k in ("measured_s", "outside_a2a_s", "loadavg")} for r in recs]}
+                      "runs": [{k: r.get(k) for k in ("mode", "measured_s", "outside_a2a_s", "codec_s", "loadavg")}
+                               for r in both]}
+        if lossy:  # the lossy path's extra CPU a step in situ: its codec and what it adds outside
+            out[ranks]["codec_s"] = max(statistics.median(r["outside_a2a_s"] + r["codec_s"] for r in lossy)
+                                        - outside, 0.0)
     return out
 
 
@@ -355,6 +364,11 @@ def build_presets(calib):
                 "compute_s": _v({"by_ranks": {r: c["compute_s"] for r, c in compute.get(setting, {}).items()}},
                                 "measured: plain steps over the unlimited loopback less the model's "
                                 "communication there (calibration 'compute')"),
+                "codec_s": _v({"by_ranks": {r: c["codec_s"] for r, c in compute.get(setting, {}).items()}}
+                              if all("codec_s" in c for c in compute.get(setting, {1: {}}).values()) else None,
+                              "measured in situ: lossy steps over the unlimited loopback, codec + outside the "
+                              "all-to-alls, less plain's outside (calibration 'compute'); None: from the "
+                              "codec throughputs"),
                 "host_cores": _v(2, "dev has 2 cores"), "ids": _v("allgather", "the example"),
                 "sharding": _v("table", "the example (examples/dlrm/sharding.py)")},
             "network": {
@@ -471,6 +485,7 @@ def validate(opts):
                 # the compute calibration's run of this round: no qdisc, plain (the machine is
                 # shared, so calibration and validation take turns under the same load)
                 unlimited[str(ranks)].append(unlimited_run(ns, "val-d128", ranks, tmp, k))
+                unlimited[str(ranks)].append(unlimited_run(ns, "val-d128", ranks, tmp, k, "lossy"))
                 for gbit in opts.rates:
                     ns.set_rate(gbit)
                     for mode in opts.modes:  # modes take turns: noise hits them alike
@@ -480,10 +495,17 @@ def validate(opts):
                         print(f"{gbit:g} Gbit/s, {ranks} ranks, {mode} #{k}: " + (
                             f"{1e3 * rec['measured_s']:.1f} ms/step (load {rec['loadavg'][0]:.1f})"
                             if rec["status"] == "ok" else f"FAILED {rec['error']}"), flush=True)
+            write_validation(calib, runs, unlimited, opts, k + 1)
+
+
+def write_validation(calib, runs, unlimited, opts, rounds_done):
+    """Calibration of this validation's compute and codec, then the record: after every round,
+    so that a run cut short still leaves what it measured."""
     calib.setdefault("compute", {})["val-d128"] = compute_from_runs("val-d128", unlimited, calib)
     calib["provenance"]["compute"] = provenance(
         f"val-d128: plain runs with no qdisc, one a rank count in each of the {opts.rounds} validation rounds, "
-        f"before that round's limited runs; criteo-d128: see compute.criteo-d128")
+        f"before that round's limited runs ({rounds_done} done); lossy at no qdisc too, for codec_s; "
+        f"criteo-d128: see provenance.compute_criteo")
     calib["presets"] = build_presets(calib)
     perfmodel.CALIBRATION.write_text(json.dumps(calib, indent=1))
     out = summarise(runs, calib)

@@ -140,6 +140,15 @@ def codec_work(mode, sent, received, pieces, codec):
     return out
 
 
+def codec_term(mode, workload, sent, received, pieces, codec):
+    """The codec's seconds a step: from throughputs (codec_work), unless the workload carries the
+    codec's cost measured in situ (`codec_s`: seconds a step of the lossy path's extra CPU work,
+    codec included, in the same runs' conditions), which then stands for lossy and adaptive."""
+    if mode in ("lossy", "adaptive") and workload.get("codec_s") is not None:
+        return workload["codec_s"]
+    return cpu_seconds(codec_work(mode, sent, received, pieces, codec), workload.get("host_cores"))
+
+
 def step_terms(mode, workload, network, calibration):
     """Seconds of each term (TERMS) of one training step in `mode`.
 
@@ -148,7 +157,8 @@ def step_terms(mode, workload, network, calibration):
         workload: dict(ranks, batch (global), dim, cardinalities, dense_params, compute_s,
             host_cores (None: a processor a rank), ids ("allgather" as the example, or
             "alltoall": each owner receives only its tables' ids), sharding ("table" as the
-            example, or "balanced": every rank an equal share of every table's lookups)).
+            example, or "balanced": every rank an equal share of every table's lookups),
+            optionally codec_s (see codec_term)).
         network: dict(bandwidth_gbit, link ("per_rank" | "shared"), latency_s (one
             collective call), efficiency (payload share of the line rate), and optionally
             allreduce_bytes_factor / allgather_bytes_factor (bytes moved over a ring's)).
@@ -166,7 +176,6 @@ def step_terms(mode, workload, network, calibration):
     if B % P:
         raise ValueError(f"the global batch must split evenly over the ranks, got batch {B} over {P} ranks")
     rows = B // P
-    host = workload.get("host_cores")
     lat = network["latency_s"]
 
     if workload.get("sharding", "table") == "balanced":
@@ -211,7 +220,7 @@ def step_terms(mode, workload, network, calibration):
         "fwd_a2a": lat + link_seconds(shrink(sent, fwd_ratio), shrink(received, fwd_ratio), network),
         # gradients travel back: what a rank received it now sends
         "bwd_a2a": lat + link_seconds(shrink(received, bwd_ratio), shrink(sent, bwd_ratio), network),
-        "codec": cpu_seconds(codec_work(mode, sent, received, pieces, calibration["codec"]), host),
+        "codec": codec_term(mode, workload, sent, received, pieces, calibration["codec"]),
         "allreduce": lat + link_seconds(ring, ring, network),
     }
 
@@ -288,6 +297,8 @@ def scenario(name, calibration, ranks, bandwidth_gbit, codec=None, **overrides):
         workload["cardinalities"] = CARDINALITIES[workload["cardinalities"]]
     workload["ranks"], network["bandwidth_gbit"] = ranks, check_positive("bandwidth_gbit", bandwidth_gbit)
     workload["compute_s"] = at_ranks(workload["compute_s"], ranks, workload["batch"], "compute_s")
+    if workload.get("codec_s") is not None:
+        workload["codec_s"] = at_ranks(workload["codec_s"], ranks, workload["batch"], "codec_s")
     network["latency_s"] = at_ranks(network["latency_s"], ranks, workload["batch"], "latency_s")
     resolved = {"ratio": calibration["ratio"][p["ratio"]], "codec": calibration["codec"][codec or p["codec"]]}
     return workload, network, resolved
