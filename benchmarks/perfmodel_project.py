@@ -49,6 +49,21 @@ def markdown(rows, ranks=(8, 64, 1024)):
     return "\n".join(lines)
 
 
+def compact(rows, ranks=(8, 64, 1024), rates=(25.0, 100.0, 400.0)):
+    """README's table: lossy's (and auto's) speedup over plain, a line per (data, codec, ranks)."""
+    cell = {(r["preset"], r["inputs"]["codec"], r["bandwidth_gbit"], r["ranks"], r["mode"]): r for r in rows}
+    lines = ["| data | GPU codec | GPUs | rows a chunk | " + " | ".join(f"{g:g} Gbit/s lossy (auto)" for g in rates) + " |",
+             "|---|---|---|---|" + "---|" * len(rates)]
+    for preset in ("cluster-kaggle", "cluster-terabyte"):
+        for codec in CODECS:
+            for p in ranks:
+                cells = [f"{cell[(preset, codec, g, p, 'lossy')]['speedup']:.2f}x "
+                         f"({cell[(preset, codec, g, p, 'auto')]['speedup']:.2f}x)" for g in rates]
+                lines.append(f"| {preset[8:]} | {codec} | {p} | {cell[(preset, codec, rates[0], p, 'plain')]['rows_per_chunk']}"
+                             f" | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write_png(rows, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -78,6 +93,7 @@ def main(argv=None):
     p.add_argument("--json", type=pathlib.Path, default=None)
     p.add_argument("--png", type=pathlib.Path, default=None)
     p.add_argument("--markdown", action="store_true", help="print the RESULTS.md table")
+    p.add_argument("--compact", action="store_true", help="print the README's table")
     args = p.parse_args(argv)
     calib = perfmodel.load_calibration()
     rows = project(calib)
@@ -90,7 +106,9 @@ def main(argv=None):
     if args.png:
         write_png(rows, args.png)
         print(f"wrote {args.png}")
-    if args.markdown or not (args.json or args.png):
+    if args.compact:
+        print(compact(rows))
+    if args.markdown or not (args.json or args.png or args.compact):
         print(markdown(rows))
     return 0
 
