@@ -289,7 +289,7 @@ def compute_from_runs(setting, runs, calibration):
         outside = statistics.median(r["outside_a2a_s"] for r in recs)
         wl, net, res = perfmodel.scenario(f"dev-{setting}", calibration, int(ranks),
                                           link["unlimited_payload_gbit"][ranks], compute_s=0.0, efficiency=1.0,
-                                          batch=nl.batch_for(SETTINGS[setting]["batch"], int(ranks)))
+                                          burst_bytes=0, batch=nl.batch_for(SETTINGS[setting]["batch"], int(ranks)))
         terms = perfmodel.step_terms("plain", wl, net, res)
         other = terms["ids"] + terms["allreduce"]
         out[ranks] = {"compute_s": max(outside - other, 0.0), "outside_a2a_s": outside,
@@ -379,6 +379,7 @@ def build_presets(calib):
                                              "measured: MPI's allreduce bytes over a ring's (calibration 'link')"),
                 "allgather_bytes_factor": _v(link.get("allgather_bytes_factor", 1.0),
                                              "measured: MPI's allgather bytes over a ring's (calibration 'link')"),
+                "burst_bytes": _v(512 * 1024, "the emulation's tbf burst (hvd_lossy.bench.netlink.TBF: 512kb)"),
                 "bandwidth_gbit": _v(None, "the run's tbf rate")},
             "codec": "cpu-dev", "ratio": "dev-d128"}
     for data in ("kaggle", "terabyte"):
@@ -567,7 +568,7 @@ def same_session_compute(records, ranks, calib):
     big, small = max(b for b in plain if b <= 16 << 20), min(plain)
     lo_gbit = 2 * big / 2 / (plain[big] - plain[small]) * 8 / 1e9  # 2 ranks, half of each message remote
     wl, net, res = perfmodel.scenario("dev-criteo-d128", calib, ranks, lo_gbit, compute_s=0.0, efficiency=1.0,
-                                      batch=nl.batch_for(1024, ranks))
+                                      burst_bytes=0, batch=nl.batch_for(1024, ranks))
     comm = perfmodel.predict("plain", wl, net, res)["seconds"]
     return {"compute_s": base[0]["iter_seconds_median"] - comm, "plain_unlimited_s": base[0]["iter_seconds_median"],
             "model_comm_unlimited_s": comm, "loopback_gbit": lo_gbit}
@@ -630,6 +631,8 @@ def main(argv=None):
     else:  # re-predict the recorded validation runs with the current model and calibration
         out = json.loads(VALIDATION.read_text())
         calib = perfmodel.load_calibration()
+        calib["presets"] = build_presets(calib)
+        perfmodel.CALIBRATION.write_text(json.dumps(calib, indent=1))
         out["runs"] = summarise(out["all_runs"], calib)["runs"]
         out["held_against_results"] = hold_against_results(calib)
         VALIDATION.write_text(json.dumps(out, indent=1))

@@ -19,7 +19,8 @@ is a measured input (`calibration["ratio"]`), interpolated log-linearly in rows.
 
 Links: "per_rank" is a cluster (each rank its own full-duplex NIC of the given rate, a
 non-blocking fabric: a collective takes as long as its busiest rank's bytes); "shared" is the
-emulation on one machine (every byte of every rank crosses one loopback of that rate).
+emulation on one machine (every byte of every rank crosses one loopback of that rate, a token
+bucket whose burst passes at once after the link idled: burst_credit).
 CPU work on a "shared" host of C cores running P ranks takes max(busiest rank, total / C).
 
 Modes: plain (horovod.torch.alltoall), fp16 (Compression.fp16), lossy (rel 0.03 lookups,
@@ -161,7 +162,8 @@ def step_terms(mode, workload, network, calibration):
             optionally codec_s (see codec_term)).
         network: dict(bandwidth_gbit, link ("per_rank" | "shared"), latency_s (one
             collective call), efficiency (payload share of the line rate), and optionally
-            allreduce_bytes_factor / allgather_bytes_factor (bytes moved over a ring's)).
+            allreduce_bytes_factor / allgather_bytes_factor (bytes moved over a ring's) and
+            burst_bytes (a token bucket's burst, see burst_credit)).
         calibration: dict with "ratio" (per mode, "fwd" and "bwd" curves) and "codec"
             (GB/s and seconds a piece, see codec_work).
     """
@@ -213,16 +215,41 @@ def step_terms(mode, workload, network, calibration):
     ids_recv = [x * network.get("allgather_bytes_factor", 1.0) for x in ids_recv]
     dense = workload["dense_params"] * FLOAT_BYTES * network.get("allreduce_bytes_factor", 1.0)
     ring = [2 * (P - 1) / P * dense] * P
-    # a shared link carries each rank's ring traffic once: the sum; a cluster the busiest rank.
-    return {
-        "compute": workload["compute_s"],
-        "ids": lat + link_seconds(ids_sent, ids_recv, network),
-        "fwd_a2a": lat + link_seconds(shrink(sent, fwd_ratio), shrink(received, fwd_ratio), network),
-        # gradients travel back: what a rank received it now sends
-        "bwd_a2a": lat + link_seconds(shrink(received, bwd_ratio), shrink(sent, bwd_ratio), network),
-        "codec": codec_term(mode, workload, sent, received, pieces, calibration["codec"]),
-        "allreduce": lat + link_seconds(ring, ring, network),
-    }
+    wire = {"ids": link_seconds(ids_sent, ids_recv, network),
+            "fwd_a2a": link_seconds(shrink(sent, fwd_ratio), shrink(received, fwd_ratio), network),
+            # gradients travel back: what a rank received it now sends
+            "bwd_a2a": link_seconds(shrink(received, bwd_ratio), shrink(sent, bwd_ratio), network),
+            "allreduce": link_seconds(ring, ring, network)}
+    wire = burst_credit(wire, workload["compute_s"], network)
+    return {"compute": workload["compute_s"], "ids": lat + wire["ids"], "fwd_a2a": lat + wire["fwd_a2a"],
+            "bwd_a2a": lat + wire["bwd_a2a"],
+            "codec": codec_term(mode, workload, sent, received, pieces, calibration["codec"]),
+            "allreduce": lat + wire["allreduce"]}
+
+
+# The step's collectives in the order they leave, grouped by the compute gap before them: the
+# ids after the last step's end, the lookups after the table lookups, the gradients' all-to-all
+# and the dense allreduce together after the backward pass (Horovod queues both from it).
+BURST_GROUPS = (("ids",), ("fwd_a2a",), ("bwd_a2a", "allreduce"))
+
+
+def burst_credit(wire, compute_s, network):
+    """Wire seconds less what a token-bucket link (tc tbf, `burst_bytes`; 0 for a plain link)
+    lets through at once: while the link idles during compute the bucket refills, up to
+    burst_bytes, so the group of collectives after each gap gets min(burst, gap x rate) bytes
+    free. The compute is taken to split evenly over the three gaps (an assumption)."""
+    burst = network.get("burst_bytes", 0)
+    if not burst:
+        return wire
+    rate = network["bandwidth_gbit"] * 1e9 / 8 * network.get("efficiency", 1.0)
+    out = dict(wire)
+    for group in BURST_GROUPS:
+        credit = min(burst, compute_s / len(BURST_GROUPS) * rate) / rate  # seconds of free bytes
+        for term in group:
+            free = min(credit, out[term])
+            out[term] -= free
+            credit -= free
+    return out
 
 
 def predict(mode, workload, network, calibration):

@@ -92,6 +92,20 @@ def test_a_shared_link_carries_every_ranks_bytes_and_a_cluster_only_the_busiest_
     assert shared == pytest.approx(8 * per_rank)
 
 
+def test_a_token_bucket_link_lets_a_burst_through_free_after_compute_and_never_more():
+    w = workload(compute_s=1.0, host_cores=2)
+    bare = perfmodel.step_terms("plain", w, network(0.1, link="shared", latency_s=0.0), CALIB)
+    bucket = perfmodel.step_terms("plain", w, network(0.1, link="shared", latency_s=0.0, burst_bytes=512 * 1024),
+                                  CALIB)
+    saved = sum(bare.values()) - sum(bucket.values())
+    assert 0 < saved <= 3 * 512 * 1024 / (0.1e9 / 8) + 1e-12  # at most one burst after each of 3 gaps
+    assert all(v >= 0 for v in bucket.values())
+    no_gap = perfmodel.step_terms("plain", workload(compute_s=0.0), network(0.1, link="shared", burst_bytes=1 << 19),
+                                  CALIB)
+    assert sum(no_gap.values()) == pytest.approx(sum(perfmodel.step_terms(
+        "plain", workload(compute_s=0.0), network(0.1, link="shared"), CALIB).values()))
+
+
 def test_codec_work_of_ranks_sharing_cores_is_spread_over_them():
     own = perfmodel.step_terms("lossy", workload(host_cores=None), network(), CALIB)["codec"]
     shared = perfmodel.step_terms("lossy", workload(host_cores=2), network(), CALIB)["codec"]
