@@ -51,7 +51,7 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["hvd_lossy", "hvd_lossy.*"]),
     # the performance model's measured inputs (python -m hvd_lossy.perfmodel reads them)
-    package_data={"hvd_lossy": ["perfmodel_calibration.json"]},
+    package_data={"hvd_lossy.perfmodel": ["calibration.json"]},
     ext_modules=[CMakeExtension("hvd_lossy._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
