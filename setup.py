@@ -50,6 +50,8 @@ setup(
     long_description=(ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else "",
     long_description_content_type="text/markdown",
     packages=find_packages(include=["hvd_lossy", "hvd_lossy.*"]),
+    # the performance model's measured inputs (python -m hvd_lossy.perfmodel reads them)
+    package_data={"hvd_lossy.perfmodel": ["calibration.json"]},
     ext_modules=[CMakeExtension("hvd_lossy._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",

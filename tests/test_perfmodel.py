@@ -1,0 +1,203 @@
+"""The performance model's contract: its terms, the calibration it reads, its command line, the
+committed validation record and the README section that quotes it. No timing."""
+import json
+import math
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from hvd_lossy import perfmodel
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+VALIDATION = REPO / "benchmarks" / "results" / "perfmodel_validation.json"
+
+CURVE = {"rows": [16, 256, 4096], "ratio": [4.0, 8.0, 16.0]}
+CALIB = {"ratio": {"lossy": {"fwd": CURVE, "bwd": {"rows": [16, 4096], "ratio": [3.0, 6.0]}},
+                   "adaptive": {"fwd": CURVE, "bwd": CURVE}},
+         "codec": {"lookups": {"compress_gbps": 5.0, "decompress_gbps": 15.0, "piece_s": 2e-6},
+                   "gradients": {"compress_gbps": 3.0, "decompress_gbps": 8.0, "piece_s": 2e-6},
+                   "fp16": {"to_half_gbps": 5.0, "to_float_gbps": 3.0}, "auto_call_s": 65e-6}}
+
+
+def workload(**kw):
+    w = dict(ranks=8, batch=4096, dim=64, cardinalities=perfmodel.KAGGLE, dense_params=100_000,
+             compute_s=0.01, host_cores=None)
+    w.update(kw)
+    return w
+
+
+def network(gbit=10.0, **kw):
+    n = dict(bandwidth_gbit=gbit, link="per_rank", latency_s=1e-4, efficiency=1.0)
+    n.update(kw)
+    return n
+
+
+def test_ratio_curve_is_exact_at_measured_rows_and_log_linear_between():
+    assert perfmodel.ratio_at(CURVE, 16) == 4.0
+    assert perfmodel.ratio_at(CURVE, 256) == 8.0
+    assert perfmodel.ratio_at(CURVE, 64) == pytest.approx(6.0)  # halfway in log(rows)
+    assert 8.0 < perfmodel.ratio_at(CURVE, 1000) < 16.0
+
+
+def test_ratio_curve_is_not_extrapolated_beyond_the_measured_rows():
+    assert perfmodel.ratio_at(CURVE, 1) == 4.0
+    assert perfmodel.ratio_at(CURVE, 1_000_000) == 16.0
+
+
+@pytest.mark.parametrize("curve, match", [({"rows": [16, 16], "ratio": [1, 2]}, "ascending"),
+                                          ({"rows": [16, 32], "ratio": [1]}, "as many")])
+def test_a_malformed_ratio_curve_is_refused_naming_what_is_wrong(curve, match):
+    with pytest.raises(ValueError, match=match):
+        perfmodel.ratio_at(curve, 20)
+
+
+@pytest.mark.parametrize("mode", perfmodel.MODES)
+@pytest.mark.parametrize("link", perfmodel.LINKS)
+def test_a_faster_link_never_makes_a_step_slower(mode, link):
+    times = [perfmodel.predict(mode, workload(), network(g, link=link), CALIB)["seconds"]
+             for g in (0.1, 1, 10, 100, 1000)]
+    assert all(b <= a for a, b in zip(times, times[1:])), times
+
+
+def test_compression_pays_on_a_slow_link_and_not_on_a_fast_one():
+    slow = perfmodel.predict("lossy", workload(), network(0.5), CALIB)
+    fast = perfmodel.predict("lossy", workload(), network(1e5), CALIB)
+    assert slow["speedup"] > 1.5 and fast["speedup"] < 1.0
+
+
+def test_plain_is_its_own_baseline():
+    assert perfmodel.predict("plain", workload(), network(), CALIB)["speedup"] == 1.0
+
+
+def test_the_dominant_term_is_the_all_to_all_on_a_slow_link_and_compute_on_a_fast_one():
+    assert perfmodel.predict("plain", workload(), network(0.1), CALIB)["dominant"] == "a2a"
+    assert perfmodel.predict("plain", workload(compute_s=1.0), network(1e4), CALIB)["dominant"] == "compute"
+
+
+def test_bytes_of_a_compressed_all_to_all_follow_the_ratio_at_rows_a_chunk():
+    w, n = workload(dim=64, batch=8 * 256), network(1.0, latency_s=0.0)  # 256 rows a chunk: ratio 8
+    plain = perfmodel.step_terms("plain", w, n, CALIB)["fwd_a2a"]
+    lossy = perfmodel.step_terms("lossy", w, n, CALIB)["fwd_a2a"]
+    assert lossy == pytest.approx(plain / 8.0)
+
+
+def test_a_shared_link_carries_every_ranks_bytes_and_a_cluster_only_the_busiest_ranks():
+    w = workload(sharding="balanced")
+    shared = perfmodel.step_terms("plain", w, network(1.0, link="shared", latency_s=0.0), CALIB)["fwd_a2a"]
+    per_rank = perfmodel.step_terms("plain", w, network(1.0, latency_s=0.0), CALIB)["fwd_a2a"]
+    assert shared == pytest.approx(8 * per_rank)
+
+
+def test_a_token_bucket_link_lets_a_burst_through_free_after_compute_and_never_more():
+    w = workload(compute_s=1.0, host_cores=2)
+    bare = perfmodel.step_terms("plain", w, network(0.1, link="shared", latency_s=0.0), CALIB)
+    bucket = perfmodel.step_terms("plain", w, network(0.1, link="shared", latency_s=0.0, burst_bytes=512 * 1024),
+                                  CALIB)
+    saved = sum(bare.values()) - sum(bucket.values())
+    assert 0 < saved <= 3 * 512 * 1024 / (0.1e9 / 8) + 1e-12  # at most one burst after each of 3 gaps
+    assert all(v >= 0 for v in bucket.values())
+    no_gap = perfmodel.step_terms("plain", workload(compute_s=0.0), network(0.1, link="shared", burst_bytes=1 << 19),
+                                  CALIB)
+    assert sum(no_gap.values()) == pytest.approx(sum(perfmodel.step_terms(
+        "plain", workload(compute_s=0.0), network(0.1, link="shared"), CALIB).values()))
+
+
+def test_codec_work_of_ranks_sharing_cores_is_spread_over_them():
+    own = perfmodel.step_terms("lossy", workload(host_cores=None), network(), CALIB)["codec"]
+    shared = perfmodel.step_terms("lossy", workload(host_cores=2), network(), CALIB)["codec"]
+    assert shared > own
+
+
+def test_auto_costs_at_most_the_faster_path_plus_its_calls():
+    for g in (0.5, 1e5):
+        w, n = workload(), network(g)
+        auto = perfmodel.predict("auto", w, n, CALIB)
+        best = min(perfmodel.predict(m, w, n, CALIB)["seconds"] for m in ("plain", "lossy"))
+        assert auto["seconds"] == pytest.approx(best + 2 * CALIB["codec"]["auto_call_s"])
+
+
+@pytest.mark.parametrize("kw, match", [(dict(ranks=1), "ranks must be an int >= 2"),
+                                       (dict(batch=1000, ranks=3), "split evenly")])
+def test_bad_workloads_are_refused_with_the_value(kw, match):
+    with pytest.raises(ValueError, match=match):
+        perfmodel.predict("plain", workload(**kw), network(), CALIB)
+
+
+def test_an_unknown_mode_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        perfmodel.predict("zstd", workload(), network(), CALIB)
+
+
+def test_every_committed_preset_input_says_where_it_came_from():
+    calib = perfmodel.load_calibration()
+    for name, p in calib["presets"].items():
+        for part in ("workload", "network"):
+            for key, field in p[part].items():
+                assert field["source"].startswith(("measured", "assumed", "counted", "published", "the ",
+                                                   "a ", "dev ")), (name, key, field)
+
+
+def test_the_cli_prints_a_table_and_writes_json(tmp_path):
+    out = tmp_path / "p.json"
+    proc = subprocess.run([sys.executable, "-m", "hvd_lossy.perfmodel", "--ranks", "8,64", "--bandwidth", "25",
+                           "--json", str(out)], capture_output=True, text=True, cwd=REPO, check=True)
+    assert "speedup" in proc.stdout
+    rows = json.loads(out.read_text())["predictions"]
+    assert {(r["ranks"], r["mode"]) for r in rows} == {(p, m) for p in (8, 64) for m in perfmodel.MODES}
+    assert all(r["seconds"] > 0 and r["dominant"] in ("compute", "ids", "a2a", "codec", "allreduce") for r in rows)
+
+
+def test_the_cli_refuses_a_bandwidth_that_is_not_positive():
+    proc = subprocess.run([sys.executable, "-m", "hvd_lossy.perfmodel", "--bandwidth", "0"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2 and "values > 0" in proc.stderr
+
+
+def test_the_validation_record_has_the_documented_schema_and_at_least_six_runs_including_8_ranks():
+    record = json.loads(VALIDATION.read_text())
+    runs = record["runs"]
+    assert len(runs) >= 6 and any(r["ranks"] == 8 for r in runs)
+    for r in runs:
+        assert {"ranks", "bandwidth_gbit", "mode", "measured_s", "predicted_s"} <= set(r)
+        assert r["mode"] in perfmodel.MODES and r["measured_s"] > 0 and r["predicted_s"] > 0
+        assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
+
+
+def test_the_recorded_predictions_are_the_committed_model_on_the_committed_calibration():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import perfmodel_validate
+    calib = perfmodel.load_calibration()
+    for r in json.loads(VALIDATION.read_text())["runs"]:
+        again = perfmodel_validate.predicted(r["setting"], r["ranks"], r["bandwidth_gbit"], r["mode"], calib)
+        assert again["seconds"] == pytest.approx(r["predicted_s"], rel=1e-9)
+
+
+def readme_commands():
+    text = (REPO / "README.md").read_text()
+    section = text.split("## When does compression pay?", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(?:bash|sh)\n(.*?)```", section, flags=re.S)
+    return [line for block in blocks for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_the_readme_section_has_commands():
+    assert readme_commands()
+
+
+@pytest.mark.parametrize("command", readme_commands() if "## When does compression pay?" in
+                         (REPO / "README.md").read_text() else [])
+def test_every_command_of_the_readme_section_runs_as_written(command, tmp_path):
+    argv = shlex.split(command)
+    assert argv[0] == "python", f"README commands start with python, got {command!r}"
+    proc = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_projection_speedup_is_finite_for_every_published_cardinality_set():
+    calib = perfmodel.load_calibration()
+    for data in perfmodel.CARDINALITIES:
+        rows = perfmodel.sweep(f"cluster-{data}", calib, [8, 1024], [25, 400], perfmodel.MODES)
+        assert all(math.isfinite(r["speedup"]) and r["speedup"] > 0 for r in rows)
