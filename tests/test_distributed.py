@@ -8,6 +8,11 @@ exchange as hvd_lossy.torch. The contracts live as named cases in the torchrun w
       returns with the splits reversed under the backward setting; the reference DLRM's
       flattened [batch, tables x dim] layout (row_len=, tables=) keeps each table's bound in
       both directions and dedups within each table.
+  adaptive: the controller exchanges its statistics over the process group (no mpi4py, no
+      Horovod) and keeps each table's bound on the flattened layout, forward and backward.
+  dlrm: a hybrid-parallel DLRM written the torch.distributed way (custom autograd All2All
+      around all_to_all_single(async_op=True)), switched by one import and compression=: with
+      Compression.none its losses equal the plain torch.distributed run's exactly.
 """
 import pytest
 import torch
@@ -21,9 +26,9 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("np", [2, 3])
-def test_all_to_all_single_under_torchrun_gloo(np):
-    output = run_mpi("tests/mp/dist_run.py", np=np, args=["collectives"], launcher="torchrun",
-                     timeout=120)
+def test_all_to_all_single_adaptive_and_dlrm_under_torchrun_gloo(np):
+    output = run_mpi("tests/mp/dist_run.py", np=np, args=["collectives", "adaptive", "dlrm"],
+                     launcher="torchrun", timeout=150)
     for rank in range(np):
         assert f"rank {rank}: " in output and "cases passed" in output, output
 
@@ -31,7 +36,8 @@ def test_all_to_all_single_under_torchrun_gloo(np):
 def test_mpi_backend_is_tested_where_torch_has_it():
     if not torch.distributed.is_mpi_available():
         pytest.skip("this torch build has no MPI backend (the CPU wheel is built without it)")
-    output = run_mpi("tests/mp/dist_run.py", np=2, args=["--backend", "mpi", "collectives"])
+    output = run_mpi("tests/mp/dist_run.py", np=2,
+                     args=["--backend", "mpi", "collectives", "adaptive", "dlrm"])
     assert "rank 1: " in output and "cases passed" in output, output
 
 
