@@ -51,3 +51,26 @@ def test_compressor_layout_settings_round_trip_and_refuse_bad_values():
         Compression.lossy(0.03, row_len=0)
     with pytest.raises(ValueError, match="tables and segments name the same setting"):
         Compression.lossy(0.03, tables=2, segments=2)
+
+
+def _readme_section():
+    import pathlib
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("### Port your torch.distributed script", 1)[1].split("\n## ", 1)[0]
+    blocks = section.split("```")
+    return {blocks[i].split("\n", 1)[0]: blocks[i].split("\n", 1)[1] for i in range(1, len(blocks), 2)}
+
+
+def test_readme_torch_distributed_snippet_is_the_example_and_its_command_runs():
+    import pathlib
+    import shlex
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    blocks = _readme_section()
+    example = (repo / "examples/port_torch_distributed.py").read_text()
+    for line in blocks["python"].strip().splitlines():  # the snippet's lines, verbatim
+        assert line in example, line
+    (command,) = blocks["bash"].strip().splitlines()
+    argv = shlex.split(command)
+    assert argv[0] == ".venv/bin/torchrun" and argv[1:4] == ["--standalone", "--nproc_per_node", "2"]
+    output = run_mpi(argv[4], np=2, launcher="torchrun", timeout=120)
+    assert "rank 0: received" in output and "rank 1: received" in output, output
