@@ -61,6 +61,7 @@ def _readme_section():
     return {blocks[i].split("\n", 1)[0]: blocks[i].split("\n", 1)[1] for i in range(1, len(blocks), 2)}
 
 
+@pytest.mark.mpi
 def test_readme_torch_distributed_snippet_is_the_example_and_its_command_runs():
     import pathlib
     import shlex
