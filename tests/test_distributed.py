@@ -75,3 +75,19 @@ def test_readme_torch_distributed_snippet_is_the_example_and_its_command_runs():
     assert argv[0] == ".venv/bin/torchrun" and argv[1:4] == ["--standalone", "--nproc_per_node", "2"]
     output = run_mpi(argv[4], np=2, launcher="torchrun", timeout=120)
     assert "rank 0: received" in output and "rank 1: received" in output, output
+
+
+@pytest.mark.mpi
+def test_dlrm_example_on_the_torch_backend_with_none_equals_plain_torch_distributed(tmp_path):
+    import json
+    runs = {}
+    for label, flags in (("plain", ["--plain-horovod"]), ("none", ["--compression", "none"])):
+        path = tmp_path / f"{label}.json"
+        run_mpi("examples/dlrm/train.py", np=2, launcher="torchrun", timeout=180,
+                args=["--backend", "torch", "--steps", "4", "--batch-size", "256", "--eval-points",
+                      "0", "--no-progress", "--metrics-out", path, *flags])
+        runs[label] = json.loads(path.read_text())
+    for key in ("auc", "logloss", "loss_curve", "a2a_bytes_plain", "a2a_bytes_sent",
+                "data_checksum"):
+        assert runs["none"][key] == runs["plain"][key], key
+    assert runs["none"]["world"] == 2 and runs["none"]["steps"] == 4
