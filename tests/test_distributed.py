@@ -70,11 +70,15 @@ def test_readme_torch_distributed_snippet_is_the_example_and_its_command_runs():
     example = (repo / "examples/port_torch_distributed.py").read_text()
     for line in blocks["python"].strip().splitlines():  # the snippet's lines, verbatim
         assert line in example, line
-    (command,) = blocks["bash"].strip().splitlines()
-    argv = shlex.split(command)
-    assert argv[0] == ".venv/bin/torchrun" and argv[1:4] == ["--standalone", "--nproc_per_node", "2"]
-    output = run_mpi(argv[4], np=2, launcher="torchrun", timeout=120)
-    assert "rank 0: received" in output and "rank 1: received" in output, output
+    commands = blocks["bash"].strip().replace("\\\n", " ").splitlines()
+    assert len(commands) == 2, commands
+    outputs = []
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[0] == ".venv/bin/torchrun" and argv[1:4] == ["--standalone", "--nproc_per_node", "2"]
+        outputs.append(run_mpi(argv[4], np=2, args=argv[5:], launcher="torchrun", timeout=180))
+    assert "rank 0: received" in outputs[0] and "rank 1: received" in outputs[0], outputs[0]
+    assert "auc " in outputs[1] and "steps 20" in outputs[1], outputs[1]
 
 
 @pytest.mark.mpi
