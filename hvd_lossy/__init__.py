@@ -5,7 +5,8 @@ The codec works without Horovod::
     frame = hvd_lossy.compress(lookups, 0.03)          # relative bound: 3% of the value range
     restored = hvd_lossy.decompress(frame)
 
-The Horovod drop-in is ``import hvd_lossy.torch as hvd``.
+The Horovod drop-in is ``import hvd_lossy.torch as hvd``; for torch.distributed code,
+``import hvd_lossy.distributed as dist``.
 """
 from ._codec import (
     DITHER_SEEDS,

@@ -8,6 +8,11 @@ exchange as hvd_lossy.torch. The contracts live as named cases in the torchrun w
       returns with the splits reversed under the backward setting; the reference DLRM's
       flattened [batch, tables x dim] layout (row_len=, tables=) keeps each table's bound in
       both directions and dedups within each table.
+  adaptive: the controller exchanges its statistics over the process group (no mpi4py, no
+      Horovod) and keeps each table's bound on the flattened layout, forward and backward.
+  dlrm: a hybrid-parallel DLRM written the torch.distributed way (custom autograd All2All
+      around all_to_all_single(async_op=True)), switched by one import and compression=: with
+      Compression.none its losses equal the plain torch.distributed run's exactly.
 """
 import pytest
 import torch
@@ -21,9 +26,9 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("np", [2, 3])
-def test_all_to_all_single_under_torchrun_gloo(np):
-    output = run_mpi("tests/mp/dist_run.py", np=np, args=["collectives"], launcher="torchrun",
-                     timeout=120)
+def test_all_to_all_single_adaptive_and_dlrm_under_torchrun_gloo(np):
+    output = run_mpi("tests/mp/dist_run.py", np=np, args=["collectives", "adaptive", "dlrm"],
+                     launcher="torchrun", timeout=150)
     for rank in range(np):
         assert f"rank {rank}: " in output and "cases passed" in output, output
 
@@ -31,7 +36,8 @@ def test_all_to_all_single_under_torchrun_gloo(np):
 def test_mpi_backend_is_tested_where_torch_has_it():
     if not torch.distributed.is_mpi_available():
         pytest.skip("this torch build has no MPI backend (the CPU wheel is built without it)")
-    output = run_mpi("tests/mp/dist_run.py", np=2, args=["--backend", "mpi", "collectives"])
+    output = run_mpi("tests/mp/dist_run.py", np=2,
+                     args=["--backend", "mpi", "collectives", "adaptive", "dlrm"])
     assert "rank 1: " in output and "cases passed" in output, output
 
 
@@ -45,3 +51,47 @@ def test_compressor_layout_settings_round_trip_and_refuse_bad_values():
         Compression.lossy(0.03, row_len=0)
     with pytest.raises(ValueError, match="tables and segments name the same setting"):
         Compression.lossy(0.03, tables=2, segments=2)
+
+
+def _readme_section():
+    import pathlib
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("### Port your torch.distributed script", 1)[1].split("\n## ", 1)[0]
+    blocks = section.split("```")
+    return {blocks[i].split("\n", 1)[0]: blocks[i].split("\n", 1)[1] for i in range(1, len(blocks), 2)}
+
+
+@pytest.mark.mpi
+def test_readme_torch_distributed_snippet_is_the_example_and_its_command_runs():
+    import pathlib
+    import shlex
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    blocks = _readme_section()
+    example = (repo / "examples/port_torch_distributed.py").read_text()
+    for line in blocks["python"].strip().splitlines():  # the snippet's lines, verbatim
+        assert line in example, line
+    commands = blocks["bash"].strip().replace("\\\n", " ").splitlines()
+    assert len(commands) == 2, commands
+    outputs = []
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[0] == ".venv/bin/torchrun" and argv[1:4] == ["--standalone", "--nproc_per_node", "2"]
+        outputs.append(run_mpi(argv[4], np=2, args=argv[5:], launcher="torchrun", timeout=180))
+    assert "rank 0: received" in outputs[0] and "rank 1: received" in outputs[0], outputs[0]
+    assert "auc " in outputs[1] and "steps 20" in outputs[1], outputs[1]
+
+
+@pytest.mark.mpi
+def test_dlrm_example_on_the_torch_backend_with_none_equals_plain_torch_distributed(tmp_path):
+    import json
+    runs = {}
+    for label, flags in (("plain", ["--plain-horovod"]), ("none", ["--compression", "none"])):
+        path = tmp_path / f"{label}.json"
+        run_mpi("examples/dlrm/train.py", np=2, launcher="torchrun", timeout=180,
+                args=["--backend", "torch", "--steps", "4", "--batch-size", "256", "--eval-points",
+                      "0", "--no-progress", "--metrics-out", path, *flags])
+        runs[label] = json.loads(path.read_text())
+    for key in ("auc", "logloss", "loss_curve", "a2a_bytes_plain", "a2a_bytes_sent",
+                "data_checksum"):
+        assert runs["none"][key] == runs["plain"][key], key
+    assert runs["none"]["world"] == 2 and runs["none"]["steps"] == 4

@@ -107,7 +107,12 @@ def parser():
                    help="evaluation lookups: uncompressed (default; measures the trained model) or "
                         "through the training compressor")
     c.add_argument("--plain-horovod", action="store_true",
-                   help="use horovod.torch.alltoall directly (reference for --compression none)")
+                   help="use the library's own all-to-all directly: horovod.torch.alltoall, or "
+                        "torch.distributed.all_to_all_single with --backend torch (reference for "
+                        "--compression none)")
+    c.add_argument("--backend", choices=["horovod", "torch"], default="horovod",
+                   help="collectives: horovod (launch with mpirun) or torch.distributed with gloo "
+                        "(launch with torchrun); the same model, data and frames")
 
     o = p.add_argument_group("output")
     o.add_argument("--label", default=None, help="name of this run in the metrics (default: --compression)")

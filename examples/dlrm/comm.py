@@ -12,25 +12,26 @@ destination but the rank itself. Totals are summed over ranks.
 
 import contextlib
 
-import horovod.torch as hvd
 import numpy as np
 import torch
 
+import backend
 import data
+from backend import hvd
 
 _KEYS = ("raw_bytes", "wire_bytes", "meta_bytes", "compress_s", "comm_s", "decompress_s")
 
 
 def backward_setting(args):
     """--backward-error-bound as the compressors' `backward` argument."""
-    from hvd_lossy.torch import Compression
+    from hvd_lossy.compression import Compression
     b = args.backward_error_bound
     return {"none": None, "fp16": Compression.fp16}.get(b, b) if isinstance(b, str) else b
 
 
 def make_compression(args, owners, rank, world, cardinalities, total_steps):
     """(compressor, controller or None) for --compression; ValueError for bad settings."""
-    from hvd_lossy.torch import Compression
+    from hvd_lossy.compression import Compression
     backward = backward_setting(args)
     dither = {"none": False, "backward": "backward", "all": True}[args.dither]
     auto = args.auto
@@ -83,8 +84,7 @@ class Link:
         self.controller = None
         self.compression = None
         if not self.plain:
-            import hvd_lossy.torch as lossy_hvd
-            self._lossy = lossy_hvd
+            self._lossy = backend.lossy()  # hvd_lossy.torch, or hvd_lossy.distributed
             try:
                 self.compression, self.controller = make_compression(
                     args, owners, rank, world, cardinalities, total_steps)

@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import horovod.torch as hvd  # noqa: E402
 
+import backend  # noqa: E402
 import cli  # noqa: E402
 import comm  # noqa: E402
 import data  # noqa: E402
@@ -33,6 +33,7 @@ import metrics  # noqa: E402
 import sharding  # noqa: E402
 import sources  # noqa: E402
 from exchange import EmbeddingExchange  # noqa: E402
+from backend import hvd  # noqa: E402
 from model import DenseArch, LocalTables  # noqa: E402
 
 
@@ -213,6 +214,7 @@ def summary_line(r):
 
 def main(argv=None):
     args = cli.parser().parse_args(argv)
+    backend.use(args.backend)
     hvd.init()
     try:
         result = train(args)
@@ -224,6 +226,7 @@ def main(argv=None):
     if hvd.rank() == 0:
         write_outputs(args, result)
         print(summary_line(result))
+    backend.finish()
 
 
 if __name__ == "__main__":

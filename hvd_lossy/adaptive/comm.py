@@ -1,4 +1,5 @@
-"""Collectives for the controller: mpi4py when it shares Horovod's world, else Horovod's own.
+"""Collectives for the controller: mpi4py when it shares Horovod's world, else Horovod's own;
+torch.distributed's default group when Horovod is not initialised and torch.distributed is.
 
 The controller needs two collectives, both blocking and called by every rank in the same order:
 ``allgather_array`` (fixed-shape float64/int64 numpy arrays, the statistics) and
@@ -13,7 +14,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["resolve_comm", "LocalComm", "MPIComm", "HorovodComm"]
+__all__ = ["resolve_comm", "LocalComm", "MPIComm", "HorovodComm", "TorchComm"]
 
 
 class LocalComm:
@@ -91,6 +92,40 @@ class HorovodComm:
         return [pickle.loads(blob[offsets[i]:offsets[i + 1]].tobytes()) for i in range(self.size)]
 
 
+class TorchComm:
+    """A torch.distributed process group (None: the default group), e.g. under torchrun: no
+    mpi4py or Horovod needed."""
+
+    name = "torch"
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+
+        self.dist, self.group = dist, group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+
+    def allgather_array(self, array):
+        import torch
+
+        array = np.ascontiguousarray(array)
+        mine = torch.from_numpy(array.reshape(-1).copy())
+        out = torch.empty(self.size * mine.numel(), dtype=mine.dtype)
+        self.dist.all_gather_into_tensor(out, mine, group=self.group)
+        return out.numpy().reshape((self.size,) + array.shape)
+
+    def allgather_object(self, obj):
+        out = [None] * self.size
+        self.dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+
+def _torch_world():
+    """True when torch.distributed is initialised (and so may carry the statistics)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
 _warned_fallback = False
 
 
@@ -111,8 +146,9 @@ def resolve_comm(comm=None, process_set=None):
     """The controller's communicator.
 
     Arguments:
-        comm: None (automatic), ``"mpi"`` (mpi4py COMM_WORLD), ``"horovod"``, ``"local"`` (one
-            process), an mpi4py communicator, or an object with ``rank``, ``size``,
+        comm: None (automatic), ``"mpi"`` (mpi4py COMM_WORLD), ``"horovod"``, ``"torch"``
+            (torch.distributed's default group), ``"local"`` (one process), an mpi4py
+            communicator, a ``TorchComm(group)``, or an object with ``rank``, ``size``,
             ``allgather_array`` and ``allgather_object``.
         process_set: a Horovod ProcessSet: the controller talks over that set only (Horovod's
             collectives), and its ranks are the ranks within the set, as in the all-to-alls
@@ -121,7 +157,8 @@ def resolve_comm(comm=None, process_set=None):
     Returns:
         An object with ``rank``, ``size``, ``name``, ``allgather_array``, ``allgather_object``.
 
-    Automatic: without an initialised Horovod, mpi4py's COMM_WORLD (one process without mpi4py).
+    Automatic: without an initialised Horovod, torch.distributed's default group if it is
+    initialised, else mpi4py's COMM_WORLD (one process without mpi4py).
     With Horovod, mpi4py's COMM_WORLD if it holds the same ranks in the same order, else Horovod's
     collectives, with a one-time warning.
     """
@@ -139,11 +176,13 @@ def resolve_comm(comm=None, process_set=None):
             return LocalComm()
         if comm == "horovod":
             return HorovodComm()
+        if comm == "torch":
+            return TorchComm()
         if comm == "mpi":
             from mpi4py import MPI
 
             return MPIComm(MPI.COMM_WORLD)
-        raise ValueError(f"comm must be 'mpi', 'horovod', 'local', None or a communicator, "
+        raise ValueError(f"comm must be 'mpi', 'horovod', 'torch', 'local', None or a communicator, "
                          f"got {comm!r}")
     if hasattr(comm, "Allgather") and hasattr(comm, "Get_size"):
         return MPIComm(comm)
@@ -156,6 +195,8 @@ def resolve_comm(comm=None, process_set=None):
 def _auto_comm():
     global _warned_fallback
     hvd_world = _horovod_world()
+    if hvd_world is None and _torch_world():
+        return TorchComm()
     try:
         from mpi4py import MPI
 

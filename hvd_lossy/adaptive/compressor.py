@@ -77,6 +77,9 @@ class AdaptiveCompressor(LossyCompressor):
             float dithers when this is True or ``"backward"``.
         auto: compress only where it pays, as ``LossyCompressor``'s ``auto``; the backward
             compressor built here inherits it.
+        row_len: the embedding dim of hvd_lossy.distributed's flattened layout (chunks
+            ``[rows, tables x row_len]``, see ``LossyCompressor``); the tables of each chunk are
+            ``tables``' (forward) and ``controller.tables_of(r)``'s (backward), as above.
 
     Rows per table are the chunk's rows divided by its number of tables; a chunk that does not
     divide evenly raises ValueError. Outside an alltoall (``compress(tensor)``, for allgather or
@@ -86,9 +89,9 @@ class AdaptiveCompressor(LossyCompressor):
     codec_id = "adaptive"
 
     def __init__(self, controller, tables, backward=TABLE, level=1, dedup=True, observe=True,
-                 bound=TABLE, direction="forward", dither=False, auto=False):
+                 bound=TABLE, direction="forward", dither=False, auto=False, row_len=None):
         super().__init__(controller.base, mode=controller.mode, level=level, backward=None,
-                         dedup=dedup, dither=dither, auto=auto)
+                         dedup=dedup, dither=dither, auto=auto, row_len=row_len)
         self.controller = controller
         self.tables = self._check_tables(tables)
         self.backward = _check_backward(backward)
@@ -216,7 +219,7 @@ class AdaptiveCompressor(LossyCompressor):
             self._backward_compressor = AdaptiveCompressor(
                 self.controller, layouts, backward=None, level=self.level, dedup=self.dedup,
                 observe=self.observe, bound=self.backward, direction="backward",
-                dither=bool(self.dither), auto=self.auto)
+                dither=bool(self.dither), auto=self.auto, row_len=self.row_len)
         return self._backward_compressor
 
     def agreement(self):
@@ -239,10 +242,13 @@ class AdaptiveCompressor(LossyCompressor):
             backward = "fp16"
         elif isinstance(backward, LossyCompressor):
             backward = backward.get_config()
-        return {"id": self.codec_id, "controller": self.controller.get_config(),
-                "tables": self.tables, "backward": backward, "level": self.level,
-                "dedup": self.dedup, "observe": self.observe, "bound": self.bound,
-                "direction": self.direction, "dither": self.dither, "auto": self.auto}
+        config = {"id": self.codec_id, "controller": self.controller.get_config(),
+                  "tables": self.tables, "backward": backward, "level": self.level,
+                  "dedup": self.dedup, "observe": self.observe, "bound": self.bound,
+                  "direction": self.direction, "dither": self.dither, "auto": self.auto}
+        if self.row_len is not None:
+            config["row_len"] = self.row_len
+        return config
 
     @classmethod
     def from_config(cls, config, comm=None):
@@ -261,4 +267,5 @@ class AdaptiveCompressor(LossyCompressor):
         return (f"AdaptiveCompressor(controller={self.controller!r}, tables={self.tables!r}, "
                 f"backward={backward}, level={self.level!r}, dedup={self.dedup!r}, "
                 f"observe={self.observe!r}, bound={self.bound!r}, "
-                f"direction={self.direction!r}, dither={self.dither!r}, auto={self.auto!r})")
+                f"direction={self.direction!r}, dither={self.dither!r}, auto={self.auto!r}"
+                + ("" if self.row_len is None else f", row_len={self.row_len!r}") + ")")

@@ -214,3 +214,15 @@ def test_row_len_layout_dedups_within_each_table():
                                                           dedup=False))
     no_dedup = dist.comm_stats()["last"]["wire_bytes"]
     assert 2 * per_table < min(whole_rows, no_dedup), (per_table, whole_rows, no_dedup)
+
+
+def test_the_rows_alltoall_refuses_a_row_len_compressor_on_every_rank():
+    from hvd_lossy import alltoall
+    from hvd_lossy.backend import TorchBackend
+    x, splits, _, _ = _inputs(15)
+    try:
+        alltoall.start(x, splits, None, C.lossy(0.01, row_len=4), TorchBackend()).wait()
+    except dist.RankError as e:
+        assert "row_len" in str(e) and f"rank {R}" in str(e), e
+    else:
+        raise AssertionError("no RankError")
