@@ -58,6 +58,20 @@ def test_lossy_compressor_is_a_horovod_compressor_whose_config_round_trips():
     assert "cannot be summed" in LossyCompressor.__doc__
 
 
+def test_lossy_defaults_are_the_measured_recipe_dithered_gradients_at_0_02():
+    from hvd_lossy.compression import GRADIENT_BOUND, Compression, LossyCompressor
+    c = Compression.lossy(0.03)
+    assert (c.backward, c.dither, c.level) == (GRADIENT_BOUND, "backward", 1) == (0.02, "backward", 1)
+    back = c.for_backward()
+    assert (back.error_bound, back.dither, back.mode) == (0.02, True, "rel")
+    assert c.next_dither_seed() is None  # the lookups themselves keep dedup and are not dithered
+    assert Compression.lossy(0.01).backward == 0.01  # never looser than the lookups
+    assert Compression.lossy(0.5, mode="abs").backward == "same"  # abs units: nothing measured
+    assert Compression.lossy(0.03, backward="same", dither=False).for_backward().dither is False
+    plain = LossyCompressor(0.03)  # the class is the plain codec; configs mean what they say
+    assert (plain.backward, plain.dither) == ("same", False)
+
+
 def test_lossy_compressor_round_trips_one_frame_within_bound():
     from hvd_lossy.compression import Compression
     x = torch.rand(50, 8) * 4 - 2
