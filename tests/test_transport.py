@@ -58,6 +58,12 @@ def test_lossy_compressor_is_a_horovod_compressor_whose_config_round_trips():
     assert "cannot be summed" in LossyCompressor.__doc__
 
 
+def test_a_compression_given_as_a_string_says_what_to_pass():
+    import hvd_lossy.torch as hvd
+    with pytest.raises(TypeError, match=r"got the string 'lossy': pass .*Compression.lossy\(0.03\)"):
+        hvd.alltoall(torch.ones(2, 2), compression="lossy")
+
+
 def test_lossy_defaults_are_the_measured_recipe_dithered_gradients_at_0_02():
     from hvd_lossy.compression import GRADIENT_BOUND, Compression, LossyCompressor
     c = Compression.lossy(0.03)
