@@ -108,7 +108,8 @@ def train(args):
     curve_rows = min(source.n_eval, 8 * args.batch_size)
     checksum = hashlib.sha256()
     losses, evals, iter_s, splits = [], [], [], []
-    bar = _progress(total, rank == 0 and not args.no_progress)
+    bar = _progress(total, rank == 0 and not args.no_progress and sys.stderr.isatty())
+    log = StepLog(total, args.batch_size, _log_every(args.log_every, total) if rank == 0 else 0)
     link.reset()
     t_start = time.perf_counter()
     step = 0
@@ -139,6 +140,7 @@ def train(args):
             step += 1
             bar.update(1)
             bar.set_postfix(loss="%.4f" % global_loss)
+            log.step(step, global_loss)
             if step in eval_at:
                 ev = evaluate(source, ex, link, dense_arch, tables, rank, world, curve_rows)
                 evals.append(dict(ev, step=step))
@@ -161,6 +163,28 @@ def train(args):
     result.update(wire)
     result.update(link.table_report())
     return result
+
+
+class StepLog:
+    """Rank 0's line every `every` steps: step, loss and samples/s since the previous line (a
+    progress bar under mpirun, whose output is no terminal, would be one endless line)."""
+
+    def __init__(self, total, batch_size, every):
+        self.total, self.batch_size, self.every = total, batch_size, every
+        self.last_step, self.last_t = 0, time.perf_counter()
+
+    def step(self, step, loss):
+        if not self.every or (step % self.every and step != self.total):
+            return
+        now = time.perf_counter()
+        rate = (step - self.last_step) * self.batch_size / max(now - self.last_t, 1e-9)
+        print("step %d/%d  loss %.4f  %.0f samples/s" % (step, self.total, loss, rate), flush=True)
+        self.last_step, self.last_t = step, now
+
+
+def _log_every(every, total):
+    """--log-every, or about ten lines a run when it is not given."""
+    return max(total // 10, 1) if every is None else every
 
 
 def _eval_steps(total, points):
