@@ -361,6 +361,48 @@ def test_default_gradient_bound_is_the_measured_recipe_in_rel_mode_and_same_in_a
     assert explicit.backward_error_bound == "none"
 
 
+def test_help_shows_defaults_and_the_choices_of_policy_and_schedule():
+    text = " ".join(cli.parser().format_help().split())
+    assert "--embedding-dim EMBEDDING_DIM embedding width D (default: 16)" in text
+    assert "{budget,paper,sensitivity,uniform}" in text and "{step,linear,log,constant}" in text
+    assert "(default: None)" not in text  # None defaults say what they mean in words
+
+
+def test_default_batch_is_128_rounded_down_to_a_multiple_of_the_ranks():
+    for world, batch in ((1, 128), (2, 128), (3, 126), (5, 125)):
+        args = cli.parser().parse_args([])
+        cli.check(args, world)
+        assert args.batch_size == batch, (world, args.batch_size)
+
+
+@pytest.mark.parametrize("flags", [["--policy", "uniform"], ["--schedule", "log"],
+                                   ["--interval", "5"], ["--grad-base", "0.02"]])
+def test_adaptive_only_flags_are_refused_with_other_compressions(flags):
+    with pytest.raises(cli.UsageError, match="%s applies only to --compression adaptive, got "
+                                             "--compression lossy" % flags[0]):
+        cli.check(cli.parser().parse_args(["--compression", "lossy", *flags]), 2)
+    cli.check(cli.parser().parse_args(["--compression", "adaptive", *flags]), 2)
+
+
+def test_step_log_prints_samples_per_second_every_n_steps_and_at_the_end(capsys):
+    import train
+    log = train.StepLog(total=7, batch_size=64, every=3)
+    for step in range(1, 8):
+        log.step(step, 0.5)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines] == ["3/7", "6/7", "7/7"]
+    assert all(line.endswith("samples/s") for line in lines)
+    assert train._log_every(None, 7812) == 781 and train._log_every(0, 10) == 0
+
+
+def test_compare_on_a_missing_file_is_one_line_and_status_2(tmp_path):
+    import subprocess
+    proc = subprocess.run([sys.executable, os.path.join(DLRM, "compare.py"), str(tmp_path / "x.json")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "compare.py: error: cannot read metrics file" in proc.stderr and "x.json" in proc.stderr
+
+
 def test_overlap_with_plain_horovod_is_a_usage_error():
     args = cli.parser().parse_args(["--plain-horovod", "--overlap"])
     with pytest.raises(cli.UsageError, match="--overlap needs hvd_lossy's differentiable alltoall_async"):
