@@ -18,6 +18,8 @@ sys.path.insert(0, DLRM)
 
 import cli  # noqa: E402
 import data  # noqa: E402
+import files  # noqa: E402
+import sources  # noqa: E402
 import metrics  # noqa: E402
 import sharding  # noqa: E402
 import synthetic  # noqa: E402
@@ -62,7 +64,7 @@ def test_missing_file_is_a_data_error_naming_the_path(tmp_path):
     with pytest.raises(data.DataError, match="nope.txt does not exist"):
         data.read_raw(str(path))
     with pytest.raises(data.DataError, match="not a folder"):
-        data.load_splits(str(tmp_path / "missing_dir"))
+        files.load_splits(str(tmp_path / "missing_dir"))
 
 
 def test_wrong_column_count_is_a_data_error_naming_the_line(tmp_path):
@@ -98,7 +100,7 @@ def test_vocabulary_maps_unseen_ids_to_the_oov_row_and_orders_by_frequency():
 
 def test_load_splits_encodes_every_split_within_its_tables():
     for mode, cap in (("vocab", None), ("hash", 1000)):
-        splits = data.load_splits(SAMPLE, mode, cap)
+        splits = files.load_splits(SAMPLE, mode, cap)
         assert set(splits) == {"train", "dev", "test"}
         for ds in splits.values():
             assert ds.sparse.min() >= 0
@@ -106,7 +108,82 @@ def test_load_splits_encodes_every_split_within_its_tables():
         if cap:
             assert max(splits["train"].cardinalities) == cap
     # Vocabulary from train: every train id has its own row, so no train id is OOV.
-    assert (data.load_splits(SAMPLE)["train"].sparse > 0).all()
+    assert (files.load_splits(SAMPLE)["train"].sparse > 0).all()
+
+
+# ---------------------------------------------------------------- real data folders
+
+FIXTURES = os.path.join(ROOT, "tests", "data")  # provenance in tests/data/README.md
+DAYS = os.path.join(FIXTURES, "terabyte_days")
+SHARED_1TB = "/work/shared/data/criteo_1tb_sample/sample.txt"
+
+
+def test_kaggle_folder_with_unlabelled_test_txt_leaves_it_out_and_says_what_is_held_out():
+    layout = files.find_layout(os.path.join(FIXTURES, "kaggle_unlabelled_test"))
+    assert [os.path.basename(p) for p in layout.train] == ["train.txt"] and layout.held_out == []
+    assert "test.txt has no labels (39 fields" in layout.notes[0]
+    assert "held out: the last 10% of the training rows" in layout.notes[1]
+    with pytest.raises(data.DataError, match="39 tab-separated fields, expected 40 .*: no label"):
+        data.read_raw(os.path.join(FIXTURES, "kaggle_unlabelled_test", "test.txt"))
+
+
+def test_terabyte_days_train_in_day_order_and_hold_out_the_last_day(tmp_path):
+    layout = files.find_layout(DAYS)
+    assert layout.kind == "terabyte"
+    assert [os.path.basename(p) for p in layout.train] == ["day_0.gz", "day_1.gz"]
+    assert [os.path.basename(p) for p in layout.held_out] == ["day_2.gz"]
+    assert layout.notes == ["held out: day_2.gz (the last day present)"]
+    for name in ("day_10", "day_2", "day_0.gz"):
+        (tmp_path / name).write_text(_row())
+    assert [os.path.basename(p) for p in files.find_layout(str(tmp_path)).train] == ["day_0.gz", "day_2"]
+    (tmp_path / "day_2.gz").write_text("")
+    with pytest.raises(data.DataError, match="day_2 twice"):
+        files.find_layout(str(tmp_path))
+    with pytest.raises(data.DataError, match="neither train.txt .* nor day_0 ... day_23"):
+        files.find_layout(str(tmp_path / ".."))
+
+
+def test_gzipped_day_files_hold_the_shared_sample_rows_unchanged():
+    if not os.path.exists(SHARED_1TB):
+        pytest.skip("the shared data folder is not on this machine")
+    layout = files.find_layout(DAYS)
+    labels, dense, ids = files.read_rows(layout.train + layout.held_out, 0, None)
+    want = data.read_raw(SHARED_1TB)
+    assert all(np.array_equal(a, b) for a, b in zip((labels, dense, ids), want))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_stream_gives_each_rank_its_slice_of_each_global_batch_across_files(world):
+    paths = files.find_layout(DAYS).train  # 400 rows each
+    labels, _, ids = (np.concatenate(x) for x in zip(*(data.read_raw(p) for p in paths)))
+    big_b, b = 66 * world, 66  # some batch spans day_0 and day_1 at every world size
+    streams = [files.RowStream(paths, big_b, 800) for _ in range(world)]  # one per rank
+    for k in list(range(800 // big_b)) + [1]:  # in order, then back (a resumed run reopens)
+        for r in range(world):
+            got_labels, _, got_ids = streams[r].batch(0, k, r, world)
+            lo = k * big_b + r * b
+            assert np.array_equal(got_ids, ids[lo:lo + b]), (k, r)
+            assert np.array_equal(got_labels, labels[lo:lo + b]), (k, r)
+    stream = files.RowStream(paths, 64, 10_000)
+    with pytest.raises(data.DataError, match="ended after 800 rows, before batch 13"):
+        for k in range(13):
+            stream.batch(0, k, 0, 1)
+
+
+def test_a_terabyte_folder_streams_by_default_with_hashed_ids_and_capped_tables():
+    args = cli.parser().parse_args(["--data", DAYS, "--batch-size", "64"])
+    cli.check(args, 2)
+    source, notes = sources.build(args, 2)
+    assert isinstance(source, sources.StreamSource) and args.categorical == "hash"
+    assert source.cardinalities == [min(c, 100_000) for c in data.TERABYTE_CARDINALITIES]
+    assert source.steps_per_epoch == 800 // 64 and source.n_eval == 200
+    assert any("streaming day_0.gz, day_1.gz in order" in n for n in notes)
+    _, sparse, _ = source.batch(0, 0, 1, 2)
+    assert sparse.shape == (32, 26) and (sparse < torch.tensor(source.cardinalities)).all()
+    vocab = cli.parser().parse_args(["--data", DAYS, "--categorical", "vocab"])
+    cli.check(vocab, 2)
+    with pytest.raises(data.DataError, match="--stream .* needs --categorical hash"):
+        sources.build(vocab, 2)
 
 
 # ---------------------------------------------------------------- synthetic data

@@ -87,10 +87,19 @@ def parser():
     src.add_argument("--synthetic-test", type=int, default=0, metavar="N",
                      help="held-out synthetic rows (default: N/10, at least one batch)")
     src.add_argument("--max-table-rows", type=int, default=None,
-                     help="cap on rows per embedding table (default: none for files, 100000 for synthetic)")
-    src.add_argument("--categorical", choices=["vocab", "hash"], default="vocab",
-                     help="ids to rows: vocabulary from train.txt with an OOV row, or hashing")
-    src.add_argument("--max-rows", type=int, default=None, help="read at most this many rows per file")
+                     help="cap on rows per embedding table (default: 100000 for synthetic data and "
+                          "hashing, none for a vocabulary)")
+    src.add_argument("--categorical", choices=["vocab", "hash"], default=None,
+                     help="ids to rows: vocabulary from the training files with an OOV row, or "
+                          "hashing (default: vocab, hash when streaming)")
+    src.add_argument("--max-rows", type=int, default=None,
+                     help="read at most this many rows per file (streaming: training rows in all)")
+    src.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
+                     help="read the training files in order as training goes, each rank parsing "
+                          "only its slice, instead of holding every row on every rank (default: "
+                          "on for Terabyte day_N folders, off otherwise)")
+    src.add_argument("--max-eval-rows", type=int, default=None,
+                     help="held-out rows to evaluate on (default: all; streaming: 1,000,000)")
 
     m = p.add_argument_group("model and optimisation")
     m.add_argument("--embedding-dim", type=int, default=16, help="embedding width D")
@@ -196,6 +205,11 @@ def check(args, world):
         raise UsageError("--synthetic must be >= 0 rows, got %d" % args.synthetic)
     if args.synthetic and args.max_table_rows is None:
         args.max_table_rows = 100000
+    if args.max_eval_rows is not None and args.max_eval_rows < 1:
+        raise UsageError("--max-eval-rows must be >= 1, got %d" % args.max_eval_rows)
+    if args.synthetic and (args.stream or args.max_eval_rows):
+        raise UsageError("--stream and --max-eval-rows read --data files; --synthetic generates "
+                         "its rows (see --synthetic-test)")
     if args.log_every is not None and args.log_every < 0:
         raise UsageError("--log-every must be >= 0 steps, got %d" % args.log_every)
     if args.epochs < 1 or (args.steps is not None and args.steps < 1):
@@ -232,4 +246,6 @@ def check_source(source, args):
 
 
 def _train_rows(source):
+    if hasattr(source, "n_train"):
+        return source.n_train
     return len(source.train) if hasattr(source, "train") else source.gen.n["train"]

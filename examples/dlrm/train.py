@@ -95,7 +95,10 @@ def train(args):
     rank, world = hvd.rank(), hvd.size()
     cli.check(args, world)
     torch.set_num_threads(args.threads)
-    source = sources.build(args, world)
+    source, notes = sources.build(args, world)
+    if rank == 0:
+        for line in notes:
+            print("data: %s" % line, flush=True)
     cli.check_source(source, args)
     owners, owned, dense_arch, tables, dense_opt, emb_opt = build_model(args, source, rank, world)
     total = args.steps if args.steps else args.epochs * source.steps_per_epoch
@@ -159,6 +162,7 @@ def train(args):
         data_checksum=hashlib.sha256("".join(digests).encode()).hexdigest(),
         loss_curve=losses, eval_curve=evals, time_split=splits,
         table_names=data.TABLE_NAMES, table_rows=source.cardinalities, owners=owners,
+        data_notes=notes,
         args=vars(args))
     result.update(wire)
     result.update(link.table_report())
