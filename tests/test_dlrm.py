@@ -519,6 +519,22 @@ def test_train_script_runs_under_horovodrun_and_writes_metrics(tmp_path):
     assert m["world"] == 2 and m["steps"] == 4 and m["compression_ratio"] > 1
 
 
+@pytest.mark.mpi
+def test_a_saved_and_resumed_run_continues_exactly_where_the_whole_run_goes(tmp_path):
+    from tests._launch import run_mpi
+    common = ["--steps", "6", "--eval-points", "0", "--batch-size", "256", "--max-eval-rows", "256"]
+
+    def run(name, *extra, steps="6"):
+        run_mpi("examples/dlrm/train.py", np=2, timeout=180, args=[
+            *common[:1], steps, *common[2:], "--metrics-out", tmp_path / name, *extra])
+        return json.loads((tmp_path / name).read_text())
+    whole = run("whole.json")
+    run("first.json", "--save", tmp_path / "ckpt", steps="3")
+    resumed = run("resumed.json", "--resume", tmp_path / "ckpt")
+    assert resumed["steps"] == 6 and resumed["loss_curve"] == whole["loss_curve"][3:]
+    assert (resumed["auc"], resumed["logloss"]) == (whole["auc"], whole["logloss"])
+
+
 # ---------------------------------------------------------------- --auto
 
 

@@ -171,6 +171,11 @@ def parser():
     o.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots here (rank 0)")
     o.add_argument("--eval-points", type=int, default=5,
                    help="intermediate evaluations on a held-out prefix, for the AUC curve")
+    o.add_argument("--save", default=None, metavar="DIR",
+                   help="after training, write a checkpoint here (one file per rank)")
+    o.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue from a --save checkpoint of the same settings and ranks; "
+                        "--steps/--epochs still count from the start")
     o.add_argument("--log-every", type=int, default=None, metavar="N",
                    help="rank 0 prints step, loss and samples/s every N steps (default: about 10 "
                         "lines a run; 0: none)")

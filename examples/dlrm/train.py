@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import horovod.torch as hvd  # noqa: E402
 
+import checkpoint  # noqa: E402
 import cli  # noqa: E402
 import comm  # noqa: E402
 import data  # noqa: E402
@@ -113,12 +114,22 @@ def train(args):
     losses, evals, iter_s, splits = [], [], [], []
     bar = _progress(total, rank == 0 and not args.no_progress and sys.stderr.isatty())
     log = StepLog(total, args.batch_size, _log_every(args.log_every, total) if rank == 0 else 0)
+    step = 0
+    if args.resume:
+        step = checkpoint.load(args.resume, rank, world, args, dense_arch, tables, dense_opt, emb_opt)
+        if step >= total:
+            raise cli.UsageError("--resume %s is at step %d and this run ends at step %d: nothing "
+                                 "left to train (--steps/--epochs count from the start)"
+                                 % (args.resume, step, total))
+        if rank == 0:
+            print("resumed at step %d of %d from %s" % (step, total, args.resume), flush=True)
+    log.last_step = step
     link.reset()
     t_start = time.perf_counter()
-    step = 0
-    for epoch in range(args.epochs if not args.steps else sys.maxsize):
-        for k in range(source.steps_per_epoch):
-            if step == total:
+    first_epoch, first_k = divmod(step, source.steps_per_epoch)
+    for epoch in range(first_epoch, args.epochs if not args.steps else sys.maxsize):
+        for k in range(first_k if epoch == first_epoch else 0, source.steps_per_epoch):
+            if step >= total:
                 break
             batch = source.batch(epoch, k, rank, world)
             for t in batch:
@@ -147,9 +158,11 @@ def train(args):
             if step in eval_at:
                 ev = evaluate(source, ex, link, dense_arch, tables, rank, world, curve_rows)
                 evals.append(dict(ev, step=step))
-        if step == total:
+        if step >= total:
             break
     train_seconds = time.perf_counter() - t_start
+    if args.save:
+        checkpoint.save(args.save, rank, world, step, args, dense_arch, tables, dense_opt, emb_opt)
     bar.close()
     wire = link.totals()
     final = evaluate(source, ex, link, dense_arch, tables, rank, world)
