@@ -417,6 +417,29 @@ def test_quality_summary_pairs_compressed_runs_with_the_uncompressed_run_of_the_
     assert quality.summarise(runs)["synthetic_1000"]["lossy"]["same_data"] is False
 
 
+# ---------------------------------------------------------------- plots
+
+
+def test_plot_titles_wrap_a_long_compressor_and_lead_with_the_run_label():
+    import plots
+    m = {"label": "adaptive", "world": 2, "batch_size": 128, "compressor": "adaptive(" + "x=1, " * 40 + ")"}
+    lines = plots._title(m).split("\n")
+    assert lines[0] == "adaptive, 2 ranks, batch 128" and len(lines) > 2
+    assert max(len(line) for line in lines) <= 80
+
+
+def test_tables_plot_puts_every_table_at_its_own_index_under_its_name(tmp_path, monkeypatch):
+    import plots
+    drawn = {}
+    monkeypatch.setattr(plots.plt.Axes, "set_xticks",
+                        lambda self, ticks, labels=None, **kw: drawn.update(ticks=list(ticks), labels=list(labels)))
+    names = data.TABLE_NAMES
+    tables = {n: {"bound": 0.01 * (i + 1), "ratio": float(i), "bwd_ratio": 1.0} for i, n in enumerate(names)}
+    m = {"label": "lossy", "world": 2, "batch_size": 128, "table_names": names, "tables": tables}
+    assert plots._tables(m, str(tmp_path)).endswith("tables.png")
+    assert drawn["labels"] == names and drawn["ticks"] == list(range(26))  # C1..C26, not C1, C10, ...
+
+
 # ---------------------------------------------------------------- command line
 
 
