@@ -4,7 +4,8 @@ Blocks are found by parsing the markdown, so a section someone adds is tested wi
 here. What a block is decides how it runs:
 
   * ```python: run with this interpreter; a block that calls ``hvd.`` runs under
-    ``mpirun -np 2`` (every rank runs the whole snippet), any other in one process.
+    ``mpirun -np 2`` (every rank runs the whole snippet), any other in one process unless a
+    ``ranks N`` marker says how many (a torch.distributed snippet: ``ranks 2``).
   * ```diff: its result (context and ``+`` lines) runs as a python block would: a porting diff
     must leave a script that works.
   * ```bash: each command runs in order, in a scratch folder that mirrors the repository's top
@@ -23,6 +24,7 @@ lines just above a block change how it runs, and each is visible in the markdown
   * ``<!-- docs-test: when WORD env VAR=VALUE ... -->``: the same with environment variables.
   * ``<!-- docs-test: needs root -->``: skipped (with the reason) unless run as root with ``ip``
     and ``tc``.
+  * ``<!-- docs-test: ranks N -->``: a python or diff block runs under ``mpirun -np N``.
 """
 import dataclasses
 import os
@@ -115,7 +117,7 @@ def test_every_block_says_what_it_is(block):
         f"{block.id}: fenced block without a known language ({block.language!r}); "
         f"use one of {LANGUAGES} so the docs test knows how to run it")
     for marker in block.markers:
-        assert re.match(r"(skip: \S.*|when \S+ (add|env) \S.*|needs root)$", marker), (
+        assert re.match(r"(skip: \S.*|when \S+ (add|env) \S.*|needs root|ranks [1-9])$", marker), (
             f"{block.id}: unknown docs-test marker {marker!r}")
 
 
@@ -205,11 +207,26 @@ def can_emulate_links():
             and shutil.which("tc"))
 
 
-def run_python(code, name, tmp):
+def block_ranks(block, code):
+    """Processes a python block runs on: its `ranks N` marker, else 2 if it calls hvd., else 1."""
+    for marker in block.markers:
+        if marker.startswith("ranks "):
+            return int(marker.split()[1])
+    return 2 if re.search(r"\bhvd\.", code) else 1
+
+
+def test_python_blocks_run_on_the_ranks_their_code_or_marker_asks_for():
+    plain = Block("d", 1, "python", "print(1)\n", [])
+    assert block_ranks(plain, plain.code) == 1
+    assert block_ranks(plain, "hvd.init()\n") == 2
+    assert block_ranks(Block("d", 1, "python", "", ["ranks 3"]), "import torch.distributed") == 3
+
+
+def run_python(code, name, tmp, ranks=1):
     script = tmp / f"{name}.py"
     script.write_text(code)
-    if re.search(r"\bhvd\.", code):
-        return run_mpi(str(script), np=2, timeout=BLOCK_TIMEOUT)
+    if ranks > 1:
+        return run_mpi(str(script), np=ranks, timeout=BLOCK_TIMEOUT)
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp, env=block_env(), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=BLOCK_TIMEOUT)
     assert proc.returncode == 0, f"{name} exited with {proc.returncode}:\n{proc.stdout}"
@@ -244,4 +261,4 @@ def test_block_runs_as_written(block, tmp_path):
                  tmp_path)
     else:
         code = diff_result(block.code) if block.language == "diff" else block.code
-        run_python(code, name, tmp_path)
+        run_python(code, name, tmp_path, block_ranks(block, code))
