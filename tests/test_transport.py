@@ -97,7 +97,7 @@ def test_segments_cut_each_chunk_into_one_frame_per_table():
 
     from hvd_lossy.compression import Compression, LossyCompressor
     # forward: every destination's chunk holds this rank's 2 tables of 4 rows each
-    c = Compression.lossy(0.03, segments=2, backward_segments=[2, 3, 0])
+    c = Compression.lossy(0.03, backward="same", segments=2, backward_segments=[2, 3, 0])
     assert c.plan([8, 8, 8]) == [(0, 4, 0.03), (0, 4, 0.03), (1, 4, 0.03), (1, 4, 0.03),
                                  (2, 4, 0.03), (2, 4, 0.03)]
     # backward: the chunk for rank r holds rank r's tables
