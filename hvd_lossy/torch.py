@@ -78,6 +78,11 @@ def _fix_args(compression, process_set):
     # Horovod's fourth positional argument is process_set; accept it there too.
     if isinstance(compression, ProcessSet):
         return Compression.none, compression
+    if isinstance(compression, str):
+        # A name is the commonest slip (the DLRM example's flags are names); say what to pass.
+        raise TypeError(f"compression must be a compressor, got the string {compression!r}: pass "
+                        "hvd.Compression.none, hvd.Compression.fp16, hvd.Compression.lossy(0.03) or "
+                        "hvd.Compression.adaptive(controller, tables)")
     return (Compression.none if compression is None else compression), process_set
 
 

@@ -442,7 +442,19 @@ def test_compressor_config_round_trips():
         again = AdaptiveCompressor.from_config(comp.get_config(), comm="local")
         assert again == comp and again.controller.get_config() == c.get_config()
         json.dumps(comp.get_config())
-    assert Compression.adaptive(c, ["small"]).backward == "table"
+
+
+def test_adaptive_defaults_are_the_measured_recipe_dithered_gradients_at_0_02():
+    from hvd_lossy.compression import Compression
+    comp = Compression.adaptive(Controller(TABLES, comm="local", base=0.03), ["small"])
+    assert (comp.backward, comp.dither) == (0.02, "backward")
+    assert comp.for_backward().dither is True
+    assert Compression.adaptive(Controller(TABLES, comm="local", base=0.01), ["small"]).backward == 0.01
+    abs_ctl = Controller(TABLES, comm="local", mode="abs")
+    assert Compression.adaptive(abs_ctl, ["small"]).backward == "table"
+    old = Compression.adaptive(Controller(TABLES, comm="local"), ["small"], backward="table",
+                               dither=False)
+    assert (old.backward, old.dither) == ("table", False)
 
 
 # ----- several processes -------------------------------------------------------------------------

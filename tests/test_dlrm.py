@@ -18,6 +18,8 @@ sys.path.insert(0, DLRM)
 
 import cli  # noqa: E402
 import data  # noqa: E402
+import files  # noqa: E402
+import sources  # noqa: E402
 import metrics  # noqa: E402
 import sharding  # noqa: E402
 import synthetic  # noqa: E402
@@ -62,7 +64,7 @@ def test_missing_file_is_a_data_error_naming_the_path(tmp_path):
     with pytest.raises(data.DataError, match="nope.txt does not exist"):
         data.read_raw(str(path))
     with pytest.raises(data.DataError, match="not a folder"):
-        data.load_splits(str(tmp_path / "missing_dir"))
+        files.load_splits(str(tmp_path / "missing_dir"))
 
 
 def test_wrong_column_count_is_a_data_error_naming_the_line(tmp_path):
@@ -98,7 +100,7 @@ def test_vocabulary_maps_unseen_ids_to_the_oov_row_and_orders_by_frequency():
 
 def test_load_splits_encodes_every_split_within_its_tables():
     for mode, cap in (("vocab", None), ("hash", 1000)):
-        splits = data.load_splits(SAMPLE, mode, cap)
+        splits = files.load_splits(SAMPLE, mode, cap)
         assert set(splits) == {"train", "dev", "test"}
         for ds in splits.values():
             assert ds.sparse.min() >= 0
@@ -106,7 +108,82 @@ def test_load_splits_encodes_every_split_within_its_tables():
         if cap:
             assert max(splits["train"].cardinalities) == cap
     # Vocabulary from train: every train id has its own row, so no train id is OOV.
-    assert (data.load_splits(SAMPLE)["train"].sparse > 0).all()
+    assert (files.load_splits(SAMPLE)["train"].sparse > 0).all()
+
+
+# ---------------------------------------------------------------- real data folders
+
+FIXTURES = os.path.join(ROOT, "tests", "data")  # provenance in tests/data/README.md
+DAYS = os.path.join(FIXTURES, "terabyte_days")
+SHARED_1TB = "/work/shared/data/criteo_1tb_sample/sample.txt"
+
+
+def test_kaggle_folder_with_unlabelled_test_txt_leaves_it_out_and_says_what_is_held_out():
+    layout = files.find_layout(os.path.join(FIXTURES, "kaggle_unlabelled_test"))
+    assert [os.path.basename(p) for p in layout.train] == ["train.txt"] and layout.held_out == []
+    assert "test.txt has no labels (39 fields" in layout.notes[0]
+    assert "held out: the last 10% of the training rows" in layout.notes[1]
+    with pytest.raises(data.DataError, match="39 tab-separated fields, expected 40 .*: no label"):
+        data.read_raw(os.path.join(FIXTURES, "kaggle_unlabelled_test", "test.txt"))
+
+
+def test_terabyte_days_train_in_day_order_and_hold_out_the_last_day(tmp_path):
+    layout = files.find_layout(DAYS)
+    assert layout.kind == "terabyte"
+    assert [os.path.basename(p) for p in layout.train] == ["day_0.gz", "day_1.gz"]
+    assert [os.path.basename(p) for p in layout.held_out] == ["day_2.gz"]
+    assert layout.notes == ["held out: day_2.gz (the last day present)"]
+    for name in ("day_10", "day_2", "day_0.gz"):
+        (tmp_path / name).write_text(_row())
+    assert [os.path.basename(p) for p in files.find_layout(str(tmp_path)).train] == ["day_0.gz", "day_2"]
+    (tmp_path / "day_2.gz").write_text("")
+    with pytest.raises(data.DataError, match="day_2 twice"):
+        files.find_layout(str(tmp_path))
+    with pytest.raises(data.DataError, match="neither train.txt .* nor day_0 ... day_23"):
+        files.find_layout(str(tmp_path / ".."))
+
+
+def test_gzipped_day_files_hold_the_shared_sample_rows_unchanged():
+    if not os.path.exists(SHARED_1TB):
+        pytest.skip("the shared data folder is not on this machine")
+    layout = files.find_layout(DAYS)
+    labels, dense, ids = files.read_rows(layout.train + layout.held_out, 0, None)
+    want = data.read_raw(SHARED_1TB)
+    assert all(np.array_equal(a, b) for a, b in zip((labels, dense, ids), want))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_stream_gives_each_rank_its_slice_of_each_global_batch_across_files(world):
+    paths = files.find_layout(DAYS).train  # 400 rows each
+    labels, _, ids = (np.concatenate(x) for x in zip(*(data.read_raw(p) for p in paths)))
+    big_b, b = 66 * world, 66  # some batch spans day_0 and day_1 at every world size
+    streams = [files.RowStream(paths, big_b, 800) for _ in range(world)]  # one per rank
+    for k in list(range(800 // big_b)) + [1]:  # in order, then back (a resumed run reopens)
+        for r in range(world):
+            got_labels, _, got_ids = streams[r].batch(0, k, r, world)
+            lo = k * big_b + r * b
+            assert np.array_equal(got_ids, ids[lo:lo + b]), (k, r)
+            assert np.array_equal(got_labels, labels[lo:lo + b]), (k, r)
+    stream = files.RowStream(paths, 64, 10_000)
+    with pytest.raises(data.DataError, match="ended after 800 rows, before batch 13"):
+        for k in range(13):
+            stream.batch(0, k, 0, 1)
+
+
+def test_a_terabyte_folder_streams_by_default_with_hashed_ids_and_capped_tables():
+    args = cli.parser().parse_args(["--data", DAYS, "--batch-size", "64"])
+    cli.check(args, 2)
+    source, notes = sources.build(args, 2)
+    assert isinstance(source, sources.StreamSource) and args.categorical == "hash"
+    assert source.cardinalities == [min(c, 100_000) for c in data.TERABYTE_CARDINALITIES]
+    assert source.steps_per_epoch == 800 // 64 and source.n_eval == 200
+    assert any("streaming day_0.gz, day_1.gz in order" in n for n in notes)
+    _, sparse, _ = source.batch(0, 0, 1, 2)
+    assert sparse.shape == (32, 26) and (sparse < torch.tensor(source.cardinalities)).all()
+    vocab = cli.parser().parse_args(["--data", DAYS, "--categorical", "vocab"])
+    cli.check(vocab, 2)
+    with pytest.raises(data.DataError, match="--stream .* needs --categorical hash"):
+        sources.build(vocab, 2)
 
 
 # ---------------------------------------------------------------- synthetic data
@@ -340,6 +417,29 @@ def test_quality_summary_pairs_compressed_runs_with_the_uncompressed_run_of_the_
     assert quality.summarise(runs)["synthetic_1000"]["lossy"]["same_data"] is False
 
 
+# ---------------------------------------------------------------- plots
+
+
+def test_plot_titles_wrap_a_long_compressor_and_lead_with_the_run_label():
+    import plots
+    m = {"label": "adaptive", "world": 2, "batch_size": 128, "compressor": "adaptive(" + "x=1, " * 40 + ")"}
+    lines = plots._title(m).split("\n")
+    assert lines[0] == "adaptive, 2 ranks, batch 128" and len(lines) > 2
+    assert max(len(line) for line in lines) <= 80
+
+
+def test_tables_plot_puts_every_table_at_its_own_index_under_its_name(tmp_path, monkeypatch):
+    import plots
+    drawn = {}
+    monkeypatch.setattr(plots.plt.Axes, "set_xticks",
+                        lambda self, ticks, labels=None, **kw: drawn.update(ticks=list(ticks), labels=list(labels)))
+    names = data.TABLE_NAMES
+    tables = {n: {"bound": 0.01 * (i + 1), "ratio": float(i), "bwd_ratio": 1.0} for i, n in enumerate(names)}
+    m = {"label": "lossy", "world": 2, "batch_size": 128, "table_names": names, "tables": tables}
+    assert plots._tables(m, str(tmp_path)).endswith("tables.png")
+    assert drawn["labels"] == names and drawn["ticks"] == list(range(26))  # C1..C26, not C1, C10, ...
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -359,6 +459,48 @@ def test_default_gradient_bound_is_the_measured_recipe_in_rel_mode_and_same_in_a
     explicit = cli.parser().parse_args(["--backward-error-bound", "none"])
     cli.check(explicit, 2)
     assert explicit.backward_error_bound == "none"
+
+
+def test_help_shows_defaults_and_the_choices_of_policy_and_schedule():
+    text = " ".join(cli.parser().format_help().split())
+    assert "--embedding-dim EMBEDDING_DIM embedding width D (default: 16)" in text
+    assert "{budget,paper,sensitivity,uniform}" in text and "{step,linear,log,constant}" in text
+    assert "(default: None)" not in text  # None defaults say what they mean in words
+
+
+def test_default_batch_is_128_rounded_down_to_a_multiple_of_the_ranks():
+    for world, batch in ((1, 128), (2, 128), (3, 126), (5, 125)):
+        args = cli.parser().parse_args([])
+        cli.check(args, world)
+        assert args.batch_size == batch, (world, args.batch_size)
+
+
+@pytest.mark.parametrize("flags", [["--policy", "uniform"], ["--schedule", "log"],
+                                   ["--interval", "5"], ["--grad-base", "0.02"]])
+def test_adaptive_only_flags_are_refused_with_other_compressions(flags):
+    with pytest.raises(cli.UsageError, match="%s applies only to --compression adaptive, got "
+                                             "--compression lossy" % flags[0]):
+        cli.check(cli.parser().parse_args(["--compression", "lossy", *flags]), 2)
+    cli.check(cli.parser().parse_args(["--compression", "adaptive", *flags]), 2)
+
+
+def test_step_log_prints_samples_per_second_every_n_steps_and_at_the_end(capsys):
+    import train
+    log = train.StepLog(total=7, batch_size=64, every=3)
+    for step in range(1, 8):
+        log.step(step, 0.5)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines] == ["3/7", "6/7", "7/7"]
+    assert all(line.endswith("samples/s") for line in lines)
+    assert train._log_every(None, 7812) == 781 and train._log_every(0, 10) == 0
+
+
+def test_compare_on_a_missing_file_is_one_line_and_status_2(tmp_path):
+    import subprocess
+    proc = subprocess.run([sys.executable, os.path.join(DLRM, "compare.py"), str(tmp_path / "x.json")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "compare.py: error: cannot read metrics file" in proc.stderr and "x.json" in proc.stderr
 
 
 def test_overlap_with_plain_horovod_is_a_usage_error():
@@ -398,6 +540,22 @@ def test_train_script_runs_under_horovodrun_and_writes_metrics(tmp_path):
                   "--compression", "adaptive", "--metrics-out", metrics_path])
     m = json.loads(metrics_path.read_text())
     assert m["world"] == 2 and m["steps"] == 4 and m["compression_ratio"] > 1
+
+
+@pytest.mark.mpi
+def test_a_saved_and_resumed_run_continues_exactly_where_the_whole_run_goes(tmp_path):
+    from tests._launch import run_mpi
+    common = ["--steps", "6", "--eval-points", "0", "--batch-size", "256", "--max-eval-rows", "256"]
+
+    def run(name, *extra, steps="6"):
+        run_mpi("examples/dlrm/train.py", np=2, timeout=180, args=[
+            *common[:1], steps, *common[2:], "--metrics-out", tmp_path / name, *extra])
+        return json.loads((tmp_path / name).read_text())
+    whole = run("whole.json")
+    run("first.json", "--save", tmp_path / "ckpt", steps="3")
+    resumed = run("resumed.json", "--resume", tmp_path / "ckpt")
+    assert resumed["steps"] == 6 and resumed["loss_curve"] == whole["loss_curve"][3:]
+    assert (resumed["auc"], resumed["logloss"]) == (whole["auc"], whole["logloss"])
 
 
 # ---------------------------------------------------------------- --auto

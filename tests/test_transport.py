@@ -61,6 +61,26 @@ def test_lossy_compressor_is_a_horovod_compressor_whose_config_round_trips():
     assert Compression.lossy(0.03, backward=None).for_backward() is Compression.none
 
 
+def test_a_compression_given_as_a_string_says_what_to_pass():
+    import hvd_lossy.torch as hvd
+    with pytest.raises(TypeError, match=r"got the string 'lossy': pass .*Compression.lossy\(0.03\)"):
+        hvd.alltoall(torch.ones(2, 2), compression="lossy")
+
+
+def test_lossy_defaults_are_the_measured_recipe_dithered_gradients_at_0_02():
+    from hvd_lossy.compression import GRADIENT_BOUND, Compression, LossyCompressor
+    c = Compression.lossy(0.03)
+    assert (c.backward, c.dither, c.level) == (GRADIENT_BOUND, "backward", 1) == (0.02, "backward", 1)
+    back = c.for_backward()
+    assert (back.error_bound, back.dither, back.mode) == (0.02, True, "rel")
+    assert c.next_dither_seed() is None  # the lookups themselves keep dedup and are not dithered
+    assert Compression.lossy(0.01).backward == 0.01  # never looser than the lookups
+    assert Compression.lossy(0.5, mode="abs").backward == "same"  # abs units: nothing measured
+    assert Compression.lossy(0.03, backward="same", dither=False).for_backward().dither is False
+    plain = LossyCompressor(0.03)  # the class is the plain codec; configs mean what they say
+    assert (plain.backward, plain.dither) == ("same", False)
+
+
 def test_lossy_compressor_round_trips_one_frame_within_bound():
     from hvd_lossy.compression import Compression
     x = torch.rand(50, 8) * 4 - 2
@@ -80,7 +100,7 @@ def test_segments_cut_each_chunk_into_one_frame_per_table():
 
     from hvd_lossy.compression import Compression, LossyCompressor
     # forward: every destination's chunk holds this rank's 2 tables of 4 rows each
-    c = Compression.lossy(0.03, segments=2, backward_segments=[2, 3, 0])
+    c = Compression.lossy(0.03, backward="same", segments=2, backward_segments=[2, 3, 0])
     assert c.plan([8, 8, 8]) == [(0, 4, 0.03), (0, 4, 0.03), (1, 4, 0.03), (1, 4, 0.03),
                                  (2, 4, 0.03), (2, 4, 0.03)]
     # backward: the chunk for rank r holds rank r's tables

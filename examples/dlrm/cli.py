@@ -3,8 +3,11 @@ message instead of a traceback from inside a collective."""
 
 import argparse
 import os
+import sys
 
 import data
+from hvd_lossy.adaptive.policies import POLICIES
+from hvd_lossy.adaptive.schedules import SCHEDULES
 
 DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data",
                             "criteo_kaggle_sample")
@@ -12,6 +15,13 @@ DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".
 
 # Relative gradient bound of the default training recipe (dithered, see --dither).
 DEFAULT_GRAD_BOUND = 0.02
+# Global batch when --batch-size is not given, rounded down to a multiple of the ranks.
+DEFAULT_BATCH = 128
+# Flags that only the adaptive controller reads; given with another --compression they are refused.
+ADAPTIVE_ONLY = ("policy", "schedule", "schedule_iters", "interval", "grad_base")
+# What mpirun and horovodrun set in each rank's environment: the rank is known before hvd.init(),
+# so argument errors (which come first) are printed once.
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK")
 
 
 class UsageError(ValueError):
@@ -35,38 +45,81 @@ def _backward(text):
             "expected 'same', 'none', 'fp16' or a number, got %r" % text) from None
 
 
+def launcher_rank():
+    for name in RANK_VARIABLES:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every default, except None ones, whose meaning the help text states."""
+
+    def _get_help_string(self, action):
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """Every rank parses the same flags and exits alike; only rank 0 prints help and errors, and
+    an error is one line."""
+
+    def _print_message(self, message, file=None):
+        if launcher_rank() == 0:
+            super()._print_message(message, file)
+
+    def error(self, message):
+        self._print_message("%s: error: %s (see --help)\n" % (self.prog, message), sys.stderr)
+        self.exit(2)
+
+
 def parser():
-    p = argparse.ArgumentParser(
+    p = Parser(
+        prog="train.py", formatter_class=HelpFormatter,
         description="Hybrid-parallel DLRM on Criteo with an error-bounded lossy embedding all-to-all.")
     src = p.add_argument_group("data")
     src.add_argument("--data", default=DEFAULT_DATA,
-                     help="folder with train.txt (and dev.txt/test.txt) in the Criteo Kaggle format "
-                          "(default: the bundled sample)")
+                     help="folder with train.txt (and dev.txt/test.txt) in the Criteo Kaggle format; "
+                          "the default is the bundled sample")
     src.add_argument("--synthetic", type=int, default=0, metavar="N",
                      help="train on N synthetic rows with a planted signal instead of --data")
     src.add_argument("--synthetic-test", type=int, default=0, metavar="N",
                      help="held-out synthetic rows (default: N/10, at least one batch)")
     src.add_argument("--max-table-rows", type=int, default=None,
-                     help="cap on rows per embedding table (default: none for files, 100000 for synthetic)")
-    src.add_argument("--categorical", choices=["vocab", "hash"], default="vocab",
-                     help="ids to rows: vocabulary from train.txt with an OOV row, or hashing")
-    src.add_argument("--max-rows", type=int, default=None, help="read at most this many rows per file")
+                     help="cap on rows per embedding table (default: 100000 for synthetic data and "
+                          "hashing, none for a vocabulary)")
+    src.add_argument("--categorical", choices=["vocab", "hash"], default=None,
+                     help="ids to rows: vocabulary from the training files with an OOV row, or "
+                          "hashing (default: vocab, hash when streaming)")
+    src.add_argument("--max-rows", type=int, default=None,
+                     help="read at most this many rows per file (streaming: training rows in all)")
+    src.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
+                     help="read the training files in order as training goes, each rank parsing "
+                          "only its slice, instead of holding every row on every rank (default: "
+                          "on for Terabyte day_N folders, off otherwise)")
+    src.add_argument("--max-eval-rows", type=int, default=None,
+                     help="held-out rows to evaluate on (default: all; streaming: 1,000,000)")
 
     m = p.add_argument_group("model and optimisation")
-    m.add_argument("--embedding-dim", type=int, default=16)
+    m.add_argument("--embedding-dim", type=int, default=16, help="embedding width D")
     m.add_argument("--bottom-mlp", type=_ints, default=[64], help="hidden sizes (output is --embedding-dim)")
     m.add_argument("--top-mlp", type=_ints, default=[64, 32], help="hidden sizes (output is one logit)")
-    m.add_argument("--batch-size", type=int, default=128, help="global batch, split evenly over ranks")
-    m.add_argument("--epochs", type=int, default=1)
+    m.add_argument("--batch-size", type=int, default=None,
+                   help="global batch, split evenly over ranks (default: %d rounded down to a multiple "
+                        "of the ranks: 128 on 1, 2 or 4 ranks, 126 on 3)" % DEFAULT_BATCH)
+    m.add_argument("--epochs", type=int, default=1, help="passes over the training rows")
     m.add_argument("--steps", type=int, default=None, help="stop after this many steps (overrides --epochs)")
     m.add_argument("--lr", type=float, default=0.03, help="learning rate of the dense part")
     m.add_argument("--emb-lr", type=float, default=0.05, help="learning rate of the embeddings")
-    m.add_argument("--optimizer", choices=["adagrad", "sgd"], default="adagrad")
-    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--optimizer", choices=["adagrad", "sgd"], default="adagrad",
+                   help="optimizer of the dense part and of the embeddings")
+    m.add_argument("--seed", type=int, default=0, help="fixes the initial model and the data order")
     m.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
 
     c = p.add_argument_group("all-to-all compression")
-    c.add_argument("--compression", choices=["none", "fp16", "lossy", "adaptive"], default="none")
+    c.add_argument("--compression", choices=["none", "fp16", "lossy", "adaptive"], default="none",
+                   help="what the embedding all-to-all sends (the README's table)")
     c.add_argument("--error-bound", type=float, default=0.03,
                    help="forward error bound (lossy), or the adaptive controller's base bound")
     c.add_argument("--eb-mode", choices=["rel", "abs"], default="rel",
@@ -75,7 +128,8 @@ def parser():
                    help="gradient all-to-all: an error bound in --eb-mode, 'same' as forward (for "
                         "adaptive: the controller's per-table bounds), 'none' (uncompressed) or "
                         "'fp16'. Default: %g with --eb-mode rel (with the default dither it kept "
-                        "AUC within 0.001 in benchmarks/RESULTS.md), 'same' with abs" % DEFAULT_GRAD_BOUND)
+                        "AUC within 0.001 in benchmarks/RESULTS.md), 'same' with abs"
+                        % DEFAULT_GRAD_BOUND)
     c.add_argument("--dither", choices=["none", "backward", "all"], default="backward",
                    help="subtractive dither (same bound, unbiased error): on the gradient frames "
                         "only (default: gradients are what a biased rounding hurts), on every "
@@ -89,8 +143,10 @@ def parser():
                    help="lossy/adaptive: pass auto=True to the compressor (the library then decides "
                         "per call whether compressing pays on this link); only passed when given, "
                         "so an hvd_lossy without it fails with a clear error")
-    c.add_argument("--policy", default=None, help="adaptive controller policy")
-    c.add_argument("--schedule", default=None, help="adaptive controller schedule")
+    c.add_argument("--policy", default=None, choices=sorted(POLICIES),
+                   help="adaptive: how the controller sets per-table bounds (default: paper)")
+    c.add_argument("--schedule", default=None, choices=list(SCHEDULES),
+                   help="adaptive: per-iteration multiplier of the bounds (default: step)")
     c.add_argument("--schedule-iters", type=int, default=None, metavar="E",
                    help="adaptive: iterations until the schedule's multiplier reaches 1 (default: the run's steps)")
     c.add_argument("--interval", type=int, default=None,
@@ -120,12 +176,28 @@ def parser():
     o.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots here (rank 0)")
     o.add_argument("--eval-points", type=int, default=5,
                    help="intermediate evaluations on a held-out prefix, for the AUC curve")
-    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--save", default=None, metavar="DIR",
+                   help="after training, write a checkpoint here (one file per rank)")
+    o.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue from a --save checkpoint of the same settings and ranks; "
+                        "--steps/--epochs still count from the start")
+    o.add_argument("--log-every", type=int, default=None, metavar="N",
+                   help="rank 0 prints step, loss and samples/s every N steps (default: about 10 "
+                        "lines a run; 0: none)")
+    o.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (there is one only when stderr is a terminal)")
     return p
 
 
 def check(args, world):
     """Raises UsageError for arguments that cannot work with `world` ranks."""
+    given = [f for f in ADAPTIVE_ONLY if getattr(args, f) is not None]
+    if given and args.compression != "adaptive":
+        raise UsageError("%s appl%s only to --compression adaptive, got --compression %s"
+                         % (", ".join("--" + f.replace("_", "-") for f in given),
+                            "ies" if len(given) == 1 else "y", args.compression))
+    if args.batch_size is None:
+        args.batch_size = max(DEFAULT_BATCH // world, 1) * world
     if args.batch_size < 1:
         raise UsageError("--batch-size must be >= 1, got %d" % args.batch_size)
     if args.batch_size % world:
@@ -143,6 +215,13 @@ def check(args, world):
         raise UsageError("--synthetic must be >= 0 rows, got %d" % args.synthetic)
     if args.synthetic and args.max_table_rows is None:
         args.max_table_rows = 100000
+    if args.max_eval_rows is not None and args.max_eval_rows < 1:
+        raise UsageError("--max-eval-rows must be >= 1, got %d" % args.max_eval_rows)
+    if args.synthetic and (args.stream or args.max_eval_rows):
+        raise UsageError("--stream and --max-eval-rows read --data files; --synthetic generates "
+                         "its rows (see --synthetic-test)")
+    if args.log_every is not None and args.log_every < 0:
+        raise UsageError("--log-every must be >= 0 steps, got %d" % args.log_every)
     if args.epochs < 1 or (args.steps is not None and args.steps < 1):
         raise UsageError("--epochs and --steps must be >= 1, got %d and %s" % (args.epochs, args.steps))
     if args.lr <= 0 or args.emb_lr <= 0:
@@ -177,4 +256,6 @@ def check_source(source, args):
 
 
 def _train_rows(source):
+    if hasattr(source, "n_train"):
+        return source.n_train
     return len(source.train) if hasattr(source, "train") else source.gen.n["train"]

@@ -48,15 +48,25 @@ def table(runs, labels):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="compare.py", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("metrics", nargs="+", help="--metrics-out files")
-    p.add_argument("--labels", default=None, help="comma-separated column names (default: compression)")
+    p.add_argument("--labels", default="", help="comma-separated column names (none: each run's label)")
     args = p.parse_args()
     runs = []
     for path in args.metrics:
-        with open(path) as f:
-            runs.append(json.load(f))
-    labels = args.labels.split(",") if args.labels else [r.get("compression", "?") for r in runs]
+        try:
+            with open(path) as f:
+                runs.append(json.load(f))
+        except OSError as e:
+            p.error("cannot read metrics file %s: %s (write one with train.py --metrics-out)"
+                    % (path, e.strerror))
+        except ValueError as e:
+            p.error("metrics file %s is not JSON: %s" % (path, e))
+        missing = [k for k in ("auc", "logloss", "a2a_bytes_sent") if k not in runs[-1]]
+        if missing:
+            p.error("%s is not a train.py --metrics-out file: no %s" % (path, ", ".join(missing)))
+    labels = args.labels.split(",") if args.labels else [r.get("label", "?") for r in runs]
     if len(labels) != len(runs):
         p.error("--labels names %d runs, got %d metrics files" % (len(labels), len(runs)))
     print(table(runs, labels))

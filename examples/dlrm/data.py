@@ -12,6 +12,7 @@ Categorical ids become table rows in one of two ways:
     buckets. Needs no pass over the data; the choice for the full files.
 """
 
+import gzip
 import os
 
 import numpy as np
@@ -25,6 +26,10 @@ TABLE_NAMES = ["C%d" % (i + 1) for i in range(N_SPARSE)]
 KAGGLE_CARDINALITIES = [
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992,
     5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
+# ... and in the full Terabyte data, unhashed (data/README.md): the hash buckets of day_N folders.
+TERABYTE_CARDINALITIES = [
+    45833188, 36746, 17245, 7413, 20243, 3, 7114, 1441, 62, 29275261, 1572176, 345138, 10, 2209,
+    11267, 128, 4, 974, 14, 48937457, 11316796, 40094537, 452104, 12606, 104, 35]
 
 # A missing categorical value is its own category; hex ids are < 2**32, so this cannot collide.
 MISSING_ID = np.uint64(1 << 32)
@@ -85,27 +90,31 @@ def read_raw(path, max_rows=None, chunk_rows=65536):
         raise DataError("data file %s does not exist (expected the Criteo Kaggle train.txt format: "
                         "40 tab-separated fields a line)" % path)
     labels, dense, ids = [], [], []
-    with open(path, "r", encoding="ascii", errors="replace") as f:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="ascii", errors="replace") as f:
         rows = []
         for lineno, line in enumerate(f, 1):
             if max_rows is not None and lineno > max_rows:
                 break
             fields = line.rstrip("\r\n").split("\t")
             if len(fields) != N_FIELDS:
+                hint = (": no label, like the Kaggle competition's test.txt, so it cannot train or "
+                        "evaluate" if len(fields) == N_FIELDS - 1 else "")
                 raise DataError("%s line %d has %d tab-separated fields, expected %d (label, 13 integer, "
-                                "26 categorical)" % (path, lineno, len(fields), N_FIELDS))
+                                "26 categorical)%s" % (path, lineno, len(fields), N_FIELDS, hint))
             rows.append(fields)
             if len(rows) == chunk_rows:
-                _parse_chunk(rows, path, lineno - len(rows) + 1, labels, dense, ids)
+                parse_chunk(rows, path, lineno - len(rows) + 1, labels, dense, ids)
                 rows = []
         if rows:
-            _parse_chunk(rows, path, lineno - len(rows) + 1, labels, dense, ids)
+            parse_chunk(rows, path, lineno - len(rows) + 1, labels, dense, ids)
     if not labels:
         raise DataError("data file %s has no rows" % path)
     return np.concatenate(labels), np.concatenate(dense), np.concatenate(ids)
 
 
-def _parse_chunk(rows, path, first_line, labels, dense, ids):
+def parse_chunk(rows, path, first_line, labels, dense, ids):
+    """Parses rows of 40 fields (line `first_line` of `path` first) onto the three lists."""
     n = len(rows)
     lab = np.empty(n, np.float32)
     raw = np.zeros((n, N_DENSE), np.float64)
@@ -187,9 +196,9 @@ class Vocabulary:
         return out
 
 
-def hash_sizes(max_table_rows):
-    """Buckets per table in hash mode: min(cap, published Kaggle cardinality)."""
-    return [c if max_table_rows is None else min(c, max_table_rows) for c in KAGGLE_CARDINALITIES]
+def hash_sizes(max_table_rows, published=KAGGLE_CARDINALITIES):
+    """Buckets per table in hash mode: min(cap, published cardinality)."""
+    return [c if max_table_rows is None else min(c, max_table_rows) for c in published]
 
 
 def hash_encode(ids, sizes):
@@ -199,33 +208,13 @@ def hash_encode(ids, sizes):
     return (mixed % np.asarray(sizes, np.uint64)).astype(np.int64)
 
 
-def load_splits(data_dir, categorical="vocab", max_table_rows=None, max_rows=None):
-    """Reads ``train.txt`` and, when present, ``dev.txt``/``test.txt`` from a folder.
-
-    Arguments:
-        data_dir: folder holding train.txt (Kaggle format).
-        categorical: "vocab" (fit on train, OOV row 0) or "hash".
-        max_table_rows: cap on rows per table (None: no cap in vocab mode; required in hash mode
-            only in the sense that the published cardinalities are used when it is None).
-        max_rows: read at most this many rows of each file.
-    Returns:
-        dict split name -> Dataset, with "train" always present and "test" present when test.txt
-        exists (dev.txt is returned as "dev").
-    """
-    if not os.path.isdir(data_dir):
-        raise DataError("--data %s is not a folder (expected one holding train.txt)" % data_dir)
-    if categorical not in ("vocab", "hash"):
-        raise DataError("categorical encoding must be 'vocab' or 'hash', got %r" % categorical)
-    raw = {}
-    for split in ("train", "dev", "test"):
-        path = os.path.join(data_dir, split + ".txt")
-        if split == "train" or os.path.exists(path):
-            raw[split] = read_raw(path, max_rows)
+def encoder(categorical, train_ids, max_table_rows, published=KAGGLE_CARDINALITIES):
+    """(encode, table sizes) of an encoding: "vocab" fitted on `train_ids` (uint64 (n, 26)), or
+    "hash" into min(cap, published cardinality) buckets (train_ids unused)."""
     if categorical == "vocab":
-        vocab = Vocabulary.fit(raw["train"][2], max_table_rows)
-        encode, sizes = vocab.encode, vocab.cardinalities
-    else:
-        sizes = hash_sizes(max_table_rows)
-        encode = lambda ids: hash_encode(ids, sizes)  # noqa: E731
-    return {split: Dataset(dense, encode(ids), labels, sizes)
-            for split, (labels, dense, ids) in raw.items()}
+        vocab = Vocabulary.fit(train_ids, max_table_rows)
+        return vocab.encode, vocab.cardinalities
+    if categorical == "hash":
+        sizes = hash_sizes(max_table_rows, published)
+        return (lambda ids: hash_encode(ids, sizes)), sizes
+    raise DataError("categorical encoding must be 'vocab' or 'hash', got %r" % categorical)

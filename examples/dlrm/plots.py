@@ -6,6 +6,7 @@
 import json
 import os
 import sys
+import textwrap
 
 import matplotlib
 
@@ -30,9 +31,13 @@ def _save(fig, out_dir, name, tight=True):
     return path
 
 
-def _title(m):
-    name = m.get("compressor", m.get("compression", ""))
-    return "%s, %d ranks, batch %d" % (name, m["world"], m["batch_size"])
+def _title(m, width=80):
+    """The run's label, ranks and batch, then its compressor wrapped to `width` characters (a
+    compressor's repr is longer than a plot is wide)."""
+    head = "%s, %d ranks, batch %d" % (m.get("label") or m.get("compression", "run"), m["world"],
+                                       m["batch_size"])
+    detail = m.get("compressor")
+    return head if not detail else head + "\n" + textwrap.fill(str(detail), width)
 
 
 def _loss(m, out_dir):
@@ -65,33 +70,32 @@ def _auc(m, out_dir):
 
 
 def _tables(m, out_dir):
-    """Per-table error bound and compression ratio over time when the run recorded them (adaptive),
-    else the final values as bars."""
+    """Per table, in table order and labelled by name: the final error bound (with the range it
+    took over the run, for adaptive runs) and the final forward and backward ratios."""
     tables = m.get("tables") or {}
     history = m.get("table_history") or []
-    names = sorted(tables, key=lambda n: (len(n), n))  # C1, C2, ..., C26
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(8.5, 6), sharex=bool(history))
+    names = [n for n in m.get("table_names") or sorted(tables, key=lambda n: (len(n), n))
+             if n in tables]
+    x = np.arange(len(names))
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    bounds = np.array([tables[n].get("bound", np.nan) for n in names], float)
+    a1.bar(x, bounds, color="tab:blue", label="final")
     if history:
-        steps = [h["step"] for h in history]
-        cmap = plt.get_cmap("tab20")
-        for i, name in enumerate(names):
-            bounds = [(h["tables"].get(name) or {}).get("bound", np.nan) for h in history]
-            ratios = [(h["tables"].get(name) or {}).get("ratio", np.nan) for h in history]
-            style = dict(lw=1, color=cmap(i % 20), ls="-" if i < 20 else "--")
-            a1.plot(steps, bounds, label=name, **style)
-            a2.plot(steps, [np.nan if r is None else r for r in ratios], **style)
-        a2.set_xlabel("step")
-        fig.legend(loc="center right", fontsize=7, ncol=1)
-        fig.subplots_adjust(right=0.85)
-    else:
-        x = np.arange(len(names))
-        a1.bar(x, [tables[n].get("bound", np.nan) for n in names])
-        a2.bar(x, [tables[n].get("ratio", np.nan) for n in names])
-        a2.set_xticks(x, names, rotation=90, fontsize=7)
+        seen = [[(h["tables"].get(n) or {}).get("bound", np.nan) for h in history] for n in names]
+        lo, hi = np.nanmin(seen, axis=1), np.nanmax(seen, axis=1)
+        a1.vlines(x, lo, hi, color="black", lw=1.5, label="range over the run")
+        a1.legend(fontsize=8)
+    for key, label, offset in (("ratio", "forward", -0.2), ("bwd_ratio", "backward", 0.2)):
+        values = [tables[n].get(key) for n in names]
+        if any(v is not None for v in values):
+            a2.bar(x + offset, [np.nan if v is None else v for v in values], width=0.4, label=label)
+    a2.legend(fontsize=8)
+    a2.set_xticks(x, names, rotation=90, fontsize=8)
+    a2.set_xlabel("table")
     a1.set_ylabel("error bound")
     a2.set_ylabel("compression ratio")
-    a1.set_title("per-table bound and ratio\n" + _title(m), fontsize=8)
-    return _save(fig, out_dir, "tables.png", tight=not history)
+    a1.set_title("per-table bound and ratio: " + _title(m), fontsize=8)
+    return _save(fig, out_dir, "tables.png")
 
 
 def _time_split(m, out_dir):
@@ -110,8 +114,10 @@ def _time_split(m, out_dir):
     a1.set_ylabel("ms per step (rank 0)")
     a1.legend(fontsize=8)
     totals = [sum(s[key] for s in split) for key, _ in keys]
-    a2.bar([label.split()[0] for _, label in keys], totals)
-    a2.set_ylabel("seconds, whole run")
+    # Horizontal bars: the three labels are too long to sit side by side under a narrow panel.
+    a2.barh([label.replace(" + ", "\n+ ") for _, label in keys][::-1], totals[::-1])
+    a2.set_xlabel("seconds, whole run")
+    a2.tick_params(axis="y", labelsize=8)
     a1.set_title(_title(m), fontsize=9)
     return _save(fig, out_dir, "time_split.png")
 

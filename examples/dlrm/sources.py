@@ -5,11 +5,19 @@ the slice the embedding exchange delivers lookups for. The row order depends onl
 and the epoch, never on the compressor, so compressed and uncompressed runs see the same data.
 """
 
+import os
+
 import numpy as np
 import torch
 
 import data
+import files
 import synthetic
+
+# Held-out rows a streamed run keeps in memory unless --max-eval-rows says otherwise.
+STREAM_EVAL_ROWS = 1_000_000
+# Hash buckets per table unless --max-table-rows says otherwise.
+HASH_TABLE_ROWS = 100_000
 
 
 def _tensors(dense, sparse, labels):
@@ -91,23 +99,88 @@ def eval_batches(source, rank, world, limit=None):
         yield _tensors(dense, sparse, labels) + (torch.from_numpy(valid),)
 
 
+class StreamSource:
+    """Rows streamed from the training files in order (no shuffle: day files are time-ordered),
+    each rank parsing only its slice of every global batch; the held-out rows (at most
+    --max-eval-rows) are the only ones held in memory.
+
+    Arguments:
+        layout: files.Layout of the folder.
+        args: the run's arguments (batch size, steps, categorical encoding, caps).
+    """
+
+    def __init__(self, layout, args):
+        self.batch_size = args.batch_size
+        self.encode, self.cardinalities = data.encoder(
+            args.categorical, None, args.max_table_rows, files.published_cardinalities(layout))
+        cap = args.max_eval_rows
+        if layout.held_out and args.steps:
+            n_train = args.steps * args.batch_size  # no need to count: the run stops there
+        else:
+            n_train = files.count_rows(layout.train)
+        if layout.held_out:
+            labels, dense, ids = files.read_rows(layout.held_out, 0, cap)
+        else:
+            cut = n_train - max(n_train // 10, 1)
+            labels, dense, ids = files.read_rows(layout.train, cut, min(n_train, cut + cap))
+            n_train = cut
+        if args.max_rows is not None:
+            n_train = min(n_train, args.max_rows)
+        self.held_out = data.Dataset(dense, self.encode(ids), labels, self.cardinalities)
+        self.stream = files.RowStream(layout.train, args.batch_size, n_train)
+        self.steps_per_epoch = n_train // args.batch_size
+        self.n_eval = len(self.held_out)
+        self.n_train = n_train
+
+    def batch(self, epoch, k, rank, world):
+        labels, dense, ids = self.stream.batch(epoch, k, rank, world)
+        return _tensors(dense, self.encode(ids), labels)
+
+    def eval_rows(self, start, stop):
+        d = self.held_out
+        return d.dense[start:stop], d.sparse[start:stop], d.labels[start:stop]
+
+
 def build(args, world):
-    """The source named by the arguments (--synthetic N or --data DIR)."""
+    """The source named by the arguments (--synthetic N or --data DIR), and what it holds out,
+    in words (a list of lines for the run's log)."""
     if args.synthetic:
         n_test = args.synthetic_test or max(args.synthetic // 10, args.batch_size)
         gen = synthetic.SyntheticCriteo(args.synthetic, n_test, args.seed, args.max_table_rows)
-        return SyntheticSource(gen, args.batch_size)
-    splits = data.load_splits(args.data, args.categorical, args.max_table_rows, args.max_rows)
-    train = splits["train"]
+        return SyntheticSource(gen, args.batch_size), [
+            "synthetic: %d training rows, %d held out" % (args.synthetic, n_test)]
+    layout = files.find_layout(args.data)
+    if args.stream is None:
+        args.stream = layout.kind == "terabyte"
+    if args.categorical is None:
+        args.categorical = "hash" if args.stream else "vocab"
+    if args.categorical == "hash" and args.max_table_rows is None:
+        # The published cardinalities reach 48M rows a table (17 GB of dim-16 tables for
+        # Terabyte): more than a first run should allocate.
+        args.max_table_rows = HASH_TABLE_ROWS
+    if args.stream:
+        if args.categorical == "vocab":
+            raise data.DataError("--stream reads the files once, in order, so it needs "
+                                 "--categorical hash (a vocabulary needs a pass over all of train)")
+        if args.max_eval_rows is None:
+            args.max_eval_rows = STREAM_EVAL_ROWS
+        return StreamSource(layout, args), layout.notes + [
+            "streaming %s in order, at most %d held-out rows in memory"
+            % (", ".join(os.path.basename(p) for p in layout.train), args.max_eval_rows)]
+    splits = files.load_splits(args.data, args.categorical, args.max_table_rows, args.max_rows)
+    train = splits.pop("train")
     # dev and test are both held out (nothing is tuned on dev here): more rows, steadier metrics.
-    parts = [splits[k] for k in ("dev", "test") if k in splits]
+    parts = list(splits.values())
     if parts:
         held_out = data.Dataset(*(np.concatenate([getattr(p, f) for p in parts])
                                   for f in ("dense", "sparse", "labels")), train.cardinalities)
     else:
-        # Only train.txt: hold out its last tenth.
         cut = len(train) - max(len(train) // 10, 1)
         rows = lambda s: data.Dataset(train.dense[s], train.sparse[s], train.labels[s],  # noqa: E731
                                       train.cardinalities)
         held_out, train = rows(slice(cut, None)), rows(slice(None, cut))
-    return FileSource(train, held_out, args.batch_size, args.seed)
+    if args.max_eval_rows is not None:
+        held_out = data.Dataset(held_out.dense[:args.max_eval_rows],
+                                held_out.sparse[:args.max_eval_rows],
+                                held_out.labels[:args.max_eval_rows], held_out.cardinalities)
+    return FileSource(train, held_out, args.batch_size, args.seed), layout.notes

@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import backend  # noqa: E402
+import checkpoint  # noqa: E402
 import cli  # noqa: E402
 import comm  # noqa: E402
 import data  # noqa: E402
@@ -96,7 +97,10 @@ def train(args):
     rank, world = hvd.rank(), hvd.size()
     cli.check(args, world)
     torch.set_num_threads(args.threads)
-    source = sources.build(args, world)
+    source, notes = sources.build(args, world)
+    if rank == 0:
+        for line in notes:
+            print("data: %s" % line, flush=True)
     cli.check_source(source, args)
     owners, owned, dense_arch, tables, dense_opt, emb_opt = build_model(args, source, rank, world)
     total = args.steps if args.steps else args.epochs * source.steps_per_epoch
@@ -109,13 +113,24 @@ def train(args):
     curve_rows = min(source.n_eval, 8 * args.batch_size)
     checksum = hashlib.sha256()
     losses, evals, iter_s, splits = [], [], [], []
-    bar = _progress(total, rank == 0 and not args.no_progress)
+    bar = _progress(total, rank == 0 and not args.no_progress and sys.stderr.isatty())
+    log = StepLog(total, args.batch_size, _log_every(args.log_every, total) if rank == 0 else 0)
+    step = 0
+    if args.resume:
+        step = checkpoint.load(args.resume, rank, world, args, dense_arch, tables, dense_opt, emb_opt)
+        if step >= total:
+            raise cli.UsageError("--resume %s is at step %d and this run ends at step %d: nothing "
+                                 "left to train (--steps/--epochs count from the start)"
+                                 % (args.resume, step, total))
+        if rank == 0:
+            print("resumed at step %d of %d from %s" % (step, total, args.resume), flush=True)
+    log.last_step = step
     link.reset()
     t_start = time.perf_counter()
-    step = 0
-    for epoch in range(args.epochs if not args.steps else sys.maxsize):
-        for k in range(source.steps_per_epoch):
-            if step == total:
+    first_epoch, first_k = divmod(step, source.steps_per_epoch)
+    for epoch in range(first_epoch, args.epochs if not args.steps else sys.maxsize):
+        for k in range(first_k if epoch == first_epoch else 0, source.steps_per_epoch):
+            if step >= total:
                 break
             batch = source.batch(epoch, k, rank, world)
             for t in batch:
@@ -140,12 +155,15 @@ def train(args):
             step += 1
             bar.update(1)
             bar.set_postfix(loss="%.4f" % global_loss)
+            log.step(step, global_loss)
             if step in eval_at:
                 ev = evaluate(source, ex, link, dense_arch, tables, rank, world, curve_rows)
                 evals.append(dict(ev, step=step))
-        if step == total:
+        if step >= total:
             break
     train_seconds = time.perf_counter() - t_start
+    if args.save:
+        checkpoint.save(args.save, rank, world, step, args, dense_arch, tables, dense_opt, emb_opt)
     bar.close()
     wire = link.totals()
     final = evaluate(source, ex, link, dense_arch, tables, rank, world)
@@ -158,10 +176,33 @@ def train(args):
         data_checksum=hashlib.sha256("".join(digests).encode()).hexdigest(),
         loss_curve=losses, eval_curve=evals, time_split=splits,
         table_names=data.TABLE_NAMES, table_rows=source.cardinalities, owners=owners,
+        data_notes=notes,
         args=vars(args))
     result.update(wire)
     result.update(link.table_report())
     return result
+
+
+class StepLog:
+    """Rank 0's line every `every` steps: step, loss and samples/s since the previous line (a
+    progress bar under mpirun, whose output is no terminal, would be one endless line)."""
+
+    def __init__(self, total, batch_size, every):
+        self.total, self.batch_size, self.every = total, batch_size, every
+        self.last_step, self.last_t = 0, time.perf_counter()
+
+    def step(self, step, loss):
+        if not self.every or (step % self.every and step != self.total):
+            return
+        now = time.perf_counter()
+        rate = (step - self.last_step) * self.batch_size / max(now - self.last_t, 1e-9)
+        print("step %d/%d  loss %.4f  %.0f samples/s" % (step, self.total, loss, rate), flush=True)
+        self.last_step, self.last_t = step, now
+
+
+def _log_every(every, total):
+    """--log-every, or about ten lines a run when it is not given."""
+    return max(total // 10, 1) if every is None else every
 
 
 def _eval_steps(total, points):

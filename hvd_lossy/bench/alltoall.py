@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from hvd_lossy.bench import _cli
 from hvd_lossy.bench.criteo import BUNDLED, N_SPARSE, load_sparse_ids, uniform_tables
 
 DIM = 32
@@ -109,6 +110,8 @@ def print_table(rows, ranks):
     print(f"\nall-to-all of Criteo lookups, {ranks} ranks, dim {DIM}, float32; per rank and call")
     print(f"{'message':>9} {'method':>12} {'wire bytes':>12} {'codec':>6} {'reduction':>9} {'ms/call':>9} "
           f"{'compress':>9} {'comm':>9} {'decompress':>10} {'max |err|':>10}")
+    print(f"{'':>9} {'(rel bound)':>12} {'':>12} {'':>9} {'':>9} {'ms':>9} {'ms':>9} {'ms':>10} "
+          f"{'(absolute)':>10}")
     for r in rows:
         parts = [f"{1e3 * r[k]:9.2f}" if k in r else f"{'':>9}" for k in ("compress_s", "comm_s")]
         dec = f"{1e3 * r['decompress_s']:10.2f}" if "decompress_s" in r else f"{'':>10}"
@@ -118,16 +121,32 @@ def print_table(rows, ranks):
               f"{r['max_abs_error']:10.2e}")
 
 
+def _sizes(text):
+    sizes = [_cli.number(0, low_open=True)(v) for v in text.split(",") if v.strip()]
+    if not sizes:
+        raise argparse.ArgumentTypeError(f"expected comma-separated sizes in MiB, got {text!r}")
+    return [int(v * 2**20) for v in sizes]
+
+
+def _bounds(text):
+    bounds = [_cli.number(0)(v) for v in text.split(",") if v.strip()]
+    if not bounds:
+        raise argparse.ArgumentTypeError(f"expected comma-separated bounds, got {text!r}")
+    return bounds
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m hvd_lossy.bench alltoall", description=__doc__.split("\n")[0])
+    parser = _cli.Parser(prog="python -m hvd_lossy.bench alltoall", description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=pathlib.Path, help="write the results here (rank 0)")
-    parser.add_argument("--sizes", type=lambda s: [int(float(v) * 2**20) for v in s.split(",")],
-                        default=SIZES, help="per-rank message sizes in MiB, comma-separated")
-    parser.add_argument("--bounds", type=lambda s: [float(v) for v in s.split(",")], default=BOUNDS)
-    parser.add_argument("--level", type=int, default=1, help="codec level (1 or 2)")
-    parser.add_argument("--iters", type=int, default=5, help="timed calls per size and method")
+    parser.add_argument("--sizes", type=_sizes, default=SIZES,
+                        help="per-rank message sizes in MiB, comma-separated (default: 1/16 to 64 MiB)")
+    parser.add_argument("--bounds", type=_bounds, default=BOUNDS,
+                        help="relative error bounds of the lossy methods, comma-separated")
+    parser.add_argument("--level", type=int, choices=[1, 2], default=1, help="codec level")
+    parser.add_argument("--iters", type=_cli.number(1, kind=int), default=5,
+                        help="timed calls per size and method")
     parser.add_argument("--frames", choices=["table", "destination"], default="table",
-                        help="lossy frames per (destination, table) (default) or per destination")
+                        help="lossy frames per (destination, table) or per destination")
     args = parser.parse_args(argv)
 
     import hvd_lossy.torch as hvd
@@ -150,17 +169,25 @@ def main(argv=None):
     if hvd.rank() != 0:
         return
     print_table(rows, hvd.size())
-    target = [r for r in rows if r["method"] == f"lossy {TARGET_EB:g}"
-              and r["samples_per_rank"] * hvd.size() == TARGET_BATCH]
-    worst = min((r["reduction"] for r in target), default=float("nan"))
-    verdict = "met" if worst >= TARGET_RATIO else "NOT met"
-    print(f"\ntarget: >= {TARGET_RATIO:g}x fewer bytes than plain at rel-eb {TARGET_EB:g} on the bundled "
-          f"rows, batch {TARGET_BATCH}: {worst:.1f}x: {verdict}")
+    print("lossy EB: bound EB x each frame's value range; max |err| is absolute, in the "
+          "lookups' units")
+    met, worst = None, float("nan")
+    if args.frames == "table" and hvd.size() > 1:
+        target = [r for r in rows if r["method"] == f"lossy {TARGET_EB:g}"
+                  and r["samples_per_rank"] * hvd.size() == TARGET_BATCH]
+        worst = min((r["reduction"] for r in target), default=float("nan"))
+        met = worst >= TARGET_RATIO
+        print(f"\ntarget: >= {TARGET_RATIO:g}x fewer bytes than plain at rel-eb {TARGET_EB:g} on the "
+              f"bundled rows, batch {TARGET_BATCH}: {worst:.1f}x: {'met' if met else 'NOT met'}")
+    else:
+        # The target is defined for what training sends: frames per table, bytes between ranks.
+        print("\ntarget: not judged (it is defined for --frames table on 2 or more ranks; "
+              f"this run: --frames {args.frames}, {hvd.size()} rank(s))")
     if args.json:
         report = {"benchmark": "alltoall", "date": datetime.date.today().isoformat(),
                   "command": "mpirun -np %d python -m hvd_lossy.bench alltoall %s" % (hvd.size(), " ".join(argv or sys.argv[2:])),
                   "ranks": hvd.size(), "dim": DIM, "level": args.level, "data": str(BUNDLED.relative_to(BUNDLED.parents[2])),
-                  "target": {"eb": TARGET_EB, "min_reduction": TARGET_RATIO, "worst": worst, "met": worst >= TARGET_RATIO},
+                  "target": {"eb": TARGET_EB, "min_reduction": TARGET_RATIO, "worst": worst, "met": met},
                   "results": rows}
         args.json.write_text(json.dumps(report, indent=2))
         print(f"wrote {args.json}")

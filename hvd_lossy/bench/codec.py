@@ -20,7 +20,6 @@ set, decoding into new memory three ways: the codec's cached blocks, its fresh h
 and decoding the 52 frames), for the criteo chunks and for the realistic batch cut into 52.
 Throughput counts the uncompressed bytes (GB = 1e9 bytes).
 """
-import argparse
 import json
 import os
 import platform
@@ -32,6 +31,7 @@ import torch
 
 import hvd_lossy
 from hvd_lossy import _C, _codec
+from hvd_lossy.bench import _cli
 from hvd_lossy.bench.criteo import criteo_batch_lookups, realistic_lookups, synthetic_lookups
 
 
@@ -266,18 +266,21 @@ def print_table(results):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m hvd_lossy.bench codec", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--error-bound", type=float, default=0.03, help="relative bound (default 0.03)")
-    parser.add_argument("--levels", type=int, nargs="+", default=[1, 2])
+    parser = _cli.Parser(prog="python -m hvd_lossy.bench codec", description=__doc__)
+    parser.add_argument("--error-bound", type=_cli.number(0), default=0.03,
+                        help="relative bound (a fraction of each tensor's value range; 0 is lossless)")
+    parser.add_argument("--levels", type=int, nargs="+", choices=[1, 2], default=[1, 2],
+                        help="codec levels to measure")
     parser.add_argument("--formats", type=int, nargs="+", default=[1], choices=[1, 2],
                         help="frame formats to measure (2: one frame of all pieces)")
     parser.add_argument("--workloads", nargs="+", default=["realistic", "criteo"],
-                        choices=["realistic", "criteo", "synthetic"])
-    parser.add_argument("--realistic-mb", type=int, default=64, help="size of the 64 MB sets")
-    parser.add_argument("--table-rows", type=int, default=1_000_000,
+                        choices=["realistic", "criteo", "synthetic"], help="data sets to code")
+    parser.add_argument("--realistic-mb", type=_cli.number(1, kind=int), default=64,
+                        help="size of the realistic and synthetic sets, MB")
+    parser.add_argument("--table-rows", type=_cli.number(1, kind=int), default=1_000_000,
                         help="rows of the realistic set's table (1,000,000: ~30%% of 64 MB distinct)")
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--repeat", type=_cli.number(1, kind=int), default=7,
+                        help="timed runs of each measurement (the median is reported)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run for tests: 4 MB sets (a 20,000-row table, again ~30%% "
                              "distinct), 1 repeat, level 1 only")

@@ -38,6 +38,8 @@ import sys
 import tempfile
 import time
 
+from hvd_lossy.bench import _cli
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "dlrm" / "train.py"
 
@@ -512,9 +514,10 @@ def _choices(allowed):
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="python -m hvd_lossy.bench netlink",
-                                description=__doc__.split("\n")[0],
-                                epilog="Flags after `--` go to every train.py run.")
+    # Its defaults depend on --quick, so the help texts state them (no automatic "(default: None)").
+    p = _cli.Parser(prog="python -m hvd_lossy.bench netlink", description=__doc__.split("\n")[0],
+                    epilog="Flags after `--` go to every train.py run.",
+                    formatter_class=argparse.HelpFormatter)
     p.add_argument("--rates", type=_rates, default=None,
                    help="link rates in Gbit/s and/or 'unlimited' (default 1,10,25,100,unlimited)")
     p.add_argument("--ranks", type=lambda s: [int(v) for v in s.split(",")], default=None,

@@ -47,6 +47,10 @@ def main():
     expect_failure(["--max-table-rows", "1"], "--max-table-rows must be >= 2")
     expect_failure(["--batch-size", "100000"], "larger than the 7200 training rows")
     expect_failure(["--compression", "lossy", "--error-bound", "-1"], "error bounds must be >= 0")
+    expect_failure(["--policy", "sensitivity"], "--policy applies only to --compression adaptive")
+    expect_failure(["--compression", "adaptive", "--policy", "nope"],
+                   "argument --policy: invalid choice: 'nope'")
+    expect_failure(["--no-such-flag"], "unrecognized arguments: --no-such-flag")
     print("dlrm_errors rank %d ok" % hvd.rank())
 
 

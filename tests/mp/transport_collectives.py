@@ -139,7 +139,8 @@ def test_differentiable_async_gives_the_gradient_alltoall_gives():
     splits = uneven_splits(R, case, N)
     rows_in = sum(uneven_splits(s, case, N)[R] for s in range(N))
     g_out = lookups(200 + R, case, rows_in, (4,))
-    for compression in (hvd.Compression.none, hvd.Compression.lossy(EB, backward=0.05)):
+    # Undithered: dither seeds advance with every call, so two calls' gradients would differ.
+    for compression in (hvd.Compression.none, hvd.Compression.lossy(EB, backward=0.05, dither=False)):
         grads = []
         for use_async in (False, True):
             x = lookups(R, case, sum(splits)).requires_grad_()

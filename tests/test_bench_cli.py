@@ -1,0 +1,62 @@
+"""The benchmark commands' front ends: --help with defaults, and bad flags or values refused in
+one line with exit status 2, printed once however many ranks run them."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests._launch import REPO, _mpirun
+
+
+def bench(*args, env=None):
+    full_env = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "hvd_lossy.bench", *args], cwd=REPO, env=full_env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_bench_help_lists_every_benchmark_and_exits_0():
+    proc = bench("--help")
+    assert proc.returncode == 0, proc.stderr
+    assert all(name in proc.stdout for name in ("codec", "alltoall", "netlink"))
+
+
+def test_bench_without_a_name_is_one_usage_error():
+    proc = bench("codecs")
+    assert proc.returncode == 2 and "expected a benchmark name, got 'codecs'" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["codec", "alltoall"])
+def test_benchmark_help_shows_defaults(name):
+    proc = bench(name, "--help")
+    assert proc.returncode == 0 and "(default: " in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["codec", "--levels", "3"], "argument --levels: invalid choice: 3 (choose from 1, 2)"),
+    (["codec", "--error-bound", "-1"], "argument --error-bound: must be >= 0, got -1"),
+    (["alltoall", "--level", "3"], "argument --level: invalid choice: 3 (choose from 1, 2)"),
+    (["alltoall", "--sizes", "0"], "argument --sizes: must be > 0, got 0"),
+    (["netlink", "--repeat", "x"], "argument --repeat: invalid int value: 'x'"),
+])
+def test_bad_values_are_one_line_with_status_2(args, message):
+    proc = bench(*args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+
+
+def test_other_ranks_print_nothing_for_a_bad_value():
+    proc = bench("codec", "--levels", "3", env={"OMPI_COMM_WORLD_RANK": "1"})
+    assert proc.returncode == 2 and proc.stderr == "" and proc.stdout == ""
+
+
+@pytest.mark.mpi
+def test_alltoall_level_3_under_mpirun_is_refused_once_by_every_rank():
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    proc = subprocess.run(_mpirun(2) + [sys.executable, "-m", "hvd_lossy.bench", "alltoall",
+                                        "--level", "3"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr
+    assert (proc.stdout + proc.stderr).count("invalid choice: 3") == 1, proc.stdout + proc.stderr
