@@ -1071,23 +1071,41 @@ std::vector<uint64_t> prefixes_before(const std::vector<int64_t>& groups, size_t
   return before;
 }
 
+// How a call's pieces share the threads. Many small pieces: one thread each (parallel_items,
+// which never waits for a helper that has no core). Few large ones: each piece uses all
+// threads in turn.
+struct PieceThreads {
+  int across;  // threads over the pieces
+  int inner;   // threads within one piece
+};
+
+PieceThreads piece_threads(size_t n, int threads) {
+  const bool across = (int)n >= threads && n > 1;
+  return {across ? threads : 1, across ? 1 : threads};
+}
+
+// Every piece quantized, deduplicated and packed into its sections, in parallel.
+std::vector<Prepared> prepare_pieces(const void* input, const CompressParams& p, const Pieces& c,
+                                     PieceThreads t) {
+  const size_t n = c.shapes.size();
+  const uint8_t* in = static_cast<const uint8_t*>(input);
+  const uint64_t eb = hl_elem_bytes(p.dtype);
+  std::vector<Prepared> frames(n);
+  parallel::parallel_items(n, t.across, [&](size_t i) {
+    frames[i] = prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], t.inner);
+  });
+  return frames;
+}
+
 // Builds every piece's frame, then asks place(total) for the memory of the whole layout and
-// writes each frame once, at its final place in it. Many small pieces: one thread each
-// (parallel_items, which never waits for a helper that has no core). Few large ones: each
-// piece uses all threads in turn.
+// writes each frame once, at its final place in it.
 std::vector<uint64_t> build_and_place_v1(const void* input, const CompressParams& p, const Pieces& c,
                                       const std::vector<uint64_t>& before, uint64_t prefix_bytes,
                                       const std::function<uint8_t*(uint64_t)>& place,
                                       int threads) {
   const size_t n = c.shapes.size();
-  const uint8_t* in = static_cast<const uint8_t*>(input);
-  const uint64_t eb = hl_elem_bytes(p.dtype);
-  const bool across = (int)n >= threads && n > 1;
-  const int inner = across ? 1 : threads;
-  std::vector<Prepared> frames(n);
-  parallel::parallel_items(n, across ? threads : 1, [&](size_t i) {
-    frames[i] = prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], inner);
-  });
+  const PieceThreads t = piece_threads(n, threads);
+  std::vector<Prepared> frames = prepare_pieces(input, p, c, t);
   std::vector<uint64_t> at(n, 0), sizes(n, 0);
   uint64_t w = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -1097,8 +1115,8 @@ std::vector<uint64_t> build_and_place_v1(const void* input, const CompressParams
     w += sizes[i];
   }
   uint8_t* out = place(w + before[n] * prefix_bytes);
-  parallel::parallel_items(n, across ? threads : 1, [&](size_t i) {
-    write_frame(frames[i], out + at[i], sizes[i], inner);
+  parallel::parallel_items(n, t.across, [&](size_t i) {
+    write_frame(frames[i], out + at[i], sizes[i], t.inner);
     frames[i] = Prepared();  // sections back to this thread's pool while they are warm
   });
   return sizes;
@@ -1113,14 +1131,9 @@ std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams
                                          const std::function<uint8_t*(uint64_t)>& place,
                                          int threads) {
   const size_t n = c.shapes.size();
-  const uint8_t* in = static_cast<const uint8_t*>(input);
+  const PieceThreads t = piece_threads(n, threads);
   const uint64_t eb = hl_elem_bytes(p.dtype);
-  const bool across = (int)n >= threads && n > 1;
-  const int inner = across ? 1 : threads;
-  std::vector<Prepared> frames(n);
-  parallel::parallel_items(n, across ? threads : 1, [&](size_t i) {
-    frames[i] = prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], inner);
-  });
+  std::vector<Prepared> frames = prepare_pieces(input, p, c, t);
   std::vector<SegmentDesc> descs(n);
   for (size_t i = 0; i < n; ++i) descs[i] = segment_desc(frames[i], p.mode);
   struct Group {
@@ -1154,7 +1167,7 @@ std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams
     gs.push_back(std::move(grp));
   }
   uint8_t* out = place(w);
-  parallel::parallel_items(gs.size(), across ? threads : 1, [&](size_t k) {
+  parallel::parallel_items(gs.size(), t.across, [&](size_t k) {
     const Group& g = gs[k];
     const std::vector<SegmentDesc> mine(descs.begin() + g.first, descs.begin() + g.first + g.count);
     uint8_t* frame = out + g.at;
