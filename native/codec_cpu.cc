@@ -1256,6 +1256,27 @@ std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams&
                            {(int64_t)rows.size()}, 0, out, out_cap, threads);
 }
 
+namespace {
+
+// A header field that fails its check: when the frame's checksum (over the bytes its header
+// says it has) also fails, the frame was damaged after it was sealed, and that is what the
+// error says first; the field check follows as detail. Computed only on this failure path.
+[[noreturn]] void corrupt(const HlFrameHeader& h, const uint8_t* frame, uint64_t size,
+                          const std::string& what) {
+  if (h.total_bytes == size) {
+    const uint32_t sum = checksum_with_zero_field(frame, size, 1);
+    if (sum != h.checksum) {
+      char buf[96];
+      snprintf(buf, sizeof(buf), "frame is corrupted: checksum 0x%08x, its header says 0x%08x",
+               sum, h.checksum);
+      throw FrameError(std::string(buf) + " (and " + what + ")");
+    }
+  }
+  throw FrameError("frame is corrupted: " + what);
+}
+
+}  // namespace
+
 HlFrameHeader parse_header(const uint8_t* frame, uint64_t size, std::vector<int64_t>* shape) {
   if (size < HL_HEADER_BYTES)
     throw FrameError("frame is truncated: " + std::to_string(size) +
@@ -1272,58 +1293,58 @@ HlFrameHeader parse_header(const uint8_t* frame, uint64_t size, std::vector<int6
     throw FrameError("unsupported frame version " + std::to_string(h.version) + ", expected " +
                      std::to_string(HL_VERSION));
   if (h.dtype > HL_BFLOAT16)
-    throw FrameError("frame is corrupted: dtype code " + std::to_string(h.dtype));
+    corrupt(h, frame, size, std::string() + "dtype code " + std::to_string(h.dtype));
   if (h.level != 1 && h.level != 2)
-    throw FrameError("frame is corrupted: level " + std::to_string(h.level));
+    corrupt(h, frame, size, std::string() + "level " + std::to_string(h.level));
   if (h.flags & ~(HL_FLAG_REL | HL_FLAG_LOSSLESS | HL_FLAG_IDENTITY_MAP | HL_FLAG_DITHER)) {
     char buf[80];
     snprintf(buf, sizeof(buf), "frame is corrupted: unknown flags 0x%02x", h.flags);
     throw FrameError(buf);
   }
   if (h.ndim > HL_MAX_NDIM)
-    throw FrameError("frame is corrupted: ndim " + std::to_string(h.ndim) + ", at most " +
+    corrupt(h, frame, size, std::string() + "ndim " + std::to_string(h.ndim) + ", at most " +
                      std::to_string(HL_MAX_NDIM));
   const bool dithered = h.flags & HL_FLAG_DITHER;
   if (!dithered && (h.reserved[0] || h.reserved[1] || h.reserved[2]))
-    throw FrameError("frame is corrupted: reserved header bytes are not zero");
+    corrupt(h, frame, size, std::string() + "reserved header bytes are not zero");
   if (dithered && (h.flags & HL_FLAG_LOSSLESS || !(h.flags & HL_FLAG_IDENTITY_MAP)))
-    throw FrameError("frame is corrupted: a dithered frame must be lossy with no row map");
+    corrupt(h, frame, size, std::string() + "a dithered frame must be lossy with no row map");
   if (h.total_bytes != size)
     throw FrameError("frame is truncated or has trailing bytes: " + std::to_string(size) +
                      " bytes, its header says " + std::to_string(h.total_bytes));
   if (!(h.eb_abs >= 0) || !isfinite(h.eb_abs))
-    throw FrameError("frame is corrupted: error bound " + std::to_string(h.eb_abs));
+    corrupt(h, frame, size, std::string() + "error bound " + std::to_string(h.eb_abs));
   const uint64_t shape_end = HL_HEADER_BYTES + 8ull * h.ndim;
   if (shape_end > size) throw FrameError("frame is truncated inside its shape");
   int64_t dims[HL_MAX_NDIM];  // on the stack: decoding many small frames allocates nothing here
   if (h.ndim) memcpy(dims, frame + HL_HEADER_BYTES, 8ull * h.ndim);
   uint64_t rows = 1, len = 1;
   for (int i = 0; i < h.ndim; ++i)
-    if (dims[i] < 0) throw FrameError("frame is corrupted: dimension " + std::to_string(dims[i]));
+    if (dims[i] < 0) corrupt(h, frame, size, std::string() + "dimension " + std::to_string(dims[i]));
   if (h.ndim >= 2)
     for (int i = 0; i + 1 < h.ndim; ++i)
       if (__builtin_mul_overflow(rows, (uint64_t)dims[i], &rows))
-        throw FrameError("frame is corrupted: shape overflows");
+        corrupt(h, frame, size, std::string() + "shape overflows");
   if (h.ndim >= 1) len = (uint64_t)dims[h.ndim - 1];
   uint64_t elems;
   if (__builtin_mul_overflow(rows, len, &elems) || elems > (1ull << 60))
-    throw FrameError("frame is corrupted: shape overflows");
+    corrupt(h, frame, size, std::string() + "shape overflows");
   if (h.n_rows != rows || h.row_len != len)
-    throw FrameError("frame is corrupted: header rows x length " + std::to_string(h.n_rows) +
+    corrupt(h, frame, size, std::string() + "header rows x length " + std::to_string(h.n_rows) +
                      " x " + std::to_string(h.row_len) + " disagree with its shape");
   const bool identity = h.flags & HL_FLAG_IDENTITY_MAP;
   if (h.n_unique > h.n_rows || (identity && (h.n_unique != h.n_rows || h.map_bytes != 0)) ||
       (h.n_rows > 0 && h.n_unique == 0) || (!identity && h.n_rows > 0xffffffffull))
-    throw FrameError("frame is corrupted: " + std::to_string(h.n_unique) + " unique rows of " +
+    corrupt(h, frame, size, std::string() + "" + std::to_string(h.n_unique) + " unique rows of " +
                      std::to_string(h.n_rows));
   if ((h.flags & HL_FLAG_LOSSLESS) && h.n_outliers)
-    throw FrameError("frame is corrupted: a lossless frame with outliers");
+    corrupt(h, frame, size, std::string() + "a lossless frame with outliers");
   if (h.n_outliers > size / HL_OUTLIER_BYTES || h.outlier_bytes != HL_OUTLIER_BYTES * h.n_outliers)
-    throw FrameError("frame is corrupted: " + std::to_string(h.n_outliers) + " outliers in " +
+    corrupt(h, frame, size, std::string() + "" + std::to_string(h.n_outliers) + " outliers in " +
                      std::to_string(h.outlier_bytes) + " bytes");
   if (h.map_bytes > size || h.code_bytes > size ||
       shape_end + h.map_bytes + h.code_bytes + h.outlier_bytes != size)
-    throw FrameError("frame is corrupted: section sizes " + std::to_string(h.map_bytes) + " + " +
+    corrupt(h, frame, size, std::string() + "section sizes " + std::to_string(h.map_bytes) + " + " +
                      std::to_string(h.code_bytes) + " + " + std::to_string(h.outlier_bytes) +
                      " do not fill the frame of " + std::to_string(size) + " bytes");
   // Every block or stream costs bytes, so the code and map sections bound the work and memory
@@ -1333,7 +1354,7 @@ HlFrameHeader parse_header(const uint8_t* frame, uint64_t size, std::vector<int6
                                                : 8 * hl_div_up(n_codes, HL_RANS_CHUNK) + 7;
   if ((h.level == 2 && n_codes == 0) || h.code_bytes < min_code_bytes ||
       (!identity && h.map_bytes < hl_div_up(h.n_rows, HL_BLOCK)))
-    throw FrameError("frame is corrupted: sections too small for " + std::to_string(h.n_rows) +
+    corrupt(h, frame, size, std::string() + "sections too small for " + std::to_string(h.n_rows) +
                      " rows of " + std::to_string(len));
   if (shape) shape->assign(dims, dims + h.ndim);  // reuses the caller's capacity
   return h;

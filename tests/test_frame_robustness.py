@@ -429,3 +429,13 @@ def test_decode_limit_refuses_a_valid_expanding_frame_per_call_and_when_set():
     for bad in (-1, 1.5, True, "1"):
         with pytest.raises(ValueError, match="max_output_bytes must be an int >= 0"):
             hvd_lossy.set_max_output_bytes(bad)
+
+
+@pytest.mark.parametrize("offset", [6, 9, 32, 48, 56, 64])  # level, reserved, rows, unique, outliers, sections
+def test_a_header_field_damaged_after_sealing_names_the_checksum_first(offset):
+    frame = hvd_lossy.compress(torch.randn(64, 16, generator=torch.Generator().manual_seed(3)), 0.03)
+    damaged = frame.clone()
+    damaged[offset] ^= 0x55
+    with pytest.raises(hvd_lossy.FrameError, match=r"^frame is corrupted: checksum 0x[0-9a-f]{8}, "
+                                                   r"its header says 0x[0-9a-f]{8} \(and .+\)$"):
+        hvd_lossy.decompress(damaged)
