@@ -208,8 +208,10 @@ def test_a_failure_inside_the_run_deletes_the_namespace(monkeypatch):
 def test_a_signal_mid_run_ends_the_ranks_and_deletes_the_namespace(sig, status):
     name = f"hvdl-t{os.getpid()}-sig{int(sig)}"
     _link_or_skip(name + "-probe")
+    # --iters 400: a run of many seconds, so the signal lands mid-run even on a quiet machine
+    # (a bare --quick run can end before the ranks are seen and signalled)
     proc = subprocess.Popen([sys.executable, "-m", "hvd_lossy.bench", "netlink", "--quick", "--parts",
-                             "alltoall", "--namespace", name], env=_env(), cwd=REPO,
+                             "alltoall", "--iters", "400", "--namespace", name], env=_env(), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pids = []
     try:
