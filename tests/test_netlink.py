@@ -203,6 +203,12 @@ def test_a_failure_inside_the_run_deletes_the_namespace(monkeypatch):
     assert name not in netlink.namespaces()
 
 
+def _default_sigint():
+    # A suite started in the background (`cmd &`) inherits SIGINT ignored, and Python then keeps
+    # it ignored: give the benchmark the SIGINT a user's terminal would.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)])
 def test_a_signal_mid_run_ends_the_ranks_and_deletes_the_namespace(sig, status):
@@ -212,7 +218,8 @@ def test_a_signal_mid_run_ends_the_ranks_and_deletes_the_namespace(sig, status):
     # (a bare --quick run can end before the ranks are seen and signalled)
     proc = subprocess.Popen([sys.executable, "-m", "hvd_lossy.bench", "netlink", "--quick", "--parts",
                              "alltoall", "--iters", "400", "--namespace", name], env=_env(), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_default_sigint)
     pids = []
     try:
         deadline = time.monotonic() + 60
