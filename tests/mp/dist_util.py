@@ -2,12 +2,11 @@
 and deterministic inputs any rank can rebuild for any other rank."""
 import os
 import sys
-import time
-import traceback
 
 import torch
 
 import hvd_lossy.distributed as dist
+from cases import cases_of, run_cases as _run_cases  # noqa: F401 (cases_of: for the workers)
 
 BACKEND = "gloo"  # `--backend mpi` under mpirun, where torch has MPI
 if "--backend" in sys.argv:
@@ -40,24 +39,9 @@ def rel_bound(piece, eb):
     return eb * float(p.max() - p.min()) if p.numel() else 0.0
 
 
-def cases_of(namespace):
-    return [v for k, v in sorted(namespace.items()) if k.startswith("test_")]
-
-
 def run_cases(cases):
-    """Runs each case; a failure prints the traceback with the rank and exits non-zero."""
-    for case in cases:
-        t0 = time.perf_counter()
-        try:
-            case()
-        except BaseException:
-            print(f"rank {R}: case {case.__name__} failed", file=sys.stderr)
-            traceback.print_exc()
-            sys.stderr.flush()
-            os._exit(1)  # the peers may be blocked in a collective: do not wait for them
-        if R == 0:
-            print(f"{case.__name__}: {time.perf_counter() - t0:.2f} s", flush=True)
-    print(f"rank {R}: {len(cases)} cases passed", flush=True)
+    """cases.run_cases with this rank, then the group's teardown."""
+    _run_cases(cases, R)
     dist.destroy_process_group()
     # Not a normal exit: with torch 2.13 a gloo worker thread can still be dropping a finished
     # work's tensors when the interpreter finalises, and std::terminate aborts the process

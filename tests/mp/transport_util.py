@@ -1,13 +1,10 @@
 """Shared pieces of the transport workers: deterministic per-rank inputs that every rank can
 rebuild for every other rank, so each receiver knows exactly what its peers sent."""
-import os
-import sys
-import time
-import traceback
 
 import torch
 
 import hvd_lossy.torch as hvd
+from cases import cases_of, run_cases as _run_cases  # noqa: F401 (cases_of: for the workers)
 
 hvd.init(process_sets="dynamic")  # cases may add process sets
 R, N = hvd.rank(), hvd.size()
@@ -55,22 +52,6 @@ def assert_within(got, ref, bound, what):
     assert err <= bound, f"{what}: max error {err} exceeds the bound {bound}"
 
 
-def cases_of(namespace):
-    """The test_* functions of a worker module, in name order (the same on every rank)."""
-    return [v for k, v in sorted(namespace.items()) if k.startswith("test_")]
-
-
 def run_cases(cases):
-    """Runs each case; any failure prints the traceback with the rank and exits non-zero."""
-    for case in cases:
-        t0 = time.perf_counter()
-        try:
-            case()
-        except BaseException:
-            print(f"rank {hvd.rank()}: case {case.__name__} failed", file=sys.stderr)
-            traceback.print_exc()
-            sys.stderr.flush()
-            os._exit(1)  # not sys.exit: Horovod's shutdown could wait for the peers
-        if hvd.rank() == 0:
-            print(f"{case.__name__}: {time.perf_counter() - t0:.2f} s", flush=True)
-    print(f"rank {hvd.rank()}: {len(cases)} cases passed", flush=True)
+    """cases.run_cases with this rank (Horovod's)."""
+    _run_cases(cases, hvd.rank())
