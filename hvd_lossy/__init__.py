@@ -10,6 +10,10 @@ The Horovod drop-in is ``import hvd_lossy.torch as hvd``; for torch.distributed 
 """
 from ._codec import (
     DITHER_SEEDS,
+    STAT_MAX,
+    STAT_MIN,
+    STAT_UNIQUE,
+    STATS_PER_PIECE,
     CodecError,
     FrameError,
     check_error_bound,
@@ -35,6 +39,10 @@ __all__ = [
     "CodecError",
     "FrameError",
     "DITHER_SEEDS",
+    "STAT_MAX",
+    "STAT_MIN",
+    "STAT_UNIQUE",
+    "STATS_PER_PIECE",
     "check_error_bound",
     "compress",
     "compress_chunks",

@@ -5,12 +5,16 @@ The only module that imports the compiled extension ``hvd_lossy._C``.
 import numbers
 import os
 
+import numpy as np
 import torch
 
 from . import _C
 
 FrameError = _C.FrameError
 CodecError = _C.CodecError
+# Columns of compress_grouped's stats.
+STATS_PER_PIECE, STAT_MIN, STAT_MAX, STAT_UNIQUE = (
+    _C.STATS_PER_PIECE, _C.STAT_MIN, _C.STAT_MAX, _C.STAT_UNIQUE)
 
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _CODE_DTYPES = {v: k for k, v in _DTYPE_CODES.items()}
@@ -478,7 +482,7 @@ def output_cache_bytes():
 
 
 def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offset=0, mode="rel",
-                     level=1, dedup=True, dither=None, format=1):
+                     level=1, dedup=True, dither=None, format=1, stats=None):
     """Compresses pieces of dim 0 of a CPU tensor straight into a send buffer, in groups.
 
     The bytes written at ``out[offset:]`` are ``[prefix][frames of group 0][prefix][frames of
@@ -495,6 +499,11 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
             i uses ``(dither + i) % 2**24``).
         format: 1 (a frame a piece) or 2 (ONE frame a non-empty group, its pieces the frame's
             segments; an empty group has no frame).
+        stats: None, or a C-contiguous float64 numpy array of shape (len(rows), 3) that the codec
+            fills with what it learnt of each piece while coding it, at no extra pass: columns
+            STAT_MIN and STAT_MAX, the finite value range, and STAT_UNIQUE, the distinct rows
+            (NaN where duplicate removal did not run, e.g. dithered pieces); the range is NaN
+            for a piece without finite elements.
 
     Returns:
         one size a piece: its frame (format 1) or its segment, the first piece of a group also
@@ -504,12 +513,17 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
     code = _dtype_code(tensor)
     seed = _check_dither(dither)
     src = tensor.contiguous()
+    if stats is not None and (stats.dtype != np.float64 or stats.shape != (len(rows), STATS_PER_PIECE)
+                              or not stats.flags.c_contiguous or not stats.flags.writeable):
+        raise ValueError(f"stats must be a writeable C-contiguous float64 array of shape "
+                         f"({len(rows)}, {STATS_PER_PIECE}), got {stats.dtype} {stats.shape}")
     return list(_C.compress_into(src.data_ptr() if src.numel() else 0, code, [int(r) for r in rows],
                                  list(src.shape[1:]), [_check_bound(e) for e in error_bounds],
                                  _mode_code(mode), _check_level(level), bool(dedup),
                                  [int(g) for g in groups], int(prefix_bytes),
                                  out.data_ptr() + offset, out.numel() - offset, _threads, seed,
-                                 _check_format(format)))
+                                 _check_format(format),
+                                 0 if stats is None else stats.ctypes.data))
 
 
 def decompress_into(buffer, sources, out):

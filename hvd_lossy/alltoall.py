@@ -13,6 +13,7 @@ One lossy alltoall is ONE alltoall of the backend (Horovod or torch.distributed)
            decoded straight into the one output tensor.
 Nothing blocks before the launch, so alltoall_async overlaps communication fully.
 """
+import numpy as np
 import torch
 
 import hvd_lossy
@@ -92,9 +93,14 @@ class Alltoall(LossyCall):
         # The ranks before this one, then the ones after it: the own chunk is copied, not coded.
         parts = [(range(me + 1), tensor[:lo]), (range(me + 1, self.size), tensor[hi:])]
         pack = self._pack_in_place if self.device.type == "cpu" else self._pack_copying
+        self.want_stats = c.wants_codec_stats() and self.device.type == "cpu"
+        self.piece_stats = []
         send, sizes = pack(parts, seed)
         it = iter(sizes)
         self.frame_sizes = [None if dest == me else next(it) for dest, _r, _e in plan]
+        if self.want_stats:
+            it = iter(row for block in self.piece_stats for row in block)
+            self.codec_stats = [None if dest == me else next(it) for dest, _r, _e in plan]
         self.record.error_bounds = [float(p[2]) for p in plan if p[0] != me]
         self.record.raw_bytes = (tensor.shape[0] - rows_to[me]) * _row_bytes(tensor)
         self.record.local_bytes = rows_to[me] * _row_bytes(tensor)
@@ -134,15 +140,19 @@ class Alltoall(LossyCall):
         send = torch.empty(cap, dtype=torch.uint8)
         sizes, offset, group_at = [], 0, []
         for (dests, rows), pieces, g in zip(parts, plans, groups):
+            stats = (np.empty((len(pieces), hvd_lossy.STATS_PER_PIECE)) if self.want_stats
+                     else None)
             try:
                 got = hvd_lossy.compress_grouped(
                     rows.detach(), [p[1] for p in pieces], [p[2] for p in pieces], g,
                     hlen, send, offset, mode=c.mode, level=c.level, dedup=c.dedup,
-                    dither=seed, format=2)
+                    dither=seed, format=2, stats=stats)
             except Exception as e:
                 raise self._compress_error(e) from e
             if seed is not None:
                 seed = (seed + len(pieces)) % hvd_lossy.DITHER_SEEDS
+            if stats is not None:
+                self.piece_stats.append(stats)
             k = 0
             for n_frames in g:
                 group_at.append((offset, sum(got[k:k + n_frames])))
@@ -215,7 +225,11 @@ class Alltoall(LossyCall):
         # The compressor's statistics wait until the bytes travel; a failure here is reported
         # like a receive failure (the peers' call is already under way).
         try:
-            self.compressor.after_compress(self.plan, self.frame_sizes, self.tensor)
+            if self.want_stats:
+                self.compressor.after_compress(self.plan, self.frame_sizes, self.tensor,
+                                               codec_stats=self.codec_stats)
+            else:
+                self.compressor.after_compress(self.plan, self.frame_sizes, self.tensor)
         except Exception as e:
             self.late_failure = _LocalError(9, detail=f"after_compress: {type(e).__name__}: {e}")
 

@@ -218,11 +218,21 @@ class LossyCompressor(Compressor):
             plan.extend((dest, rows // parts, self.error_bound) for _ in range(parts))
         return plan
 
+    def wants_codec_stats(self):
+        """Whether this call's `after_compress` wants `codec_stats`: what the codec learnt of
+        each frame while coding it (no extra pass over the tensor). Asked once a call."""
+        return False
+
     def after_compress(self, plan, frame_sizes, tensor):
         """Hook called once the frames of `tensor`, cut by `plan`, are on their way: frame i took
         `frame_sizes[i]` bytes, or None for the frames of the chunk an alltoall sends to its own
         rank, which is copied rather than coded. It runs after the launch, off the critical
-        path; an exception here raises RankError from the call's synchronize."""
+        path; an exception here raises RankError from the call's synchronize.
+
+        When `wants_codec_stats()` said so and the codec ran on the CPU, it is called with
+        `codec_stats=`: one entry a frame, None where `frame_sizes` has None, else a row of
+        floats indexed by hvd_lossy.STAT_MIN, STAT_MAX (the frame's finite value range) and
+        STAT_UNIQUE (its distinct rows), NaN where the codec did not compute it."""
 
     def for_backward(self):
         """The compressor of the gradient all-to-all (which runs with the splits reversed)."""

@@ -307,20 +307,27 @@ PYBIND11_MODULE(_C, m) {
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
            int level, bool dedup, const std::vector<int64_t>& groups, uint64_t prefix_bytes,
-           uintptr_t out, uint64_t out_cap, int threads, int64_t dither_seed, int format) {
+           uintptr_t out, uint64_t out_cap, int threads, int64_t dither_seed, int format,
+           uintptr_t stats) {
           return hl::compress_into_cpu(ptr<const void>(in),
                                        params_f(dtype, mode, level, dedup, 0.0, dither_seed, format), rows,
                                        trailing, ebs, groups, prefix_bytes, ptr<uint8_t>(out),
-                                       out_cap, threads);
+                                       out_cap, threads, ptr<double>(stats));
         },
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
         py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
         py::arg("groups"), py::arg("prefix_bytes"), py::arg("out"), py::arg("out_cap"),
         py::arg("threads") = 0, py::arg("dither_seed") = -1, py::arg("format") = 1,
-        py::call_guard<py::gil_scoped_release>(),
+        py::arg("stats") = 0, py::call_guard<py::gil_scoped_release>(),
         "compress_many with the frames in groups (format 2: one frame a group), prefix_bytes left untouched before each "
         "group: out holds [prefix][frames of group 0][prefix][frames of group 1]... with no "
-        "gaps. Returns the frame sizes.");
+        "gaps. Returns the frame sizes. stats, when not 0, is the address of STATS_PER_PIECE "
+        "doubles a piece the codec fills with what it learnt (STAT_MIN, STAT_MAX, STAT_UNIQUE; "
+        "NaN where not computed).");
+  m.attr("STATS_PER_PIECE") = (int)hl::HL_STATS_PER_PIECE;
+  m.attr("STAT_MIN") = (int)hl::HL_STAT_MIN;
+  m.attr("STAT_MAX") = (int)hl::HL_STAT_MAX;
+  m.attr("STAT_UNIQUE") = (int)hl::HL_STAT_UNIQUE;
 
   m.def("max_grouped_bytes", &hl::max_grouped_bytes, py::arg("rows"), py::arg("trailing"),
         py::arg("groups"), py::arg("prefix_bytes"), py::arg("format") = 1,

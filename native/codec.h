@@ -35,7 +35,14 @@ struct CompressParams {
   bool dither = false;       // subtractive dither (frame.h); turns dedup off
   uint32_t dither_seed = 0;  // < HL_DITHER_SEEDS; chunk i of compress_many uses seed + i
   uint8_t format = 1;        // 1: a frame a piece; 2: a frame a group, the pieces its segments
+  // Take each piece's finite value range even when its bound does not need it, for the
+  // statistics compress_into_cpu hands back (the adaptive controller's, read at no extra pass).
+  bool want_range = false;
 };
+
+// What the codec learnt of each piece while coding it: finite min and max, and distinct rows.
+// NaN where it was not computed (no range needed, or duplicate removal did not run).
+enum { HL_STAT_MIN = 0, HL_STAT_MAX = 1, HL_STAT_UNIQUE = 2, HL_STATS_PER_PIECE = 3 };
 
 struct FrameV2;  // frame_v2.h
 
@@ -77,13 +84,15 @@ std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams&
 // [prefix][frames of group 0][prefix][frames of group 1]... with no gaps, so the first
 // groups.size() * prefix_bytes + sum(sizes) bytes of out are the send buffer. out_cap must be
 // at least max_grouped_bytes(rows, trailing, groups, prefix_bytes). Each frame's bytes are
-// written once, in place. Returns the frame sizes.
+// written once, in place. Returns the frame sizes. With stats, also fills HL_STATS_PER_PIECE
+// doubles a piece (HL_STAT_*).
 std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams& p,
                                         const std::vector<int64_t>& rows,
                                         const std::vector<int64_t>& trailing,
                                         const std::vector<double>& error_bounds,
                                         const std::vector<int64_t>& groups, uint64_t prefix_bytes,
-                                        uint8_t* out, uint64_t out_cap, int threads);
+                                        uint8_t* out, uint64_t out_cap, int threads,
+                                        double* stats = nullptr);
 
 // compress_many_cpu into memory it asks alloc for once, when the frames' total size is known:
 // no worst-case buffer, each frame written once. Returns the frame sizes.

@@ -589,12 +589,14 @@ struct Prepared {
   std::vector<int64_t> shape;
   Sections s;
   uint32_t bound = 0;  // format 2: hl_bound_code of h.eb_abs (lossy)
+  double lo = NAN, hi = NAN;  // finite range, when it was taken
+  bool deduped = false;       // h.n_unique counts distinct rows (not just n_rows)
 };
 
 template <int DT>
 Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector<int64_t>& shape,
                  int threads, bool force_lossless) {
-  const bool need_range = p.mode == HL_MODE_REL && p.error_bound > 0;
+  const bool need_range = (p.mode == HL_MODE_REL && p.error_bound > 0) || p.want_range;
   // Dithered rows never repeat (each element has its own offset), so dither skips dedup.
   const bool dedup = dedup_applies(p.dedup && !p.dither, t.n_rows, t.row_len);
   double lo = 0, hi = 0;
@@ -653,6 +655,11 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   h.total_bytes = total;
   f.shape = shape;
   f.bound = lossless ? 0 : bound;
+  if (need_range && t.n_rows * t.row_len > 0 && lo <= hi) {  // lo > hi: no finite element
+    f.lo = lo;
+    f.hi = hi;
+  }
+  f.deduped = dedup;
   return f;
 }
 
@@ -1086,13 +1093,19 @@ PieceThreads piece_threads(size_t n, int threads) {
 
 // Every piece quantized, deduplicated and packed into its sections, in parallel.
 std::vector<Prepared> prepare_pieces(const void* input, const CompressParams& p, const Pieces& c,
-                                     PieceThreads t) {
+                                     PieceThreads t, double* stats) {
   const size_t n = c.shapes.size();
   const uint8_t* in = static_cast<const uint8_t*>(input);
   const uint64_t eb = hl_elem_bytes(p.dtype);
   std::vector<Prepared> frames(n);
   parallel::parallel_items(n, t.across, [&](size_t i) {
     frames[i] = prepare_one(in + c.in_off[i] * eb, c.params[i], c.shapes[i], t.inner);
+    if (stats) {
+      double* s = stats + i * HL_STATS_PER_PIECE;
+      s[HL_STAT_MIN] = frames[i].lo;
+      s[HL_STAT_MAX] = frames[i].hi;
+      s[HL_STAT_UNIQUE] = frames[i].deduped ? (double)frames[i].h.n_unique : NAN;
+    }
   });
   return frames;
 }
@@ -1102,10 +1115,10 @@ std::vector<Prepared> prepare_pieces(const void* input, const CompressParams& p,
 std::vector<uint64_t> build_and_place_v1(const void* input, const CompressParams& p, const Pieces& c,
                                       const std::vector<uint64_t>& before, uint64_t prefix_bytes,
                                       const std::function<uint8_t*(uint64_t)>& place,
-                                      int threads) {
+                                      int threads, double* stats) {
   const size_t n = c.shapes.size();
   const PieceThreads t = piece_threads(n, threads);
-  std::vector<Prepared> frames = prepare_pieces(input, p, c, t);
+  std::vector<Prepared> frames = prepare_pieces(input, p, c, t, stats);
   std::vector<uint64_t> at(n, 0), sizes(n, 0);
   uint64_t w = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -1129,11 +1142,11 @@ std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams
                                          const Pieces& c, const std::vector<int64_t>& groups,
                                          uint64_t prefix_bytes,
                                          const std::function<uint8_t*(uint64_t)>& place,
-                                         int threads) {
+                                         int threads, double* stats) {
   const size_t n = c.shapes.size();
   const PieceThreads t = piece_threads(n, threads);
   const uint64_t eb = hl_elem_bytes(p.dtype);
-  std::vector<Prepared> frames = prepare_pieces(input, p, c, t);
+  std::vector<Prepared> frames = prepare_pieces(input, p, c, t, stats);
   std::vector<SegmentDesc> descs(n);
   for (size_t i = 0; i < n; ++i) descs[i] = segment_desc(frames[i], p.mode);
   struct Group {
@@ -1185,10 +1198,11 @@ std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams
 std::vector<uint64_t> build_and_place(const void* input, const CompressParams& p, const Pieces& c,
                                       const std::vector<int64_t>& groups, uint64_t prefix_bytes,
                                       const std::function<uint8_t*(uint64_t)>& place,
-                                      int threads) {
-  if (p.format == 2) return build_and_place_v2(input, p, c, groups, prefix_bytes, place, threads);
+                                      int threads, double* stats = nullptr) {
+  if (p.format == 2)
+    return build_and_place_v2(input, p, c, groups, prefix_bytes, place, threads, stats);
   return build_and_place_v1(input, p, c, prefixes_before(groups, c.shapes.size()), prefix_bytes,
-                            place, threads);
+                            place, threads, stats);
 }
 
 // One tensor as a v2 frame of one segment.
@@ -1203,7 +1217,7 @@ uint64_t write_single_v2(const void* input, const CompressParams& p,
   build_and_place_v2(input, p, c, {1}, 0, [&](uint64_t bytes) {
     size = bytes;
     return alloc(bytes);
-  }, threads);
+  }, threads, nullptr);
   return size;
 }
 }  // namespace
@@ -1213,15 +1227,18 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
                                         const std::vector<int64_t>& trailing,
                                         const std::vector<double>& error_bounds,
                                         const std::vector<int64_t>& groups, uint64_t prefix_bytes,
-                                        uint8_t* out, uint64_t out_cap, int threads) {
-  const Pieces c = plan_pieces(p, rows, trailing, error_bounds);
+                                        uint8_t* out, uint64_t out_cap, int threads,
+                                        double* stats) {
+  CompressParams q = p;
+  q.want_range = q.want_range || stats != nullptr;
+  const Pieces c = plan_pieces(q, rows, trailing, error_bounds);
   check_groups(groups, rows.size());
   const uint64_t need = grouped_bound(c, groups.size(), prefix_bytes, p.format);
   if (need > out_cap)
     throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
                         " bytes, the frames may need " + std::to_string(need));
-  return build_and_place(input, p, c, groups, prefix_bytes, [&](uint64_t) { return out; },
-                         resolve_threads(threads));
+  return build_and_place(input, q, c, groups, prefix_bytes, [&](uint64_t) { return out; },
+                         resolve_threads(threads), stats);
 }
 
 std::vector<uint64_t> compress_alloc_cpu(const void* input, const CompressParams& p,

@@ -4,6 +4,7 @@ import pathlib
 import struct
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -215,3 +216,45 @@ def test_v2_is_smaller_than_v1_frames_on_small_segments():
 def test_format_argument_is_checked():
     with pytest.raises(ValueError, match="format must be 1 or 2"):
         hvd_lossy.compress(torch.zeros(4, 4), 0.1, format=3)
+
+
+def _grouped_stats(x, rows, **kw):
+    stats = np.full((len(rows), hvd_lossy.STATS_PER_PIECE), -1.0)
+    out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, list(x.shape[1:]), [len(rows)], 0,
+                                                  format=kw.get("format", 2)), dtype=torch.uint8)
+    hvd_lossy.compress_grouped(x, rows, [0.03] * len(rows), [len(rows)], 0, out, stats=stats, **kw)
+    return stats
+
+
+@pytest.mark.parametrize("fmt", [1, 2])
+@pytest.mark.parametrize("mode", ["rel", "abs"])
+def test_the_codec_reports_each_pieces_exact_finite_range_and_distinct_rows(fmt, mode):
+    # Rows that agree in their first 8 columns and differ later are distinct rows.
+    base = torch.randn(40, 32)
+    base[20:, :8] = base[0, :8]
+    x = base[torch.randint(0, 40, (120,), generator=torch.Generator().manual_seed(3))].contiguous()
+    x[7, 5], x[70, 1] = float("nan"), float("-inf")
+    rows = [50, 70]
+    stats = _grouped_stats(x, rows, format=fmt, mode=mode)
+    for piece, got in zip(segments_of(x, rows), stats):
+        finite = piece[torch.isfinite(piece)]
+        assert got[hvd_lossy.STAT_MIN] == finite.min().item()
+        assert got[hvd_lossy.STAT_MAX] == finite.max().item()
+        assert got[hvd_lossy.STAT_UNIQUE] == torch.unique(piece, dim=0).shape[0]
+
+
+def test_codec_stats_are_nan_where_the_codec_did_not_compute_them():
+    x = torch.randn(64, 16)
+    x[32:] = float("nan")
+    stats = _grouped_stats(x, [32, 32], dither=11)
+    assert np.isnan(stats[:, hvd_lossy.STAT_UNIQUE]).all()  # dithered pieces skip dedup
+    assert stats[0, hvd_lossy.STAT_MIN] == x[:32].min().item()
+    assert np.isnan(stats[1, [hvd_lossy.STAT_MIN, hvd_lossy.STAT_MAX]]).all()  # nothing finite
+
+
+def test_a_stats_array_of_the_wrong_shape_or_dtype_is_refused():
+    x = torch.randn(8, 4)
+    out = torch.zeros(hvd_lossy.max_grouped_bytes([8], [4], [1], 0, format=2), dtype=torch.uint8)
+    for bad in (np.empty((2, hvd_lossy.STATS_PER_PIECE)), np.empty((1, 3), dtype=np.float32)):
+        with pytest.raises(ValueError, match="stats must be"):
+            hvd_lossy.compress_grouped(x, [8], [0.03], [1], 0, out, format=2, stats=bad)

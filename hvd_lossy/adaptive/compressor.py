@@ -177,15 +177,37 @@ class AdaptiveCompressor(LossyCompressor):
             tables.append(names[k] if names else None)
         return tables
 
-    def after_compress(self, plan, frame_sizes, tensor):
+    def wants_codec_stats(self):
+        """The forward frames' range and distinct rows come from the codec, on sampled calls."""
+        return self.observe and self.direction == "forward" and self.controller.sampling
+
+    def _observe(self, name, piece, coded):
+        """Observe a table's piece: from what the codec reported when it has it (a finite range
+        and a distinct-row count), else from the rows themselves (the rank's own chunk, device
+        tensors, dithered frames). Returns the distinct-row count, or None when not sampled."""
+        c = self.controller
+        if coded is not None:
+            lo, hi, unique = (coded[hvd_lossy.STAT_MIN], coded[hvd_lossy.STAT_MAX],
+                              coded[hvd_lossy.STAT_UNIQUE])
+            if math.isfinite(lo) and math.isfinite(hi) and math.isfinite(unique):
+                seen = c.observe_coded(name, piece.shape[0], math.prod(piece.shape[1:]), lo, hi,
+                                       unique)
+                return None if seen is None else seen[2]
+        seen = c.observe_lookups(name, piece)
+        return None if seen is None else seen[_stats.LOOKUP_UNIQUE]
+
+    def after_compress(self, plan, frame_sizes, tensor, codec_stats=None):
         """Record each frame's bytes with the controller (and observe its rows if asked); the
-        size of a frame the alltoall did not code (the rank's own chunk) is None."""
+        size of a frame the alltoall did not code (the rank's own chunk) is None. With
+        codec_stats (see LossyCompressor.after_compress) the forward observations read the
+        codec's range and distinct rows instead of passing over the rows again."""
         frame_tables = self._tables_of(plan)
+        coded = codec_stats if codec_stats is not None else [None] * len(plan)
         row_len = math.prod(tensor.shape[1:])
         row_bytes = row_len * tensor.element_size()
         header = hvd_lossy.max_frame_bytes(0, row_len, tensor.dim())
         c, offset = self.controller, 0
-        for (_dest, rows, eb), size, name in zip(plan, frame_sizes, frame_tables):
+        for (_dest, rows, eb), size, name, stats in zip(plan, frame_sizes, frame_tables, coded):
             piece = tensor[offset:offset + rows]
             offset += rows
             if name is None or rows == 0:
@@ -193,9 +215,9 @@ class AdaptiveCompressor(LossyCompressor):
             values = rows * row_len
             if self.direction == "forward":
                 if self.observe:
-                    seen = c.observe_lookups(name, piece)
-                    if seen is not None:
-                        self._unique_fraction[name] = seen[_stats.LOOKUP_UNIQUE] / rows
+                    unique = self._observe(name, piece, stats)
+                    if unique is not None:
+                        self._unique_fraction[name] = unique / rows
                 if self.dedup:
                     values *= self._unique_fraction.get(name, 1.0)
             elif self.observe:

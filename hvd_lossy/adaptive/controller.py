@@ -216,6 +216,7 @@ class Controller:
         n, s, ss, lo, hi, rows, uniq = seen
         r, f = self._rows[i], _stats.IDX
         r[f["values"]] += n
+        r[f["moment_values"]] += n
         r[f["sum"]] += s
         r[f["sumsq"]] += ss
         r[f["min"]] = min(r[f["min"]], lo)
@@ -223,6 +224,27 @@ class Controller:
         r[f["rows"]] += rows
         r[f["unique_rows"]] += uniq
         return seen
+
+    def observe_coded(self, table, rows, row_len, lo, hi, unique):
+        """Record what the codec learnt of a table's looked-up rows while coding them: their
+        finite value range [lo, hi] and distinct rows (the moments of the lookups, mean and
+        spread, come only from observe_lookups).
+
+        Returns:
+            None when this iteration is not sampled, else the tuple (elements, rows, distinct
+            rows) just recorded.
+        """
+        i = self._idx(table)
+        if not self.sampling:
+            return None
+        r, f = self._rows[i], _stats.IDX
+        n = float(rows * row_len)
+        r[f["values"]] += n
+        r[f["min"]] = min(r[f["min"]], lo)
+        r[f["max"]] = max(r[f["max"]], hi)
+        r[f["rows"]] += rows
+        r[f["unique_rows"]] += unique
+        return n, float(rows), float(unique)
 
     def observe_gradients(self, table, tensor):
         """Record the gradient magnitude (mean |g|) of a table's looked-up rows."""

@@ -15,6 +15,7 @@ __all__ = ["FIELDS", "empty_rows", "merge_rows", "TableStats", "row_stats", "gra
 
 FIELDS = (
     "values",        # lookup elements observed
+    "moment_values", # of those, the elements behind sum and sumsq (the codec reports no moments)
     "sum",           # sum of lookup elements
     "sumsq",         # sum of squared lookup elements
     "min",           # min lookup element (+inf when none)
@@ -133,7 +134,7 @@ class TableStats:
     cardinality: int
     owner: int
     values: float = 0.0        # lookup elements observed
-    mean: float = math.nan
+    mean: float = math.nan     # of the lookups whose moments were taken (see moment_values)
     std: float = math.nan      # spread of the lookup values
     min: float = math.nan
     max: float = math.nan
@@ -190,9 +191,11 @@ def row_stats(spec, row):
     f = {name: float(row[i]) for name, i in IDX.items()}
     kw = dict(name=spec.name, cardinality=spec.cardinality, owner=spec.owner)
     if f["values"] > 0:
-        mean = f["sum"] / f["values"]
-        var = max(f["sumsq"] / f["values"] - mean * mean, 0.0)
-        kw.update(values=f["values"], mean=mean, std=math.sqrt(var), min=f["min"], max=f["max"])
+        kw.update(values=f["values"], min=f["min"], max=f["max"])
+    if f["moment_values"] > 0:
+        mean = f["sum"] / f["moment_values"]
+        var = max(f["sumsq"] / f["moment_values"] - mean * mean, 0.0)
+        kw.update(mean=mean, std=math.sqrt(var))
     if f["rows"] > 0:
         kw.update(rows=f["rows"], unique_fraction=f["unique_rows"] / f["rows"])
     if f["grad_values"] > 0:

@@ -24,6 +24,9 @@ SCALE = {"huge": 1.0, "tiny": 50.0, "mid1": 0.01, "mid2": 3.0}
 controller = Controller(TABLES, policy="paper", schedule="step", E=4, interval=2,
                         grad_base=0.1)
 compression = hvd.Compression.adaptive(controller, controller.tables_of(rank), backward="table")
+coded = []  # the tables observed through the codec's report, not a second pass over the rows
+_observe_coded = controller.observe_coded
+controller.observe_coded = lambda table, *a: (coded.append(table), _observe_coded(table, *a))[1]
 
 
 def lookups(table, dest, step):
@@ -84,6 +87,12 @@ for t in controller.names:
 assert summary["tables"]["huge"]["class"] == "tighten" and controller.multiplier == 1.0
 stats = {s.name: s for s in controller.stats()}
 assert stats["tiny"].has_lookups and stats["tiny"].has_grads and stats["tiny"].rows == 2 * B * 2
+assert set(coded) == set(controller.tables_of(rank)), coded  # every call's remote frames
+# The last interval (steps 2, 3) saw every lookup of every table: its own chunk through the rows,
+# the chunks that travelled through the range the codec reported. Both exact.
+for t in controller.names:
+    seen = torch.stack([lookups(t, dest, step) for dest in range(size) for step in (2, 3)])
+    assert (stats[t].min, stats[t].max) == (seen.min().item(), seen.max().item()), (t, stats[t])
 
 # Eval mode: uncompressed (lossless frames), bit-identical.
 controller.eval()
