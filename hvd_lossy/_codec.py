@@ -12,9 +12,10 @@ from . import _C
 
 FrameError = _C.FrameError
 CodecError = _C.CodecError
-# Columns of compress_grouped's stats.
-STATS_PER_PIECE, STAT_MIN, STAT_MAX, STAT_UNIQUE = (
-    _C.STATS_PER_PIECE, _C.STAT_MIN, _C.STAT_MAX, _C.STAT_UNIQUE)
+# Columns of piece_stats and compress_grouped's stats.
+STATS_PER_PIECE, STAT_MIN, STAT_MAX, STAT_UNIQUE, STAT_FINITE, STAT_SUM, STAT_SUMSQ = (
+    _C.STATS_PER_PIECE, _C.STAT_MIN, _C.STAT_MAX, _C.STAT_UNIQUE, _C.STAT_FINITE, _C.STAT_SUM,
+    _C.STAT_SUMSQ)
 
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _CODE_DTYPES = {v: k for k, v in _DTYPE_CODES.items()}
@@ -499,11 +500,12 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
             i uses ``(dither + i) % 2**24``).
         format: 1 (a frame a piece) or 2 (ONE frame a non-empty group, its pieces the frame's
             segments; an empty group has no frame).
-        stats: None, or a C-contiguous float64 numpy array of shape (len(rows), 3) that the codec
-            fills with what it learnt of each piece while coding it, at no extra pass: columns
-            STAT_MIN and STAT_MAX, the finite value range, and STAT_UNIQUE, the distinct rows
-            (NaN where duplicate removal did not run, e.g. dithered pieces); the range is NaN
-            for a piece without finite elements.
+        stats: None, or a C-contiguous float64 numpy array of shape (len(rows),
+            STATS_PER_PIECE) that the codec fills with what it learnt of each piece while coding
+            it, at no extra pass: columns STAT_MIN and STAT_MAX, the finite value range, and
+            STAT_UNIQUE, the distinct rows (NaN where duplicate removal did not run, e.g.
+            dithered pieces); the range is NaN for a piece without finite elements; the moments
+            (STAT_FINITE, STAT_SUM, STAT_SUMSQ) are NaN: see :func:`piece_stats`.
 
     Returns:
         one size a piece: its frame (format 1) or its segment, the first piece of a group also
@@ -513,10 +515,8 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
     code = _dtype_code(tensor)
     seed = _check_dither(dither)
     src = tensor.contiguous()
-    if stats is not None and (stats.dtype != np.float64 or stats.shape != (len(rows), STATS_PER_PIECE)
-                              or not stats.flags.c_contiguous or not stats.flags.writeable):
-        raise ValueError(f"stats must be a writeable C-contiguous float64 array of shape "
-                         f"({len(rows)}, {STATS_PER_PIECE}), got {stats.dtype} {stats.shape}")
+    if stats is not None:
+        _check_stats(stats, len(rows))
     return list(_C.compress_into(src.data_ptr() if src.numel() else 0, code, [int(r) for r in rows],
                                  list(src.shape[1:]), [_check_bound(e) for e in error_bounds],
                                  _mode_code(mode), _check_level(level), bool(dedup),
@@ -524,6 +524,33 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
                                  out.data_ptr() + offset, out.numel() - offset, _threads, seed,
                                  _check_format(format),
                                  0 if stats is None else stats.ctypes.data))
+
+
+def _check_stats(stats, n):
+    if (not isinstance(stats, np.ndarray) or stats.dtype != np.float64
+            or stats.shape != (n, STATS_PER_PIECE) or not stats.flags.c_contiguous
+            or not stats.flags.writeable):
+        got = (f"{stats.dtype} {stats.shape}" if isinstance(stats, np.ndarray)
+               else type(stats).__name__)
+        raise ValueError(f"stats must be a writeable C-contiguous float64 array of shape "
+                         f"({n}, {STATS_PER_PIECE}), got {got}")
+
+
+def piece_stats(tensor, rows):
+    """What the codec would learn of each piece of dim 0 of a CPU tensor, without coding it.
+
+    Returns:
+        float64 numpy array (len(rows), STATS_PER_PIECE): STAT_MIN, STAT_MAX (finite range, NaN
+        without finite elements), STAT_UNIQUE (distinct rows, by the codec's own row equality),
+        STAT_FINITE, STAT_SUM, STAT_SUMSQ (finite elements and their moments, in float64).
+        Rows are the last dimension, as the codec cuts them.
+    """
+    code = _dtype_code(tensor)
+    src = tensor.contiguous()
+    out = np.empty((len(rows), STATS_PER_PIECE))
+    _C.piece_stats(src.data_ptr() if src.numel() else 0, code, [int(r) for r in rows],
+                   list(src.shape[1:]), out.ctypes.data, _threads)
+    return out
 
 
 def decompress_into(buffer, sources, out):

@@ -328,6 +328,20 @@ PYBIND11_MODULE(_C, m) {
   m.attr("STAT_MIN") = (int)hl::HL_STAT_MIN;
   m.attr("STAT_MAX") = (int)hl::HL_STAT_MAX;
   m.attr("STAT_UNIQUE") = (int)hl::HL_STAT_UNIQUE;
+  m.attr("STAT_FINITE") = (int)hl::HL_STAT_FINITE;
+  m.attr("STAT_SUM") = (int)hl::HL_STAT_SUM;
+  m.attr("STAT_SUMSQ") = (int)hl::HL_STAT_SUMSQ;
+
+  m.def("piece_stats",
+        [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
+           const std::vector<int64_t>& trailing, uintptr_t stats, int threads) {
+          hl::piece_stats_cpu(ptr<const void>(in), (uint8_t)dtype, rows, trailing,
+                              ptr<double>(stats), threads);
+        },
+        py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
+        py::arg("stats"), py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>(),
+        "Fills STATS_PER_PIECE doubles a piece at stats with its statistics, every column, "
+        "without coding it.");
 
   m.def("max_grouped_bytes", &hl::max_grouped_bytes, py::arg("rows"), py::arg("trailing"),
         py::arg("groups"), py::arg("prefix_bytes"), py::arg("format") = 1,

@@ -40,9 +40,18 @@ struct CompressParams {
   bool want_range = false;
 };
 
-// What the codec learnt of each piece while coding it: finite min and max, and distinct rows.
-// NaN where it was not computed (no range needed, or duplicate removal did not run).
-enum { HL_STAT_MIN = 0, HL_STAT_MAX = 1, HL_STAT_UNIQUE = 2, HL_STATS_PER_PIECE = 3 };
+// What the codec learns of a piece: finite min and max, distinct rows, and (piece_stats_cpu
+// only) the finite elements with their sum and sum of squares. NaN where not computed (no range
+// needed, duplicate removal did not run, or no finite element).
+enum {
+  HL_STAT_MIN = 0,
+  HL_STAT_MAX = 1,
+  HL_STAT_UNIQUE = 2,
+  HL_STAT_FINITE = 3,
+  HL_STAT_SUM = 4,
+  HL_STAT_SUMSQ = 5,
+  HL_STATS_PER_PIECE = 6
+};
 
 struct FrameV2;  // frame_v2.h
 
@@ -93,6 +102,12 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
                                         const std::vector<int64_t>& groups, uint64_t prefix_bytes,
                                         uint8_t* out, uint64_t out_cap, int threads,
                                         double* stats = nullptr);
+
+// The statistics of pieces of dim 0 (rows[i] rows each, trailing dims) without coding them, by
+// the passes the codec itself uses (its row hash and equality for distinct rows): all
+// HL_STATS_PER_PIECE columns, for the chunk an all-to-all keeps.
+void piece_stats_cpu(const void* input, uint8_t dtype, const std::vector<int64_t>& rows,
+                     const std::vector<int64_t>& trailing, double* stats, int threads);
 
 // compress_many_cpu into memory it asks alloc for once, when the frames' total size is known:
 // no worst-case buffer, each frame written once. Returns the frame sizes.

@@ -355,9 +355,17 @@ def test_plan_gives_one_frame_per_destination_and_table_with_its_bound():
     assert b["a"] != b["b"]
 
 
+def coded_row(lo, hi, unique):
+    """A row of codec_stats as compress_grouped writes it: range and distinct rows, no moments."""
+    row = np.full(hvd_lossy.STATS_PER_PIECE, math.nan)
+    row[[hvd_lossy.STAT_MIN, hvd_lossy.STAT_MAX, hvd_lossy.STAT_UNIQUE]] = lo, hi, unique
+    return row
+
+
 def test_forward_observations_read_the_codecs_range_and_distinct_rows_where_it_coded():
-    """The frames sent away are observed through what the codec reported (codec_stats), the
-    chunk a rank keeps (None) through its rows; moments come only from the rows."""
+    """The frames sent away are observed through what the codec reported while coding them
+    (codec_stats), the chunk a rank keeps (None) through hvd_lossy.piece_stats, the codec's own
+    passes; the moments (mean, spread) come from the kept chunk only."""
     c = two_rank_controller(E=10)
     comp = AdaptiveCompressor(c, c.tables_of(0))
     assert comp.wants_codec_stats() and not comp.for_backward().wants_codec_stats()
@@ -366,14 +374,14 @@ def test_forward_observations_read_the_codecs_range_and_distinct_rows_where_it_c
     x[:, 8] = torch.arange(12.0) % 4
     plan = comp.plan([6, 6])
     sizes = [None, None, 100, 100]
-    coded = [None, None, (-7.0, 9.0, 4.0), (-1.0, 1.0, 2.0)]
+    coded = [None, None, coded_row(-7.0, 9.0, 4.0), coded_row(-1.0, 1.0, 2.0)]
     comp.after_compress(plan, sizes, x, codec_stats=coded)
     c.exchange()
     a, b = (next(s for s in c.stats() if s.name == n) for n in ("a", "b"))
     own = x[:3]
     assert a.min == -7.0 and a.max == 9.0  # the codec's range, wider than the own rows'
-    # 4 distinct rows as the codec counted them, 1 as the rows' 4-column hash counts the own 3
-    assert a.unique_fraction == (1 + 4) / 6
+    # distinct rows as the codec counts them: all 3 own rows (a 4-column hash would say 1) + 4
+    assert a.unique_fraction == (3 + 4) / 6
     assert b.min == min(-1.0, x[3:6].min().item())
     assert a.mean == pytest.approx(own.double().mean().item())  # moments of the own rows only
 
@@ -385,7 +393,8 @@ def test_codec_stats_without_a_finite_range_fall_back_to_the_rows():
     plan = comp.plan([4, 4])
     nan = float("nan")
     comp.after_compress(plan, [None, None, 50, 50], x,
-                        codec_stats=[None, None, (nan, nan, 2.0), (0.0, 1.0, nan)])
+                        codec_stats=[None, None, coded_row(nan, nan, 2.0),
+                                     coded_row(0.0, 1.0, nan)])
     c.exchange()
     a = next(s for s in c.stats() if s.name == "a")
     assert a.min == min(x[0:2].min().item(), x[4:6].min().item())

@@ -725,3 +725,28 @@ def test_a_decode_larger_than_the_cache_limit_gives_its_memory_back():
         assert _rss() - before < 16 << 20 and _codec.output_cache_bytes()[1] <= 8 << 20
     finally:
         _codec.set_output_cache_bytes(limit)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_piece_stats_gives_each_pieces_finite_range_distinct_rows_and_moments(dtype):
+    base = torch.randn(30, 24)
+    base[15:, :6] = base[0, :6]  # rows that differ only after their first columns are distinct
+    x = base[torch.randint(0, 30, (90,), generator=torch.Generator().manual_seed(5))].to(dtype)
+    x[3, 2], x[50, 0], x[51, 7] = float("nan"), float("inf"), float("-inf")
+    rows = [40, 1, 49, 0]
+    got = hvd_lossy.piece_stats(x, rows)
+    assert got.shape == (4, hvd_lossy.STATS_PER_PIECE)
+    at = 0
+    for r, row in zip(rows, got):
+        piece = x[at:at + r].double()
+        at += r
+        finite = piece[torch.isfinite(piece)]
+        assert row[hvd_lossy.STAT_UNIQUE] == (torch.unique(x[at - r:at], dim=0).shape[0] if r else 0)
+        assert row[hvd_lossy.STAT_FINITE] == finite.numel()
+        if finite.numel():
+            assert (row[hvd_lossy.STAT_MIN], row[hvd_lossy.STAT_MAX]) == \
+                (finite.min().item(), finite.max().item())
+        else:
+            assert np.isnan(row[[hvd_lossy.STAT_MIN, hvd_lossy.STAT_MAX]]).all()
+        assert row[hvd_lossy.STAT_SUM] == pytest.approx(finite.sum().item(), abs=1e-9)
+        assert row[hvd_lossy.STAT_SUMSQ] == pytest.approx((finite * finite).sum().item())

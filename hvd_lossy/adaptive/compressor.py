@@ -182,27 +182,44 @@ class AdaptiveCompressor(LossyCompressor):
         return self.observe and self.direction == "forward" and self.controller.sampling
 
     def _observe(self, name, piece, coded):
-        """Observe a table's piece: from what the codec reported when it has it (a finite range
-        and a distinct-row count), else from the rows themselves (the rank's own chunk, device
-        tensors, dithered frames). Returns the distinct-row count, or None when not sampled."""
+        """Observe a table's piece: from the codec's statistics when it has them (a finite range
+        and a distinct-row count), else from the rows themselves (device tensors, dithered
+        frames). Returns the distinct-row count, or None when not sampled."""
         c = self.controller
-        if coded is not None:
-            lo, hi, unique = (coded[hvd_lossy.STAT_MIN], coded[hvd_lossy.STAT_MAX],
-                              coded[hvd_lossy.STAT_UNIQUE])
-            if math.isfinite(lo) and math.isfinite(hi) and math.isfinite(unique):
-                seen = c.observe_coded(name, piece.shape[0], math.prod(piece.shape[1:]), lo, hi,
-                                       unique)
-                return None if seen is None else seen[2]
+        if coded is not None and all(math.isfinite(coded[k]) for k in
+                                     (hvd_lossy.STAT_MIN, hvd_lossy.STAT_MAX,
+                                      hvd_lossy.STAT_UNIQUE)):
+            return c.observe_coded(name, piece.shape[0], math.prod(piece.shape[1:]), coded)
         seen = c.observe_lookups(name, piece)
         return None if seen is None else seen[_stats.LOOKUP_UNIQUE]
+
+    @staticmethod
+    def _with_own_chunk(plan, frame_sizes, tensor, codec_stats):
+        """codec_stats with the pieces of the chunk a rank keeps (size None) filled in by
+        hvd_lossy.piece_stats: one native call over that chunk, which is never coded (its
+        pieces are consecutive, as plan() lists a destination's frames together)."""
+        coded, offset, own, at = list(codec_stats), 0, [], None
+        for i, ((_dest, rows, _eb), size) in enumerate(zip(plan, frame_sizes)):
+            if size is None and rows:
+                at = offset if at is None else at
+                own.append((i, rows))
+            offset += rows
+        if own:
+            chunk = tensor[at:at + sum(rows for _i, rows in own)]
+            for (i, _rows), row in zip(own, hvd_lossy.piece_stats(chunk, [r for _i, r in own])):
+                coded[i] = row
+        return coded
 
     def after_compress(self, plan, frame_sizes, tensor, codec_stats=None):
         """Record each frame's bytes with the controller (and observe its rows if asked); the
         size of a frame the alltoall did not code (the rank's own chunk) is None. With
         codec_stats (see LossyCompressor.after_compress) the forward observations read the
-        codec's range and distinct rows instead of passing over the rows again."""
+        codec's range and distinct rows instead of passing over the rows in Python."""
         frame_tables = self._tables_of(plan)
-        coded = codec_stats if codec_stats is not None else [None] * len(plan)
+        if codec_stats is None:
+            coded = [None] * len(plan)
+        else:
+            coded = self._with_own_chunk(plan, frame_sizes, tensor, codec_stats)
         row_len = math.prod(tensor.shape[1:])
         row_bytes = row_len * tensor.element_size()
         header = hvd_lossy.max_frame_bytes(0, row_len, tensor.dim())

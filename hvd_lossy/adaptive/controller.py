@@ -13,6 +13,8 @@ import os
 
 import numpy as np
 
+import hvd_lossy
+
 from . import stats as _stats
 from .comm import resolve_comm
 from .config import TableSpec, check_bound, check_int, table_specs
@@ -225,26 +227,37 @@ class Controller:
         r[f["unique_rows"]] += uniq
         return seen
 
-    def observe_coded(self, table, rows, row_len, lo, hi, unique):
-        """Record what the codec learnt of a table's looked-up rows while coding them: their
-        finite value range [lo, hi] and distinct rows (the moments of the lookups, mean and
-        spread, come only from observe_lookups).
+    def observe_coded(self, table, rows, row_len, stats):
+        """Record what the codec learnt of a table's looked-up rows (hvd_lossy.piece_stats, or
+        compress_grouped's stats while coding them): the finite range, distinct rows and, where
+        the row has them (not NaN), the moments.
+
+        Arguments:
+            table: table name.
+            rows, row_len: the piece's rows and elements a row.
+            stats: a row indexed by hvd_lossy.STAT_*, with a finite range and distinct rows.
 
         Returns:
-            None when this iteration is not sampled, else the tuple (elements, rows, distinct
-            rows) just recorded.
+            None when this iteration is not sampled, else the distinct rows recorded.
         """
         i = self._idx(table)
         if not self.sampling:
             return None
         r, f = self._rows[i], _stats.IDX
-        n = float(rows * row_len)
-        r[f["values"]] += n
-        r[f["min"]] = min(r[f["min"]], lo)
-        r[f["max"]] = max(r[f["max"]], hi)
+        finite, s, ss = (float(stats[k]) for k in (hvd_lossy.STAT_FINITE, hvd_lossy.STAT_SUM,
+                                                   hvd_lossy.STAT_SUMSQ))
+        moments = math.isfinite(finite) and math.isfinite(s) and math.isfinite(ss)
+        r[f["values"]] += finite if moments else float(rows * row_len)
+        if moments:
+            r[f["moment_values"]] += finite
+            r[f["sum"]] += s
+            r[f["sumsq"]] += ss
+        r[f["min"]] = min(r[f["min"]], float(stats[hvd_lossy.STAT_MIN]))
+        r[f["max"]] = max(r[f["max"]], float(stats[hvd_lossy.STAT_MAX]))
         r[f["rows"]] += rows
+        unique = float(stats[hvd_lossy.STAT_UNIQUE])
         r[f["unique_rows"]] += unique
-        return n, float(rows), float(unique)
+        return unique
 
     def observe_gradients(self, table, tensor):
         """Record the gradient magnitude (mean |g|) of a table's looked-up rows."""
