@@ -178,8 +178,19 @@ std::vector<uint64_t> compress_many_cuda(const void* input_dev, const CompressPa
 uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
                        const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
                        void* stream);
-// The header must already have been validated on the host (parse_header on a copy of it).
+// Decodes a v1 frame into out_dev (out_bytes, exactly what it decodes to). Its header is
+// copied to the host and validated; its checksum is verified on the device (unless
+// verify_checksum is false because verify_cuda already did) before any scratch is sized from
+// the header. Throws FrameError, or ArgumentError for a v2 or dithered frame (no CUDA decoder).
 void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uint64_t out_bytes,
-                     void* stream);
+                     void* stream, bool verify_checksum = true);
+// Verifies a device frame, v1 or v2, before the caller allocates anything for it: its first
+// bytes are copied to the host (v1: the header, validated by parse_header; v2: the size and
+// the CRC32C), then the checksum over the whole frame is computed on the device (v2 CRC32C:
+// frame_v2_codec.h's piecewise form). Device memory used: a few bytes of state. Throws
+// FrameError naming the fault.
+void verify_cuda(const uint8_t* frame_dev, uint64_t size, void* stream);
+// CRC32C of n device bytes at p_dev, computed on the device (tests and verify_cuda).
+uint32_t crc32c_cuda(const uint8_t* p_dev, uint64_t n, void* stream);
 
 }  // namespace hl

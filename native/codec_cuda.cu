@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "codec_cuda.cuh"
+#include "frame_v2.h"
 
 namespace hl {
 namespace gpu {
@@ -1184,11 +1185,6 @@ __global__ void decode_checksum_kernel(const uint8_t* frame, uint64_t size, Deco
   if (threadIdx.x == 0) atomicAdd(&ds->sum, (unsigned long long)sum);
 }
 
-__global__ void checksum_verdict_kernel(DecodeState* ds, uint64_t size, uint32_t expected) {
-  ds->checksum = checksum_fold(ds->sum, size);
-  if (ds->checksum != expected) flag(ds, kErrChecksum);
-}
-
 // Widths of a packed section; a width over max_width is flagged and read as 0 so that the
 // offsets stay inside the section.
 __global__ void read_widths_kernel(const uint8_t* sec, uint64_t nb, uint32_t max_width,
@@ -1592,6 +1588,25 @@ void plan_decode_scratch(const HlFrameHeader& h, Workspace* ws, DecodeScratch* s
 }
 
 }  // namespace
+
+uint32_t frame_checksum_dev(const uint8_t* frame_dev, uint64_t size, cudaStream_t stream) {
+  Workspace ws(stream);
+  DecodeState* ds;
+  ws.reserve(&ds, 1);
+  ws.allocate();
+  HL_CUDA_CHECK(cudaMemsetAsync(ds, 0, sizeof(DecodeState), stream));
+  const uint64_t word_grid = grid_for(hl_div_up(size, 8), kThreads);
+  if (reinterpret_cast<uintptr_t>(frame_dev) % 8 == 0)
+    launch("checksum", decode_checksum_kernel<true>, word_grid, kThreads, stream, frame_dev, size,
+           ds);
+  else
+    launch("checksum", decode_checksum_kernel<false>, word_grid, kThreads, stream, frame_dev, size,
+           ds);
+  uint64_t sum;
+  memcpy(&sum, fetch(&ds->sum, sizeof(sum), stream), sizeof(sum));
+  return checksum_fold(sum, size);
+}
+
 }  // namespace gpu
 
 // =============================================================================================
@@ -1713,7 +1728,7 @@ std::vector<uint64_t> compress_many_cuda(const void* input_dev, const CompressPa
 }
 
 void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uint64_t out_bytes,
-                     void* stream_v) {
+                     void* stream_v, bool verify_checksum) {
   using namespace gpu;
   if (size < HL_HEADER_BYTES) parse_header(nullptr, size, nullptr);  // throws "truncated"
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
@@ -1722,36 +1737,36 @@ void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uin
   uint8_t head[HL_HEADER_BYTES + 8 * HL_MAX_NDIM];
   const uint64_t head_len = std::min<uint64_t>(size, sizeof(head));
   memcpy(head, fetch(frame_dev, head_len, stream), head_len);
+  if (is_v2(head, head_len))
+    throw ArgumentError("format-2 frames have no CUDA decoder yet: decode them on the CPU "
+                        "(hvd_lossy.decompress does this for device frames)");
   const HlFrameHeader h = parse_header(head, size, nullptr);
+  // The checksum before anything is sized from the header: a corrupted header may announce
+  // any size, and the scratch below grows with it (the CPU decoder keeps the same order).
+  if (verify_checksum) {
+    const uint32_t sum = frame_checksum_dev(frame_dev, size, stream);
+    if (sum != h.checksum) raise_decode_error(kErrChecksum, sum, h.checksum, h);
+  }
   if (h.flags & HL_FLAG_DITHER)
     throw ArgumentError("dithered frames have no CUDA decoder yet: decode them on the CPU "
                         "(hvd_lossy.decompress does this for device frames)");
   const uint64_t need = h.n_rows * h.row_len * hl_elem_bytes(h.dtype);
+  if (out_bytes != need)
+    throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
+                        " bytes, the frame decodes to " + std::to_string(need));
 
+  // Scratch is now bounded by what the caller already holds: the frame and out_bytes.
   Workspace ws(stream);
   DecodeScratch s;
   plan_decode_scratch(h, &ws, &s);
   ws.allocate();
   HL_CUDA_CHECK(cudaMemsetAsync(s.ds, 0, sizeof(DecodeState), stream));
-  const uint64_t word_grid = grid_for(hl_div_up(size, 8), kThreads);
-  if (reinterpret_cast<uintptr_t>(frame_dev) % 8 == 0)
-    launch("checksum", decode_checksum_kernel<true>, word_grid, kThreads, stream, frame_dev, size,
-           s.ds);
-  else
-    launch("checksum", decode_checksum_kernel<false>, word_grid, kThreads, stream, frame_dev, size,
-           s.ds);
-  launch("checksum_verdict", checksum_verdict_kernel, 1, 1, stream, s.ds, size, h.checksum);
-  // Checked after the checksum, as decompress_cpu does.
-  const bool fits = out_bytes == need;
-  if (fits) with_dtype(h.dtype, [&](auto dt) {
-      enqueue_decode<decltype(dt)::value>(h, frame_dev, out_dev, s, stream);
-    });
+  with_dtype(h.dtype, [&](auto dt) {
+    enqueue_decode<decltype(dt)::value>(h, frame_dev, out_dev, s, stream);
+  });
   uint32_t verdict[2];  // DecodeState's error word and computed checksum
   memcpy(verdict, fetch(s.ds, sizeof(verdict), stream), sizeof(verdict));
   if (verdict[0]) raise_decode_error(verdict[0], verdict[1], h.checksum, h);
-  if (!fits)
-    throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
-                        " bytes, the frame decodes to " + std::to_string(need));
 }
 
 }  // namespace hl
