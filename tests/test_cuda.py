@@ -6,6 +6,7 @@ Skips without a CUDA device. On a machine with one, the extension must have been
 """
 import math
 import random
+import struct
 
 import pytest
 import torch
@@ -322,3 +323,88 @@ def test_dithered_device_tensors_take_the_cpu_codec_and_stay_on_the_device():
     with pytest.raises(ValueError, match="no CUDA decoder"):
         _C.decompress_cuda(gpu.data_ptr(), gpu.numel(), y.data_ptr(), y.numel() * 4,
                            torch.cuda.current_stream().cuda_stream)
+
+
+# ---- checks before anything is allocated for a device frame (issue #12) -------------------------
+
+def crc32c_on(data, start, n):
+    if data.is_cuda:
+        return _C.crc32c_cuda(data.data_ptr() + start, n, torch.cuda.current_stream().cuda_stream)
+    return _C.crc32c(data.data_ptr() + start, n, False)
+
+
+def test_cuda_crc32c_equals_the_cpu_crc32c_at_any_length_and_alignment():
+    data = torch.randint(0, 256, (3 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    dev = data.cuda()
+    for start, n in [(0, 0), (0, 1), (1, 1023), (3, 1024), (5, 1025), (7, 65539), (0, 3 << 20)]:
+        assert crc32c_on(dev, start, n) == crc32c_on(data, start, n), (start, n)
+
+
+def forged_v1_frame(n, sealed):
+    """A v1 frame of n x n float32 (n a multiple of 32) stored as one all-zero unique row:
+    consistent in every size field, a few KiB announcing 4 * n * n bytes of output. Its checksum
+    is right when sealed, else 0 (wrong)."""
+    shape = struct.pack("<qq", n, n)
+    map_sec, code_sec = bytes(n // 32), bytes(n // 32)  # all blocks of width 0: all zeros
+    total = HEADER + len(shape) + len(map_sec) + len(code_sec)
+    head = struct.pack("<IBBBBB3xIddQQQQQQQQ", 0x4C445648, 1, 0, 1, 0, 2, 0, 0.01, 0.01, n, n, 1,
+                       0, len(map_sec), len(code_sec), 0, total)
+    frame = torch.frombuffer(bytearray(head + shape + map_sec + code_sec), dtype=torch.uint8)
+    return with_checksum(frame) if sealed else frame
+
+
+def device_memory_growth(call):
+    """Peak growth of torch's device memory and drop of the device's free memory during call()."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before, free_before = torch.cuda.max_memory_allocated(), torch.cuda.mem_get_info()[0]
+    try:
+        call()
+    finally:
+        torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before, free_before - torch.cuda.mem_get_info()[0]
+
+
+def test_corrupt_device_frame_announcing_64_gib_raises_checksum_error_without_allocating():
+    # 64 GiB is under the default limit and fits an H200: only the checksum stands in the way.
+    frame = forged_v1_frame(1 << 17, sealed=False).cuda()
+    assert hvd_lossy.frame_info(frame)["raw_bytes"] == 64 << 30 <= hvd_lossy.max_output_bytes()
+    for call in (lambda: hvd_lossy.decompress(frame), lambda: hvd_lossy.decompress_chunks(frame)):
+        def refused():
+            with pytest.raises(FrameError, match="checksum"):
+                call()
+        torch_growth, free_drop = device_memory_growth(refused)
+        assert torch_growth < 1 << 20 and free_drop < 256 << 20, (torch_growth, free_drop)
+
+
+def test_corrupt_device_frame_is_refused_by_its_checksum_before_its_announced_size():
+    frame = forged_v1_frame(1 << 20, sealed=False).cuda()  # 4 TiB announced, over the limit
+    with pytest.raises(FrameError, match="checksum"):
+        hvd_lossy.decompress(frame)
+    with pytest.raises(FrameError, match="checksum"):
+        _C.verify_cuda(frame.data_ptr(), frame.numel(), torch.cuda.current_stream().cuda_stream)
+
+
+def test_sealed_device_frame_claiming_2_pow_40_rows_is_refused_without_allocating():
+    frame = forged_v1_frame(1 << 20, sealed=True).cuda()  # valid checksum, 2^20 x 2^20 float32
+    _C.verify_cuda(frame.data_ptr(), frame.numel(), torch.cuda.current_stream().cuda_stream)
+    for call in (lambda: hvd_lossy.decompress(frame), lambda: hvd_lossy.decompress_chunks(frame)):
+        def refused():
+            with pytest.raises(FrameError, match="max_output_bytes") as info:
+                call()
+            assert type(info.value) is FrameError
+        torch_growth, free_drop = device_memory_growth(refused)
+        assert torch_growth < 1 << 20 and free_drop < 256 << 20, (torch_growth, free_drop)
+
+
+def test_corrupt_v2_device_frame_raises_crc32c_error():
+    x = lookups(500, 16, distinct=50)
+    frame = hvd_lossy.compress(x, 0.01, level=2, format=2).cuda()
+    assert torch.equal(bits(hvd_lossy.decompress(frame)), bits(hvd_lossy.decompress(frame.cpu())))
+    for pos in (7, frame.numel() // 2, frame.numel() - 1):
+        bad = frame.clone()
+        bad[pos] ^= 0x10
+        with pytest.raises(FrameError, match="CRC32C"):
+            hvd_lossy.decompress(bad)
+    with pytest.raises(FrameError, match="truncated"):
+        hvd_lossy.decompress(frame[:-1])
