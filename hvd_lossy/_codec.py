@@ -371,8 +371,7 @@ def _decompress_checked(frame, out, max_output_bytes, verified):
                          f"on {frame.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
                          f"{'' if out.is_contiguous() else ' (non-contiguous)'}")
     nbytes = out.numel() * out.element_size()
-    if frame.is_cuda and (info["format"] == 2 or info["dither_seed"] is not None):
-        # no CUDA decoder for format 2 or dither yet
+    if frame.is_cuda and _dithered(info):  # no CUDA dither decoder yet
         out.copy_(decompress(frame.cpu()))
     elif frame.is_cuda:
         _C.decompress_cuda(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _stream(frame),
@@ -380,6 +379,12 @@ def _decompress_checked(frame, out, max_output_bytes, verified):
     else:
         _C.decompress(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _threads)
     return out
+
+
+def _dithered(info):
+    if info["format"] == 2:
+        return any(seg["dither_seed"] is not None for seg in info["segments"])
+    return info["dither_seed"] is not None
 
 
 def split_frames(buffer):

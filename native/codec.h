@@ -178,10 +178,12 @@ std::vector<uint64_t> compress_many_cuda(const void* input_dev, const CompressPa
 uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
                        const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
                        void* stream);
-// Decodes a v1 frame into out_dev (out_bytes, exactly what it decodes to). Its header is
-// copied to the host and validated; its checksum is verified on the device (unless
-// verify_checksum is false because verify_cuda already did) before any scratch is sized from
-// the header. Throws FrameError, or ArgumentError for a v2 or dithered frame (no CUDA decoder).
+// Decodes a frame into out_dev (out_bytes, exactly what it decodes to). v1: the header is
+// copied to the host and validated, the checksum verified on the device before any scratch is
+// sized from the header. v2: the frame is copied to the host, its CRC32C verified there before
+// it is parsed, and the segments decode on the device. verify_checksum false: verify_cuda has
+// already checked it. Throws FrameError, or ArgumentError for a dithered frame (no CUDA dither
+// decoder yet).
 void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uint64_t out_bytes,
                      void* stream, bool verify_checksum = true);
 // Verifies a device frame, v1 or v2, before the caller allocates anything for it: its first
