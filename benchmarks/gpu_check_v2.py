@@ -120,7 +120,7 @@ def run(args, report, data, timed):
     from hvd_lossy import _C
 
     ok, runs = True, []
-    cuda_v2 = bool(getattr(_C, "WITH_CUDA_V2", False))
+    cuda_v2 = bool(getattr(_C, "WITH_CUDA_V2_ENCODER", False))
     lim_ok, lim = limits(torch, hvd_lossy, _C, args.device)
     ok &= lim_ok
     report.stage("v2", ok=ok, device=args.device, cuda_v2_encoder=cuda_v2, limits=lim, runs=runs)

@@ -408,3 +408,72 @@ def test_corrupt_v2_device_frame_raises_crc32c_error():
             hvd_lossy.decompress(bad)
     with pytest.raises(FrameError, match="truncated"):
         hvd_lossy.decompress(frame[:-1])
+
+
+# ---- format 2 on the device (issue #10) ---------------------------------------------------------
+
+def assert_v2_decodes_alike_on_cuda(x, rows, ebs, mode="rel", level=1, dedup=True):
+    """The CPU's v2 frame, decoded by the CUDA decoder, gives the CPU decoder's bits."""
+    what = f"{tuple(x.shape)} {x.dtype} rows={rows} ebs={ebs} {mode} L{level} dedup={dedup}"
+    frame, _ = hvd_lossy.compress_chunks(x, rows, ebs, mode=mode, level=level, dedup=dedup, format=2)
+    ref = hvd_lossy.decompress_chunks(frame)[0]
+    got = hvd_lossy.decompress(frame.cuda())
+    assert got.is_cuda and got.dtype == x.dtype and tuple(got.shape) == tuple(ref.shape), what
+    assert torch.equal(bits(got), bits(ref)), what
+    return hvd_lossy.frame_info(frame)
+
+
+@pytest.mark.parametrize("case", sorted(c for c in CASES if c not in ("0-d",)))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("level", [1, 2])
+def test_cuda_decodes_cpu_v2_frames_bit_exactly(case, dtype, level):
+    x = CASES[case](dtype)
+    n = x.shape[0]
+    for rows, ebs in (([n], [0.01]), ([n // 3, n - n // 3], [0.0, 0.03]), ([0, n, 0], [0.5, 1e-3, 0.0])):
+        for dedup in (True, False):
+            assert_v2_decodes_alike_on_cuda(x, rows, ebs, "rel", level, dedup)
+
+
+def test_cuda_decodes_v2_segments_with_coded_maps_outliers_and_escapes():
+    x = lookups(4000, 32, distinct=300, seed=5)
+    x[10, 3] = float("nan")
+    x[20, 1] = 1e30
+    rows = [1000, 64, 2936]
+    info = assert_v2_decodes_alike_on_cuda(x, rows, [0.01, 0.0, 1e-4], "rel", 2, True)
+    segs = info["segments"]
+    assert any(s["map_coded"] for s in segs) and any(s["n_outliers"] for s in segs)
+    assert any(s["lossless"] for s in segs) and any(s["level"] == 2 for s in segs)
+
+
+def test_cuda_decodes_a_0d_v2_frame():
+    x = torch.tensor(1.5)
+    frame = hvd_lossy.compress(x, 0.01, format=2)
+    assert torch.equal(bits(hvd_lossy.decompress(frame.cuda())), bits(hvd_lossy.decompress(frame)))
+
+
+def resealed_v2(frame):
+    frame = frame.clone()
+    c = _C.crc32c(frame.data_ptr() + 7, frame.numel() - 7, False)
+    frame[3:7] = torch.tensor(list(c.to_bytes(4, "little")), dtype=torch.uint8)
+    return frame
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_cuda_and_cpu_decoders_agree_on_every_tampered_v2_payload(level):
+    x = lookups(3000, 16, distinct=200, seed=11)
+    x[7, 3] = float("inf")
+    frame, _ = hvd_lossy.compress_chunks(x, [1000, 2000], [1e-3, 0.01], mode="abs", level=level,
+                                         format=2)
+    start = hvd_lossy.frame_info(frame)["header_bytes"]
+    rng = random.Random(level)
+    for trial in range(200):
+        bad = frame.clone()
+        for _ in range(rng.choice([1, 1, 2, 5])):
+            bad[rng.randrange(start, frame.numel())] = rng.randrange(256)
+        bad = resealed_v2(bad)
+        on_cpu = decode_verdict(bad)
+        on_gpu = decode_verdict(bad.cuda())
+        assert on_cpu[0] == on_gpu[0], f"trial {trial}: CPU {on_cpu[0]}, CUDA {on_gpu[0]}"
+        if on_cpu[0] == "ok":
+            assert torch.equal(on_cpu[1], on_gpu[1]), f"trial {trial}: decoded tensors differ"
+    torch.cuda.synchronize()
