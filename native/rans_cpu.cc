@@ -54,6 +54,7 @@ std::vector<uint8_t> encode_stream(const uint32_t* z, uint64_t lo, uint64_t hi,
                                    const EncSymbol* syms) {
   // At most 2 bytes a symbol (renormalization of a frequency-1 symbol), plus the state.
   std::vector<uint8_t> buf(4 + 2 * (hi - lo));
+  if (buf.size() < 4) return {};  // 2 * (hi - lo) wrapped around: no such stream exists
   uint8_t* end = buf.data() + buf.size();
   uint8_t* p = end;
   uint32_t x = HL_RANS_L;

@@ -192,6 +192,13 @@ void run_case(const Case& c) {
   if (!diff.empty()) return fail(c.describe() + ": frames differ, " + diff);
   diff = compare_decoders(cpu, n * hl_elem_bytes(c.dtype));
   if (!diff.empty()) fail(c.describe() + ": " + diff);
+  // Format 2: the CUDA decoder on the CPU's v2 frame of the same tensor (no CUDA v2 encoder).
+  hl::CompressParams p2 = c.p;
+  p2.format = 2;
+  std::vector<uint8_t> v2(cap + HL_V2_MAX_HEADER + HL_V2_MAX_SEGMENT);
+  v2.resize(hl::compress_cpu(c.data.data(), p2, c.shape, v2.data(), v2.size(), 1));
+  diff = compare_decoders(v2, n * hl_elem_bytes(c.dtype));
+  if (!diff.empty()) fail(c.describe() + " format 2: " + diff);
 }
 
 void run_many(std::mt19937_64& rng) {
@@ -292,6 +299,17 @@ void run_checks(std::mt19937_64& rng, int trials) {
     std::string err = verdict(frame, frame.size());
     if (!err.empty()) fail(what + ": intact frame refused: " + err);
     if (verdict(frame, frame.size() - 1).empty()) fail(what + ": truncated frame accepted");
+    if (format == 2) {  // payloads changed, the CRC made valid again: the same verdicts
+      const uint64_t out_bytes = numel(c.shape) * hl_elem_bytes(c.dtype);
+      for (int t = 0; t < trials; ++t) {
+        std::vector<uint8_t> bad = frame;
+        bad[HL_V2_PREFIX + rng() % (bad.size() - HL_V2_PREFIX)] = (uint8_t)rng();
+        const uint32_t crc = hl::crc32c(bad.data() + HL_V2_PREFIX, bad.size() - HL_V2_PREFIX);
+        memcpy(bad.data() + 3, &crc, 4);
+        std::string diff = compare_decoders(bad, out_bytes);
+        if (!diff.empty()) fail(what + ": resealed tampered frame " + std::to_string(t) + ": " + diff);
+      }
+    }
     for (int t = 0; t < trials; ++t) {
       std::vector<uint8_t> bad = frame;
       const uint64_t at = format == 2 ? rng() % bad.size() : HL_HEADER_BYTES + rng() % (bad.size() - HL_HEADER_BYTES);
