@@ -366,10 +366,12 @@ def device_memory_growth(call):
 
 
 def test_corrupt_device_frame_announcing_64_gib_raises_checksum_error_without_allocating():
-    # 64 GiB is under the default limit and fits an H200: only the checksum stands in the way.
+    # 64 GiB fits an H200 and the limit is raised past it: only the checksum stands in the way.
     frame = forged_v1_frame(1 << 17, sealed=False).cuda()
-    assert hvd_lossy.frame_info(frame)["raw_bytes"] == 64 << 30 <= hvd_lossy.max_output_bytes()
-    for call in (lambda: hvd_lossy.decompress(frame), lambda: hvd_lossy.decompress_chunks(frame)):
+    assert hvd_lossy.frame_info(frame)["raw_bytes"] == 64 << 30
+    limit = 1 << 40
+    for call in (lambda: hvd_lossy.decompress(frame, max_output_bytes=limit),
+                 lambda: hvd_lossy.decompress_chunks(frame, max_output_bytes=limit)):
         def refused():
             with pytest.raises(FrameError, match="checksum"):
                 call()
