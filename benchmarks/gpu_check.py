@@ -10,10 +10,11 @@ and here, without a GPU, a dry run of everything but the CUDA parts:
     python benchmarks/gpu_check.py --device cpu --build none --quick
 
 Stages (each logged, each result written to <out>/gpu_check.json as soon as it is known):
-  selftest   build/cuda_selftest when present (tests/cuda_selftest.cc, built beforehand on any
-             machine with nvcc and carried): thousands of random frames against the CPU codec.
   build      cmake + ninja straight into hvd_lossy/ (HVD_LOSSY_WITH_CUDA=ON, archs --archs); the
-             machine has no Horovod and nothing to download, so no pip install is needed.
+             machine has no Horovod and nothing to download, so no pip install is needed. It
+             also makes build/cuda_selftest.
+  selftest   build/cuda_selftest when present (tests/cuda_selftest.cc; any CUDA build makes it):
+             thousands of random frames against the CPU codec.
   tests      pytest tests/test_cuda.py (frames byte-identical to the CPU codec, cross decoding,
              the bound, corrupted frames) and tests/test_format.py (golden frames).
   benchmark  compress/decompress timed with CUDA events (warm-up, median of --repeat) on
@@ -402,9 +403,10 @@ def main(argv=None):
     if args.device == "cpu":
         print("dry run on the CPU codec: no build, no CUDA tests", flush=True)
         args.build, args.skip_tests = "none", True
-    ok = selftest(args, report) if args.device == "cuda" else True
     built = build(args, report) if args.build != "none" else True
-    ok &= built
+    ok = built
+    if args.device == "cuda":  # after the build, which makes build/cuda_selftest
+        ok &= selftest(args, report)
     # The benchmark runs even when tests fail: its byte comparisons and timings help the diagnosis.
     if built and not args.skip_tests:
         ok &= tests(args, report)

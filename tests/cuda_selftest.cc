@@ -4,7 +4,8 @@
 // payloads (checksum made valid again) must get the same verdict from both decoders; the device
 // CRC32C against the CPU's, and verify_cuda on intact, corrupted and truncated v1 and v2 frames.
 //
-// Build (no GPU needed; the binary needs only the driver's libcuda at run time):
+// Build (no GPU needed; the binary needs only the driver's libcuda at run time): any CMake build
+// with CUDA makes build/cuda_selftest (target cuda_selftest), or by hand:
 //   nvcc -std=c++17 -O2 -arch=sm_90 -ftz=false -prec-div=true -prec-sqrt=true -fmad=false \
 //        -Xcompiler -fno-fast-math,-ffp-contract=off \
 //        -Inative tests/cuda_selftest.cc native/codec_cuda.cu native/codec_cuda_decode.cu \
