@@ -10,10 +10,11 @@ and here, without a GPU, a dry run of everything but the CUDA parts:
     python benchmarks/gpu_check.py --device cpu --build none --quick
 
 Stages (each logged, each result written to <out>/gpu_check.json as soon as it is known):
-  selftest   build/cuda_selftest when present (tests/cuda_selftest.cc, built beforehand on any
-             machine with nvcc and carried): thousands of random frames against the CPU codec.
   build      cmake + ninja straight into hvd_lossy/ (HVD_LOSSY_WITH_CUDA=ON, archs --archs); the
-             machine has no Horovod and nothing to download, so no pip install is needed.
+             machine has no Horovod and nothing to download, so no pip install is needed. It
+             also makes build/cuda_selftest.
+  selftest   build/cuda_selftest when present (tests/cuda_selftest.cc; any CUDA build makes it):
+             thousands of random frames against the CPU codec.
   tests      pytest tests/test_cuda.py (frames byte-identical to the CPU codec, cross decoding,
              the bound, corrupted frames) and tests/test_format.py (golden frames).
   benchmark  compress/decompress timed with CUDA events (warm-up, median of --repeat) on
@@ -23,6 +24,9 @@ Stages (each logged, each result written to <out>/gpu_check.json as soon as it i
                            all-to-all in one compress_chunks call
              at levels 1 and 2, each checked byte for byte against the CPU codec, beside a
              device-to-device copy of the same bytes (the memory-bandwidth yardstick).
+  v2         (benchmarks/gpu_check_v2.py) format-2 frames of the device against the CPU's, cross
+             decoding, the device checksum's speed, and corrupt or oversized frames refused
+             before any device memory is allocated (skip with --skip-v2).
   profile    (--profile) GPU time per kernel of a few synthetic calls, into <out>/profile.txt.
   sanitize   (--sanitize) the selftest under compute-sanitizer memcheck.
 <out> is $OUT when set (the lease's output folder), else benchmarks/out. The last lines printed
@@ -51,6 +55,7 @@ def parse_args(argv):
     p.add_argument("--archs", default="90", help="CUDA architectures (default 90, the H200)")
     p.add_argument("--skip-tests", action="store_true")
     p.add_argument("--skip-bench", action="store_true")
+    p.add_argument("--skip-v2", action="store_true", help="skip the format-2 and decode-limit stage")
     p.add_argument("--quick", action="store_true", help="small workloads and few repeats (a dry run)")
     p.add_argument("--synthetic-mb", type=int, default=64)
     p.add_argument("--error-bound", type=float, default=0.03, help="relative bound (default 0.03)")
@@ -305,6 +310,19 @@ def benchmark(args, report):
     return ok
 
 
+def v2_stage(args, report):
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        report.stage("v2", ok=False, error="torch sees no CUDA device")
+        return False
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check_v2
+
+    return gpu_check_v2.run(args, report, workloads(args), timed)
+
+
 def profile(args, report):
     """Per-kernel GPU time of a few compress/decompress calls (torch.profiler, CUPTI), so that
     the slow stages can be named; the full table goes to <out>/profile.txt."""
@@ -348,11 +366,19 @@ def print_table(report):
     stages = report.data["stages"]
     print()
     for name, s in stages.items():
-        if name != "benchmark":
+        if name not in ("benchmark", "v2"):
             print(f"{name:10} {'ok' if s.get('ok') else 'FAILED'} {s.get('summary', '')} "
                   f"{s.get('error', '')} ({s.get('seconds', '-')} s)")
+    if "runs" in stages.get("v2", {}):
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        import gpu_check_v2
+
+        gpu_check_v2.print_table(stages["v2"])
+    elif "v2" in stages:
+        print(f"v2         FAILED {stages['v2'].get('error', '')}")
     b = stages.get("benchmark")
     if not b:
+        print(f"results: {report.path}")
         return
     if "copy" in b:
         c = b["copy"]
@@ -377,9 +403,10 @@ def main(argv=None):
     if args.device == "cpu":
         print("dry run on the CPU codec: no build, no CUDA tests", flush=True)
         args.build, args.skip_tests = "none", True
-    ok = selftest(args, report) if args.device == "cuda" else True
     built = build(args, report) if args.build != "none" else True
-    ok &= built
+    ok = built
+    if args.device == "cuda":  # after the build, which makes build/cuda_selftest
+        ok &= selftest(args, report)
     # The benchmark runs even when tests fail: its byte comparisons and timings help the diagnosis.
     if built and not args.skip_tests:
         ok &= tests(args, report)
@@ -388,6 +415,12 @@ def main(argv=None):
             ok &= benchmark(args, report)
         except Exception as e:
             report.stage("benchmark", ok=False, error=f"{type(e).__name__}: {e}")
+            ok = False
+    if built and not args.skip_v2:
+        try:
+            ok &= v2_stage(args, report)
+        except Exception as e:
+            report.stage("v2", ok=False, error=f"{type(e).__name__}: {e}")
             ok = False
     if built and args.device == "cuda" and args.profile:
         try:

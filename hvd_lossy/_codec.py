@@ -351,6 +351,19 @@ def decompress(frame, out=None, max_output_bytes=None):
         # One native call: header, checksum (before anything is allocated: a corrupted header
         # could ask for terabytes), the limit, memory, decode.
         return _decode_new(frame, [frame.numel()], max_output_bytes)[0]
+    return _decompress_checked(frame, out, max_output_bytes, verified=False)
+
+
+def _verify_device_frame(frame):
+    """A device frame's checksum, verified on the device before anything is sized from its
+    header (the CPU decoder keeps the same order)."""
+    _check_device(frame)
+    _C.verify_cuda(frame.data_ptr(), frame.numel(), _stream(frame))
+
+
+def _decompress_checked(frame, out, max_output_bytes, verified):
+    if frame.is_cuda and not verified:
+        _verify_device_frame(frame)
     info = frame_info(frame)
     if out is None:
         check_output_bytes(info["raw_bytes"], max_output_bytes)
@@ -363,14 +376,20 @@ def decompress(frame, out=None, max_output_bytes=None):
                          f"on {frame.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
                          f"{'' if out.is_contiguous() else ' (non-contiguous)'}")
     nbytes = out.numel() * out.element_size()
-    if frame.is_cuda and (info["format"] == 2 or info["dither_seed"] is not None):
-        # no CUDA decoder for format 2 or dither yet
+    if frame.is_cuda and _dithered(info):  # no CUDA dither decoder yet
         out.copy_(decompress(frame.cpu()))
     elif frame.is_cuda:
-        _C.decompress_cuda(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _stream(frame))
+        _C.decompress_cuda(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _stream(frame),
+                           verify=False)
     else:
         _C.decompress(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _threads)
     return out
+
+
+def _dithered(info):
+    if info["format"] == 2:
+        return any(seg["dither_seed"] is not None for seg in info["segments"])
+    return info["dither_seed"] is not None
 
 
 def split_frames(buffer):
@@ -412,13 +431,15 @@ def decompress_chunks(buffer, sizes=None, max_output_bytes=None):
     if not buffer.is_cuda:
         return _decode_new(buffer, sizes, limit)
     out, offset, announced = [], 0, 0
-    for s in sizes:
-        announced += frame_info(buffer[offset:offset + s])["raw_bytes"]
+    for s in sizes:  # every checksum, then what the headers announce, then memory
+        frame = buffer[offset:offset + s]
+        _verify_device_frame(frame)
+        announced += frame_info(frame)["raw_bytes"]
         offset += s
     check_output_bytes(announced, limit, "the frames")
     offset = 0
     for s in sizes:
-        out.append(decompress(buffer[offset:offset + s], max_output_bytes=limit))
+        out.append(_decompress_checked(buffer[offset:offset + s], None, limit, verified=True))
         offset += s
     return out
 

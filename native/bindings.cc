@@ -435,6 +435,12 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("data"), py::arg("size"), py::arg("portable") = false,
         "CRC32C of format-2 frames (hardware when present; portable=True: the table version).");
+  m.def("crc32c_in_pieces",
+        [](uintptr_t p, uint64_t n, uint64_t piece) {
+          return hl::crc32c_in_pieces(ptr<const uint8_t>(p), n, piece);
+        },
+        py::arg("data"), py::arg("size"), py::arg("piece"),
+        "CRC32C the way the CUDA codec computes it: pieces of `piece` bytes combined (tests).");
   m.def("crc32c_hardware", &hl::crc32c_hardware);
 
   m.def("checksum",

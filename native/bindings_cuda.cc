@@ -45,12 +45,29 @@ void register_cuda(py::module_& m) {
         "CUDA compress: one device tensor into a frame on the device; returns its size.");
 
   m.def("decompress_cuda",
-        [](uintptr_t frame, uint64_t size, uintptr_t out, uint64_t out_bytes, uintptr_t stream) {
+        [](uintptr_t frame, uint64_t size, uintptr_t out, uint64_t out_bytes, uintptr_t stream,
+           bool verify) {
           hl::decompress_cuda(ptr<const uint8_t>(frame), size, ptr<void>(out), out_bytes,
-                              ptr<void>(stream));
+                              ptr<void>(stream), verify);
         },
         py::arg("frame"), py::arg("size"), py::arg("out"), py::arg("out_bytes"),
-        py::arg("stream"), py::call_guard<py::gil_scoped_release>(),
+        py::arg("stream"), py::arg("verify") = true, py::call_guard<py::gil_scoped_release>(),
         "CUDA decompress: a device frame into a device buffer of out_bytes; raises FrameError "
-        "(ValueError) for a corrupted frame.");
+        "(ValueError) for a corrupted frame. verify=False: verify_cuda already checked it.");
+
+  m.def("verify_cuda",
+        [](uintptr_t frame, uint64_t size, uintptr_t stream) {
+          hl::verify_cuda(ptr<const uint8_t>(frame), size, ptr<void>(stream));
+        },
+        py::arg("frame"), py::arg("size"), py::arg("stream"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Checksum of a device frame (v1 or v2) verified on the device before anything is "
+        "allocated for it; raises FrameError (ValueError).");
+
+  m.def("crc32c_cuda",
+        [](uintptr_t data, uint64_t size, uintptr_t stream) {
+          return hl::crc32c_cuda(ptr<const uint8_t>(data), size, ptr<void>(stream));
+        },
+        py::arg("data"), py::arg("size"), py::arg("stream"),
+        py::call_guard<py::gil_scoped_release>(), "CRC32C of device bytes, computed on the device.");
 }

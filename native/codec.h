@@ -202,8 +202,21 @@ std::vector<uint64_t> compress_many_cuda(const void* input_dev, const CompressPa
 uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
                        const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
                        void* stream);
-// The header must already have been validated on the host (parse_header on a copy of it).
+// Decodes a frame into out_dev (out_bytes, exactly what it decodes to). v1: the header is
+// copied to the host and validated, the checksum verified on the device before any scratch is
+// sized from the header. v2: the frame is copied to the host, its CRC32C verified there before
+// it is parsed, and the segments decode on the device. verify_checksum false: verify_cuda has
+// already checked it. Throws FrameError, or ArgumentError for a dithered frame (no CUDA dither
+// decoder yet).
 void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uint64_t out_bytes,
-                     void* stream);
+                     void* stream, bool verify_checksum = true);
+// Verifies a device frame, v1 or v2, before the caller allocates anything for it: its first
+// bytes are copied to the host (v1: the header, validated by parse_header; v2: the size and
+// the CRC32C), then the checksum over the whole frame is computed on the device (v2 CRC32C:
+// frame_v2_codec.h's piecewise form). Device memory used: a few bytes of state. Throws
+// FrameError naming the fault.
+void verify_cuda(const uint8_t* frame_dev, uint64_t size, void* stream);
+// CRC32C of n device bytes at p_dev, computed on the device (tests and verify_cuda).
+uint32_t crc32c_cuda(const uint8_t* p_dev, uint64_t n, void* stream);
 
 }  // namespace hl

@@ -119,5 +119,10 @@ void* pool_alloc(uint64_t bytes, cudaStream_t stream);
 // stream: the one blocking point of each entry point. Returns the staging buffer.
 const void* fetch(const void* src_dev, uint64_t bytes, cudaStream_t stream);
 
+// hl_checksum of a v1 frame on the device, its checksum field read as zero (codec_cuda.cu).
+uint32_t frame_checksum_dev(const uint8_t* frame_dev, uint64_t size, cudaStream_t stream);
+// CRC32C of n device bytes (codec_cuda_check.cu).
+uint32_t crc32c_dev(const uint8_t* p_dev, uint64_t n, cudaStream_t stream);
+
 }  // namespace gpu
 }  // namespace hl

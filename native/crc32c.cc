@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "frame_v2_codec.h"  // the table and the piecewise combination, shared with CUDA
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <nmmintrin.h>
 #define HL_CRC_X86 1
@@ -11,16 +13,10 @@
 namespace hl {
 namespace {
 
-constexpr uint32_t kPoly = 0x82f63b78u;
-
 struct Tables {
   uint32_t t[8][256];
   Tables() {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (kPoly & (0u - (c & 1)));
-      t[0][i] = c;
-    }
+    for (uint32_t i = 0; i < 256; ++i) t[0][i] = crc32c_table_entry(i);
     for (uint32_t i = 0; i < 256; ++i)
       for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xff];
   }
@@ -81,6 +77,20 @@ uint32_t crc32c(const uint8_t* p, uint64_t n) {
   if (crc32c_hardware()) return ~update_hw(~0u, p, n);
 #endif
   return crc32c_portable(p, n);
+}
+
+uint32_t crc32c_in_pieces(const uint8_t* p, uint64_t n, uint64_t piece) {
+  if (piece == 0) piece = 1;
+  uint32_t x2k[64];
+  crc32c_x2k_table(x2k);
+  const uint32_t* table = tables().t[0];
+  uint32_t terms = 0;
+  // Pieces in reverse order: the XOR does not care, which is what the device relies on.
+  for (uint64_t k = hl_div_up(n, piece); k-- > 0;) {
+    const uint64_t lo = k * piece, len = n - lo < piece ? n - lo : piece;
+    terms ^= crc32c_piece_term(crc32c_update(0, p + lo, len, table), n - lo - len, x2k);
+  }
+  return crc32c_finish(terms, n, x2k);
 }
 
 }  // namespace hl

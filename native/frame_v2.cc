@@ -14,20 +14,20 @@ class In {
  public:
   In(const uint8_t* p, uint64_t n) : p_(p), n_(n) {}
   uint64_t varint(const char* what) {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      if (pos_ >= n_) throw FrameError(std::string("frame is truncated inside its ") + what);
-      const uint8_t b = p_[pos_++];
-      if (shift == 63 && b > 1)
-        throw FrameError(std::string("frame is corrupted: ") + what + " overflows 64 bits");
-      v |= (uint64_t)(b & 0x7f) << shift;
-      if (!(b & 0x80)) {
-        if (b == 0 && shift > 0)
-          throw FrameError(std::string("frame is corrupted: overlong varint in its ") + what);
+    uint64_t v = 0, used = 0;
+    switch (get_varint(p_ + pos_, n_ > pos_ ? n_ - pos_ : 0, &v, &used)) {
+      case HL_VARINT_OK:
+        pos_ += used;
         return v;
-      }
+      case HL_VARINT_TRUNCATED:
+        throw FrameError(std::string("frame is truncated inside its ") + what);
+      case HL_VARINT_OVERFLOW:
+        throw FrameError(std::string("frame is corrupted: ") + what + " overflows 64 bits");
+      case HL_VARINT_OVERLONG:
+        throw FrameError(std::string("frame is corrupted: overlong varint in its ") + what);
+      default:
+        throw FrameError(std::string("frame is corrupted: ") + what + " is longer than 10 bytes");
     }
-    throw FrameError(std::string("frame is corrupted: ") + what + " is longer than 10 bytes");
   }
   uint32_t fixed(int bytes, const char* what) {
     if (n_ - pos_ < (uint64_t)bytes)
@@ -45,11 +45,6 @@ class In {
   uint64_t n_;
   uint64_t pos_ = 0;
 };
-
-uint8_t* put_fixed(uint8_t* p, uint32_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) *p++ = (uint8_t)(v >> (8 * i));
-  return p;
-}
 
 std::string num(uint64_t v) { return std::to_string(v); }
 
@@ -250,12 +245,7 @@ void verify_v2(const FrameV2& f, const uint8_t* frame) {
 }
 
 uint64_t SegmentDesc::descriptor_bytes() const {
-  uint64_t n = 1 + varint_bytes(rows) + varint_bytes(code_bytes);
-  if (!(flags & HL_SEG_LOSSLESS)) n += 3;
-  if (flags & HL_SEG_MAP) n += varint_bytes(n_unique);
-  if (flags & HL_SEG_MAP_RANS) n += varint_bytes(map_bytes);
-  if (flags & HL_SEG_OUTLIERS) n += varint_bytes(n_outliers);
-  return n;
+  return v2_descriptor_bytes(flags, rows, n_unique, map_bytes, n_outliers, code_bytes);
 }
 
 namespace {
@@ -282,26 +272,20 @@ uint8_t* v2_write_head(const HeadV2& h, const std::vector<SegmentDesc>& segs, ui
   *w++ = 'H';
   *w++ = 'V';
   *w++ = HL_V2_VERSION;
-  w = put_fixed(w, 0, 4);  // the CRC, once the payloads are written
+  w = put_fixed_le(w, 0, 4);  // the CRC, once the payloads are written
   w = put_varint(w, total);
-  *w++ = (uint8_t)(h.dtype | (h.ndim << 2) | (h.seeded ? HL_V2_SEEDED : 0));
-  if (h.seeded) w = put_fixed(w, h.seed, 3);
+  *w++ = v2_info_byte(h.dtype, h.ndim, h.seeded);
+  if (h.seeded) w = put_fixed_le(w, h.seed, 3);
   for (int64_t d : h.trailing) w = put_varint(w, (uint64_t)d);
   w = put_varint(w, segs.size());
-  for (const SegmentDesc& s : segs) {
-    *w++ = s.flags;
-    w = put_varint(w, s.rows);
-    if (!(s.flags & HL_SEG_LOSSLESS)) w = put_fixed(w, s.bound, 3);
-    if (s.flags & HL_SEG_MAP) w = put_varint(w, s.n_unique);
-    if (s.flags & HL_SEG_MAP_RANS) w = put_varint(w, s.map_bytes);
-    if (s.flags & HL_SEG_OUTLIERS) w = put_varint(w, s.n_outliers);
-    w = put_varint(w, s.code_bytes);
-  }
+  for (const SegmentDesc& s : segs)
+    w = v2_put_descriptor(w, s.flags, s.rows, s.bound, s.n_unique, s.map_bytes, s.n_outliers,
+                          s.code_bytes);
   return w;
 }
 
 void v2_seal(uint8_t* frame, uint64_t total) {
-  put_fixed(frame + 3, crc32c(frame + HL_V2_PREFIX, total - HL_V2_PREFIX), 4);
+  put_fixed_le(frame + 3, crc32c(frame + HL_V2_PREFIX, total - HL_V2_PREFIX), 4);
 }
 
 }  // namespace hl

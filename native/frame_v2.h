@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "codec.h"
+#include "frame_v2_codec.h"  // varints, descriptors, CRC32C: shared with the CUDA codec
 
 namespace hl {
 
@@ -62,29 +63,6 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size);
 void verify_v2(const FrameV2& f, const uint8_t* frame);
 
 // ---- writing ------------------------------------------------------------------------------
-
-inline uint64_t varint_bytes(uint64_t v) {
-  uint64_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-inline uint8_t* put_varint(uint8_t* p, uint64_t v) {
-  while (v >= 0x80) {
-    *p++ = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  *p++ = (uint8_t)v;
-  return p;
-}
-// Bytes of an outlier position in a segment of n_codes codes.
-inline uint8_t v2_pos_bytes(uint64_t n_codes) {
-  uint8_t b = 1;
-  for (uint64_t m = n_codes > 0 ? n_codes - 1 : 0; m > 0xff; m >>= 8) ++b;
-  return b;
-}
 
 // A segment as the writer lays it out: descriptor fields and payload size.
 struct SegmentDesc {

@@ -1,5 +1,7 @@
 // Byte-wise 32-bit rANS (after ryg_rans) in independent streams of HL_RANS_CHUNK codes, so the
 // decoder, and a GPU encoder, can work on streams in parallel.
+#include <string.h>
+
 #include <string>
 
 #include "codec_common.h"
@@ -52,6 +54,7 @@ std::vector<uint8_t> encode_stream(const uint32_t* z, uint64_t lo, uint64_t hi,
                                    const EncSymbol* syms) {
   // At most 2 bytes a symbol (renormalization of a frequency-1 symbol), plus the state.
   std::vector<uint8_t> buf(4 + 2 * (hi - lo));
+  if (buf.size() < 4) return {};  // 2 * (hi - lo) wrapped around: no such stream exists
   uint8_t* end = buf.data() + buf.size();
   uint8_t* p = end;
   uint32_t x = HL_RANS_L;
@@ -177,13 +180,14 @@ std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads, boo
   return out;
 }
 
-void rans_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* z, int threads,
-                 bool compact) {
+RansLayout rans_layout(const uint8_t* in, uint64_t len, uint64_t n, bool compact) {
   Reader r(in, len, "entropy-coded code section");
+  RansLayout L;
   Table t = {};
   const uint64_t n_streams = hl_div_up(n, HL_RANS_CHUNK);
-  std::vector<uint32_t> escapes;
-  std::vector<uint64_t> start(n_streams + 1, 0);
+  std::vector<uint32_t>& escapes = L.escapes;
+  std::vector<uint64_t>& start = L.start;
+  start.assign(n_streams + 1, 0);
   if (compact) {
     if (n == 0) throw FrameError("frame is corrupted: an entropy-coded section of no codes");
     const int k = r.read<uint8_t>() + 1;
@@ -250,14 +254,30 @@ void rans_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* z, int t
   if (t.cum[256] != kScale)
     throw FrameError("frame is corrupted: entropy frequencies sum to " +
                      std::to_string(t.cum[256]) + ", expected " + std::to_string(kScale));
-  uint8_t lut[kScale];
-  for (int s = 0; s < 256; ++s)
-    for (uint32_t c = t.cum[s]; c < t.cum[s + 1]; ++c) lut[c] = (uint8_t)s;
-  const uint64_t n_esc = escapes.size();
   const uint8_t* data = r.take(start[n_streams]);
   if (r.remaining() != 0)
     throw FrameError("frame is corrupted: " + std::to_string(r.remaining()) +
                      " stray bytes after the entropy-coded streams");
+  memcpy(L.freq, t.freq, sizeof(t.freq));
+  memcpy(L.cum, t.cum, sizeof(t.cum));
+  L.data_off = (uint64_t)(data - in);
+  return L;
+}
+
+void rans_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* z, int threads,
+                 bool compact) {
+  const RansLayout L = rans_layout(in, len, n, compact);
+  const uint64_t n_streams = hl_div_up(n, HL_RANS_CHUNK);
+  Table t;
+  memcpy(t.freq, L.freq, sizeof(t.freq));
+  memcpy(t.cum, L.cum, sizeof(t.cum));
+  const std::vector<uint32_t>& escapes = L.escapes;
+  const std::vector<uint64_t>& start = L.start;
+  uint8_t lut[kScale];
+  for (int s = 0; s < 256; ++s)
+    for (uint32_t c = t.cum[s]; c < t.cum[s + 1]; ++c) lut[c] = (uint8_t)s;
+  const uint64_t n_esc = escapes.size();
+  const uint8_t* data = in + L.data_off;
 
   // Escapes are consumed in code order, so each stream needs to know how many came before it.
   // Decode symbols per stream in parallel, then resolve escapes in one ordered pass.

@@ -1,13 +1,17 @@
 // Standalone check of the CUDA codec against the CPU codec, without Python or torch: random
 // tensors of every dtype, shape, bound, mode, level and dedup setting; frames compared byte for
 // byte; each decoder run on the other's frames; compress_many against compress_many_cpu; tampered
-// payloads (checksum made valid again) must get the same verdict from both decoders.
+// payloads (checksum made valid again) must get the same verdict from both decoders; the device
+// CRC32C against the CPU's, and verify_cuda on intact, corrupted and truncated v1 and v2 frames.
 //
-// Build (no GPU needed; the binary needs only the driver's libcuda at run time):
+// Build (no GPU needed; the binary needs only the driver's libcuda at run time): any CMake build
+// with CUDA makes build/cuda_selftest (target cuda_selftest), or by hand:
 //   nvcc -std=c++17 -O2 -arch=sm_90 -ftz=false -prec-div=true -prec-sqrt=true -fmad=false \
 //        -Xcompiler -fno-fast-math,-ffp-contract=off \
-//        -Inative tests/cuda_selftest.cc native/codec_cuda.cu native/codec_cpu.cc \
-//        native/kernels_cpu.cc native/pack.cc native/rans_cpu.cc -Xcompiler -fopenmp \
+//        -Inative tests/cuda_selftest.cc native/codec_cuda.cu native/codec_cuda_decode.cu \
+//        native/codec_cuda_check.cu native/codec_cpu.cc native/kernels_cpu.cc native/pack.cc \
+//        native/rans_cpu.cc \
+//        native/output_blocks.cc native/frame_v2.cc native/crc32c.cc -Xcompiler -fopenmp \
 //        -o build/cuda_selftest
 // Run: build/cuda_selftest [cases (default 3000)] [seed (1)] [tampered frames a level (300)].
 // Exit status 0 when everything agrees.
@@ -23,6 +27,7 @@
 
 #include "codec.h"
 #include "codec_common.h"
+#include "crc32c.h"
 
 namespace {
 
@@ -188,6 +193,13 @@ void run_case(const Case& c) {
   if (!diff.empty()) return fail(c.describe() + ": frames differ, " + diff);
   diff = compare_decoders(cpu, n * hl_elem_bytes(c.dtype));
   if (!diff.empty()) fail(c.describe() + ": " + diff);
+  // Format 2: the CUDA decoder on the CPU's v2 frame of the same tensor (no CUDA v2 encoder).
+  hl::CompressParams p2 = c.p;
+  p2.format = 2;
+  std::vector<uint8_t> v2(cap + HL_V2_MAX_HEADER + HL_V2_MAX_SEGMENT);
+  v2.resize(hl::compress_cpu(c.data.data(), p2, c.shape, v2.data(), v2.size(), 1));
+  diff = compare_decoders(v2, n * hl_elem_bytes(c.dtype));
+  if (!diff.empty()) fail(c.describe() + " format 2: " + diff);
 }
 
 void run_many(std::mt19937_64& rng) {
@@ -254,6 +266,61 @@ void run_tampered(std::mt19937_64& rng, int trials) {
   }
 }
 
+// The device CRC32C at random lengths and alignments, then verify_cuda: intact frames pass,
+// any flipped byte or a missing one raises FrameError.
+void run_checks(std::mt19937_64& rng, int trials) {
+  std::vector<uint8_t> data(3 << 20);
+  for (uint8_t& b : data) b = (uint8_t)rng();
+  Dev d(data.size());
+  d.put(data.data(), data.size());
+  for (int t = 0; t < trials; ++t) {
+    const uint64_t start = rng() % 16;
+    const uint64_t n = t == 0 ? 0 : rng() % (t % 10 == 0 ? data.size() - start : 5000);
+    if (hl::crc32c_cuda(d.p + start, n, nullptr) != hl::crc32c(data.data() + start, n))
+      fail("crc32c of " + std::to_string(n) + " bytes at offset " + std::to_string(start));
+  }
+  Case c = random_case(rng, 20000);
+  while (c.shape.empty()) c = random_case(rng, 20000);
+  for (uint8_t format = 1; format <= 2; ++format) {
+    c.p.format = format;
+    c.p.dither = false;
+    std::vector<uint8_t> frame(max_frame(c.shape) + 4096);
+    frame.resize(hl::compress_cpu(c.data.data(), c.p, c.shape, frame.data(), frame.size(), 1));
+    Dev f(frame.size());
+    auto verdict = [&](const std::vector<uint8_t>& bytes, uint64_t size) {
+      f.put(bytes.data(), bytes.size());
+      try {
+        hl::verify_cuda(f.p, size, nullptr);
+        return std::string();
+      } catch (const hl::FrameError& e) {
+        return std::string(e.what());
+      }
+    };
+    const std::string what = c.describe() + " format " + std::to_string(format);
+    std::string err = verdict(frame, frame.size());
+    if (!err.empty()) fail(what + ": intact frame refused: " + err);
+    if (verdict(frame, frame.size() - 1).empty()) fail(what + ": truncated frame accepted");
+    if (format == 2) {  // payloads changed, the CRC made valid again: the same verdicts
+      const uint64_t out_bytes = numel(c.shape) * hl_elem_bytes(c.dtype);
+      for (int t = 0; t < trials; ++t) {
+        std::vector<uint8_t> bad = frame;
+        bad[HL_V2_PREFIX + rng() % (bad.size() - HL_V2_PREFIX)] = (uint8_t)rng();
+        const uint32_t crc = hl::crc32c(bad.data() + HL_V2_PREFIX, bad.size() - HL_V2_PREFIX);
+        memcpy(bad.data() + 3, &crc, 4);
+        std::string diff = compare_decoders(bad, out_bytes);
+        if (!diff.empty()) fail(what + ": resealed tampered frame " + std::to_string(t) + ": " + diff);
+      }
+    }
+    for (int t = 0; t < trials; ++t) {
+      std::vector<uint8_t> bad = frame;
+      const uint64_t at = format == 2 ? rng() % bad.size() : HL_HEADER_BYTES + rng() % (bad.size() - HL_HEADER_BYTES);
+      bad[at] ^= (uint8_t)(1 + rng() % 255);
+      if (verdict(bad, bad.size()).empty())
+        fail(what + ": byte " + std::to_string(at) + " changed, frame accepted");
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -274,6 +341,9 @@ int main(int argc, char** argv) {
   const int before_tamper = g_failures;
   run_tampered(rng, tampered);
   printf("tampered frames: %d trials, %d disagreements\n", 2 * tampered, g_failures - before_tamper);
+  const int before_checks = g_failures;
+  run_checks(rng, 200);
+  printf("crc32c and verify_cuda: %d failures\n", g_failures - before_checks);
   check(cudaDeviceSynchronize(), "final synchronize");
   printf("%s\n", g_failures ? "FAILED" : "all agree");
   return g_failures ? 1 : 0;

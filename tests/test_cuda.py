@@ -6,6 +6,7 @@ Skips without a CUDA device. On a machine with one, the extension must have been
 """
 import math
 import random
+import struct
 
 import pytest
 import torch
@@ -322,3 +323,162 @@ def test_dithered_device_tensors_take_the_cpu_codec_and_stay_on_the_device():
     with pytest.raises(ValueError, match="no CUDA decoder"):
         _C.decompress_cuda(gpu.data_ptr(), gpu.numel(), y.data_ptr(), y.numel() * 4,
                            torch.cuda.current_stream().cuda_stream)
+
+
+# ---- checks before anything is allocated for a device frame (issue #12) -------------------------
+
+def crc32c_on(data, start, n):
+    if data.is_cuda:
+        return _C.crc32c_cuda(data.data_ptr() + start, n, torch.cuda.current_stream().cuda_stream)
+    return _C.crc32c(data.data_ptr() + start, n, False)
+
+
+def test_cuda_crc32c_equals_the_cpu_crc32c_at_any_length_and_alignment():
+    data = torch.randint(0, 256, (3 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    dev = data.cuda()
+    for start, n in [(0, 0), (0, 1), (1, 1023), (3, 1024), (5, 1025), (7, 65539), (0, 3 << 20)]:
+        assert crc32c_on(dev, start, n) == crc32c_on(data, start, n), (start, n)
+
+
+def forged_v1_frame(n, sealed):
+    """A v1 frame of n x n float32 (n a multiple of 32) stored as one all-zero unique row:
+    consistent in every size field, a few KiB announcing 4 * n * n bytes of output. Its checksum
+    is right when sealed, else 0 (wrong)."""
+    shape = struct.pack("<qq", n, n)
+    map_sec, code_sec = bytes(n // 32), bytes(n // 32)  # all blocks of width 0: all zeros
+    total = HEADER + len(shape) + len(map_sec) + len(code_sec)
+    head = struct.pack("<IBBBBB3xIddQQQQQQQQ", 0x4C445648, 1, 0, 1, 0, 2, 0, 0.01, 0.01, n, n, 1,
+                       0, len(map_sec), len(code_sec), 0, total)
+    frame = torch.frombuffer(bytearray(head + shape + map_sec + code_sec), dtype=torch.uint8)
+    return with_checksum(frame) if sealed else frame
+
+
+def device_memory_growth(call):
+    """Peak growth of torch's device memory and drop of the device's free memory during call()."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before, free_before = torch.cuda.max_memory_allocated(), torch.cuda.mem_get_info()[0]
+    try:
+        call()
+    finally:
+        torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before, free_before - torch.cuda.mem_get_info()[0]
+
+
+def test_corrupt_device_frame_announcing_64_gib_raises_checksum_error_without_allocating():
+    # 64 GiB fits an H200 and the limit is raised past it: only the checksum stands in the way.
+    frame = forged_v1_frame(1 << 17, sealed=False).cuda()
+    assert hvd_lossy.frame_info(frame)["raw_bytes"] == 64 << 30
+    limit = 1 << 40
+    for call in (lambda: hvd_lossy.decompress(frame, max_output_bytes=limit),
+                 lambda: hvd_lossy.decompress_chunks(frame, max_output_bytes=limit)):
+        def refused():
+            with pytest.raises(FrameError, match="checksum"):
+                call()
+        torch_growth, free_drop = device_memory_growth(refused)
+        assert torch_growth < 1 << 20 and free_drop < 256 << 20, (torch_growth, free_drop)
+
+
+def test_corrupt_device_frame_is_refused_by_its_checksum_before_its_announced_size():
+    frame = forged_v1_frame(1 << 20, sealed=False).cuda()  # 4 TiB announced, over the limit
+    with pytest.raises(FrameError, match="checksum"):
+        hvd_lossy.decompress(frame)
+    with pytest.raises(FrameError, match="checksum"):
+        _C.verify_cuda(frame.data_ptr(), frame.numel(), torch.cuda.current_stream().cuda_stream)
+
+
+def test_sealed_device_frame_claiming_2_pow_40_rows_is_refused_without_allocating():
+    frame = forged_v1_frame(1 << 20, sealed=True).cuda()  # valid checksum, 2^20 x 2^20 float32
+    _C.verify_cuda(frame.data_ptr(), frame.numel(), torch.cuda.current_stream().cuda_stream)
+    for call in (lambda: hvd_lossy.decompress(frame), lambda: hvd_lossy.decompress_chunks(frame)):
+        def refused():
+            with pytest.raises(FrameError, match="max_output_bytes") as info:
+                call()
+            assert type(info.value) is FrameError
+        torch_growth, free_drop = device_memory_growth(refused)
+        assert torch_growth < 1 << 20 and free_drop < 256 << 20, (torch_growth, free_drop)
+
+
+def test_corrupt_v2_device_frame_raises_crc32c_error():
+    x = lookups(500, 16, distinct=50)
+    frame = hvd_lossy.compress(x, 0.01, level=2, format=2).cuda()
+    assert torch.equal(bits(hvd_lossy.decompress(frame)), bits(hvd_lossy.decompress(frame.cpu())))
+    for pos in (7, frame.numel() // 2, frame.numel() - 1):
+        bad = frame.clone()
+        bad[pos] ^= 0x10
+        with pytest.raises(FrameError, match="CRC32C"):
+            hvd_lossy.decompress(bad)
+    with pytest.raises(FrameError, match="truncated"):
+        hvd_lossy.decompress(frame[:-1])
+
+
+# ---- format 2 on the device (issue #10) ---------------------------------------------------------
+
+def assert_v2_decodes_alike_on_cuda(x, rows, ebs, mode="rel", level=1, dedup=True):
+    """The CPU's v2 frame, decoded by the CUDA decoder, gives the CPU decoder's bits."""
+    what = f"{tuple(x.shape)} {x.dtype} rows={rows} ebs={ebs} {mode} L{level} dedup={dedup}"
+    frame, _ = hvd_lossy.compress_chunks(x, rows, ebs, mode=mode, level=level, dedup=dedup, format=2)
+    ref = hvd_lossy.decompress_chunks(frame)[0]
+    got = hvd_lossy.decompress(frame.cuda())
+    assert got.is_cuda and got.dtype == x.dtype and tuple(got.shape) == tuple(ref.shape), what
+    assert torch.equal(bits(got), bits(ref)), what
+    return hvd_lossy.frame_info(frame)
+
+
+@pytest.mark.parametrize("case", sorted(c for c in CASES if c not in ("0-d",)))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("level", [1, 2])
+def test_cuda_decodes_cpu_v2_frames_bit_exactly(case, dtype, level):
+    x = CASES[case](dtype)
+    n = x.shape[0]
+    for rows, ebs in (([n], [0.01]), ([n // 3, n - n // 3], [0.0, 0.03]), ([0, n, 0], [0.5, 1e-3, 0.0])):
+        for dedup in (True, False):
+            assert_v2_decodes_alike_on_cuda(x, rows, ebs, "rel", level, dedup)
+
+
+def test_cuda_decodes_v2_segments_with_coded_maps_outliers_and_escapes():
+    # Segments: level 2 with an outlier; lossless; a rANS-coded map (3 distinct rows); level 2
+    # with codes past 255 (escapes). The CPU codec's choices checked below make it so.
+    x = torch.cat([lookups(1000, 32, distinct=300, seed=5), lookups(64, 32, seed=6),
+                   lookups(3000, 32, distinct=3, seed=7), lookups(500, 32, seed=8) * torch.logspace(-3, 0, 32)])
+    x[10, 3] = float("nan")
+    x[1500, 1] = 1e30
+    rows = [1000, 64, 3000, 500]
+    info = assert_v2_decodes_alike_on_cuda(x, rows, [0.01, 0.0, 1e-3, 1e-4], "abs", 2, True)
+    segs = info["segments"]
+    assert any(s["map_coded"] for s in segs) and any(s["n_outliers"] for s in segs)
+    assert any(s["lossless"] for s in segs) and any(s["level"] == 2 for s in segs)
+
+
+def test_cuda_decodes_a_0d_v2_frame():
+    x = torch.tensor(1.5)
+    frame = hvd_lossy.compress(x, 0.01, format=2)
+    assert torch.equal(bits(hvd_lossy.decompress(frame.cuda())), bits(hvd_lossy.decompress(frame)))
+
+
+def resealed_v2(frame):
+    frame = frame.clone()
+    c = _C.crc32c(frame.data_ptr() + 7, frame.numel() - 7, False)
+    frame[3:7] = torch.tensor(list(c.to_bytes(4, "little")), dtype=torch.uint8)
+    return frame
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_cuda_and_cpu_decoders_agree_on_every_tampered_v2_payload(level):
+    x = lookups(3000, 16, distinct=200, seed=11)
+    x[7, 3] = float("inf")
+    frame, _ = hvd_lossy.compress_chunks(x, [1000, 2000], [1e-3, 0.01], mode="abs", level=level,
+                                         format=2)
+    start = hvd_lossy.frame_info(frame)["header_bytes"]
+    rng = random.Random(level)
+    for trial in range(200):
+        bad = frame.clone()
+        for _ in range(rng.choice([1, 1, 2, 5])):
+            bad[rng.randrange(start, frame.numel())] = rng.randrange(256)
+        bad = resealed_v2(bad)
+        on_cpu = decode_verdict(bad)
+        on_gpu = decode_verdict(bad.cuda())
+        assert on_cpu[0] == on_gpu[0], f"trial {trial}: CPU {on_cpu[0]}, CUDA {on_gpu[0]}"
+        if on_cpu[0] == "ok":
+            assert torch.equal(on_cpu[1], on_gpu[1]), f"trial {trial}: decoded tensors differ"
+    torch.cuda.synchronize()

@@ -1,0 +1,159 @@
+"""The format-2 and decode-limit stage of benchmarks/gpu_check.py (issues #10 and #12).
+
+For each workload (synthetic, criteo, criteo 52 chunks) and level, on --device:
+  bytes      the device's v2 frame (compress_chunks(format=2) of the device tensor) against the
+             CPU codec's, byte for byte. `cuda_v2_encoder` in the JSON says whether the device
+             path runs a CUDA v2 encoder; without one it goes through the CPU codec and the
+             comparison holds by construction (it becomes the real check once the encoder lands).
+  cross      CUDA decode of the CPU's frame and CPU decode of the device's frame, bit-exact
+             against the CPU decode of the CPU's frame.
+  timing     compress, decompress and the device checksum (verify_cuda: CRC32C over the frame)
+             with CUDA events, medians of --repeat.
+And once, the limits: a corrupt v1 frame announcing 64 GiB and a corrupt v2 frame announcing
+2^40 rows must raise FrameError naming the checksum, and a sealed v1 frame of 2^40 rows must
+raise FrameError naming max_output_bytes, each without growing device memory (torch's peak and
+the driver's free memory, both before and after).
+"""
+import re
+import struct
+
+
+def _sealed_v1(frame, torch, _C):
+    frame = frame.clone()
+    frame[12:16] = 0
+    c = _C.checksum(frame.data_ptr(), frame.numel())
+    frame[12:16] = torch.tensor(list(c.to_bytes(4, "little")), dtype=torch.uint8)
+    return frame
+
+
+def forged_frames(torch, _C, device):
+    """(name, frame on the CPU, a regex the refusal's message must match)."""
+    def v1(n, sealed):
+        shape = struct.pack("<qq", n, n)
+        sec = bytes(n // 32)  # map and code: all blocks of width 0
+        total = 96 + len(shape) + 2 * len(sec)
+        head = struct.pack("<IBBBBB3xIddQQQQQQQQ", 0x4C445648, 1, 0, 1, 0, 2, 0, 0.01, 0.01, n, n,
+                           1, 0, len(sec), len(sec), 0, total)
+        f = torch.frombuffer(bytearray(head + shape + sec + sec), dtype=torch.uint8)
+        return _sealed_v1(f, torch, _C) if sealed else f
+
+    # v2: f32, ndim 2, trailing 32, one lossless level-1 segment of 2^40 rows, a 1-byte code
+    # section, and a CRC that does not match.
+    body = bytes([2 << 2]) + bytes([32, 1, 0x02]) + bytes([0x80, 0x80, 0x80, 0x80, 0x80, 0x20]) \
+        + bytes([1, 0])
+    total = 7 + 1 + len(body)
+    v2 = torch.frombuffer(bytearray(b"HV\x02" + struct.pack("<I", 0x12345678) + bytes([total]) + body),
+                          dtype=torch.uint8)
+    return [("v1 corrupt, 64 GiB announced", v1(1 << 17, False), "checksum"),
+            # The CPU decoder parses a v2 header before its CRC (sizes checked against the bytes
+            # present); the CUDA one verifies the CRC first, on the device.
+            ("v2 corrupt, 2^40 rows announced", v2, "CRC32C" if device == "cuda" else "CRC32C|too small"),
+            ("v1 sealed, 2^40 rows announced", v1(1 << 20, True), "max_output_bytes")]
+
+
+def _memory(torch, device):
+    if device != "cuda":
+        return None, None
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated(), torch.cuda.mem_get_info()[0]
+
+
+def limits(torch, hvd_lossy, _C, device):
+    out, ok = [], True
+    for name, frame, expect in forged_frames(torch, _C, device):
+        frame = frame.to(device)
+        # The limit stays the default for the sealed frame (it is what must refuse it) and is
+        # raised past the corrupt ones' sizes (only their checksums may refuse them).
+        limit = None if expect == "max_output_bytes" else 1 << 50
+        for what, call in (("decompress", lambda: hvd_lossy.decompress(frame, max_output_bytes=limit)),
+                           ("decompress_chunks",
+                            lambda: hvd_lossy.decompress_chunks(frame, max_output_bytes=limit))):
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            peak0, free0 = _memory(torch, device)
+            try:
+                call()
+                verdict = "decoded (expected FrameError)"
+            except hvd_lossy.FrameError as e:
+                verdict = "" if re.search(expect, str(e)) and type(e) is hvd_lossy.FrameError else f"wrong error: {e}"
+            except Exception as e:  # an allocation failure is what this check exists to catch
+                verdict = f"{type(e).__name__}: {e}"
+            peak1, free1 = _memory(torch, device)
+            grew = None if peak0 is None else {"torch_peak_bytes": peak1 - peak0, "free_drop_bytes": free0 - free1}
+            good = not verdict and (grew is None or (grew["torch_peak_bytes"] < 1 << 20
+                                                     and grew["free_drop_bytes"] < 256 << 20))
+            ok &= good
+            out.append({"frame": name, "call": what, "ok": good, "error": verdict, "memory_growth": grew})
+    return ok, out
+
+
+def one(name, x_cpu, rows, level, args, timed, torch, hvd_lossy, _C):
+    eb, dev = args.error_bound, args.device
+    rows = rows or [x_cpu.shape[0]]
+    x = x_cpu.to(dev)
+    cpu_frame, _ = hvd_lossy.compress_chunks(x_cpu, rows, eb, level=level, format=2)
+    dev_frame, _ = hvd_lossy.compress_chunks(x, rows, eb, level=level, format=2)
+    ref = torch.cat([y.flatten() for y in hvd_lossy.decompress_chunks(cpu_frame)])
+
+    def decoded(frame):
+        return torch.cat([y.flatten() for y in hvd_lossy.decompress_chunks(frame)]).cpu()
+
+    bits = lambda t: t.view(torch.int32 if t.element_size() == 4 else torch.int16)  # noqa: E731
+    r = {"workload": name, "level": level, "frame_bytes": dev_frame.numel(),
+         "ratio": x_cpu.numel() * x_cpu.element_size() / dev_frame.numel(),
+         "bytes_identical_to_cpu": bool(torch.equal(dev_frame.cpu(), cpu_frame)),
+         "device_decodes_cpu_frame": bool(torch.equal(bits(decoded(cpu_frame.to(dev))), bits(ref))),
+         "cpu_decodes_device_frame": bool(torch.equal(bits(decoded(dev_frame.cpu())), bits(ref)))}
+    r["compress_ms"] = timed(lambda: hvd_lossy.compress_chunks(x, rows, eb, level=level, format=2),
+                             dev, args.warmup, args.repeat) * 1e3
+    r["decompress_ms"] = timed(lambda: hvd_lossy.decompress_chunks(dev_frame), dev, args.warmup,
+                               args.repeat) * 1e3
+    if dev == "cuda":
+        stream = torch.cuda.current_stream().cuda_stream
+        verify = lambda: _C.verify_cuda(dev_frame.data_ptr(), dev_frame.numel(), stream)  # noqa: E731
+        t = timed(verify, dev, args.warmup, args.repeat)
+        r["verify_ms"], r["verify_GBps"] = t * 1e3, dev_frame.numel() / t / 1e9
+    r["ok"] = r["bytes_identical_to_cpu"] and r["device_decodes_cpu_frame"] and r["cpu_decodes_device_frame"]
+    return r
+
+
+def run(args, report, data, timed):
+    """The stage; data is gpu_check.workloads(args), timed its CUDA-event timer."""
+    import torch
+    import hvd_lossy
+    from hvd_lossy import _C
+
+    ok, runs = True, []
+    cuda_v2 = bool(getattr(_C, "WITH_CUDA_V2_ENCODER", False))
+    lim_ok, lim = limits(torch, hvd_lossy, _C, args.device)
+    ok &= lim_ok
+    report.stage("v2", ok=ok, device=args.device, cuda_v2_encoder=cuda_v2, limits=lim, runs=runs)
+    for name, x, rows in data:
+        for level in args.levels:
+            try:
+                r = one(name, x, rows, level, args, timed, torch, hvd_lossy, _C)
+            except Exception as e:  # keep checking the others; the failure is reported
+                r = {"workload": name, "level": level, "ok": False, "error": f"{type(e).__name__}: {e}"}
+            ok &= r["ok"]
+            runs.append(r)
+            report.stage("v2", ok=ok, device=args.device, cuda_v2_encoder=cuda_v2, limits=lim, runs=runs)
+    return ok
+
+
+def print_table(stage):
+    print(f"v2 stage: {'ok' if stage.get('ok') else 'FAILED'}; CUDA v2 encoder: "
+          f"{'yes' if stage.get('cuda_v2_encoder') else 'no (device tensors take the CPU codec)'}")
+    for lim in stage.get("limits", []):
+        print(f"  {lim['frame']:32} {lim['call']:17} {'ok' if lim['ok'] else 'FAILED'} "
+              f"{lim['error']} {lim['memory_growth'] or ''}")
+    print(f"  {'workload':17} {'L':>1} {'ratio':>6} {'same':>4} {'x-dec':>5} {'comp ms':>8} {'dec ms':>8} "
+          f"{'crc ms':>7} {'crc GB/s':>8}")
+    for r in stage.get("runs", []):
+        if "error" in r:
+            print(f"  {r['workload']:17} {r['level']:>1} ERROR {r['error']}")
+            continue
+        cross = r["device_decodes_cpu_frame"] and r["cpu_decodes_device_frame"]
+        print(f"  {r['workload']:17} {r['level']:>1} {r['ratio']:6.2f} "
+              f"{'yes' if r['bytes_identical_to_cpu'] else 'NO':>4} {'yes' if cross else 'NO':>5} "
+              f"{r['compress_ms']:8.3f} {r['decompress_ms']:8.3f} {r.get('verify_ms', float('nan')):7.3f} "
+              f"{r.get('verify_GBps', float('nan')):8.1f}")
