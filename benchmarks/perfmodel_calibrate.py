@@ -287,13 +287,9 @@ def unlimited_run(ns, setting, ranks, tmp, tag, mode="plain"):
 def compute_from_runs(setting, runs, calibration):
     """The CPU terms a step, per rank count, from runs over the unlimited loopback ({ranks: [run
     records]}, each with its mode; medians over a mode's runs):
-      call_s     per mode, a collective call's CPU path in situ: the mode's two all-to-all calls
-                 (its timed step less outside and codec), a call. Under load and
-                 oversubscription (8 ranks on 2 cores) a call waits for CPU far longer than
-                 perfmodel_collectives' quiet fixed cost of 1-3 ms; the model lets its bytes
-                 move meanwhile (perfmodel.call_floors);
-      compute_s  plain's step outside its all-to-all calls (train.py's split), less its ids
-                 allgather and dense allreduce, taken to cost plain's call_s each;
+      compute_s  plain's step outside its all-to-all calls (train.py's split; the all-to-alls'
+                 own time is measured, so the loopback's rate hardly matters), less the model's
+                 ids allgather and dense allreduce over the unlimited loopback;
       host_s     plain's period between step starts less its timed step;
       codec_s    per mode (fp16, lossy, adaptive): its codec + outside the all-to-alls, less
                  plain's outside: the mode's extra CPU work a step, in situ."""
@@ -303,21 +299,13 @@ def compute_from_runs(setting, runs, calibration):
         by_mode = {}
         for r in recs:
             by_mode.setdefault(r.get("mode", "plain"), []).append(r)
-        plain = by_mode["plain"]
-        outside = statistics.median(r["outside_a2a_s"] for r in plain)
+        outside = statistics.median(r["outside_a2a_s"] for r in by_mode["plain"])
         wl, net, res = perfmodel.scenario(f"dev-{setting}", calibration, int(ranks),
                                           link["unlimited_payload_gbit"][ranks], compute_s=0.0, efficiency=1.0,
-                                          burst_bytes=0, latency_s=0.0,
-                                          batch=nl.batch_for(SETTINGS[setting]["batch"], int(ranks)))
+                                          burst_bytes=0, batch=nl.batch_for(SETTINGS[setting]["batch"], int(ranks)))
         terms = perfmodel.step_terms("plain", wl, net, res)
-        rec = {}
-        if all("timed_step_s" in r for r in recs):
-            rec["call_s"] = {m: statistics.median(r["timed_step_s"] - r["outside_a2a_s"] - r["codec_s"] for r in rs) / 2
-                             for m, rs in by_mode.items()}
-        call = rec["call_s"]["plain"] if rec else link["latency_s"][ranks]
-        lat = link["latency_s"][ranks]
-        other = max(lat + terms["ids"], call) + max(lat + terms["allreduce"], call)
-        out[ranks] = {**rec, "compute_s": max(outside - other, 0.0), "outside_a2a_s": outside,
+        other = terms["ids"] + terms["allreduce"]
+        out[ranks] = {"compute_s": max(outside - other, 0.0), "outside_a2a_s": outside,
                       "host_s": statistics.median(r["host_s"] for r in by_mode["plain"]),
                       "model_ids_allreduce_unlimited_s": other,
                       "plain_iteration_unlimited_s": statistics.median(r["measured_s"] for r in by_mode["plain"]),
@@ -380,19 +368,6 @@ def in_situ_codec(by_ranks):
     return {m: {"by_ranks": {r: c["codec_s"][m] for r, c in by_ranks.items()}} for m in sorted(modes)} or None
 
 
-def call_cost(link, by_ranks):
-    """A collective call's fixed cost: perfmodel_collectives' tiny all-to-all."""
-    return _v({"by_ranks": link.get("latency_s", {})}, "measured (calibration 'link')")
-
-
-def call_floors(by_ranks):
-    """{mode: {"by_ranks": ...}} of compute_from_runs's call_s, where every rank count has it."""
-    if not by_ranks or not all(isinstance(c.get("call_s"), dict) for c in by_ranks.values()):
-        return None
-    modes = set.intersection(*(set(c["call_s"]) for c in by_ranks.values()))
-    return {m: {"by_ranks": {r: c["call_s"][m] for r, c in by_ranks.items()}} for m in sorted(modes)}
-
-
 def build_presets(calib):
     """The named scenarios: the two dev settings (emulated link, measured inputs) and the
     projected cluster (GPU rates from RESULTS.md; what was not measured is marked assumed)."""
@@ -414,9 +389,6 @@ def build_presets(calib):
                 "host_s": _v({"by_ranks": {r: c.get("host_s", 0.0) for r, c in compute.get(setting, {}).items()}},
                              "measured: plain runs over the unlimited loopback, the period between step "
                              "starts less the timed step (calibration 'compute')"),
-                "call_s": _v(call_floors(compute.get(setting, {})),
-                             "measured in situ: each mode's all-to-all calls over the unlimited loopback, a "
-                             "call (calibration 'compute'); None: a call is its fixed cost + bytes"),
                 "codec_s": _v(in_situ_codec(compute.get(setting, {})),
                               "measured in situ: each mode's runs over the unlimited loopback, codec + outside "
                               "the all-to-alls, less plain's outside (calibration 'compute'); a mode without "
@@ -425,7 +397,7 @@ def build_presets(calib):
                 "sharding": _v("table", "the example (examples/dlrm/sharding.py)")},
             "network": {
                 "link": _v("shared", "the emulation: one loopback for all ranks"),
-                "latency_s": call_cost(link, compute.get(setting, {})),
+                "latency_s": _v({"by_ranks": link.get("latency_s", {})}, "measured (calibration 'link')"),
                 "efficiency": _v(link.get("efficiency", 1.0), "measured: payload rate / tbf rate (calibration 'link')"),
                 "allreduce_bytes_factor": _v(link.get("allreduce_bytes_factor", 1.0),
                                              "measured: MPI's allreduce bytes over a ring's (calibration 'link')"),

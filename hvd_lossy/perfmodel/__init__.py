@@ -10,16 +10,14 @@ function:
   host        the iteration's work between two timed steps: the next batch, its checksum, the
               loss's allreduce (measured: the period between step starts less the timed step)
   ids         the allgather of the sparse ids (int64) that tells each owner what to look up
-  fwd_a2a     forward all-to-all of the lookups
+  fwd_a2a     forward all-to-all of the lookups: bytes / link rate + one call's fixed cost
   bwd_a2a     backward all-to-all of their gradients
   codec       compress + decompress of both all-to-alls (lossy/adaptive), or fp16's casts
   allreduce   the dense gradients' allreduce (ring: 2 (P-1)/P of the dense bytes a rank)
 
-A collective (ids, the all-to-alls, allreduce) takes its fixed cost a call plus its bytes over
-the link, but never less than its CPU path where it was measured (call_floors): packing,
-copies and a rank waiting for a core run while the bytes move. The model predicts the
-iteration, the period from one step's start to the next (samples/s = batch / period), not
-train.py's timed step, which leaves out the host work and whatever the link carries meanwhile.
+The model predicts the iteration, the period from one step's start to the next (samples/s =
+batch / period), not train.py's timed step, which leaves out the host work and whatever the
+link carries for the other ranks meanwhile (up to 20% of the iteration at 8 ranks).
 
 The terms follow each other: the example runs them one after the other (no --overlap). The one
 exception is a token-bucket link, which lets bytes through during the idle phases (bucket.py).
@@ -33,10 +31,13 @@ emulation on one machine (every byte of every rank crosses one loopback of that 
 bucket that refills while the link idles and lets its burst through at once: bucket.py).
 
 CPU oversubscription (dev: 8 ranks on 2 cores): the dev presets' CPU terms (compute, host, the
-in-situ codec_s and call_s) are measured with the same P processes on the same cores under the
-same load, taking turns with the validation's runs, so they hold whatever oversubscription and
-other jobs cost at that P; the model does not scale them. Only a codec term computed from
-one-thread throughputs is spread: P ranks' work on C cores takes max(busiest rank, total / C).
+in-situ codec_s) and a call's fixed cost are measured with the same P processes on the same
+cores, so they hold what oversubscription costs at that P; the model does not scale them. A
+codec term computed from one-thread throughputs is spread: P ranks' work on C cores takes
+max(busiest rank, total / C). What this does not cover is other jobs' load: ranks that wait on
+a slow link win a core whenever they wake, ranks over an unlimited link compete for it, so CPU
+terms measured over the unlimited link under load overstate the CPU of link-bound runs
+(benchmarks/RESULTS.md, "Performance model").
 
 Modes: plain (horovod.torch.alltoall), fp16 (Compression.fp16), lossy (rel 0.03 lookups,
 0.02 dithered gradients), adaptive (the recipe; its own measured ratio curve), auto (lossy with
@@ -50,7 +51,7 @@ import json
 import math
 import pathlib
 
-from hvd_lossy.perfmodel.bucket import CALL, IDLE, steady_state
+from hvd_lossy.perfmodel.bucket import IDLE, SEND, steady_state
 
 MODES = ("plain", "fp16", "lossy", "adaptive", "auto")
 TERMS = ("compute", "host", "ids", "fwd_a2a", "bwd_a2a", "codec", "allreduce")
@@ -175,8 +176,7 @@ def step_terms(mode, workload, network, calibration):
             host_cores (None: a processor a rank), ids ("allgather" as the example, or
             "alltoall": each owner receives only its tables' ids), sharding ("table" as the
             example, or "balanced": every rank an equal share of every table's lookups),
-            optionally host_s (the host term, default 0), codec_s (see codec_term) and call_s
-            (see call_floors)).
+            optionally host_s (the host term, default 0) and codec_s (see codec_term)).
         network: dict(bandwidth_gbit, link ("per_rank" | "shared"), latency_s (one
             collective call), efficiency (payload share of the line rate), and optionally
             allreduce_bytes_factor / allgather_bytes_factor (bytes moved over a ring's) and
@@ -237,49 +237,32 @@ def step_terms(mode, workload, network, calibration):
             # gradients travel back: what a rank received it now sends
             "bwd_a2a": link_seconds(shrink(received, bwd_ratio), shrink(sent, bwd_ratio), network),
             "allreduce": link_seconds(ring, ring, network)}
-    floor = call_floors(mode, workload)
-    terms = {"compute": workload["compute_s"], "host": workload.get("host_s", 0.0),
-             **{k: max(floor[k], lat + wire[k]) for k in CALLS},
-             "codec": codec_term(mode, workload, sent, received, pieces, calibration["codec"])}
+    terms = {"compute": workload["compute_s"], "host": workload.get("host_s", 0.0), "ids": lat + wire["ids"],
+             "fwd_a2a": lat + wire["fwd_a2a"], "bwd_a2a": lat + wire["bwd_a2a"],
+             "codec": codec_term(mode, workload, sent, received, pieces, calibration["codec"]),
+             "allreduce": lat + wire["allreduce"]}
     if network.get("burst_bytes"):
-        terms.update(bucket_terms(wire, terms, lat, floor, network))
-    return {k: terms[k] for k in TERMS}
+        terms.update(bucket_terms(wire, terms, lat, network))
+    return terms
 
 
-CALLS = ("ids", "fwd_a2a", "bwd_a2a", "allreduce")
-
-
-def call_floors(mode, workload):
-    """Each collective's CPU path, measured where the link is no limit (`call_s`: {mode: seconds
-    a call}; the all-to-alls take their mode's, the ids and the allreduce plain's): a call lasts
-    the longer of it and its fixed cost + bytes, since its CPU work (packing, copies, a rank
-    waiting for a core) runs while its bytes move. None measured: 0 (the call is fixed cost +
-    bytes, as on a quiet machine)."""
-    calls = workload.get("call_s") or {}
-    plain = calls.get("plain") or 0.0
-    own = calls.get(mode)
-    own = plain if own is None else own
-    return {"ids": plain, "fwd_a2a": own, "bwd_a2a": own, "allreduce": plain}
-
-
-def bucket_terms(wire, terms, lat, floor, network):
-    """The collectives' terms on a token-bucket link (tc tbf, `burst_bytes`): the iteration's
+def bucket_terms(wire, terms, lat, network):
+    """The communication terms on a token-bucket link (tc tbf, `burst_bytes`): the iteration's
     phases in the example's order, run in steady state (bucket.steady_state), so every idle
     phase's refill (and whatever a send leaves in the bucket) goes to the sends after it.
     Where the compute falls between the collectives is not measured: a third before the ids
     (with the host work and the previous step's optimizers), a third before the lookups'
     all-to-all (the lookups), a third before the gradients' (the MLPs); the codec half before
-    each all-to-all. The gradients' all-to-all and the dense allreduce leave together (Horovod
-    queues both from the backward pass), one after the other."""
+    each all-to-all; each call's fixed cost before its bytes. The gradients' all-to-all and the
+    dense allreduce leave together (Horovod queues both from the backward pass)."""
     rate = network["bandwidth_gbit"] * 1e9 / 8 * network.get("efficiency", 1.0)
     third, half = terms["compute"] / 3, terms["codec"] / 2
-
-    def call(k):
-        return (CALL, wire[k] * rate, lat, floor[k])
-    order = [(IDLE, terms["host"] + third), call("ids"), (IDLE, third + half), call("fwd_a2a"),
-             (IDLE, third + half), call("bwd_a2a"), call("allreduce")]
+    order = [(IDLE, terms["host"] + third + lat), (SEND, wire["ids"] * rate),
+             (IDLE, third + half + lat), (SEND, wire["fwd_a2a"] * rate),
+             (IDLE, third + half + 2 * lat), (SEND, wire["bwd_a2a"] * rate), (SEND, wire["allreduce"] * rate)]
     seconds = steady_state(order, rate, network["burst_bytes"])
-    return {"ids": seconds[1], "fwd_a2a": seconds[3], "bwd_a2a": seconds[5], "allreduce": seconds[6]}
+    return {"ids": lat + seconds[1], "fwd_a2a": lat + seconds[3], "bwd_a2a": lat + seconds[5],
+            "allreduce": lat + seconds[6]}
 
 
 def predict(mode, workload, network, calibration):
@@ -355,9 +338,9 @@ def scenario(name, calibration, ranks, bandwidth_gbit, codec=None, **overrides):
     workload["ranks"], network["bandwidth_gbit"] = ranks, check_positive("bandwidth_gbit", bandwidth_gbit)
     workload["compute_s"] = at_ranks(workload["compute_s"], ranks, workload["batch"], "compute_s")
     workload["host_s"] = at_ranks(workload.get("host_s", 0.0), ranks, workload["batch"], "host_s")
-    for key in ("codec_s", "call_s"):
-        if workload.get(key) is not None:
-            workload[key] = {m: at_ranks(v, ranks, workload["batch"], f"{key}[{m}]") for m, v in workload[key].items()}
+    if workload.get("codec_s") is not None:
+        workload["codec_s"] = {m: at_ranks(v, ranks, workload["batch"], f"codec_s[{m}]")
+                               for m, v in workload["codec_s"].items()}
     network["latency_s"] = at_ranks(network["latency_s"], ranks, workload["batch"], "latency_s")
     resolved = {"ratio": calibration["ratio"][p["ratio"]], "codec": calibration["codec"][codec or p["codec"]]}
     return workload, network, resolved
