@@ -309,7 +309,8 @@ def compute_from_runs(setting, runs, calibration):
                       "host_s": statistics.median(r["host_s"] for r in by_mode["plain"]),
                       "model_ids_allreduce_unlimited_s": other,
                       "plain_iteration_unlimited_s": statistics.median(r["measured_s"] for r in by_mode["plain"]),
-                      "codec_s": {m: max(statistics.median(r["outside_a2a_s"] + r["codec_s"] for r in rs) - outside, 0.0)
+                      "codec_s": {m: max(statistics.median(r["outside_a2a_s"] + r["codec_s"] for r in rs) - outside,
+                                         0.0)
                                   for m, rs in by_mode.items() if m != "plain"},
                       "runs": [{k: r.get(k) for k in ("mode", "measured_s", "timed_step_s", "host_s", "outside_a2a_s",
                                                       "codec_s", "loadavg")} for r in recs]}

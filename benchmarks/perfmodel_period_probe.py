@@ -43,7 +43,8 @@ def probe(ns, ranks, mode, gbit, tmp):
     steps, starts, split = m["iter_seconds"][w:], m["step_starts"][w:], m["time_split"][w:]
     periods = [b - a for a, b in zip(starts, starts[1:])]
     return {"ranks": ranks, "mode": mode, "bandwidth_gbit": gbit, "iteration_s": statistics.median(periods),
-            "timed_step_s": statistics.median(steps), "host_s": statistics.median(p - s for p, s in zip(periods, steps)),
+            "timed_step_s": statistics.median(steps),
+            "host_s": statistics.median(p - s for p, s in zip(periods, steps)),
             "outside_a2a_s": statistics.median(t["compute_s"] for t in split),
             "a2a_s": statistics.median(t["comm_s"] for t in split),
             "codec_s": statistics.median(t["compress_s"] for t in split),
@@ -62,7 +63,8 @@ def main(argv=None):
             rec = probe(ns, ranks, mode, gbit, tmp)
             out.append(rec)
             print(f"{ranks} ranks {mode} at {gbit} Gbit/s: iteration {1e3 * rec['iteration_s']:.1f} ms, timed step "
-                  f"{1e3 * rec['timed_step_s']:.1f} ms, host {1e3 * rec['host_s']:.1f} ms (load {rec['loadavg'][0]:.1f})",
+                  f"{1e3 * rec['timed_step_s']:.1f} ms, host {1e3 * rec['host_s']:.1f} ms "
+                  f"(load {rec['loadavg'][0]:.1f})",
                   flush=True)
     if args.json:
         prov = dict(provenance("val-d128 runs: iteration against timed step"),

@@ -211,7 +211,8 @@ def test_the_cli_prints_a_table_and_writes_json(tmp_path):
     assert "speedup" in proc.stdout
     rows = json.loads(out.read_text())["predictions"]
     assert {(r["ranks"], r["mode"]) for r in rows} == {(p, m) for p in (8, 64) for m in perfmodel.MODES}
-    assert all(r["seconds"] > 0 and r["dominant"] in ("compute", "host", "ids", "a2a", "codec", "allreduce") for r in rows)
+    assert all(r["seconds"] > 0 and r["dominant"] in ("compute", "host", "ids", "a2a", "codec", "allreduce")
+               for r in rows)
 
 
 def test_the_cli_refuses_a_bandwidth_that_is_not_positive():
