@@ -63,9 +63,15 @@ def train_args(setting, ranks, mode, steps=None, batch=None):
 
 
 def read_step(metrics, warmup):
+    """(the iteration: median period between step starts, the timed step: median of train.py's
+    iter_seconds, the host work: median of period less timed step, the metrics), all after
+    `warmup` steps (rank 0)."""
     m = json.loads(pathlib.Path(metrics).read_text())
-    steps = m["iter_seconds"]
-    return statistics.median(steps[min(warmup, len(steps) - 1):]), m
+    steps, starts = m["iter_seconds"], m["step_starts"]
+    w = min(warmup, len(starts) - 2)
+    periods = [b - a for a, b in zip(starts[w:], starts[w + 1:])]
+    host = [p - s for p, s in zip(periods, steps[w:])]
+    return statistics.median(periods), statistics.median(steps[w:]), statistics.median(host), m
 
 
 # ---------------------------------------------------------------- codec (one process, one thread)
@@ -234,9 +240,11 @@ def run_dlrm(ns, setting, ranks, mode, tmp, tag):
     run = nl.run_in(ns, ranks, argv, HOROVOD, 900)
     if run["rc"] != 0 or not metrics.exists():
         return {"status": "failed", "error": nl.error_of(run["output"], run["rc"])}
-    step, m = read_step(metrics, SETTINGS[setting]["warmup"])
+    period, step, host, m = read_step(metrics, SETTINGS[setting]["warmup"])
     split = m["time_split"][min(SETTINGS[setting]["warmup"], len(m["time_split"]) - 1):]
-    return {"status": "ok", "measured_s": step,
+    # measured_s: the iteration (what the model predicts); timed_step_s: train.py's own step,
+    # which leaves out the host work and whatever the link still carries for other ranks then
+    return {"status": "ok", "measured_s": period, "timed_step_s": step, "host_s": host,
             # the step outside the all-to-all calls and the codec (train.py's own split, rank 0)
             "outside_a2a_s": statistics.median(t["compute_s"] for t in split),
             "codec_s": statistics.median(t["compress_s"] for t in split), "compression_ratio": m["compression_ratio"],
@@ -245,14 +253,19 @@ def run_dlrm(ns, setting, ranks, mode, tmp, tag):
             "wire_bytes": run["wire_bytes"], "wall_s": run["seconds"], "loadavg": os.getloadavg()}
 
 
+# The modes whose CPU work a step is measured in situ (codec_s); auto's is lossy's plus its calls.
+CPU_MODES = ("plain", "fp16", "lossy", "adaptive")
+
+
 def measure_compute(ns, setting, ranks_list, rounds, calibration):
-    """Plain runs of `setting` over the unlimited loopback: {ranks: [run records]}."""
+    """Runs of `setting` in CPU_MODES over the unlimited loopback: compute_from_runs of them."""
     ns.set_rate(None)
     runs = {str(r): [] for r in ranks_list}
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(rounds):
             for ranks in ranks_list:
-                runs[str(ranks)].append(unlimited_run(ns, setting, ranks, tmp, k))
+                for mode in CPU_MODES:
+                    runs[str(ranks)].append(unlimited_run(ns, setting, ranks, tmp, k, mode))
     return compute_from_runs(setting, runs, calibration)
 
 
@@ -264,35 +277,43 @@ def unlimited_run(ns, setting, ranks, tmp, tag, mode="plain"):
     if rec["status"] != "ok":
         raise RuntimeError(f"{mode} {setting} at {ranks} ranks, unlimited, failed: {rec['error']}")
     rec["mode"] = mode
-    print(f"calibration {setting} {mode} {ranks} ranks #{tag}: step {1e3 * rec['measured_s']:.1f} ms, outside "
-          f"the all-to-alls {1e3 * rec['outside_a2a_s']:.1f} ms, codec {1e3 * rec['codec_s']:.1f} ms "
-          f"(load {rec['loadavg'][0]:.1f})", flush=True)
+    print(f"calibration {setting} {mode} {ranks} ranks #{tag}: iteration {1e3 * rec['measured_s']:.1f} ms (timed "
+          f"step {1e3 * rec['timed_step_s']:.1f}, host {1e3 * rec['host_s']:.1f}), outside the all-to-alls "
+          f"{1e3 * rec['outside_a2a_s']:.1f} ms, codec {1e3 * rec['codec_s']:.1f} ms (load {rec['loadavg'][0]:.1f})",
+          flush=True)
     return rec
 
 
 def compute_from_runs(setting, runs, calibration):
-    """Compute a step, per rank count: the plain step outside its all-to-all calls (train.py's
-    split; the all-to-alls' own time is measured, so the loopback's rate hardly matters), less
-    the model's ids allgather and dense allreduce over the unlimited loopback."""
+    """The CPU terms a step, per rank count, from runs over the unlimited loopback ({ranks: [run
+    records]}, each with its mode; medians over a mode's runs):
+      compute_s  plain's step outside its all-to-all calls (train.py's split; the all-to-alls'
+                 own time is measured, so the loopback's rate hardly matters), less the model's
+                 ids allgather and dense allreduce over the unlimited loopback;
+      host_s     plain's period between step starts less its timed step;
+      codec_s    per mode (fp16, lossy, adaptive): its codec + outside the all-to-alls, less
+                 plain's outside: the mode's extra CPU work a step, in situ."""
     link = calibration["link"]
     out = {}
-    for ranks, both in runs.items():
-        recs = [r for r in both if r.get("mode", "plain") == "plain"]
-        lossy = [r for r in both if r.get("mode") == "lossy"]
-        outside = statistics.median(r["outside_a2a_s"] for r in recs)
+    for ranks, recs in runs.items():
+        by_mode = {}
+        for r in recs:
+            by_mode.setdefault(r.get("mode", "plain"), []).append(r)
+        outside = statistics.median(r["outside_a2a_s"] for r in by_mode["plain"])
         wl, net, res = perfmodel.scenario(f"dev-{setting}", calibration, int(ranks),
                                           link["unlimited_payload_gbit"][ranks], compute_s=0.0, efficiency=1.0,
                                           burst_bytes=0, batch=nl.batch_for(SETTINGS[setting]["batch"], int(ranks)))
         terms = perfmodel.step_terms("plain", wl, net, res)
         other = terms["ids"] + terms["allreduce"]
         out[ranks] = {"compute_s": max(outside - other, 0.0), "outside_a2a_s": outside,
+                      "host_s": statistics.median(r["host_s"] for r in by_mode["plain"]),
                       "model_ids_allreduce_unlimited_s": other,
-                      "plain_step_unlimited_s": statistics.median(r["measured_s"] for r in recs),
-                      "runs": [{k: r.get(k) for k in ("mode", "measured_s", "outside_a2a_s", "codec_s", "loadavg")}
-                               for r in both]}
-        if lossy:  # the lossy path's extra CPU a step in situ: its codec and what it adds outside
-            out[ranks]["codec_s"] = max(statistics.median(r["outside_a2a_s"] + r["codec_s"] for r in lossy)
-                                        - outside, 0.0)
+                      "plain_iteration_unlimited_s": statistics.median(r["measured_s"] for r in by_mode["plain"]),
+                      "codec_s": {m: max(statistics.median(r["outside_a2a_s"] + r["codec_s"] for r in rs) - outside,
+                                         0.0)
+                                  for m, rs in by_mode.items() if m != "plain"},
+                      "runs": [{k: r.get(k) for k in ("mode", "measured_s", "timed_step_s", "host_s", "outside_a2a_s",
+                                                      "codec_s", "loadavg")} for r in recs]}
     return out
 
 
@@ -339,6 +360,15 @@ GPU_CODECS = {
 MLPERF_DENSE = 13 * 512 + 512 * 256 + 256 * 128 + 479 * 1024 + 1024 * 1024 + 1024 * 512 + 512 * 256 + 256
 
 
+def in_situ_codec(by_ranks):
+    """{mode: {"by_ranks": ...}} of the modes measured at every rank count (compute_from_runs)."""
+    if not by_ranks:
+        return None
+    modes = set.intersection(*(set(c["codec_s"]) if isinstance(c.get("codec_s"), dict) else set()
+                               for c in by_ranks.values()))
+    return {m: {"by_ranks": {r: c["codec_s"][m] for r, c in by_ranks.items()}} for m in sorted(modes)} or None
+
+
 def build_presets(calib):
     """The named scenarios: the two dev settings (emulated link, measured inputs) and the
     projected cluster (GPU rates from RESULTS.md; what was not measured is marked assumed)."""
@@ -357,11 +387,13 @@ def build_presets(calib):
                 "compute_s": _v({"by_ranks": {r: c["compute_s"] for r, c in compute.get(setting, {}).items()}},
                                 "measured: plain steps over the unlimited loopback less the model's "
                                 "communication there (calibration 'compute')"),
-                "codec_s": _v({"by_ranks": {r: c["codec_s"] for r, c in compute.get(setting, {}).items()}}
-                              if all("codec_s" in c for c in compute.get(setting, {1: {}}).values()) else None,
-                              "measured in situ: lossy steps over the unlimited loopback, codec + outside the "
-                              "all-to-alls, less plain's outside (calibration 'compute'); None: from the "
-                              "codec throughputs"),
+                "host_s": _v({"by_ranks": {r: c.get("host_s", 0.0) for r, c in compute.get(setting, {}).items()}},
+                             "measured: plain runs over the unlimited loopback, the period between step "
+                             "starts less the timed step (calibration 'compute')"),
+                "codec_s": _v(in_situ_codec(compute.get(setting, {})),
+                              "measured in situ: each mode's runs over the unlimited loopback, codec + outside "
+                              "the all-to-alls, less plain's outside (calibration 'compute'); a mode without "
+                              "one: from the codec throughputs"),
                 "host_cores": _v(2, "dev has 2 cores"), "ids": _v("allgather", "the example"),
                 "sharding": _v("table", "the example (examples/dlrm/sharding.py)")},
             "network": {
@@ -386,6 +418,7 @@ def build_presets(calib):
                 "dense_params": _v(MLPERF_DENSE, "assumed: MLPerf DLRM MLPs 512-256-128 / 1024-1024-512-256-1"),
                 "compute_s": _v({"fixed_s": 2e-3, "per_row_s": 0.5e-6},
                                 "assumed: 2 ms + 0.5 us a row a GPU (no GPU DLRM step was measured)"),
+                "host_s": _v(0.0, "assumed: the next batch is loaded while the step runs (a data loader)"),
                 "host_cores": _v(None, "a GPU a rank"),
                 "ids": _v("alltoall", "assumed: ids by all-to-all (TorchRec-style), not the example's allgather"),
                 "sharding": _v("balanced", "assumed: every rank an equal share of every table (row/column-wise)")},

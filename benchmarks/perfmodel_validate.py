@@ -30,8 +30,8 @@ import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from perfmodel_calibrate import (MODES, RATIO_ROWS, REPO, SETTINGS, build_presets, calibrate,  # noqa: E402,F401
-                                 compute_from_runs, nl, now, perfmodel, provenance, run_dlrm, unlimited_run)
+from perfmodel_calibrate import (CPU_MODES, MODES, RATIO_ROWS, REPO, SETTINGS, build_presets,  # noqa: E402,F401
+                                 calibrate, compute_from_runs, nl, now, perfmodel, provenance, run_dlrm, unlimited_run)
 
 VALIDATION = REPO / "benchmarks" / "results" / "perfmodel_validation.json"
 
@@ -47,14 +47,16 @@ def predicted(setting, ranks, gbit, mode, calib):
 
 def validate(opts):
     calib = perfmodel.load_calibration()
+    calib["presets"] = build_presets(calib)  # the presets of this code, from the measured inputs
     runs, unlimited = [], {str(r): [] for r in opts.ranks}
     with tempfile.TemporaryDirectory() as tmp, nl.signals_raise(), nl.Namespace(opts.namespace) as ns:
         for k in range(opts.rounds):
             for ranks in opts.ranks:
-                # the compute calibration's run of this round: no qdisc, plain (the machine is
-                # shared, so calibration and validation take turns under the same load)
-                unlimited[str(ranks)].append(unlimited_run(ns, "val-d128", ranks, tmp, k))
-                unlimited[str(ranks)].append(unlimited_run(ns, "val-d128", ranks, tmp, k, "lossy"))
+                # the CPU calibration's runs of this round: no qdisc, each mode with CPU work of
+                # its own (the machine is shared, so calibration and validation take turns
+                # under the same load)
+                for mode in CPU_MODES:
+                    unlimited[str(ranks)].append(unlimited_run(ns, "val-d128", ranks, tmp, k, mode))
                 for gbit in opts.rates:
                     ns.set_rate(gbit)
                     for mode in opts.modes:  # modes take turns: noise hits them alike
@@ -62,7 +64,8 @@ def validate(opts):
                         rec.update(ranks=ranks, bandwidth_gbit=gbit, mode=mode, round=k, setting="val-d128")
                         runs.append(rec)
                         print(f"{gbit:g} Gbit/s, {ranks} ranks, {mode} #{k}: " + (
-                            f"{1e3 * rec['measured_s']:.1f} ms/step (load {rec['loadavg'][0]:.1f})"
+                            f"{1e3 * rec['measured_s']:.1f} ms an iteration (timed step "
+                            f"{1e3 * rec['timed_step_s']:.1f} ms, load {rec['loadavg'][0]:.1f})"
                             if rec["status"] == "ok" else f"FAILED {rec['error']}"), flush=True)
             write_validation(calib, runs, unlimited, opts, k + 1)
 
@@ -72,8 +75,8 @@ def write_validation(calib, runs, unlimited, opts, rounds_done):
     so that a run cut short still leaves what it measured."""
     calib.setdefault("compute", {})["val-d128"] = compute_from_runs("val-d128", unlimited, calib)
     calib["provenance"]["compute"] = provenance(
-        f"val-d128: plain runs with no qdisc, one a rank count in each of the {opts.rounds} validation rounds, "
-        f"before that round's limited runs ({rounds_done} done); lossy at no qdisc too, for codec_s; "
+        f"val-d128: runs with no qdisc ({', '.join(CPU_MODES)}), one each a rank count in each of the "
+        f"{opts.rounds} validation rounds, before that round's limited runs ({rounds_done} done); "
         f"criteo-d128: see provenance.compute_criteo")
     calib["presets"] = build_presets(calib)
     perfmodel.CALIBRATION.write_text(json.dumps(calib, indent=1))
@@ -94,9 +97,11 @@ def summarise(runs, calib):
     for (gbit, ranks, mode), rs in groups.items():
         pred = predicted("val-d128", ranks, gbit, mode, calib)
         measured = statistics.median(r["measured_s"] for r in rs)
+        timed = statistics.median(r["timed_step_s"] for r in rs) if all("timed_step_s" in r for r in rs) else None
         out.append({"ranks": ranks, "bandwidth_gbit": gbit, "mode": mode, "setting": "val-d128",
                     "measured_s": measured, "predicted_s": pred["seconds"],
                     "error": pred["seconds"] / measured - 1, "dominant": pred["dominant"],
+                    "timed_step_s": timed, "error_vs_timed_step": timed and pred["seconds"] / timed - 1,
                     "terms_s": pred["terms"], "predicted_ratio": pred["ratio"],
                     "measured_ratio": [statistics.median(r["fwd_ratio"] for r in rs),
                                        statistics.median(r["bwd_ratio"] for r in rs)],
@@ -106,8 +111,10 @@ def summarise(runs, calib):
             "command": "python benchmarks/perfmodel_validate.py " + " ".join(sys.argv[1:]),
             "calibration": str(perfmodel.CALIBRATION.relative_to(REPO)),
             "calibration_provenance": calib.get("provenance"),
-            "fields": {"measured_s": "median over rounds of each run's median step (rank 0, after the "
-                                     "setting's warm-up steps)",
+            "fields": {"measured_s": "median over rounds of each run's median iteration: the period between "
+                                     "step starts (rank 0, after the setting's warm-up steps)",
+                       "timed_step_s": "the same of train.py's timed step (iter_seconds), which leaves out "
+                                       "the host work between steps and what the link carries meanwhile",
                        "predicted_s": "hvd_lossy.perfmodel from the calibration alone",
                        "error": "predicted / measured - 1"},
             "runs": out, "all_runs": runs}
@@ -200,6 +207,11 @@ def main(argv=None):
         out = json.loads(VALIDATION.read_text())
         calib = perfmodel.load_calibration()
         calib["presets"] = build_presets(calib)
+        # the CPU terms again from the recorded unlimited runs, with this code's calibration
+        runs = {r: c["runs"] for r, c in calib["compute"]["val-d128"].items()}
+        if all("timed_step_s" in x for rs in runs.values() for x in rs):
+            calib["compute"]["val-d128"] = compute_from_runs("val-d128", runs, calib)
+            calib["presets"] = build_presets(calib)
         perfmodel.CALIBRATION.write_text(json.dumps(calib, indent=1))
         out["runs"] = summarise(out["all_runs"], calib)["runs"]
         out["held_against_results"] = hold_against_results(calib)

@@ -11,6 +11,8 @@ import sys
 import pytest
 
 from hvd_lossy import perfmodel
+from hvd_lossy.perfmodel import bucket
+from hvd_lossy.perfmodel.bucket import IDLE, SEND
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VALIDATION = REPO / "benchmarks" / "results" / "perfmodel_validation.json"
@@ -92,18 +94,79 @@ def test_a_shared_link_carries_every_ranks_bytes_and_a_cluster_only_the_busiest_
     assert shared == pytest.approx(8 * per_rank)
 
 
-def test_a_token_bucket_link_lets_a_burst_through_free_after_compute_and_never_more():
-    w = workload(compute_s=1.0, host_cores=2)
-    bare = perfmodel.step_terms("plain", w, network(0.1, link="shared", latency_s=0.0), CALIB)
-    bucket = perfmodel.step_terms("plain", w, network(0.1, link="shared", latency_s=0.0, burst_bytes=512 * 1024),
-                                  CALIB)
-    saved = sum(bare.values()) - sum(bucket.values())
-    assert 0 < saved <= 3 * 512 * 1024 / (0.1e9 / 8) + 1e-12  # at most one burst after each of 3 gaps
-    assert all(v >= 0 for v in bucket.values())
-    no_gap = perfmodel.step_terms("plain", workload(compute_s=0.0), network(0.1, link="shared", burst_bytes=1 << 19),
-                                  CALIB)
-    assert sum(no_gap.values()) == pytest.approx(sum(perfmodel.step_terms(
-        "plain", workload(compute_s=0.0), network(0.1, link="shared"), CALIB).values()))
+RATE, BURST = 1e6, 5e5  # bytes/s, bytes
+
+
+def test_without_a_burst_every_send_takes_its_bytes_over_the_rate():
+    seconds = bucket.steady_state([(IDLE, 1.0), (SEND, 3e6), (IDLE, 0.5), (SEND, 1e6)], RATE, 0)
+    assert seconds == pytest.approx([1.0, 3.0, 0.5, 1.0])
+
+
+def test_an_idle_phase_refills_the_bucket_up_to_the_burst_and_no_further():
+    short = bucket.steady_state([(IDLE, 0.1), (SEND, 2e6)], RATE, BURST)
+    long = bucket.steady_state([(IDLE, 10.0), (SEND, 2e6)], RATE, BURST)
+    assert short[1] == pytest.approx((2e6 - 0.1 * RATE) / RATE)
+    assert long[1] == pytest.approx((2e6 - BURST) / RATE)
+
+
+def test_what_a_small_send_leaves_in_the_bucket_goes_to_the_next_send():
+    # 0.4 s refill 400 kB; the first send takes 100 kB of it, the second gets the other 300 kB
+    seconds = bucket.steady_state([(IDLE, 0.4), (SEND, 1e5), (SEND, 1e6)], RATE, BURST)
+    assert seconds[1] == 0.0 and seconds[2] == pytest.approx((1e6 - 3e5) / RATE)
+
+
+@pytest.mark.parametrize("phases", [
+    [(IDLE, 0.3), (SEND, 4e5), (IDLE, 0.01), (SEND, 2e6)],
+    [(IDLE, 2.0), (SEND, 1e4), (IDLE, 0.2), (SEND, 1e4)],
+    [(SEND, 7e5), (IDLE, 0.6), (SEND, 1e5), (IDLE, 0.05), (SEND, 3e5)]])
+def test_an_iteration_never_carries_more_than_the_rate_times_its_length(phases):
+    seconds = bucket.steady_state(phases, RATE, BURST)
+    sent = sum(a for k, a in phases if k == SEND)
+    assert sum(seconds) >= sent / RATE - 1e-9
+    assert all(s >= 0 for s in seconds)
+
+
+def test_the_steady_state_repeats_itself():
+    phases = [(IDLE, 0.3), (SEND, 4e5), (IDLE, 0.01), (SEND, 2e6)]
+    seconds = bucket.steady_state(phases, RATE, BURST)
+    level = 0.0
+    for _ in range(50):  # a long run from an empty bucket settles into it
+        last, level = bucket.one_iteration(phases, RATE, BURST, level)
+    assert last == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("phases, match", [([("wait", 1.0)], "kind 'wait'"), ([(SEND, -1)], "bytes must be >= 0")])
+def test_a_malformed_phase_is_refused_naming_it(phases, match):
+    with pytest.raises(ValueError, match=match):
+        bucket.steady_state(phases, RATE, BURST)
+
+
+def test_on_a_token_bucket_link_the_idle_work_overlaps_the_bytes_up_to_the_link_bound():
+    net = network(0.1, link="shared", burst_bytes=512 * 1024)
+    bare = network(0.1, link="shared")
+    for host in (0.0, 0.005, 0.02):
+        w = workload(compute_s=0.01, host_cores=2, host_s=host)
+        with_bucket = sum(perfmodel.step_terms("plain", w, net, CALIB).values())
+        without = sum(perfmodel.step_terms("plain", w, bare, CALIB).values())
+        wire = sum(perfmodel.step_terms("plain", workload(compute_s=0.0), network(0.1, link="shared", latency_s=0.0),
+                                        CALIB).values())
+        assert wire - 1e-9 <= with_bucket < without  # never below the bytes' time, always below the bare link's
+    # the bytes outweigh the idle work, so more host work before the ids is absorbed by the bucket
+    assert sum(perfmodel.step_terms("plain", workload(compute_s=0.01, host_s=0.02), net, CALIB).values()) == \
+        pytest.approx(sum(perfmodel.step_terms("plain", workload(compute_s=0.01, host_s=0.0), net, CALIB).values()))
+
+
+def test_the_host_work_between_timed_steps_adds_to_the_iteration_on_a_plain_link():
+    base = perfmodel.predict("plain", workload(), network(), CALIB)
+    more = perfmodel.predict("plain", workload(host_s=0.004), network(), CALIB)
+    assert more["seconds"] == pytest.approx(base["seconds"] + 0.004) and more["terms"]["host"] == 0.004
+
+
+def test_a_mode_measured_in_situ_takes_its_own_codec_cost_and_the_others_their_throughputs():
+    w = workload(codec_s={"adaptive": 0.007})
+    assert perfmodel.step_terms("adaptive", w, network(), CALIB)["codec"] == 0.007
+    assert perfmodel.step_terms("lossy", w, network(), CALIB)["codec"] == \
+        perfmodel.step_terms("lossy", workload(), network(), CALIB)["codec"]
 
 
 def test_codec_work_of_ranks_sharing_cores_is_spread_over_them():
@@ -148,7 +211,8 @@ def test_the_cli_prints_a_table_and_writes_json(tmp_path):
     assert "speedup" in proc.stdout
     rows = json.loads(out.read_text())["predictions"]
     assert {(r["ranks"], r["mode"]) for r in rows} == {(p, m) for p in (8, 64) for m in perfmodel.MODES}
-    assert all(r["seconds"] > 0 and r["dominant"] in ("compute", "ids", "a2a", "codec", "allreduce") for r in rows)
+    assert all(r["seconds"] > 0 and r["dominant"] in ("compute", "host", "ids", "a2a", "codec", "allreduce")
+               for r in rows)
 
 
 def test_the_cli_refuses_a_bandwidth_that_is_not_positive():

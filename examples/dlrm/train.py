@@ -112,7 +112,7 @@ def train(args):
     eval_at = _eval_steps(total, args.eval_points)
     curve_rows = min(source.n_eval, 8 * args.batch_size)
     checksum = hashlib.sha256()
-    losses, evals, iter_s, splits = [], [], [], []
+    losses, evals, iter_s, splits, starts = [], [], [], [], []
     bar = _progress(total, rank == 0 and not args.no_progress and sys.stderr.isatty())
     log = StepLog(total, args.batch_size, _log_every(args.log_every, total) if rank == 0 else 0)
     step = 0
@@ -136,6 +136,7 @@ def train(args):
             for t in batch:
                 checksum.update(t.numpy().tobytes())
             t0 = time.perf_counter()
+            starts.append(t0 - t_start)
             link.begin_step()
             logits, _ = forward(batch, ex, dense_arch, tables, b, overlap=args.overlap)
             loss = torch.nn.functional.binary_cross_entropy_with_logits(
@@ -172,7 +173,10 @@ def train(args):
         final, label=args.label or args.compression, steps=step,
         epochs_run=step / source.steps_per_epoch, world=world,
         batch_size=args.batch_size, train_seconds=train_seconds,
-        iter_seconds_median=statistics.median(iter_s), iter_seconds=iter_s, loss_final=losses[-1],
+        iter_seconds_median=statistics.median(iter_s), iter_seconds=iter_s,
+        # a step's start on this rank's clock: the period between starts is the whole iteration
+        # (batch, checksum and the loss's allreduce included), iter_seconds only the timed part
+        step_starts=starts, loss_final=losses[-1],
         data_checksum=hashlib.sha256("".join(digests).encode()).hexdigest(),
         loss_curve=losses, eval_curve=evals, time_split=splits,
         table_names=data.TABLE_NAMES, table_rows=source.cardinalities, owners=owners,

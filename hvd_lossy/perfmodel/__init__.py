@@ -3,25 +3,41 @@
     python -m hvd_lossy.perfmodel --preset cluster-terabyte --ranks 8,64,1024 --bandwidth 25,100,400
     python -m hvd_lossy.perfmodel --preset dev-val-d128 --ranks 8 --bandwidth 0.2 --json out.json
 
-One step of the DLRM example (examples/dlrm/train.py) is a sum of terms, each a small function:
+One iteration of the DLRM example (examples/dlrm/train.py) is a sum of terms, each a small
+function:
 
   compute     dense forward/backward, lookups, optimizers (measured per step, or assumed)
+  host        the iteration's work between two timed steps: the next batch, its checksum, the
+              loss's allreduce (measured: the period between step starts less the timed step)
   ids         the allgather of the sparse ids (int64) that tells each owner what to look up
-  fwd_a2a     forward all-to-all of the lookups: bytes / link rate + one call's latency
+  fwd_a2a     forward all-to-all of the lookups: bytes / link rate + one call's fixed cost
   bwd_a2a     backward all-to-all of their gradients
   codec       compress + decompress of both all-to-alls (lossy/adaptive), or fp16's casts
   allreduce   the dense gradients' allreduce (ring: 2 (P-1)/P of the dense bytes a rank)
 
-No term overlaps another: the example runs them one after the other (no --overlap), and so does
-the model. Bytes of a compressed all-to-all are raw / ratio(rows a chunk): a chunk is one
-(table, destination) piece of b = B/P rows, and the ratio falls as chunks shrink, so the curve
-is a measured input (`calibration["ratio"]`), interpolated log-linearly in rows.
+The model predicts the iteration, the period from one step's start to the next (samples/s =
+batch / period), not train.py's timed step, which leaves out the host work and whatever the
+link carries for the other ranks meanwhile (up to 20% of the iteration at 8 ranks).
+
+The terms follow each other: the example runs them one after the other (no --overlap). The one
+exception is a token-bucket link, which lets bytes through during the idle phases (bucket.py).
+Bytes of a compressed all-to-all are raw / ratio(rows a chunk): a chunk is one (table,
+destination) piece of b = B/P rows, and the ratio falls as chunks shrink, so the curve is a
+measured input (`calibration["ratio"]`), interpolated log-linearly in rows.
 
 Links: "per_rank" is a cluster (each rank its own full-duplex NIC of the given rate, a
 non-blocking fabric: a collective takes as long as its busiest rank's bytes); "shared" is the
 emulation on one machine (every byte of every rank crosses one loopback of that rate, a token
-bucket whose burst passes at once after the link idled: burst_credit).
-CPU work on a "shared" host of C cores running P ranks takes max(busiest rank, total / C).
+bucket that refills while the link idles and lets its burst through at once: bucket.py).
+
+CPU oversubscription (dev: 8 ranks on 2 cores): the dev presets' CPU terms (compute, host, the
+in-situ codec_s) and a call's fixed cost are measured with the same P processes on the same
+cores, so they hold what oversubscription costs at that P; the model does not scale them. A
+codec term computed from one-thread throughputs is spread: P ranks' work on C cores takes
+max(busiest rank, total / C). What this does not cover is other jobs' load: ranks that wait on
+a slow link win a core whenever they wake, ranks over an unlimited link compete for it, so CPU
+terms measured over the unlimited link under load overstate the CPU of link-bound runs
+(benchmarks/RESULTS.md, "Performance model").
 
 Modes: plain (horovod.torch.alltoall), fp16 (Compression.fp16), lossy (rel 0.03 lookups,
 0.02 dithered gradients), adaptive (the recipe; its own measured ratio curve), auto (lossy with
@@ -35,8 +51,10 @@ import json
 import math
 import pathlib
 
+from hvd_lossy.perfmodel.bucket import IDLE, SEND, steady_state
+
 MODES = ("plain", "fp16", "lossy", "adaptive", "auto")
-TERMS = ("compute", "ids", "fwd_a2a", "bwd_a2a", "codec", "allreduce")
+TERMS = ("compute", "host", "ids", "fwd_a2a", "bwd_a2a", "codec", "allreduce")
 LINKS = ("per_rank", "shared")
 CALIBRATION = pathlib.Path(__file__).with_name("calibration.json")
 FLOAT_BYTES, ID_BYTES = 4, 8
@@ -141,10 +159,11 @@ def codec_work(mode, sent, received, pieces, codec):
 
 def codec_term(mode, workload, sent, received, pieces, codec):
     """The codec's seconds a step: from throughputs (codec_work), unless the workload carries the
-    codec's cost measured in situ (`codec_s`: seconds a step of the lossy path's extra CPU work,
-    codec included, in the same runs' conditions), which then stands for lossy and adaptive."""
-    if mode in ("lossy", "adaptive") and workload.get("codec_s") is not None:
-        return workload["codec_s"]
+    codec's cost measured in situ (`codec_s`: {mode: seconds a step of that mode's extra CPU work
+    over plain's, codec included, in the same runs' conditions}) for this mode."""
+    measured = workload.get("codec_s") or {}
+    if measured.get(mode) is not None:
+        return measured[mode]
     return cpu_seconds(codec_work(mode, sent, received, pieces, codec), workload.get("host_cores"))
 
 
@@ -157,11 +176,11 @@ def step_terms(mode, workload, network, calibration):
             host_cores (None: a processor a rank), ids ("allgather" as the example, or
             "alltoall": each owner receives only its tables' ids), sharding ("table" as the
             example, or "balanced": every rank an equal share of every table's lookups),
-            optionally codec_s (see codec_term)).
+            optionally host_s (the host term, default 0) and codec_s (see codec_term)).
         network: dict(bandwidth_gbit, link ("per_rank" | "shared"), latency_s (one
             collective call), efficiency (payload share of the line rate), and optionally
             allreduce_bytes_factor / allgather_bytes_factor (bytes moved over a ring's) and
-            burst_bytes (a token bucket's burst, see burst_credit)).
+            burst_bytes (a token bucket's burst, see bucket_terms)).
         calibration: dict with "ratio" (per mode, "fwd" and "bwd" curves) and "codec"
             (GB/s and seconds a piece, see codec_work).
     """
@@ -218,36 +237,32 @@ def step_terms(mode, workload, network, calibration):
             # gradients travel back: what a rank received it now sends
             "bwd_a2a": link_seconds(shrink(received, bwd_ratio), shrink(sent, bwd_ratio), network),
             "allreduce": link_seconds(ring, ring, network)}
-    wire = burst_credit(wire, workload["compute_s"], network)
-    return {"compute": workload["compute_s"], "ids": lat + wire["ids"], "fwd_a2a": lat + wire["fwd_a2a"],
-            "bwd_a2a": lat + wire["bwd_a2a"],
-            "codec": codec_term(mode, workload, sent, received, pieces, calibration["codec"]),
-            "allreduce": lat + wire["allreduce"]}
+    terms = {"compute": workload["compute_s"], "host": workload.get("host_s", 0.0), "ids": lat + wire["ids"],
+             "fwd_a2a": lat + wire["fwd_a2a"], "bwd_a2a": lat + wire["bwd_a2a"],
+             "codec": codec_term(mode, workload, sent, received, pieces, calibration["codec"]),
+             "allreduce": lat + wire["allreduce"]}
+    if network.get("burst_bytes"):
+        terms.update(bucket_terms(wire, terms, lat, network))
+    return terms
 
 
-# The step's collectives in the order they leave, grouped by the compute gap before them: the
-# ids after the last step's end, the lookups after the table lookups, the gradients' all-to-all
-# and the dense allreduce together after the backward pass (Horovod queues both from it).
-BURST_GROUPS = (("ids",), ("fwd_a2a",), ("bwd_a2a", "allreduce"))
-
-
-def burst_credit(wire, compute_s, network):
-    """Wire seconds less what a token-bucket link (tc tbf, `burst_bytes`; 0 for a plain link)
-    lets through at once: while the link idles during compute the bucket refills, up to
-    burst_bytes, so the group of collectives after each gap gets min(burst, gap x rate) bytes
-    free. The compute is taken to split evenly over the three gaps (an assumption)."""
-    burst = network.get("burst_bytes", 0)
-    if not burst:
-        return wire
+def bucket_terms(wire, terms, lat, network):
+    """The communication terms on a token-bucket link (tc tbf, `burst_bytes`): the iteration's
+    phases in the example's order, run in steady state (bucket.steady_state), so every idle
+    phase's refill (and whatever a send leaves in the bucket) goes to the sends after it.
+    Where the compute falls between the collectives is not measured: a third before the ids
+    (with the host work and the previous step's optimizers), a third before the lookups'
+    all-to-all (the lookups), a third before the gradients' (the MLPs); the codec half before
+    each all-to-all; each call's fixed cost before its bytes. The gradients' all-to-all and the
+    dense allreduce leave together (Horovod queues both from the backward pass)."""
     rate = network["bandwidth_gbit"] * 1e9 / 8 * network.get("efficiency", 1.0)
-    out = dict(wire)
-    for group in BURST_GROUPS:
-        credit = min(burst, compute_s / len(BURST_GROUPS) * rate) / rate  # seconds of free bytes
-        for term in group:
-            free = min(credit, out[term])
-            out[term] -= free
-            credit -= free
-    return out
+    third, half = terms["compute"] / 3, terms["codec"] / 2
+    order = [(IDLE, terms["host"] + third + lat), (SEND, wire["ids"] * rate),
+             (IDLE, third + half + lat), (SEND, wire["fwd_a2a"] * rate),
+             (IDLE, third + half + 2 * lat), (SEND, wire["bwd_a2a"] * rate), (SEND, wire["allreduce"] * rate)]
+    seconds = steady_state(order, rate, network["burst_bytes"])
+    return {"ids": lat + seconds[1], "fwd_a2a": lat + seconds[3], "bwd_a2a": lat + seconds[5],
+            "allreduce": lat + seconds[6]}
 
 
 def predict(mode, workload, network, calibration):
@@ -322,8 +337,10 @@ def scenario(name, calibration, ranks, bandwidth_gbit, codec=None, **overrides):
         workload["cardinalities"] = CARDINALITIES[workload["cardinalities"]]
     workload["ranks"], network["bandwidth_gbit"] = ranks, check_positive("bandwidth_gbit", bandwidth_gbit)
     workload["compute_s"] = at_ranks(workload["compute_s"], ranks, workload["batch"], "compute_s")
+    workload["host_s"] = at_ranks(workload.get("host_s", 0.0), ranks, workload["batch"], "host_s")
     if workload.get("codec_s") is not None:
-        workload["codec_s"] = at_ranks(workload["codec_s"], ranks, workload["batch"], "codec_s")
+        workload["codec_s"] = {m: at_ranks(v, ranks, workload["batch"], f"codec_s[{m}]")
+                               for m, v in workload["codec_s"].items()}
     network["latency_s"] = at_ranks(network["latency_s"], ranks, workload["batch"], "latency_s")
     resolved = {"ratio": calibration["ratio"][p["ratio"]], "codec": calibration["codec"][codec or p["codec"]]}
     return workload, network, resolved
