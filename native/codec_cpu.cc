@@ -1123,13 +1123,18 @@ std::vector<uint64_t> build_and_place_v1(const void* input, const CompressParams
 }
 
 
-// Builds every piece in parallel (as build_and_place_v1), then one v2 frame a non-empty group.
-// Returns a size a piece: its segment, the group's first piece also counting the frame header.
+// Builds every piece in parallel (as build_and_place_v1), then one v2 frame a non-empty group;
+// with an extension (ext, the transport's: frame.h) every group's frame carries it, and an
+// empty group gets a frame of no segments (ndim and trailing from `trailing`). Returns a size
+// a piece: its segment, the group's first piece also counting the frame header; *group_bytes
+// (when given) gets each group's frame size (0 for an empty group without extension).
 std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams& p,
                                          const Pieces& c, const std::vector<int64_t>& groups,
                                          uint64_t prefix_bytes,
                                          const std::function<uint8_t*(uint64_t)>& place,
-                                         int threads) {
+                                         int threads, const std::string& ext = std::string(),
+                                         const std::vector<int64_t>& trailing = {},
+                                         std::vector<uint64_t>* group_bytes = nullptr) {
   const size_t n = c.shapes.size();
   const PieceThreads t = piece_threads(n, threads);
   const uint64_t eb = hl_elem_bytes(p.dtype);
@@ -1143,16 +1148,24 @@ std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams
   };
   std::vector<Group> gs;
   std::vector<uint64_t> sizes(n, 0);
+  if (group_bytes) group_bytes->assign(groups.size(), 0);
   uint64_t w = 0, first = 0;
-  for (int64_t g : groups) {
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const int64_t g = groups[gi];
     w += prefix_bytes;
     Group grp{first, (size_t)g, HeadV2()};
     first += (uint64_t)g;
-    if (g == 0) continue;  // an empty group sends no frame
+    if (g == 0 && ext.empty()) continue;  // an empty group sends no frame
     grp.head.dtype = p.dtype;
-    grp.head.ndim = (int)c.shapes[grp.first].size();
-    if (grp.head.ndim > 1)
-      grp.head.trailing.assign(c.shapes[grp.first].begin() + 1, c.shapes[grp.first].end());
+    grp.head.ext = ext;
+    if (g == 0) {
+      grp.head.ndim = 1 + (int)trailing.size();
+      grp.head.trailing = trailing;
+    } else {
+      grp.head.ndim = (int)c.shapes[grp.first].size();
+      if (grp.head.ndim > 1)
+        grp.head.trailing.assign(c.shapes[grp.first].begin() + 1, c.shapes[grp.first].end());
+    }
     for (size_t i = grp.first; i < grp.first + grp.count; ++i)
       grp.head.seeded |= (descs[i].flags & HL_SEG_DITHER) != 0;
     grp.head.seed = grp.head.seeded ? c.params[grp.first].dither_seed : 0;
@@ -1161,9 +1174,10 @@ std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams
     grp.total = v2_frame_size(grp.head, mine, &grp.header);
     grp.at = w;
     w += grp.total;
+    if (group_bytes) (*group_bytes)[gi] = grp.total;
     for (size_t i = grp.first; i < grp.first + grp.count; ++i)
       sizes[i] = descs[i].descriptor_bytes() + descs[i].payload_bytes;
-    sizes[grp.first] += grp.header;
+    if (g > 0) sizes[grp.first] += grp.header;
     gs.push_back(std::move(grp));
   }
   uint8_t* out = place(w);
@@ -1213,15 +1227,26 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
                                         const std::vector<int64_t>& trailing,
                                         const std::vector<double>& error_bounds,
                                         const std::vector<int64_t>& groups, uint64_t prefix_bytes,
-                                        uint8_t* out, uint64_t out_cap, int threads) {
+                                        uint8_t* out, uint64_t out_cap, int threads,
+                                        const std::string& ext,
+                                        std::vector<uint64_t>* group_bytes) {
   const Pieces c = plan_pieces(p, rows, trailing, error_bounds);
   check_groups(groups, rows.size());
+  if (!ext.empty() && p.format != 2)
+    throw ArgumentError("a frame extension needs format 2, got format " +
+                        std::to_string(p.format));
+  if (ext.size() > HL_V2_MAX_EXT)
+    throw ArgumentError("a frame extension of " + std::to_string(ext.size()) +
+                        " bytes, at most " + std::to_string(HL_V2_MAX_EXT) + " fit");
   const uint64_t need = grouped_bound(c, groups.size(), prefix_bytes, p.format);
   if (need > out_cap)
     throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
                         " bytes, the frames may need " + std::to_string(need));
-  return build_and_place(input, p, c, groups, prefix_bytes, [&](uint64_t) { return out; },
-                         resolve_threads(threads));
+  auto place = [&](uint64_t) { return out; };
+  if (p.format == 2)
+    return build_and_place_v2(input, p, c, groups, prefix_bytes, place, resolve_threads(threads),
+                              ext, trailing, group_bytes);
+  return build_and_place(input, p, c, groups, prefix_bytes, place, resolve_threads(threads));
 }
 
 std::vector<uint64_t> compress_alloc_cpu(const void* input, const CompressParams& p,

@@ -71,9 +71,17 @@
 //   uint32 crc32c                   CRC32C (Castagnoli, reflected, init/final ~0) of bytes
 //                                   [7, total): everything after this field
 //   varint total_bytes              the whole frame
-//   uint8  info                     bits 0-1 dtype, bits 2-5 ndim (0..8), bit 7 HL_V2_SEEDED
+//   uint8  info                     bits 0-1 dtype, bits 2-5 ndim (0..8), bit 6 HL_V2_EXT,
+//                                   bit 7 HL_V2_SEEDED
 //   uint24 seed                     only with HL_V2_SEEDED: segment k's dither seed is
 //                                   (seed + k) mod 2^24
+//   varint ext_bytes, ext[ext_bytes]  only with HL_V2_EXT (1 <= ext_bytes <= HL_V2_MAX_EXT):
+//                                   the transport's extension, bytes the codec neither makes
+//                                   nor reads but the CRC covers. hvd_lossy's all-to-all puts
+//                                   its protocol fields there (sender, settings digest, status;
+//                                   hvd_lossy/chunk_header.py), so a destination's chunk is one
+//                                   frame with one header. A frame may have no segments (a
+//                                   destination sent no rows, or only the extension travels).
 //   varint dims[ndim - 1]           the trailing dims (none for ndim <= 1)
 //   varint n_segments
 //   descriptor[n_segments], each:
@@ -159,7 +167,9 @@ static_assert(sizeof(HlFrameHeader) == HL_HEADER_BYTES, "frame header must be 96
 #define HL_V2_VERSION 2
 #define HL_V2_PREFIX 7          // magic, version and CRC32C
 #define HL_V2_SEEDED 0x80       // info bit: a dither seed follows
-#define HL_V2_MAX_HEADER 128    // frame header without descriptors, worst case
+#define HL_V2_EXT 0x40          // info bit: a transport extension follows (the seed)
+#define HL_V2_MAX_EXT 127       // bytes of an extension at most (its length is one byte)
+#define HL_V2_MAX_HEADER 256    // frame header without descriptors, worst case (extension too)
 #define HL_V2_MAX_SEGMENT 48    // one descriptor, worst case
 #define HL_SEG_LEVEL2 0x01      // code section is compact rANS (else block packing)
 #define HL_SEG_LOSSLESS 0x02    // raw bits, no bound stored

@@ -96,12 +96,20 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
   f.dtype = info & 3;
   f.ndim = (info >> 2) & 15;
   f.seeded = info & HL_V2_SEEDED;
-  if (f.dtype > HL_BFLOAT16 || f.ndim > HL_MAX_NDIM || (info & 0x40)) {
+  if (f.dtype > HL_BFLOAT16 || f.ndim > HL_MAX_NDIM) {
     char buf[80];
     snprintf(buf, sizeof(buf), "frame is corrupted: info byte 0x%02x", info);
     throw FrameError(buf);
   }
   if (f.seeded) f.seed = in.fixed(3, "dither seed");
+  if (info & HL_V2_EXT) {
+    f.ext_bytes = in.varint("extension size");
+    if (f.ext_bytes == 0 || f.ext_bytes > HL_V2_MAX_EXT || f.ext_bytes > in.left())
+      throw FrameError("frame is corrupted: an extension of " + num(f.ext_bytes) + " bytes, " +
+                       num(in.left()) + " left (1 to " + num(HL_V2_MAX_EXT) + " expected)");
+    f.ext = frame + in.pos();
+    in.skip(f.ext_bytes);
+  }
   uint64_t slab = 1, row_len = 1;  // rows a dim-0 entry holds; elements a row
   for (int d = 1; d < f.ndim; ++d) {
     const uint64_t v = in.varint("shape");
@@ -260,7 +268,11 @@ uint64_t SegmentDesc::descriptor_bytes() const {
 
 namespace {
 uint64_t head_body_bytes(const HeadV2& h, size_t n_segs) {
+  if (h.ext.size() > HL_V2_MAX_EXT)
+    throw ArgumentError("a frame extension of " + num(h.ext.size()) + " bytes, at most " +
+                        num(HL_V2_MAX_EXT) + " fit");
   uint64_t n = 1 + (h.seeded ? 3 : 0) + varint_bytes(n_segs);
+  if (!h.ext.empty()) n += varint_bytes(h.ext.size()) + h.ext.size();
   for (int64_t d : h.trailing) n += varint_bytes((uint64_t)d);
   return n;
 }
@@ -284,8 +296,14 @@ uint8_t* v2_write_head(const HeadV2& h, const std::vector<SegmentDesc>& segs, ui
   *w++ = HL_V2_VERSION;
   w = put_fixed(w, 0, 4);  // the CRC, once the payloads are written
   w = put_varint(w, total);
-  *w++ = (uint8_t)(h.dtype | (h.ndim << 2) | (h.seeded ? HL_V2_SEEDED : 0));
+  *w++ = (uint8_t)(h.dtype | (h.ndim << 2) | (h.seeded ? HL_V2_SEEDED : 0) |
+                   (h.ext.empty() ? 0 : HL_V2_EXT));
   if (h.seeded) w = put_fixed(w, h.seed, 3);
+  if (!h.ext.empty()) {
+    w = put_varint(w, h.ext.size());
+    memcpy(w, h.ext.data(), h.ext.size());
+    w += h.ext.size();
+  }
   for (int64_t d : h.trailing) w = put_varint(w, (uint64_t)d);
   w = put_varint(w, segs.size());
   for (const SegmentDesc& s : segs) {
@@ -302,6 +320,14 @@ uint8_t* v2_write_head(const HeadV2& h, const std::vector<SegmentDesc>& segs, ui
 
 void v2_seal(uint8_t* frame, uint64_t total) {
   put_fixed(frame + 3, crc32c(frame + HL_V2_PREFIX, total - HL_V2_PREFIX), 4);
+}
+
+uint64_t v2_write_empty(const HeadV2& h, uint8_t* out) {
+  const std::vector<SegmentDesc> none;
+  const uint64_t total = v2_frame_size(h, none, nullptr);
+  v2_write_head(h, none, total, out);
+  v2_seal(out, total);
+  return total;
 }
 
 }  // namespace hl

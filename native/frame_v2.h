@@ -39,8 +39,10 @@ struct FrameV2 {
   std::vector<int64_t> trailing;  // dims after dim 0
   bool seeded = false;
   uint32_t seed = 0;
+  const uint8_t* ext = nullptr;  // the transport's extension (HL_V2_EXT), null when absent
+  uint64_t ext_bytes = 0;
   uint64_t rows = 0;  // sum of the segments' dim0
-  uint64_t header_bytes = 0;  // through the n_segments field
+  uint64_t header_bytes = 0;  // through the n_segments field, the extension included
   std::vector<SegmentView> segs;
   // The frame's tensor shape: (rows, *trailing), () for ndim 0.
   std::vector<int64_t> shape() const;
@@ -103,9 +105,14 @@ struct HeadV2 {
   std::vector<int64_t> trailing;
   bool seeded = false;
   uint32_t seed = 0;
+  // The transport's extension (HL_V2_EXT; empty: none, at most HL_V2_MAX_EXT bytes): the
+  // protocol fields of hvd_lossy's all-to-all. Any writer (CPU or CUDA) sets it before
+  // v2_frame_size; v2_frame_size and v2_write_head count and write it, v2_seal covers it.
+  std::string ext;
 };
 
-// Total size of the frame, and where the header ends (before the descriptors).
+// Total size of the frame, and where the header ends (before the descriptors). ArgumentError
+// for an extension longer than HL_V2_MAX_EXT.
 uint64_t v2_frame_size(const HeadV2& h, const std::vector<SegmentDesc>& segs,
                        uint64_t* header_bytes);
 // Writes the header and descriptors of a frame of `total` bytes at out; returns where the
@@ -114,5 +121,8 @@ uint8_t* v2_write_head(const HeadV2& h, const std::vector<SegmentDesc>& segs, ui
                        uint8_t* out);
 // Stores the CRC32C of the written frame.
 void v2_seal(uint8_t* frame, uint64_t total);
+// A whole sealed frame of no segments (a destination that gets no rows, or a header that
+// travels alone) at out, v2_frame_size(h, {}, nullptr) bytes; returns its size.
+uint64_t v2_write_empty(const HeadV2& h, uint8_t* out);
 
 }  // namespace hl
