@@ -57,6 +57,7 @@ py::dict v2_dict(const hl::FrameV2& f) {
     e["n_outliers"] = s.n_outliers;
     e["map_bytes"] = s.map_bytes;
     e["map_coded"] = s.map_rans;
+    e["map_bucketed"] = s.map_buckets;
     e["code_bytes"] = s.code_bytes;
     e["outlier_bytes"] = s.outlier_bytes;
     e["segment_bytes"] = s.bytes;

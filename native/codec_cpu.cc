@@ -18,6 +18,7 @@
 #include "crc32c.h"
 #include "frame_v2.h"
 #include "kernels_cpu.h"
+#include "map_buckets.h"
 #include "pack.h"
 #include "parallel.h"
 #include "rans.h"
@@ -442,6 +443,7 @@ struct Outlier {
 
 struct Sections {
   bool map_rans = false;  // format 2: the map is a compact rANS section of rans_map_symbols
+  bool map_buckets = false;  // ... of bucketed symbols (map_buckets.h)
   Bytes map;
   Bytes code;
   std::vector<Outlier> outliers;
@@ -505,10 +507,14 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
     // keeps block packing: decoding a coded map costs as much as decoding level-2 codes.
     if (compact && level == 2) {
       std::vector<uint8_t> coded = rans_map_encode(c.map.data(), t.n_rows, threads);
-      if (coded.size() + 2 < s.map.size()) {
+      std::vector<uint8_t> buckets = map_buckets_encode(c.map.data(), t.n_rows, threads);
+      const bool bucketed = buckets.size() < coded.size();
+      if (bucketed) coded.swap(buckets);
+      if (coded.size() + 2 < s.map.size()) {  // its size in the descriptor: ~2 bytes
         s.map = Bytes(coded.size());
         memcpy(s.map.data(), coded.data(), coded.size());
         s.map_rans = true;
+        s.map_buckets = bucketed;
       }
     }
   }
@@ -696,6 +702,7 @@ SegmentDesc segment_desc(const Prepared& f, uint8_t mode) {
                       (mode == HL_MODE_REL ? HL_SEG_REL : 0) |
                       ((h.flags & HL_FLAG_DITHER) ? HL_SEG_DITHER : 0));
   if (f.s.map_rans) d.flags |= HL_SEG_MAP_RANS;
+  if (f.s.map_buckets) d.flags |= HL_SEG_MAP_BUCKETS;
   d.map_bytes = h.map_bytes;
   d.rows = f.shape.empty() ? 1 : (uint64_t)f.shape[0];
   d.bound = f.bound;
@@ -872,7 +879,9 @@ void decode(const SegmentView& h, void* out_v, int threads, bool stream) {
 
   if (identity) return;
   Buffer<uint32_t> map(h.n_rows);
-  if (h.map_rans) {
+  if (h.map_buckets) {
+    map_buckets_decode(map_p, h.map_bytes, h.n_rows, map.data(), threads);
+  } else if (h.map_rans) {
     rans_decode(map_p, h.map_bytes, h.n_rows, map.data(), threads, true);
     uint64_t seen = 0;  // symbols back to entries (rans_map_encode); checked below
     for (uint64_t r = 0; r < h.n_rows; ++r) {

@@ -99,9 +99,18 @@
 //                                   (its length follows from its width bytes), or with
 //                                   HL_SEG_MAP_RANS a compact rANS section of map_bytes over
 //                                   one symbol a row: 0 for a row not seen before (it gets the
-//                                   next unique index), u + 1 for a repeat of unique row u. At
-//                                   level 2 the encoder picks whichever is smaller; level 1
-//                                   always packs (decoding speed).
+//                                   next unique index), u + 1 for a repeat of unique row u.
+//                                   With HL_SEG_MAP_BUCKETS as well (the symbols' alphabet
+//                                   cut to 33, so its table stays small on few rows):
+//                                     varint rans_bytes, then a compact rANS section of that
+//                                     many bytes over one bucket a row: 0 for a row not seen
+//                                     before, else b = bit width of u + 1 (1..32);
+//                                     then, for each repeat in row order, the b - 1 low bits
+//                                     of u + 1 (its top bit is implied), LSB first, packed
+//                                     back to back; the section ends at the byte holding the
+//                                     last bit (padding bits zero).
+//                                   At level 2 the encoder picks whichever of the three is
+//                                   smallest; level 1 always packs (decoding speed).
 //     code                          code_bytes: level 1 block packing as v1, or (HL_SEG_LEVEL2)
 //                                   the compact rANS section below
 //     outliers                      n_outliers records of pos_bytes + elem_bytes bytes:
@@ -178,7 +187,8 @@ static_assert(sizeof(HlFrameHeader) == HL_HEADER_BYTES, "frame header must be 96
 #define HL_SEG_REL 0x10         // the bound was relative to the segment's value range
 #define HL_SEG_DITHER 0x20      // subtractive dither with the segment's seed
 #define HL_SEG_MAP_RANS 0x40    // the map is a compact rANS section (with HL_SEG_MAP only)
-#define HL_SEG_KNOWN 0x7f
+#define HL_SEG_MAP_BUCKETS 0x80 // that section codes bucketed symbols (with HL_SEG_MAP_RANS)
+#define HL_SEG_KNOWN 0xff
 
 #ifdef __cplusplus
 #if defined(__CUDACC__)

@@ -190,7 +190,11 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
       if (!(flags & HL_SEG_MAP))
         throw FrameError("frame is corrupted: segment " + num(k) + " has a coded map but no map");
       s.map_rans = true;
+      s.map_buckets = flags & HL_SEG_MAP_BUCKETS;
       s.map_bytes = in.varint("segment map size");
+    } else if (flags & HL_SEG_MAP_BUCKETS) {
+      throw FrameError("frame is corrupted: segment " + num(k) + " has a bucketed map but no "
+                       "coded map");
     }
     if (flags & HL_SEG_OUTLIERS) {
       s.n_outliers = in.varint("segment outliers");

@@ -19,6 +19,7 @@ struct SegmentView {
   uint8_t dtype = 0, level = 1, flags = 0;
   uint8_t pos_bytes = 8;  // bytes of an outlier's position (v2)
   bool map_rans = false;  // v2: the map is entropy coded (HL_SEG_MAP_RANS)
+  bool map_buckets = false;  // v2: ... as bucketed symbols and extra bits (HL_SEG_MAP_BUCKETS)
   uint32_t seed = 0;
   double eb_abs = 0;
   uint64_t n_rows = 0, row_len = 0, n_unique = 0, n_outliers = 0;

@@ -12,7 +12,7 @@ from hvd_lossy import _C
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "golden"))
 from cases import HERE, lookups, specials  # noqa: E402
-from cases_v2 import CASES_V2, encode  # noqa: E402
+from cases_v2 import CASES_V2, LEGACY_V2, encode  # noqa: E402
 
 
 def golden(name):
@@ -48,9 +48,9 @@ def test_encoder_reproduces_v2_golden_frame(name):
     assert torch.equal(encode(name), golden(name)), f"{name}: v2 frame bytes changed"
 
 
-@pytest.mark.parametrize("name", sorted(CASES_V2))
+@pytest.mark.parametrize("name", sorted(CASES_V2) + sorted(LEGACY_V2))
 def test_v2_golden_frame_decodes_every_segment_within_its_bound(name):
-    make, rows, _kwargs = CASES_V2[name]
+    make, rows, _kwargs = {**CASES_V2, **LEGACY_V2}[name]
     x = make()
     frame = golden(name)
     info = hvd_lossy.frame_info(frame)
@@ -93,6 +93,20 @@ def test_hot_repeated_rows_get_an_entropy_coded_map_smaller_than_block_packing()
         width = (seg["n_unique"] - 1).bit_length()
         packed = (seg["rows"] + 31) // 32 * (1 + 4 * width)  # block packing, all blocks full width
         assert seg["map_bytes"] < packed
+
+
+def test_many_distinct_skewed_repeats_get_a_bucketed_map_smaller_than_the_plain_coded_one():
+    for seg in hvd_lossy.frame_info(golden("v2_f32_bucketed_map_level2"))["segments"]:
+        assert seg["map_coded"] and seg["map_bucketed"] and 32 < seg["n_unique"] < seg["rows"]
+        width = (seg["n_unique"] - 1).bit_length()
+        assert seg["map_bytes"] < (seg["rows"] + 31) // 32 * (1 + 4 * width)
+    # the frame the encoder wrote before bucketed maps: its coded map is larger, same rows
+    old = golden("v2_f32_coded_map_level2_before_buckets")
+    new = golden("v2_f32_coded_map_level2")
+    old_maps = [s["map_bytes"] for s in hvd_lossy.frame_info(old)["segments"]]
+    new_maps = [s["map_bytes"] for s in hvd_lossy.frame_info(new)["segments"]]
+    assert sum(new_maps) < sum(old_maps)
+    assert torch.equal(hvd_lossy.decompress(old), hvd_lossy.decompress(new))
 
 
 def test_crc32c_hardware_and_portable_agree_with_the_standard_check_value():
@@ -215,3 +229,10 @@ def test_v2_is_smaller_than_v1_frames_on_small_segments():
 def test_format_argument_is_checked():
     with pytest.raises(ValueError, match="format must be 1 or 2"):
         hvd_lossy.compress(torch.zeros(4, 4), 0.1, format=3)
+
+
+def test_frame_bytes_breakdown_accounts_for_every_byte_of_the_wire_benchmarks_chunk():
+    from hvd_lossy.bench import frame_bytes
+    r = frame_bytes.breakdown(64)
+    assert sum(r["parts"].values()) == r["frame_bytes"] and r["segments"] == 13
+    assert r["entropy_own_tables"] < r["parts"]["rans_bytes"] + r["parts"]["stream_states"]

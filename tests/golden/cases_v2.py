@@ -16,6 +16,14 @@ def hot_lookups(rows=600, dim=8, distinct=24):
     return base[[0 if i % 4 else (i // 4) % distinct for i in range(rows)]]
 
 
+def skewed_lookups(rows=512, dim=8, distinct=160):
+    """Lookups of many distinct rows with a skewed (Criteo-like) repeat pattern: row i looks up
+    distinct row floor(distinct * frac(i * golden ratio)^3)."""
+    base = lookups(rows=distinct, dim=dim, distinct=distinct)
+    phi = (5 ** 0.5 - 1) / 2
+    return base[[int(distinct * ((i * phi) % 1.0) ** 3) for i in range(rows)]]
+
+
 # name: (make the tensor, rows a segment, compress_chunks keyword arguments)
 CASES_V2 = {
     "v2_f32_rel003_level2_3seg": (lambda: lookups(), [40, 32, 24],
@@ -28,6 +36,8 @@ CASES_V2 = {
                                       dict(error_bounds=[0.0, 0.05], mode="rel", level=1)),
     "v2_f32_coded_map_level2": (lambda: hot_lookups(), [300, 300],
                                 dict(error_bounds=0.03, mode="rel", level=2)),
+    "v2_f32_bucketed_map_level2": (lambda: skewed_lookups(), [256, 256],
+                                   dict(error_bounds=0.03, mode="rel", level=2)),
     "v2_f32_1d_2seg": (lambda: lookups(rows=1, dim=100).reshape(-1), [60, 40],
                        dict(error_bounds=0.03, mode="rel", level=1)),
     # A destination's chunk of the alltoall: the protocol's extension in the frame header
@@ -35,6 +45,12 @@ CASES_V2 = {
     "v2_ext_f32_rel003_level2_3seg": (lambda: lookups(), [40, 32, 24],
                                       dict(error_bounds=[0.03, 0.01, 0.05], mode="rel", level=2,
                                            extension=bytes.fromhex("02063412ed5e14020e"))),
+}
+
+# Frames an earlier encoder wrote, which decoders keep reading: the rows of
+# v2_f32_coded_map_level2 as written before bucketed maps (the same map, plain coded).
+LEGACY_V2 = {
+    "v2_f32_coded_map_level2_before_buckets": CASES_V2["v2_f32_coded_map_level2"],
 }
 
 # Chunks of no segments: (dtype, trailing, extension). A failure (flags FAILED: grank 1,
