@@ -441,6 +441,12 @@ struct Outlier {
   uint32_t raw;
 };
 
+// Block packing in two steps, so that level 2 can compare sizes before packing anything.
+struct Packing {
+  Buffer<uint8_t> widths;
+  uint64_t bytes = 0;
+};
+
 struct Sections {
   bool map_rans = false;  // format 2: the map is a compact rANS section of rans_map_symbols
   bool map_buckets = false;  // ... of bucketed symbols (map_buckets.h)
@@ -449,12 +455,11 @@ struct Sections {
   std::vector<Outlier> outliers;
   uint8_t level = 1;
   uint64_t n_unique = 0;
-};
-
-// Block packing in two steps, so that level 2 can compare sizes before packing anything.
-struct Packing {
-  Buffer<uint8_t> widths;
-  uint64_t bytes = 0;
+  // Format 2, level 2, small: codes whose entropy coding waits for the frame's other segments
+  // (encode_deferred), so that they may share one table; plan packs them if that is smaller.
+  Buffer<uint32_t> deferred;
+  uint64_t n_deferred = 0;
+  Packing plan;
 };
 
 Packing plan_packing(const uint32_t* v, uint64_t n, int threads) {
@@ -491,6 +496,10 @@ std::vector<uint8_t> rans_map_encode(const uint32_t* map, uint64_t n, int thread
   }
   return rans_encode(sym.data(), n, threads, true);
 }
+
+// Format-2 segments of at most this many codes defer their entropy coding to the frame: on
+// small segments one table a frame costs less than one a segment (encode_deferred).
+constexpr uint64_t kShareCodes = uint64_t(1) << 15;
 
 // Builds the map, code and outlier sections.
 template <int DT>
@@ -530,7 +539,14 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
     }
   }
   const uint64_t n_codes = n_unique * d;
-  const Packing plan = plan_packing(ucodes, n_codes, threads);
+  Packing plan = plan_packing(ucodes, n_codes, threads);
+  if (compact && level == 2 && n_codes > 0 && n_codes <= kShareCodes) {
+    s.deferred = std::move(c.codes);
+    s.n_deferred = n_codes;
+    s.plan = std::move(plan);
+    s.level = 2;  // until encode_deferred finds packing smaller
+    return s;
+  }
   if (level == 2 && n_codes > 0) {
     std::vector<uint8_t> entropy = rans_encode(ucodes, n_codes, threads, compact);
     if (entropy.size() < plan.bytes) {  // the packed section is never built
@@ -626,8 +642,10 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   const Sections& s = f.s;
   const int ndim = (int)shape.size();
   const uint64_t outlier_bytes = HL_OUTLIER_BYTES * s.outliers.size();
+  // a deferred code section ends up no larger than its packing
+  const uint64_t code_bytes = s.n_deferred ? s.plan.bytes : s.code.size();
   const uint64_t total =
-      HL_HEADER_BYTES + 8ull * ndim + s.map.size() + s.code.size() + outlier_bytes;
+      HL_HEADER_BYTES + 8ull * ndim + s.map.size() + code_bytes + outlier_bytes;
   if (!lossless && total > hl_max_frame_bytes(t.n_rows, t.row_len, ndim))
     return prepare(t, p, shape, threads, true);
 
@@ -654,7 +672,7 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   h.n_unique = s.n_unique;
   h.n_outliers = s.outliers.size();
   h.map_bytes = s.map.size();
-  h.code_bytes = s.code.size();
+  h.code_bytes = code_bytes;
   h.outlier_bytes = outlier_bytes;
   h.total_bytes = total;
   f.shape = shape;
@@ -664,6 +682,7 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
 
 // Writes a prepared frame at out (out_cap bytes) and seals it with its checksum.
 uint64_t write_frame(const Prepared& f, uint8_t* out, uint64_t out_cap, int threads) {
+  if (f.s.n_deferred) throw CodecError("a v1 frame with a deferred code section");
   const HlFrameHeader& h = f.h;
   const Sections& s = f.s;
   const uint64_t total = h.total_bytes;
@@ -690,6 +709,87 @@ uint64_t write_frame(const Prepared& f, uint8_t* out, uint64_t out_cap, int thre
   return total;
 }
 
+
+namespace share {
+
+// Bits of coding `counts` with `freq` (of 1 << HL_RANS_BITS).
+double bits(const uint64_t* counts, const uint32_t* freq) {
+  double b = 0;
+  for (int s = 0; s < 256; ++s)
+    if (counts[s]) b += (double)counts[s] * (HL_RANS_BITS - log2((double)freq[s]));
+  return b;
+}
+
+void set_code(Prepared& f, std::vector<uint8_t>&& code) {
+  Sections& s = f.s;
+  if (code.size() < s.plan.bytes) {
+    s.code = Bytes(code.size());
+    memcpy(s.code.data(), code.data(), code.size());
+    s.level = 2;
+  } else {
+    s.code = pack(s.deferred.data(), s.n_deferred, s.plan, 1);
+    s.level = 1;
+  }
+  f.h.level = s.level;
+  f.h.total_bytes = f.h.total_bytes - f.h.code_bytes + s.code.size();
+  f.h.code_bytes = s.code.size();
+}
+
+}  // namespace share
+
+// Entropy codes the deferred segments of frames[first, first + count) (one v2 frame): with
+// one table the first of them carries and the others borrow (frame.h) when every level-2
+// segment of the frame is deferred and that is estimated smaller, else each with its own.
+void encode_deferred(std::vector<Prepared>& frames, size_t first, size_t count, int threads) {
+  std::vector<size_t> idx;
+  bool all = true;
+  for (size_t i = first; i < first + count; ++i) {
+    if (frames[i].s.n_deferred) idx.push_back(i);
+    else if (frames[i].h.level == 2) all = false;
+  }
+  if (idx.empty()) return;
+  std::vector<std::vector<uint64_t>> counts(idx.size(), std::vector<uint64_t>(256));
+  uint64_t pooled[256] = {0};
+  for (size_t j = 0; j < idx.size(); ++j) {
+    const Sections& s = frames[idx[j]].s;
+    rans_counts(s.deferred.data(), s.n_deferred, counts[j].data());
+    for (int k = 0; k < 256; ++k) pooled[k] += counts[j][k];
+  }
+  uint32_t shared[256];
+  rans_freqs(pooled, shared);
+  bool use = all && idx.size() > 1;
+  if (use) {  // estimated bytes of the codes and tables either way (streams cost the same)
+    double own = 0, one = 8.0 * (rans_table_bytes(shared) + 2 * (idx.size() - 1));
+    for (size_t j = 0; j < idx.size(); ++j) {
+      uint32_t freq[256];
+      rans_freqs(counts[j].data(), freq);
+      own += share::bits(counts[j].data(), freq) + 8.0 * rans_table_bytes(freq);
+      one += share::bits(counts[j].data(), shared);
+    }
+    use = one < own;
+  }
+  std::vector<std::vector<uint8_t>> codes(idx.size());
+  auto encode_all = [&](bool with_shared) {
+    parallel::parallel_items(idx.size(), threads, [&](size_t j) {
+      const Sections& s = frames[idx[j]].s;
+      codes[j] = rans_encode(s.deferred.data(), s.n_deferred, 1, true,
+                             with_shared ? shared : nullptr, j == 0);
+    });
+  };
+  encode_all(use);
+  if (use) {  // the table's carrier and every borrower must stay entropy coded
+    for (size_t j = 0; j < idx.size(); ++j)
+      if (codes[j].size() >= frames[idx[j]].s.plan.bytes) {
+        encode_all(false);
+        break;
+      }
+  }
+  for (size_t j = 0; j < idx.size(); ++j) {
+    share::set_code(frames[idx[j]], std::move(codes[j]));
+    frames[idx[j]].s.deferred = Buffer<uint32_t>();
+    frames[idx[j]].s.n_deferred = 0;
+  }
+}
 
 // The v2 descriptor of a prepared piece.
 SegmentDesc segment_desc(const Prepared& f, uint8_t mode) {
@@ -834,7 +934,8 @@ void decode(const SegmentView& h, void* out_v, int threads, bool stream) {
     if (h.level == 1)
       unpack_blocks(code_p, h.code_bytes, nu, 32, codes.data(), "code section", threads);
     else
-      rans_decode(code_p, h.code_bytes, nu, codes.data(), threads, compact);
+      rans_decode(code_p, h.code_bytes, nu, codes.data(), threads, compact, h.table,
+                  h.table_bytes);
   }
   if (lossless) {
     const uint32_t limit = sizeof(raw_t) == 2 ? 0xffffu : 0xffffffffu;
@@ -1148,6 +1249,13 @@ std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams
   const PieceThreads t = piece_threads(n, threads);
   const uint64_t eb = hl_elem_bytes(p.dtype);
   std::vector<Prepared> frames = prepare_pieces(input, p, c, t);
+  {
+    size_t at = 0;
+    for (int64_t g : groups) {
+      encode_deferred(frames, at, (size_t)g, threads);
+      at += (size_t)g;
+    }
+  }
   std::vector<SegmentDesc> descs(n);
   for (size_t i = 0; i < n; ++i) descs[i] = segment_desc(frames[i], p.mode);
   struct Group {

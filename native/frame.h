@@ -121,6 +121,12 @@
 //   uint8  w                        bits a frequency, 1..13
 //   freq[K]                         w bits each, LSB first, ceil(K * w / 8) bytes; 0 = absent;
 //                                   they sum to 1 << HL_RANS_BITS
+//                                   A code section (not a map) may borrow its table instead:
+//                                   K - 1 = 0 and w = 0, no freq, and the section codes with
+//                                   the table of the frame's nearest earlier level-2 code
+//                                   section that has its own. The encoder does so for small
+//                                   segments (up to 2^15 codes) when one table for all of a
+//                                   frame's level-2 segments is estimated smaller.
 //   varint n_escapes, varint (escape - 255)[n_escapes]
 //   varint stream_bytes[n_streams - 1]   the last stream takes the rest of the section
 //   streams as v1

@@ -204,6 +204,8 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
     s.bytes = in.pos() - at;
   }
   // Payloads: every size against the bytes left before anything is read or allocated.
+  const uint8_t* table = nullptr;  // the last level-2 code section with its own table
+  uint64_t table_bytes = 0;
   for (uint64_t k = 0; k < n_segs; ++k) {
     SegmentView& s = f.segs[k];
     const uint64_t at = in.pos();
@@ -231,13 +233,24 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
       if (s.map_bytes > in.left()) throw fail("truncated row map");
       in.skip(s.map_bytes);
     }
+    // level 2: a table (or the 2 bytes of a borrowed one), an escape count, a state a stream
     const uint64_t min_code = s.level == 1 ? hl_div_up(n_codes, HL_BLOCK)
-                                           : 4 + 4 * hl_div_up(n_codes, HL_RANS_CHUNK);
+                                           : 3 + 4 * hl_div_up(n_codes, HL_RANS_CHUNK);
     if ((s.level == 2 && n_codes == 0) || s.code_bytes < min_code)
       throw fail("code section of " + num(s.code_bytes) + " bytes, too small");
     if (s.code_bytes > in.left()) throw fail("truncated code section");
     s.code = frame + in.pos();
     in.skip(s.code_bytes);
+    if (s.level == 2) {
+      if (s.code[1] == 0) {  // w = 0: the table of the last section that has one
+        if (!table) throw fail("code section borrows a table, and none comes before it");
+        s.table = table;
+        s.table_bytes = table_bytes;
+      } else {
+        table = s.code;
+        table_bytes = s.code_bytes;
+      }
+    }
     s.pos_bytes = v2_pos_bytes(n_codes);
     if (s.n_outliers > n_codes) throw fail(num(s.n_outliers) + " outliers");
     s.outlier_bytes = s.n_outliers * (s.pos_bytes + eb);

@@ -27,6 +27,9 @@ struct SegmentView {
   const uint8_t* map = nullptr;
   const uint8_t* code = nullptr;
   const uint8_t* outliers = nullptr;
+  // v2 level 2: the code section whose table this one borrows (frame.h), null when its own
+  const uint8_t* table = nullptr;
+  uint64_t table_bytes = 0;  // bytes from table to the end of its section
   uint64_t map_bytes = 0, code_bytes = 0, outlier_bytes = 0;
   uint64_t bytes = 0;  // v2: its descriptor and payload
 };

@@ -236,3 +236,51 @@ def test_frame_bytes_breakdown_accounts_for_every_byte_of_the_wire_benchmarks_ch
     r = frame_bytes.breakdown(64)
     assert sum(r["parts"].values()) == r["frame_bytes"] and r["segments"] == 13
     assert r["entropy_own_tables"] < r["parts"]["rans_bytes"] + r["parts"]["stream_states"]
+
+
+def _code_tables(frame):
+    """(own table?) of each level-2 segment's code section: its w byte is 0 when borrowed."""
+    data, info = frame.numpy().tobytes(), hvd_lossy.frame_info(frame)
+    at, out = info["header_bytes"] + sum(s["segment_bytes"] - s["map_bytes"] - s["code_bytes"]
+                                         - s["outlier_bytes"] for s in info["segments"]), []
+    for s in info["segments"]:
+        at += s["map_bytes"]
+        if s["level"] == 2:
+            out.append(data[at + 1] != 0)
+        at += s["code_bytes"] + s["outlier_bytes"]
+    return out
+
+
+def test_small_segments_of_one_distribution_share_one_table_the_first_carries():
+    new = golden("v2_f16_abs001_dither_2seg")
+    old = golden("v2_f16_abs001_dither_2seg_before_shared_table")
+    assert _code_tables(new) == [True, False] and _code_tables(old) == [True, True]
+    assert new.numel() < old.numel()
+    # the same bounds and seeds, so the same decoded values
+    assert torch.equal(hvd_lossy.decompress(new), hvd_lossy.decompress(old))
+
+
+def test_segments_of_different_bounds_keep_their_own_tables_where_sharing_costs_more():
+    assert _code_tables(golden("v2_f32_rel003_level2_3seg")) == [True, True]  # one is level 1
+
+
+def test_a_section_borrowing_a_table_with_none_before_it_is_refused():
+    # the dithered golden with its first (table-carrying) segment's w byte zeroed, resealed
+    frame = bytearray(golden("v2_f16_abs001_dither_2seg").numpy().tobytes())
+    info = hvd_lossy.frame_info(torch.frombuffer(bytearray(frame), dtype=torch.uint8))
+    at = info["header_bytes"] + sum(s["segment_bytes"] - s["map_bytes"] - s["code_bytes"]
+                                    - s["outlier_bytes"] for s in info["segments"])
+    frame[at] = frame[at + 1] = 0
+    frame[3:7] = struct.pack("<I", crc32c(bytes(frame[7:])))
+    with pytest.raises(hvd_lossy.FrameError, match="borrows a table"):
+        hvd_lossy.decompress(torch.frombuffer(frame, dtype=torch.uint8))
+
+
+def test_frames_of_many_small_segments_stay_within_their_bounds_with_shared_tables():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(13 * 64, 32, generator=g) * 0.05
+    rows = [64] * 13
+    frame, _ = hvd_lossy.compress_chunks(x, rows, 0.03, level=2, format=2)
+    assert _code_tables(frame).count(True) == 1
+    info = hvd_lossy.frame_info(frame)
+    assert_within_segment_bounds(x, hvd_lossy.decompress(frame), info, rows)

@@ -51,6 +51,8 @@ CASES_V2 = {
 # v2_f32_coded_map_level2 as written before bucketed maps (the same map, plain coded).
 LEGACY_V2 = {
     "v2_f32_coded_map_level2_before_buckets": CASES_V2["v2_f32_coded_map_level2"],
+    # ... and of v2_f16_abs001_dither_2seg before shared rANS tables (a table a segment)
+    "v2_f16_abs001_dither_2seg_before_shared_table": CASES_V2["v2_f16_abs001_dither_2seg"],
 }
 
 # Chunks of no segments: (dtype, trailing, extension). A failure (flags FAILED: grank 1,
