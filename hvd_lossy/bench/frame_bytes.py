@@ -86,7 +86,7 @@ def breakdown(rows):
     parts["descriptors"] = at - info["header_bytes"]
     own_entropy, counts_all, seg_counts = 0.0, torch.zeros(ESC + 1, dtype=torch.int64), []
     for k, s in enumerate(info["segments"]):
-        if s["map_bucketed"]:
+        if s.get("map_bucketed"):  # absent before bucketed maps
             rans_len, start = _varint(data, at)
             for name, n in rans_parts(data[start:start + rans_len], s["n_rows"]).items():
                 parts["map_" + name] = parts.get("map_" + name, 0) + n
