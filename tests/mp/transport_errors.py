@@ -123,6 +123,27 @@ def test_corrupt_frame_raises_on_the_receiver_then_on_every_other_rank():
         {0}, corrupting, f"rank 0: the bytes received from rank {BAD} failed to decode")
 
 
+def test_a_corrupted_header_is_a_receive_failure_not_a_verdict_only_its_receiver_reads():
+    # One bit of the settings digest in the protocol's extension of the frame for rank 0: read
+    # unchecked it would make rank 0 alone raise "disagree on the compression settings"; its
+    # CRC32C fails, so rank 0 raises a receive failure and the peers raise it next call.
+    def corrupting(real, tensor, rows, bounds, groups, prefix, out, offset, **kwargs):
+        sizes, frames = real(tensor, rows, bounds, groups, prefix, out, offset, **kwargs)
+        at = offset + prefix + 7
+        while out[at] & 0x80:  # total_bytes
+            at += 1
+        info = int(out[at + 1])
+        at += 2 + (3 if info & 0x80 else 0)  # info, seed: at the extension's length
+        at += 2  # its length and flags byte: at the sender's rank
+        while out[at] & 0x80:
+            at += 1
+        out[at + 1] ^= 0x01  # the digest's low byte
+        return sizes, frames
+
+    expect_receive_error(
+        {0}, corrupting, f"rank 0: the bytes received from rank {BAD} failed to decode")
+
+
 def test_frames_of_a_shape_the_peers_do_not_share_raise_on_every_rank_at_once():
     # A chunk that is one frame announces the frame's own shape: frames of a narrower tensor
     # are a disagreement every rank reads from the headers in the same call.
