@@ -58,6 +58,8 @@ py::dict v2_dict(const hl::FrameV2& f) {
     e["map_bytes"] = s.map_bytes;
     e["map_coded"] = s.map_rans;
     e["map_bucketed"] = s.map_buckets;
+    // level 2: whether its code section borrows an earlier section's rANS table (frame.h)
+    e["table_borrowed"] = s.table != nullptr;
     e["code_bytes"] = s.code_bytes;
     e["outlier_bytes"] = s.outlier_bytes;
     e["segment_bytes"] = s.bytes;

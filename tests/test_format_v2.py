@@ -247,6 +247,7 @@ def _code_tables(frame):
         at += s["map_bytes"]
         if s["level"] == 2:
             out.append(data[at + 1] != 0)
+            assert s["table_borrowed"] == (data[at + 1] == 0)  # frame_info says so too
         at += s["code_bytes"] + s["outlier_bytes"]
     return out
 
