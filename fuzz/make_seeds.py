@@ -93,6 +93,11 @@ def frames_v2():
         hot = _lookups(8, 8, dtype, seed=21)[[0 if i % 4 else i % 8 for i in range(400)]]
         yield f"v2_{dname}_coded_map", hvd_lossy.compress_chunks(hot, [200, 200], 0.03, level=2,
                                                                 format=2)[0]
+        phi = (5 ** 0.5 - 1) / 2  # many distinct rows, skewed repeats: a bucketed map
+        skewed = _lookups(120, 8, dtype, seed=23)[[int(120 * ((i * phi) % 1) ** 3)
+                                                   for i in range(300)]]
+        yield f"v2_{dname}_bucketed_map", hvd_lossy.compress_chunks(skewed, [150, 150], 0.03,
+                                                                   level=2, format=2)[0]
         yield f"v2_{dname}_1d", hvd_lossy.compress_chunks(_lookups(1, 40, dtype, seed=3).view(-1),
                                                          [25, 15], 0.02, format=2)[0]
         yield f"v2_{dname}_0d", hvd_lossy.compress(torch.tensor(1.5, dtype=dtype), 0.1, format=2)
@@ -101,6 +106,29 @@ def frames_v2():
     yield "v2_f32_l2_streams", hvd_lossy.compress(_lookups(160, 64, torch.float32, seed=5), 0.02,
                                                   level=2, format=2)
     yield "v2_f32_empty", hvd_lossy.compress_chunks(torch.empty(0, 4), [0, 0], 0.1, format=2)[0]
+    yield from frames_v2_ext()
+
+
+def frames_v2_ext():
+    """Yields (name, frame) pairs of format-2 frames with the transport's extension
+    (HL_V2_EXT), as the alltoall sends each destination: segments, none, a failure."""
+    from hvd_lossy import chunk_header, protocol
+
+    def fields(status=0, pending=(0, 0, 0)):
+        return ([protocol.MAGIC, status, 7 if status else 0, -1 if status else 0, 5, 1, 2, 0, 0,
+                 *pending, 0x5EED1234] + [16] + [-1] * (protocol.MAX_NDIM - 1))
+    x = _with_specials(_lookups(64, 16, torch.float16, seed=22, distinct=7))
+    for level in (1, 2):
+        ext = chunk_header.extension(fields(pending=(10, 1, 3) if level == 2 else (0, 0, 0)))
+        rows, groups = [20, 0, 24, 20], [2, 0, 2]
+        out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, [16], groups, 0, format=2),
+                          dtype=torch.uint8)
+        _sizes, sizes = hvd_lossy.compress_grouped(x, rows, [0.03, 0.01, 0.0, 0.002], groups, 0,
+                                                   out, level=level, format=2, extension=ext)
+        yield f"v2x_f16_chunk_l{level}", out[:sizes[0]].clone()
+        yield f"v2x_f16_empty_l{level}", out[sizes[0]:sizes[0] + sizes[1]].clone()
+    failure = chunk_header.failure_frame(x, fields(status=3))
+    yield "v2x_failure", torch.frombuffer(bytearray(failure), dtype=torch.uint8)
 
 
 def chunk_buffers():

@@ -504,7 +504,7 @@ def output_cache_bytes():
 
 
 def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offset=0, mode="rel",
-                     level=1, dedup=True, dither=None, format=1, stats=None):
+                     level=1, dedup=True, dither=None, format=1, extension=None, stats=None):
     """Compresses pieces of dim 0 of a CPU tensor straight into a send buffer, in groups.
 
     The bytes written at ``out[offset:]`` are ``[prefix][frames of group 0][prefix][frames of
@@ -528,23 +528,37 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
             dithered pieces); the range is NaN for a piece without finite elements; the moments
             (STAT_FINITE, STAT_SUM, STAT_SUMSQ) are NaN: see :func:`piece_stats`.
 
+        extension: None, or (format 2) up to ``_C.MAX_EXTENSION_BYTES`` bytes the transport
+            puts in every group's frame header (frame.h, HL_V2_EXT: hvd_lossy's all-to-all
+            carries its protocol fields there); every group then has a frame, an empty group
+            one of no segments.
+
     Returns:
         one size a piece: its frame (format 1) or its segment, the first piece of a group also
         counting the frame header (format 2), so a group's sizes add up to its bytes; the group
-        layout ends at ``offset + len(groups) * prefix_bytes + sum(sizes)``.
+        layout ends at ``offset + len(groups) * prefix_bytes + sum(sizes)``. With an extension:
+        ``(sizes, group_bytes)``, group_bytes[g] the size of group g's frame (the layout ends
+        at ``offset + len(groups) * prefix_bytes + sum(group_bytes)``).
     """
     code = _dtype_code(tensor)
     seed = _check_dither(dither)
     src = tensor.contiguous()
     if stats is not None:
         _check_stats(stats, len(rows))
-    return list(_C.compress_into(src.data_ptr() if src.numel() else 0, code, [int(r) for r in rows],
-                                 list(src.shape[1:]), [_check_bound(e) for e in error_bounds],
-                                 _mode_code(mode), _check_level(level), bool(dedup),
-                                 [int(g) for g in groups], int(prefix_bytes),
-                                 out.data_ptr() + offset, out.numel() - offset, _threads, seed,
-                                 _check_format(format),
-                                 0 if stats is None else stats.ctypes.data))
+    ext = b"" if extension is None else bytes(extension)
+    if extension is not None and not ext:
+        raise ValueError("extension must be None or 1 to "
+                         f"{_C.MAX_EXTENSION_BYTES} bytes, got an empty one")
+    sizes = list(_C.compress_into(src.data_ptr() if src.numel() else 0, code,
+                                  [int(r) for r in rows], list(src.shape[1:]),
+                                  [_check_bound(e) for e in error_bounds], _mode_code(mode),
+                                  _check_level(level), bool(dedup), [int(g) for g in groups],
+                                  int(prefix_bytes), out.data_ptr() + offset,
+                                  out.numel() - offset, _threads, seed, _check_format(format),
+                                  ext, 0 if stats is None else stats.ctypes.data))
+    if not ext:
+        return sizes
+    return sizes[:len(sizes) - len(groups)], sizes[len(sizes) - len(groups):]
 
 
 def _check_stats(stats, n):
@@ -572,6 +586,30 @@ def piece_stats(tensor, rows):
     _C.piece_stats(src.data_ptr() if src.numel() else 0, code, [int(r) for r in rows],
                    list(src.shape[1:]), out.ctypes.data, _threads)
     return out
+
+
+
+def chunk_heads(buffer, chunks, verify=False):
+    """The format-2 frame header of each ``(offset, length)`` chunk of the 1-D CPU uint8 tensor
+    ``buffer`` that one v2 frame fills exactly: ``(dtype code, ndim, trailing, rows, frame
+    bytes, header bytes, extension or None)``, or a str saying why it is not one (FrameError's
+    message). ``verify`` also checks each frame's CRC32C (decoding does anyway). One native
+    call for all chunks."""
+    return _C.chunk_heads(buffer.data_ptr() if buffer.numel() else 0, buffer.numel(),
+                          [(int(o), int(n)) for o, n in chunks], bool(verify))
+
+
+def empty_frame(dtype, trailing, extension):
+    """The bytes of a sealed format-2 frame of no segments, ``dtype`` x ``(0, *trailing)``,
+    whose header carries ``extension`` (1 to ``_C.MAX_EXTENSION_BYTES`` bytes)."""
+    ext = bytes(extension)
+    if not ext:
+        raise ValueError("extension must have 1 to "
+                         f"{_C.MAX_EXTENSION_BYTES} bytes, got none")
+    code = _DTYPE_CODES.get(dtype) if isinstance(dtype, torch.dtype) else dtype
+    if code is None:
+        raise TypeError(f"dtype {dtype} has no frame code (float32, float16 or bfloat16)")
+    return _C.empty_frame(int(code), [int(t) for t in trailing], ext)
 
 
 def decompress_into(buffer, sources, out):

@@ -1,13 +1,14 @@
 """Compressed all-to-all: the alltoall case of hvd_lossy.collective's template.
 
 One lossy alltoall is ONE alltoall of the backend (Horovod or torch.distributed):
-  pack:    the chunk for each destination is a compact protocol header followed by ONE frame
-           of format 2 whose segments are the pieces for that destination, compressed straight
-           into the send buffer behind reserved header slots (one native call for the ranks
-           before this one, one for those after). Device tensors send v1 frames, a frame a
-           piece, until the CUDA codec writes format 2; receivers decode either. The chunk a rank sends
-           itself never crosses a link, so it is not compressed: its header travels (the
-           verdict needs every rank's), its rows are copied straight into the output;
+  pack:    the chunk for each destination is ONE frame of format 2 whose segments are the
+           pieces for that destination and whose header carries the protocol fields
+           (hvd_lossy.chunk_header), compressed straight into the send buffer (one native call
+           for the ranks before this one, one for those after). Device tensors send a compact
+           protocol header and v1 frames, a frame a piece, until the CUDA codec writes format
+           2; receivers read either. The chunk a rank sends itself never crosses a link, so it
+           is not compressed: a frame of no segments travels (the verdict needs every rank's
+           header), its rows are copied straight into the output;
   launch:  one uint8 alltoall; the backend exchanges the byte splits itself;
   receive: every rank holds every sender's header, so all reach the same verdict; the frames are
            decoded straight into the one output tensor.
@@ -18,13 +19,13 @@ import torch
 
 import hvd_lossy
 from hvd_lossy import auto as _auto
+from hvd_lossy import chunk_header
 from hvd_lossy.backend import as_backend
-from hvd_lossy.collective import (LossyCall, check_announced_output, decode_frames, host_bytes,
-                                  new_output, plain_start, remote_bytes)
+from hvd_lossy.collective import (LossyCall, check_announced_output, decode_frames, new_output,
+                                  plain_start, remote_bytes)
 from hvd_lossy.compression import Compression, NoneCompressor, is_lossy
 from hvd_lossy.protocol import (GRANK, LOSSLESS, PAYLOAD, ROWS, _LocalError, check_lossy_tensor,
-                                compact_bytes, compact_size, header, like_of, pack_compact,
-                                parse_compact, per_rank_limit)
+                                compact_bytes, compact_size, header, like_of, per_rank_limit)
 
 
 def split_list(splits, rows, size):
@@ -104,8 +105,6 @@ class Alltoall(LossyCall):
         self.record.error_bounds = [float(p[2]) for p in plan if p[0] != me]
         self.record.raw_bytes = (tensor.shape[0] - rows_to[me]) * _row_bytes(tensor)
         self.record.local_bytes = rows_to[me] * _row_bytes(tensor)
-        self.record.wire_bytes = sum(sizes)
-        self.record.meta_bytes = self.header_len * self.size
         return send
 
     def arrange(self, tensor, plan):
@@ -125,46 +124,52 @@ class Alltoall(LossyCall):
         return _LocalError(7, detail=f"{type(e).__name__}: {e}")
 
     def _pack_in_place(self, parts, seed):
-        """Frames straight into the send buffer after a reserved header slot per destination;
-        the headers are written once the sizes are known."""
+        """One frame a destination straight into the send buffer, each carrying the protocol
+        fields in its header (the same for every destination)."""
         c = self.compressor
         trailing = list(self.tensor.shape[1:])
-        # Every destination's header has this length: only rows and payload differ.
-        self.header_len = hlen = compact_size(header(self.tensor, None, 0, 0, self.pending,
-                                                     self.grank, self.settings))
+        ext = chunk_header.extension(header(self.tensor, None, 0, 0, self.pending, self.grank,
+                                            self.settings))
+        self.header_len = 0  # the frame is the chunk
+        meta = chunk_header.block_bytes(ext)
         plans = [self._pieces(dests) for dests, _rows in parts]
         groups = [[sum(1 for p in pieces if p[0] == d) for d in dests]
                   for (dests, _rows), pieces in zip(parts, plans)]
-        cap = sum(hvd_lossy.max_grouped_bytes([p[1] for p in pieces], trailing, g, hlen, format=2)
+        cap = sum(hvd_lossy.max_grouped_bytes([p[1] for p in pieces], trailing, g, 0, format=2)
                   for pieces, g in zip(plans, groups))
         send = torch.empty(cap, dtype=torch.uint8)
-        sizes, offset, group_at = [], 0, []
+        sizes, offset, chunk_bytes = [], 0, []
         for (dests, rows), pieces, g in zip(parts, plans, groups):
             stats = (np.empty((len(pieces), hvd_lossy.STATS_PER_PIECE)) if self.want_stats
                      else None)
             try:
-                got = hvd_lossy.compress_grouped(
+                got, frames = hvd_lossy.compress_grouped(
                     rows.detach(), [p[1] for p in pieces], [p[2] for p in pieces], g,
-                    hlen, send, offset, mode=c.mode, level=c.level, dedup=c.dedup,
-                    dither=seed, format=2, stats=stats)
+                    0, send, offset, mode=c.mode, level=c.level, dedup=c.dedup,
+                    dither=seed, format=2, extension=ext, stats=stats)
             except Exception as e:
                 raise self._compress_error(e) from e
             if seed is not None:
                 seed = (seed + len(pieces)) % hvd_lossy.DITHER_SEEDS
             if stats is not None:
                 self.piece_stats.append(stats)
+            # A piece's size is the codec's share: the first of a frame's pieces less the
+            # protocol's bytes in the frame header, which meta_bytes counts.
             k = 0
-            for n_frames in g:
-                group_at.append((offset, sum(got[k:k + n_frames])))
-                offset += hlen + group_at[-1][1]
-                k += n_frames
+            for n_pieces in g:
+                if n_pieces:
+                    got[k] -= meta
+                k += n_pieces
+            offset += sum(frames)
+            chunk_bytes.extend(frames)
             sizes.extend(got)
-        host = send.numpy()
-        for dest, (at, nbytes) in enumerate(group_at):
+        for dest, nbytes in enumerate(chunk_bytes):
             self._check_split(dest, nbytes)
-            pack_compact(header(self.tensor, None, self.rows_to[dest], nbytes, self.pending,
-                                self.grank, self.settings), host, at)
-        self.send_splits = torch.tensor([hlen + n for _at, n in group_at], dtype=torch.int32)
+        self.send_splits = torch.tensor(chunk_bytes, dtype=torch.int32)
+        # The frames of no segments sent to ranks that get no rows (~13 bytes and the
+        # protocol's) are counted in neither.
+        self.record.wire_bytes = sum(sizes)
+        self.record.meta_bytes = meta * self.size
         return send[:offset], sizes
 
     def _pack_copying(self, parts, seed):
@@ -203,6 +208,8 @@ class Alltoall(LossyCall):
                 src += n
         self.send_splits = torch.tensor([self.header_len + n for n in byte_counts],
                                         dtype=torch.int32)
+        self.record.wire_bytes = sum(sizes)
+        self.record.meta_bytes = self.header_len * self.size
         return torch.cat(chunks), sizes
 
     def _check_split(self, dest, nbytes):
@@ -210,9 +217,9 @@ class Alltoall(LossyCall):
             raise _LocalError(8, nbytes + self.header_len, dest)
 
     def pack_failed(self):
-        heads = [compact_bytes(header(self.tensor, self.failure, self.rows_to[dest], 0,
-                                      self.pending, self.grank, self.settings))
-                 for dest in range(self.size)]
+        heads = [chunk_header.failure_frame(self.tensor, header(
+                     self.tensor, self.failure, self.rows_to[dest], 0, self.pending, self.grank,
+                     self.settings)) for dest in range(self.size)]
         send = torch.frombuffer(bytearray(b"".join(heads)), dtype=torch.uint8)
         self.send_splits = torch.tensor([len(h) for h in heads], dtype=torch.int32)
         self.record.meta_bytes = sum(len(h) for h in heads)
@@ -238,18 +245,14 @@ class Alltoall(LossyCall):
         return recv, recv_splits.tolist()
 
     def headers(self, recv, counts):
-        buf = host_bytes(recv)
-        headers, offset, self.recv_header_len = [], 0, []
-        for src, n in enumerate(counts):
-            h, hlen = parse_compact(buf, offset, n, src)
-            if h[PAYLOAD] != n - hlen:
-                raise _LocalError(10, h[GRANK], detail=f"header announces {h[PAYLOAD]} bytes, "
-                                                       f"{n - hlen} arrived")
-            headers.append(h)
-            self.recv_header_len.append(hlen)
-            offset += n
+        headers, self.recv_header_len = chunk_header.parse_chunks(recv, counts)
+        # The own chunk's rows never crossed a link (its frame has no segments).
+        headers[self.me][ROWS] = self.rows_to[self.me]
         self.record.recv_wire_bytes = recv.numel() - sum(self.recv_header_len)
         return headers
+
+    def verify_headers(self, recv, counts):
+        chunk_header.verify_chunks(recv, counts, self.recv_header_len)
 
     def decode(self, recv, counts, headers):
         if self.late_failure is not None:

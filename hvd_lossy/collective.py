@@ -25,7 +25,7 @@ from hvd_lossy import stats as _stats
 from hvd_lossy.compression import NoneCompressor
 from hvd_lossy.protocol import (GRANK, ROWS, Handle, _LocalError, base_name, begin_call,
                                 compression_name, raise_from_headers, raise_received,
-                                settings_digest)
+                                settings_digest, verdict_raises)
 
 
 def new_output(shape, dtype, device):
@@ -152,6 +152,7 @@ class LossyCall:
         launch(payload)   -> the backend's Work (self.backend: hvd_lossy.backend);
         complete(work)    -> (received uint8 tensor, its chunks' byte counts or None);
         headers(recv, counts) -> every sender's header fields, in process-set rank order;
+        verify_headers(recv, counts) -> checks their checksums before a verdict raises;
         decode(recv, counts, headers) -> the output (raise _LocalError on a bad frame);
         after_launch()    -> work that may wait until the bytes travel (compressor hooks).
     """
@@ -191,6 +192,10 @@ class LossyCall:
     def after_launch(self):
         pass
 
+    def verify_headers(self, recv, counts):
+        """Checks the checksums of headers that carry one (raise _LocalError 10 if one fails);
+        called before a verdict read from them raises."""
+
     def poll(self, work):
         """True once _finish(work) would not wait for communication."""
         return work.poll()
@@ -202,6 +207,9 @@ class LossyCall:
         t1 = time.perf_counter()
         try:
             headers = self.headers(recv, counts)
+            if verdict_raises(headers, self.backend, self.compare_rows):
+                # Only a checked header may make this rank raise what its peers raise too.
+                self.verify_headers(recv, counts)
         except _LocalError as e:
             raise_received(self.op, e, self.call, self.backend)
         raise_from_headers(self.op, headers, self.backend, self.failure,

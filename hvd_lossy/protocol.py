@@ -288,6 +288,13 @@ def _message(op, rows, local, grank):
     return message, origins
 
 
+def verdict_raises(headers, backend, compare_rows=False):
+    """Whether raise_from_headers would raise for these headers."""
+    raised = _pending[backend.key].raised_at
+    return check_headers(headers, compare_rows) is not None or any(
+        h[_PENDING] and h[_PENDING_SEQ] not in raised for h in headers)
+
+
 def raise_from_headers(op, headers, backend, local=None, compare_rows=False):
     """For headers every rank holds alike (the data collective's): raises the same RankError on
     all ranks if any reported a failure or they disagree, adding any receive failure a peer

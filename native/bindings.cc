@@ -38,6 +38,8 @@ py::dict v2_dict(const hl::FrameV2& f) {
   d["frame_bytes"] = f.total_bytes;
   d["header_bytes"] = f.header_bytes;
   d["checksum"] = f.crc;
+  d["extension"] = f.ext ? py::object(py::bytes(reinterpret_cast<const char*>(f.ext), f.ext_bytes))
+                         : py::object(py::none());
   py::list segs;
   uint64_t n_outliers = 0;
   for (size_t k = 0; k < f.segs.size(); ++k) {
@@ -55,6 +57,9 @@ py::dict v2_dict(const hl::FrameV2& f) {
     e["n_outliers"] = s.n_outliers;
     e["map_bytes"] = s.map_bytes;
     e["map_coded"] = s.map_rans;
+    e["map_bucketed"] = s.map_buckets;
+    // level 2: whether its code section borrows an earlier section's rANS table (frame.h)
+    e["table_borrowed"] = s.table != nullptr;
     e["code_bytes"] = s.code_bytes;
     e["outlier_bytes"] = s.outlier_bytes;
     e["segment_bytes"] = s.bytes;
@@ -190,6 +195,7 @@ py::tuple decode_frames_new(uintptr_t buffer, uint64_t len, const py::object& si
 
 }  // namespace
 
+void register_frames(py::module_& m);  // bindings_frames.cc
 #ifdef HL_WITH_CUDA
 void register_cuda(py::module_& m);
 #endif
@@ -209,6 +215,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("FORMAT_VERSION") = HL_VERSION;
   m.attr("FORMAT_VERSIONS") = py::make_tuple(HL_VERSION, HL_V2_VERSION);
   m.attr("HEADER_BYTES") = HL_HEADER_BYTES;
+  register_frames(m);
 #ifdef HL_WITH_CUDA
   m.attr("WITH_CUDA") = true;
   register_cuda(m);
@@ -308,22 +315,27 @@ PYBIND11_MODULE(_C, m) {
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
            int level, bool dedup, const std::vector<int64_t>& groups, uint64_t prefix_bytes,
            uintptr_t out, uint64_t out_cap, int threads, int64_t dither_seed, int format,
-           uintptr_t stats) {
-          return hl::compress_into_cpu(ptr<const void>(in),
-                                       params_f(dtype, mode, level, dedup, 0.0, dither_seed, format), rows,
-                                       trailing, ebs, groups, prefix_bytes, ptr<uint8_t>(out),
-                                       out_cap, threads, ptr<double>(stats));
+           const std::string& ext, uintptr_t stats) {
+          std::vector<uint64_t> group_bytes;
+          std::vector<uint64_t> sizes = hl::compress_into_cpu(
+              ptr<const void>(in), params_f(dtype, mode, level, dedup, 0.0, dither_seed, format),
+              rows, trailing, ebs, groups, prefix_bytes, ptr<uint8_t>(out), out_cap, threads, ext,
+              ext.empty() ? nullptr : &group_bytes, ptr<double>(stats));
+          sizes.insert(sizes.end(), group_bytes.begin(), group_bytes.end());
+          return sizes;
         },
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
         py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
         py::arg("groups"), py::arg("prefix_bytes"), py::arg("out"), py::arg("out_cap"),
         py::arg("threads") = 0, py::arg("dither_seed") = -1, py::arg("format") = 1,
-        py::arg("stats") = 0, py::call_guard<py::gil_scoped_release>(),
+        py::arg("extension") = std::string(), py::arg("stats") = 0,
+        py::call_guard<py::gil_scoped_release>(),
         "compress_many with the frames in groups (format 2: one frame a group), prefix_bytes left untouched before each "
         "group: out holds [prefix][frames of group 0][prefix][frames of group 1]... with no "
-        "gaps. Returns the frame sizes. stats, when not 0, is the address of STATS_PER_PIECE "
-        "doubles a piece the codec fills with what it learnt (STAT_MIN, STAT_MAX, STAT_UNIQUE; "
-        "NaN where not computed).");
+        "gaps. Returns the frame sizes; with an extension (format 2) every group's frame, an "
+        "empty group's too, carries it, and the sizes are followed by each group's frame size. "
+        "stats, when not 0, is the address of STATS_PER_PIECE doubles a piece the codec fills "
+        "with what it learnt (STAT_MIN, STAT_MAX, STAT_UNIQUE; NaN where not computed).");
   m.attr("STATS_PER_PIECE") = (int)hl::HL_STATS_PER_PIECE;
   m.attr("STAT_MIN") = (int)hl::HL_STAT_MIN;
   m.attr("STAT_MAX") = (int)hl::HL_STAT_MAX;

@@ -93,14 +93,18 @@ std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams&
 // [prefix][frames of group 0][prefix][frames of group 1]... with no gaps, so the first
 // groups.size() * prefix_bytes + sum(sizes) bytes of out are the send buffer. out_cap must be
 // at least max_grouped_bytes(rows, trailing, groups, prefix_bytes). Each frame's bytes are
-// written once, in place. Returns the frame sizes. With stats, also fills HL_STATS_PER_PIECE
-// doubles a piece (HL_STAT_*).
+// written once, in place. Returns the frame sizes. ext (format 2 only, at most HL_V2_MAX_EXT
+// bytes): the transport's extension (frame.h) in every group's frame, an empty group then
+// getting a frame of no segments; *group_bytes gets each group's frame size. With stats, also
+// fills HL_STATS_PER_PIECE doubles a piece (HL_STAT_*).
 std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams& p,
                                         const std::vector<int64_t>& rows,
                                         const std::vector<int64_t>& trailing,
                                         const std::vector<double>& error_bounds,
                                         const std::vector<int64_t>& groups, uint64_t prefix_bytes,
                                         uint8_t* out, uint64_t out_cap, int threads,
+                                        const std::string& ext = std::string(),
+                                        std::vector<uint64_t>* group_bytes = nullptr,
                                         double* stats = nullptr);
 
 // The statistics of pieces of dim 0 (rows[i] rows each, trailing dims) without coding them, by

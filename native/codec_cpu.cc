@@ -18,6 +18,7 @@
 #include "crc32c.h"
 #include "frame_v2.h"
 #include "kernels_cpu.h"
+#include "map_buckets.h"
 #include "pack.h"
 #include "parallel.h"
 #include "rans.h"
@@ -440,19 +441,25 @@ struct Outlier {
   uint32_t raw;
 };
 
+// Block packing in two steps, so that level 2 can compare sizes before packing anything.
+struct Packing {
+  Buffer<uint8_t> widths;
+  uint64_t bytes = 0;
+};
+
 struct Sections {
   bool map_rans = false;  // format 2: the map is a compact rANS section of rans_map_symbols
+  bool map_buckets = false;  // ... of bucketed symbols (map_buckets.h)
   Bytes map;
   Bytes code;
   std::vector<Outlier> outliers;
   uint8_t level = 1;
   uint64_t n_unique = 0;
-};
-
-// Block packing in two steps, so that level 2 can compare sizes before packing anything.
-struct Packing {
-  Buffer<uint8_t> widths;
-  uint64_t bytes = 0;
+  // Format 2, level 2, small: codes whose entropy coding waits for the frame's other segments
+  // (encode_deferred), so that they may share one table; plan packs them if that is smaller.
+  Buffer<uint32_t> deferred;
+  uint64_t n_deferred = 0;
+  Packing plan;
 };
 
 Packing plan_packing(const uint32_t* v, uint64_t n, int threads) {
@@ -490,6 +497,10 @@ std::vector<uint8_t> rans_map_encode(const uint32_t* map, uint64_t n, int thread
   return rans_encode(sym.data(), n, threads, true);
 }
 
+// Format-2 segments of at most this many codes defer their entropy coding to the frame: on
+// small segments one table a frame costs less than one a segment (encode_deferred).
+constexpr uint64_t kShareCodes = uint64_t(1) << 15;
+
 // Builds the map, code and outlier sections.
 template <int DT>
 Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t level,
@@ -505,10 +516,14 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
     // keeps block packing: decoding a coded map costs as much as decoding level-2 codes.
     if (compact && level == 2) {
       std::vector<uint8_t> coded = rans_map_encode(c.map.data(), t.n_rows, threads);
-      if (coded.size() + 2 < s.map.size()) {
+      std::vector<uint8_t> buckets = map_buckets_encode(c.map.data(), t.n_rows, threads);
+      const bool bucketed = buckets.size() < coded.size();
+      if (bucketed) coded.swap(buckets);
+      if (coded.size() + 2 < s.map.size()) {  // its size in the descriptor: ~2 bytes
         s.map = Bytes(coded.size());
         memcpy(s.map.data(), coded.data(), coded.size());
         s.map_rans = true;
+        s.map_buckets = bucketed;
       }
     }
   }
@@ -524,7 +539,14 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
     }
   }
   const uint64_t n_codes = n_unique * d;
-  const Packing plan = plan_packing(ucodes, n_codes, threads);
+  Packing plan = plan_packing(ucodes, n_codes, threads);
+  if (compact && level == 2 && n_codes > 0 && n_codes <= kShareCodes) {
+    s.deferred = std::move(c.codes);
+    s.n_deferred = n_codes;
+    s.plan = std::move(plan);
+    s.level = 2;  // until encode_deferred finds packing smaller
+    return s;
+  }
   if (level == 2 && n_codes > 0) {
     std::vector<uint8_t> entropy = rans_encode(ucodes, n_codes, threads, compact);
     if (entropy.size() < plan.bytes) {  // the packed section is never built
@@ -622,8 +644,10 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   const Sections& s = f.s;
   const int ndim = (int)shape.size();
   const uint64_t outlier_bytes = HL_OUTLIER_BYTES * s.outliers.size();
+  // a deferred code section ends up no larger than its packing
+  const uint64_t code_bytes = s.n_deferred ? s.plan.bytes : s.code.size();
   const uint64_t total =
-      HL_HEADER_BYTES + 8ull * ndim + s.map.size() + s.code.size() + outlier_bytes;
+      HL_HEADER_BYTES + 8ull * ndim + s.map.size() + code_bytes + outlier_bytes;
   if (!lossless && total > hl_max_frame_bytes(t.n_rows, t.row_len, ndim))
     return prepare(t, p, shape, threads, true);
 
@@ -650,7 +674,7 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   h.n_unique = s.n_unique;
   h.n_outliers = s.outliers.size();
   h.map_bytes = s.map.size();
-  h.code_bytes = s.code.size();
+  h.code_bytes = code_bytes;
   h.outlier_bytes = outlier_bytes;
   h.total_bytes = total;
   f.shape = shape;
@@ -665,6 +689,7 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
 
 // Writes a prepared frame at out (out_cap bytes) and seals it with its checksum.
 uint64_t write_frame(const Prepared& f, uint8_t* out, uint64_t out_cap, int threads) {
+  if (f.s.n_deferred) throw CodecError("a v1 frame with a deferred code section");
   const HlFrameHeader& h = f.h;
   const Sections& s = f.s;
   const uint64_t total = h.total_bytes;
@@ -692,6 +717,87 @@ uint64_t write_frame(const Prepared& f, uint8_t* out, uint64_t out_cap, int thre
 }
 
 
+namespace share {
+
+// Bits of coding `counts` with `freq` (of 1 << HL_RANS_BITS).
+double bits(const uint64_t* counts, const uint32_t* freq) {
+  double b = 0;
+  for (int s = 0; s < 256; ++s)
+    if (counts[s]) b += (double)counts[s] * (HL_RANS_BITS - log2((double)freq[s]));
+  return b;
+}
+
+void set_code(Prepared& f, std::vector<uint8_t>&& code) {
+  Sections& s = f.s;
+  if (code.size() < s.plan.bytes) {
+    s.code = Bytes(code.size());
+    memcpy(s.code.data(), code.data(), code.size());
+    s.level = 2;
+  } else {
+    s.code = pack(s.deferred.data(), s.n_deferred, s.plan, 1);
+    s.level = 1;
+  }
+  f.h.level = s.level;
+  f.h.total_bytes = f.h.total_bytes - f.h.code_bytes + s.code.size();
+  f.h.code_bytes = s.code.size();
+}
+
+}  // namespace share
+
+// Entropy codes the deferred segments of frames[first, first + count) (one v2 frame): with
+// one table the first of them carries and the others borrow (frame.h) when every level-2
+// segment of the frame is deferred and that is estimated smaller, else each with its own.
+void encode_deferred(std::vector<Prepared>& frames, size_t first, size_t count, int threads) {
+  std::vector<size_t> idx;
+  bool all = true;
+  for (size_t i = first; i < first + count; ++i) {
+    if (frames[i].s.n_deferred) idx.push_back(i);
+    else if (frames[i].h.level == 2) all = false;
+  }
+  if (idx.empty()) return;
+  std::vector<std::vector<uint64_t>> counts(idx.size(), std::vector<uint64_t>(256));
+  uint64_t pooled[256] = {0};
+  for (size_t j = 0; j < idx.size(); ++j) {
+    const Sections& s = frames[idx[j]].s;
+    rans_counts(s.deferred.data(), s.n_deferred, counts[j].data());
+    for (int k = 0; k < 256; ++k) pooled[k] += counts[j][k];
+  }
+  uint32_t shared[256];
+  rans_freqs(pooled, shared);
+  bool use = all && idx.size() > 1;
+  if (use) {  // estimated bytes of the codes and tables either way (streams cost the same)
+    double own = 0, one = 8.0 * (rans_table_bytes(shared) + 2 * (idx.size() - 1));
+    for (size_t j = 0; j < idx.size(); ++j) {
+      uint32_t freq[256];
+      rans_freqs(counts[j].data(), freq);
+      own += share::bits(counts[j].data(), freq) + 8.0 * rans_table_bytes(freq);
+      one += share::bits(counts[j].data(), shared);
+    }
+    use = one < own;
+  }
+  std::vector<std::vector<uint8_t>> codes(idx.size());
+  auto encode_all = [&](bool with_shared) {
+    parallel::parallel_items(idx.size(), threads, [&](size_t j) {
+      const Sections& s = frames[idx[j]].s;
+      codes[j] = rans_encode(s.deferred.data(), s.n_deferred, 1, true,
+                             with_shared ? shared : nullptr, j == 0);
+    });
+  };
+  encode_all(use);
+  if (use) {  // the table's carrier and every borrower must stay entropy coded
+    for (size_t j = 0; j < idx.size(); ++j)
+      if (codes[j].size() >= frames[idx[j]].s.plan.bytes) {
+        encode_all(false);
+        break;
+      }
+  }
+  for (size_t j = 0; j < idx.size(); ++j) {
+    share::set_code(frames[idx[j]], std::move(codes[j]));
+    frames[idx[j]].s.deferred = Buffer<uint32_t>();
+    frames[idx[j]].s.n_deferred = 0;
+  }
+}
+
 // The v2 descriptor of a prepared piece.
 SegmentDesc segment_desc(const Prepared& f, uint8_t mode) {
   const HlFrameHeader& h = f.h;
@@ -703,6 +809,7 @@ SegmentDesc segment_desc(const Prepared& f, uint8_t mode) {
                       (mode == HL_MODE_REL ? HL_SEG_REL : 0) |
                       ((h.flags & HL_FLAG_DITHER) ? HL_SEG_DITHER : 0));
   if (f.s.map_rans) d.flags |= HL_SEG_MAP_RANS;
+  if (f.s.map_buckets) d.flags |= HL_SEG_MAP_BUCKETS;
   d.map_bytes = h.map_bytes;
   d.rows = f.shape.empty() ? 1 : (uint64_t)f.shape[0];
   d.bound = f.bound;
@@ -834,7 +941,8 @@ void decode(const SegmentView& h, void* out_v, int threads, bool stream) {
     if (h.level == 1)
       unpack_blocks(code_p, h.code_bytes, nu, 32, codes.data(), "code section", threads);
     else
-      rans_decode(code_p, h.code_bytes, nu, codes.data(), threads, compact);
+      rans_decode(code_p, h.code_bytes, nu, codes.data(), threads, compact, h.table,
+                  h.table_bytes);
   }
   if (lossless) {
     const uint32_t limit = sizeof(raw_t) == 2 ? 0xffffu : 0xffffffffu;
@@ -879,7 +987,9 @@ void decode(const SegmentView& h, void* out_v, int threads, bool stream) {
 
   if (identity) return;
   Buffer<uint32_t> map(h.n_rows);
-  if (h.map_rans) {
+  if (h.map_buckets) {
+    map_buckets_decode(map_p, h.map_bytes, h.n_rows, map.data(), threads);
+  } else if (h.map_rans) {
     rans_decode(map_p, h.map_bytes, h.n_rows, map.data(), threads, true);
     uint64_t seen = 0;  // symbols back to entries (rans_map_encode); checked below
     for (uint64_t r = 0; r < h.n_rows; ++r) {
@@ -1138,17 +1248,30 @@ std::vector<uint64_t> build_and_place_v1(const void* input, const CompressParams
 }
 
 
-// Builds every piece in parallel (as build_and_place_v1), then one v2 frame a non-empty group.
-// Returns a size a piece: its segment, the group's first piece also counting the frame header.
+// Builds every piece in parallel (as build_and_place_v1), then one v2 frame a non-empty group;
+// with an extension (ext, the transport's: frame.h) every group's frame carries it, and an
+// empty group gets a frame of no segments (ndim and trailing from `trailing`). Returns a size
+// a piece: its segment, the group's first piece also counting the frame header; *group_bytes
+// (when given) gets each group's frame size (0 for an empty group without extension).
 std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams& p,
                                          const Pieces& c, const std::vector<int64_t>& groups,
                                          uint64_t prefix_bytes,
                                          const std::function<uint8_t*(uint64_t)>& place,
-                                         int threads, double* stats) {
+                                         int threads, const std::string& ext = std::string(),
+                                         const std::vector<int64_t>& trailing = {},
+                                         std::vector<uint64_t>* group_bytes = nullptr,
+                                         double* stats = nullptr) {
   const size_t n = c.shapes.size();
   const PieceThreads t = piece_threads(n, threads);
   const uint64_t eb = hl_elem_bytes(p.dtype);
   std::vector<Prepared> frames = prepare_pieces(input, p, c, t, stats);
+  {
+    size_t at = 0;
+    for (int64_t g : groups) {
+      encode_deferred(frames, at, (size_t)g, threads);
+      at += (size_t)g;
+    }
+  }
   std::vector<SegmentDesc> descs(n);
   for (size_t i = 0; i < n; ++i) descs[i] = segment_desc(frames[i], p.mode);
   struct Group {
@@ -1158,16 +1281,24 @@ std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams
   };
   std::vector<Group> gs;
   std::vector<uint64_t> sizes(n, 0);
+  if (group_bytes) group_bytes->assign(groups.size(), 0);
   uint64_t w = 0, first = 0;
-  for (int64_t g : groups) {
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const int64_t g = groups[gi];
     w += prefix_bytes;
     Group grp{first, (size_t)g, HeadV2()};
     first += (uint64_t)g;
-    if (g == 0) continue;  // an empty group sends no frame
+    if (g == 0 && ext.empty()) continue;  // an empty group sends no frame
     grp.head.dtype = p.dtype;
-    grp.head.ndim = (int)c.shapes[grp.first].size();
-    if (grp.head.ndim > 1)
-      grp.head.trailing.assign(c.shapes[grp.first].begin() + 1, c.shapes[grp.first].end());
+    grp.head.ext = ext;
+    if (g == 0) {
+      grp.head.ndim = 1 + (int)trailing.size();
+      grp.head.trailing = trailing;
+    } else {
+      grp.head.ndim = (int)c.shapes[grp.first].size();
+      if (grp.head.ndim > 1)
+        grp.head.trailing.assign(c.shapes[grp.first].begin() + 1, c.shapes[grp.first].end());
+    }
     for (size_t i = grp.first; i < grp.first + grp.count; ++i)
       grp.head.seeded |= (descs[i].flags & HL_SEG_DITHER) != 0;
     grp.head.seed = grp.head.seeded ? c.params[grp.first].dither_seed : 0;
@@ -1176,9 +1307,10 @@ std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams
     grp.total = v2_frame_size(grp.head, mine, &grp.header);
     grp.at = w;
     w += grp.total;
+    if (group_bytes) (*group_bytes)[gi] = grp.total;
     for (size_t i = grp.first; i < grp.first + grp.count; ++i)
       sizes[i] = descs[i].descriptor_bytes() + descs[i].payload_bytes;
-    sizes[grp.first] += grp.header;
+    if (g > 0) sizes[grp.first] += grp.header;
     gs.push_back(std::move(grp));
   }
   uint8_t* out = place(w);
@@ -1202,7 +1334,8 @@ std::vector<uint64_t> build_and_place(const void* input, const CompressParams& p
                                       const std::function<uint8_t*(uint64_t)>& place,
                                       int threads, double* stats = nullptr) {
   if (p.format == 2)
-    return build_and_place_v2(input, p, c, groups, prefix_bytes, place, threads, stats);
+    return build_and_place_v2(input, p, c, groups, prefix_bytes, place, threads, std::string(),
+                              {}, nullptr, stats);
   return build_and_place_v1(input, p, c, prefixes_before(groups, c.shapes.size()), prefix_bytes,
                             place, threads, stats);
 }
@@ -1219,7 +1352,7 @@ uint64_t write_single_v2(const void* input, const CompressParams& p,
   build_and_place_v2(input, p, c, {1}, 0, [&](uint64_t bytes) {
     size = bytes;
     return alloc(bytes);
-  }, threads, nullptr);
+  }, threads);
   return size;
 }
 }  // namespace
@@ -1230,17 +1363,28 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
                                         const std::vector<double>& error_bounds,
                                         const std::vector<int64_t>& groups, uint64_t prefix_bytes,
                                         uint8_t* out, uint64_t out_cap, int threads,
-                                        double* stats) {
+                                        const std::string& ext,
+                                        std::vector<uint64_t>* group_bytes, double* stats) {
   CompressParams q = p;
   q.want_range = q.want_range || stats != nullptr;
   const Pieces c = plan_pieces(q, rows, trailing, error_bounds);
   check_groups(groups, rows.size());
+  if (!ext.empty() && p.format != 2)
+    throw ArgumentError("a frame extension needs format 2, got format " +
+                        std::to_string(p.format));
+  if (ext.size() > HL_V2_MAX_EXT)
+    throw ArgumentError("a frame extension of " + std::to_string(ext.size()) +
+                        " bytes, at most " + std::to_string(HL_V2_MAX_EXT) + " fit");
   const uint64_t need = grouped_bound(c, groups.size(), prefix_bytes, p.format);
   if (need > out_cap)
     throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
                         " bytes, the frames may need " + std::to_string(need));
-  return build_and_place(input, q, c, groups, prefix_bytes, [&](uint64_t) { return out; },
-                         resolve_threads(threads), stats);
+  auto place = [&](uint64_t) { return out; };
+  if (p.format == 2)
+    return build_and_place_v2(input, q, c, groups, prefix_bytes, place, resolve_threads(threads),
+                              ext, trailing, group_bytes, stats);
+  return build_and_place(input, q, c, groups, prefix_bytes, place, resolve_threads(threads),
+                         stats);
 }
 
 namespace {

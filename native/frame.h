@@ -71,9 +71,17 @@
 //   uint32 crc32c                   CRC32C (Castagnoli, reflected, init/final ~0) of bytes
 //                                   [7, total): everything after this field
 //   varint total_bytes              the whole frame
-//   uint8  info                     bits 0-1 dtype, bits 2-5 ndim (0..8), bit 7 HL_V2_SEEDED
+//   uint8  info                     bits 0-1 dtype, bits 2-5 ndim (0..8), bit 6 HL_V2_EXT,
+//                                   bit 7 HL_V2_SEEDED
 //   uint24 seed                     only with HL_V2_SEEDED: segment k's dither seed is
 //                                   (seed + k) mod 2^24
+//   varint ext_bytes, ext[ext_bytes]  only with HL_V2_EXT (1 <= ext_bytes <= HL_V2_MAX_EXT):
+//                                   the transport's extension, bytes the codec neither makes
+//                                   nor reads but the CRC covers. hvd_lossy's all-to-all puts
+//                                   its protocol fields there (sender, settings digest, status;
+//                                   hvd_lossy/chunk_header.py), so a destination's chunk is one
+//                                   frame with one header. A frame may have no segments (a
+//                                   destination sent no rows, or only the extension travels).
 //   varint dims[ndim - 1]           the trailing dims (none for ndim <= 1)
 //   varint n_segments
 //   descriptor[n_segments], each:
@@ -91,9 +99,18 @@
 //                                   (its length follows from its width bytes), or with
 //                                   HL_SEG_MAP_RANS a compact rANS section of map_bytes over
 //                                   one symbol a row: 0 for a row not seen before (it gets the
-//                                   next unique index), u + 1 for a repeat of unique row u. At
-//                                   level 2 the encoder picks whichever is smaller; level 1
-//                                   always packs (decoding speed).
+//                                   next unique index), u + 1 for a repeat of unique row u.
+//                                   With HL_SEG_MAP_BUCKETS as well (the symbols' alphabet
+//                                   cut to 33, so its table stays small on few rows):
+//                                     varint rans_bytes, then a compact rANS section of that
+//                                     many bytes over one bucket a row: 0 for a row not seen
+//                                     before, else b = bit width of u + 1 (1..32);
+//                                     then, for each repeat in row order, the b - 1 low bits
+//                                     of u + 1 (its top bit is implied), LSB first, packed
+//                                     back to back; the section ends at the byte holding the
+//                                     last bit (padding bits zero).
+//                                   At level 2 the encoder picks whichever of the three is
+//                                   smallest; level 1 always packs (decoding speed).
 //     code                          code_bytes: level 1 block packing as v1, or (HL_SEG_LEVEL2)
 //                                   the compact rANS section below
 //     outliers                      n_outliers records of pos_bytes + elem_bytes bytes:
@@ -104,6 +121,12 @@
 //   uint8  w                        bits a frequency, 1..13
 //   freq[K]                         w bits each, LSB first, ceil(K * w / 8) bytes; 0 = absent;
 //                                   they sum to 1 << HL_RANS_BITS
+//                                   A code section (not a map) may borrow its table instead:
+//                                   K - 1 = 0 and w = 0, no freq, and the section codes with
+//                                   the table of the frame's nearest earlier level-2 code
+//                                   section that has its own. The encoder does so for small
+//                                   segments (up to 2^15 codes) when one table for all of a
+//                                   frame's level-2 segments is estimated smaller.
 //   varint n_escapes, varint (escape - 255)[n_escapes]
 //   varint stream_bytes[n_streams - 1]   the last stream takes the rest of the section
 //   streams as v1
@@ -159,7 +182,9 @@ static_assert(sizeof(HlFrameHeader) == HL_HEADER_BYTES, "frame header must be 96
 #define HL_V2_VERSION 2
 #define HL_V2_PREFIX 7          // magic, version and CRC32C
 #define HL_V2_SEEDED 0x80       // info bit: a dither seed follows
-#define HL_V2_MAX_HEADER 128    // frame header without descriptors, worst case
+#define HL_V2_EXT 0x40          // info bit: a transport extension follows (the seed)
+#define HL_V2_MAX_EXT 127       // bytes of an extension at most (its length is one byte)
+#define HL_V2_MAX_HEADER 256    // frame header without descriptors, worst case (extension too)
 #define HL_V2_MAX_SEGMENT 48    // one descriptor, worst case
 #define HL_SEG_LEVEL2 0x01      // code section is compact rANS (else block packing)
 #define HL_SEG_LOSSLESS 0x02    // raw bits, no bound stored
@@ -168,7 +193,8 @@ static_assert(sizeof(HlFrameHeader) == HL_HEADER_BYTES, "frame header must be 96
 #define HL_SEG_REL 0x10         // the bound was relative to the segment's value range
 #define HL_SEG_DITHER 0x20      // subtractive dither with the segment's seed
 #define HL_SEG_MAP_RANS 0x40    // the map is a compact rANS section (with HL_SEG_MAP only)
-#define HL_SEG_KNOWN 0x7f
+#define HL_SEG_MAP_BUCKETS 0x80 // that section codes bucketed symbols (with HL_SEG_MAP_RANS)
+#define HL_SEG_KNOWN 0xff
 
 #ifdef __cplusplus
 #if defined(__CUDACC__)

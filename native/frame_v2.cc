@@ -91,12 +91,20 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
   f.dtype = info & 3;
   f.ndim = (info >> 2) & 15;
   f.seeded = info & HL_V2_SEEDED;
-  if (f.dtype > HL_BFLOAT16 || f.ndim > HL_MAX_NDIM || (info & 0x40)) {
+  if (f.dtype > HL_BFLOAT16 || f.ndim > HL_MAX_NDIM) {
     char buf[80];
     snprintf(buf, sizeof(buf), "frame is corrupted: info byte 0x%02x", info);
     throw FrameError(buf);
   }
   if (f.seeded) f.seed = in.fixed(3, "dither seed");
+  if (info & HL_V2_EXT) {
+    f.ext_bytes = in.varint("extension size");
+    if (f.ext_bytes == 0 || f.ext_bytes > HL_V2_MAX_EXT || f.ext_bytes > in.left())
+      throw FrameError("frame is corrupted: an extension of " + num(f.ext_bytes) + " bytes, " +
+                       num(in.left()) + " left (1 to " + num(HL_V2_MAX_EXT) + " expected)");
+    f.ext = frame + in.pos();
+    in.skip(f.ext_bytes);
+  }
   uint64_t slab = 1, row_len = 1;  // rows a dim-0 entry holds; elements a row
   for (int d = 1; d < f.ndim; ++d) {
     const uint64_t v = in.varint("shape");
@@ -177,7 +185,11 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
       if (!(flags & HL_SEG_MAP))
         throw FrameError("frame is corrupted: segment " + num(k) + " has a coded map but no map");
       s.map_rans = true;
+      s.map_buckets = flags & HL_SEG_MAP_BUCKETS;
       s.map_bytes = in.varint("segment map size");
+    } else if (flags & HL_SEG_MAP_BUCKETS) {
+      throw FrameError("frame is corrupted: segment " + num(k) + " has a bucketed map but no "
+                       "coded map");
     }
     if (flags & HL_SEG_OUTLIERS) {
       s.n_outliers = in.varint("segment outliers");
@@ -187,6 +199,8 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
     s.bytes = in.pos() - at;
   }
   // Payloads: every size against the bytes left before anything is read or allocated.
+  const uint8_t* table = nullptr;  // the last level-2 code section with its own table
+  uint64_t table_bytes = 0;
   for (uint64_t k = 0; k < n_segs; ++k) {
     SegmentView& s = f.segs[k];
     const uint64_t at = in.pos();
@@ -214,13 +228,24 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
       if (s.map_bytes > in.left()) throw fail("truncated row map");
       in.skip(s.map_bytes);
     }
+    // level 2: a table (or the 2 bytes of a borrowed one), an escape count, a state a stream
     const uint64_t min_code = s.level == 1 ? hl_div_up(n_codes, HL_BLOCK)
-                                           : 4 + 4 * hl_div_up(n_codes, HL_RANS_CHUNK);
+                                           : 3 + 4 * hl_div_up(n_codes, HL_RANS_CHUNK);
     if ((s.level == 2 && n_codes == 0) || s.code_bytes < min_code)
       throw fail("code section of " + num(s.code_bytes) + " bytes, too small");
     if (s.code_bytes > in.left()) throw fail("truncated code section");
     s.code = frame + in.pos();
     in.skip(s.code_bytes);
+    if (s.level == 2) {
+      if (s.code[1] == 0) {  // w = 0: the table of the last section that has one
+        if (!table) throw fail("code section borrows a table, and none comes before it");
+        s.table = table;
+        s.table_bytes = table_bytes;
+      } else {
+        table = s.code;
+        table_bytes = s.code_bytes;
+      }
+    }
     s.pos_bytes = v2_pos_bytes(n_codes);
     if (s.n_outliers > n_codes) throw fail(num(s.n_outliers) + " outliers");
     s.outlier_bytes = s.n_outliers * (s.pos_bytes + eb);
@@ -250,7 +275,11 @@ uint64_t SegmentDesc::descriptor_bytes() const {
 
 namespace {
 uint64_t head_body_bytes(const HeadV2& h, size_t n_segs) {
+  if (h.ext.size() > HL_V2_MAX_EXT)
+    throw ArgumentError("a frame extension of " + num(h.ext.size()) + " bytes, at most " +
+                        num(HL_V2_MAX_EXT) + " fit");
   uint64_t n = 1 + (h.seeded ? 3 : 0) + varint_bytes(n_segs);
+  if (!h.ext.empty()) n += varint_bytes(h.ext.size()) + h.ext.size();
   for (int64_t d : h.trailing) n += varint_bytes((uint64_t)d);
   return n;
 }
@@ -274,8 +303,13 @@ uint8_t* v2_write_head(const HeadV2& h, const std::vector<SegmentDesc>& segs, ui
   *w++ = HL_V2_VERSION;
   w = put_fixed_le(w, 0, 4);  // the CRC, once the payloads are written
   w = put_varint(w, total);
-  *w++ = v2_info_byte(h.dtype, h.ndim, h.seeded);
+  *w++ = (uint8_t)(v2_info_byte(h.dtype, h.ndim, h.seeded) | (h.ext.empty() ? 0 : HL_V2_EXT));
   if (h.seeded) w = put_fixed_le(w, h.seed, 3);
+  if (!h.ext.empty()) {
+    w = put_varint(w, h.ext.size());
+    memcpy(w, h.ext.data(), h.ext.size());
+    w += h.ext.size();
+  }
   for (int64_t d : h.trailing) w = put_varint(w, (uint64_t)d);
   w = put_varint(w, segs.size());
   for (const SegmentDesc& s : segs)
@@ -286,6 +320,14 @@ uint8_t* v2_write_head(const HeadV2& h, const std::vector<SegmentDesc>& segs, ui
 
 void v2_seal(uint8_t* frame, uint64_t total) {
   put_fixed_le(frame + 3, crc32c(frame + HL_V2_PREFIX, total - HL_V2_PREFIX), 4);
+}
+
+uint64_t v2_write_empty(const HeadV2& h, uint8_t* out) {
+  const std::vector<SegmentDesc> none;
+  const uint64_t total = v2_frame_size(h, none, nullptr);
+  v2_write_head(h, none, total, out);
+  v2_seal(out, total);
+  return total;
 }
 
 }  // namespace hl

@@ -20,6 +20,7 @@ struct SegmentView {
   uint8_t dtype = 0, level = 1, flags = 0;
   uint8_t pos_bytes = 8;  // bytes of an outlier's position (v2)
   bool map_rans = false;  // v2: the map is entropy coded (HL_SEG_MAP_RANS)
+  bool map_buckets = false;  // v2: ... as bucketed symbols and extra bits (HL_SEG_MAP_BUCKETS)
   uint32_t seed = 0;
   double eb_abs = 0;
   uint64_t n_rows = 0, row_len = 0, n_unique = 0, n_outliers = 0;
@@ -27,6 +28,9 @@ struct SegmentView {
   const uint8_t* map = nullptr;
   const uint8_t* code = nullptr;
   const uint8_t* outliers = nullptr;
+  // v2 level 2: the code section whose table this one borrows (frame.h), null when its own
+  const uint8_t* table = nullptr;
+  uint64_t table_bytes = 0;  // bytes from table to the end of its section
   uint64_t map_bytes = 0, code_bytes = 0, outlier_bytes = 0;
   uint64_t bytes = 0;  // v2: its descriptor and payload
 };
@@ -40,8 +44,10 @@ struct FrameV2 {
   std::vector<int64_t> trailing;  // dims after dim 0
   bool seeded = false;
   uint32_t seed = 0;
+  const uint8_t* ext = nullptr;  // the transport's extension (HL_V2_EXT), null when absent
+  uint64_t ext_bytes = 0;
   uint64_t rows = 0;  // sum of the segments' dim0
-  uint64_t header_bytes = 0;  // through the n_segments field
+  uint64_t header_bytes = 0;  // through the n_segments field, the extension included
   std::vector<SegmentView> segs;
   // The frame's tensor shape: (rows, *trailing), () for ndim 0.
   std::vector<int64_t> shape() const;
@@ -81,9 +87,14 @@ struct HeadV2 {
   std::vector<int64_t> trailing;
   bool seeded = false;
   uint32_t seed = 0;
+  // The transport's extension (HL_V2_EXT; empty: none, at most HL_V2_MAX_EXT bytes): the
+  // protocol fields of hvd_lossy's all-to-all. Any writer (CPU or CUDA) sets it before
+  // v2_frame_size; v2_frame_size and v2_write_head count and write it, v2_seal covers it.
+  std::string ext;
 };
 
-// Total size of the frame, and where the header ends (before the descriptors).
+// Total size of the frame, and where the header ends (before the descriptors). ArgumentError
+// for an extension longer than HL_V2_MAX_EXT.
 uint64_t v2_frame_size(const HeadV2& h, const std::vector<SegmentDesc>& segs,
                        uint64_t* header_bytes);
 // Writes the header and descriptors of a frame of `total` bytes at out; returns where the
@@ -92,5 +103,8 @@ uint8_t* v2_write_head(const HeadV2& h, const std::vector<SegmentDesc>& segs, ui
                        uint8_t* out);
 // Stores the CRC32C of the written frame.
 void v2_seal(uint8_t* frame, uint64_t total);
+// A whole sealed frame of no segments (a destination that gets no rows, or a header that
+// travels alone) at out, v2_frame_size(h, {}, nullptr) bytes; returns its size.
+uint64_t v2_write_empty(const HeadV2& h, uint8_t* out);
 
 }  // namespace hl

@@ -8,7 +8,11 @@
 namespace hl {
 
 // Encodes n codes into a level-2 code section: v1's layout, or (compact) format 2's.
-std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads, bool compact = false);
+// shared (compact only): code with these frequencies (normalized, 1 << HL_RANS_BITS, every
+// present symbol nonzero) instead of the codes' own; the section then carries them when
+// write_table, else starts with the two zero bytes of a borrowed table (frame.h).
+std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads, bool compact = false,
+                                 const uint32_t* shared = nullptr, bool write_table = true);
 
 // The parts of a level-2 section of len bytes for n codes before its streams, read and
 // validated (both layouts): frequencies and their cumulative sums (summing to 2^HL_RANS_BITS),
@@ -21,10 +25,20 @@ struct RansLayout {
   std::vector<uint64_t> start;  // n_streams + 1
   uint64_t data_off = 0;
 };
-RansLayout rans_layout(const uint8_t* in, uint64_t len, uint64_t n, bool compact);
+RansLayout rans_layout(const uint8_t* in, uint64_t len, uint64_t n, bool compact,
+                       const uint8_t* table = nullptr, uint64_t table_len = 0);
 
 // Decodes a level-2 code section of exactly len bytes into n codes. Throws FrameError.
+// table (compact only): the section whose table a borrowing section uses (table_len bytes
+// from it on), or null when borrowing is not allowed.
 void rans_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* z, int threads,
-                 bool compact = false);
+                 bool compact = false, const uint8_t* table = nullptr, uint64_t table_len = 0);
+
+// Normalized frequencies of symbol counts (as rans_encode builds them) and the bytes of a
+// compact table of them (K - 1, w, the w-bit frequencies).
+void rans_freqs(const uint64_t* counts, uint32_t* freq);
+uint64_t rans_table_bytes(const uint32_t* freq);
+// Symbol counts of n codes (codes >= 255 count as the escape symbol).
+void rans_counts(const uint32_t* z, uint64_t n, uint64_t* counts);
 
 }  // namespace hl

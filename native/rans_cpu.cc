@@ -83,30 +83,42 @@ void put_varint(std::vector<uint8_t>* out, uint64_t v) {
 
 // The compact section of format 2 (frame.h): K, w, w-bit frequencies, varint escapes and
 // stream lengths (the last implied).
-void write_compact(const uint32_t* freq, const uint32_t* z, uint64_t n, uint64_t n_esc,
-                   const std::vector<std::vector<uint8_t>>& streams, std::vector<uint8_t>* out) {
-  int k = 0;
+void table_shape(const uint32_t* freq, int* k, uint32_t* w) {
+  *k = 0;
   uint32_t fmax = 0;
   for (int s = 0; s < 256; ++s)
     if (freq[s]) {
-      k = s + 1;
+      *k = s + 1;
       fmax = freq[s] > fmax ? freq[s] : fmax;
     }
-  const uint32_t w = bit_width(fmax);
-  out->push_back((uint8_t)(k - 1));
-  out->push_back((uint8_t)w);
-  uint64_t acc = 0;
-  int bits = 0;
-  for (int s = 0; s < k; ++s) {
-    acc |= (uint64_t)freq[s] << bits;
-    bits += (int)w;
-    while (bits >= 8) {
-      out->push_back((uint8_t)acc);
-      acc >>= 8;
-      bits -= 8;
+  *w = bit_width(fmax);
+}
+
+void write_compact(const uint32_t* freq, const uint32_t* z, uint64_t n, uint64_t n_esc,
+                   const std::vector<std::vector<uint8_t>>& streams, std::vector<uint8_t>* out,
+                   bool write_table) {
+  int k;
+  uint32_t w;
+  table_shape(freq, &k, &w);
+  if (!write_table) {  // a borrowed table: w = 0 (frame.h)
+    out->push_back(0);
+    out->push_back(0);
+  } else {
+    out->push_back((uint8_t)(k - 1));
+    out->push_back((uint8_t)w);
+    uint64_t acc = 0;
+    int bits = 0;
+    for (int s = 0; s < k; ++s) {
+      acc |= (uint64_t)freq[s] << bits;
+      bits += (int)w;
+      while (bits >= 8) {
+        out->push_back((uint8_t)acc);
+        acc >>= 8;
+        bits -= 8;
+      }
     }
+    if (bits) out->push_back((uint8_t)acc);
   }
-  if (bits) out->push_back((uint8_t)acc);
   put_varint(out, n_esc);
   for (uint64_t i = 0; i < n; ++i)
     if (z[i] >= HL_RANS_ESC) put_varint(out, z[i] - HL_RANS_ESC);
@@ -126,16 +138,34 @@ uint64_t read_varint(Reader& r) {
 
 }  // namespace
 
-std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads, bool compact) {
-  uint64_t counts[256] = {0};
-  uint64_t n_esc = 0;
-  for (uint64_t i = 0; i < n; ++i) {
-    uint32_t s = rans_symbol(z[i]);
-    counts[s]++;
-    n_esc += s == HL_RANS_ESC;
-  }
+void rans_counts(const uint32_t* z, uint64_t n, uint64_t* counts) {
+  for (int s = 0; s < 256; ++s) counts[s] = 0;
+  for (uint64_t i = 0; i < n; ++i) counts[rans_symbol(z[i])]++;
+}
+
+void rans_freqs(const uint64_t* counts, uint32_t* freq) { normalize_freqs(counts, freq); }
+
+uint64_t rans_table_bytes(const uint32_t* freq) {
+  int k;
+  uint32_t w;
+  table_shape(freq, &k, &w);
+  return 2 + ((uint64_t)k * w + 7) / 8;
+}
+
+std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads, bool compact,
+                                 const uint32_t* shared, bool write_table) {
+  uint64_t counts[256];
+  rans_counts(z, n, counts);
+  const uint64_t n_esc = counts[HL_RANS_ESC];
   Table t;
-  normalize_freqs(counts, t.freq);
+  if (shared) {
+    for (int s = 0; s < 256; ++s) {
+      if (counts[s] && !shared[s]) throw CodecError("a shared rANS table lacks a symbol it codes");
+      t.freq[s] = shared[s];
+    }
+  } else {
+    normalize_freqs(counts, t.freq);
+  }
   build_cum(&t);
   EncSymbol syms[256];
   for (int sym = 0; sym < 256; ++sym) syms[sym] = enc_symbol(t.cum[sym], t.freq[sym]);
@@ -155,7 +185,7 @@ std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads, boo
     out.insert(out.end(), b, b + len);
   };
   if (compact) {
-    write_compact(t.freq, z, n, n_esc, streams, &out);
+    write_compact(t.freq, z, n, n_esc, streams, &out, write_table || !shared);
     return out;
   }
   uint16_t n_present = 0;
@@ -180,7 +210,26 @@ std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads, boo
   return out;
 }
 
-RansLayout rans_layout(const uint8_t* in, uint64_t len, uint64_t n, bool compact) {
+// The compact table at the reader (K - 1, w, frequencies) into t.
+void read_compact_table(Reader& r, Table* t) {
+  const int k = r.read<uint8_t>() + 1;
+  const uint32_t w = r.read<uint8_t>();
+  if (w < 1 || w > HL_RANS_BITS + 1)
+    throw FrameError("frame is corrupted: entropy table frequencies of " + std::to_string(w) +
+                     " bits, expected 1.." + std::to_string(HL_RANS_BITS + 1));
+  const uint8_t* bits = r.take(((uint64_t)k * w + 7) / 8);
+  for (int s = 0; s < k; ++s) {
+    uint32_t f = 0;
+    for (uint32_t b = 0; b < w; ++b) {
+      const uint64_t at = (uint64_t)s * w + b;
+      f |= (uint32_t)((bits[at >> 3] >> (at & 7)) & 1) << b;
+    }
+    t->freq[s] = f;
+  }
+}
+
+RansLayout rans_layout(const uint8_t* in, uint64_t len, uint64_t n, bool compact,
+                       const uint8_t* table, uint64_t table_len) {
   Reader r(in, len, "entropy-coded code section");
   RansLayout L;
   Table t = {};
@@ -190,19 +239,15 @@ RansLayout rans_layout(const uint8_t* in, uint64_t len, uint64_t n, bool compact
   start.assign(n_streams + 1, 0);
   if (compact) {
     if (n == 0) throw FrameError("frame is corrupted: an entropy-coded section of no codes");
-    const int k = r.read<uint8_t>() + 1;
-    const uint32_t w = r.read<uint8_t>();
-    if (w < 1 || w > HL_RANS_BITS + 1)
-      throw FrameError("frame is corrupted: entropy table frequencies of " + std::to_string(w) +
-                       " bits, expected 1.." + std::to_string(HL_RANS_BITS + 1));
-    const uint8_t* bits = r.take(((uint64_t)k * w + 7) / 8);
-    for (int s = 0; s < k; ++s) {
-      uint32_t f = 0;
-      for (uint32_t b = 0; b < w; ++b) {
-        const uint64_t at = (uint64_t)s * w + b;
-        f |= (uint32_t)((bits[at >> 3] >> (at & 7)) & 1) << b;
-      }
-      t.freq[s] = f;
+    if (len >= 2 && in[1] == 0) {  // w = 0: the table is borrowed (frame.h)
+      if (!table || in[0] != 0)
+        throw FrameError("frame is corrupted: an entropy-coded section borrows a table "
+                         "where none is to borrow");
+      r.take(2);
+      Reader tr(table, table_len, "borrowed entropy table");
+      read_compact_table(tr, &t);
+    } else {
+      read_compact_table(r, &t);
     }
     const uint64_t n_esc = read_varint(r);
     if (n_esc > n || n_esc > r.remaining())
@@ -265,8 +310,8 @@ RansLayout rans_layout(const uint8_t* in, uint64_t len, uint64_t n, bool compact
 }
 
 void rans_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* z, int threads,
-                 bool compact) {
-  const RansLayout L = rans_layout(in, len, n, compact);
+                 bool compact, const uint8_t* table, uint64_t table_len) {
+  const RansLayout L = rans_layout(in, len, n, compact, table, table_len);
   const uint64_t n_streams = hl_div_up(n, HL_RANS_CHUNK);
   Table t;
   memcpy(t.freq, L.freq, sizeof(t.freq));

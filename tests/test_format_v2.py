@@ -13,7 +13,7 @@ from hvd_lossy import _C
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "golden"))
 from cases import HERE, lookups, specials  # noqa: E402
-from cases_v2 import CASES_V2, encode  # noqa: E402
+from cases_v2 import CASES_V2, LEGACY_V2, encode  # noqa: E402
 
 
 def golden(name):
@@ -49,9 +49,9 @@ def test_encoder_reproduces_v2_golden_frame(name):
     assert torch.equal(encode(name), golden(name)), f"{name}: v2 frame bytes changed"
 
 
-@pytest.mark.parametrize("name", sorted(CASES_V2))
+@pytest.mark.parametrize("name", sorted(CASES_V2) + sorted(LEGACY_V2))
 def test_v2_golden_frame_decodes_every_segment_within_its_bound(name):
-    make, rows, _kwargs = CASES_V2[name]
+    make, rows, _kwargs = {**CASES_V2, **LEGACY_V2}[name]
     x = make()
     frame = golden(name)
     info = hvd_lossy.frame_info(frame)
@@ -94,6 +94,20 @@ def test_hot_repeated_rows_get_an_entropy_coded_map_smaller_than_block_packing()
         width = (seg["n_unique"] - 1).bit_length()
         packed = (seg["rows"] + 31) // 32 * (1 + 4 * width)  # block packing, all blocks full width
         assert seg["map_bytes"] < packed
+
+
+def test_many_distinct_skewed_repeats_get_a_bucketed_map_smaller_than_the_plain_coded_one():
+    for seg in hvd_lossy.frame_info(golden("v2_f32_bucketed_map_level2"))["segments"]:
+        assert seg["map_coded"] and seg["map_bucketed"] and 32 < seg["n_unique"] < seg["rows"]
+        width = (seg["n_unique"] - 1).bit_length()
+        assert seg["map_bytes"] < (seg["rows"] + 31) // 32 * (1 + 4 * width)
+    # the frame the encoder wrote before bucketed maps: its coded map is larger, same rows
+    old = golden("v2_f32_coded_map_level2_before_buckets")
+    new = golden("v2_f32_coded_map_level2")
+    old_maps = [s["map_bytes"] for s in hvd_lossy.frame_info(old)["segments"]]
+    new_maps = [s["map_bytes"] for s in hvd_lossy.frame_info(new)["segments"]]
+    assert sum(new_maps) < sum(old_maps)
+    assert torch.equal(hvd_lossy.decompress(old), hvd_lossy.decompress(new))
 
 
 def test_crc32c_hardware_and_portable_agree_with_the_standard_check_value():
@@ -258,3 +272,59 @@ def test_a_stats_array_of_the_wrong_shape_or_dtype_is_refused():
     for bad in (np.empty((2, hvd_lossy.STATS_PER_PIECE)), np.empty((1, 3), dtype=np.float32)):
         with pytest.raises(ValueError, match="stats must be"):
             hvd_lossy.compress_grouped(x, [8], [0.03], [1], 0, out, format=2, stats=bad)
+
+
+def test_frame_bytes_breakdown_accounts_for_every_byte_of_the_wire_benchmarks_chunk():
+    from hvd_lossy.bench import frame_bytes
+    r = frame_bytes.breakdown(64)
+    assert sum(r["parts"].values()) == r["frame_bytes"] and r["segments"] == 13
+    assert r["entropy_own_tables"] < r["parts"]["rans_bytes"] + r["parts"]["stream_states"]
+
+
+def _code_tables(frame):
+    """(own table?) of each level-2 segment's code section: its w byte is 0 when borrowed."""
+    data, info = frame.numpy().tobytes(), hvd_lossy.frame_info(frame)
+    at, out = info["header_bytes"] + sum(s["segment_bytes"] - s["map_bytes"] - s["code_bytes"]
+                                         - s["outlier_bytes"] for s in info["segments"]), []
+    for s in info["segments"]:
+        at += s["map_bytes"]
+        if s["level"] == 2:
+            out.append(data[at + 1] != 0)
+            assert s["table_borrowed"] == (data[at + 1] == 0)  # frame_info says so too
+        at += s["code_bytes"] + s["outlier_bytes"]
+    return out
+
+
+def test_small_segments_of_one_distribution_share_one_table_the_first_carries():
+    new = golden("v2_f16_abs001_dither_2seg")
+    old = golden("v2_f16_abs001_dither_2seg_before_shared_table")
+    assert _code_tables(new) == [True, False] and _code_tables(old) == [True, True]
+    assert new.numel() < old.numel()
+    # the same bounds and seeds, so the same decoded values
+    assert torch.equal(hvd_lossy.decompress(new), hvd_lossy.decompress(old))
+
+
+def test_segments_of_different_bounds_keep_their_own_tables_where_sharing_costs_more():
+    assert _code_tables(golden("v2_f32_rel003_level2_3seg")) == [True, True]  # one is level 1
+
+
+def test_a_section_borrowing_a_table_with_none_before_it_is_refused():
+    # the dithered golden with its first (table-carrying) segment's w byte zeroed, resealed
+    frame = bytearray(golden("v2_f16_abs001_dither_2seg").numpy().tobytes())
+    info = hvd_lossy.frame_info(torch.frombuffer(bytearray(frame), dtype=torch.uint8))
+    at = info["header_bytes"] + sum(s["segment_bytes"] - s["map_bytes"] - s["code_bytes"]
+                                    - s["outlier_bytes"] for s in info["segments"])
+    frame[at] = frame[at + 1] = 0
+    frame[3:7] = struct.pack("<I", crc32c(bytes(frame[7:])))
+    with pytest.raises(hvd_lossy.FrameError, match="borrows a table"):
+        hvd_lossy.decompress(torch.frombuffer(frame, dtype=torch.uint8))
+
+
+def test_frames_of_many_small_segments_stay_within_their_bounds_with_shared_tables():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(13 * 64, 32, generator=g) * 0.05
+    rows = [64] * 13
+    frame, _ = hvd_lossy.compress_chunks(x, rows, 0.03, level=2, format=2)
+    assert _code_tables(frame).count(True) == 1
+    info = hvd_lossy.frame_info(frame)
+    assert_within_segment_bounds(x, hvd_lossy.decompress(frame), info, rows)

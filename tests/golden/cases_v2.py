@@ -16,6 +16,14 @@ def hot_lookups(rows=600, dim=8, distinct=24):
     return base[[0 if i % 4 else (i // 4) % distinct for i in range(rows)]]
 
 
+def skewed_lookups(rows=512, dim=8, distinct=160):
+    """Lookups of many distinct rows with a skewed (Criteo-like) repeat pattern: row i looks up
+    distinct row floor(distinct * frac(i * golden ratio)^3)."""
+    base = lookups(rows=distinct, dim=dim, distinct=distinct)
+    phi = (5 ** 0.5 - 1) / 2
+    return base[[int(distinct * ((i * phi) % 1.0) ** 3) for i in range(rows)]]
+
+
 # name: (make the tensor, rows a segment, compress_chunks keyword arguments)
 CASES_V2 = {
     "v2_f32_rel003_level2_3seg": (lambda: lookups(), [40, 32, 24],
@@ -28,21 +36,56 @@ CASES_V2 = {
                                       dict(error_bounds=[0.0, 0.05], mode="rel", level=1)),
     "v2_f32_coded_map_level2": (lambda: hot_lookups(), [300, 300],
                                 dict(error_bounds=0.03, mode="rel", level=2)),
+    "v2_f32_bucketed_map_level2": (lambda: skewed_lookups(), [256, 256],
+                                   dict(error_bounds=0.03, mode="rel", level=2)),
     "v2_f32_1d_2seg": (lambda: lookups(rows=1, dim=100).reshape(-1), [60, 40],
                        dict(error_bounds=0.03, mode="rel", level=1)),
+    # A destination's chunk of the alltoall: the protocol's extension in the frame header
+    # (hvd_lossy/chunk_header.py: flags PENDING, grank 3, settings 0x5EED1234, pending 10, 1, 7).
+    "v2_ext_f32_rel003_level2_3seg": (lambda: lookups(), [40, 32, 24],
+                                      dict(error_bounds=[0.03, 0.01, 0.05], mode="rel", level=2,
+                                           extension=bytes.fromhex("02063412ed5e14020e"))),
+}
+
+# Frames an earlier encoder wrote, which decoders keep reading: the rows of
+# v2_f32_coded_map_level2 as written before bucketed maps (the same map, plain coded).
+LEGACY_V2 = {
+    "v2_f32_coded_map_level2_before_buckets": CASES_V2["v2_f32_coded_map_level2"],
+    # ... and of v2_f16_abs001_dither_2seg before shared rANS tables (a table a segment)
+    "v2_f16_abs001_dither_2seg_before_shared_table": CASES_V2["v2_f16_abs001_dither_2seg"],
+}
+
+# Chunks of no segments: (dtype, trailing, extension). A failure (flags FAILED: grank 1,
+# settings 0, status 3, a 2^40, b -5, dtype -1) and the own/empty chunk of a 3-d tensor.
+EMPTY_V2 = {
+    "v2_ext_empty_failure": (torch.float32, [], bytes.fromhex("010200000000068080808080400901")),
+    "v2_ext_empty_bf16_3d": (torch.bfloat16, [26, 32], bytes.fromhex("0000ffffff7f")),
 }
 
 
 def encode(name):
     import hvd_lossy
 
+    if name in EMPTY_V2:
+        dtype, trailing, ext = EMPTY_V2[name]
+        return torch.frombuffer(bytearray(hvd_lossy._codec.empty_frame(dtype, trailing, ext)),
+                                dtype=torch.uint8)
     make, rows, kwargs = CASES_V2[name]
-    buf, sizes = hvd_lossy.compress_chunks(make(), rows, format=2, **kwargs)
-    return buf
+    kwargs = dict(kwargs)
+    ext = kwargs.pop("extension", None)
+    if ext is None:
+        return hvd_lossy.compress_chunks(make(), rows, format=2, **kwargs)[0]
+    x = make()
+    out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, list(x.shape[1:]), [len(rows)], 0,
+                                                  format=2), dtype=torch.uint8)
+    bounds = kwargs.pop("error_bounds")
+    _sizes, frames = hvd_lossy.compress_grouped(x, rows, bounds, [len(rows)], 0, out, format=2,
+                                                extension=ext, **kwargs)
+    return out[:frames[0]].clone()
 
 
 def write():
-    for name in CASES_V2:
+    for name in list(CASES_V2) + list(EMPTY_V2):
         frame = encode(name)
         (HERE / f"{name}.bin").write_bytes(frame.numpy().tobytes())
         print(name, frame.numel(), "bytes")

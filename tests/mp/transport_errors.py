@@ -115,21 +115,76 @@ def expect_receive_error(receivers, once, *needles):
 
 def test_corrupt_frame_raises_on_the_receiver_then_on_every_other_rank():
     def corrupting(real, tensor, rows, bounds, groups, prefix, out, offset, **kwargs):
-        sizes = real(tensor, rows, bounds, groups, prefix, out, offset, **kwargs)
-        out[offset + prefix + sizes[0] // 2] ^= 0x40  # inside the first frame, meant for rank 0
-        return sizes
+        sizes, frames = real(tensor, rows, bounds, groups, prefix, out, offset, **kwargs)
+        out[offset + prefix + frames[0] // 2] ^= 0x40  # inside the first frame, meant for rank 0
+        return sizes, frames
 
     expect_receive_error(
         {0}, corrupting, f"rank 0: the bytes received from rank {BAD} failed to decode")
 
 
-def test_frames_disagreeing_with_announced_shape_raise_on_receivers_then_everywhere():
-    def wrong_shape(real, tensor, *args, **kwargs):  # frames of a narrower tensor than announced
+def test_a_corrupted_header_is_a_receive_failure_not_a_verdict_only_its_receiver_reads():
+    # One bit of the settings digest in the protocol's extension of the frame for rank 0: read
+    # unchecked it would make rank 0 alone raise "disagree on the compression settings"; its
+    # CRC32C fails, so rank 0 raises a receive failure and the peers raise it next call.
+    def corrupting(real, tensor, rows, bounds, groups, prefix, out, offset, **kwargs):
+        sizes, frames = real(tensor, rows, bounds, groups, prefix, out, offset, **kwargs)
+        at = offset + prefix + 7
+        while out[at] & 0x80:  # total_bytes
+            at += 1
+        info = int(out[at + 1])
+        at += 2 + (3 if info & 0x80 else 0)  # info, seed: at the extension's length
+        at += 2  # its length and flags byte: at the sender's rank
+        while out[at] & 0x80:
+            at += 1
+        out[at + 1] ^= 0x01  # the digest's low byte
+        return sizes, frames
+
+    expect_receive_error(
+        {0}, corrupting, f"rank 0: the bytes received from rank {BAD} failed to decode")
+
+
+def test_frames_of_a_shape_the_peers_do_not_share_raise_on_every_rank_at_once():
+    # A chunk that is one frame announces the frame's own shape: frames of a narrower tensor
+    # are a disagreement every rank reads from the headers in the same call.
+    def wrong_shape(real, tensor, *args, **kwargs):
         return real(tensor[:, :-1], *args, **kwargs)
 
-    # BAD's own chunk is copied, so every rank but BAD receives the bad frames
-    expect_receive_error(set(range(N)) - {BAD}, wrong_shape,
-                         f"the frames received from rank {BAD} disagree")
+    expect_rank_error(lambda: with_bad_rank_compressing(
+        wrong_shape, lambda: hvd.alltoall(even(), compression=LOSSY)),
+        "ranks disagree on the trailing shape")
+    assert hvd.alltoall(even(), compression=LOSSY).shape == even().shape
+
+
+def test_frames_disagreeing_with_a_compact_header_raise_on_receivers_then_everywhere():
+    # The compact header in front of v1 frames (the device path's chunk) announces the shape
+    # apart from the frames.
+    real = hvd_lossy.compress_chunks
+
+    def narrower(tensor, *args, **kwargs):
+        return real(tensor[:, :-1], *args, **kwargs)
+
+    cls = hvd_lossy.alltoall.Alltoall
+    in_place = cls._pack_in_place
+
+    def bad_call():
+        if R == BAD:
+            hvd_lossy.compress_chunks = narrower
+            cls._pack_in_place = cls._pack_copying
+        try:
+            return hvd.alltoall(even(), compression=LOSSY)
+        finally:
+            hvd_lossy.compress_chunks = real
+            cls._pack_in_place = in_place
+
+    needle = f"the frames received from rank {BAD} disagree"
+    if R != BAD:  # BAD's own chunk is copied, so every rank but BAD receives the bad frames
+        expect_rank_error(bad_call, needle)
+        assert hvd.alltoall(even(), compression=LOSSY).shape == even().shape
+    else:
+        assert bad_call().shape == even().shape
+        expect_rank_error(lambda: hvd.alltoall(even(), compression=LOSSY), needle,
+                          "reported with the next one")
 
 
 def with_limit(limit, call):
@@ -146,7 +201,8 @@ def test_chunks_adding_up_past_the_per_call_limit_raise_everywhere():
     # A chunk of one header and one frame fits the limit alone, but not N of them: a receiver
     # of N such chunks would overflow, which no single sender sees.
     x = torch.randn(4 * N, 8, generator=torch.Generator().manual_seed(R))
-    # The alltoall's chunk: a compact header (at most 40 bytes) and one format-2 frame.
+    # The alltoall's chunk: one format-2 frame with the protocol's extension (at most 40
+    # bytes more than the frame alone).
     chunk = 40 + hvd_lossy.compress(x[:4], 0.02, format=2).numel()
     assert hvd_lossy.protocol.per_rank_limit(N) == (2 ** 31 - 1) // N
     expect_rank_error(lambda: with_limit(chunk + 1, lambda: hvd.alltoall(x, compression=LOSSY)),
@@ -176,13 +232,20 @@ def test_header_announcing_2_pow_40_rows_raises_before_allocating():
     def huge(tensor, failure, rows, payload, *more):
         return real(tensor, failure, rows if payload == 0 else 1 << 40, payload, *more)
 
+    # The rows of a chunk that is one frame are its segments' (under its CRC), so BAD sends
+    # the compact protocol header and v1 frames, as a device tensor does, whose header is free.
+    cls = hvd_lossy.alltoall.Alltoall
+    in_place = cls._pack_in_place
+
     def bad_call():
         if R == BAD:
             hvd_lossy.alltoall.header = huge  # only chunks with frames: not BAD's own
+            cls._pack_in_place = cls._pack_copying
         try:
             return hvd.alltoall(even(), compression=LOSSY)
         finally:
             hvd_lossy.alltoall.header = real
+            cls._pack_in_place = in_place
 
     needle = f"rank {BAD} announced more output than max_output_bytes"
     if R != BAD:

@@ -1,0 +1,87 @@
+// Format 2's bucketed row map: encoder and decoder (layout in frame.h).
+#include "map_buckets.h"
+
+#include <string>
+
+#include "codec.h"
+#include "rans.h"
+
+namespace hl {
+namespace {
+
+uint32_t width_of(uint32_t v) { return v ? 32 - (uint32_t)__builtin_clz(v) : 0; }
+
+}  // namespace
+
+std::vector<uint8_t> map_buckets_encode(const uint32_t* map, uint64_t n, int threads) {
+  std::vector<uint32_t> sym(n);
+  std::vector<uint8_t> bits;
+  uint64_t acc = 0;
+  int used = 0;
+  uint64_t next = 0;
+  for (uint64_t r = 0; r < n; ++r) {
+    if (map[r] == next) {
+      sym[r] = 0;
+      ++next;
+      continue;
+    }
+    const uint32_t v = map[r] + 1;
+    const uint32_t b = width_of(v);
+    sym[r] = b;
+    for (uint32_t i = 0; i + 1 < b; ++i) {  // the bits below the implied top one, LSB first
+      acc |= (uint64_t)((v >> i) & 1) << used;
+      if (++used == 8) {
+        bits.push_back((uint8_t)acc);
+        acc = 0;
+        used = 0;
+      }
+    }
+  }
+  if (used) bits.push_back((uint8_t)acc);
+  const std::vector<uint8_t> coded = rans_encode(sym.data(), n, threads, true);
+  std::vector<uint8_t> out;
+  for (uint64_t v = coded.size(); ; v >>= 7) {  // varint rans_bytes
+    out.push_back((uint8_t)(v >= 0x80 ? (v & 0x7f) | 0x80 : v));
+    if (v < 0x80) break;
+  }
+  out.insert(out.end(), coded.begin(), coded.end());
+  out.insert(out.end(), bits.begin(), bits.end());
+  return out;
+}
+
+void map_buckets_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* map,
+                        int threads) {
+  uint64_t rans_bytes = 0, at = 0;
+  for (int shift = 0;; shift += 7) {
+    if (at >= len || shift > 56)
+      throw FrameError("frame is corrupted: the bucketed row map's rANS size does not parse");
+    const uint8_t b = in[at++];
+    rans_bytes |= (uint64_t)(b & 0x7f) << shift;
+    if (!(b & 0x80)) break;
+  }
+  if (rans_bytes > len - at)
+    throw FrameError("frame is corrupted: a bucketed row map's rANS section of " +
+                     std::to_string(rans_bytes) + " bytes in " + std::to_string(len - at));
+  rans_decode(in + at, rans_bytes, n, map, threads, true);
+  const uint8_t* bits = in + at + rans_bytes;
+  const uint64_t n_bits = 8 * (len - at - rans_bytes);
+  uint64_t pos = 0, seen = 0;
+  for (uint64_t r = 0; r < n; ++r) {
+    const uint32_t b = map[r];
+    if (b == 0) {
+      map[r] = (uint32_t)seen++;
+      continue;
+    }
+    if (b > 32 || pos + (b - 1) > n_bits)
+      throw FrameError("frame is corrupted: bucketed row map entry " + std::to_string(r) +
+                       (b > 32 ? " has bucket " + std::to_string(b) : " runs past its bits"));
+    uint64_t v = 1ull << (b - 1);
+    for (uint32_t i = 0; i + 1 < b; ++i, ++pos) v |= (uint64_t)((bits[pos >> 3] >> (pos & 7)) & 1) << i;
+    map[r] = (uint32_t)(v - 1);
+  }
+  // Canonical: the section ends at the byte of the last bit, its padding zero.
+  if ((pos + 7) / 8 != n_bits / 8 || (pos % 8 && (bits[pos >> 3] >> (pos % 8))))
+    throw FrameError("frame is corrupted: a bucketed row map with stray bits or bytes");
+}
+
+}  // namespace hl

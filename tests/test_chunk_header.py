@@ -1,0 +1,172 @@
+"""One header a destination (hvd_lossy/chunk_header.py): the alltoall's protocol fields travel
+in the v2 frame's extension (HL_V2_EXT), under the frame's CRC32C; a destination's chunk is one
+frame. Golden chunks pin the bytes; the older compact header still parses."""
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import hvd_lossy
+from hvd_lossy import _codec
+from hvd_lossy import chunk_header as C
+from hvd_lossy import protocol as P
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "golden"))
+from cases import HERE, lookups  # noqa: E402
+from cases_v2 import CASES_V2, EMPTY_V2, encode  # noqa: E402
+
+
+def golden(name):
+    return torch.frombuffer(bytearray((HERE / f"{name}.bin").read_bytes()), dtype=torch.uint8)
+
+
+def fields(status=0, a=0, b=0, grank=3, dtype=0, ndim=3, rows=0, payload=0,
+           pending=(0, 0, 0), settings=0x5EED1234, dims=(26, 32)):
+    return ([P.MAGIC, status, a, b, grank, dtype, ndim, rows, payload, *pending, settings]
+            + (list(dims) + [-1] * P.MAX_NDIM)[:P.MAX_NDIM])
+
+
+def head_of(frame):
+    (head,) = _codec.chunk_heads(frame, [(0, frame.numel())])
+    return head
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_V2))
+def test_encoder_reproduces_the_golden_chunks_of_no_segments(name):
+    assert torch.equal(encode(name), golden(name)), f"{name}: frame bytes changed"
+
+
+def test_golden_chunk_pins_the_protocol_fields_and_the_frame_fields():
+    frame = golden("v2_ext_f32_rel003_level2_3seg")
+    want = fields(rows=96, payload=frame.numel(), ndim=2, dims=(32,), pending=(10, 1, 7))
+    assert C.fields_of(head_of(frame), 0) == want
+    assert C.extension(want) == CASES_V2["v2_ext_f32_rel003_level2_3seg"][2]["extension"]
+    # the same frame as without the extension, but for the extension block in its header
+    plain = golden("v2_f32_rel003_level2_3seg")
+    assert frame.numel() == plain.numel() + C.block_bytes(C.extension(want))
+    assert torch.equal(hvd_lossy.decompress(frame), hvd_lossy.decompress(plain))
+
+
+def test_golden_failure_chunk_carries_status_and_the_senders_dtype_code():
+    got = C.fields_of(head_of(golden("v2_ext_empty_failure")), 0)
+    assert got[P._STATUS] == 3 and got[P._A] == 2 ** 40 and got[P._B] == -5
+    assert got[P.GRANK] == 1 and got[P._DTYPE] == -1 and got[P.ROWS] == 0
+    assert P.check_headers([got]).code == 3
+
+
+def test_frame_info_reports_the_extension_and_counts_it_in_the_header():
+    info = hvd_lossy.frame_info(golden("v2_ext_f32_rel003_level2_3seg"))
+    plain = hvd_lossy.frame_info(golden("v2_f32_rel003_level2_3seg"))
+    assert info["extension"] == bytes.fromhex("02063412ed5e14020e") and plain["extension"] is None
+    assert info["header_bytes"] == plain["header_bytes"] + 10
+    empty = hvd_lossy.frame_info(golden("v2_ext_empty_bf16_3d"))
+    assert empty["segments"] == [] and empty["shape"] == (0, 26, 32)
+    assert empty["frame_bytes"] == 19
+
+
+@pytest.mark.parametrize("f", [
+    fields(),
+    fields(status=3, a=2 ** 40, b=-5, dtype=-1, ndim=-1, dims=()),
+    fields(status=5, dtype=3),  # a dtype the frame cannot hold travels in the extension
+    fields(pending=(10, 3, 12345)),
+    fields(grank=2 ** 20, settings=0x7FFFFFFF, ndim=8, dims=(1, 2, 3, 4, 5, 6, 7)),
+])
+def test_failure_frames_round_trip_every_protocol_field(f):
+    t = torch.zeros(0, *[d for d in f[P._DIMS:] if d >= 0])
+    frame = torch.frombuffer(bytearray(C.failure_frame(t, f)), dtype=torch.uint8)
+    got = C.fields_of(head_of(frame), 0)
+    for i in (P._STATUS, P._A, P._B, P.GRANK, P._PENDING, P._PENDING_A, P._PENDING_SEQ,
+              P._SETTINGS):
+        assert got[i] == f[i], i
+    if f[P._STATUS]:
+        assert got[P._DTYPE] == f[P._DTYPE]
+    else:
+        assert P.like_of(got) == (torch.float32, tuple(t.shape[1:]))
+
+
+def test_one_destination_carries_one_header_of_about_twenty_bytes():
+    ext = C.extension(fields(grank=1, pending=(0, 0, 0), settings=0x7FFFFFFF))
+    frame = golden("v2_ext_f32_rel003_level2_3seg")
+    assert C.block_bytes(ext) <= 8  # the protocol's share: flags, rank, digest
+    header = hvd_lossy.frame_info(frame)["header_bytes"] - 10 + C.block_bytes(ext)
+    # the frame's header with the protocol fields in it, against the compact header alone
+    assert header <= 20 < P.compact_size(fields(grank=1, settings=0x7FFFFFFF))
+
+
+def test_every_group_gets_a_frame_with_the_extension_an_empty_one_none_of_segments():
+    x = lookups(rows=96, dim=32)
+    rows, groups, ext = [30, 10, 56], [2, 0, 1], C.extension(fields())
+    out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, [32], groups, 0, format=2),
+                      dtype=torch.uint8)
+    sizes, frames = hvd_lossy.compress_grouped(x, rows, [0.03, 0.02, 0.01], groups, 0, out,
+                                               format=2, level=2, extension=ext)
+    assert len(sizes) == 3 and len(frames) == 3 and sizes[0] + sizes[1] == frames[0]
+    at = [0, frames[0], frames[0] + frames[1]]
+    heads = _codec.chunk_heads(out, list(zip(at, frames)), verify=True)
+    assert [h[3] for h in heads] == [40, 0, 56] and all(h[6] == ext for h in heads)
+    last = out[at[2]:at[2] + frames[2]]
+    assert torch.equal(hvd_lossy.decompress(last), hvd_lossy.decompress(
+        hvd_lossy.compress_chunks(x[40:], [56], 0.01, level=2, format=2)[0]))
+
+
+def test_every_corrupted_byte_or_truncation_of_a_chunk_is_caught():
+    frame = golden("v2_ext_f32_rel003_level2_3seg")
+    data = frame.numpy().tobytes()
+    for i in range(len(data)):
+        bad = bytearray(data)
+        bad[i] ^= 0x5A
+        t = torch.frombuffer(bad, dtype=torch.uint8)
+        head = _codec.chunk_heads(t, [(0, len(bad))], verify=True)[0]
+        assert isinstance(head, str), f"byte {i}"
+        with pytest.raises(hvd_lossy.FrameError):
+            hvd_lossy.decompress(t)
+    for n in range(1, len(data)):
+        assert isinstance(_codec.chunk_heads(frame, [(0, n)])[0], str)
+
+
+def test_chunks_that_are_not_the_protocols_are_a_receive_failure():
+    plain = golden("v2_f32_rel003_level2_3seg")  # a v2 frame without the extension
+    with pytest.raises(P._LocalError, match="without the protocol's extension") as e:
+        C.parse_chunks(plain, [plain.numel()])
+    assert e.value.code == 10
+    bad_flags = torch.frombuffer(bytearray(_codec.empty_frame(
+        torch.float32, [4], b"\x80\x02\x00\x00\x00\x00")), dtype=torch.uint8)
+    with pytest.raises(P._LocalError, match="unknown flags"):
+        C.parse_chunks(bad_flags, [bad_flags.numel()])
+    stray = torch.frombuffer(bytearray(_codec.empty_frame(
+        torch.float32, [4], C.extension(fields()) + b"\x00")), dtype=torch.uint8)
+    with pytest.raises(P._LocalError, match="stray"):
+        C.parse_chunks(stray, [stray.numel()])
+    with pytest.raises(P._LocalError, match="no hvd_lossy header"):
+        C.parse_chunks(torch.zeros(40, dtype=torch.uint8), [40])
+
+
+def test_chunks_led_by_the_compact_header_still_parse_next_to_frames():
+    frame = golden("v2_ext_f32_rel003_level2_3seg")
+    old_body = golden("v2_f32_rel003_level2_3seg")
+    old = fields(grank=0, rows=96, payload=old_body.numel(), ndim=2, dims=(32,))
+    head = torch.frombuffer(bytearray(P.compact_bytes(old)), dtype=torch.uint8)
+    recv = torch.cat([head, old_body, frame])
+    counts = [head.numel() + old_body.numel(), frame.numel()]
+    headers, lens = C.parse_chunks(recv, counts)
+    assert headers[0] == old and lens == [head.numel(), 0]
+    assert headers[1][P.ROWS] == 96 and headers[1][P.GRANK] == 3
+    C.verify_chunks(recv, counts, lens)
+    recv[counts[0] + frame.numel() - 3] ^= 1  # the frame's last code byte
+    with pytest.raises(P._LocalError, match="CRC32C") as e:
+        C.verify_chunks(recv, counts, lens)
+    assert e.value.a == 1
+
+
+def test_an_extension_past_the_limit_or_empty_is_refused():
+    x = lookups(rows=8, dim=4)
+    out = torch.zeros(4096, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="at most 127"):
+        hvd_lossy.compress_grouped(x, [8], [0.03], [1], 0, out, format=2, extension=b"x" * 128)
+    with pytest.raises(ValueError, match="needs format 2"):
+        hvd_lossy.compress_grouped(x, [8], [0.03], [1], 0, out, format=1, extension=b"x")
+    with pytest.raises(ValueError, match="empty"):
+        hvd_lossy.compress_grouped(x, [8], [0.03], [1], 0, out, format=2, extension=b"")
+    assert np.frombuffer(_codec.empty_frame(torch.float16, [], b"x" * 127), np.uint8).size < 150
