@@ -274,6 +274,7 @@ def report(rate, results):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rates", default="unlimited,1", help="Gbit/s or 'unlimited', comma-separated")
+    p.add_argument("--backends", default="horovod,torch", help="comma-separated")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--namespace", default=f"hvdl-profile{os.getpid()}",
@@ -289,7 +290,8 @@ def main(argv=None):
     with nl.signals_raise(), nl.Namespace(opts.namespace) as ns, tempfile.TemporaryDirectory():
         for rate in rates:
             ns.set_rate(rate)
-            results = [run_backend(ns, b, opts.iters, opts.warmup, 600) for b in ("horovod", "torch")]
+            results = [run_backend(ns, b, opts.iters, opts.warmup, 600)
+                       for b in opts.backends.split(",")]
             report(rate, results)
             out.append(dict(bandwidth_gbit=rate, results=results))
     if opts.json:
