@@ -53,12 +53,14 @@ def main(argv=None):
     p.add_argument("--rates", default="1,10", help="Gbit/s, comma-separated")
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--json", type=pathlib.Path)
+    p.add_argument("--namespace", default=f"hvdl-backend{os.getpid()}",
+                   help="name of the private namespace (must start with hvdl-)")
     opts = p.parse_args(argv)
     opts.synthetic, opts.synthetic_test, opts.steps, opts.warmup = 100_000, 10_000, 40, 5
     opts.timeout, opts.cycle_time, opts.fusion_mb = 600, None, None
     rates = [float(r) for r in opts.rates.split(",")]
     runs = []
-    with nl.signals_raise(), nl.Namespace(f"hvdl-backend{os.getpid()}") as ns, \
+    with nl.signals_raise(), nl.Namespace(opts.namespace) as ns, \
             tempfile.TemporaryDirectory() as tmp:
         for rate in rates:
             ns.set_rate(rate)

@@ -19,8 +19,9 @@ Data flow of a lossy call (every step on every rank, in this order):
       row_len; the splits divided by row_len)  --plan (compressor)-->  frames per destination
       --arrange (row_len only: each chunk [rows, tables x row_len] becomes table-major,
       one copy)-->  pack + one uint8 all_to_all_single (after the byte counts)  -->  headers:
-      verdict alike on every rank  -->  decode into `output` (row_len: into a table-major
-      buffer, then one copy back into the interleaved chunks of `output`).
+      verdict alike on every rank  -->  decode into `output` (the autograd form's: on the
+      codec's output cache; row_len: into a table-major buffer, then one copy back into the
+      interleaved chunks of `output`).
 """
 import weakref as _weakref
 
@@ -33,6 +34,7 @@ from hvd_lossy import auto as _auto  # noqa: E402  (after the copy: these names 
 from hvd_lossy import stats as _stats  # noqa: E402
 from hvd_lossy._layout import SingleAlltoall as _SingleAlltoall  # noqa: E402
 from hvd_lossy.backend import TorchBackend as _TorchBackend  # noqa: E402
+from hvd_lossy.collective import new_output as _new_output  # noqa: E402
 from hvd_lossy.compression import (Compression, FP16Compressor, LossyCompressor,  # noqa: E402,F401
                                    NoneCompressor, is_lossy)
 from hvd_lossy.protocol import RankError  # noqa: E402,F401
@@ -173,9 +175,18 @@ def for_backward(compression):
     return compression.for_backward() if is_lossy(compression) else compression
 
 
-def _output_like(input, output_split_sizes):
-    rows = input.shape[0] if output_split_sizes is None else sum(int(s) for s in output_split_sizes)
-    return input.new_empty((rows, *input.shape[1:]))
+def _output_like(input, output_split_sizes, compression, shape=None):
+    """The output of the autograd form (or its gradient, of `shape`). Lossy: on the codec's
+    output cache, as hvd_lossy.torch's outputs are, so decoding into it pays no page faults
+    once the cache holds a block of its size; otherwise torch's own allocation, as a plain
+    torch.distributed script makes it."""
+    if shape is None:
+        rows = (input.shape[0] if output_split_sizes is None
+                else sum(int(s) for s in output_split_sizes))
+        shape = (rows, *input.shape[1:])
+    if is_lossy(compression):
+        return _new_output(tuple(shape), input.dtype, input.device)
+    return input.new_empty(shape)
 
 
 class _AllToAll(_torch.autograd.Function):
@@ -193,7 +204,7 @@ class _AllToAll(_torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         output_split_sizes, input_split_sizes = ctx.splits
-        grad = grad_output.new_empty(ctx.input_shape)
+        grad = _output_like(grad_output, None, ctx.backward_compression, ctx.input_shape)
         _start(grad, grad_output.contiguous(), input_split_sizes, output_split_sizes, ctx.group,
                False, ctx.backward_compression, tables=ctx.tables)
         return grad, None, None, None, None, None, None
@@ -222,7 +233,7 @@ def all_to_all_single_autograd(input, output_split_sizes=None, input_split_sizes
     Returns:
         the output tensor; with async_op=True a Work whose wait() returns it.
     """
-    output = _output_like(input, output_split_sizes)
+    output = _output_like(input, output_split_sizes, compression)
     calls = []
     started = _start(output, input.detach(), output_split_sizes, input_split_sizes, group, True,
                      compression, calls=calls)

@@ -95,3 +95,21 @@ def test_dlrm_example_on_the_torch_backend_with_none_equals_plain_torch_distribu
                 "data_checksum"):
         assert runs["none"][key] == runs["plain"][key], key
     assert runs["none"]["world"] == 2 and runs["none"]["steps"] == 4
+
+
+@pytest.mark.mpi
+def test_dlrm_example_trains_identically_on_horovod_and_torch_with_none(tmp_path):
+    # The torch stand-in sums the dense gradients in one fused all_reduce, as Horovod's
+    # DistributedOptimizer fuses them: the same sums, so the same model step by step.
+    import json
+    runs = {}
+    for backend, launcher in (("horovod", "mpirun"), ("torch", "torchrun")):
+        path = tmp_path / f"{backend}.json"
+        run_mpi("examples/dlrm/train.py", np=2, launcher=launcher, timeout=180,
+                args=["--backend", backend, "--compression", "none", "--steps", "4",
+                      "--batch-size", "256", "--eval-points", "0", "--no-progress",
+                      "--metrics-out", path])
+        runs[backend] = json.loads(path.read_text())
+    for key in ("auc", "logloss", "loss_curve", "a2a_bytes_plain", "a2a_bytes_sent",
+                "data_checksum"):
+        assert runs["torch"][key] == runs["horovod"][key], key

@@ -100,7 +100,9 @@ class _TorchHvd:
 
 
 class _SummingOptimizer:
-    """horovod's DistributedOptimizer(op=Sum): gradients summed over ranks before step()."""
+    """horovod's DistributedOptimizer(op=Sum): gradients summed over ranks before step(), in
+    one all_reduce of them all, as Horovod fuses them (one collective a tensor costs a round
+    trip each, ten of them a step for this model)."""
 
     def __init__(self, optimizer, dist):
         self.optimizer, self.dist = optimizer, dist
@@ -109,10 +111,15 @@ class _SummingOptimizer:
         self.optimizer.zero_grad()
 
     def step(self):
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self.dist.all_reduce(p.grad)
+        grads = [p.grad for group in self.optimizer.param_groups for p in group["params"]
+                 if p.grad is not None]
+        if grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            self.dist.all_reduce(flat)
+            at = 0
+            for g in grads:
+                g.copy_(flat[at:at + g.numel()].view_as(g))
+                at += g.numel()
         self.optimizer.step()
 
 

@@ -154,6 +154,24 @@ def test_autograd_gradient_returns_with_reversed_splits_compressed_by_backward()
     assert torch.equal(x.grad, grad_ref)
 
 
+def test_autograd_lossy_output_and_gradient_reuse_the_codec_output_cache():
+    # Decoding into fresh memory pays a page fault a page (about as much as the decoding), so
+    # the autograd form's lossy tensors come from the codec's cache, as hvd_lossy.torch's do;
+    # once freed, the next call's output and gradient take the same blocks back.
+    x, splits, out_splits, _ = _inputs(12, dim=256)
+    c = C.lossy(0.05, backward=0.01)
+    seen = []
+    for _call in range(2):
+        leaf = x.clone().requires_grad_(True)
+        out = dist.all_to_all_single_autograd(leaf, out_splits, splits, compression=c)
+        out.backward(torch.ones_like(out))
+        seen.append({out.data_ptr(), leaf.grad.data_ptr()})
+        del out, leaf
+    assert seen[1] == seen[0], seen
+    plain = dist.all_to_all_single_autograd(x, out_splits, splits)  # torch's own allocation
+    assert plain.data_ptr() not in seen[0]
+
+
 def _dlrm_layout(case, tables_of, dim, batch):
     """Rank src's flattened lookups: [N * batch, tables_of(src) x dim], table t scaled by
     10 ** t, so one bound for the whole chunk would swamp the narrow tables."""
