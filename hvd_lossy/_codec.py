@@ -376,7 +376,7 @@ def _decompress_checked(frame, out, max_output_bytes, verified):
                          f"on {frame.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
                          f"{'' if out.is_contiguous() else ' (non-contiguous)'}")
     nbytes = out.numel() * out.element_size()
-    if frame.is_cuda and _dithered(info):  # no CUDA dither decoder yet
+    if frame.is_cuda and _host_decoded(info):
         out.copy_(decompress(frame.cpu()))
     elif frame.is_cuda:
         _C.decompress_cuda(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _stream(frame),
@@ -386,9 +386,12 @@ def _decompress_checked(frame, out, max_output_bytes, verified):
     return out
 
 
-def _dithered(info):
+def _host_decoded(info):
+    """Frames the CUDA decoder does not read yet, decoded on the host: dithered segments, and
+    bucketed row maps (format 2, level 2)."""
     if info["format"] == 2:
-        return any(seg["dither_seed"] is not None for seg in info["segments"])
+        return any(seg["dither_seed"] is not None or seg.get("map_bucketed")
+                   for seg in info["segments"])
     return info["dither_seed"] is not None
 
 

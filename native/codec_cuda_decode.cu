@@ -690,9 +690,15 @@ void decompress_v2(const uint8_t* frame_dev, uint64_t size, void* out_dev, uint6
     if (p.v.flags & HL_FLAG_DITHER)
       throw ArgumentError("dithered frames have no CUDA decoder yet: decode them on the CPU "
                           "(hvd_lossy.decompress does this for device frames)");
+    if (p.v.map_buckets)
+      throw ArgumentError("bucketed row maps have no CUDA decoder yet: decode them on the CPU "
+                          "(hvd_lossy.decompress does this for device frames)");
     p.out_elems = at;
     at += p.v.n_rows * p.v.row_len;
-    if (p.v.level == 2) p.code = rans_layout(p.v.code, p.v.code_bytes, p.v.n_unique * p.v.row_len, true);
+    // A section whose table is borrowed (w = 0) reads the frame's first table (frame.h).
+    if (p.v.level == 2)
+      p.code = rans_layout(p.v.code, p.v.code_bytes, p.v.n_unique * p.v.row_len, true, p.v.table,
+                           p.v.table_bytes);
     if (p.v.map_rans) p.map = rans_layout(p.v.map, p.v.map_bytes, p.v.n_rows, true);
   }
   const uint64_t need = f.decoded_bytes();
