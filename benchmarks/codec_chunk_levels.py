@@ -7,24 +7,12 @@ uniform u, into 100k-row tables initialised as DLRM does), compressed straight i
 buffer as the alltoall does (compress_grouped) and decoded into a tensor (decompress_into); the
 gradients are Gaussian, dithered. Prints ms and GB/s per call (median of 30) and the ratio.
 """
-import statistics
-import time
-
 import torch
 
 import hvd_lossy
+from _timing import median_s
 
 TABLES, ROWS, DIM, TABLE_ROWS, HEADER = 13, 512, 128, 100000, 152
-
-
-def median_ms(f, n=30):
-    f()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
 
 
 def main():
@@ -45,8 +33,8 @@ def main():
                                                   level=level, dither=dither)
             sizes = compress()
             y = torch.empty_like(x)
-            c = median_ms(compress)
-            d = median_ms(lambda: hvd_lossy.decompress_into(out, [(HEADER, sum(sizes), TABLES * ROWS)], y))
+            c = 1e3 * median_s(compress, 30)
+            d = 1e3 * median_s(lambda: hvd_lossy.decompress_into(out, [(HEADER, sum(sizes), TABLES * ROWS)], y))
             mb = x.numel() * 4 / 1e6
             print(f"{name}, level {level}: {mb:.2f} MB, ratio {x.numel() * 4 / sum(sizes):.1f}, "
                   f"compress {c:.2f} ms ({mb / c:.2f} GB/s), decode {d:.2f} ms ({mb / d:.2f} GB/s)")

@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import types
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -31,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from hvd_lossy import perfmodel  # noqa: E402
 from hvd_lossy.bench import netlink as nl  # noqa: E402
+from _timing import median_s  # noqa: E402
 
 RATIO_ROWS = [16, 64, 256, 1024, 4096]
 # The validation workload: dim 128 at a small batch, so that at 0.1-0.5 Gbit/s the link, not the
@@ -77,16 +77,6 @@ def read_step(metrics, warmup):
 # ---------------------------------------------------------------- codec (one process, one thread)
 
 
-def _median_s(f, n=15):
-    f()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def measure_codec(dim=128, tables=13):
     """GB/s and seconds a piece, fitted to pieces of 64 and 1,024 rows: t/piece = piece_s +
     bytes/rate. Lookups: Zipf-skewed ids (as the example's synthetic data) into 100k-row tables
@@ -112,9 +102,9 @@ def measure_codec(dim=128, tables=13):
             out = torch.empty(hvd_lossy.max_grouped_bytes(sizes, [dim], [tables], header), dtype=torch.uint8)
             got = hvd_lossy.compress_grouped(x, sizes, [bound] * tables, [tables], header, out, 0, dither=dither)
             y = torch.empty_like(x)
-            c = _median_s(lambda: hvd_lossy.compress_grouped(x, sizes, [bound] * tables, [tables], header, out, 0,
+            c = median_s(lambda: hvd_lossy.compress_grouped(x, sizes, [bound] * tables, [tables], header, out, 0,
                                                              dither=dither))
-            d = _median_s(lambda: hvd_lossy.decompress_into(out, [(header, sum(got), n)], y))
+            d = median_s(lambda: hvd_lossy.decompress_into(out, [(header, sum(got), n)], y))
             per_piece[rows] = (c / tables, d / tables)
         piece_bytes = {r: r * dim * 4 for r in per_piece}
         fit = {}
@@ -129,8 +119,8 @@ def measure_codec(dim=128, tables=13):
                       "seconds_per_piece": {str(r): v for r, v in per_piece.items()}}
     x = torch.randn(tables * 1024, dim)
     h = x.half()
-    fits["fp16"] = {"to_half_gbps": x.numel() * 4 / _median_s(lambda: x.half()) / 1e9,
-                    "to_float_gbps": x.numel() * 4 / _median_s(lambda: h.float()) / 1e9}
+    fits["fp16"] = {"to_half_gbps": x.numel() * 4 / median_s(lambda: x.half()) / 1e9,
+                    "to_float_gbps": x.numel() * 4 / median_s(lambda: h.float()) / 1e9}
     return fits
 
 

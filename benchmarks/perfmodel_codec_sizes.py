@@ -13,9 +13,7 @@ fitted here, as `calibrate --parts codec` fits them (13 pieces of 64 and 1,024 r
 import argparse
 import json
 import pathlib
-import statistics
 import sys
-import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -26,20 +24,11 @@ import torch  # noqa: E402
 
 import hvd_lossy  # noqa: E402
 from hvd_lossy import perfmodel  # noqa: E402
+from _timing import median_s  # noqa: E402
 from perfmodel_calibrate import measure_codec, provenance  # noqa: E402
 
 DIM, BATCH, HEADER = 128, 512, 152
 LOOKUP_BOUND, GRAD_BOUND, DITHER = 0.03, 0.02, 7
-
-
-def median_s(f, n=15):
-    f()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def lookups(n, rng):
