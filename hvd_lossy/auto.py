@@ -21,6 +21,13 @@ measured, not guessed. Each compressor with `auto=True` keeps, per process set, 
            calls, the call before an agreement runs the losing mode once, so the decision
            follows a link or a load that changes.
 
+The gradient all-to-all of an autograd alltoall is not timed on its own: its interval to its
+next call would hold the next step's forward call, of the other mode while probing, so its plain
+and lossy medians would come out alike and its decision a coin toss (seen at 0.1 Gbit/s: the
+gradients sent plain at 4x the iteration). Its compressor *follows* the forward one (`pair`): each
+gradient call takes the mode of the forward compressor's latest call on that group, so every
+iteration is all-lossy or all-plain and the forward slot's times decide for both.
+
 Since every input of the rule is agreed, all ranks take the same path on every call: a plain
 call on one rank never meets a framed call on another. A rank whose message size leaves its
 bucket forgets its times, and the next agreement sends everyone back to probing.
@@ -72,9 +79,17 @@ class _Slot:
         self.pending = None       # (the backend's Work, call number at which to read it)
         self.counts = {LOSSY: 0, PLAIN: 0}
         self.last = None          # (start, mode) of the previous call
+        self.last_mode = None     # the mode of the latest call, warm-up included
+        self.leader = None        # a follower's: the forward compressor's slot (weakref)
 
     def choose(self, nbytes):
         """The mode of the next call: the same on every rank of the process set."""
+        if self.leader is not None:
+            leader = self.leader()
+            mode = LOSSY if leader is None or leader.last_mode is None else leader.last_mode
+            self.calls += 1
+            self.counts[mode] += 1
+            return mode
         now = time.perf_counter()
         if self.last is not None:  # the previous call's interval, in its own size bucket
             self.times[self.last[1]].append(now - self.last[0])
@@ -99,6 +114,7 @@ class _Slot:
             mode = self.decision
         self.counts[mode] += 1
         self.last = (now, mode) if k >= WARMUP else None
+        self.last_mode = mode
         return mode
 
     def _launch_agreement(self, k):
@@ -136,12 +152,28 @@ class _Slot:
 
     def report(self):
         key = self.backend.key
+        leader = self.leader() if self.leader is not None else None
+        if leader is not None:
+            return {"compressor": self.label, "process_set": key if isinstance(key, int) else repr(key),
+                    "calls": self.calls, "follows": leader.label,
+                    "decision": leader.decision or "probing",
+                    "lossy_calls": self.counts[LOSSY], "plain_calls": self.counts[PLAIN]}
         return {"compressor": self.label, "process_set": key if isinstance(key, int) else repr(key),
                 "calls": self.calls, "decision": self.decision or "probing",
                 "message_bytes": None if self.buckets is None else
                 [round(2 ** (b / 2)) for b in self.buckets],
                 "lossy_calls": self.counts[LOSSY], "plain_calls": self.counts[PLAIN],
                 **(self.agreed or {})}
+
+
+def pair(forward, gradient):
+    """Makes the auto compressor `gradient` (forward's for_backward(), which the autograd
+    alltoall sends the gradients with) follow `forward`'s mode on every group; a compressor
+    that is its own for_backward() already shares its slot. Returns `gradient`."""
+    if (gradient is not forward and getattr(gradient, "auto", False)
+            and getattr(forward, "auto", False)):
+        gradient._auto_leader = weakref.ref(forward)
+    return gradient
 
 
 def slot(compressor, group):
@@ -154,6 +186,10 @@ def slot(compressor, group):
         number = next(_numbers[backend.key])
         s = compressor._auto_slots[backend.key] = _Slot(number, compressor, backend)
         _live.add(s)
+    leader = getattr(compressor, "_auto_leader", None)
+    leader = leader() if leader is not None else None
+    if leader is not None and s.leader is None:
+        s.leader = weakref.ref(slot(leader, backend))
     return s
 
 

@@ -172,7 +172,9 @@ def _start(output, input, output_split_sizes, input_split_sizes, group, async_op
 def for_backward(compression):
     """The compressor that the gradient of an all-to-all compressed by `compression` travels
     with (its `backward` setting), for a custom autograd Function's backward."""
-    return compression.for_backward() if is_lossy(compression) else compression
+    if not is_lossy(compression):
+        return compression
+    return _auto.pair(compression, compression.for_backward())
 
 
 def _output_like(input, output_split_sizes, compression, shape=None):

@@ -71,7 +71,9 @@ for _name in ("allreduce", "allreduce_async", "allreduce_", "allreduce_async_", 
 
 
 def _backward_of(compression):
-    return compression.for_backward() if is_lossy(compression) else compression
+    if not is_lossy(compression):
+        return compression
+    return _auto.pair(compression, compression.for_backward())
 
 
 def _fix_args(compression, process_set):

@@ -235,6 +235,28 @@ def test_auto_rule_measures_again_when_any_rank_lacks_times():
     assert modes == [auto.LOSSY, auto.PLAIN, auto.LOSSY, auto.PLAIN]
 
 
+def test_auto_gradient_compressor_follows_the_forward_calls_mode():
+    """The autograd alltoall's gradient compressor takes the mode of the forward compressor's
+    latest call (auto.pair), so every probed iteration is all-lossy or all-plain: timed on its
+    own, the gradient slot's intervals mix both modes and its decision is noise."""
+    from hvd_lossy import auto
+    from hvd_lossy.compression import Compression
+    fwd = Compression.lossy(0.03, backward=0.02, auto=True)
+    bwd = auto.pair(fwd, fwd.for_backward())
+    assert bwd is not fwd and bwd.auto
+    lead, follow = auto.slot(fwd, _FakeSet()), auto.slot(bwd, _FakeSet())
+    lead.choose(1000)  # a forward call without a backward one (evaluation): the counts part
+    pairs = [(lead.choose(1000), follow.choose(1000)) for _ in range(auto.WARMUP + auto.PROBE_CALLS - 1)]
+    assert all(f == g for f, g in pairs), pairs
+    assert {f for f, _g in pairs} == {auto.LOSSY, auto.PLAIN}  # the probe alternates both
+    lead.decision, lead.refresh_at, lead.next_agreement = auto.PLAIN, -1, 10**9  # as agreed
+    assert (lead.choose(1000), follow.choose(1000)) == (auto.PLAIN, auto.PLAIN)
+    report = follow.report()
+    assert report["follows"] == lead.label and report["decision"] == auto.PLAIN
+    same = Compression.lossy(0.03, backward="same", dither=False, auto=True)
+    assert auto.pair(same, same.for_backward()) is same  # one compressor, one slot
+
+
 @pytest.mark.parametrize("bad", ["0.03", True, torch.tensor(0.03), None],
                          ids=["str", "bool", "tensor", "None"])
 def test_every_error_bound_entry_point_applies_one_rule(bad):
