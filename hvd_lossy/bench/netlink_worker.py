@@ -8,7 +8,11 @@ The messages are those of `hvd_lossy.bench alltoall` (real Criteo ids, DLRM-init
 per-table frames). Per message size the modes take turns, `--repeat` rounds of `--iters` timed
 calls each, so machine noise hits every mode alike. Per round, rank 0 reads the loopback's
 tx_bytes before and after the timed calls: with every rank inside the namespace that counter is
-every byte that crossed the link (payload, headers, Horovod's own control traffic).
+every byte that crossed the link (payload, headers, Horovod's own control traffic). Those timed
+calls each follow a barrier, and time_calls ends with an allreduce; those collectives' bytes
+(~1 KB each) are in that count; `--back-to-back`
+also counts each round's calls run one after the other, as a training loop runs them, less the
+one barrier that closes the round (`link_bytes_back_to_back`).
 
 A mode whose compressor cannot be built (e.g. "auto" before hvd_lossy has auto=True) or whose
 call raises is reported as failed, with the error, and the other modes go on.
@@ -64,7 +68,23 @@ def timed_round(hvd, call, iters):
     return seconds, (after - before) / iters
 
 
-def run_size(hvd, ids, cards, size, modes, iters, repeat):
+def counted_round(hvd, call, iters):
+    """Link bytes a call of `iters` calls run back to back, as rank 0 sees them: the round is
+    closed by a barrier (everything has crossed the link), whose bytes, measured alone just
+    before, are taken off."""
+    marks = []
+    for calls in (0, iters):
+        hvd.barrier()
+        before = tx_bytes() if hvd.rank() == 0 else 0
+        for _ in range(calls):
+            call()
+        hvd.barrier()
+        marks.append((tx_bytes() if hvd.rank() == 0 else 0) - before)
+    barrier, calls = marks
+    return (calls - barrier) / iters
+
+
+def run_size(hvd, ids, cards, size, modes, iters, repeat, back_to_back=False):
     import horovod.torch as horovod
     rank, ranks = hvd.rank(), hvd.size()
     owned = len([t for t in range(N_SPARSE) if t % ranks == rank])
@@ -93,6 +113,8 @@ def run_size(hvd, ids, cards, size, modes, iters, repeat):
                 for _ in range(warmups[mode] if rep == 0 else 0):
                     calls[mode]()
                 seconds, link = timed_round(hvd, calls[mode], iters)
+                extra = ({"link_bytes_back_to_back": counted_round(hvd, calls[mode], iters)}
+                         if back_to_back else {})
             except Exception as e:  # noqa: BLE001 - the collective raised on every rank
                 failed.append({"mode": mode, "bytes": raw, "status": "failed",
                                "error": f"{type(e).__name__}: {e}",
@@ -100,7 +122,8 @@ def run_size(hvd, ids, cards, size, modes, iters, repeat):
                 del calls[mode]
                 continue
             rows.append({"mode": mode, "bytes": raw, "samples_per_rank": per_dest, "repeat": rep,
-                         "ms_per_call": 1e3 * seconds, "link_bytes_per_call": link, "status": "ok"})
+                         "ms_per_call": 1e3 * seconds, "link_bytes_per_call": link, "status": "ok",
+                         **extra})
     return rows + failed
 
 
@@ -113,6 +136,8 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", type=pathlib.Path, required=True)
+    p.add_argument("--back-to-back", action="store_true",
+                   help="also count the link bytes of each round's calls run back to back")
     args = p.parse_args(argv)
 
     import hvd_lossy.torch as hvd
@@ -121,7 +146,8 @@ def main(argv=None):
     ids = torch.from_numpy(ids)
     rows = []
     for size in args.sizes:
-        rows += run_size(hvd, ids, cards, size, args.modes, args.iters, args.repeat)
+        rows += run_size(hvd, ids, cards, size, args.modes, args.iters, args.repeat,
+                         args.back_to_back)
     if hvd.rank() == 0:
         args.json.write_text(json.dumps({"ranks": hvd.size(), "dim": DIM, "iters": args.iters,
                                          "results": rows}, indent=1))

@@ -2,7 +2,10 @@
 (issue #10's measurement): 2 ranks in a private network namespace, each sending 13 Criteo
 tables of dim 32 to every rank, `rows` lookups a (destination, table), one segment a table
 (`segments=13`), rel-eb 0.03 at level 2. The ratio is plain's tx bytes of the namespace's
-loopback (TCP/IP included) over the lossy mode's, per call.
+loopback (TCP/IP included) over the lossy mode's, per call, counted two ways: the calls run back
+to back as a training loop runs them ("ratio"), and the timed calls, each after the timing's
+barrier, whose ~1 KB falls on both modes alike ("ratio_with_barriers", the count before
+2026-12-01 18:10 UTC).
 
     python -m hvd_lossy.bench.wire [--rows 64,256,1024] [--tree label=PATH ...] [--json PATH]
 
@@ -36,7 +39,7 @@ def run_tree(ns, tree, rows, iters, repeat, workdir):
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     argv = [sys.executable, str(WORKER), "--modes", ",".join(MODES),
             "--sizes", ",".join(f"{size_mib(r):.9g}" for r in rows), "--iters", str(iters),
-            "--repeat", str(repeat), "--json", str(out)]
+            "--repeat", str(repeat), "--json", str(out), "--back-to-back"]
     cmd = ns.command(netlink.mpirun(RANKS, ["OMP_NUM_THREADS", "PYTHONPATH", "PATH"], argv))
     proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 or not out.exists():
@@ -44,16 +47,29 @@ def run_tree(ns, tree, rows, iters, repeat, workdir):
     return json.loads(out.read_text())["results"]
 
 
+COUNTS = {"back_to_back": "link_bytes_back_to_back", "with_barriers": "link_bytes_per_call"}
+
+
 def summarise(results):
-    """{rows: {mode: median link bytes a call}} over the repeats."""
+    """{rows: {count: {mode: median link bytes a call}}} over the repeats, for each of COUNTS."""
     table = {}
     for r in results:
         if r.get("status") != "ok":
             raise RuntimeError(f"mode {r['mode']} failed: {r.get('error')}")
-        table.setdefault(r["samples_per_rank"], {}).setdefault(r["mode"], []).append(
-            r["link_bytes_per_call"])
-    return {rows: {m: sorted(v)[len(v) // 2] for m, v in modes.items()}
-            for rows, modes in sorted(table.items())}
+        for count, field in COUNTS.items():
+            table.setdefault(r["samples_per_rank"], {}).setdefault(count, {}).setdefault(
+                r["mode"], []).append(r[field])
+    return {rows: {count: {m: sorted(v)[len(v) // 2] for m, v in modes.items()}
+                   for count, modes in counts.items()}
+            for rows, counts in sorted(table.items())}
+
+
+def row_summary(counts):
+    """One rows entry of the report: back-to-back bytes a mode and their ratio, and the same
+    with the timing's barriers."""
+    b2b, timed = counts["back_to_back"], counts["with_barriers"]
+    return dict(b2b, ratio=b2b["plain"] / b2b[MODES[1]], with_barriers=timed,
+                ratio_with_barriers=timed["plain"] / timed[MODES[1]])
 
 
 def codec_alone(rows_list):
@@ -100,15 +116,18 @@ def main(argv=None):
         for label, tree in trees:
             per_rows = summarise(run_tree(ns, tree, args.rows, args.iters, args.repeat, pathlib.Path(tmp)))
             report["trees"][label] = {"path": tree, "rows": {
-                str(r): dict(m, ratio=m["plain"] / m[MODES[1]]) for r, m in per_rows.items()}}
+                str(r): row_summary(c) for r, c in per_rows.items()}}
     report["codec_alone"] = codec = codec_alone(args.rows)
     print(f"codec alone, one destination's 13 tables: {'rows':>6} {'format 1':>9} {'format 2':>9}")
     for r, c in codec.items():
         print(f"{'':42}{r:>6} {c['format1_ratio']:8.2f}x {c['format2_ratio']:8.2f}x")
-    print(f"{'tree':>8} {'rows':>6} {'plain B/call':>13} {'lossy B/call':>13} {'ratio':>7}")
+    print(f"{'tree':>8} {'rows':>6} {'plain B/call':>13} {'lossy B/call':>13} {'ratio':>7}"
+          f"   (with the timing's barriers: {'plain':>7} {'lossy':>7} {'ratio':>6})")
     for label, t in report["trees"].items():
         for r, m in t["rows"].items():
-            print(f"{label:>8} {r:>6} {m['plain']:13.0f} {m[MODES[1]]:13.0f} {m['ratio']:7.2f}")
+            w = m["with_barriers"]
+            print(f"{label:>8} {r:>6} {m['plain']:13.0f} {m[MODES[1]]:13.0f} {m['ratio']:7.2f}"
+                  f"   {'':31}{w['plain']:7.0f} {w[MODES[1]]:7.0f} {m['ratio_with_barriers']:6.2f}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
         print(f"wrote {args.json}")
