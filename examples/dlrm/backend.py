@@ -110,6 +110,14 @@ class _SummingOptimizer:
     def zero_grad(self):
         self.optimizer.zero_grad()
 
+    # --save / --resume: the state is the wrapped optimizer's (the sums keep none), as with
+    # Horovod's DistributedOptimizer
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state):
+        self.optimizer.load_state_dict(state)
+
     def step(self):
         grads = [p.grad for group in self.optimizer.param_groups for p in group["params"]
                  if p.grad is not None]
