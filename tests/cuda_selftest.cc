@@ -32,6 +32,9 @@
 namespace {
 
 int g_failures = 0;
+// Frames the CUDA decoder refuses by design (hvd_lossy decodes them on the host: dithered
+// segments, bucketed row maps): counted, not failures, when the CPU decodes them.
+int g_host_only = 0;
 
 void fail(const std::string& what) {
   if (++g_failures <= 30) fprintf(stderr, "FAIL %s\n", what.c_str());
@@ -159,6 +162,10 @@ std::string compare_decoders(const std::vector<uint8_t>& frame, uint64_t out_byt
     hl::decompress_cuda(f.p, frame.size(), o.p, out_bytes, nullptr);
   } catch (const std::exception& e) {
     gpu_err = e.what();
+  }
+  if (cpu_err.empty() && gpu_err.find("no CUDA decoder yet") != std::string::npos) {
+    ++g_host_only;
+    return "";
   }
   if (cpu_err.empty() != gpu_err.empty())
     return "CPU decoder says \"" + (cpu_err.empty() ? "ok" : cpu_err) + "\", CUDA decoder says \"" +
@@ -345,6 +352,7 @@ int main(int argc, char** argv) {
   run_checks(rng, 200);
   printf("crc32c and verify_cuda: %d failures\n", g_failures - before_checks);
   check(cudaDeviceSynchronize(), "final synchronize");
+  printf("frames left to the host decoder (dithered, bucketed maps): %d\n", g_host_only);
   printf("%s\n", g_failures ? "FAILED" : "all agree");
   return g_failures ? 1 : 0;
 }
