@@ -581,3 +581,43 @@ def test_adaptive_alltoall_in_a_process_set_talks_over_the_set_and_lays_tables_o
 
     out = run_mpi("tests/mp/adaptive_process_set.py", np=3, timeout=120)
     assert sorted(out.count(f"rank {r}: adaptive process set OK") for r in range(3)) == [1, 1, 1], out
+
+
+# ----- the controller's MPI exchange -------------------------------------------------------------
+
+class _Request:
+    """An mpi4py request that completes at its `polls`-th Test()."""
+
+    def __init__(self, polls):
+        self.left = polls
+
+    def Test(self):
+        self.left -= 1
+        return self.left <= 0
+
+
+def test_mpi_exchange_waits_by_polling_and_sleeping_not_by_spinning_in_mpi():
+    from hvd_lossy.adaptive.comm import MAX_POLL_SLEEP, wait_yielding
+    naps = []
+    wait_yielding(_Request(polls=12), sleep=naps.append)
+    assert len(naps) == 11  # one nap between every two polls, none after the last
+    assert naps[0] == pytest.approx(20e-6) and naps == sorted(naps)
+    assert max(naps) == MAX_POLL_SLEEP  # backs off to its cap, never beyond
+
+
+def test_mpi_comm_allgathers_through_a_nonblocking_request():
+    from hvd_lossy.adaptive.comm import MPIComm
+
+    class TwoRanks:  # mpi4py's Iallgather on rank 1 of 2, the peer's row all 7s
+        def Get_rank(self):
+            return 1
+
+        def Get_size(self):
+            return 2
+
+        def Iallgather(self, send, recv):
+            recv[0], recv[1] = 7, send
+            return _Request(polls=3)
+
+    got = MPIComm(TwoRanks()).allgather_array(np.array([1.0, 2.0]))
+    assert got.tolist() == [[7.0, 7.0], [1.0, 2.0]]
