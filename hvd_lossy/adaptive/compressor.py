@@ -102,6 +102,7 @@ class AdaptiveCompressor(LossyCompressor):
             raise TypeError(f"observe must be True or False, got {observe!r}")
         self.direction, self.observe = direction, observe
         self._unique_fraction = {}  # last observed, per table, for the rate model's element count
+        self._controller_config = None  # agreement()'s copy, made at its first call
 
     def _check_tables(self, tables):
         if not isinstance(tables, (list, tuple)):
@@ -264,8 +265,14 @@ class AdaptiveCompressor(LossyCompressor):
     def agreement(self):
         """As LossyCompressor's, with the controller's configuration in place of one bound; the
         table layout is left out, since each rank sends its own tables."""
-        controller = self.controller.get_config()
-        controller.pop("telemetry", None)  # only rank 0 writes it
+        # A Controller's configuration is fixed when it is built, and get_config() over its
+        # tables costs ~60 us, paid twice a step (forward and backward) for the protocol's
+        # settings digest: taken once.
+        if self._controller_config is None:
+            controller = self.controller.get_config()
+            controller.pop("telemetry", None)  # only rank 0 writes it
+            self._controller_config = controller
+        controller = self._controller_config
         return {"type": type(self).__name__, "controller": controller, "level": self.level,
                 "dedup": self.dedup, "bound": self.bound, "direction": self.direction,
                 "dither": self.dither, "auto": self.auto}
