@@ -60,6 +60,9 @@ py::dict v2_dict(const hl::FrameV2& f) {
     e["map_bucketed"] = s.map_buckets;
     // level 2: whether its code section borrows an earlier section's rANS table (frame.h)
     e["table_borrowed"] = s.table != nullptr;
+    // lossy level 1: radix packing's K and group size (frame.h), None for block packing
+    e["radix"] = s.radix_k ? py::cast(s.radix_k) : py::none();
+    e["radix_group"] = s.radix_k ? py::cast(s.radix_g) : py::none();
     e["code_bytes"] = s.code_bytes;
     e["outlier_bytes"] = s.outlier_bytes;
     e["segment_bytes"] = s.bytes;

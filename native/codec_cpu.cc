@@ -21,6 +21,7 @@
 #include "map_buckets.h"
 #include "pack.h"
 #include "parallel.h"
+#include "radix.h"
 #include "rans.h"
 
 namespace hl {
@@ -442,9 +443,11 @@ struct Outlier {
 };
 
 // Block packing in two steps, so that level 2 can compare sizes before packing anything.
+// Format 2's lossy codes may be radix packed instead (radix.h), when that is smaller.
 struct Packing {
   Buffer<uint8_t> widths;
   uint64_t bytes = 0;
+  RadixPlan radix;  // radix.k != 0: the section is radix.bytes of radix packing
 };
 
 struct Sections {
@@ -471,9 +474,23 @@ Packing plan_packing(const uint32_t* v, uint64_t n, int threads) {
   return p;
 }
 
+// The code section's plan: block packing, or radix packing where format 2 allows it (lossy
+// codes) and it is smaller.
+Packing plan_codes(const uint32_t* v, uint64_t n, bool radix, int threads) {
+  Packing p = plan_packing(v, n, threads);
+  if (radix) {
+    p.radix = radix_plan(v, n, p.bytes, threads);
+    if (p.radix.k) p.bytes = p.radix.bytes;
+  }
+  return p;
+}
+
 Bytes pack(const uint32_t* v, uint64_t n, const Packing& p, int threads) {
   Bytes out(p.bytes);
-  pack_blocks(v, n, p.widths.data(), out.data(), threads);
+  if (p.radix.k)
+    radix_write(p.radix, out.data(), threads);
+  else
+    pack_blocks(v, n, p.widths.data(), out.data(), threads);
   return out;
 }
 
@@ -539,7 +556,9 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
     }
   }
   const uint64_t n_codes = n_unique * d;
-  Packing plan = plan_packing(ucodes, n_codes, threads);
+  // Radix packing only where level 1 was asked for: level 2's choices between rANS, shared
+  // tables and its packed fallback are weighed against block packing.
+  Packing plan = plan_codes(ucodes, n_codes, compact && !lossless && level == 1, threads);
   if (compact && level == 2 && n_codes > 0 && n_codes <= kShareCodes) {
     s.deferred = std::move(c.codes);
     s.n_deferred = n_codes;
@@ -934,8 +953,12 @@ void decode(const SegmentView& h, void* out_v, int threads, bool stream) {
           cpu::dequantize(DT, z, count, d.step, d.u + first);
       }
     } deq{u, step, dithered, seed};
-    unpack_blocks_to(code_p, h.code_bytes, nu, 32, "code section", threads,
-                     ChunkSink{&Dequantize::run, &deq});
+    if (h.radix_k)  // v2 only (parse_v2 sets it)
+      radix_unpack_to(code_p + h.radix_head, h.code_bytes - h.radix_head, nu, h.radix_k,
+                      h.radix_g, "code section", threads, ChunkSink{&Dequantize::run, &deq});
+    else
+      unpack_blocks_to(code_p, h.code_bytes, nu, 32, "code section", threads,
+                       ChunkSink{&Dequantize::run, &deq});
   } else {
     codes = Buffer<uint32_t>(nu);
     if (h.level == 1)

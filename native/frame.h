@@ -111,11 +111,30 @@
 //                                     last bit (padding bits zero).
 //                                   At level 2 the encoder picks whichever of the three is
 //                                   smallest; level 1 always packs (decoding speed).
-//     code                          code_bytes: level 1 block packing as v1, or (HL_SEG_LEVEL2)
-//                                   the compact rANS section below
+//     code                          code_bytes: level 1 block packing as v1, or a radix
+//                                   section (lossy level 1, below), or (HL_SEG_LEVEL2) the
+//                                   compact rANS section below
 //     outliers                      n_outliers records of pos_bytes + elem_bytes bytes:
 //                                   position (little-endian, ascending, pos_bytes = bytes of
 //                                   n_unique * row_len - 1, at least 1), raw bits
+// Radix section (a lossy level-1 code section of n >= 1 codes; its first byte tells it from
+// block packing, whose first width byte is at most 32). Codes that all lie in [0, K) with K not
+// a power of two waste bits in whole-bit packing (K = 17, rel bound 0.03: 5 bits a code for
+// log2 17 = 4.09); g of them as the base-K digits of one value waste less:
+//   uint8  0xff                     HL_RADIX_MARK
+//   varint K                        3 <= K <= 65535, not a power of two
+//   varint g                        1 <= g, K^g < 2^32
+//   values                          G = ceil(n / g) values, block-packed (as v1), each < K^g:
+//                                   value j = sum_i d(i, j) * K^i, i = 0..g-1, where digit
+//                                   d(i, j) is code i * G + j, and 0 where i * G + j >= n
+// Digit i of every value is a run of G consecutive codes (lanes rather than groups of
+// neighbours), so splitting values and writing their codes are contiguous, vector-friendly
+// loops on the CPU and coalesced on the GPU. A decoder rejects a value >= K^g and a nonzero
+// padding digit. The encoder (CPU) takes K = largest code + 1, g = radix_group(K)
+// (frame_v2_codec.h: the g minimizing bits a code, integer rule), and stores the radix section
+// only when it is smaller than block packing, in segments coded at level 1 (a level-2
+// segment's packed fallback stays block packed); lossless segments and v1 frames never have one.
+//
 // Compact rANS section (same coder and streams as v1 level 2, smaller table and framing):
 //   uint8  K - 1                    symbols 0..K-1 can occur (K = largest present + 1)
 //   uint8  w                        bits a frequency, 1..13

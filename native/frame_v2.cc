@@ -48,6 +48,15 @@ class In {
 
 std::string num(uint64_t v) { return std::to_string(v); }
 
+// What is wrong with a radix head that get_radix_head rejected for its K or g.
+std::string radix_fault(const uint8_t* code, uint64_t len) {
+  uint64_t k = 0, g = 0, a = 0, b = 0;
+  get_varint(code + 1, len - 1, &k, &a);
+  get_varint(code + 1 + a, len - 1 - a, &g, &b);
+  return "radix section with K = " + std::to_string(k) + " and g = " + std::to_string(g) +
+         ", expected 3 <= K <= 65535 not a power of two and 1 <= g with K^g < 2^32";
+}
+
 }  // namespace
 
 std::vector<int64_t> FrameV2::shape() const {
@@ -229,8 +238,23 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
       in.skip(s.map_bytes);
     }
     // level 2: a table (or the 2 bytes of a borrowed one), an escape count, a state a stream
-    const uint64_t min_code = s.level == 1 ? hl_div_up(n_codes, HL_BLOCK)
-                                           : 3 + 4 * hl_div_up(n_codes, HL_RANS_CHUNK);
+    uint64_t min_code = s.level == 1 ? hl_div_up(n_codes, HL_BLOCK)
+                                     : 3 + 4 * hl_div_up(n_codes, HL_RANS_CHUNK);
+    if (s.level == 1 && !(s.flags & HL_FLAG_LOSSLESS) && n_codes > 0 &&
+        s.code_bytes <= in.left()) {  // a radix section: its values are fewer than the codes
+      const uint8_t* code = frame + in.pos();
+      switch (get_radix_head(code, s.code_bytes, &s.radix_k, &s.radix_g, &s.radix_head)) {
+        case HL_RADIX_OK:
+          min_code = s.radix_head + hl_div_up(hl_div_up(n_codes, s.radix_g), HL_BLOCK);
+          break;
+        case HL_RADIX_NONE:
+          break;
+        case HL_RADIX_TRUNCATED:
+          throw fail("code section ends inside its radix head");
+        default:
+          throw fail(radix_fault(code, s.code_bytes));
+      }
+    }
     if ((s.level == 2 && n_codes == 0) || s.code_bytes < min_code)
       throw fail("code section of " + num(s.code_bytes) + " bytes, too small");
     if (s.code_bytes > in.left()) throw fail("truncated code section");

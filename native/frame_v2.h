@@ -21,6 +21,10 @@ struct SegmentView {
   uint8_t pos_bytes = 8;  // bytes of an outlier's position (v2)
   bool map_rans = false;  // v2: the map is entropy coded (HL_SEG_MAP_RANS)
   bool map_buckets = false;  // v2: ... as bucketed symbols and extra bits (HL_SEG_MAP_BUCKETS)
+  // v2 lossy level 1: a radix section (frame.h) with these K and g (0: block packing); its
+  // block-packed values start radix_head bytes into the code section
+  uint32_t radix_k = 0, radix_g = 0;
+  uint64_t radix_head = 0;
   uint32_t seed = 0;
   double eb_abs = 0;
   uint64_t n_rows = 0, row_len = 0, n_unique = 0, n_outliers = 0;

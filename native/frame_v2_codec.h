@@ -111,6 +111,97 @@ HL_HD uint8_t* v2_put_descriptor(uint8_t* w, uint8_t flags, uint64_t rows, uint3
   return put_varint(w, code_bytes);
 }
 
+// ---- radix-packed level-1 code sections (frame.h "Radix packing") --------------------------
+
+#define HL_RADIX_MARK 0xff  // first byte of a radix section; a block width byte is at most 32
+
+// K^g when it is below 2^32, else 0 (g >= 1, K >= 2).
+HL_HD uint64_t radix_span(uint32_t k, uint32_t g) {
+  uint64_t p = 1;
+  for (uint32_t i = 0; i < g; ++i) {
+    p *= k;
+    if (p >= (1ull << 32)) return 0;
+  }
+  return p;
+}
+
+// Whether codes in [0, K) may be radix packed: K >= 3 and not a power of two (a power of two
+// packs into whole bits already; it also has no 32-bit magic below), K * K < 2^32.
+HL_HD bool radix_k_ok(uint64_t k) { return k >= 3 && k <= 65535 && (k & (k - 1)) != 0; }
+
+// The group size the encoder uses for codes in [0, K) (radix_k_ok): the g >= 2 that minimizes
+// the packed bits a code, (b + 1/4) / g with b = bit width of K^g - 1 (a value's bits) and 1/4
+// its share of a block's width byte; the smallest such g on ties. Integer arithmetic only, so
+// every encoder picks the same g. K = 17: g = 7, b = 29, 4.18 bits a code (block packing: 5.25).
+HL_HD uint32_t radix_group(uint32_t k) {
+  uint32_t best_g = 0, best_b = 0;
+  for (uint32_t g = 2;; ++g) {
+    const uint64_t span = radix_span(k, g);
+    if (span == 0) break;
+    uint32_t b = 0;
+    for (uint64_t m = span - 1; m; m >>= 1) ++b;
+    // (4b + 1) / g < (4 best_b + 1) / best_g, cross-multiplied
+    if (best_g == 0 || (uint64_t)(4 * b + 1) * best_g < (uint64_t)(4 * best_b + 1) * g) {
+      best_g = g;
+      best_b = b;
+    }
+  }
+  return best_g;
+}
+
+// v / K for every v < 2^32 as a multiply, a subtract and shifts (for K of radix_k_ok), so that
+// CPU loops vectorize (32 x 32 -> 64-bit lane multiplies) and the GPU needs one __umulhi.
+// With l = floor(log2 K) and m = floor(2^(33+l) / K) + 1:
+//  * 2^32 < m < 2^33: K lies strictly between 2^l and 2^(l+1), so 2^(33+l) / K lies strictly
+//    between 2^32 and 2^33, and it is no integer (K has an odd factor); m = 2^33 would need
+//    K <= 2^(33+l) / (2^33 - 1) < 2^l + 1. So m = 2^32 + lo with 0 < lo < 2^32.
+//  * floor(v * m / 2^(33+l)) = floor(v / K): v * m / 2^(33+l) = v / K + v * (m - 2^(33+l)/K)
+//    / 2^(33+l), and 0 < m - 2^(33+l)/K <= 1, so the excess is below 2^32 / 2^(33+l) =
+//    2^-(l+1) < 1 / K; the fraction of v / K is at most (K-1) / K, so the sum stays below the
+//    next integer.
+//  * Evaluated without a 65-bit product: with t = floor(v * lo / 2^32) <= v,
+//    floor(v * m / 2^(33+l)) = floor((v + t) / 2^(l+1)) = (((v - t) >> 1) + t) >> l.
+struct RadixDiv {
+  uint32_t k, lo, shift;
+};
+HL_HD RadixDiv radix_div_of(uint32_t k) {
+  uint32_t l = 0;
+  while ((k >> (l + 1)) != 0) ++l;
+  RadixDiv d;
+  d.k = k;
+  d.lo = (uint32_t)(((1ull << (33 + l)) / k + 1) - (1ull << 32));
+  d.shift = l;
+  return d;
+}
+HL_HD uint32_t radix_div(uint32_t v, RadixDiv d) {
+  const uint32_t t = (uint32_t)(((uint64_t)v * d.lo) >> 32);
+  return (((v - t) >> 1) + t) >> d.shift;
+}
+
+// What get_radix_head found.
+enum RadixStatus : int {
+  HL_RADIX_NONE = 0,       // no radix mark: a plain block-packed section
+  HL_RADIX_OK = 1,
+  HL_RADIX_TRUNCATED = 2,  // the section ends inside K or g
+  HL_RADIX_BAD_K = 3,      // K fails radix_k_ok
+  HL_RADIX_BAD_G = 4,      // g = 0, or K^g >= 2^32
+};
+
+// Reads the head of a level-1 code section at p (len bytes): K, g and the bytes they take.
+HL_HD int get_radix_head(const uint8_t* p, uint64_t len, uint32_t* k, uint32_t* g,
+                         uint64_t* used) {
+  if (len == 0 || p[0] != HL_RADIX_MARK) return HL_RADIX_NONE;
+  uint64_t kv = 0, gv = 0, a = 0, b = 0;
+  if (get_varint(p + 1, len - 1, &kv, &a) != HL_VARINT_OK) return HL_RADIX_TRUNCATED;
+  if (get_varint(p + 1 + a, len - 1 - a, &gv, &b) != HL_VARINT_OK) return HL_RADIX_TRUNCATED;
+  if (!radix_k_ok(kv)) return HL_RADIX_BAD_K;
+  if (gv == 0 || gv > 32 || radix_span((uint32_t)kv, (uint32_t)gv) == 0) return HL_RADIX_BAD_G;
+  *k = (uint32_t)kv;
+  *g = (uint32_t)gv;
+  *used = 1 + a + b;
+  return HL_RADIX_OK;
+}
+
 // The frame's size and CRC from its first bytes (the prefix and the total's varint: at most
 // HL_V2_PREFIX + 10 bytes), without reading further. Returns false when they are not there or
 // not a v2 frame; a caller then has the full parser (parse_v2) name the fault.

@@ -1,0 +1,171 @@
+// Radix packing on the host (radix.h). The loops over values are plain element-wise code built
+// for AVX2 and the baseline (target_clones), which the compiler vectorizes: the division by K is
+// radix_div's multiply and shifts (frame_v2_codec.h), with no data-dependent branch.
+#include "radix.h"
+
+#include <atomic>
+#include <string>
+
+#include "frame_v2_codec.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
+#define HL_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define HL_CLONES
+#endif
+
+namespace hl {
+namespace {
+
+// Values a step of the loops below handles: 8 KiB of values and 8 KiB of digits stay in L1.
+constexpr uint64_t kSpan = 2048;
+
+HL_CLONES uint32_t max_of(const uint32_t* v, uint64_t n) {
+  uint32_t m = 0;
+  for (uint64_t i = 0; i < n; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+HL_CLONES uint32_t or_of(const uint32_t* v, uint64_t n) {
+  uint32_t m = 0;
+  for (uint64_t i = 0; i < n; ++i) m |= v[i];
+  return m;
+}
+
+// One Horner step over `count` values: value * K + digit, the digit 0 from `len` on.
+HL_CLONES void horner(uint32_t* value, const uint32_t* digit, uint64_t len, uint64_t count,
+                      uint32_t k) {
+  for (uint64_t j = 0; j < len; ++j) value[j] = value[j] * k + digit[j];
+  for (uint64_t j = len; j < count; ++j) value[j] *= k;
+}
+
+// digit = value mod K, value = value / K, for `count` values.
+HL_CLONES void split(uint32_t* value, uint32_t* digit, uint64_t count, RadixDiv div) {
+  for (uint64_t j = 0; j < count; ++j) {
+    const uint32_t v = value[j], q = radix_div(v, div);
+    digit[j] = v - q * div.k;
+    value[j] = q;
+  }
+}
+
+// Codes of lane i for values [a, a + count): how many of them are codes (the rest is padding).
+inline uint64_t lane_codes(uint64_t n, uint64_t G, uint32_t i, uint64_t a, uint64_t count) {
+  const uint64_t start = (uint64_t)i * G + a;
+  if (start >= n) return 0;
+  return n - start < count ? n - start : count;
+}
+
+uint32_t width_of(uint64_t v) {
+  uint32_t b = 0;
+  for (; v; v >>= 1) ++b;
+  return b;
+}
+
+}  // namespace
+
+RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint64_t below_bytes, int threads) {
+  RadixPlan p;
+  if (n == 0) return p;
+  const uint64_t k = (uint64_t)max_of(v, n) + 1;
+  if (!radix_k_ok(k)) return p;
+  const uint32_t g = radix_group((uint32_t)k);
+  const uint64_t G = hl_div_up(n, g);
+  const uint64_t head = 1 + varint_bytes(k) + varint_bytes(g);
+  const uint64_t nb = hl_div_up(G, HL_BLOCK);
+  if (head + nb >= below_bytes) return p;  // cannot pay, whatever the values
+  std::unique_ptr<uint32_t[]> values(new uint32_t[G]);
+  const int64_t spans = (int64_t)hl_div_up(G, kSpan);
+#pragma omp parallel for num_threads(threads) schedule(static) if (n > (1u << 20))
+  for (int64_t s = 0; s < spans; ++s) {
+    const uint64_t a = (uint64_t)s * kSpan, count = G - a < kSpan ? G - a : kSpan;
+    uint32_t* out = values.get() + a;
+    for (uint64_t j = 0; j < count; ++j) out[j] = 0;
+    for (uint32_t i = g; i-- > 0;)  // most significant digit first
+      horner(out, v + (uint64_t)i * G + a, lane_codes(n, G, i, a, count), count, (uint32_t)k);
+  }
+  std::unique_ptr<uint8_t[]> widths(new uint8_t[nb]);
+  block_widths(values.get(), G, widths.get(), threads);
+  const uint64_t bytes = head + nb + payload_bytes(widths.get(), nb);
+  if (bytes >= below_bytes) return p;
+  p.k = (uint32_t)k;
+  p.g = g;
+  p.n_values = G;
+  p.values = std::move(values);
+  p.widths = std::move(widths);
+  p.head_bytes = head;
+  p.bytes = bytes;
+  return p;
+}
+
+void radix_write(const RadixPlan& p, uint8_t* out, int threads) {
+  if (p.k == 0) throw CodecError("radix_write of a plan that does not apply");
+  uint8_t* w = out;
+  *w++ = HL_RADIX_MARK;
+  w = put_varint(w, p.k);
+  w = put_varint(w, p.g);
+  pack_blocks(p.values.get(), p.n_values, p.widths.get(), w, threads);
+}
+
+namespace {
+
+struct Split {
+  ChunkSink inner;
+  uint64_t n, G;
+  uint32_t g;
+  RadixDiv div;
+  std::atomic<bool> bad{false};
+
+  // Values [first, first + count) of the section: their digits, lane by lane, to the inner sink.
+  static void run(void* ctx, uint64_t first, const uint32_t* values, uint64_t count) {
+    Split& s = *static_cast<Split*>(ctx);
+    uint32_t value[kSpan], digit[kSpan];
+    uint32_t stray = 0;  // padding digits and what is left of values >= K^g: must be 0
+    for (uint64_t off = 0; off < count; off += kSpan) {
+      const uint64_t c = count - off < kSpan ? count - off : kSpan, a = first + off;
+      memcpy(value, values + off, c * 4);
+      for (uint32_t i = 0; i < s.g; ++i) {
+        split(value, digit, c, s.div);
+        const uint64_t keep = lane_codes(s.n, s.G, i, a, c);
+        if (keep) s.inner.fn(s.inner.ctx, (uint64_t)i * s.G + a, digit, keep);
+        stray |= or_of(digit + keep, c - keep);
+      }
+      stray |= or_of(value, c);
+    }
+    if (stray) s.bad.store(true, std::memory_order_relaxed);
+  }
+};
+
+}  // namespace
+
+void radix_unpack_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, uint32_t g,
+                     const char* what, int threads, ChunkSink sink) {
+  const uint64_t span = radix_span(k, g);
+  if (!radix_k_ok(k) || g == 0 || span == 0 || n == 0)
+    throw FrameError(std::string("frame is corrupted: the ") + what + " has radix " +
+                     std::to_string(k) + " in groups of " + std::to_string(g) + " for " +
+                     std::to_string(n) + " codes");
+  Split s;
+  s.inner = sink;
+  s.n = n;
+  s.G = hl_div_up(n, g);
+  s.g = g;
+  s.div = radix_div_of(k);
+  unpack_blocks_to(in, len, s.G, width_of(span - 1), what, threads, ChunkSink{&Split::run, &s});
+  if (s.bad.load())
+    throw FrameError(std::string("frame is corrupted: the ") + what + " (radix " +
+                     std::to_string(k) + ", groups of " + std::to_string(g) +
+                     ") holds a value of " + std::to_string(span) + " or more, or a " +
+                     "nonzero digit past its " + std::to_string(n) + " codes");
+}
+
+void radix_unpack(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, uint32_t g,
+                  uint32_t* codes, const char* what, int threads) {
+  struct Copy {
+    static void run(void* ctx, uint64_t first, const uint32_t* v, uint64_t count) {
+      memcpy(static_cast<uint32_t*>(ctx) + first, v, count * 4);
+    }
+  };
+  radix_unpack_to(in, len, n, k, g, what, threads, ChunkSink{&Copy::run, codes});
+}
+
+}  // namespace hl

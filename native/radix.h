@@ -1,0 +1,43 @@
+// Radix-packed level-1 code sections on the host (frame.h "Radix section"): the encoder's plan
+// and writer, and a decoder that unpacks the values and splits their digits a chunk at a time
+// (through unpack_blocks_to), so no array of all codes is made. The rule for g and the division
+// by K are in frame_v2_codec.h, shared with the CUDA decoder.
+#pragma once
+
+#include <stdint.h>
+
+#include <memory>
+
+#include "pack.h"
+
+namespace hl {
+
+struct RadixPlan {
+  uint32_t k = 0, g = 0;  // k = 0: radix packing does not apply or does not pay
+  uint64_t n_values = 0;  // G = ceil(n / g)
+  std::unique_ptr<uint32_t[]> values;
+  std::unique_ptr<uint8_t[]> widths;  // block widths of the values
+  uint64_t head_bytes = 0;            // mark, K and g
+  uint64_t bytes = 0;                 // the whole section
+};
+
+// The radix section of the n codes at v when it is smaller than below_bytes (their block
+// packing); a plan with k = 0 otherwise.
+RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint64_t below_bytes, int threads);
+
+// Writes a plan's section (k != 0): plan.bytes bytes at out.
+void radix_write(const RadixPlan& p, uint8_t* out, int threads);
+
+// Decodes the block-packed values of a radix section ([in, in + len), after its head) of n
+// codes with radix k and group g (get_radix_head), handing runs of consecutive codes to sink
+// (sink(index of the run's first code, codes, count), from several threads when threaded).
+// FrameError, naming `what`, for a malformed block section, a value >= K^g or a nonzero
+// padding digit; the sink never sees an index at or past n.
+void radix_unpack_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, uint32_t g,
+                     const char* what, int threads, ChunkSink sink);
+
+// The same into an array of n codes (tests and tools; the decoder streams).
+void radix_unpack(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, uint32_t g,
+                  uint32_t* codes, const char* what, int threads);
+
+}  // namespace hl
