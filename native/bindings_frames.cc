@@ -34,6 +34,32 @@ py::object chunk_head(const uint8_t* buffer, uint64_t offset, uint64_t length, b
 void register_frames(py::module_& m) {
   m.attr("MAX_EXTENSION_BYTES") = HL_V2_MAX_EXT;
 
+  // The radix rule and division every codec shares (frame_v2_codec.h), for the tests.
+  m.def("radix_group",
+        [](uint32_t k, uint64_t n) {
+          if (!hl::radix_k_ok(k))
+            throw hl::ArgumentError("radix " + std::to_string(k) +
+                                    ", expected 3 <= K <= 65535 not a power of two");
+          if (n == 0) throw hl::ArgumentError("radix_group of 0 codes, expected n >= 1");
+          return hl::radix_group(k, n);
+        },
+        py::arg("k"), py::arg("n"), "The group size g radix packing uses for n codes in [0, k).");
+  m.def("radix_divmod",
+        [](uint32_t k, const std::vector<uint32_t>& values) {
+          if (!hl::radix_k_ok(k))
+            throw hl::ArgumentError("radix " + std::to_string(k) +
+                                    ", expected 3 <= K <= 65535 not a power of two");
+          const hl::RadixDiv d = hl::radix_div_of(k);
+          std::vector<std::pair<uint32_t, uint32_t>> out(values.size());
+          for (size_t i = 0; i < values.size(); ++i) {
+            const uint32_t q = hl::radix_div(values[i], d);
+            out[i] = {q, values[i] - q * k};
+          }
+          return out;
+        },
+        py::arg("k"), py::arg("values"),
+        "(v // k, v % k) of each uint32 value, as the radix decoders compute them.");
+
   m.def("chunk_heads",
         [](uintptr_t buffer, uint64_t buffer_len,
            const std::vector<std::pair<uint64_t, uint64_t>>& chunks, bool verify) {

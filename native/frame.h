@@ -130,8 +130,8 @@
 // Digit i of every value is a run of G consecutive codes (lanes rather than groups of
 // neighbours), so splitting values and writing their codes are contiguous, vector-friendly
 // loops on the CPU and coalesced on the GPU. A decoder rejects a value >= K^g and a nonzero
-// padding digit. The encoder (CPU) takes K = largest code + 1, g = radix_group(K)
-// (frame_v2_codec.h: the g minimizing bits a code, integer rule), and stores the radix section
+// padding digit. The encoder (CPU) takes K = largest code + 1, g = radix_group(K, n)
+// (frame_v2_codec.h: the g minimizing the section's worst-case bytes), and stores the section
 // only when it is smaller than block packing, in segments coded at level 1 (a level-2
 // segment's packed fallback stays block packed); lossless segments and v1 frames never have one.
 //

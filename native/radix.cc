@@ -68,7 +68,7 @@ RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint64_t below_bytes, int th
   if (n == 0) return p;
   const uint64_t k = (uint64_t)max_of(v, n) + 1;
   if (!radix_k_ok(k)) return p;
-  const uint32_t g = radix_group((uint32_t)k);
+  const uint32_t g = radix_group((uint32_t)k, n);
   const uint64_t G = hl_div_up(n, g);
   const uint64_t head = 1 + varint_bytes(k) + varint_bytes(g);
   const uint64_t nb = hl_div_up(G, HL_BLOCK);

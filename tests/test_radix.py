@@ -1,0 +1,351 @@
+"""Radix-packed level-1 code sections of format 2 (native/frame.h "Radix section"): codes in
+[0, K) with K not a power of two stored as base-K digits, g codes a value. Lossless on the codes:
+a radix frame decodes to exactly what the block-packed (v1) frame of the same codes decodes to.
+"""
+import math
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+import hvd_lossy
+from hvd_lossy import _C
+
+
+# ---- a reference of the format, written from frame.h ---------------------------------------
+
+def reference_group(k, n):
+    """frame.h: the g >= 2 minimizing ceil(ceil(n / g) / 32) * (1 + 4 b), b the bit width of
+    K^g - 1; the smallest on ties."""
+    best = None
+    g = 2
+    while k ** g < 2 ** 32:
+        size = -(-(-(-n // g)) // 32) * (1 + 4 * (k ** g - 1).bit_length())
+        if best is None or size < best[1]:
+            best = (g, size)
+        g += 1
+    return best[0]
+
+
+def varint(v):
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def block_packed(values):
+    """frame.h "Packed integer arrays": a width byte a block of 32, then its bit planes."""
+    values = list(values) + [0] * (-len(values) % 32)
+    blocks = [values[i:i + 32] for i in range(0, len(values), 32)]
+    widths = bytes(max(b).bit_length() for b in blocks)
+    payload = bytearray()
+    for w, b in zip(widths, blocks):
+        for j in range(w):
+            payload += struct.pack("<I", sum(((v >> j) & 1) << i for i, v in enumerate(b)))
+    return widths + bytes(payload)
+
+
+def radix_section(codes):
+    k = max(codes) + 1
+    n = len(codes)
+    g = reference_group(k, n)
+    G = -(-n // g)
+    values = [sum((codes[i * G + j] if i * G + j < n else 0) * k ** i for i in range(g))
+              for j in range(G)]
+    return b"\xff" + varint(k) + varint(g) + block_packed(values)
+
+
+def zigzag(q):
+    return np.where(q >= 0, 2 * q, -2 * q - 1)
+
+
+def integer_rows(k, n, dim=8, seed=0):
+    """Rows of integers whose codes at abs bound 0.5 (step 1) are zigzag(q) in [0, k), k - 1 present."""
+    rng = np.random.default_rng(seed)
+    z = rng.integers(0, k, size=n * dim)
+    z[rng.integers(0, n * dim)] = k - 1
+    q = np.where(z % 2 == 0, z // 2, -(z + 1) // 2)
+    return torch.from_numpy(q.astype(np.float32).reshape(n, dim)), z
+
+
+def v2_level1(x, bound, **kw):
+    return hvd_lossy.compress_chunks(x, [x.shape[0]], bound, mode="abs", level=1, format=2,
+                                     **kw)[0]
+
+
+def code_section(frame, seg=0):
+    info = hvd_lossy.frame_info(frame)
+    segs = info["segments"]
+    at = info["header_bytes"] + sum(s["segment_bytes"] - s["map_bytes"] - s["code_bytes"]
+                                    - s["outlier_bytes"] for s in segs)
+    for s in segs[:seg]:
+        at += s["map_bytes"] + s["code_bytes"] + s["outlier_bytes"]
+    at += segs[seg]["map_bytes"]
+    return frame.numpy().tobytes()[at:at + segs[seg]["code_bytes"]]
+
+
+def power_of_two(k):
+    return k & (k - 1) == 0
+
+
+# ---- the rule and the division ---------------------------------------------------------------
+
+def test_group_size_is_the_integer_rule_of_frame_h_for_every_k():
+    ks = [k for k in range(3, 65536) if not power_of_two(k)]
+    for k in ks[:300] + ks[300::211] + [65535]:
+        for n in (1, 7, 100, 2048, 12345, 10 ** 7):
+            assert _C.radix_group(k, n) == reference_group(k, n), (k, n)
+    assert _C.radix_group(17, 2048) == 4  # 512 values of 17 bits: 16 whole blocks
+    assert _C.radix_group(17, 10 ** 7) == 7  # long sections: 29 bits for 7 codes, 4.18 bits a code
+
+
+def test_group_size_is_refused_for_k_that_radix_packing_never_uses():
+    for k in (0, 1, 2, 4, 64, 65536, 65537):
+        with pytest.raises(ValueError, match="expected 3 <= K <= 65535"):
+            _C.radix_group(k, 100)
+
+
+def test_division_by_k_is_exact_at_the_top_of_the_uint32_range_for_every_k():
+    top = 2 ** 32 - 1
+    for k in range(3, 65536):
+        if power_of_two(k):
+            continue
+        q = top // k
+        values = [0, 1, k - 1, k, k + 1, top, q * k - 1, q * k, top - 1, (q - 1) * k + k - 1,
+                  (q // 2) * k + k - 1]
+        assert _C.radix_divmod(k, values) == [divmod(v, k) for v in values], k
+
+
+def test_division_by_k_is_exact_on_random_values():
+    rng = np.random.default_rng(1)
+    for k in rng.integers(3, 65536, size=200).tolist():
+        if power_of_two(k):
+            continue
+        values = rng.integers(0, 2 ** 32, size=2000, dtype=np.uint64).tolist()
+        assert _C.radix_divmod(k, values) == [divmod(v, k) for v in values], k
+
+
+# ---- the encoder ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", list(range(2, 301)))
+def test_codes_below_k_not_a_power_of_two_are_radix_packed_when_smaller_and_decode_like_v1(k):
+    x, z = integer_rows(k, n=40 + k % 29, seed=k)  # n * 8 codes: the last group partial
+    frame = v2_level1(x, 0.5, dedup=False)
+    seg = hvd_lossy.frame_info(frame)["segments"][0]
+    block = block_packed(z.tolist())
+    if power_of_two(k):
+        assert seg["radix"] is None and seg["radix_group"] is None
+        assert code_section(frame) == block
+    else:
+        radix = radix_section(z.tolist())
+        if len(radix) < len(block):
+            assert (seg["radix"], seg["radix_group"]) == (k, reference_group(k, z.size))
+            assert code_section(frame) == radix
+        else:
+            assert seg["radix"] is None and code_section(frame) == block
+    y = hvd_lossy.decompress(frame)
+    assert torch.equal(y, x)  # integers at step 1: exact
+    assert torch.equal(y, hvd_lossy.decompress(hvd_lossy.compress(x, 0.5, mode="abs", level=1,
+                                                                  dedup=False)))
+
+
+def test_most_k_not_a_power_of_two_pay_on_a_64_row_segment():
+    used = []
+    for k in range(3, 301):
+        if not power_of_two(k):
+            x, _ = integer_rows(k, n=64, dim=32, seed=k)
+            used.append(hvd_lossy.frame_info(v2_level1(x, 0.5))["segments"][0]["radix"] == k)
+    assert sum(used) >= 0.9 * len(used), sum(used)
+
+
+@pytest.mark.parametrize("n", [1, 2, 6, 7, 8, 13, 14, 42, 43, 48, 224, 225, 1000])
+def test_radix_section_is_the_bytes_frame_h_describes(n):
+    x, z = integer_rows(17, n=n, dim=1, seed=n)
+    frame = v2_level1(x, 0.5, dedup=False)
+    seg = hvd_lossy.frame_info(frame)["segments"][0]
+    block = block_packed(z.tolist())
+    radix = radix_section(z.tolist())
+    if len(radix) < len(block):
+        assert seg["radix"] == 17 and code_section(frame) == radix
+    else:  # a few codes: the head and a whole value's bits cost more than they save
+        assert seg["radix"] is None and code_section(frame) == block
+    assert torch.equal(hvd_lossy.decompress(frame), x)
+
+
+def test_radix_is_chosen_only_when_smaller_than_block_packing():
+    x, _ = integer_rows(17, n=1, dim=1)
+    assert hvd_lossy.frame_info(v2_level1(x, 0.5))["segments"][0]["radix"] is None
+    x, z = integer_rows(17, n=64, dim=32)
+    seg = hvd_lossy.frame_info(v2_level1(x, 0.5))["segments"][0]
+    v1 = hvd_lossy.frame_info(hvd_lossy.compress(x, 0.5, mode="abs", level=1))
+    assert seg["radix"] == 17 and seg["code_bytes"] < v1["code_bytes"]
+    assert seg["code_bytes"] <= math.ceil(2048 / 4 / 32) * (1 + 4 * 17) + 3
+
+
+def test_level2_lossless_and_v1_frames_never_carry_radix_sections():
+    x, _ = integer_rows(17, n=64, dim=32)
+    for frame in (hvd_lossy.compress_chunks(x, [64], 0.5, mode="abs", level=2, format=2)[0],
+                  hvd_lossy.compress_chunks(x, [64], 0.0, level=1, format=2)[0]):
+        seg = hvd_lossy.frame_info(frame)["segments"][0]
+        assert seg["radix"] is None
+    assert hvd_lossy.frame_info(hvd_lossy.compress(x, 0.5, mode="abs", level=1))["level"] == 1
+
+
+def lookups_with_specials(rows, dim, dtype, seed, distinct=None):
+    """Rows uniform in [-0.05, 0.05) (codes of K = 17 at abs bound 0.003), with NaN, +-Inf and
+    a value beyond the quantizer's range: outliers."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.rand(rows, dim, generator=g) - 0.5) * 0.1
+    if distinct:
+        x = x[torch.randint(0, distinct, (rows,), generator=g)]
+    x = x.to(dtype)
+    flat = x.view(-1)
+    beyond = [] if dtype == torch.float16 else [3e38]  # float16 has none beyond the quantizer
+    for i, v in enumerate([float("nan"), float("inf"), -float("inf")] + beyond):
+        flat[(131 * i + 5) % flat.numel()] = v
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kw", [dict(dedup=True), dict(dedup=False), dict(dither=4242)],
+                             ids=["dedup", "nodedup", "dither"])
+def test_rows_with_outliers_nan_and_inf_decode_bit_exact_like_block_packing(dtype, kw):
+    rows = [64, 100, 37]
+    x = lookups_with_specials(sum(rows), 32, dtype, seed=3, distinct=None if "dither" in kw else 80)
+    frame = hvd_lossy.compress_chunks(x, rows, 0.003, mode="abs", level=1, format=2, **kw)[0]
+    info = hvd_lossy.frame_info(frame)
+    assert all(s["radix"] for s in info["segments"]), info["segments"]
+    assert info["n_outliers"] > 0
+    y = hvd_lossy.decompress(frame)
+    eb = info["segments"][0]["eb_abs"]
+    # v1 frames of the same bound (format 2 rounded it to a 24-bit float) and the same pieces
+    ref = hvd_lossy.decompress_chunks(*hvd_lossy.compress_chunks(x, rows, eb, mode="abs", level=1,
+                                                                 **kw))
+    assert torch.equal(y.view(torch.int16 if dtype != torch.float32 else torch.int32),
+                       torch.cat(ref).view(y.shape).view(torch.int16 if dtype != torch.float32
+                                                         else torch.int32))
+    finite = torch.isfinite(x)
+    assert (x[finite].double() - y[finite].double()).abs().max().item() <= eb
+    assert torch.equal(torch.isnan(x), torch.isnan(y)) and torch.equal(x[torch.isinf(x)],
+                                                                       y[torch.isinf(x)])
+
+
+def test_a_segment_too_large_for_one_thread_decodes_on_many():
+    x, _ = integer_rows(17, n=40000, dim=32, seed=9)  # 1.28M codes: > 4096 blocks of values
+    frame = v2_level1(x, 0.5, dedup=False)
+    assert hvd_lossy.frame_info(frame)["segments"][0]["radix"] == 17
+    old = hvd_lossy._codec._threads
+    try:
+        for threads in (1, 2, 4):
+            hvd_lossy.set_num_threads(threads)
+            assert torch.equal(hvd_lossy.decompress(frame), x)
+    finally:
+        hvd_lossy.set_num_threads(old)
+
+
+# ---- corrupt radix sections -------------------------------------------------------------------
+
+BOUND_HALF = bytes([0x00, 0x00, 0x3F])  # the 24-bit bound 0.5 (float32 0x3f000000 >> 8)
+
+
+def sealed_frame(code, rows=4, dim=8, flags=0x00):
+    """A v2 f32 frame of one lossy level-1 segment (abs bound 0.5) of rows x dim codes whose
+    code section is `code`, with its CRC32C."""
+    body = bytes([0 | (2 << 2)]) + varint(dim) + varint(1) + bytes([flags]) + varint(rows) \
+        + BOUND_HALF + varint(len(code)) + code
+    for total_len in range(1, 11):
+        total = 7 + total_len + len(body)
+        if len(varint(total)) == total_len:
+            break
+    rest = varint(total) + body
+    buf = torch.frombuffer(bytearray(rest), dtype=torch.uint8)
+    crc = _C.crc32c(buf.data_ptr(), len(rest), False)
+    return torch.frombuffer(bytearray(b"HV\x02" + struct.pack("<I", crc) + rest), dtype=torch.uint8)
+
+
+def radix_code(k, g, values):
+    return b"\xff" + varint(k) + varint(g) + block_packed(values)
+
+
+def test_the_hand_built_reference_frame_decodes():
+    codes = list(range(17)) * 2  # 34 codes, rows 4 x 8 = 32 of them
+    codes = codes[:32]
+    frame = sealed_frame(radix_section(codes))
+    q = [c // 2 if c % 2 == 0 else -(c + 1) // 2 for c in codes]
+    assert hvd_lossy.decompress(frame).flatten().tolist() == q
+
+
+@pytest.mark.parametrize("k,g,match", [(0, 7, "K = 0"), (1, 7, "K = 1"), (2, 7, "K = 2"),
+                                       (16, 4, "K = 16"), (65536, 1, "K = 65536"),
+                                       (70000, 1, "K = 70000"), (17, 0, "g = 0"),
+                                       (17, 8, "g = 8"), (3, 21, "g = 21"), (65535, 3, "g = 3")])
+def test_a_radix_head_with_k_or_g_out_of_range_raises(k, g, match):
+    frame = sealed_frame(b"\xff" + varint(k) + varint(g) + block_packed([0] * -(-32 // max(g, 1))))
+    for call in (hvd_lossy.frame_info, hvd_lossy.decompress):
+        with pytest.raises(hvd_lossy.FrameError, match=match):
+            call(frame)
+
+
+def test_a_value_of_k_pow_g_or_more_raises():
+    values = [0] * 5
+    values[2] = 17 ** 7  # one past the largest 7-digit value
+    with pytest.raises(hvd_lossy.FrameError, match="410338673 or more"):
+        hvd_lossy.decompress(sealed_frame(radix_code(17, 7, values)))
+
+
+def test_a_nonzero_padding_digit_raises():
+    # 32 codes, g = 7: G = 5 values, digit 6 of value 2 is code 32, past the end
+    values = [0] * 5
+    values[2] = 17 ** 6
+    with pytest.raises(hvd_lossy.FrameError, match="past its 32 codes"):
+        hvd_lossy.decompress(sealed_frame(radix_code(17, 7, values)))
+    values[2] = 17 ** 6 - 1  # digits 0..5 all 16: codes, fine
+    hvd_lossy.decompress(sealed_frame(radix_code(17, 7, values)))
+
+
+def test_a_value_section_of_other_than_its_blocks_bytes_raises():
+    good = radix_code(17, 7, [1, 2, 3, 4, 5])
+    for bad in (good[:-1], good + b"\x00", good[:-4], good[:4]):
+        with pytest.raises(hvd_lossy.FrameError):
+            hvd_lossy.decompress(sealed_frame(bad))
+
+
+def test_every_truncation_of_a_radix_section_raises():
+    x, _ = integer_rows(17, n=16, dim=8)
+    frame = v2_level1(x, 0.5, dedup=False)
+    code = code_section(frame)
+    assert code[0] == 0xFF
+    for n in range(len(code)):
+        with pytest.raises(hvd_lossy.FrameError):
+            hvd_lossy.decompress(sealed_frame(code[:n], rows=16))
+    assert torch.equal(hvd_lossy.decompress(sealed_frame(code, rows=16)), x)
+
+
+def test_every_byte_flip_of_a_radix_frame_raises_and_resealed_ones_raise_or_decode():
+    x, _ = integer_rows(17, n=16, dim=8)
+    frame = v2_level1(x, 0.5, dedup=False)
+    data = frame.numpy().tobytes()
+    code = code_section(frame)
+    for i in range(len(data)):
+        bad = bytearray(data)
+        bad[i] ^= 0x5A
+        with pytest.raises(hvd_lossy.FrameError):
+            hvd_lossy.decompress(torch.frombuffer(bad, dtype=torch.uint8))
+    for i in range(len(code)):
+        for flip in (0x01, 0x80, 0xFF):
+            bad = bytearray(code)
+            bad[i] ^= flip
+            try:
+                y = hvd_lossy.decompress(sealed_frame(bytes(bad), rows=16))
+            except hvd_lossy.FrameError:
+                continue
+            assert y.shape == x.shape and y.dtype == x.dtype
+
+
+def test_a_lossless_segment_with_a_radix_mark_raises():
+    with pytest.raises(hvd_lossy.FrameError):
+        hvd_lossy.decompress(sealed_frame(radix_code(17, 7, [0] * 5), flags=0x02))
