@@ -465,11 +465,11 @@ struct Sections {
   Packing plan;
 };
 
-Packing plan_packing(const uint32_t* v, uint64_t n, int threads) {
+Packing plan_packing(const uint32_t* v, uint64_t n, int threads, uint32_t* max_out = nullptr) {
   Packing p;
   const uint64_t nb = hl_div_up(n, HL_BLOCK);
   p.widths = Buffer<uint8_t>(nb);
-  block_widths(v, n, p.widths.data(), threads);
+  block_widths(v, n, p.widths.data(), threads, max_out);
   p.bytes = nb + payload_bytes(p.widths.data(), nb);
   return p;
 }
@@ -477,9 +477,10 @@ Packing plan_packing(const uint32_t* v, uint64_t n, int threads) {
 // The code section's plan: block packing, or radix packing where format 2 allows it (lossy
 // codes) and it is smaller.
 Packing plan_codes(const uint32_t* v, uint64_t n, bool radix, int threads) {
-  Packing p = plan_packing(v, n, threads);
+  uint32_t max_code = 0;
+  Packing p = plan_packing(v, n, threads, radix ? &max_code : nullptr);
   if (radix) {
-    p.radix = radix_plan(v, n, p.bytes, threads);
+    p.radix = radix_plan(v, n, max_code, p.bytes, threads);
     if (p.radix.k) p.bytes = p.radix.bytes;
   }
   return p;

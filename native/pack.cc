@@ -242,6 +242,20 @@ HL_AVX2 void unpack_block_avx2(const uint8_t* in, uint32_t w, uint32_t* v) {
   _mm256_storeu_si256(o + 3, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
 }
 
+HL_AVX512 uint32_t block_umax_avx512(const uint32_t* v) {
+  return _mm512_reduce_max_epu32(_mm512_max_epu32(_mm512_loadu_si512(v), _mm512_loadu_si512(v + 16)));
+}
+
+HL_AVX2 uint32_t block_umax_avx2(const uint32_t* v) {
+  const __m256i* p = reinterpret_cast<const __m256i*>(v);
+  __m256i m = _mm256_max_epu32(_mm256_max_epu32(_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1)),
+                               _mm256_max_epu32(_mm256_loadu_si256(p + 2), _mm256_loadu_si256(p + 3)));
+  __m128i h = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xb1));
+  return (uint32_t)_mm_cvtsi128_si32(h);
+}
+
 HL_AVX2 uint32_t block_max_avx2(const uint32_t* v) {
   const __m256i* p = reinterpret_cast<const __m256i*>(v);
   __m256i m = _mm256_or_si256(_mm256_or_si256(_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1)),
@@ -274,6 +288,18 @@ void unpack_one(const uint8_t* in, uint32_t w, uint32_t* v, int level) {
   unpack_block(in, w, v);
 }
 
+// The largest of count values (max, where block_max is their OR).
+uint32_t values_max(const uint32_t* v, uint64_t count, int level) {
+#ifdef HL_HAVE_AVX512_PACK
+  if (count == HL_BLOCK && level >= 2) return block_umax_avx512(v);
+  if (count == HL_BLOCK && level == 1) return block_umax_avx2(v);
+#endif
+  (void)level;
+  uint32_t m = 0;
+  for (uint64_t i = 0; i < count; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
 uint32_t full_block_max(const uint32_t* v, int level) {
 #ifdef HL_HAVE_AVX512_PACK
   if (level >= 2) return block_max_avx512(v);
@@ -285,16 +311,32 @@ uint32_t full_block_max(const uint32_t* v, int level) {
 
 }  // namespace
 
-void block_widths(const uint32_t* v, uint64_t n, uint8_t* widths, int threads) {
+void block_widths(const uint32_t* v, uint64_t n, uint8_t* widths, int threads,
+                  uint32_t* max_out) {
   const int64_t nb = (int64_t)hl_div_up(n, HL_BLOCK);
   const int wide = simd();
-#pragma omp parallel for num_threads(threads) schedule(static) if (nb > 4096)
-  for (int64_t b = 0; b < nb; ++b) {
+  auto width = [&](int64_t b) {
     uint64_t start = (uint64_t)b * HL_BLOCK;
     uint64_t count = n - start < HL_BLOCK ? n - start : HL_BLOCK;
     widths[b] = (uint8_t)bit_width(count == HL_BLOCK ? full_block_max(v + start, wide)
                                                      : block_max(v + start, count));
+    // the block was just loaded: its max costs little more (radix packing's K)
+    return max_out ? values_max(v + start, count, wide) : 0u;
+  };
+  uint32_t m = 0;
+  if (nb <= 4096) {  // no OpenMP region: entering one costs as much as a few hundred blocks
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint32_t bm = width(b);
+      m = bm > m ? bm : m;
+    }
+  } else {
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(max : m)
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint32_t bm = width(b);
+      m = bm > m ? bm : m;
+    }
   }
+  if (max_out) *max_out = m;
 }
 
 uint64_t payload_bytes(const uint8_t* widths, uint64_t n_blocks) {
@@ -417,10 +459,9 @@ void unpack_blocks_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_
   const int wide = simd();
   constexpr uint64_t kChunkBlocks = 64;  // 8 KiB of codes: stays in L1 for the sink
   const int nt = threads > 1 && nb > 4096 ? threads : 1;
-#pragma omp parallel num_threads(nt)
-  {
+  auto run = [&](int t, int nt_) {
     uint64_t lo, hi, off;
-    split_blocks(in, nb, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &lo, &hi, &off);
+    split_blocks(in, nb, t, nt_, &lo, &hi, &off);
     uint32_t chunk[kChunkBlocks * HL_BLOCK];
     for (uint64_t b = lo; b < hi; b += kChunkBlocks) {
       const uint64_t e = b + kChunkBlocks < hi ? b + kChunkBlocks : hi;
@@ -430,7 +471,13 @@ void unpack_blocks_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_
       sink.fn(sink.ctx, first, chunk, last - first);
       for (uint64_t k = b; k < e; ++k) off += 4u * in[k];
     }
+  };
+  if (nt == 1) {  // no OpenMP region for one thread: entering one costs as much as a small section
+    run(0, 1);
+    return;
   }
+#pragma omp parallel num_threads(nt)
+  run(omp_get_thread_num_safe(), omp_get_num_threads_safe());
 }
 
 }  // namespace hl

@@ -35,8 +35,10 @@ inline uint32_t load_u32(const uint8_t* p) {
   return v;
 }
 
-// Width of each block of 32 values: the bit width of the block's largest value.
-void block_widths(const uint32_t* v, uint64_t n, uint8_t* widths, int threads);
+// Width of each block of 32 values: the bit width of the block's largest value; with max_out,
+// also the largest of all n values (0 when n = 0).
+void block_widths(const uint32_t* v, uint64_t n, uint8_t* widths, int threads,
+                  uint32_t* max_out = nullptr);
 
 // Payload bytes of blocks with these widths (4 bytes a bit plane).
 uint64_t payload_bytes(const uint8_t* widths, uint64_t n_blocks);

@@ -1,15 +1,22 @@
-// Radix packing on the host (radix.h). The loops over values are plain element-wise code built
-// for AVX2 and the baseline (target_clones), which the compiler vectorizes: the division by K is
-// radix_div's multiply and shifts (frame_v2_codec.h), with no data-dependent branch.
+// Radix packing on the host (radix.h). The encoder's loops are plain element-wise code built for
+// AVX2 and the baseline (target_clones), which the compiler vectorizes. The decoder's digit split
+// is written with intrinsics (AVX-512 16 values a step, AVX2 8), since the compiler widens
+// radix_div's 32 x 32 -> 64-bit products to 64-bit lanes (8 values a step at best); all paths
+// compute radix_div exactly (frame_v2_codec.h) and write the same digits.
 #include "radix.h"
 
 #include <atomic>
 #include <string>
 
 #include "frame_v2_codec.h"
+#include "kernels_cpu.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
+#include <immintrin.h>
 #define HL_CLONES __attribute__((target_clones("avx2", "default")))
+#define HL_RADIX_SIMD 1
+#define HL_AVX512 __attribute__((target("avx512f,avx2")))
+#define HL_AVX2 __attribute__((target("avx2")))
 #else
 #define HL_CLONES
 #endif
@@ -39,13 +46,65 @@ HL_CLONES void horner(uint32_t* value, const uint32_t* digit, uint64_t len, uint
   for (uint64_t j = len; j < count; ++j) value[j] *= k;
 }
 
-// digit = value mod K, value = value / K, for `count` values.
-HL_CLONES void split(uint32_t* value, uint32_t* digit, uint64_t count, RadixDiv div) {
+// digit = in mod K, quotient = in / K, for `count` values (in may be quotient).
+void split_scalar(const uint32_t* in, uint32_t* quotient, uint32_t* digit, uint64_t count,
+                  RadixDiv div) {
   for (uint64_t j = 0; j < count; ++j) {
-    const uint32_t v = value[j], q = radix_div(v, div);
+    const uint32_t v = in[j], q = radix_div(v, div);
     digit[j] = v - q * div.k;
-    value[j] = q;
+    quotient[j] = q;
   }
+}
+
+#ifdef HL_RADIX_SIMD
+// radix_div in 32-bit lanes: t = v * lo >> 32 from two even-lane multiplies (even lanes, and odd
+// lanes shifted down), merged by a blend, then ((v - t) >> 1 + t) >> shift and v - q * K.
+HL_AVX512 void split_avx512(const uint32_t* in, uint32_t* quotient, uint32_t* digit,
+                            uint64_t count, RadixDiv div) {
+  const __m512i lo = _mm512_set1_epi64(div.lo), k = _mm512_set1_epi32((int)div.k);
+  const __m128i sh = _mm_cvtsi32_si128((int)div.shift);
+  uint64_t j = 0;
+  for (; j + 16 <= count; j += 16) {
+    const __m512i v = _mm512_loadu_si512(in + j);
+    const __m512i even = _mm512_srli_epi64(_mm512_mul_epu32(v, lo), 32);
+    const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(v, 32), lo);
+    const __m512i t = _mm512_mask_blend_epi32((__mmask16)0xAAAA, even, odd);
+    const __m512i q =
+        _mm512_srl_epi32(_mm512_add_epi32(_mm512_srli_epi32(_mm512_sub_epi32(v, t), 1), t), sh);
+    _mm512_storeu_si512(digit + j, _mm512_sub_epi32(v, _mm512_mullo_epi32(q, k)));
+    _mm512_storeu_si512(quotient + j, q);
+  }
+  split_scalar(in + j, quotient + j, digit + j, count - j, div);
+}
+
+HL_AVX2 void split_avx2(const uint32_t* in, uint32_t* quotient, uint32_t* digit, uint64_t count,
+                        RadixDiv div) {
+  const __m256i lo = _mm256_set1_epi64x(div.lo), k = _mm256_set1_epi32((int)div.k);
+  const __m128i sh = _mm_cvtsi32_si128((int)div.shift);
+  uint64_t j = 0;
+  for (; j + 8 <= count; j += 8) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + j));
+    const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(v, lo), 32);
+    const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(v, 32), lo);
+    const __m256i t = _mm256_blend_epi32(even, odd, 0xAA);
+    const __m256i q =
+        _mm256_srl_epi32(_mm256_add_epi32(_mm256_srli_epi32(_mm256_sub_epi32(v, t), 1), t), sh);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(digit + j),
+                        _mm256_sub_epi32(v, _mm256_mullo_epi32(q, k)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(quotient + j), q);
+  }
+  split_scalar(in + j, quotient + j, digit + j, count - j, div);
+}
+#endif
+
+void split(const uint32_t* in, uint32_t* quotient, uint32_t* digit, uint64_t count, RadixDiv div,
+           int simd) {
+#ifdef HL_RADIX_SIMD
+  if (simd >= 2) return split_avx512(in, quotient, digit, count, div);
+  if (simd == 1) return split_avx2(in, quotient, digit, count, div);
+#endif
+  (void)simd;
+  split_scalar(in, quotient, digit, count, div);
 }
 
 // Codes of lane i for values [a, a + count): how many of them are codes (the rest is padding).
@@ -63,10 +122,11 @@ uint32_t width_of(uint64_t v) {
 
 }  // namespace
 
-RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint64_t below_bytes, int threads) {
+RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t below_bytes,
+                     int threads) {
   RadixPlan p;
   if (n == 0) return p;
-  const uint64_t k = (uint64_t)max_of(v, n) + 1;
+  const uint64_t k = (uint64_t)max_code + 1;
   if (!radix_k_ok(k)) return p;
   const uint32_t g = radix_group((uint32_t)k, n);
   const uint64_t G = hl_div_up(n, g);
@@ -74,14 +134,19 @@ RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint64_t below_bytes, int th
   const uint64_t nb = hl_div_up(G, HL_BLOCK);
   if (head + nb >= below_bytes) return p;  // cannot pay, whatever the values
   std::unique_ptr<uint32_t[]> values(new uint32_t[G]);
-  const int64_t spans = (int64_t)hl_div_up(G, kSpan);
-#pragma omp parallel for num_threads(threads) schedule(static) if (n > (1u << 20))
-  for (int64_t s = 0; s < spans; ++s) {
+  auto span_values = [&](int64_t s) {
     const uint64_t a = (uint64_t)s * kSpan, count = G - a < kSpan ? G - a : kSpan;
     uint32_t* out = values.get() + a;
     for (uint64_t j = 0; j < count; ++j) out[j] = 0;
     for (uint32_t i = g; i-- > 0;)  // most significant digit first
       horner(out, v + (uint64_t)i * G + a, lane_codes(n, G, i, a, count), count, (uint32_t)k);
+  };
+  const int64_t spans = (int64_t)hl_div_up(G, kSpan);
+  if (n > (1u << 20)) {  // an OpenMP region costs about as much as a small segment's values
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t s = 0; s < spans; ++s) span_values(s);
+  } else {
+    for (int64_t s = 0; s < spans; ++s) span_values(s);
   }
   std::unique_ptr<uint8_t[]> widths(new uint8_t[nb]);
   block_widths(values.get(), G, widths.get(), threads);
@@ -113,25 +178,32 @@ struct Split {
   uint64_t n, G;
   uint32_t g;
   RadixDiv div;
+  int simd;
   std::atomic<bool> bad{false};
 
   // Values [first, first + count) of the section: their digits, lane by lane, to the inner sink.
+  // g - 1 splits; what is left of a value is its top digit, which must be below K.
   static void run(void* ctx, uint64_t first, const uint32_t* values, uint64_t count) {
     Split& s = *static_cast<Split*>(ctx);
     uint32_t value[kSpan], digit[kSpan];
-    uint32_t stray = 0;  // padding digits and what is left of values >= K^g: must be 0
+    uint32_t stray = 0, top = 0;  // padding digits (must be 0), largest top digit (below K)
     for (uint64_t off = 0; off < count; off += kSpan) {
       const uint64_t c = count - off < kSpan ? count - off : kSpan, a = first + off;
-      memcpy(value, values + off, c * 4);
-      for (uint32_t i = 0; i < s.g; ++i) {
-        split(value, digit, c, s.div);
+      const uint32_t* rest = values + off;  // the values' digits not yet split off
+      for (uint32_t i = 0; i + 1 < s.g; ++i) {
+        split(rest, value, digit, c, s.div, s.simd);
+        rest = value;
         const uint64_t keep = lane_codes(s.n, s.G, i, a, c);
         if (keep) s.inner.fn(s.inner.ctx, (uint64_t)i * s.G + a, digit, keep);
         stray |= or_of(digit + keep, c - keep);
       }
-      stray |= or_of(value, c);
+      const uint64_t keep = lane_codes(s.n, s.G, s.g - 1, a, c);
+      const uint32_t m = max_of(rest, c);
+      top = m > top ? m : top;
+      if (keep) s.inner.fn(s.inner.ctx, (uint64_t)(s.g - 1) * s.G + a, rest, keep);
+      stray |= or_of(rest + keep, c - keep);
     }
-    if (stray) s.bad.store(true, std::memory_order_relaxed);
+    if (stray || top >= s.div.k) s.bad.store(true, std::memory_order_relaxed);
   }
 };
 
@@ -150,6 +222,7 @@ void radix_unpack_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, ui
   s.G = hl_div_up(n, g);
   s.g = g;
   s.div = radix_div_of(k);
+  s.simd = cpu::simd_level();
   unpack_blocks_to(in, len, s.G, width_of(span - 1), what, threads, ChunkSink{&Split::run, &s});
   if (s.bad.load())
     throw FrameError(std::string("frame is corrupted: the ") + what + " (radix " +

@@ -21,9 +21,10 @@ struct RadixPlan {
   uint64_t bytes = 0;                 // the whole section
 };
 
-// The radix section of the n codes at v when it is smaller than below_bytes (their block
-// packing); a plan with k = 0 otherwise.
-RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint64_t below_bytes, int threads);
+// The radix section of the n codes at v, the largest of which is max_code, when it is smaller
+// than below_bytes (their block packing); a plan with k = 0 otherwise.
+RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t below_bytes,
+                     int threads);
 
 // Writes a plan's section (k != 0): plan.bytes bytes at out.
 void radix_write(const RadixPlan& p, uint8_t* out, int threads);

@@ -349,3 +349,30 @@ def test_every_byte_flip_of_a_radix_frame_raises_and_resealed_ones_raise_or_deco
 def test_a_lossless_segment_with_a_radix_mark_raises():
     with pytest.raises(hvd_lossy.FrameError):
         hvd_lossy.decompress(sealed_frame(radix_code(17, 7, [0] * 5), flags=0x02))
+
+
+# ---- golden frames ----------------------------------------------------------------------------
+
+def _golden(name):
+    from pathlib import Path
+    path = Path(__file__).resolve().parent / "golden" / f"{name}.bin"
+    return torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("name", ["v2_f32_1d_2seg", "v2_f32_rel003_level1_3seg"])
+def test_block_packed_goldens_from_before_radix_decode_exactly_as_their_radix_successors(name):
+    old, new = _golden(name + "_before_radix"), _golden(name)
+    old_segs = hvd_lossy.frame_info(old)["segments"]
+    new_segs = hvd_lossy.frame_info(new)["segments"]
+    assert all(s["radix"] is None for s in old_segs) and any(s["radix"] for s in new_segs)
+    assert sum(s["code_bytes"] for s in new_segs) < sum(s["code_bytes"] for s in old_segs)
+    assert torch.equal(hvd_lossy.decompress(old).view(torch.int32),
+                       hvd_lossy.decompress(new).view(torch.int32))
+
+
+def test_radix_goldens_report_their_radix_and_group_in_frame_info():
+    segs = hvd_lossy.frame_info(_golden("v2_f32_radix_level1_2seg"))["segments"]
+    assert [(s["radix"], s["radix_group"]) for s in segs] == [(17, 4), (11, 8)]
+    segs = hvd_lossy.frame_info(_golden("v2_f32_radix_dither_2seg"))["segments"]
+    assert [(s["radix"], s["radix_group"]) for s in segs] == [(19, 4), (11, 8)]
+    assert all(s["dither_seed"] is not None for s in segs)

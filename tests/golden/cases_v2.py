@@ -40,6 +40,12 @@ CASES_V2 = {
                                    dict(error_bounds=0.03, mode="rel", level=2)),
     "v2_f32_1d_2seg": (lambda: lookups(rows=1, dim=100).reshape(-1), [60, 40],
                        dict(error_bounds=0.03, mode="rel", level=1)),
+    # Radix-packed level-1 codes (frame.h "Radix section"): K = 17 in groups of 4 and K = 11 in
+    # groups of 8 behind a packed map; dithered (no dedup) K = 19 and 11.
+    "v2_f32_radix_level1_2seg": (lambda: lookups(rows=128, dim=32), [64, 64],
+                                 dict(error_bounds=[0.03, 0.05], mode="rel", level=1)),
+    "v2_f32_radix_dither_2seg": (lambda: lookups(rows=128, dim=32), [64, 64],
+                                 dict(error_bounds=[0.03, 0.05], mode="rel", level=1, dither=5)),
     # A destination's chunk of the alltoall: the protocol's extension in the frame header
     # (hvd_lossy/chunk_header.py: flags PENDING, grank 3, settings 0x5EED1234, pending 10, 1, 7).
     "v2_ext_f32_rel003_level2_3seg": (lambda: lookups(), [40, 32, 24],
@@ -53,6 +59,9 @@ LEGACY_V2 = {
     "v2_f32_coded_map_level2_before_buckets": CASES_V2["v2_f32_coded_map_level2"],
     # ... and of v2_f16_abs001_dither_2seg before shared rANS tables (a table a segment)
     "v2_f16_abs001_dither_2seg_before_shared_table": CASES_V2["v2_f16_abs001_dither_2seg"],
+    # ... and of the level-1 cases before radix packing (their codes block packed)
+    "v2_f32_1d_2seg_before_radix": CASES_V2["v2_f32_1d_2seg"],
+    "v2_f32_rel003_level1_3seg_before_radix": CASES_V2["v2_f32_rel003_level1_3seg"],
 }
 
 # Chunks of no segments: (dtype, trailing, extension). A failure (flags FAILED: grank 1,
