@@ -9,6 +9,10 @@ For each workload (synthetic, criteo, criteo 52 chunks) and level, on --device:
              against the CPU decode of the CPU's frame.
   timing     compress, decompress and the device checksum (verify_cuda: CRC32C over the frame)
              with CUDA events, medians of --repeat.
+Radix sections (frame.h "Radix section", level 1): frames with radix-packed segments (K = 17
+with a row map, K = 5 and 295, outliers, a 47-code segment whose last value pads) decoded on
+--device bit-exact against the CPU, and sealed frames with a value >= K^g, a nonzero padding
+digit or K = 16 that must raise FrameError there.
 And once, the limits: a corrupt v1 frame announcing 64 GiB and a corrupt v2 frame announcing
 2^40 rows must raise FrameError naming the checksum, and a sealed v1 frame of 2^40 rows must
 raise FrameError naming max_output_bytes, each without growing device memory (torch's peak and
@@ -87,6 +91,84 @@ def limits(torch, hvd_lossy, _C, device):
     return ok, out
 
 
+def _varint(v):
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _block_packed(values):
+    """frame.h "Packed integer arrays" of the values (tests/test_radix.py has the same)."""
+    values = list(values) + [0] * (-len(values) % 32)
+    blocks = [values[i:i + 32] for i in range(0, len(values), 32)]
+    widths = bytes(max(b).bit_length() for b in blocks)
+    payload = b"".join(struct.pack("<I", sum(((v >> j) & 1) << i for i, v in enumerate(b)))
+                       for w, b in zip(widths, blocks) for j in range(w))
+    return widths + payload
+
+
+def _sealed_radix(torch, _C, k, g, values):
+    """A v2 f32 frame of one 4 x 8 lossy level-1 segment (abs bound 0.5) whose code section is
+    the radix section of K = k, groups of g, these values."""
+    code = b"\xff" + _varint(k) + _varint(g) + _block_packed(values)
+    body = bytes([2 << 2, 8, 1, 0, 4, 0x00, 0x00, 0x3F]) + _varint(len(code)) + code
+    total = 7 + len(_varint(7 + 2 + len(body))) + len(body)
+    rest = _varint(total) + body
+    buf = torch.frombuffer(bytearray(rest), dtype=torch.uint8)
+    crc = _C.crc32c(buf.data_ptr(), len(rest), False)
+    return torch.frombuffer(bytearray(b"HV\x02" + struct.pack("<I", crc) + rest), dtype=torch.uint8)
+
+
+def radix(torch, hvd_lossy, _C, device):
+    """(ok, rows of the report) of the radix part, on device."""
+    g = torch.Generator().manual_seed(30)
+    u = (torch.rand(96, 16, generator=g) - 0.5) * 0.1
+    specials = u.clone()
+    specials.view(-1)[[5, 77, 300, 901]] = torch.tensor([float("nan"), float("inf"), -float("inf"), 3e38])
+    frames = [
+        ("K 17, row map", hvd_lossy.compress_chunks(u[torch.arange(96) % 40], [64, 32], 0.03,
+                                                    level=1, format=2)[0]),
+        ("K 5 and 295", hvd_lossy.compress_chunks(u, [48, 48], [0.12, 0.0017], level=1, format=2)[0]),
+        ("outliers", hvd_lossy.compress_chunks(specials, [50, 46], 0.003, mode="abs", level=1,
+                                               format=2)[0]),
+        ("47 codes, padded", hvd_lossy.compress_chunks(u.flatten()[:47].contiguous(), [47], 0.03,
+                                                       level=1, format=2)[0]),
+    ]
+    bits = lambda t: t.view(torch.int32)  # noqa: E731
+    out, ok = [], True
+    for name, frame in frames:
+        segs = hvd_lossy.frame_info(frame)["segments"]
+        r = {"frame": name, "radix": [s["radix"] for s in segs]}
+        try:
+            ref = hvd_lossy.decompress(frame)
+            got = hvd_lossy.decompress(frame.to(device)).cpu()
+            r["ok"] = any(r["radix"]) and bool(torch.equal(bits(got), bits(ref)))
+        except Exception as e:
+            r["ok"], r["error"] = False, f"{type(e).__name__}: {e}"
+        ok &= r["ok"]
+        out.append(r)
+    too_big = [0] * 5
+    too_big[2] = 17 ** 7
+    padded = [0] * 5
+    padded[2] = 17 ** 6  # digit 6 of value 2: code 32 of 32
+    for name, frame in (("value >= K^g", _sealed_radix(torch, _C, 17, 7, too_big)),
+                        ("nonzero padding digit", _sealed_radix(torch, _C, 17, 7, padded)),
+                        ("K a power of two", _sealed_radix(torch, _C, 16, 8, [0] * 4))):
+        try:
+            hvd_lossy.decompress(frame.to(device))
+            r = {"frame": name, "ok": False, "error": "decoded (expected FrameError)"}
+        except hvd_lossy.FrameError:
+            r = {"frame": name, "ok": True}
+        except Exception as e:
+            r = {"frame": name, "ok": False, "error": f"{type(e).__name__}: {e}"}
+        ok &= r["ok"]
+        out.append(r)
+    return ok, out
+
+
 def one(name, x_cpu, rows, level, args, timed, torch, hvd_lossy, _C):
     eb, dev = args.error_bound, args.device
     rows = rows or [x_cpu.shape[0]]
@@ -126,8 +208,10 @@ def run(args, report, data, timed):
     ok, runs = True, []
     cuda_v2 = bool(getattr(_C, "WITH_CUDA_V2_ENCODER", False))
     lim_ok, lim = limits(torch, hvd_lossy, _C, args.device)
-    ok &= lim_ok
-    report.stage("v2", ok=ok, device=args.device, cuda_v2_encoder=cuda_v2, limits=lim, runs=runs)
+    rad_ok, rad = radix(torch, hvd_lossy, _C, args.device)
+    ok &= lim_ok and rad_ok
+    report.stage("v2", ok=ok, device=args.device, cuda_v2_encoder=cuda_v2, limits=lim, radix=rad,
+                 runs=runs)
     for name, x, rows in data:
         for level in args.levels:
             try:
@@ -136,7 +220,8 @@ def run(args, report, data, timed):
                 r = {"workload": name, "level": level, "ok": False, "error": f"{type(e).__name__}: {e}"}
             ok &= r["ok"]
             runs.append(r)
-            report.stage("v2", ok=ok, device=args.device, cuda_v2_encoder=cuda_v2, limits=lim, runs=runs)
+            report.stage("v2", ok=ok, device=args.device, cuda_v2_encoder=cuda_v2, limits=lim,
+                         radix=rad, runs=runs)
     return ok
 
 
@@ -146,6 +231,9 @@ def print_table(stage):
     for lim in stage.get("limits", []):
         print(f"  {lim['frame']:32} {lim['call']:17} {'ok' if lim['ok'] else 'FAILED'} "
               f"{lim['error']} {lim['memory_growth'] or ''}")
+    for r in stage.get("radix", []):
+        print(f"  radix: {r['frame']:24} {'ok' if r['ok'] else 'FAILED'} {r.get('radix', '')} "
+              f"{r.get('error', '')}")
     print(f"  {'workload':17} {'L':>1} {'ratio':>6} {'same':>4} {'x-dec':>5} {'comp ms':>8} {'dec ms':>8} "
           f"{'crc ms':>7} {'crc GB/s':>8}")
     for r in stage.get("runs", []):

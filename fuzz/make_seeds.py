@@ -106,7 +106,27 @@ def frames_v2():
     yield "v2_f32_l2_streams", hvd_lossy.compress(_lookups(160, 64, torch.float32, seed=5), 0.02,
                                                   level=2, format=2)
     yield "v2_f32_empty", hvd_lossy.compress_chunks(torch.empty(0, 4), [0, 0], 0.1, format=2)[0]
+    yield from frames_v2_radix()
     yield from frames_v2_ext()
+
+
+def frames_v2_radix():
+    """Yields (name, frame) pairs of format-2 frames with radix-packed level-1 code sections
+    (frame.h "Radix section"): codes uniform below K = 17 (rel bound 0.03 of a uniform range),
+    other K, few codes (one value block, padding digits), outliers, dither, a row map."""
+    g = torch.Generator().manual_seed(30)
+    u = (torch.rand(96, 16, generator=g) - 0.5) * 0.1
+    yield "v2_radix_k17", hvd_lossy.compress_chunks(u, [64, 32], 0.03, level=1, format=2)[0]
+    yield "v2_radix_k5_k300", hvd_lossy.compress_chunks(u, [48, 48], [0.12, 0.0017], mode="rel",
+                                                        level=1, format=2)[0]
+    yield "v2_radix_few_codes_1d", hvd_lossy.compress_chunks(u.flatten()[:47].contiguous(), [47],
+                                                             0.03, level=1, format=2)[0]
+    yield "v2_radix_outliers", hvd_lossy.compress_chunks(_with_specials(u), [50, 46], 0.003,
+                                                         mode="abs", level=1, format=2)[0]
+    yield "v2_radix_dither_bf16", hvd_lossy.compress_chunks(u.to(torch.bfloat16), [96], 0.03,
+                                                            level=1, format=2, dither=7)[0]
+    yield "v2_radix_map", hvd_lossy.compress_chunks(u[torch.arange(96) % 40], [96], 0.03,
+                                                    level=1, format=2)[0]
 
 
 def frames_v2_ext():

@@ -99,6 +99,33 @@ struct CodeSink {
   }
 };
 
+// Receives the values of a radix section (frame.h) and hands each digit to the inner sink:
+// digit i of value j is code i * G + j. Digits past the n codes must be 0 and what is left after
+// g - 1 splits (the top digit) below K; anything else flags the code section.
+template <typename Inner>
+struct RadixSink {
+  Inner inner;
+  uint64_t n, G;
+  uint32_t g;
+  RadixDiv div;
+  __device__ void operator()(uint64_t j, uint32_t v, DecodeState* ds) const {
+    for (uint32_t i = 0; i + 1 < g; ++i) {
+      const uint32_t q = radix_div(v, div), d = v - q * div.k;
+      const uint64_t pos = (uint64_t)i * G + j;
+      if (pos < n)
+        inner(pos, d, ds);
+      else if (d)
+        flag(ds, kErrCodeSection);
+      v = q;
+    }
+    const uint64_t pos = (uint64_t)(g - 1) * G + j;
+    if (v >= div.k || (pos >= n && v))
+      flag(ds, kErrCodeSection);
+    else if (pos < n)
+      inner(pos, v, ds);
+  }
+};
+
 struct MapSink {
   uint32_t* map;
   __device__ void operator()(uint64_t i, uint32_t v, DecodeState*) const { map[i] = v; }
@@ -618,10 +645,16 @@ void enqueue_segment_v2(const SegmentPlan& p, const uint8_t* host_frame, const u
   s.ds = ds;
   raw_t* u = identity ? out : reinterpret_cast<raw_t*>(s.uniq);
   const CodeSink<DT> sink{u, 2.0 * v.eb_abs, (v.flags & HL_FLAG_LOSSLESS) != 0};
-  if (v.level == 1)
+  if (v.level == 1 && v.radix_k) {  // parse_v2 read and checked its head: lossy, nu >= 1
+    const uint64_t G = hl_div_up(nu, v.radix_g);
+    const RadixSink<CodeSink<DT>> radix{sink, nu, G, v.radix_g, radix_div_of(v.radix_k)};
+    unpack_section(on_device(v.code) + v.radix_head, v.code_bytes - v.radix_head, G,
+                   kErrCodeSection, radix, s, stream);
+  } else if (v.level == 1) {
     unpack_section(on_device(v.code), v.code_bytes, nu, kErrCodeSection, sink, s, stream);
-  else
+  } else {
     enqueue_rans_v2(on_device(v.code), p.code, nu, sink, x, ds, stream);
+  }
   launch("scatter_outliers", scatter_outliers_kernel<DT>, grid_for(v.n_outliers, kThreads),
          kThreads, stream, on_device(v.outliers), v.n_outliers, nu, (uint32_t)v.pos_bytes,
          (uint32_t)sizeof(raw_t), u, ds);

@@ -482,3 +482,39 @@ def test_cuda_and_cpu_decoders_agree_on_every_tampered_v2_payload(level):
         if on_cpu[0] == "ok":
             assert torch.equal(on_cpu[1], on_gpu[1]), f"trial {trial}: decoded tensors differ"
     torch.cuda.synchronize()
+
+
+# ---- radix-packed level-1 codes (frame.h "Radix section") ---------------------------------------
+
+def uniform_rows(rows, dim, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(rows, dim, generator=g) - 0.5) * 0.1  # rel 0.03: codes below K = 17
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_decodes_radix_segments_bit_exactly(dtype):
+    x = torch.cat([uniform_rows(64, 32, 1), uniform_rows(40, 32, 2)[torch.arange(200) % 40],
+                   uniform_rows(1, 32, 3)]).to(dtype)
+    x[70, 5] = float("nan")
+    x[80, 6] = float("inf")
+    for rows, ebs in (([64, 200, 1], [0.03, 0.03, 0.05]), ([265], [0.012])):
+        info = assert_v2_decodes_alike_on_cuda(x, rows, ebs, "rel", 1, True)
+        assert any(s["radix"] for s in info["segments"])
+
+
+def test_cuda_and_cpu_decoders_agree_on_every_tampered_radix_payload():
+    x = uniform_rows(1000, 16, seed=12)
+    frame, _ = hvd_lossy.compress_chunks(x, [600, 400], [0.03, 0.05], level=1, format=2)
+    assert all(s["radix"] for s in hvd_lossy.frame_info(frame)["segments"])
+    start = hvd_lossy.frame_info(frame)["header_bytes"]
+    rng = random.Random(5)
+    for trial in range(200):
+        bad = frame.clone()
+        for _ in range(rng.choice([1, 1, 2, 5])):
+            bad[rng.randrange(start, frame.numel())] = rng.randrange(256)
+        bad = resealed_v2(bad)
+        on_cpu, on_gpu = decode_verdict(bad), decode_verdict(bad.cuda())
+        assert on_cpu[0] == on_gpu[0], f"trial {trial}: CPU {on_cpu[0]}, CUDA {on_gpu[0]}"
+        if on_cpu[0] == "ok":
+            assert torch.equal(on_cpu[1], on_gpu[1]), f"trial {trial}: decoded tensors differ"
+    torch.cuda.synchronize()
