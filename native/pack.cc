@@ -161,11 +161,17 @@ HL_AVX512 void pack_block_avx512(const uint32_t* v, uint32_t w, uint8_t* out) {
     for (uint32_t j = 0; j < w; ++j)
       store_u32(out + 4 * j, _mm512_test_epi16_mask(h, _mm512_set1_epi16((short)(1u << j))));
   } else {
-    for (uint32_t j = 0; j < w; ++j) {
-      const __m512i bit = _mm512_set1_epi32((int)(1u << j));
-      store_u32(out + 4 * j, (uint32_t)_mm512_test_epi32_mask(lo, bit) |
-                                 (uint32_t)_mm512_test_epi32_mask(hi, bit) << 16);
-    }
+    // The values' low and high 16 bits as two sets of 32 16-bit lanes: one test a bit plane.
+    const __m512i l16 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)),
+                                           _mm512_cvtepi32_epi16(hi), 1);
+    const __m512i h16 = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm512_cvtepi32_epi16(_mm512_srli_epi32(lo, 16))),
+        _mm512_cvtepi32_epi16(_mm512_srli_epi32(hi, 16)), 1);
+    for (uint32_t j = 0; j < 16; ++j)
+      store_u32(out + 4 * j, _mm512_test_epi16_mask(l16, _mm512_set1_epi16((short)(1u << j))));
+    for (uint32_t j = 16; j < w; ++j)
+      store_u32(out + 4 * j,
+                _mm512_test_epi16_mask(h16, _mm512_set1_epi16((short)(1u << (j - 16)))));
   }
 }
 
@@ -185,13 +191,20 @@ HL_AVX512 void unpack_block_avx512(const uint8_t* in, uint32_t w, uint32_t* v) {
     _mm512_storeu_si512(v, _mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)));
     _mm512_storeu_si512(v + 16, _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)));
   } else {
-    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
-    for (uint32_t j = 0; j < w; ++j) {
-      const uint32_t word = load_u32(in + 4 * j);
-      const __m512i bit = _mm512_set1_epi32((int)(1u << j));
-      lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi32((__mmask16)word, bit));
-      hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi32((__mmask16)(word >> 16), bit));
-    }
+    // Bits 0-15 and 16..w-1 as two sets of 32 16-bit lanes (one masked move a plane, half the
+    // moves of 32-bit lanes: radix-packed values are 17 to 32 bits wide), joined at the end.
+    __m512i l16 = _mm512_setzero_si512(), h16 = _mm512_setzero_si512();
+    for (uint32_t j = 0; j < 16; ++j)
+      l16 = _mm512_or_si512(l16, _mm512_maskz_mov_epi16(load_u32(in + 4 * j),
+                                                         _mm512_set1_epi16((short)(1u << j))));
+    for (uint32_t j = 16; j < w; ++j)
+      h16 = _mm512_or_si512(h16, _mm512_maskz_mov_epi16(load_u32(in + 4 * j),
+                                                         _mm512_set1_epi16((short)(1u << (j - 16)))));
+    const __m512i lo = _mm512_or_si512(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(l16)),
+                                       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h16)), 16));
+    const __m512i hi = _mm512_or_si512(
+        _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(l16, 1)),
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h16, 1)), 16));
     _mm512_storeu_si512(v, lo);
     _mm512_storeu_si512(v + 16, hi);
   }

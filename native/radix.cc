@@ -13,7 +13,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
 #include <immintrin.h>
-#define HL_CLONES __attribute__((target_clones("avx2", "default")))
+#define HL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #define HL_RADIX_SIMD 1
 #define HL_AVX512 __attribute__((target("avx512f,avx2")))
 #define HL_AVX2 __attribute__((target("avx2")))

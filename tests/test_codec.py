@@ -261,6 +261,13 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
         "out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
         "buf, sizes = hvd_lossy.compress_chunks(big, [4096] * 4, 0.03)  # 8 MiB over 4 frames\n"
         "out += [p.numpy().tobytes() for p in hvd_lossy.decompress_chunks(buf, sizes)]\n"
+        "u = (torch.rand(2000, 32, generator=g) - 0.5) * 0.1  # radix-packed codes (K = 17)\n"
+        "for rows in ([64] * 5, [37, 2000 - 37]):\n"
+        "    for dither in (None, 5):\n"
+        "        buf = hvd_lossy.compress_chunks(u[:sum(rows)], rows, 0.03, level=1, format=2,\n"
+        "                                        dither=dither)[0]\n"
+        "        out.append(buf.numpy().tobytes())\n"
+        "        out += [p.numpy().tobytes() for p in hvd_lossy.decompress_chunks(buf)]\n"
         "sys.stdout.buffer.write(b''.join(out))\n")
 
     def frames(**flags):
