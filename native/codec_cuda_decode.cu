@@ -100,8 +100,8 @@ struct CodeSink {
 };
 
 // Receives the values of a radix section (frame.h) and hands each digit to the inner sink:
-// digit i of value j is code i * G + j. Digits past the n codes must be 0 and what is left after
-// g - 1 splits (the top digit) below K; anything else flags the code section.
+// digit i of value j is code radix_code_of(G, g, j, i). Digits past the n codes must be 0 and
+// what is left after g - 1 splits (the top digit) below K; anything else flags the code section.
 template <typename Inner>
 struct RadixSink {
   Inner inner;
@@ -111,14 +111,14 @@ struct RadixSink {
   __device__ void operator()(uint64_t j, uint32_t v, DecodeState* ds) const {
     for (uint32_t i = 0; i + 1 < g; ++i) {
       const uint32_t q = radix_div(v, div), d = v - q * div.k;
-      const uint64_t pos = (uint64_t)i * G + j;
+      const uint64_t pos = radix_code_of(G, g, j, i);
       if (pos < n)
         inner(pos, d, ds);
       else if (d)
         flag(ds, kErrCodeSection);
       v = q;
     }
-    const uint64_t pos = (uint64_t)(g - 1) * G + j;
+    const uint64_t pos = radix_code_of(G, g, j, g - 1);
     if (v >= div.k || (pos >= n && v))
       flag(ds, kErrCodeSection);
     else if (pos < n)

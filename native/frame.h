@@ -125,12 +125,16 @@
 //   varint K                        3 <= K <= 65535, not a power of two
 //   varint g                        1 <= g, K^g < 2^32
 //   values                          G = ceil(n / g) values, block-packed (as v1), each < K^g:
-//                                   value j = sum_i d(i, j) * K^i, i = 0..g-1, where digit
-//                                   d(i, j) is code i * G + j, and 0 where i * G + j >= n
-// Digit i of every value is a run of G consecutive codes (lanes rather than groups of
-// neighbours), so splitting values and writing their codes are contiguous, vector-friendly
-// loops on the CPU and coalesced on the GPU. A decoder rejects a value >= K^g and a nonzero
-// padding digit. The encoder (CPU) takes K = largest code + 1, g = radix_group(K, n)
+//                                   value j = sum_i d(i, j) * K^i, i = 0..g-1
+// Digits to codes: the values come in spans of S = HL_RADIX_SPAN = 2048 (span s: values
+// [s * S, s * S + L), L = S but for the last span, L = G - s * S), and span s carries codes
+// [s * S * g, s * S * g + L * g) in g lanes of L: digit d(i, j) of its value j = s * S + t is
+// code s * S * g + i * L + t, and must be 0 where that is >= n (padding: the last span's last
+// lanes only). Lanes rather than groups of neighbours: splitting values lane by lane gives runs
+// of consecutive codes, so the split and the stores are contiguous, vector-friendly loops on
+// the CPU and coalesced on the GPU; spans keep a decoder's writes within one region of codes at
+// a time. (A section of up to S values, n <= S * g, is one span: code i * G + j.) A decoder
+// rejects a value >= K^g and a nonzero padding digit. The encoder (CPU) takes K = largest code + 1, g = radix_group(K, n)
 // (frame_v2_codec.h: the g minimizing the section's worst-case bytes), and stores the section
 // only when it is smaller than block packing, in segments coded at level 1 (a level-2
 // segment's packed fallback stays block packed); lossless segments and v1 frames never have one.

@@ -181,6 +181,17 @@ HL_HD uint32_t radix_div(uint32_t v, RadixDiv d) {
   return (((v - t) >> 1) + t) >> d.shift;
 }
 
+// Values of a radix section come in spans of HL_RADIX_SPAN (the last one shorter), and a span's
+// digits cover that span's own run of codes: digit i of value j is code radix_code_of(G, g, j, i)
+// (frame.h). A decoder that splits a span's values lane by lane thus writes one region of
+// codes, nearly in order.
+#define HL_RADIX_SPAN 2048
+HL_HD uint64_t radix_code_of(uint64_t G, uint32_t g, uint64_t j, uint32_t i) {
+  const uint64_t base = j / HL_RADIX_SPAN * HL_RADIX_SPAN;
+  const uint64_t span = G - base < HL_RADIX_SPAN ? G - base : HL_RADIX_SPAN;
+  return base * g + (uint64_t)i * span + (j - base);
+}
+
 // What get_radix_head found.
 enum RadixStatus : int {
   HL_RADIX_NONE = 0,       // no radix mark: a plain block-packed section

@@ -24,8 +24,9 @@
 namespace hl {
 namespace {
 
-// Values a step of the loops below handles: 8 KiB of values and 8 KiB of digits stay in L1.
-constexpr uint64_t kSpan = 2048;
+// Values a step of the loops below handles, the format's span (frame_v2_codec.h): 8 KiB of
+// values and 8 KiB of digits stay in L1.
+constexpr uint64_t kSpan = HL_RADIX_SPAN;
 
 HL_CLONES uint32_t max_of(const uint32_t* v, uint64_t n) {
   uint32_t m = 0;
@@ -107,9 +108,8 @@ void split(const uint32_t* in, uint32_t* quotient, uint32_t* digit, uint64_t cou
   split_scalar(in, quotient, digit, count, div);
 }
 
-// Codes of lane i for values [a, a + count): how many of them are codes (the rest is padding).
-inline uint64_t lane_codes(uint64_t n, uint64_t G, uint32_t i, uint64_t a, uint64_t count) {
-  const uint64_t start = (uint64_t)i * G + a;
+// Of `count` codes from code `start` on, how many lie below n (the rest is padding).
+inline uint64_t codes_below(uint64_t n, uint64_t start, uint64_t count) {
   if (start >= n) return 0;
   return n - start < count ? n - start : count;
 }
@@ -134,12 +134,14 @@ RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t 
   const uint64_t nb = hl_div_up(G, HL_BLOCK);
   if (head + nb >= below_bytes) return p;  // cannot pay, whatever the values
   std::unique_ptr<uint32_t[]> values(new uint32_t[G]);
-  auto span_values = [&](int64_t s) {
+  auto span_values = [&](int64_t s) {  // span s: values a.. and codes a * g.. (frame.h)
     const uint64_t a = (uint64_t)s * kSpan, count = G - a < kSpan ? G - a : kSpan;
     uint32_t* out = values.get() + a;
     for (uint64_t j = 0; j < count; ++j) out[j] = 0;
-    for (uint32_t i = g; i-- > 0;)  // most significant digit first
-      horner(out, v + (uint64_t)i * G + a, lane_codes(n, G, i, a, count), count, (uint32_t)k);
+    for (uint32_t i = g; i-- > 0;) {  // most significant digit first
+      const uint64_t start = radix_code_of(G, g, a, i);
+      horner(out, v + start, codes_below(n, start, count), count, (uint32_t)k);
+    }
   };
   const int64_t spans = (int64_t)hl_div_up(G, kSpan);
   if (n > (1u << 20)) {  // an OpenMP region costs about as much as a small segment's values
@@ -181,27 +183,30 @@ struct Split {
   int simd;
   std::atomic<bool> bad{false};
 
-  // Values [first, first + count) of the section: their digits, lane by lane, to the inner sink.
-  // g - 1 splits; what is left of a value is its top digit, which must be below K.
+  // Values [first, first + count) of the section: their digits, lane by lane, to the inner sink,
+  // a span at a time (a chunk may start or end inside one). g - 1 splits; what is left of a
+  // value is its top digit, which must be below K.
   static void run(void* ctx, uint64_t first, const uint32_t* values, uint64_t count) {
     Split& s = *static_cast<Split*>(ctx);
     uint32_t value[kSpan], digit[kSpan];
     uint32_t stray = 0, top = 0;  // padding digits (must be 0), largest top digit (below K)
-    for (uint64_t off = 0; off < count; off += kSpan) {
-      const uint64_t c = count - off < kSpan ? count - off : kSpan, a = first + off;
+    for (uint64_t off = 0; off < count;) {
+      const uint64_t a = first + off, end_of_span = (a / kSpan + 1) * kSpan;
+      const uint64_t c = (end_of_span < first + count ? end_of_span : first + count) - a;
       const uint32_t* rest = values + off;  // the values' digits not yet split off
       for (uint32_t i = 0; i + 1 < s.g; ++i) {
         split(rest, value, digit, c, s.div, s.simd);
         rest = value;
-        const uint64_t keep = lane_codes(s.n, s.G, i, a, c);
-        if (keep) s.inner.fn(s.inner.ctx, (uint64_t)i * s.G + a, digit, keep);
+        const uint64_t start = radix_code_of(s.G, s.g, a, i), keep = codes_below(s.n, start, c);
+        if (keep) s.inner.fn(s.inner.ctx, start, digit, keep);
         stray |= or_of(digit + keep, c - keep);
       }
-      const uint64_t keep = lane_codes(s.n, s.G, s.g - 1, a, c);
+      const uint64_t start = radix_code_of(s.G, s.g, a, s.g - 1), keep = codes_below(s.n, start, c);
       const uint32_t m = max_of(rest, c);
       top = m > top ? m : top;
-      if (keep) s.inner.fn(s.inner.ctx, (uint64_t)(s.g - 1) * s.G + a, rest, keep);
+      if (keep) s.inner.fn(s.inner.ctx, start, rest, keep);
       stray |= or_of(rest + keep, c - keep);
+      off += c;
     }
     if (stray || top >= s.div.k) s.bad.store(true, std::memory_order_relaxed);
   }

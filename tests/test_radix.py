@@ -49,13 +49,24 @@ def block_packed(values):
     return widths + bytes(payload)
 
 
+SPAN = 2048  # HL_RADIX_SPAN
+
+
+def code_of(G, g, j, i):
+    """frame.h: digit i of value j is code s * S * g + i * L + t (span s, j = s * S + t)."""
+    base = j // SPAN * SPAN
+    return base * g + i * min(G - base, SPAN) + (j - base)
+
+
 def radix_section(codes):
     k = max(codes) + 1
     n = len(codes)
     g = reference_group(k, n)
     G = -(-n // g)
-    values = [sum((codes[i * G + j] if i * G + j < n else 0) * k ** i for i in range(g))
-              for j in range(G)]
+    values = []
+    for j in range(G):
+        pos = [code_of(G, g, j, i) for i in range(g)]
+        values.append(sum((codes[p] if p < n else 0) * k ** i for i, p in enumerate(pos)))
     return b"\xff" + varint(k) + varint(g) + block_packed(values)
 
 
@@ -162,9 +173,10 @@ def test_most_k_not_a_power_of_two_pay_on_a_64_row_segment():
     assert sum(used) >= 0.9 * len(used), sum(used)
 
 
-@pytest.mark.parametrize("n", [1, 2, 6, 7, 8, 13, 14, 42, 43, 48, 224, 225, 1000])
+@pytest.mark.parametrize("n", [1, 2, 6, 7, 8, 13, 14, 42, 43, 48, 224, 225, 1000,
+                               2048 * 7, 2048 * 7 + 1, 40000])
 def test_radix_section_is_the_bytes_frame_h_describes(n):
-    x, z = integer_rows(17, n=n, dim=1, seed=n)
+    x, z = integer_rows(17, n=n, dim=1, seed=n)  # 2048 * 7 + 1 and up: several spans
     frame = v2_level1(x, 0.5, dedup=False)
     seg = hvd_lossy.frame_info(frame)["segments"][0]
     block = block_packed(z.tolist())
