@@ -40,11 +40,9 @@ HL_CLONES uint32_t or_of(const uint32_t* v, uint64_t n) {
   return m;
 }
 
-// One Horner step over `count` values: value * K + digit, the digit 0 from `len` on.
-HL_CLONES void horner(uint32_t* value, const uint32_t* digit, uint64_t len, uint64_t count,
-                      uint32_t k) {
-  for (uint64_t j = 0; j < len; ++j) value[j] = value[j] * k + digit[j];
-  for (uint64_t j = len; j < count; ++j) value[j] *= k;
+// value += digit * K^i for the first `len` of the values (the digit is 0 after them).
+HL_CLONES void add_digits(uint32_t* value, const uint32_t* digit, uint64_t len, uint32_t power) {
+  for (uint64_t j = 0; j < len; ++j) value[j] += digit[j] * power;
 }
 
 // digit = in mod K, quotient = in / K, for `count` values (in may be quotient).
@@ -138,9 +136,10 @@ RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t 
     const uint64_t a = (uint64_t)s * kSpan, count = G - a < kSpan ? G - a : kSpan;
     uint32_t* out = values.get() + a;
     for (uint64_t j = 0; j < count; ++j) out[j] = 0;
-    for (uint32_t i = g; i-- > 0;) {  // most significant digit first
+    uint32_t power = 1;  // K^i < K^g < 2^32
+    for (uint32_t i = 0; i < g; ++i, power *= (uint32_t)k) {  // lanes in memory order: one stream
       const uint64_t start = radix_code_of(G, g, a, i);
-      horner(out, v + start, codes_below(n, start, count), count, (uint32_t)k);
+      add_digits(out, v + start, codes_below(n, start, count), power);
     }
   };
   const int64_t spans = (int64_t)hl_div_up(G, kSpan);
