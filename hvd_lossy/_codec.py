@@ -315,7 +315,8 @@ def frame_info(frame):
         ``raw_bytes``, ``ratio`` and ``segments``: one dict a segment with its ``rows``,
         ``level``, ``mode``, ``lossless``, ``dither_seed``, ``eb_abs``, ``n_rows``, ``row_len``,
         ``n_unique``, ``n_outliers``, ``map_bytes``, ``map_coded``, ``code_bytes``,
-        ``outlier_bytes`` and ``segment_bytes`` (descriptor and payload).
+        ``radix`` and ``radix_group`` (K and g of a radix-packed level-1 code section, else
+        None), ``outlier_bytes`` and ``segment_bytes`` (descriptor and payload).
     """
     frame = _as_frame_bytes(frame)
     info = _host_header(frame)
