@@ -1,5 +1,5 @@
 // Radix packing on the host (radix.h). The encoder's loops are plain element-wise code built for
-// AVX2 and the baseline (target_clones), which the compiler vectorizes. The decoder's digit split
+// AVX-512, AVX2 and the baseline (target_clones), which the compiler vectorizes. The digit split
 // is written with intrinsics (AVX-512 16 values a step, AVX2 8), since the compiler widens
 // radix_div's 32 x 32 -> 64-bit products to 64-bit lanes (8 values a step at best); all paths
 // compute radix_div exactly (frame_v2_codec.h) and write the same digits.
@@ -233,16 +233,6 @@ void radix_unpack_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, ui
                      std::to_string(k) + ", groups of " + std::to_string(g) +
                      ") holds a value of " + std::to_string(span) + " or more, or a " +
                      "nonzero digit past its " + std::to_string(n) + " codes");
-}
-
-void radix_unpack(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, uint32_t g,
-                  uint32_t* codes, const char* what, int threads) {
-  struct Copy {
-    static void run(void* ctx, uint64_t first, const uint32_t* v, uint64_t count) {
-      memcpy(static_cast<uint32_t*>(ctx) + first, v, count * 4);
-    }
-  };
-  radix_unpack_to(in, len, n, k, g, what, threads, ChunkSink{&Copy::run, codes});
 }
 
 }  // namespace hl

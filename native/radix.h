@@ -37,8 +37,4 @@ void radix_write(const RadixPlan& p, uint8_t* out, int threads);
 void radix_unpack_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, uint32_t g,
                      const char* what, int threads, ChunkSink sink);
 
-// The same into an array of n codes (tests and tools; the decoder streams).
-void radix_unpack(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, uint32_t g,
-                  uint32_t* codes, const char* what, int threads);
-
 }  // namespace hl
