@@ -217,11 +217,29 @@ HL_AVX512 uint32_t block_max_avx512(const uint32_t* v) {
 #endif
 
 #ifdef HL_HAVE_AVX512_PACK
-// AVX2 versions for machines without AVX-512: the byte-sized case (lossy codes of a few bits,
-// the usual one) 32 values a bit plane; wider blocks keep the SSE2 and portable loops.
+// AVX2 versions for machines without AVX-512: unpacking any width eight planes at a time,
+// packing the byte-sized case (lossy codes of a few bits, the usual one) 32 values a plane and
+// blocks over 16 bits (radix sections' values) by sign-bit masks; 9- to 16-bit blocks pack
+// with the SSE2 loop.
 #define HL_AVX2 __attribute__((target("avx2")))
 
 HL_AVX2 void pack_block_avx2(const uint32_t* v, uint32_t w, uint8_t* out) {
+  if (w > 16) {
+    // Wide blocks (radix sections' values): bit j of 8 values is the sign bit after a shift
+    // left by 31 - j, and movemask_ps collects 8 of them; four a plane.
+    const __m256i* p = reinterpret_cast<const __m256i*>(v);
+    const __m256i a = _mm256_loadu_si256(p), b = _mm256_loadu_si256(p + 1),
+                  c = _mm256_loadu_si256(p + 2), d = _mm256_loadu_si256(p + 3);
+    for (uint32_t j = 0; j < w; ++j) {
+      const __m128i sh = _mm_cvtsi32_si128((int)(31 - j));
+      const uint32_t m = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_sll_epi32(a, sh))) |
+                         (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_sll_epi32(b, sh))) << 8 |
+                         (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_sll_epi32(c, sh))) << 16 |
+                         (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_sll_epi32(d, sh))) << 24;
+      store_u32(out + 4 * j, m);
+    }
+    return;
+  }
   if (w > 8) return pack_block(v, w, out);
   const __m256i* p = reinterpret_cast<const __m256i*>(v);
   // Values < 256 survive the saturating packs; the packs work per 128-bit lane, and the
@@ -236,23 +254,47 @@ HL_AVX2 void pack_block_avx2(const uint32_t* v, uint32_t w, uint8_t* out) {
 }
 
 HL_AVX2 void unpack_block_avx2(const uint8_t* in, uint32_t w, uint32_t* v) {
-  if (w > 8) return unpack_block(in, w, v);
-  // Byte i of a broadcast plane word picks byte i / 8 of the word, then tests bit i % 8.
+  // Eight bit planes at a time into 32 byte lanes: byte i of a broadcast plane word picks byte
+  // i / 8 of the word, then tests bit i % 8. Each group of eight planes is widened to 32-bit
+  // lanes and shifted into place (one group for the usual narrow codes; up to four for the
+  // 17- to 32-bit values of radix sections).
   const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
   const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-  __m256i acc = _mm256_setzero_si256();
-  for (uint32_t j = 0; j < w; ++j) {
-    const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi32((int)load_u32(in + 4 * j)), pick);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(x, bit), bit);
-    acc = _mm256_or_si256(acc, _mm256_and_si256(set, _mm256_set1_epi8((char)(1u << j))));
+  if (w <= 8) {  // one group, no shifts: the usual case, kept as short as it was
+    __m256i acc = _mm256_setzero_si256();
+    for (uint32_t j = 0; j < w; ++j) {
+      const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi32((int)load_u32(in + 4 * j)), pick);
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(x, bit), bit);
+      acc = _mm256_or_si256(acc, _mm256_and_si256(set, _mm256_set1_epi8((char)(1u << j))));
+    }
+    const __m128i lo = _mm256_castsi256_si128(acc), hi = _mm256_extracti128_si256(acc, 1);
+    __m256i* o = reinterpret_cast<__m256i*>(v);
+    _mm256_storeu_si256(o, _mm256_cvtepu8_epi32(lo));
+    _mm256_storeu_si256(o + 1, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    _mm256_storeu_si256(o + 2, _mm256_cvtepu8_epi32(hi));
+    _mm256_storeu_si256(o + 3, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+    return;
   }
-  const __m128i lo = _mm256_castsi256_si128(acc), hi = _mm256_extracti128_si256(acc, 1);
+  __m256i out[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                    _mm256_setzero_si256()};
+  for (uint32_t base = 0; base < w; base += 8) {
+    const uint32_t end = w < base + 8 ? w : base + 8;
+    __m256i acc = _mm256_setzero_si256();
+    for (uint32_t j = base; j < end; ++j) {
+      const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi32((int)load_u32(in + 4 * j)), pick);
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(x, bit), bit);
+      acc = _mm256_or_si256(acc, _mm256_and_si256(set, _mm256_set1_epi8((char)(1u << (j - base)))));
+    }
+    const __m128i lo = _mm256_castsi256_si128(acc), hi = _mm256_extracti128_si256(acc, 1);
+    const __m128i sh = _mm_cvtsi32_si128((int)base);
+    out[0] = _mm256_or_si256(out[0], _mm256_sll_epi32(_mm256_cvtepu8_epi32(lo), sh));
+    out[1] = _mm256_or_si256(out[1], _mm256_sll_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), sh));
+    out[2] = _mm256_or_si256(out[2], _mm256_sll_epi32(_mm256_cvtepu8_epi32(hi), sh));
+    out[3] = _mm256_or_si256(out[3], _mm256_sll_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), sh));
+  }
   __m256i* o = reinterpret_cast<__m256i*>(v);
-  _mm256_storeu_si256(o, _mm256_cvtepu8_epi32(lo));
-  _mm256_storeu_si256(o + 1, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-  _mm256_storeu_si256(o + 2, _mm256_cvtepu8_epi32(hi));
-  _mm256_storeu_si256(o + 3, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+  for (int q = 0; q < 4; ++q) _mm256_storeu_si256(o + q, out[q]);
 }
 
 HL_AVX512 uint32_t block_umax_avx512(const uint32_t* v) {
