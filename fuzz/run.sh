@@ -147,7 +147,7 @@ coverage() {
   llvmcov="$(command -v llvm-cov-14 || command -v llvm-cov)"
   "$profdata" merge -sparse "$prof"/*.profraw -o "$prof/merged.profdata"
   "$llvmcov" report "$bin" -instr-profile="$prof/merged.profdata" "${CODEC_SRCS[@]}"
-  echo "== per-line: $llvmcov show $bin -instr-profile=$prof/merged.profdata native/codec_cpu.cc"
+  echo "== per-line: $llvmcov show $bin -instr-profile=$prof/merged.profdata native/codec_cpu_decode.cc"
 }
 
 ci() {
