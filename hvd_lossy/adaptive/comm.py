@@ -42,8 +42,8 @@ def wait_yielding(request, sleep=time.sleep):
     MAX_POLL_SLEEP). A blocking MPI call busy-polls its core while the other ranks catch up;
     on a machine without spare cores that spin took the core from Horovod's background thread
     and from training: with the 40-step DLRM example over an emulated 1 Gbit/s link, the
-    adaptive recipe's steps took 5-15 ms longer with a blocking Allgather
-    (benchmarks/RESULTS.md)."""
+    adaptive recipe's steps took 50-55 ms with a blocking Allgather and 44-46 ms with this
+    wait (benchmarks/RESULTS.md, "adaptive's statistics exchange")."""
     nap = 20e-6
     while not request.Test():
         sleep(nap)
