@@ -10,6 +10,7 @@ import torch
 
 import hvd_lossy
 from hvd_lossy import _C
+from tests._format_ref import varint
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "golden"))
 from cases import HERE, lookups, specials  # noqa: E402
@@ -147,29 +148,20 @@ def test_every_corrupted_byte_or_truncation_raises_frame_error():
             hvd_lossy.decompress(torch.frombuffer(bytearray(frame[:n]), dtype=torch.uint8))
 
 
-def _varint(v):
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
 def _sealed(body):
     """A v2 frame around `body` (everything after total_bytes), with a correct CRC."""
     for total_len in range(1, 11):
         total = 7 + total_len + len(body)
-        if len(_varint(total)) == total_len:
+        if len(varint(total)) == total_len:
             break
-    rest = _varint(total) + body
+    rest = varint(total) + body
     return b"HV\x02" + struct.pack("<I", crc32c(rest)) + rest
 
 
 def test_a_frame_claiming_2_pow_40_rows_is_refused_before_allocating():
     # f32, ndim 2, trailing 32; one lossless level-1 segment of 2^40 rows and a 1-byte code section.
-    body = bytes([0 | (2 << 2)]) + _varint(32) + _varint(1) + bytes([0x02]) + _varint(1 << 40) \
-        + _varint(1) + b"\x00"
+    body = bytes([0 | (2 << 2)]) + varint(32) + varint(1) + bytes([0x02]) + varint(1 << 40) \
+        + varint(1) + b"\x00"
     frame = torch.frombuffer(bytearray(_sealed(body)), dtype=torch.uint8)
     with pytest.raises(hvd_lossy.FrameError, match="too small"):
         hvd_lossy.frame_info(frame)
@@ -178,7 +170,7 @@ def test_a_frame_claiming_2_pow_40_rows_is_refused_before_allocating():
 
 
 def test_a_sealed_frame_with_a_bad_field_names_it():
-    body = bytes([3 | (2 << 2)]) + _varint(4) + _varint(0)  # dtype code 3 does not exist
+    body = bytes([3 | (2 << 2)]) + varint(4) + varint(0)  # dtype code 3 does not exist
     with pytest.raises(hvd_lossy.FrameError, match="info byte"):
         hvd_lossy.frame_info(torch.frombuffer(bytearray(_sealed(body)), dtype=torch.uint8))
 

@@ -11,6 +11,7 @@ import torch
 
 import hvd_lossy
 from hvd_lossy import _C
+from tests._format_ref import block_packed, varint
 
 
 # ---- a reference of the format, written from frame.h ---------------------------------------
@@ -26,27 +27,6 @@ def reference_group(k, n):
             best = (g, size)
         g += 1
     return best[0]
-
-
-def varint(v):
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-def block_packed(values):
-    """frame.h "Packed integer arrays": a width byte a block of 32, then its bit planes."""
-    values = list(values) + [0] * (-len(values) % 32)
-    blocks = [values[i:i + 32] for i in range(0, len(values), 32)]
-    widths = bytes(max(b).bit_length() for b in blocks)
-    payload = bytearray()
-    for w, b in zip(widths, blocks):
-        for j in range(w):
-            payload += struct.pack("<I", sum(((v >> j) & 1) << i for i, v in enumerate(b)))
-    return widths + bytes(payload)
 
 
 SPAN = 2048  # HL_RADIX_SPAN
