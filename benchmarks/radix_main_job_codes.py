@@ -32,6 +32,9 @@ import tempfile
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from hvd_lossy import _C  # noqa: E402
+from hvd_lossy.bench.frame_bytes import varint_at  # noqa: E402
 HOOK = '''
 import builtins, os
 _dir, _n, _imp = os.environ["RADIX_FRAMES_DIR"], [0], builtins.__import__
@@ -77,17 +80,6 @@ def capture(frames_dir, hook_dir):
     return json.loads((frames_dir / "metrics.json").read_text())
 
 
-def varint_at(d, at):
-    v = s = 0
-    while True:
-        b = d[at]
-        at += 1
-        v |= (b & 0x7F) << s
-        s += 7
-        if not b & 0x80:
-            return v, at
-
-
 def unpack_blocks(data, n):
     nb = -(-n // 32)
     widths = np.frombuffer(data[:nb], dtype=np.uint8)
@@ -126,23 +118,12 @@ def block_bytes(c):
     return nb + 4 * int(sum(int(x).bit_length() for x in m))
 
 
-def radix_group(k, n):  # frame_v2_codec.h radix_group
-    best = None
-    g = 2
-    while k ** g < 2 ** 32:
-        size = -(-(-(-n // g)) // 32) * (1 + 4 * (k ** g - 1).bit_length())
-        if best is None or size < best[1]:
-            best = (g, size)
-        g += 1
-    return best[0]
-
-
 def radix_bytes(c, head):
     k = int(c.max()) + 1
     if k < 3 or k > 65535 or k & (k - 1) == 0:
         return None
     n = len(c)
-    g = radix_group(k, n)
+    g = _C.radix_group(k, n)  # the codec's own rule (frame_v2_codec.h)
     G = -(-n // g)
     cc = np.zeros(g * G, dtype=np.int64)
     cc[:n] = c

@@ -592,7 +592,6 @@ def piece_stats(tensor, rows):
     return out
 
 
-
 def chunk_heads(buffer, chunks, verify=False):
     """The format-2 frame header of each ``(offset, length)`` chunk of the 1-D CPU uint8 tensor
     ``buffer`` that one v2 frame fills exactly: ``(dtype code, ndim, trailing, rows, frame

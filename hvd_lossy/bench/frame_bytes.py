@@ -22,7 +22,8 @@ RANS_CHUNK = 4096
 ESC = 255
 
 
-def _varint(data, at):
+def varint_at(data, at):
+    """(value, position after it) of the LEB128 varint at data[at] (frame.h)."""
     v, shift = 0, 0
     while True:
         b = data[at]
@@ -37,14 +38,14 @@ def rans_parts(section, n_codes):
     """Bytes of a compact rANS section by part (frame.h's layout)."""
     k, w = section[0] + 1, section[1]
     table = 2 + (k * w + 7) // 8
-    n_esc, at = _varint(section, table)
+    n_esc, at = varint_at(section, table)
     for _ in range(n_esc):
-        _v, at = _varint(section, at)
+        _v, at = varint_at(section, at)
     escapes = at - table
     n_streams = -(-n_codes // RANS_CHUNK)
     start = at
     for _ in range(n_streams - 1):
-        _v, at = _varint(section, at)
+        _v, at = varint_at(section, at)
     lengths = at - start
     states = 4 * n_streams
     return {"rans_tables": table, "escapes": escapes, "stream_lengths": lengths,
@@ -87,7 +88,7 @@ def breakdown(rows):
     own_entropy, counts_all, seg_counts = 0.0, torch.zeros(ESC + 1, dtype=torch.int64), []
     for k, s in enumerate(info["segments"]):
         if s.get("map_bucketed"):  # absent before bucketed maps
-            rans_len, start = _varint(data, at)
+            rans_len, start = varint_at(data, at)
             for name, n in rans_parts(data[start:start + rans_len], s["n_rows"]).items():
                 parts["map_" + name] = parts.get("map_" + name, 0) + n
             parts["map_extra_bits"] = (parts.get("map_extra_bits", 0) + s["map_bytes"]
