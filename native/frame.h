@@ -136,9 +136,27 @@
 // a time. (A section of up to S values, n <= S * g, is one span: code i * G + j.) A decoder
 // rejects a value >= K^g and a nonzero padding digit. The encoder (CPU) takes K = largest code + 1, g = radix_group(K, n)
 // (frame_v2_codec.h: the g minimizing the section's worst-case bytes), and stores the section
-// only when it is smaller than block packing, in segments coded at level 1 (a level-2
-// segment's packed fallback stays block packed); lossless segments and v1 frames never have one.
+// only when it is the smallest packing (level1_packing, after the short-block section), in
+// segments coded at level 1 (a level-2 segment's packed fallback stays block packed); lossless
+// segments and v1 frames never have one.
 //
+// Short-block section (a lossy level-1 code section of n >= 1 codes, every code below 2^15;
+// first byte 0xFD): block packing with blocks of HL_SHORT_BLOCK = 16 codes and 4-bit widths.
+// Trained lookups and gradients change scale from row to row (a row's norm, a sample's loss)
+// and have long tails; a block is as wide as its largest code, so blocks of 16 follow those
+// scales where blocks of 32 carry the wider neighbour's width (the README main job: 14% fewer
+// code bytes), and a nibble a block costs what a byte per 32 does.
+//   uint8  0xfd                     HL_SHORT_MARK
+//   uint8  widths[ceil(nb / 2)]     nb = ceil(n / 16) blocks; block b's width (0..15) is the low
+//                                   nibble of byte b / 2 for even b, the high one for odd b; the
+//                                   high nibble after an odd nb's last block is 0
+//   planes, back to back            block b: 2 * w[b] bytes, w[b] uint16 words, word j bit i =
+//                                   bit j of code 16 * b + i (the last block padded with zeros)
+// A decoder rejects a nonzero padding nibble and a section of any other length than
+// 1 + ceil(nb / 2) + 2 * (sum of the widths). The encoder (CPU and CUDA alike, with
+// level1_packing in frame_v2_codec.h) sizes block packing, radix packing and short blocks and
+// stores the smallest, in segments coded at level 1 (a level-2 segment's packed fallback stays
+// block packed); lossless segments and v1 frames never have one.
 // Compact rANS section (same coder and streams as v1 level 2, smaller table and framing):
 //   uint8  K - 1                    symbols 0..K-1 can occur (K = largest present + 1)
 //   uint8  w                        bits a frequency, 1..13

@@ -216,6 +216,35 @@ HL_HD int get_radix_head(const uint8_t* p, uint64_t len, uint32_t* k, uint32_t* 
   return HL_RADIX_OK;
 }
 
+// ---- short-block level-1 code sections (frame.h "Short-block section") ---------------------
+
+#define HL_SHORT_MARK 0xfd   // first byte of a short-block section
+#define HL_SHORT_BLOCK 16    // codes a block
+#define HL_SHORT_MAX_WIDTH 15
+
+HL_HD uint64_t short_n_blocks(uint64_t n) { return hl_div_up(n, HL_SHORT_BLOCK); }
+// The mark and the width nibbles: the bytes before block 0's planes.
+HL_HD uint64_t short_head_bytes(uint64_t n) { return 1 + hl_div_up(short_n_blocks(n), 2); }
+// Width of block b from the nibbles (the section's bytes after the mark).
+HL_HD uint32_t short_width(const uint8_t* nibbles, uint64_t b) {
+  return (nibbles[b >> 1] >> ((b & 1) * 4)) & 0xf;
+}
+
+// Which packing a lossy level-1 code section gets: the smallest of block packing, radix
+// packing and short blocks (0: that packing does not apply), block packing before radix before
+// short blocks on ties, so that every encoder writes the same bytes.
+enum Level1Packing : int { HL_PACK_BLOCK = 0, HL_PACK_RADIX = 1, HL_PACK_SHORT = 2 };
+HL_HD int level1_packing(uint64_t block_bytes, uint64_t radix_bytes, uint64_t short_bytes) {
+  int pick = HL_PACK_BLOCK;
+  uint64_t best = block_bytes;
+  if (radix_bytes != 0 && radix_bytes < best) {
+    pick = HL_PACK_RADIX;
+    best = radix_bytes;
+  }
+  if (short_bytes != 0 && short_bytes < best) pick = HL_PACK_SHORT;
+  return pick;
+}
+
 // The frame's size and CRC from its first bytes (the prefix and the total's varint: at most
 // HL_V2_PREFIX + 10 bytes), without reading further. Returns false when they are not there or
 // not a v2 frame; a caller then has the full parser (parse_v2) name the fault.
