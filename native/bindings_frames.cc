@@ -6,6 +6,7 @@
 
 #include "bindings_util.h"
 #include "frame_v2.h"
+#include "level1_ref.h"
 
 namespace py = pybind11;
 
@@ -15,6 +16,44 @@ using hl::py_util::ptr;
 
 // (dtype code, ndim, trailing, rows, frame bytes, header bytes, extension or None) of the v2
 // frame filling [offset, offset + length) exactly; its CRC32C too when verify.
+// A segment's payload (map, code section, outliers) through level1_sections.h's functions in
+// the CUDA encoder's decomposition (level1_ref.h), for the tests that hold it against the CPU
+// encoder's frames.
+py::tuple segment_payload_hd(const std::vector<uint32_t>& map, std::vector<uint32_t> codes,
+                             const std::vector<std::pair<uint64_t, uint32_t>>& outliers,
+                             int dtype, bool lossy_level1, bool short_blocks) {
+  if (dtype < 0 || dtype > HL_BFLOAT16)
+    throw hl::ArgumentError("dtype code " + std::to_string(dtype) +
+                            ", expected 0 (float32), 1 (float16) or 2 (bfloat16)");
+  std::string out;
+  if (!map.empty()) {
+    uint64_t sum = 0;
+    const std::vector<uint64_t> w = hl::l1ref::widths(map.data(), map.size(), HL_BLOCK);
+    const std::vector<uint64_t> off = hl::l1ref::exclusive_scan(w, &sum);
+    std::string sec(hl::block_section_bytes(w.size(), sum), '\0');
+    hl::l1ref::write_blocks(map.data(), map.size(), w, off, reinterpret_cast<uint8_t*>(&sec[0]));
+    out += sec;
+  }
+  for (const auto& o : outliers) {
+    if (o.first >= codes.size())
+      throw hl::ArgumentError("outlier at " + std::to_string(o.first) + ", past the " +
+                              std::to_string(codes.size()) + " codes");
+    codes[o.first] = 0;  // the format stores 0 at an outlier
+  }
+  int packing = 0;
+  const std::vector<uint8_t> code =
+      hl::l1ref::code_section(codes.data(), codes.size(), lossy_level1, short_blocks, &packing);
+  out.append(reinterpret_cast<const char*>(code.data()), code.size());
+  const uint8_t pb = hl::v2_pos_bytes(codes.size());
+  const uint64_t eb = hl_elem_bytes((uint8_t)dtype);
+  for (const auto& o : outliers) {
+    uint8_t rec[16];
+    const uint8_t* end = hl::v2_put_outlier(rec, o.first, o.second, pb, eb);
+    out.append(reinterpret_cast<const char*>(rec), end - rec);
+  }
+  return py::make_tuple(py::bytes(out), packing, code.size());
+}
+
 py::object chunk_head(const uint8_t* buffer, uint64_t offset, uint64_t length, bool verify) {
   const uint8_t* p = buffer + offset;
   const hl::FrameV2 f = hl::parse_v2(p, hl::v2_frame_bytes(p, length));
@@ -59,6 +98,16 @@ void register_frames(py::module_& m) {
         },
         py::arg("k"), py::arg("values"),
         "(v // k, v % k) of each uint32 value, as the radix decoders compute them.");
+
+  m.def("segment_payload_hd", &segment_payload_hd, py::arg("map"), py::arg("codes"),
+        py::arg("outliers"), py::arg("dtype"), py::arg("lossy_level1"),
+        py::arg("short_blocks") = true,
+        "(payload bytes, Level1Packing, code section bytes) of a v2 segment from its row map "
+        "(empty: none), its unique rows' codes and its (position, raw bits) outliers, written by "
+        "the functions the CUDA encoder runs (level1_sections.h), serially on the host.");
+  m.attr("PACK_BLOCK") = (int)hl::HL_PACK_BLOCK;
+  m.attr("PACK_RADIX") = (int)hl::HL_PACK_RADIX;
+  m.attr("PACK_SHORT") = (int)hl::HL_PACK_SHORT;
 
   m.def("chunk_heads",
         [](uintptr_t buffer, uint64_t buffer_len,
