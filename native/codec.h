@@ -206,6 +206,19 @@ std::vector<uint64_t> compress_many_cuda(const void* input_dev, const CompressPa
 uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
                        const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
                        void* stream);
+// compress_into_cpu on the device for format 2 (codec_cuda_v2.cu): the same layout, sizes and
+// bytes, every group's frame written into out_dev (capacity out_cap, at least
+// max_grouped_bytes(rows, trailing, groups, prefix_bytes, 2)) and sealed on the device. Level 1
+// without dither only (ArgumentError otherwise: the CPU encoder codes those; hvd_lossy's
+// Python layer copies such tensors to the host). No statistics.
+std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressParams& p,
+                                         const std::vector<int64_t>& rows,
+                                         const std::vector<int64_t>& trailing,
+                                         const std::vector<double>& error_bounds,
+                                         const std::vector<int64_t>& groups,
+                                         uint64_t prefix_bytes, uint8_t* out_dev, uint64_t out_cap,
+                                         void* stream, const std::string& ext = std::string(),
+                                         std::vector<uint64_t>* group_bytes = nullptr);
 // Decodes a frame into out_dev (out_bytes, exactly what it decodes to). v1: the header is
 // copied to the host and validated, the checksum verified on the device before any scratch is
 // sized from the header. v2: the frame is copied to the host, its CRC32C verified there before

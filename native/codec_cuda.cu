@@ -28,6 +28,7 @@
 
 #include "codec_cuda.cuh"
 #include "codec_cuda_device.cuh"
+#include "level1_sections.h"
 
 namespace hl {
 namespace gpu {
@@ -133,6 +134,14 @@ struct alignas(16) EncodeState {
   uint32_t level;       // level stored
   uint32_t fallback;    // lossy frame too large: encode again lossless
   uint32_t n_present;   // level 2: symbols with nonzero frequency
+  // Format-2 segments (v2): the sections alone from offset 0 of the job's slot, v2 outlier
+  // records, no header or checksum (codec_cuda_v2.cu writes the frame around them).
+  uint32_t v2;
+  uint32_t bound;       // v2: hl_bound_code of the bound the codes use
+  uint32_t max_code;    // largest stored code: radix K and whether short blocks apply
+  uint32_t packing;     // v2: Level1Packing of the code section
+  uint32_t radix_k, radix_g;
+  uint64_t radix_G, radix_head, radix_vals_bytes;
   uint64_t n_unique_found;  // distinct rows before the dedup_pays rule
   uint64_t n_unique, n_codes, map_count, n_outliers;
   uint64_t map_off, map_bytes, code_off, code1_bytes, code_bytes, outlier_off, total;
@@ -148,9 +157,12 @@ constexpr uint32_t kEncodeBoundOverflow = 1;
 
 // What the host reads back per chunk.
 struct ChunkResult {
-  uint64_t total;
+  uint64_t total;     // v1: the frame; v2: the segment's payload
   uint32_t fallback;
   uint32_t error;
+  // v2: the descriptor's fields
+  uint64_t n_unique, n_outliers, map_bytes, code_bytes;
+  uint32_t bound, lossless, identity, packing;
 };
 
 struct ShapeArg {
@@ -189,7 +201,7 @@ __global__ void finite_range_kernel(const typename Elem<DT>::raw_t* x, uint64_t 
 
 // absolute_bound (codec_cpu.cc) on the device, and the lossless decision.
 __global__ void prepare_kernel(EncodeState* st, double eb_param, bool rel, bool ranged,
-                               bool force_lossless) {
+                               bool force_lossless, bool v2) {
   double lo = 0, hi = 0;
   if (ranged) {
     lo = from_order_key(st->lo_key);
@@ -201,6 +213,11 @@ __global__ void prepare_kernel(EncodeState* st, double eb_param, bool rel, bool 
     st->error |= kEncodeBoundOverflow;
     eb = 0;
   }
+  if (v2) {  // format 2 stores 24 bits of the bound and codes with exactly that (prepare())
+    st->bound = hl_bound_code(eb);
+    eb = hl_bound_of_code(st->bound);
+  }
+  st->v2 = v2;
   st->eb_abs = eb;
   st->step = 2.0 * eb;
   st->inv_step = 1.0 / st->step;
@@ -351,7 +368,7 @@ __global__ void rows_layout_kernel(EncodeState* st, uint64_t n_rows, uint64_t d,
   st->n_codes = nu * d;
   st->map_count = identity ? 0 : n_rows;
   st->ucodes = identity ? codes : gathered;
-  st->map_off = HL_HEADER_BYTES + 8ull * ndim;
+  st->map_off = st->v2 ? 0 : HL_HEADER_BYTES + 8ull * ndim;
 }
 
 __global__ void gather_unique_kernel(const EncodeState* st, const uint32_t* codes,
@@ -391,7 +408,8 @@ __global__ void count_outliers_kernel(const EncodeState* st, const uint8_t* row_
 
 // ---- block packing (frame.h "Packed integer arrays") ------------------------------------------
 
-enum SectionKind { kMapSection = 0, kCodeSection = 1 };
+// The values of a radix section are block packed after its head (frame.h).
+enum SectionKind { kMapSection = 0, kCodeSection = 1, kRadixSection = 2 };
 
 struct SectionView {
   const uint32_t* vals;
@@ -400,10 +418,22 @@ struct SectionView {
   uint64_t* bytes;
 };
 
+// aux: the row map (kMapSection) or the radix values (kRadixSection).
 template <int SEC>
-__device__ SectionView section_view(EncodeState* st, const uint32_t* map) {
-  if (SEC == kMapSection) return {map, st->map_count, st->map_off, &st->map_bytes};
+__device__ SectionView section_view(EncodeState* st, const uint32_t* aux) {
+  if (SEC == kMapSection) return {aux, st->map_count, st->map_off, &st->map_bytes};
+  if (SEC == kRadixSection)
+    return {aux, st->radix_G, st->code_off + st->radix_head, &st->radix_vals_bytes};
   return {st->ucodes, st->n_codes, st->code_off, &st->code1_bytes};
+}
+
+// Whether the section's blocks go into the frame: a v2 code section only when block packing
+// is its packing, radix values only when radix is.
+template <int SEC>
+__device__ bool section_written(const EncodeState* st) {
+  if (SEC == kRadixSection) return st->packing == HL_PACK_RADIX;
+  if (SEC == kCodeSection) return !st->v2 || st->packing == HL_PACK_BLOCK;
+  return true;
 }
 
 // Width of every block (0 past the section's blocks, so a scan over max_blocks stays exact).
@@ -416,7 +446,12 @@ __global__ void block_widths_kernel(EncodeState* st, const uint32_t* map, uint64
     uint32_t w = 0;
     if (b < nb) {
       const uint64_t i = b * HL_BLOCK + lane_id();
-      w = bit_width(__reduce_or_sync(kFull, i < s.count ? s.vals[i] : 0u));
+      const uint32_t v = i < s.count ? s.vals[i] : 0u;
+      w = bit_width(__reduce_or_sync(kFull, v));
+      if (SEC == kCodeSection) {  // radix K and the short-block test need the largest code
+        const uint32_t m = __reduce_max_sync(kFull, v);
+        if (lane_id() == 0 && m) atomicMax(&st->max_code, m);
+      }
     }
     if (lane_id() == 0) width[b] = w;
   }
@@ -426,6 +461,7 @@ __global__ void block_widths_kernel(EncodeState* st, const uint32_t* map, uint64
 template <int SEC>
 __global__ void pack_blocks_kernel(EncodeState* st, const uint32_t* map, uint8_t* frame,
                                    const uint64_t* width, const uint64_t* word_off) {
+  if (!section_written<SEC>(st)) return;
   const SectionView s = section_view<SEC>(st, map);
   const uint64_t nb = hl_div_up(s.count, HL_BLOCK);
   uint8_t* sec = frame + s.off;
@@ -440,7 +476,99 @@ __global__ void pack_blocks_kernel(EncodeState* st, const uint32_t* map, uint8_t
     }
     if (lane_id() == 0) sec[b] = (uint8_t)w;
     if (lane_id() < w) put_le(sec + nb + 4 * (word_off[b] + lane_id()), mine, 4);
-    if (b == nb - 1 && lane_id() == 0) *s.bytes = nb + 4 * (word_off[b] + w);
+  }
+}
+
+// The section's size from its scanned widths (before any of it is written: a v2 code section
+// is sized three ways first).
+template <int SEC>
+__global__ void section_bytes_kernel(EncodeState* st, const uint32_t* aux, const uint64_t* width,
+                                     const uint64_t* word_off) {
+  const SectionView s = section_view<SEC>(st, aux);
+  const uint64_t nb = hl_div_up(s.count, HL_BLOCK);
+  *s.bytes = nb ? block_section_bytes(nb, word_off[nb - 1] + width[nb - 1]) : 0;
+}
+
+// ---- format-2 level-1 code sections: radix and short blocks (level1_sections.h) ------------
+
+// K, g and G of the segment's radix section, G = 0 when radix packing does not apply.
+__global__ void radix_plan_kernel(EncodeState* st) {
+  const uint64_t n = st->n_codes;
+  st->radix_G = 0;
+  if (st->lossless || !radix_applies(n, st->max_code)) return;
+  const uint32_t k = st->max_code + 1, g = radix_group(k, n);
+  st->radix_k = k;
+  st->radix_g = g;
+  st->radix_G = hl_div_up(n, g);
+  st->radix_head = radix_head_bytes(k, g);
+}
+
+// The radix values, one thread a value: digit i of value j is code radix_code_of(G, g, j, i),
+// so a warp's reads of one digit are consecutive codes.
+__global__ void radix_values_kernel(const EncodeState* st, uint32_t* values) {
+  const uint64_t G = st->radix_G, n = st->n_codes;
+  const uint32_t g = st->radix_g, k = st->radix_k;
+  const uint32_t* v = st->ucodes;
+  HL_GRID_STRIDE(j, G) values[j] = radix_value(v, n, G, g, k, j);
+}
+
+// Short-block widths, two blocks of 16 a warp (a half-warp's OR by shuffles within the half);
+// 0 past the section's blocks and everywhere when short blocks do not apply.
+__global__ void short_widths_kernel(const EncodeState* st, uint64_t max_blocks, uint64_t* width) {
+  const uint64_t n = st->n_codes, nb = short_n_blocks(n);
+  const bool on = !st->lossless && short_applies(n, st->max_code);
+  HL_WARP_STRIDE(w, hl_div_up(max_blocks, 2)) {
+    const uint64_t b = 2 * w + (lane_id() >> 4);
+    const uint64_t i = b * HL_SHORT_BLOCK + (lane_id() & 15);
+    uint32_t v = on && b < nb && i < n ? st->ucodes[i] : 0u;
+    for (int o = 8; o > 0; o >>= 1) v |= __shfl_xor_sync(kFull, v, o);
+    if ((lane_id() & 15) == 0 && b < max_blocks) width[b] = bit_width(v);
+  }
+}
+
+// level1_packing over the three sizes; the code section's size becomes the chosen one's.
+__global__ void choose_packing_kernel(EncodeState* st, const uint64_t* short_width,
+                                      const uint64_t* short_off) {
+  const uint64_t n = st->n_codes;
+  uint64_t radix = 0, shorts = 0;
+  if (!st->lossless && st->radix_G)
+    radix = st->radix_head + st->radix_vals_bytes;
+  if (!st->lossless && short_applies(n, st->max_code)) {
+    const uint64_t nb = short_n_blocks(n);
+    shorts = short_section_bytes(n, short_off[nb - 1] + short_width[nb - 1]);
+  }
+  st->packing = (uint32_t)level1_packing(st->code1_bytes, radix, shorts);
+  if (st->packing == HL_PACK_RADIX) st->code1_bytes = radix;
+  if (st->packing == HL_PACK_SHORT) st->code1_bytes = shorts;
+}
+
+__global__ void radix_head_kernel(const EncodeState* st, uint8_t* frame) {
+  if (st->packing == HL_PACK_RADIX) radix_put_head(frame + st->code_off, st->radix_k, st->radix_g);
+}
+
+// The short-block section: mark, width nibbles (a thread a byte) and planes (two blocks a warp:
+// word j of a block is the half-warp's share of the ballot of bit j).
+__global__ void short_write_kernel(const EncodeState* st, uint8_t* frame, const uint64_t* width,
+                                   const uint64_t* word_off) {
+  if (st->packing != HL_PACK_SHORT) return;
+  const uint64_t n = st->n_codes, nb = short_n_blocks(n), head = short_head_bytes(n);
+  uint8_t* sec = frame + st->code_off;
+  if (blockIdx.x == 0 && threadIdx.x == 0) sec[0] = HL_SHORT_MARK;
+  const uint64_t pairs = hl_div_up(nb, 2);
+  HL_GRID_STRIDE(p, pairs)
+    sec[1 + p] = short_nibble_byte((uint32_t)width[2 * p],
+                                   2 * p + 1 < nb ? (uint32_t)width[2 * p + 1] : 0u);
+  HL_WARP_STRIDE(w, pairs) {
+    const unsigned half = lane_id() >> 4, li = lane_id() & 15;
+    const uint64_t b = 2 * w + half, i = b * HL_SHORT_BLOCK + li;
+    const uint32_t v = b < nb && i < n ? st->ucodes[i] : 0u;
+    const uint32_t wb = b < nb ? (uint32_t)width[b] : 0u;
+    uint32_t mine = 0;
+    for (uint32_t j = 0; j < HL_SHORT_MAX_WIDTH; ++j) {
+      const uint32_t word = __ballot_sync(kFull, (v >> j) & 1u);
+      if (li == j) mine = (word >> (16 * half)) & 0xffffu;
+    }
+    if (li < wb) put_le(sec + head + 2 * (word_off[b] + li), mine, 2);
   }
 }
 
@@ -587,8 +715,8 @@ __global__ void rans_encode_kernel(const EncodeState* st, uint64_t max_streams, 
 }
 
 // Sizes both code sections, picks the level, places the outliers and decides the fallback.
-__global__ void decide_kernel(EncodeState* st, uint64_t n_rows, uint64_t max_streams,
-                              uint64_t max_frame, const uint64_t* out_count,
+__global__ void decide_kernel(EncodeState* st, uint64_t n_rows, uint64_t row_len, int ndim,
+                              uint8_t dtype, uint64_t max_streams, const uint64_t* out_count,
                               const uint64_t* out_off, const uint64_t* stream_len,
                               const uint64_t* stream_off) {
   const uint64_t n_out = n_rows ? out_off[n_rows - 1] + out_count[n_rows - 1] : 0;
@@ -604,8 +732,10 @@ __global__ void decide_kernel(EncodeState* st, uint64_t n_rows, uint64_t max_str
   st->level = entropy ? 2 : 1;
   if (!entropy) st->code_bytes = st->code1_bytes;
   st->outlier_off = st->code_off + st->code_bytes;
-  st->total = st->outlier_off + (uint64_t)HL_OUTLIER_BYTES * n_out;
-  st->fallback = !st->lossless && st->total > max_frame;
+  const uint64_t rec = st->v2 ? v2_outlier_record_bytes(st->n_codes, dtype) : HL_OUTLIER_BYTES;
+  st->total = st->outlier_off + rec * n_out;
+  st->fallback = !st->lossless && lossy_exceeds_bound(n_rows, row_len, ndim, st->map_bytes,
+                                                      st->code_bytes, n_out);
 }
 
 // Writes the level-2 section over the level-1 one (it is smaller), one block a stream: the
@@ -667,6 +797,9 @@ __global__ void write_outliers_kernel(const EncodeState* st, const typename Elem
   const uint64_t nu = st->n_unique;
   const double step = st->step, inv_step = st->inv_step, eb = st->eb_abs;
   uint8_t* rec = frame + st->outlier_off;
+  const uint8_t pos_bytes = v2_pos_bytes(nu * d);  // v2 records: compact position, raw bits
+  const uint64_t rec_bytes = st->v2 ? pos_bytes + sizeof(typename Elem<DT>::raw_t)
+                                    : (uint64_t)HL_OUTLIER_BYTES;
   HL_WARP_STRIDE(u, n_rows) {
     if (u >= nu) break;
     if (out_count[u] == 0) continue;
@@ -683,9 +816,13 @@ __global__ void write_outliers_kernel(const EncodeState* st, const typename Elem
       }
       const uint32_t b = __ballot_sync(kFull, out);
       if (out) {
-        uint8_t* p = rec + HL_OUTLIER_BYTES * (k + __popc(b & ((1u << lane_id()) - 1)));
-        put_le(p, u * d + i, 8);
-        put_le(p + 8, raw, 4);
+        uint8_t* p = rec + rec_bytes * (k + __popc(b & ((1u << lane_id()) - 1)));
+        if (st->v2) {
+          v2_put_outlier(p, u * d + i, raw, pos_bytes, sizeof(typename Elem<DT>::raw_t));
+        } else {
+          put_le(p, u * d + i, 8);
+          put_le(p + 8, raw, 4);
+        }
       }
       k += __popc(b);
     }
@@ -695,7 +832,7 @@ __global__ void write_outliers_kernel(const EncodeState* st, const typename Elem
 __global__ void header_kernel(const EncodeState* st, uint8_t* frame, ShapeArg shape, int ndim,
                               uint8_t dtype, uint8_t mode, double eb_param, uint64_t n_rows,
                               uint64_t row_len) {
-  if (st->fallback) return;
+  if (st->fallback || st->v2) return;
   HlFrameHeader h;
   memset(&h, 0, sizeof(h));
   h.magic = HL_MAGIC;
@@ -724,18 +861,27 @@ __global__ void header_kernel(const EncodeState* st, uint8_t* frame, ShapeArg sh
 // The header was written with a zero checksum field, so the frame's words are summed as is.
 template <bool kAligned>
 __global__ void encode_checksum_kernel(EncodeState* st, const uint8_t* frame) {
-  if (st->fallback) return;
+  if (st->fallback || st->v2) return;
   uint64_t sum = checksum_share<kAligned>(frame, st->total, false);
   sum = block_reduce(sum, (uint64_t)0, SumOp());
   if (threadIdx.x == 0) atomicAdd(&st->checksum_sum, (unsigned long long)sum);
 }
 
 __global__ void finish_kernel(const EncodeState* st, uint8_t* frame, ChunkResult* result) {
-  if (!st->fallback) put_le(frame + offsetof(HlFrameHeader, checksum),
-                            checksum_fold(st->checksum_sum, st->total), 4);
+  if (!st->fallback && !st->v2)
+    put_le(frame + offsetof(HlFrameHeader, checksum), checksum_fold(st->checksum_sum, st->total),
+           4);
   result->total = st->fallback ? 0 : st->total;
   result->fallback = st->fallback;
   result->error = st->error;
+  result->n_unique = st->n_unique;
+  result->n_outliers = st->n_outliers;
+  result->map_bytes = st->map_bytes;
+  result->code_bytes = st->code_bytes;
+  result->bound = st->bound;
+  result->lossless = st->lossless;
+  result->identity = st->identity;
+  result->packing = st->packing;
 }
 
 // ---- encoder host side -----------------------------------------------------------------------
@@ -751,11 +897,15 @@ struct EncodeJob {
   ShapeArg shape;
   uint8_t* frame_dev;  // room for max_frame bytes
   uint64_t max_frame;
+  bool v2 = false;     // a format-2 segment at level 1 (EncodeState::v2)
 
   uint64_t n() const { return n_rows * row_len; }
   // Map entries are uint32; the CPU codec has the same limit in practice (4 billion rows).
   bool dedups() const { return dedup_applies(dedup, n_rows, row_len); }
-  uint64_t max_streams() const { return level == 2 ? hl_div_up(n(), HL_RANS_CHUNK) : 0; }
+  uint64_t max_streams() const { return level == 2 && !v2 ? hl_div_up(n(), HL_RANS_CHUNK) : 0; }
+  // v2 level-1 sections: radix values (g >= 2: at most half the codes) and short blocks
+  uint64_t max_values() const { return v2 ? hl_div_up(n(), 2) : 0; }
+  uint64_t max_short_blocks() const { return v2 ? short_n_blocks(n()) : 0; }
 };
 
 // Scratch sized for the largest job; jobs run one after another on the stream and share it.
@@ -766,6 +916,9 @@ struct EncodeScratch {
   uint32_t *first_of, *flag, *uid, *map, *first;
   uint64_t *out_count, *out_off;
   uint64_t *width, *word_off;
+  uint32_t* values;                   // v2: radix values
+  uint64_t *rwidth, *rword_off;       // ... their block widths
+  uint64_t *swidth, *sword_off;       // v2: short-block widths
   uint8_t* slots;
   uint64_t *stream_len, *stream_off, *esc_count, *esc_off;
   CubScratch cub;
@@ -773,6 +926,7 @@ struct EncodeScratch {
 
 void plan_encode_scratch(const std::vector<EncodeJob>& jobs, Workspace* ws, EncodeScratch* s) {
   uint64_t rows = 0, elems = 0, dedup_rows = 0, dedup_elems = 0, blocks = 0, streams = 0;
+  uint64_t values = 0, short_blocks = 0;
   size_t cub_bytes = 0;
   for (const EncodeJob& j : jobs) {
     const uint64_t n = j.n(), nb = hl_div_up(n > j.n_rows ? n : j.n_rows, HL_BLOCK);
@@ -780,6 +934,12 @@ void plan_encode_scratch(const std::vector<EncodeJob>& jobs, Workspace* ws, Enco
     elems = std::max(elems, n);
     blocks = std::max(blocks, nb);
     streams = std::max(streams, j.max_streams());
+    values = std::max(values, j.max_values());
+    short_blocks = std::max(short_blocks, j.max_short_blocks());
+    if (j.v2)
+      cub_need(&cub_bytes, [&](void* t, size_t& b) {
+        return cub_exclusive_sum<uint64_t>(t, b, nullptr, nullptr, j.max_short_blocks(), 0);
+      });
     if (j.dedups()) {
       dedup_rows = std::max(dedup_rows, j.n_rows);
       dedup_elems = std::max(dedup_elems, n);
@@ -818,6 +978,11 @@ void plan_encode_scratch(const std::vector<EncodeJob>& jobs, Workspace* ws, Enco
   ws->reserve(&s->out_off, rows);
   ws->reserve(&s->width, blocks);
   ws->reserve(&s->word_off, blocks);
+  ws->reserve(&s->values, values);
+  ws->reserve(&s->rwidth, hl_div_up(values, HL_BLOCK));
+  ws->reserve(&s->rword_off, hl_div_up(values, HL_BLOCK));
+  ws->reserve(&s->swidth, short_blocks);
+  ws->reserve(&s->sword_off, short_blocks);
   ws->reserve(&s->slots, streams * kRansSlotBytes);
   ws->reserve(&s->stream_len, streams);
   ws->reserve(&s->stream_off, streams);
@@ -827,19 +992,60 @@ void plan_encode_scratch(const std::vector<EncodeJob>& jobs, Workspace* ws, Enco
   s->cub.bytes = cub_bytes;
 }
 
+// Block packing of a section in two steps: widths, their scan and the section's size; then,
+// once the v2 code section's packing is chosen, the blocks. width/word_off: max_count / 32.
 template <int SEC>
-void pack_section(EncodeState* st, const uint32_t* map, uint64_t max_count, uint8_t* frame,
-                  const EncodeScratch& s, cudaStream_t stream) {
+void size_section(EncodeState* st, const uint32_t* aux, uint64_t max_count, uint64_t* width,
+                  uint64_t* word_off, const EncodeScratch& s, cudaStream_t stream) {
   const uint64_t max_blocks = hl_div_up(max_count, HL_BLOCK);
   if (max_blocks == 0) return;
   const uint64_t grid = grid_for(max_blocks, kWarpsPerBlock);
-  launch("block_widths", block_widths_kernel<SEC>, grid, kThreads, stream, st, map, max_blocks,
-         s.width);
+  launch("block_widths", block_widths_kernel<SEC>, grid, kThreads, stream, st, aux, max_blocks,
+         width);
   cub_run("scan of block widths", s.cub, [&](void* t, size_t& b) {
-    return cub_exclusive_sum<uint64_t>(t, b, s.width, s.word_off, max_blocks, stream);
+    return cub_exclusive_sum<uint64_t>(t, b, width, word_off, max_blocks, stream);
   });
-  launch("pack_blocks", pack_blocks_kernel<SEC>, grid, kThreads, stream, st, map, frame, s.width,
-         s.word_off);
+  launch("section_bytes", section_bytes_kernel<SEC>, 1, 1, stream, st, aux, width, word_off);
+}
+
+template <int SEC>
+void write_section(EncodeState* st, const uint32_t* aux, uint64_t max_count, uint8_t* frame,
+                   const uint64_t* width, const uint64_t* word_off, cudaStream_t stream) {
+  const uint64_t max_blocks = hl_div_up(max_count, HL_BLOCK);
+  launch("pack_blocks", pack_blocks_kernel<SEC>, grid_for(max_blocks, kWarpsPerBlock), kThreads,
+         stream, st, aux, frame, width, word_off);
+}
+
+template <int SEC>
+void pack_section(EncodeState* st, const uint32_t* aux, uint64_t max_count, uint8_t* frame,
+                  const EncodeScratch& s, cudaStream_t stream) {
+  size_section<SEC>(st, aux, max_count, s.width, s.word_off, s, stream);
+  write_section<SEC>(st, aux, max_count, frame, s.width, s.word_off, stream);
+}
+
+// A v2 segment's code section: block packing, radix and short blocks sized on the device,
+// level1_packing picks (choose_packing_kernel), and only the chosen one is written.
+void code_section_v2(const EncodeJob& j, EncodeState* st, const EncodeScratch& s,
+                     cudaStream_t stream) {
+  const uint64_t n = j.n();
+  size_section<kCodeSection>(st, nullptr, n, s.width, s.word_off, s, stream);
+  if (n == 0) return;
+  const uint64_t mv = j.max_values(), msb = j.max_short_blocks();
+  launch("radix_plan", radix_plan_kernel, 1, 1, stream, st);
+  launch("radix_values", radix_values_kernel, grid_for(mv, kThreads), kThreads, stream, st,
+         s.values);
+  size_section<kRadixSection>(st, s.values, mv, s.rwidth, s.rword_off, s, stream);
+  launch("short_widths", short_widths_kernel, grid_for(hl_div_up(msb, 2), kWarpsPerBlock),
+         kThreads, stream, st, msb, s.swidth);
+  cub_run("scan of short-block widths", s.cub, [&](void* t, size_t& b) {
+    return cub_exclusive_sum<uint64_t>(t, b, s.swidth, s.sword_off, msb, stream);
+  });
+  launch("choose_packing", choose_packing_kernel, 1, 1, stream, st, s.swidth, s.sword_off);
+  write_section<kCodeSection>(st, nullptr, n, j.frame_dev, s.width, s.word_off, stream);
+  launch("radix_head", radix_head_kernel, 1, 1, stream, st, j.frame_dev);
+  write_section<kRadixSection>(st, s.values, mv, j.frame_dev, s.rwidth, s.rword_off, stream);
+  launch("short_write", short_write_kernel, grid_for(hl_div_up(msb, 2), kWarpsPerBlock),
+         kThreads, stream, st, j.frame_dev, s.swidth, s.sword_off);
 }
 
 template <int DT>
@@ -854,7 +1060,7 @@ void enqueue_encode(const EncodeJob& j, const EncodeScratch& s, EncodeState* st,
   const bool ranged = j.mode == HL_MODE_REL && j.eb > 0;
   if (ranged) launch("finite_range", finite_range_kernel<DT>, elem_grid, kThreads, stream, x, n, st);
   launch("prepare", prepare_kernel, 1, 1, stream, st, j.eb, j.mode == HL_MODE_REL, ranged,
-         force_lossless);
+         force_lossless, j.v2);
   if (R) HL_CUDA_CHECK(cudaMemsetAsync(s.row_outlier, 0, R, stream));
   launch("quantize", quantize_kernel<DT>, elem_grid, kThreads, stream, x, n, d, st, s.codes,
          s.row_outlier);
@@ -896,7 +1102,10 @@ void enqueue_encode(const EncodeJob& j, const EncodeScratch& s, EncodeState* st,
 
   pack_section<kMapSection>(st, s.map, dedup ? R : 0, j.frame_dev, s, stream);
   launch("code_layout", code_layout_kernel, 1, 1, stream, st);
-  pack_section<kCodeSection>(st, s.map, n, j.frame_dev, s, stream);
+  if (j.v2)
+    code_section_v2(j, st, s, stream);
+  else
+    pack_section<kCodeSection>(st, nullptr, n, j.frame_dev, s, stream);
 
   const uint64_t ms = j.max_streams();
   if (ms) {
@@ -912,8 +1121,8 @@ void enqueue_encode(const EncodeJob& j, const EncodeScratch& s, EncodeState* st,
       return cub_exclusive_sum<uint64_t>(t, b, s.stream_len, s.stream_off, ms, stream);
     });
   }
-  launch("decide", decide_kernel, 1, 1, stream, st, R, ms, j.max_frame, s.out_count, s.out_off,
-         s.stream_len, s.stream_off);
+  launch("decide", decide_kernel, 1, 1, stream, st, R, d, j.ndim, j.dtype, ms, s.out_count,
+         s.out_off, s.stream_len, s.stream_off);
   if (ms)
     launch("rans_write", rans_write_kernel, grid_for(ms, 1), kThreads, stream, st, j.frame_dev,
            s.slots, s.stream_len, s.stream_off, s.esc_off);
@@ -936,8 +1145,8 @@ struct JobOutcome {
 };
 
 // Encodes every job into its frame_dev; a job whose lossy frame would exceed max_frame is
-// encoded again lossless. Returns sizes once known on the host.
-std::vector<JobOutcome> encode_jobs(const std::vector<EncodeJob>& jobs, cudaStream_t stream) {
+// encoded again lossless. Returns what the device found once known on the host.
+std::vector<ChunkResult> encode_results(const std::vector<EncodeJob>& jobs, cudaStream_t stream) {
   const size_t n = jobs.size();
   Workspace ws(stream);
   EncodeScratch s;
@@ -966,12 +1175,17 @@ std::vector<JobOutcome> encode_jobs(const std::vector<EncodeJob>& jobs, cudaStre
   }
   if (again)
     memcpy(res.data(), fetch(results, n * sizeof(ChunkResult), stream), n * sizeof(ChunkResult));
-  std::vector<JobOutcome> out(n);
   for (size_t i = 0; i < n; ++i) {
-    if (!res[i].error && (res[i].fallback || res[i].total < HL_HEADER_BYTES))
+    if (!res[i].error && (res[i].fallback || (!jobs[i].v2 && res[i].total < HL_HEADER_BYTES)))
       throw CodecError("CUDA encoder produced no frame for chunk " + std::to_string(i));
-    out[i] = {res[i].total, res[i].error};
   }
+  return res;
+}
+
+std::vector<JobOutcome> encode_jobs(const std::vector<EncodeJob>& jobs, cudaStream_t stream) {
+  const std::vector<ChunkResult> res = encode_results(jobs, stream);
+  std::vector<JobOutcome> out(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) out[i] = {res[i].total, res[i].error};
   return out;
 }
 
@@ -997,6 +1211,44 @@ EncodeJob make_job(const void* x_dev, const CompressParams& p, const std::vector
 }
 
 }  // namespace
+
+uint64_t segment_slot_bytes(const std::vector<int64_t>& shape) {
+  uint64_t rows, len;
+  shape_to_rows(shape, &rows, &len);
+  return hl_max_frame_bytes(rows, len, (int)shape.size());
+}
+
+std::vector<SegmentResult> encode_segments(const std::vector<SegmentJob>& segs,
+                                           cudaStream_t stream) {
+  std::vector<EncodeJob> jobs;
+  jobs.reserve(segs.size());
+  for (const SegmentJob& g : segs) {
+    if (g.p.level != 1 || g.p.dither)
+      throw ArgumentError("the CUDA format-2 encoder codes level 1 without dither, got level " +
+                          std::to_string(g.p.level) + (g.p.dither ? " with dither" : ""));
+    jobs.push_back(make_job(g.x_dev, g.p, g.shape, g.payload_dev));
+    jobs.back().v2 = true;
+  }
+  if (jobs.empty()) return {};
+  const std::vector<ChunkResult> res = encode_results(jobs, stream);
+  std::vector<SegmentResult> out(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const ChunkResult& r = res[i];
+    SegmentResult& o = out[i];
+    o.payload_bytes = r.total;
+    o.n_unique = r.n_unique;
+    o.n_outliers = r.n_outliers;
+    o.map_bytes = r.map_bytes;
+    o.code_bytes = r.code_bytes;
+    o.bound = r.lossless ? 0 : r.bound;
+    o.lossless = r.lossless != 0;
+    o.identity = r.identity != 0;
+    o.packing = (int)r.packing;
+    o.bound_overflow = r.error != 0;
+  }
+  return out;
+}
+
 }  // namespace gpu
 
 // =============================================================================================
@@ -1008,6 +1260,12 @@ uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
                        void* stream_v) {
   using namespace gpu;
   check_params(p);
+  if (p.format == 2) {
+    for (int64_t s : shape)
+      if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
+    return compress_v2_cuda(input_dev, p, shape, out_dev, out_cap,
+                            static_cast<cudaStream_t>(stream_v));
+  }
   if (p.dither)
     throw ArgumentError("dither has no CUDA encoder yet: compress on the CPU "
                         "(hvd_lossy.compress does this for device tensors)");
@@ -1048,6 +1306,9 @@ std::vector<uint64_t> compress_many_cuda(const void* input_dev, const CompressPa
                                          const std::vector<double>& error_bounds,
                                          uint8_t* out_dev, uint64_t out_cap, void* stream_v) {
   using namespace gpu;
+  if (p.format == 2)  // one v2 frame of all the chunks
+    return compress_into_cuda(input_dev, p, rows, trailing, error_bounds,
+                              {(int64_t)rows.size()}, 0, out_dev, out_cap, stream_v);
   const size_t n = rows.size();
   const uint64_t row_elems = check_chunk_args(p, n, trailing, error_bounds);
   if (p.dither)

@@ -119,8 +119,41 @@ void* pool_alloc(uint64_t bytes, cudaStream_t stream);
 // stream: the one blocking point of each entry point. Returns the staging buffer.
 const void* fetch(const void* src_dev, uint64_t bytes, cudaStream_t stream);
 
+// ---- format-2 segments (codec_cuda.cu), framed by codec_cuda_v2.cu --------------------------
+
+// One segment for the device encoder: a tensor of `shape` at x_dev coded with p (level 1, no
+// dither: the host codec writes the others), its payload (map, code, v2 outliers) written at
+// payload_dev, which has room for segment_slot_bytes(shape).
+struct SegmentJob {
+  const void* x_dev;
+  CompressParams p;
+  std::vector<int64_t> shape;
+  uint8_t* payload_dev;
+};
+// What the device found: the descriptor's fields and the payload's size.
+struct SegmentResult {
+  uint64_t payload_bytes = 0, n_unique = 0, n_outliers = 0, map_bytes = 0, code_bytes = 0;
+  uint32_t bound = 0;  // hl_bound_code, 0 when lossless
+  bool lossless = false, identity = true;
+  bool bound_overflow = false;  // a relative bound times the range overflowed a double
+  int packing = 0;              // Level1Packing of the code section
+};
+uint64_t segment_slot_bytes(const std::vector<int64_t>& shape);
+// Enqueues every segment on the stream and returns once their results are on the host (one
+// device-to-host copy, two when a lossy segment had to be coded again lossless).
+std::vector<SegmentResult> encode_segments(const std::vector<SegmentJob>& segs,
+                                           cudaStream_t stream);
+
+// compress_cuda of format 2 (codec_cuda_v2.cu): one tensor as a v2 frame of one segment.
+uint64_t compress_v2_cuda(const void* input_dev, const CompressParams& p,
+                          const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
+                          cudaStream_t stream);
+
 // hl_checksum of a v1 frame on the device, its checksum field read as zero (codec_cuda.cu).
 uint32_t frame_checksum_dev(const uint8_t* frame_dev, uint64_t size, cudaStream_t stream);
+// XORs the piece terms (frame_v2_codec.h) of the n device bytes at p_dev into *terms_dev, on
+// the stream; crc32c_finish(terms, n) is their CRC32C (codec_cuda_check.cu).
+void crc32c_terms_dev(const uint8_t* p_dev, uint64_t n, uint32_t* terms_dev, cudaStream_t stream);
 // CRC32C of n device bytes (codec_cuda_check.cu).
 uint32_t crc32c_dev(const uint8_t* p_dev, uint64_t n, cudaStream_t stream);
 

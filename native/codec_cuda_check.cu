@@ -45,6 +45,11 @@ __global__ void crc32c_pieces_kernel(const uint8_t* p, uint64_t n, uint32_t* ter
 
 }  // namespace
 
+void crc32c_terms_dev(const uint8_t* p_dev, uint64_t n, uint32_t* terms_dev, cudaStream_t stream) {
+  launch("crc32c_pieces", crc32c_pieces_kernel, grid_for(hl_div_up(n, kCrcPiece), kThreads),
+         kThreads, stream, p_dev, n, terms_dev);
+}
+
 uint32_t crc32c_dev(const uint8_t* p_dev, uint64_t n, cudaStream_t stream) {
   uint32_t terms = 0;
   if (n) {

@@ -12,6 +12,7 @@
 
 #include "codec_cuda_device.cuh"
 #include "frame_v2.h"
+#include "level1_sections.h"
 #include "crc32c.h"
 #include "rans.h"
 
@@ -150,6 +151,51 @@ __global__ void unpack_blocks_kernel(const uint8_t* sec, uint64_t len, uint64_t 
     for (uint32_t j = 0; j < w; ++j) v |= ((__shfl_sync(kFull, word, j) >> lane_id()) & 1u) << j;
     const uint64_t i = b * HL_BLOCK + lane_id();
     if (i < n) sink(i, v, ds);
+  }
+}
+
+// ---- short-block sections (frame.h "Short-block section") ---------------------------------
+
+// Widths from the nibbles after the mark; the padding nibble after an odd count must be 0.
+__global__ void read_short_widths_kernel(const uint8_t* sec, uint64_t nb, uint64_t* width,
+                                         DecodeState* ds, uint32_t err) {
+  HL_GRID_STRIDE(b, nb) width[b] = short_width(sec + 1, b);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && (nb & 1) && (sec[1 + nb / 2] >> 4) != 0)
+    flag(ds, err);
+}
+
+// The section must be exactly its mark, nibbles and planes.
+__global__ void short_size_kernel(uint64_t n, uint64_t len, const uint64_t* width,
+                                  const uint64_t* word_off, DecodeState* ds, uint32_t err) {
+  const uint64_t nb = short_n_blocks(n);
+  if (short_section_bytes(n, word_off[nb - 1] + width[nb - 1]) != len) flag(ds, err);
+}
+
+// Two blocks a warp: lane i of a half loads word i of its block, every lane collects its bit
+// of each of the half's words.
+template <typename Sink>
+__global__ void unpack_short_kernel(const uint8_t* sec, uint64_t len, uint64_t n,
+                                    const uint64_t* width, const uint64_t* word_off,
+                                    DecodeState* ds, uint32_t err, Sink sink) {
+  if (block_stopped(ds)) return;
+  const uint64_t nb = short_n_blocks(n), head = short_head_bytes(n);
+  HL_WARP_STRIDE(w, hl_div_up(nb, 2)) {
+    const unsigned half = lane_id() >> 4, li = lane_id() & 15;
+    const uint64_t b = 2 * w + half;
+    uint32_t wb = b < nb ? (uint32_t)width[b] : 0u;
+    const uint64_t off = b < nb ? head + 2 * word_off[b] : 0;
+    if (wb > HL_SHORT_MAX_WIDTH || off + 2ull * wb > len) {  // excluded by the size check
+      if (li == 0) flag(ds, err);
+      wb = 0;
+    }
+    const uint32_t word = li < wb ? (uint32_t)get_le(sec + off + 2 * li, 2) : 0u;
+    uint32_t v = 0;
+    for (uint32_t j = 0; j < HL_SHORT_MAX_WIDTH; ++j) {
+      const uint32_t wj = __shfl_sync(kFull, word, 16 * half + j);
+      if (j < wb) v |= ((wj >> li) & 1u) << j;
+    }
+    const uint64_t i = b * HL_SHORT_BLOCK + li;
+    if (b < nb && i < n) sink(i, v, ds);
   }
 }
 
@@ -390,6 +436,24 @@ void unpack_section(const uint8_t* sec, uint64_t len, uint64_t n, uint32_t err, 
          stream, sec, len, n, s.width, s.word_off, s.ds, err, sink);
 }
 
+// Decodes the short-block section at sec (len bytes, n >= 1 codes) into sink.
+template <typename Sink>
+void unpack_short_section(const uint8_t* sec, uint64_t len, uint64_t n, uint32_t err, Sink sink,
+                          const DecodeScratch& s, cudaStream_t stream) {
+  const uint64_t nb = short_n_blocks(n);
+  if (short_head_bytes(n) > len)  // the nibbles must be there before they are read
+    throw FrameError("frame is corrupted: a short-block section of " + std::to_string(len) +
+                     " bytes is too small for the widths of " + std::to_string(nb) + " blocks");
+  launch("read_short_widths", read_short_widths_kernel, grid_for(nb, kThreads), kThreads, stream,
+         sec, nb, s.width, s.ds, err);
+  cub_run("scan of short-block widths", s.cub, [&](void* t, size_t& b) {
+    return cub_exclusive_sum<uint64_t>(t, b, s.width, s.word_off, nb, stream);
+  });
+  launch("short_size", short_size_kernel, 1, 1, stream, n, len, s.width, s.word_off, s.ds, err);
+  launch("unpack_short", unpack_short_kernel<Sink>, grid_for(hl_div_up(nb, 2), kWarpsPerBlock),
+         kThreads, stream, sec, len, n, s.width, s.word_off, s.ds, err, sink);
+}
+
 template <int DT>
 void enqueue_decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v,
                     const DecodeScratch& s, cudaStream_t stream) {
@@ -539,6 +603,7 @@ void plan_decode_scratch_v2(const FrameV2& f, const std::vector<SegmentPlan>& pl
     const bool identity = v.flags & HL_FLAG_IDENTITY_MAP;
     const uint64_t rows = identity ? 0 : v.n_rows;
     nb = std::max(nb, hl_div_up(std::max(v.level == 1 ? nu : 0, v.map_rans ? 0 : rows), HL_BLOCK));
+    if (v.level == 1) nb = std::max(nb, short_n_blocks(nu));  // a short-block section's blocks
     if (v.level == 2) {
       ns = std::max(ns, hl_div_up(nu, HL_RANS_CHUNK));
       sym = std::max(sym, nu);
@@ -650,6 +715,9 @@ void enqueue_segment_v2(const SegmentPlan& p, const uint8_t* host_frame, const u
     const RadixSink<CodeSink<DT>> radix{sink, nu, G, v.radix_g, radix_div_of(v.radix_k)};
     unpack_section(on_device(v.code) + v.radix_head, v.code_bytes - v.radix_head, G,
                    kErrCodeSection, radix, s, stream);
+  } else if (v.level == 1 && !(v.flags & HL_FLAG_LOSSLESS) && nu > 0 && v.code_bytes > 0 &&
+             v.code[0] == HL_SHORT_MARK) {  // v.code: the host copy, read before launching
+    unpack_short_section(on_device(v.code), v.code_bytes, nu, kErrCodeSection, sink, s, stream);
   } else if (v.level == 1) {
     unpack_section(on_device(v.code), v.code_bytes, nu, kErrCodeSection, sink, s, stream);
   } else {

@@ -1,0 +1,265 @@
+// The CUDA format-2 encoder's frames (frame.h version 2). The segments are coded on the device
+// (encode_segments, codec_cuda.cu: quantize, dedup, map, the level-1 code section that
+// level1_packing picks, v2 outlier records) into worst-case slots; once their sizes are on the
+// host (the one wait), the header and descriptors are written on the host by the functions the
+// CPU encoder writes them with (frame_v2.h: v2_frame_size, v2_write_head, the extension
+// included), copied in front of the payloads, which move to their final places device to
+// device, and each frame's CRC32C is taken and stored on the device (frame_v2_codec.h's
+// piecewise form). So the bytes around the segments are the CPU encoder's by construction, and
+// the segments' bytes follow the same rules (level1_sections.h).
+//
+// Level 2 and dither have no device encoder: encode_segments refuses them, and hvd_lossy's
+// Python layer (_codec.py) then codes on the host with the CPU encoder (the same bytes).
+#include <string>
+#include <vector>
+
+#include "codec_cuda.cuh"
+#include "frame_v2.h"
+#include "level1_sections.h"
+
+namespace hl {
+namespace gpu {
+namespace {
+
+// Stores the CRC32C of the frame of `total` bytes whose bytes after the CRC field gave *terms.
+__global__ void crc_seal_kernel(uint8_t* frame, uint64_t total, const uint32_t* terms) {
+  uint32_t x2k[64];
+  crc32c_x2k_table(x2k);
+  put_fixed_le(frame + 3, crc32c_finish(*terms, total - HL_V2_PREFIX, x2k), 4);
+}
+
+// A stream-ordered allocation freed with the scope, also when an exception leaves it.
+struct PoolBuffer {
+  void* p = nullptr;
+  cudaStream_t stream;
+  PoolBuffer(uint64_t bytes, cudaStream_t s) : stream(s) { p = pool_alloc(bytes, s); }
+  ~PoolBuffer() {
+    if (p) cudaFreeAsync(p, stream);
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+// The pieces of a call: each one's shape, parameters and first input element (as the CPU
+// encoder's plan_pieces cuts them).
+struct Pieces {
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<CompressParams> params;
+  std::vector<uint64_t> in_off;  // elements
+};
+
+Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& rows,
+                   const std::vector<int64_t>& trailing, const std::vector<double>& ebs) {
+  const uint64_t row_elems = check_chunk_args(p, rows.size(), trailing, ebs);
+  Pieces c;
+  uint64_t off = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0)
+      throw ArgumentError("chunk " + std::to_string(i) + " has " + std::to_string(rows[i]) +
+                          " rows, expected >= 0");
+    CompressParams q = p;
+    if (!ebs.empty()) {
+      q.error_bound = ebs[i];
+      check_params(q);
+    }
+    std::vector<int64_t> shape{rows[i]};
+    shape.insert(shape.end(), trailing.begin(), trailing.end());
+    c.shapes.push_back(shape);
+    c.params.push_back(q);
+    c.in_off.push_back(off);
+    off += (uint64_t)rows[i] * row_elems;
+  }
+  return c;
+}
+
+void check_device_params(const CompressParams& p) {
+  if (p.format != 2)
+    throw ArgumentError("the CUDA format-2 encoder writes format 2, got format " +
+                        std::to_string(p.format));
+  if (p.level != 1 || p.dither)
+    throw ArgumentError("the CUDA format-2 encoder codes level 1 without dither, got level " +
+                        std::to_string(p.level) + (p.dither ? " with dither" : "") +
+                        ": compress on the CPU (hvd_lossy does this for device tensors)");
+}
+
+// The descriptor of a segment coded on the device (the CPU encoder's segment_desc).
+SegmentDesc desc_of(const SegmentResult& r, const CompressParams& p,
+                    const std::vector<int64_t>& shape) {
+  SegmentDesc d;
+  d.flags = v2_segment_flags(false, r.lossless, r.identity, r.n_outliers, p.mode == HL_MODE_REL,
+                             false, false, false);
+  d.rows = shape.empty() ? 1 : (uint64_t)shape[0];
+  d.bound = r.bound;
+  d.n_unique = r.n_unique;
+  d.n_outliers = r.n_outliers;
+  d.code_bytes = r.code_bytes;
+  d.map_bytes = r.map_bytes;
+  d.payload_bytes = r.payload_bytes;
+  return d;
+}
+
+struct Layout {
+  std::vector<uint64_t> sizes;        // a piece: its segment, a group's first also the header
+  std::vector<uint64_t> group_bytes;  // a group: its frame (0 when it has none)
+};
+
+// Codes the pieces on the device and writes one v2 frame a group into out_dev (prefix_bytes
+// left before each group, as compress_into_cpu lays them out). empty_trailing: the trailing
+// dims of an empty group's frame (it gets one only with an extension). fits(total) throws when
+// the layout's `total` bytes do not fit the caller's buffer.
+template <typename Fits>
+Layout encode_frames(const uint8_t* in_dev, const Pieces& c, const std::vector<int64_t>& groups,
+                     uint64_t prefix_bytes, const std::string& ext,
+                     const std::vector<int64_t>& empty_trailing, uint8_t dtype, uint8_t* out_dev,
+                     cudaStream_t stream, Fits fits) {
+  const size_t n = c.shapes.size();
+  const uint64_t eb = hl_elem_bytes(dtype);
+  std::vector<uint64_t> slot(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) slot[i + 1] = slot[i] + segment_slot_bytes(c.shapes[i]);
+  PoolBuffer scratch(slot[n], stream);
+  std::vector<SegmentJob> jobs(n);
+  for (size_t i = 0; i < n; ++i)
+    jobs[i] = {in_dev + c.in_off[i] * eb, c.params[i], c.shapes[i],
+               scratch.as<uint8_t>() + slot[i]};
+  const std::vector<SegmentResult> res = encode_segments(jobs, stream);
+  std::vector<SegmentDesc> descs(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (res[i].bound_overflow)
+      throw ArgumentError("error_bound " + std::to_string(c.params[i].error_bound) +
+                          " times the value range overflows a double");
+    descs[i] = desc_of(res[i], c.params[i], c.shapes[i]);
+  }
+
+  struct Group {
+    size_t first, count;
+    HeadV2 head;
+    uint64_t at = 0, total = 0, header = 0;
+  };
+  std::vector<Group> gs;
+  Layout lay;
+  lay.sizes.assign(n, 0);
+  lay.group_bytes.assign(groups.size(), 0);
+  uint64_t w = 0, first = 0;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const size_t g = (size_t)groups[gi];
+    w += prefix_bytes;
+    Group grp{first, g, HeadV2()};
+    first += g;
+    if (g == 0 && ext.empty()) continue;
+    grp.head.dtype = dtype;
+    grp.head.ext = ext;
+    if (g == 0) {
+      grp.head.ndim = 1 + (int)empty_trailing.size();
+      grp.head.trailing = empty_trailing;
+    } else {
+      const std::vector<int64_t>& s0 = c.shapes[grp.first];
+      grp.head.ndim = (int)s0.size();
+      if (grp.head.ndim > 1) grp.head.trailing.assign(s0.begin() + 1, s0.end());
+    }
+    const std::vector<SegmentDesc> mine(descs.begin() + grp.first,
+                                        descs.begin() + grp.first + g);
+    grp.total = v2_frame_size(grp.head, mine, &grp.header);
+    grp.at = w;
+    w += grp.total;
+    lay.group_bytes[gi] = grp.total;
+    for (size_t i = grp.first; i < grp.first + g; ++i)
+      lay.sizes[i] = descs[i].descriptor_bytes() + descs[i].payload_bytes;
+    if (g > 0) lay.sizes[grp.first] += grp.header;
+    gs.push_back(std::move(grp));
+  }
+  fits(w);
+
+  // Headers on the host, one buffer for all (pageable: each copy is staged before it returns).
+  std::vector<uint64_t> head_at(gs.size() + 1, 0);
+  for (size_t k = 0; k < gs.size(); ++k)
+    head_at[k + 1] = head_at[k] + (gs[k].count ? gs[k].header : gs[k].total);
+  std::vector<uint8_t> heads(head_at.back());
+  PoolBuffer terms(sizeof(uint32_t) * (gs.size() ? gs.size() : 1), stream);
+  HL_CUDA_CHECK(cudaMemsetAsync(terms.p, 0, sizeof(uint32_t) * gs.size(), stream));
+  for (size_t k = 0; k < gs.size(); ++k) {
+    const Group& g = gs[k];
+    uint8_t* h = heads.data() + head_at[k];
+    uint8_t* frame = out_dev + g.at;
+    if (g.count == 0) {  // an extension alone: sealed on the host
+      v2_write_empty(g.head, h);
+      HL_CUDA_CHECK(cudaMemcpyAsync(frame, h, g.total, cudaMemcpyHostToDevice, stream));
+      continue;
+    }
+    const std::vector<SegmentDesc> mine(descs.begin() + g.first, descs.begin() + g.first + g.count);
+    const uint8_t* end = v2_write_head(g.head, mine, g.total, h);
+    if ((uint64_t)(end - h) != g.header) throw CodecError("v2 frame header size is inconsistent");
+    HL_CUDA_CHECK(cudaMemcpyAsync(frame, h, g.header, cudaMemcpyHostToDevice, stream));
+    // v2_write_head wrote the descriptors after the header; the payloads follow back to back
+    uint64_t at = g.header;
+    for (size_t i = g.first; i < g.first + g.count; ++i) at += descs[i].descriptor_bytes();
+    for (size_t i = g.first; i < g.first + g.count; ++i) {
+      const uint64_t len = res[i].payload_bytes;
+      if (len)
+        HL_CUDA_CHECK(cudaMemcpyAsync(frame + at, scratch.as<uint8_t>() + slot[i], len,
+                                      cudaMemcpyDeviceToDevice, stream));
+      at += len;
+    }
+    if (at != g.total) throw CodecError("v2 frame layout is inconsistent");
+    crc32c_terms_dev(frame + HL_V2_PREFIX, g.total - HL_V2_PREFIX, terms.as<uint32_t>() + k,
+                     stream);
+    launch("crc_seal", crc_seal_kernel, 1, 1, stream, frame, g.total, terms.as<uint32_t>() + k);
+  }
+  return lay;
+}
+
+}  // namespace
+}  // namespace gpu
+
+std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressParams& p,
+                                         const std::vector<int64_t>& rows,
+                                         const std::vector<int64_t>& trailing,
+                                         const std::vector<double>& error_bounds,
+                                         const std::vector<int64_t>& groups,
+                                         uint64_t prefix_bytes, uint8_t* out_dev, uint64_t out_cap,
+                                         void* stream_v, const std::string& ext,
+                                         std::vector<uint64_t>* group_bytes) {
+  using namespace gpu;
+  check_params(p);
+  check_device_params(p);
+  const Pieces c = plan_pieces(p, rows, trailing, error_bounds);
+  if (ext.size() > HL_V2_MAX_EXT)
+    throw ArgumentError("a frame extension of " + std::to_string(ext.size()) +
+                        " bytes, at most " + std::to_string(HL_V2_MAX_EXT) + " fit");
+  const uint64_t need = max_grouped_bytes(rows, trailing, groups, prefix_bytes, 2);
+  if (need > out_cap)
+    throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
+                        " bytes, the frames may need " + std::to_string(need));
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
+  DeviceScope scope(out_dev, "the output buffer");
+  Layout lay = encode_frames(static_cast<const uint8_t*>(input_dev), c, groups, prefix_bytes, ext,
+                             trailing, p.dtype, out_dev, stream, [](uint64_t) {});
+  if (group_bytes) *group_bytes = lay.group_bytes;
+  return lay.sizes;
+}
+
+namespace gpu {
+
+uint64_t compress_v2_cuda(const void* input_dev, const CompressParams& p,
+                          const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
+                          cudaStream_t stream) {
+  check_device_params(p);
+  Pieces c;
+  c.shapes = {shape};
+  c.params = {p};
+  c.in_off = {0};
+  DeviceScope scope(out_dev, "the output buffer");
+  const Layout lay = encode_frames(static_cast<const uint8_t*>(input_dev), c, {1}, 0,
+                                   std::string(), {}, p.dtype, out_dev, stream,
+                                   [&](uint64_t bytes) {
+                                     if (bytes > out_cap)
+                                       throw ArgumentError(
+                                           "output buffer holds " + std::to_string(out_cap) +
+                                           " bytes, the frame needs " + std::to_string(bytes));
+                                   });
+  return lay.group_bytes[0];
+}
+
+}  // namespace gpu
+}  // namespace hl
