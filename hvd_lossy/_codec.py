@@ -186,7 +186,8 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None, 
             frame. Turns dedup off. No CUDA kernel yet: device tensors are coded on the CPU.
         format: 1 (the default), or 2: the compact frame of native/frame.h (one segment here;
             the all-to-all puts a destination's pieces in one). Its bound is the requested one
-            rounded down to 24 bits. Format 2 is coded on the CPU for device tensors too.
+            rounded down to 24 bits. Device tensors at level 1 are coded by the CUDA format-2
+            encoder; at level 2 or with dither on the CPU (the same bytes either way).
 
     Returns:
         A 1-D ``torch.uint8`` tensor on the input's device. Every finite element decodes within
@@ -198,18 +199,21 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None, 
     seed = _check_dither(dither)
     fmt = _check_format(format)
     _check_device(tensor)
-    if tensor.is_cuda and (seed >= 0 or fmt == 2):
+    if tensor.is_cuda and not _on_device_encoder(seed, fmt, lv):
         return compress(tensor.cpu(), eb, mode, level, dedup, dither, fmt).to(tensor.device)
     src = tensor.contiguous()
     shape = list(src.shape)
     if not src.is_cuda:  # frames built first, then written once into memory of their size
         return torch.from_numpy(_C.compress_new(src.data_ptr(), code, shape, eb, m, lv, bool(dedup),
                                                 _threads, seed, fmt))
-    cap = max_frame_bytes(*_rows_of(shape), len(shape))
+    if fmt == 2:  # a v2 frame of one segment, bounded as compress_into bounds one piece
+        cap = max_grouped_bytes([shape[0] if shape else 1], shape[1:], [1], 0, format=2)
+    else:
+        cap = max_frame_bytes(*_rows_of(shape), len(shape))
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
     if src.is_cuda:
         size = _C.compress_cuda(src.data_ptr(), code, shape, eb, m, lv, bool(dedup),
-                                out.data_ptr(), cap, _stream(src))
+                                out.data_ptr(), cap, _stream(src), fmt)
     else:
         size = _C.compress(src.data_ptr(), code, shape, eb, m, lv, bool(dedup), out.data_ptr(), cap,
                            _threads, seed)
@@ -227,7 +231,7 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
         mode, level, dedup: as for :func:`compress`.
         dither: None, or the seed of piece 0; piece i uses ``(dither + i) % 2**24``.
         format: 1 (a frame a piece), or 2: ONE frame whose segments are the pieces, each with
-            its own bound (coded on the CPU for device tensors too).
+            its own bound (device tensors: the CUDA encoder at level 1, else the CPU's).
 
     Returns:
         ``(buffer, sizes)``: a 1-D ``torch.uint8`` tensor holding the frames back to back and the
@@ -252,7 +256,7 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
     else:
         ebs = [_check_bound(error_bounds)] * len(rows)
     fmt = _check_format(format)
-    if tensor.is_cuda and (seed >= 0 or fmt == 2):
+    if tensor.is_cuda and not _on_device_encoder(seed, fmt, lv):
         buffer, sizes = compress_chunks(tensor.cpu(), rows, ebs, mode, level, dedup, dither, fmt)
         return buffer.to(tensor.device), sizes
     src = tensor.contiguous()
@@ -261,19 +265,30 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
         block, sizes = _C.compress_many_new(src.data_ptr(), code, rows, trailing, ebs, m, lv,
                                             bool(dedup), _threads, seed, fmt)
         return torch.from_numpy(block), (list(sizes) if fmt == 1 else [block.size])
-    cap = 0
-    for r in rows:
-        shape = [r, *trailing]
-        cap += max_frame_bytes(*_rows_of(shape), len(shape))
+    if fmt == 2:
+        cap = max_grouped_bytes(rows, trailing, [len(rows)], 0, format=2)
+    else:
+        cap = 0
+        for r in rows:
+            shape = [r, *trailing]
+            cap += max_frame_bytes(*_rows_of(shape), len(shape))
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
     if src.is_cuda:
         sizes = _C.compress_many_cuda(src.data_ptr(), code, rows, trailing, ebs, m, lv, bool(dedup),
-                                      out.data_ptr(), cap, _stream(src))
+                                      out.data_ptr(), cap, _stream(src), fmt)
     else:
         sizes = _C.compress_many(src.data_ptr(), code, rows, trailing, ebs, m, lv, bool(dedup),
                                  out.data_ptr(), cap, _threads, seed)
     total = sum(sizes)
-    return (out[:total].clone() if total < cap // 2 else out[:total]), list(sizes)
+    buffer = out[:total].clone() if total < cap // 2 else out[:total]
+    return buffer, (list(sizes) if fmt == 1 else [total])
+
+
+def _on_device_encoder(seed, fmt, level):
+    """Whether the CUDA codec encodes a device tensor itself: format 1 without dither, or format 2
+    at level 1 without dither (codec_cuda_v2.cu). The rest is coded on the host by the CPU
+    encoder, which writes the bytes the CUDA one would (the same format rules)."""
+    return seed < 0 and (fmt == 1 or level == 1)
 
 
 def _as_frame_bytes(frame):
@@ -509,18 +524,20 @@ def output_cache_bytes():
 
 def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offset=0, mode="rel",
                      level=1, dedup=True, dither=None, format=1, extension=None, stats=None):
-    """Compresses pieces of dim 0 of a CPU tensor straight into a send buffer, in groups.
+    """Compresses pieces of dim 0 of a tensor straight into a send buffer, in groups.
 
     The bytes written at ``out[offset:]`` are ``[prefix][frames of group 0][prefix][frames of
     group 1]...`` with no gaps: ``groups[g]`` consecutive pieces form group g, and
     ``prefix_bytes`` bytes before each group are left for the caller (a per-destination header).
 
     Arguments:
-        tensor: contiguous CPU tensor as for :func:`compress_chunks`; dim 0 is cut into pieces
-            of ``rows`` rows.
+        tensor: tensor as for :func:`compress_chunks`; dim 0 is cut into pieces of ``rows``
+            rows. A CUDA tensor is coded by the CUDA format-2 encoder (format 2, level 1, no
+            dither, no stats); otherwise it is copied to the host and coded by the CPU encoder,
+            and the frames are copied into ``out`` (the same bytes either way).
         error_bounds: one bound per piece.
-        out: 1-D CPU ``torch.uint8`` tensor with at least :func:`max_grouped_bytes` bytes after
-            ``offset``.
+        out: 1-D ``torch.uint8`` tensor on the tensor's device with at least
+            :func:`max_grouped_bytes` bytes after ``offset``.
         mode, level, dedup: as for :func:`compress`; dither: None, or the seed of piece 0 (piece
             i uses ``(dither + i) % 2**24``).
         format: 1 (a frame a piece) or 2 (ONE frame a non-empty group, its pieces the frame's
@@ -553,6 +570,21 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
     if extension is not None and not ext:
         raise ValueError("extension must be None or 1 to "
                          f"{_C.MAX_EXTENSION_BYTES} bytes, got an empty one")
+    if src.device != out.device:
+        raise ValueError(f"out must be on the tensor's device {src.device}, got {out.device}")
+    if src.is_cuda:
+        _check_device(src)
+        fmt, lv = _check_format(format), _check_level(level)
+        if stats is None and fmt == 2 and _on_device_encoder(seed, fmt, lv):
+            sizes, group_bytes = _C.compress_into_cuda(
+                src.data_ptr() if src.numel() else 0, code, [int(r) for r in rows],
+                list(src.shape[1:]), [_check_bound(e) for e in error_bounds], _mode_code(mode),
+                bool(dedup), [int(g) for g in groups], int(prefix_bytes), out.data_ptr() + offset,
+                out.numel() - offset, _stream(src), ext)
+            return (list(sizes), list(group_bytes)) if ext else list(sizes)
+        return _compress_grouped_on_host(src, rows, error_bounds, groups, prefix_bytes, out,
+                                         offset, mode, level, dedup, dither, format, extension,
+                                         stats)
     sizes = list(_C.compress_into(src.data_ptr() if src.numel() else 0, code,
                                   [int(r) for r in rows], list(src.shape[1:]),
                                   [_check_bound(e) for e in error_bounds], _mode_code(mode),
@@ -563,6 +595,29 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
     if not ext:
         return sizes
     return sizes[:len(sizes) - len(groups)], sizes[len(sizes) - len(groups):]
+
+
+def _compress_grouped_on_host(tensor, rows, error_bounds, groups, prefix_bytes, out, offset,
+                              mode, level, dedup, dither, format, extension, stats):
+    """compress_grouped of a device tensor by the CPU encoder (level 2, dither, format 1 or
+    stats: no device encoder writes those), each group's frames then copied into ``out`` so
+    that the prefixes stay as the caller left them."""
+    host = torch.empty(out.numel() - offset, dtype=torch.uint8)
+    got = compress_grouped(tensor.cpu(), rows, error_bounds, groups, prefix_bytes, host, 0, mode,
+                           level, dedup, dither, format, extension, stats)
+    sizes, group_bytes = got if extension is not None else (got, None)
+    if group_bytes is None:
+        group_bytes, k = [], 0
+        for g in groups:
+            group_bytes.append(sum(sizes[k:k + int(g)]))
+            k += int(g)
+    at = 0
+    for nbytes in group_bytes:
+        at += int(prefix_bytes)
+        if nbytes:
+            out[offset + at:offset + at + nbytes].copy_(host[at:at + nbytes])
+        at += nbytes
+    return got
 
 
 def _check_stats(stats, n):

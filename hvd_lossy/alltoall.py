@@ -3,12 +3,14 @@
 One lossy alltoall is ONE alltoall of the backend (Horovod or torch.distributed):
   pack:    the chunk for each destination is ONE frame of format 2 whose segments are the
            pieces for that destination and whose header carries the protocol fields
-           (hvd_lossy.chunk_header), compressed straight into the send buffer (one native call
-           for the ranks before this one, one for those after). Device tensors send a compact
-           protocol header and v1 frames, a frame a piece, until the CUDA codec writes format
-           2; receivers read either. The chunk a rank sends itself never crosses a link, so it
-           is not compressed: a frame of no segments travels (the verdict needs every rank's
-           header), its rows are copied straight into the output;
+           (hvd_lossy.chunk_header), compressed straight into the send buffer on the tensor's
+           device (one native call for the ranks before this one, one for those after): the
+           CUDA format-2 encoder writes a device tensor's frames at level 1, the CPU encoder
+           (through a host copy) at level 2 or with dither. Receivers also read the compact
+           protocol header and v1 frames that older senders sent (_pack_copying). The chunk a
+           rank sends itself never crosses a link, so it is not compressed: a frame of no
+           segments travels (the verdict needs every rank's header), its rows are copied
+           straight into the output;
   launch:  one uint8 alltoall; the backend exchanges the byte splits itself;
   receive: every rank holds every sender's header, so all reach the same verdict; the frames are
            decoded straight into the one output tensor.
@@ -93,10 +95,9 @@ class Alltoall(LossyCall):
                                   sum(1 for dest, _r, _e in plan if dest != me))
         # The ranks before this one, then the ones after it: the own chunk is copied, not coded.
         parts = [(range(me + 1), tensor[:lo]), (range(me + 1, self.size), tensor[hi:])]
-        pack = self._pack_in_place if self.device.type == "cpu" else self._pack_copying
         self.want_stats = c.wants_codec_stats() and self.device.type == "cpu"
         self.piece_stats = []
-        send, sizes = pack(parts, seed)
+        send, sizes = self._pack_in_place(parts, seed)
         it = iter(sizes)
         self.frame_sizes = [None if dest == me else next(it) for dest, _r, _e in plan]
         if self.want_stats:
@@ -137,7 +138,7 @@ class Alltoall(LossyCall):
                   for (dests, _rows), pieces in zip(parts, plans)]
         cap = sum(hvd_lossy.max_grouped_bytes([p[1] for p in pieces], trailing, g, 0, format=2)
                   for pieces, g in zip(plans, groups))
-        send = torch.empty(cap, dtype=torch.uint8)
+        send = torch.empty(cap, dtype=torch.uint8, device=self.device)
         sizes, offset, chunk_bytes = [], 0, []
         for (dests, rows), pieces, g in zip(parts, plans, groups):
             stats = (np.empty((len(pieces), hvd_lossy.STATS_PER_PIECE)) if self.want_stats
@@ -173,7 +174,8 @@ class Alltoall(LossyCall):
         return send[:offset], sizes
 
     def _pack_copying(self, parts, seed):
-        """Device tensors: frames from compress_chunks, then one buffer with the headers."""
+        """The chunks older senders sent for device tensors: a compact protocol header and v1
+        frames from compress_chunks. Receivers still read them; the fault tests send them."""
         c = self.compressor
         self.header_len = compact_size(header(self.tensor, None, 0, 0, self.pending, self.grank,
                                               self.settings))

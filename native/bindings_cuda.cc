@@ -21,28 +21,52 @@ void register_cuda(py::module_& m) {
   m.def("compress_many_cuda",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
-           int level, bool dedup, uintptr_t out, uint64_t out_cap, uintptr_t stream) {
-          return hl::compress_many_cuda(ptr<const void>(in),
-                                        params(dtype, mode, level, dedup, 0.0), rows, trailing,
-                                        ebs, ptr<uint8_t>(out), out_cap, ptr<void>(stream));
+           int level, bool dedup, uintptr_t out, uint64_t out_cap, uintptr_t stream, int format) {
+          hl::CompressParams p = params(dtype, mode, level, dedup, 0.0);
+          p.format = (uint8_t)format;
+          return hl::compress_many_cuda(ptr<const void>(in), p, rows, trailing, ebs,
+                                        ptr<uint8_t>(out), out_cap, ptr<void>(stream));
         },
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
         py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
-        py::arg("out"), py::arg("out_cap"), py::arg("stream"),
+        py::arg("out"), py::arg("out_cap"), py::arg("stream"), py::arg("format") = 1,
         py::call_guard<py::gil_scoped_release>(),
         "CUDA compress_many: chunks of device memory into back-to-back frames on the device; "
         "returns their sizes (the one point where the host waits for the stream).");
 
   m.def("compress_cuda",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, double eb, int mode,
-           int level, bool dedup, uintptr_t out, uint64_t out_cap, uintptr_t stream) {
-          return hl::compress_cuda(ptr<const void>(in), params(dtype, mode, level, dedup, eb),
-                                   shape, ptr<uint8_t>(out), out_cap, ptr<void>(stream));
+           int level, bool dedup, uintptr_t out, uint64_t out_cap, uintptr_t stream, int format) {
+          hl::CompressParams p = params(dtype, mode, level, dedup, eb);
+          p.format = (uint8_t)format;
+          return hl::compress_cuda(ptr<const void>(in), p, shape, ptr<uint8_t>(out), out_cap,
+                                   ptr<void>(stream));
         },
         py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("error_bound"),
         py::arg("mode"), py::arg("level"), py::arg("dedup"), py::arg("out"), py::arg("out_cap"),
-        py::arg("stream"), py::call_guard<py::gil_scoped_release>(),
+        py::arg("stream"), py::arg("format") = 1, py::call_guard<py::gil_scoped_release>(),
         "CUDA compress: one device tensor into a frame on the device; returns its size.");
+
+  m.def("compress_into_cuda",
+        [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
+           const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
+           bool dedup, const std::vector<int64_t>& groups, uint64_t prefix_bytes, uintptr_t out,
+           uint64_t out_cap, uintptr_t stream, const std::string& ext) {
+          hl::CompressParams p = params(dtype, mode, 1, dedup, 0.0);
+          p.format = 2;
+          std::vector<uint64_t> group_bytes;
+          std::vector<uint64_t> sizes =
+              hl::compress_into_cuda(ptr<const void>(in), p, rows, trailing, ebs, groups,
+                                     prefix_bytes, ptr<uint8_t>(out), out_cap, ptr<void>(stream),
+                                     ext, &group_bytes);
+          return std::make_pair(sizes, group_bytes);
+        },
+        py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
+        py::arg("error_bounds"), py::arg("mode"), py::arg("dedup"), py::arg("groups"),
+        py::arg("prefix_bytes"), py::arg("out"), py::arg("out_cap"), py::arg("stream"),
+        py::arg("extension"), py::call_guard<py::gil_scoped_release>(),
+        "CUDA compress_into of format 2 at level 1 without dither: one v2 frame a group in "
+        "device memory, laid out as the CPU's; returns (sizes a piece, frame bytes a group).");
 
   m.def("decompress_cuda",
         [](uintptr_t frame, uint64_t size, uintptr_t out, uint64_t out_bytes, uintptr_t stream,
