@@ -3,8 +3,8 @@
 For each workload (synthetic, criteo, criteo 52 chunks) and level, on --device:
   bytes      the device's v2 frame (compress_chunks(format=2) of the device tensor) against the
              CPU codec's, byte for byte. `cuda_v2_encoder` in the JSON says whether the device
-             path runs a CUDA v2 encoder; without one it goes through the CPU codec and the
-             comparison holds by construction (it becomes the real check once the encoder lands).
+             path runs the CUDA v2 encoder (codec_cuda_v2.cu: level 1 without dither; level 2
+             still goes through the CPU codec, where the comparison holds by construction).
   cross      CUDA decode of the CPU's frame and CPU decode of the device's frame, bit-exact
              against the CPU decode of the CPU's frame.
   timing     compress, decompress and the device checksum (verify_cuda: CRC32C over the frame)
@@ -13,6 +13,12 @@ Radix sections (frame.h "Radix section", level 1): frames with radix-packed segm
 with a row map, K = 5 and 295, outliers, a 47-code segment whose last value pads) decoded on
 --device bit-exact against the CPU, and sealed frames with a value >= K^g, a nonzero padding
 digit or K = 16 that must raise FrameError there.
+The encoder part: the CUDA v2 encoder's frames against the CPU's, byte for byte, on inputs chosen
+for each of its paths (shapes from 0-d to 3-d, the three dtypes, abs and rel bounds, pieces of 0
+rows, duplicate-heavy rows with a map, outliers with NaN/Inf, lossless segments, radix- and
+short-block-friendly codes, codes too wide for short blocks), the all-to-all's grouped layout
+with a prefix and the protocol extension, and the lossless fallback; each also decoded on the
+device bit-exact against the CPU decode, and its encode timed with CUDA events.
 And once, the limits: a corrupt v1 frame announcing 64 GiB and a corrupt v2 frame announcing
 2^40 rows must raise FrameError naming the checksum, and a sealed v1 frame of 2^40 rows must
 raise FrameError naming max_output_bytes, each without growing device memory (torch's peak and
@@ -169,6 +175,82 @@ def radix(torch, hvd_lossy, _C, device):
     return ok, out
 
 
+def encoder_cases(torch):
+    """(name, CPU tensor, rows or None for compress(), bounds, mode)."""
+    g = torch.Generator().manual_seed(40)
+    rn = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    scaled = rn(512, 64) * (2.0 ** torch.randint(0, 9, (512, 1), generator=g))
+    hot = rn(64, 32)[torch.randint(0, 64, (4096,), generator=g)]
+    specials = rn(300, 24)
+    specials.view(-1)[[3, 50, 700, 4000]] = torch.tensor([float("nan"), float("inf"),
+                                                          -float("inf"), 1e30])
+    uniform = (torch.rand(2000, 32, generator=g) - 0.5) * 0.1
+    return [
+        ("0-d", torch.tensor(1.25), None, 0.01, "rel"),
+        ("1-d", rn(1000), None, 0.01, "rel"),
+        ("3-d", rn(8, 16, 12), None, 1e-3, "abs"),
+        ("scaled rows (short blocks)", scaled, [100, 0, 412], [0.5, 0.1, 0.5], "abs"),
+        ("hot rows (map)", hot, [4096], 0.01, "rel"),
+        ("outliers NaN/Inf", specials, [150, 150], [1e-3, 0.01], "abs"),
+        ("uniform (radix K 17)", uniform, [1000, 1000], [0.03, 0.012], "rel"),
+        ("lossless and lossy", rn(256, 16), [100, 156], [0.0, 0.02], "rel"),
+        ("wide codes", rn(256, 16) * 1e4, [256], 1e-3, "abs"),
+        ("most outliers (lossless)", torch.full((64, 8), float("nan")), [64], 0.01, "abs"),
+        ("float16", scaled.half(), [512], 0.05, "rel"),
+        ("bfloat16", hot.bfloat16(), [1000, 3096], 0.02, "rel"),
+    ]
+
+
+def encoder(torch, hvd_lossy, _C, device, timed, args):
+    """(ok, rows of the report) of the encoder part."""
+    out, ok = [], True
+    bits = lambda t: t.reshape(-1).view(torch.int32 if t.element_size() == 4 else torch.int16)  # noqa: E731
+    for name, x, rows, ebs, mode in encoder_cases(torch):
+        r = {"case": name, "dtype": str(x.dtype).replace("torch.", "")}
+        try:
+            xd = x.to(device)
+            if rows is None:
+                enc = lambda t: hvd_lossy.compress(t, ebs, mode=mode, level=1, format=2)  # noqa: E731
+            else:
+                enc = lambda t: hvd_lossy.compress_chunks(t, rows, ebs, mode=mode, level=1,  # noqa: E731
+                                                          format=2)[0]
+            cpu, dev = enc(x), enc(xd)
+            r["bytes"] = cpu.numel()
+            r["identical"] = bool(torch.equal(dev.cpu(), cpu))
+            if not r["identical"] and dev.numel() == cpu.numel():
+                r["first_difference"] = int((dev.cpu() != cpu).nonzero()[0])
+            r["packings"] = [("radix" if s.get("radix") else "short" if s.get("short_blocks")
+                              else "block") for s in hvd_lossy.frame_info(cpu).get("segments", [])]
+            ref = hvd_lossy.decompress_chunks(cpu)
+            got = hvd_lossy.decompress_chunks(dev)
+            r["decodes"] = all(torch.equal(bits(a.cpu()), bits(b)) for a, b in zip(got, ref))
+            r["encode_ms"] = timed(lambda: enc(xd), device, args.warmup, args.repeat) * 1e3
+            r["ok"] = r["identical"] and r["decodes"]
+        except Exception as e:
+            r["ok"], r["error"] = False, f"{type(e).__name__}: {e}"
+        ok &= r["ok"]
+        out.append(r)
+    # The all-to-all's layout: groups with a prefix before each and the protocol extension.
+    x = torch.randn(600, 32, generator=torch.Generator().manual_seed(41))
+    args_ = ([100, 0, 250, 250], [0.01, 0.02, 0.0, 0.05], [2, 0, 2], 5)
+    r = {"case": "grouped with prefix and extension"}
+    try:
+        bufs = []
+        for t in (x, x.to(device)):
+            cap = 5 * 3 + hvd_lossy.max_grouped_bytes(args_[0], [32], args_[2], 5, format=2)
+            buf = torch.full((cap,), 0xAB, dtype=torch.uint8, device=t.device)
+            got = hvd_lossy.compress_grouped(t, args_[0], args_[1], args_[2], args_[3], buf, 0,
+                                             level=1, format=2, extension=b"\x01\x02\x03")
+            bufs.append((buf.cpu(), got))
+        r["identical"] = bool(torch.equal(bufs[0][0], bufs[1][0])) and bufs[0][1] == bufs[1][1]
+        r["ok"] = r["identical"]
+    except Exception as e:
+        r["ok"], r["error"] = False, f"{type(e).__name__}: {e}"
+    ok &= r["ok"]
+    out.append(r)
+    return ok, out
+
+
 def one(name, x_cpu, rows, level, args, timed, torch, hvd_lossy, _C):
     eb, dev = args.error_bound, args.device
     rows = rows or [x_cpu.shape[0]]
@@ -209,9 +291,10 @@ def run(args, report, data, timed):
     cuda_v2 = bool(getattr(_C, "WITH_CUDA_V2_ENCODER", False))
     lim_ok, lim = limits(torch, hvd_lossy, _C, args.device)
     rad_ok, rad = radix(torch, hvd_lossy, _C, args.device)
-    ok &= lim_ok and rad_ok
+    enc_ok, enc = encoder(torch, hvd_lossy, _C, args.device, timed, args)
+    ok &= lim_ok and rad_ok and enc_ok
     report.stage("v2", ok=ok, device=args.device, cuda_v2_encoder=cuda_v2, limits=lim, radix=rad,
-                 runs=runs)
+                 encoder=enc, runs=runs)
     for name, x, rows in data:
         for level in args.levels:
             try:
@@ -221,7 +304,7 @@ def run(args, report, data, timed):
             ok &= r["ok"]
             runs.append(r)
             report.stage("v2", ok=ok, device=args.device, cuda_v2_encoder=cuda_v2, limits=lim,
-                         radix=rad, runs=runs)
+                         radix=rad, encoder=enc, runs=runs)
     return ok
 
 
@@ -234,6 +317,10 @@ def print_table(stage):
     for r in stage.get("radix", []):
         print(f"  radix: {r['frame']:24} {'ok' if r['ok'] else 'FAILED'} {r.get('radix', '')} "
               f"{r.get('error', '')}")
+    for r in stage.get("encoder", []):
+        print(f"  encoder: {r['case']:34} {'ok' if r['ok'] else 'FAILED'} "
+              f"{r.get('packings', '')} {r.get('encode_ms', float('nan')):8.3f} ms "
+              f"{r.get('error', '')}{' first difference at byte %d' % r['first_difference'] if 'first_difference' in r else ''}")
     print(f"  {'workload':17} {'L':>1} {'ratio':>6} {'same':>4} {'x-dec':>5} {'comp ms':>8} {'dec ms':>8} "
           f"{'crc ms':>7} {'crc GB/s':>8}")
     for r in stage.get("runs", []):

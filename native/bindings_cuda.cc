@@ -18,6 +18,8 @@ using hl::py_util::ptr;
 }  // namespace
 
 void register_cuda(py::module_& m) {
+  // Device tensors of format 2 at level 1 are coded on the device (codec_cuda_v2.cu).
+  m.attr("WITH_CUDA_V2_ENCODER") = true;
   m.def("compress_many_cuda",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,

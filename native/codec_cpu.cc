@@ -19,6 +19,7 @@
 #include "crc32c.h"
 #include "frame_v2.h"
 #include "kernels_cpu.h"
+#include "level1_sections.h"
 #include "map_buckets.h"
 #include "pack.h"
 #include "parallel.h"
@@ -572,7 +573,8 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   const uint64_t code_bytes = s.n_deferred ? s.plan.bytes : s.code.size();
   const uint64_t total =
       HL_HEADER_BYTES + 8ull * ndim + s.map.size() + code_bytes + outlier_bytes;
-  if (!lossless && total > hl_max_frame_bytes(t.n_rows, t.row_len, ndim))
+  if (!lossless &&
+      lossy_exceeds_bound(t.n_rows, t.row_len, ndim, s.map.size(), code_bytes, s.outliers.size()))
     return prepare(t, p, shape, threads, true);
 
   HlFrameHeader& h = f.h;
@@ -727,13 +729,10 @@ SegmentDesc segment_desc(const Prepared& f, uint8_t mode) {
   const HlFrameHeader& h = f.h;
   SegmentDesc d;
   const bool lossless = h.flags & HL_FLAG_LOSSLESS;
-  d.flags = (uint8_t)((h.level == 2 ? HL_SEG_LEVEL2 : 0) | (lossless ? HL_SEG_LOSSLESS : 0) |
-                      ((h.flags & HL_FLAG_IDENTITY_MAP) ? 0 : HL_SEG_MAP) |
-                      (h.n_outliers ? HL_SEG_OUTLIERS : 0) |
-                      (mode == HL_MODE_REL ? HL_SEG_REL : 0) |
-                      ((h.flags & HL_FLAG_DITHER) ? HL_SEG_DITHER : 0));
-  if (f.s.map_rans) d.flags |= HL_SEG_MAP_RANS;
-  if (f.s.map_buckets) d.flags |= HL_SEG_MAP_BUCKETS;
+  // the CUDA encoder's descriptors take their flags from the same function (codec_cuda_v2.cu)
+  d.flags = v2_segment_flags(h.level == 2, lossless, (h.flags & HL_FLAG_IDENTITY_MAP) != 0,
+                             h.n_outliers, mode == HL_MODE_REL, (h.flags & HL_FLAG_DITHER) != 0,
+                             f.s.map_rans, f.s.map_buckets);
   d.map_bytes = h.map_bytes;
   d.rows = f.shape.empty() ? 1 : (uint64_t)f.shape[0];
   d.bound = f.bound;

@@ -3,6 +3,8 @@
 // byte; each decoder run on the other's frames; compress_many against compress_many_cpu; tampered
 // payloads (checksum made valid again) must get the same verdict from both decoders; the device
 // CRC32C against the CPU's, and verify_cuda on intact, corrupted and truncated v1 and v2 frames.
+// Format 2: the CUDA v2 encoder's frames (level 1) against the CPU's, one tensor a frame and
+// compress_into's grouped layout (prefixes, the protocol extension, empty groups).
 //
 // Build (no GPU needed; the binary needs only the driver's libcuda at run time): any CMake build
 // with CUDA makes build/cuda_selftest (target cuda_selftest), or by hand:
@@ -200,13 +202,68 @@ void run_case(const Case& c) {
   if (!diff.empty()) return fail(c.describe() + ": frames differ, " + diff);
   diff = compare_decoders(cpu, n * hl_elem_bytes(c.dtype));
   if (!diff.empty()) fail(c.describe() + ": " + diff);
-  // Format 2: the CUDA decoder on the CPU's v2 frame of the same tensor (no CUDA v2 encoder).
+  // Format 2: the CUDA decoder on the CPU's v2 frame of the same tensor.
   hl::CompressParams p2 = c.p;
   p2.format = 2;
   std::vector<uint8_t> v2(cap + HL_V2_MAX_HEADER + HL_V2_MAX_SEGMENT);
   v2.resize(hl::compress_cpu(c.data.data(), p2, c.shape, v2.data(), v2.size(), 1));
   diff = compare_decoders(v2, n * hl_elem_bytes(c.dtype));
   if (!diff.empty()) fail(c.describe() + " format 2: " + diff);
+  // ... and at level 1 the CUDA v2 encoder's frame, byte for byte.
+  if (p2.level != 1) return;
+  Dev out2(v2.size() + HL_V2_MAX_HEADER + HL_V2_MAX_SEGMENT + cap);
+  uint64_t size2 = 0;
+  try {
+    size2 = hl::compress_cuda(in.p, p2, c.shape, out2.p, out2.n, nullptr);
+  } catch (const std::exception& e) {
+    return fail(c.describe() + " format 2: CUDA encoder error \"" + std::string(e.what()) + "\"");
+  }
+  diff = first_difference(v2, out2.get(size2));
+  if (!diff.empty()) fail(c.describe() + " format 2: CUDA v2 encoder frame differs, " + diff);
+}
+
+// compress_into of format 2 on the device against the CPU's: random groups (some empty), a
+// prefix before each (left untouched: both buffers start filled with 0xab), the extension.
+void run_grouped(std::mt19937_64& rng) {
+  Case c = random_case(rng, 20000);
+  while (c.shape.empty()) c = random_case(rng, 20000);
+  c.p.level = 1;
+  c.p.format = 2;
+  std::vector<int64_t> trailing(c.shape.begin() + 1, c.shape.end());
+  std::vector<int64_t> rows, groups;
+  std::vector<double> ebs;
+  int64_t left = c.shape[0];
+  while (left > 0) {
+    const int64_t r = std::min<int64_t>(left, (int64_t)(rng() % 60));
+    rows.push_back(r);
+    ebs.push_back((rng() % 4) ? 0.02 : 0.0);
+    left -= r;
+  }
+  for (size_t k = 0; k < rows.size();) {
+    const int64_t g = std::min<int64_t>((int64_t)(rows.size() - k), (int64_t)(rng() % 4));
+    groups.push_back(g);
+    k += (size_t)g;
+  }
+  const uint64_t prefix = rng() % 9;
+  const std::string ext = (rng() % 2) ? std::string("\x01proto", 6) : std::string();
+  const uint64_t cap = hl::max_grouped_bytes(rows, trailing, groups, prefix, 2);
+  std::vector<uint8_t> cpu(cap, 0xab);
+  std::vector<uint64_t> cpu_groups, gpu_groups;
+  std::vector<uint64_t> cs = hl::compress_into_cpu(c.data.data(), c.p, rows, trailing, ebs, groups,
+                                                   prefix, cpu.data(), cap, 1, ext, &cpu_groups);
+  Dev in(c.data.size()), out(cap);
+  in.put(c.data.data(), c.data.size());
+  check(cudaMemset(out.p, 0xab, cap), "cudaMemset");
+  std::vector<uint64_t> gs;
+  try {
+    gs = hl::compress_into_cuda(in.p, c.p, rows, trailing, ebs, groups, prefix, out.p, cap,
+                                nullptr, ext, &gpu_groups);
+  } catch (const std::exception& e) {
+    return fail(c.describe() + ": compress_into_cuda error \"" + std::string(e.what()) + "\"");
+  }
+  if (cs != gs || cpu_groups != gpu_groups) return fail(c.describe() + ": compress_into sizes differ");
+  std::string diff = first_difference(cpu, out.get(cap));
+  if (!diff.empty()) fail(c.describe() + ": compress_into buffers differ, " + diff);
 }
 
 void run_many(std::mt19937_64& rng) {
@@ -345,6 +402,10 @@ int main(int argc, char** argv) {
   const int before_many = g_failures;
   for (int i = 0; i < cases / 20; ++i) run_many(rng);
   printf("compress_many: %d cases, %d failures\n", cases / 20, g_failures - before_many);
+  const int before_grouped = g_failures;
+  for (int i = 0; i < cases / 20; ++i) run_grouped(rng);
+  printf("compress_into format 2: %d cases, %d failures\n", cases / 20,
+         g_failures - before_grouped);
   const int before_tamper = g_failures;
   run_tampered(rng, tampered);
   printf("tampered frames: %d trials, %d disagreements\n", 2 * tampered, g_failures - before_tamper);
