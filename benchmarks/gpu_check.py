@@ -16,7 +16,8 @@ Stages (each logged, each result written to <out>/gpu_check.json as soon as it i
   selftest   build/cuda_selftest when present (tests/cuda_selftest.cc; any CUDA build makes it):
              thousands of random frames against the CPU codec.
   tests      pytest tests/test_cuda.py (frames byte-identical to the CPU codec, cross decoding,
-             the bound, corrupted frames) and tests/test_format.py (golden frames).
+             the bound, corrupted frames), tests/test_cuda_v2_encoder.py (the CUDA format-2
+             encoder's frames against the CPU's) and tests/test_format.py (golden frames).
   benchmark  compress/decompress timed with CUDA events (warm-up, median of --repeat) on
                synthetic   a 64 MB float32 batch of Criteo-scale lookups (hvd_lossy.bench.criteo)
                criteo      the bundled Criteo rows, 26 tables of dim 32, DLRM uniform init,
@@ -186,7 +187,7 @@ def sanitize(args, report):
 def tests(args, report):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--maxfail=5", "--tb=short",
-           "tests/test_cuda.py", "tests/test_format.py"]
+           "tests/test_cuda.py", "tests/test_cuda_v2_encoder.py", "tests/test_format.py"]
     ok, secs, tail = run_logged(cmd, report.dir / "tests.log", args.test_timeout, env)
     summary = next((line for line in reversed(tail) if " passed" in line or " failed" in line
                     or " error" in line or " skipped" in line), "")

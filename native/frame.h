@@ -134,7 +134,8 @@
 // of consecutive codes, so the split and the stores are contiguous, vector-friendly loops on
 // the CPU and coalesced on the GPU; spans keep a decoder's writes within one region of codes at
 // a time. (A section of up to S values, n <= S * g, is one span: code i * G + j.) A decoder
-// rejects a value >= K^g and a nonzero padding digit. The encoder (CPU) takes K = largest code + 1, g = radix_group(K, n)
+// rejects a value >= K^g and a nonzero padding digit. The encoder (CPU and CUDA alike) takes
+// K = largest code + 1, g = radix_group(K, n)
 // (frame_v2_codec.h: the g minimizing the section's worst-case bytes), and stores the section
 // only when it is the smallest packing (level1_packing, after the short-block section), in
 // segments coded at level 1 (a level-2 segment's packed fallback stays block packed); lossless
@@ -154,9 +155,10 @@
 //                                   bit j of code 16 * b + i (the last block padded with zeros)
 // A decoder rejects a nonzero padding nibble and a section of any other length than
 // 1 + ceil(nb / 2) + 2 * (sum of the widths). The encoder (CPU and CUDA alike, with
-// level1_packing in frame_v2_codec.h) sizes block packing, radix packing and short blocks and
-// stores the smallest, in segments coded at level 1 (a level-2 segment's packed fallback stays
-// block packed); lossless segments and v1 frames never have one.
+// level1_packing in frame_v2_codec.h and the size rules and writers of level1_sections.h)
+// sizes block packing, radix packing and short blocks and stores the smallest, in segments
+// coded at level 1 (a level-2 segment's packed fallback stays block packed); lossless segments
+// and v1 frames never have one.
 // Compact rANS section (same coder and streams as v1 level 2, smaller table and framing):
 //   uint8  K - 1                    symbols 0..K-1 can occur (K = largest present + 1)
 //   uint8  w                        bits a frequency, 1..13

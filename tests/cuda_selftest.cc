@@ -11,8 +11,9 @@
 //   nvcc -std=c++17 -O2 -arch=sm_90 -ftz=false -prec-div=true -prec-sqrt=true -fmad=false \
 //        -Xcompiler -fno-fast-math,-ffp-contract=off \
 //        -Inative tests/cuda_selftest.cc native/codec_cuda.cu native/codec_cuda_decode.cu \
-//        native/codec_cuda_check.cu native/codec_cpu.cc native/codec_cpu_decode.cc native/kernels_cpu.cc \
-//        native/pack.cc native/rans_cpu.cc native/map_buckets.cc native/radix.cc \
+//        native/codec_cuda_check.cu native/codec_cuda_v2.cu native/codec_cpu.cc \
+//        native/codec_cpu_decode.cc native/kernels_cpu.cc native/pack.cc native/rans_cpu.cc \
+//        native/map_buckets.cc native/radix.cc \
 //        native/output_blocks.cc native/frame_v2.cc native/crc32c.cc -Xcompiler -fopenmp \
 //        -o build/cuda_selftest
 // Run: build/cuda_selftest [cases (default 3000)] [seed (1)] [tampered frames a level (300)].
