@@ -1,6 +1,6 @@
 """One header a destination: the alltoall's protocol fields inside the destination's v2 frame.
 
-Each destination's chunk of a lossy alltoall on the CPU is ONE format-2 frame (frame.h) whose
+Each destination's chunk of a lossy alltoall is ONE format-2 frame (frame.h) whose
 header carries, in its extension (HL_V2_EXT, covered by the frame's CRC32C), what the
 protocol header (hvd_lossy.protocol) says beyond what the frame already describes:
 
@@ -16,10 +16,10 @@ failure) gets a frame of no segments. So a destination's whole header is the fra
 20 bytes) instead of a protocol header in front of a frame header.
 
 The extension is the same for every destination of a call, so the codec writes it into every
-frame as it lays them out (hvd_lossy.compress_grouped(extension=...); a CUDA writer sets
-HeadV2::ext the same way, frame_v2.h). Chunks led by the older compact "H3" header
-(protocol.parse_compact) are still read: the device path sends them until its codec writes
-format 2.
+frame as it lays them out (hvd_lossy.compress_grouped(extension=...); the CUDA encoder sets
+HeadV2::ext the same way, native/v2_frames.h). Chunks led by the older compact "H3" header
+(protocol.parse_compact), which device tensors sent before the CUDA format-2 encoder, are still
+read.
 """
 import struct
 

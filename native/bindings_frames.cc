@@ -6,7 +6,9 @@
 
 #include "bindings_util.h"
 #include "frame_v2.h"
+#include "crc32c.h"
 #include "level1_ref.h"
+#include "v2_frames.h"
 
 namespace py = pybind11;
 
@@ -52,6 +54,70 @@ py::tuple segment_payload_hd(const std::vector<uint32_t>& map, std::vector<uint3
     out.append(reinterpret_cast<const char*>(rec), end - rec);
   }
   return py::make_tuple(py::bytes(out), packing, code.size());
+}
+
+// The CUDA encoder's frame assembly (v2_frames.h) on the host: the segments of the CPU
+// encoder's compress_into layout at `buffer` (level 1, no dither) taken apart into what an
+// encoder finds of each (SegmentFound) and their payloads, then planned, headed, assembled and
+// sealed (CRC32C in the device's 1 KiB pieces) again into a buffer of 0xab bytes. Returns
+// (layout bytes, sizes, group bytes) for the tests to compare with the CPU encoder's.
+py::tuple v2_frames_hd(const std::string& buffer, const std::vector<int64_t>& rows,
+                       const std::vector<int64_t>& trailing, const std::vector<int64_t>& groups,
+                       uint64_t prefix_bytes, const std::string& ext, int mode, int dtype) {
+  const uint8_t* buf = reinterpret_cast<const uint8_t*>(buffer.data());
+  std::vector<std::vector<int64_t>> shapes;
+  for (int64_t r : rows) {
+    std::vector<int64_t> s{r};
+    s.insert(s.end(), trailing.begin(), trailing.end());
+    shapes.push_back(s);
+  }
+  std::vector<hl::SegmentDesc> descs;
+  std::vector<const uint8_t*> payload;
+  std::vector<uint64_t> payload_bytes;
+  uint64_t at = 0;
+  size_t seg = 0;
+  for (int64_t g : groups) {
+    at += prefix_bytes;
+    if (g == 0 && ext.empty()) continue;
+    if (at > buffer.size()) throw hl::ArgumentError("buffer ends before a group's frame");
+    const hl::FrameV2 f = hl::parse_v2(buf + at, hl::v2_frame_bytes(buf + at, buffer.size() - at));
+    if ((int64_t)f.segs.size() != g) throw hl::ArgumentError("a frame of another group size");
+    for (const hl::SegmentView& v : f.segs) {
+      if (v.level != 1 || (v.flags & HL_FLAG_DITHER))
+        throw hl::ArgumentError("v2_frames_hd takes level-1 undithered segments");
+      hl::SegmentFound r;
+      r.lossless = v.flags & HL_FLAG_LOSSLESS;
+      r.identity = v.flags & HL_FLAG_IDENTITY_MAP;
+      r.bound = r.lossless ? 0 : hl_bound_code(v.eb_abs);
+      r.n_unique = v.n_unique;
+      r.n_outliers = v.n_outliers;
+      r.map_bytes = v.map_bytes;
+      r.code_bytes = v.code_bytes;
+      r.payload_bytes = v.map_bytes + v.code_bytes + v.outlier_bytes;
+      if (seg >= shapes.size()) throw hl::ArgumentError("more segments than rows");
+      descs.push_back(hl::v2_desc_of(r, (uint8_t)mode, shapes[seg++]));
+      payload.push_back(r.identity ? v.code : v.map);
+      payload_bytes.push_back(r.payload_bytes);
+    }
+    at += f.total_bytes;
+  }
+  if (seg != shapes.size()) throw hl::ArgumentError("fewer segments than rows");
+  const hl::FramesPlan plan =
+      hl::plan_v2_frames(descs, shapes, groups, prefix_bytes, ext, trailing, (uint8_t)dtype);
+  std::string out(plan.end, '\xab');
+  uint8_t* o = reinterpret_cast<uint8_t*>(&out[0]);
+  hl::assemble_v2_frames(
+      plan, payload_bytes,
+      [&](size_t, uint64_t to, uint64_t head_at, uint64_t len) {
+        memcpy(o + to, plan.heads.data() + head_at, len);
+      },
+      [&](size_t i, uint64_t to, uint64_t len) { memcpy(o + to, payload[i], len); },
+      [&](size_t, uint64_t to, uint64_t total) {
+        hl::put_fixed_le(o + to + 3,
+                         hl::crc32c_in_pieces(o + to + HL_V2_PREFIX, total - HL_V2_PREFIX, 1024),
+                         4);
+      });
+  return py::make_tuple(py::bytes(out), plan.sizes, plan.group_bytes);
 }
 
 py::object chunk_head(const uint8_t* buffer, uint64_t offset, uint64_t length, bool verify) {
@@ -105,6 +171,11 @@ void register_frames(py::module_& m) {
         "(payload bytes, Level1Packing, code section bytes) of a v2 segment from its row map "
         "(empty: none), its unique rows' codes and its (position, raw bits) outliers, written by "
         "the functions the CUDA encoder runs (level1_sections.h), serially on the host.");
+  m.def("v2_frames_hd", &v2_frames_hd, py::arg("buffer"), py::arg("rows"), py::arg("trailing"),
+        py::arg("groups"), py::arg("prefix_bytes"), py::arg("extension"), py::arg("mode"),
+        py::arg("dtype"),
+        "The CPU encoder's compress_into layout taken apart and put together again by the CUDA "
+        "encoder's host side (v2_frames.h): (layout bytes, sizes, group bytes).");
   m.attr("PACK_BLOCK") = (int)hl::HL_PACK_BLOCK;
   m.attr("PACK_RADIX") = (int)hl::HL_PACK_RADIX;
   m.attr("PACK_SHORT") = (int)hl::HL_PACK_SHORT;

@@ -16,6 +16,7 @@
 #include "codec_cuda.cuh"
 #include "frame_v2.h"
 #include "level1_sections.h"
+#include "v2_frames.h"
 
 namespace hl {
 namespace gpu {
@@ -84,22 +85,6 @@ void check_device_params(const CompressParams& p) {
                         ": compress on the CPU (hvd_lossy does this for device tensors)");
 }
 
-// The descriptor of a segment coded on the device (the CPU encoder's segment_desc).
-SegmentDesc desc_of(const SegmentResult& r, const CompressParams& p,
-                    const std::vector<int64_t>& shape) {
-  SegmentDesc d;
-  d.flags = v2_segment_flags(false, r.lossless, r.identity, r.n_outliers, p.mode == HL_MODE_REL,
-                             false, false, false);
-  d.rows = shape.empty() ? 1 : (uint64_t)shape[0];
-  d.bound = r.bound;
-  d.n_unique = r.n_unique;
-  d.n_outliers = r.n_outliers;
-  d.code_bytes = r.code_bytes;
-  d.map_bytes = r.map_bytes;
-  d.payload_bytes = r.payload_bytes;
-  return d;
-}
-
 struct Layout {
   std::vector<uint64_t> sizes;        // a piece: its segment, a group's first also the header
   std::vector<uint64_t> group_bytes;  // a group: its frame (0 when it has none)
@@ -126,86 +111,54 @@ Layout encode_frames(const uint8_t* in_dev, const Pieces& c, const std::vector<i
   const std::vector<SegmentResult> res = encode_segments(jobs, stream);
   std::vector<SegmentDesc> descs(n);
   for (size_t i = 0; i < n; ++i) {
-    if (res[i].bound_overflow)
+    const SegmentResult& r = res[i];
+    if (r.bound_overflow)
       throw ArgumentError("error_bound " + std::to_string(c.params[i].error_bound) +
                           " times the value range overflows a double");
-    descs[i] = desc_of(res[i], c.params[i], c.shapes[i]);
+    SegmentFound f;
+    f.payload_bytes = r.payload_bytes;
+    f.n_unique = r.n_unique;
+    f.n_outliers = r.n_outliers;
+    f.map_bytes = r.map_bytes;
+    f.code_bytes = r.code_bytes;
+    f.bound = r.bound;
+    f.lossless = r.lossless;
+    f.identity = r.identity;
+    descs[i] = v2_desc_of(f, c.params[i].mode, c.shapes[i]);
   }
+  const FramesPlan plan =
+      plan_v2_frames(descs, c.shapes, groups, prefix_bytes, ext, empty_trailing, dtype);
+  fits(plan.end);
 
-  struct Group {
-    size_t first, count;
-    HeadV2 head;
-    uint64_t at = 0, total = 0, header = 0;
-  };
-  std::vector<Group> gs;
-  Layout lay;
-  lay.sizes.assign(n, 0);
-  lay.group_bytes.assign(groups.size(), 0);
-  uint64_t w = 0, first = 0;
-  for (size_t gi = 0; gi < groups.size(); ++gi) {
-    const size_t g = (size_t)groups[gi];
-    w += prefix_bytes;
-    Group grp{first, g, HeadV2()};
-    first += g;
-    if (g == 0 && ext.empty()) continue;
-    grp.head.dtype = dtype;
-    grp.head.ext = ext;
-    if (g == 0) {
-      grp.head.ndim = 1 + (int)empty_trailing.size();
-      grp.head.trailing = empty_trailing;
-    } else {
-      const std::vector<int64_t>& s0 = c.shapes[grp.first];
-      grp.head.ndim = (int)s0.size();
-      if (grp.head.ndim > 1) grp.head.trailing.assign(s0.begin() + 1, s0.end());
-    }
-    const std::vector<SegmentDesc> mine(descs.begin() + grp.first,
-                                        descs.begin() + grp.first + g);
-    grp.total = v2_frame_size(grp.head, mine, &grp.header);
-    grp.at = w;
-    w += grp.total;
-    lay.group_bytes[gi] = grp.total;
-    for (size_t i = grp.first; i < grp.first + g; ++i)
-      lay.sizes[i] = descs[i].descriptor_bytes() + descs[i].payload_bytes;
-    if (g > 0) lay.sizes[grp.first] += grp.header;
-    gs.push_back(std::move(grp));
-  }
-  fits(w);
-
-  // Headers on the host, one buffer for all (pageable: each copy is staged before it returns).
-  std::vector<uint64_t> head_at(gs.size() + 1, 0);
-  for (size_t k = 0; k < gs.size(); ++k)
-    head_at[k + 1] = head_at[k] + (gs[k].count ? gs[k].header : gs[k].total);
-  std::vector<uint8_t> heads(head_at.back());
-  PoolBuffer terms(sizeof(uint32_t) * (gs.size() ? gs.size() : 1), stream);
-  HL_CUDA_CHECK(cudaMemsetAsync(terms.p, 0, sizeof(uint32_t) * gs.size(), stream));
-  for (size_t k = 0; k < gs.size(); ++k) {
-    const Group& g = gs[k];
-    uint8_t* h = heads.data() + head_at[k];
-    uint8_t* frame = out_dev + g.at;
-    if (g.count == 0) {  // an extension alone: sealed on the host
-      v2_write_empty(g.head, h);
-      HL_CUDA_CHECK(cudaMemcpyAsync(frame, h, g.total, cudaMemcpyHostToDevice, stream));
-      continue;
-    }
-    const std::vector<SegmentDesc> mine(descs.begin() + g.first, descs.begin() + g.first + g.count);
-    const uint8_t* end = v2_write_head(g.head, mine, g.total, h);
-    if ((uint64_t)(end - h) != g.header) throw CodecError("v2 frame header size is inconsistent");
-    HL_CUDA_CHECK(cudaMemcpyAsync(frame, h, g.header, cudaMemcpyHostToDevice, stream));
-    // v2_write_head wrote the descriptors after the header; the payloads follow back to back
-    uint64_t at = g.header;
-    for (size_t i = g.first; i < g.first + g.count; ++i) at += descs[i].descriptor_bytes();
-    for (size_t i = g.first; i < g.first + g.count; ++i) {
-      const uint64_t len = res[i].payload_bytes;
-      if (len)
-        HL_CUDA_CHECK(cudaMemcpyAsync(frame + at, scratch.as<uint8_t>() + slot[i], len,
+  // Every frame's header and descriptors (an empty group's whole frame, sealed) go to the device
+  // in one copy while the stream is idle (the results were just fetched): a pageable copy waits
+  // for the stream, so one copy rather than one a frame.
+  PoolBuffer heads_dev(plan.heads.size(), stream);
+  PoolBuffer terms(sizeof(uint32_t) * (plan.frames.empty() ? 1 : plan.frames.size()), stream);
+  if (!plan.heads.empty())
+    HL_CUDA_CHECK(cudaMemcpyAsync(heads_dev.p, plan.heads.data(), plan.heads.size(),
+                                  cudaMemcpyHostToDevice, stream));
+  HL_CUDA_CHECK(cudaMemsetAsync(terms.p, 0, sizeof(uint32_t) * plan.frames.size(), stream));
+  std::vector<uint64_t> payload_bytes(n);
+  for (size_t i = 0; i < n; ++i) payload_bytes[i] = res[i].payload_bytes;
+  uint32_t* term = terms.as<uint32_t>();
+  assemble_v2_frames(
+      plan, payload_bytes,
+      [&](size_t, uint64_t at, uint64_t head_at, uint64_t len) {
+        HL_CUDA_CHECK(cudaMemcpyAsync(out_dev + at, heads_dev.as<uint8_t>() + head_at, len,
                                       cudaMemcpyDeviceToDevice, stream));
-      at += len;
-    }
-    if (at != g.total) throw CodecError("v2 frame layout is inconsistent");
-    crc32c_terms_dev(frame + HL_V2_PREFIX, g.total - HL_V2_PREFIX, terms.as<uint32_t>() + k,
-                     stream);
-    launch("crc_seal", crc_seal_kernel, 1, 1, stream, frame, g.total, terms.as<uint32_t>() + k);
-  }
+      },
+      [&](size_t i, uint64_t at, uint64_t len) {
+        HL_CUDA_CHECK(cudaMemcpyAsync(out_dev + at, scratch.as<uint8_t>() + slot[i], len,
+                                      cudaMemcpyDeviceToDevice, stream));
+      },
+      [&](size_t k, uint64_t at, uint64_t total) {
+        crc32c_terms_dev(out_dev + at + HL_V2_PREFIX, total - HL_V2_PREFIX, term + k, stream);
+        launch("crc_seal", crc_seal_kernel, 1, 1, stream, out_dev + at, total, term + k);
+      });
+  Layout lay;
+  lay.sizes = plan.sizes;
+  lay.group_bytes = plan.group_bytes;
   return lay;
 }
 

@@ -219,3 +219,37 @@ def test_outlier_records_take_the_fewest_position_bytes_and_the_dtypes_width():
     assert got[code_bytes:] == struct.pack("<HH", 257, 0x7FC0)
     got, _p, code_bytes = _C.segment_payload_hd([], codes[:200], [(7, 0x7F800000)], 0, True)
     assert got[code_bytes:] == struct.pack("<BI", 7, 0x7F800000)
+
+
+# ---- the CUDA encoder's frame assembly (native/v2_frames.h) -------------------------------------
+
+LAYOUTS = {
+    "one group": ([300], [0.01], [1], 0, None),
+    "groups with an empty one and a prefix": ([100, 0, 250, 250], [0.01, 0.02, 0.0, 0.05],
+                                              [2, 0, 2], 5, None),
+    "protocol extension, empty groups get a frame": ([120, 80, 0, 400], [0.03, 0.0, 0.01, 1e-3],
+                                                     [0, 2, 2, 0], 3, b"\x01proto"),
+    "many small pieces": ([7] * 40 + [20], [0.02] * 41, [10, 10, 10, 11], 0, b"\x09"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+@pytest.mark.parametrize("mode", ["rel", "abs"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_encoders_frame_assembly_writes_the_cpu_encoders_layout(name, mode, dtype):
+    rows, ebs, groups, prefix, ext = LAYOUTS[name]
+    x = with_specials(duplicate_rows(sum(rows), 16, 12)).to(dtype)
+    cap = hvd_lossy.max_grouped_bytes(rows, [16], groups, prefix, format=2)
+    out = torch.full((cap,), 0xAB, dtype=torch.uint8)
+    got = hvd_lossy.compress_grouped(x, rows, ebs, groups, prefix, out, 0, mode=mode, level=1,
+                                     format=2, extension=ext)
+    sizes, group_bytes = got if ext is not None else (got, None)
+    end = len(groups) * prefix + (sum(group_bytes) if ext is not None else sum(sizes))
+    cpu = out.numpy().tobytes()[:end]
+    mode_code = 1 if mode == "rel" else 0
+    again, hd_sizes, hd_groups = _C.v2_frames_hd(cpu, rows, [16], groups, prefix, ext or b"",
+                                                 mode_code, DTYPE_CODE[dtype])
+    assert hd_sizes == sizes
+    if ext is not None:
+        assert hd_groups == group_bytes
+    assert again == cpu

@@ -1,0 +1,141 @@
+// The host side of the CUDA format-2 encoder's frames, kept apart from the CUDA calls so that
+// the CPU build runs it too (bindings_frames.cc: tests/test_level1_shared.py assembles the CPU
+// encoder's segments with it and compares with the CPU encoder's frames). Given what the device
+// found of each segment (SegmentFound), it makes the descriptors, lays out compress_into's
+// groups ([prefix][frame]..., as build_and_place_v2 in codec_cpu.cc) and writes every frame's
+// header and descriptors with frame_v2.h's writer, an empty group's whole frame sealed.
+#pragma once
+
+#include <stdint.h>
+
+#include <string>
+#include <vector>
+
+#include "codec.h"
+#include "frame_v2.h"
+#include "level1_sections.h"
+
+namespace hl {
+
+// What an encoder found of one segment: the descriptor's fields and the payload's size.
+struct SegmentFound {
+  uint64_t payload_bytes = 0, n_unique = 0, n_outliers = 0, map_bytes = 0, code_bytes = 0;
+  uint32_t bound = 0;  // hl_bound_code, 0 when lossless
+  bool lossless = false, identity = true;
+};
+
+// The descriptor of a level-1, undithered segment of the given shape (segment_desc in
+// codec_cpu.cc for what the CUDA encoder writes).
+inline SegmentDesc v2_desc_of(const SegmentFound& r, uint8_t mode,
+                              const std::vector<int64_t>& shape) {
+  SegmentDesc d;
+  d.flags = v2_segment_flags(false, r.lossless, r.identity, r.n_outliers, mode == HL_MODE_REL,
+                             false, false, false);
+  d.rows = shape.empty() ? 1 : (uint64_t)shape[0];
+  d.bound = r.lossless ? 0 : r.bound;
+  d.n_unique = r.n_unique;
+  d.n_outliers = r.n_outliers;
+  d.code_bytes = r.code_bytes;
+  d.map_bytes = r.map_bytes;
+  d.payload_bytes = r.payload_bytes;
+  return d;
+}
+
+// One frame of the layout: segments [first, first + count), at byte `at` of the output.
+struct FramePlan {
+  size_t first = 0, count = 0;
+  uint64_t at = 0, total = 0;
+  uint64_t head_len = 0;  // header and descriptors (an empty frame: all of it)
+  uint64_t head_at = 0;   // where they lie in FramesPlan::heads
+};
+
+struct FramesPlan {
+  std::vector<FramePlan> frames;
+  std::vector<uint64_t> sizes;        // a piece: its segment, a group's first also the header
+  std::vector<uint64_t> group_bytes;  // a group: its frame (0 when it has none)
+  uint64_t end = 0;                   // bytes of the whole layout
+  std::vector<uint8_t> heads;         // every frame's head_len bytes, back to back
+};
+
+// The layout of compress_into for segments of these descriptors and shapes: groups[g]
+// consecutive segments a frame, prefix_bytes before each group, ext in every frame (then an
+// empty group has a frame of no segments, of 1 + empty_trailing.size() dims).
+inline FramesPlan plan_v2_frames(const std::vector<SegmentDesc>& descs,
+                                 const std::vector<std::vector<int64_t>>& shapes,
+                                 const std::vector<int64_t>& groups, uint64_t prefix_bytes,
+                                 const std::string& ext,
+                                 const std::vector<int64_t>& empty_trailing, uint8_t dtype) {
+  FramesPlan plan;
+  plan.sizes.assign(descs.size(), 0);
+  plan.group_bytes.assign(groups.size(), 0);
+  std::vector<HeadV2> heads;
+  uint64_t w = 0;
+  size_t first = 0;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const size_t g = (size_t)groups[gi];
+    w += prefix_bytes;
+    FramePlan f;
+    f.first = first;
+    f.count = g;
+    first += g;
+    if (g == 0 && ext.empty()) continue;  // an empty group sends no frame
+    HeadV2 h;
+    h.dtype = dtype;
+    h.ext = ext;
+    if (g == 0) {
+      h.ndim = 1 + (int)empty_trailing.size();
+      h.trailing = empty_trailing;
+    } else {
+      const std::vector<int64_t>& s0 = shapes[f.first];
+      h.ndim = (int)s0.size();
+      if (h.ndim > 1) h.trailing.assign(s0.begin() + 1, s0.end());
+    }
+    const std::vector<SegmentDesc> mine(descs.begin() + f.first, descs.begin() + f.first + g);
+    uint64_t header = 0;
+    f.total = v2_frame_size(h, mine, &header);
+    f.head_len = header;
+    for (const SegmentDesc& d : mine) f.head_len += d.descriptor_bytes();
+    if (g == 0) f.head_len = f.total;
+    f.at = w;
+    w += f.total;
+    plan.group_bytes[gi] = f.total;
+    for (size_t i = f.first; i < f.first + g; ++i)
+      plan.sizes[i] = descs[i].descriptor_bytes() + descs[i].payload_bytes;
+    if (g > 0) plan.sizes[f.first] += header;
+    f.head_at = plan.heads.size();
+    plan.heads.resize(plan.heads.size() + f.head_len);
+    uint8_t* out = plan.heads.data() + f.head_at;
+    if (g == 0) {
+      v2_write_empty(h, out);
+    } else if ((uint64_t)(v2_write_head(h, mine, f.total, out) - out) != f.head_len) {
+      throw CodecError("v2 frame header size is inconsistent");
+    }
+    plan.frames.push_back(f);
+  }
+  plan.end = w;
+  return plan;
+}
+
+// Puts the frames of the plan together: copy_head(k, at, head_at, len) copies frame k's head
+// (plan.heads[head_at, head_at + len)) to byte `at` of the output, copy_payload(i, at, len)
+// segment i's payload there, and seal(k, at, total) stores frame k's CRC32C once its bytes are in
+// place (an empty frame came sealed). The CUDA encoder passes device copies and its CRC kernels,
+// the host check memcpy and the same CRC pieces.
+template <class CopyHead, class CopyPayload, class Seal>
+void assemble_v2_frames(const FramesPlan& plan, const std::vector<uint64_t>& payload_bytes,
+                        CopyHead copy_head, CopyPayload copy_payload, Seal seal) {
+  for (size_t k = 0; k < plan.frames.size(); ++k) {
+    const FramePlan& f = plan.frames[k];
+    copy_head(k, f.at, f.head_at, f.head_len);
+    if (f.count == 0) continue;
+    uint64_t at = f.head_len;  // the payloads follow the descriptors back to back
+    for (size_t i = f.first; i < f.first + f.count; ++i) {
+      if (payload_bytes[i]) copy_payload(i, f.at + at, payload_bytes[i]);
+      at += payload_bytes[i];
+    }
+    if (at != f.total) throw CodecError("v2 frame layout is inconsistent");
+    seal(k, f.at, f.total);
+  }
+}
+
+}  // namespace hl
