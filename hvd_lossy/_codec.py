@@ -316,7 +316,8 @@ def frame_info(frame):
         ``level``, ``mode``, ``lossless``, ``dither_seed``, ``eb_abs``, ``n_rows``, ``row_len``,
         ``n_unique``, ``n_outliers``, ``map_bytes``, ``map_coded``, ``code_bytes``,
         ``radix`` and ``radix_group`` (K and g of a radix-packed level-1 code section, else
-        None), ``outlier_bytes`` and ``segment_bytes`` (descriptor and payload).
+        None), ``short_blocks`` (whether the level-1 codes are in blocks of 16),
+        ``outlier_bytes`` and ``segment_bytes`` (descriptor and payload).
     """
     frame = _as_frame_bytes(frame)
     info = _host_header(frame)
