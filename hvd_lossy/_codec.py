@@ -389,11 +389,11 @@ def _decompress_checked(frame, out, max_output_bytes, verified):
 
 
 def _host_decoded(info):
-    """Frames the CUDA decoder does not read yet, decoded on the host: dithered segments, and
-    bucketed row maps (format 2, level 2)."""
+    """Frames the CUDA decoder does not read yet, decoded on the host: dithered segments,
+    bucketed row maps (format 2, level 2) and short-block code sections (format 2, level 1)."""
     if info["format"] == 2:
         return any(seg["dither_seed"] is not None or seg.get("map_bucketed")
-                   for seg in info["segments"])
+                   or seg.get("short_blocks") for seg in info["segments"])
     return info["dither_seed"] is not None
 
 
