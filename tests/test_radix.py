@@ -283,9 +283,9 @@ def test_every_truncation_of_a_radix_section_raises():
     assert torch.equal(hvd_lossy.decompress(sealed_frame(code, rows=16)), x)
 
 
-def test_every_byte_flip_of_a_radix_frame_raises_and_resealed_ones_raise_or_decode():
-    x, _ = integer_rows(17, n=16, dim=8)
-    frame = v2_level1(x, 0.5, dedup=False)
+def assert_flips_raise_and_resealed_ones_raise_or_decode(frame, x):
+    """Every byte flip of a one-segment level-1 frame of x (rows x dim) fails its CRC; the code
+    section's flips, resealed (sealed_frame), either raise FrameError or decode to x's shape."""
     data = frame.numpy().tobytes()
     code = code_section(frame)
     for i in range(len(data)):
@@ -298,10 +298,17 @@ def test_every_byte_flip_of_a_radix_frame_raises_and_resealed_ones_raise_or_deco
             bad = bytearray(code)
             bad[i] ^= flip
             try:
-                y = hvd_lossy.decompress(sealed_frame(bytes(bad), rows=16))
+                y = hvd_lossy.decompress(sealed_frame(bytes(bad), rows=x.shape[0], dim=x.shape[1]))
             except hvd_lossy.FrameError:
                 continue
             assert y.shape == x.shape and y.dtype == x.dtype
+
+
+def test_every_byte_flip_of_a_radix_frame_raises_and_resealed_ones_raise_or_decode():
+    x, _ = integer_rows(17, n=16, dim=8)
+    frame = v2_level1(x, 0.5, dedup=False)
+    assert code_section(frame)[0] == 0xFF
+    assert_flips_raise_and_resealed_ones_raise_or_decode(frame, x)
 
 
 def test_a_lossless_segment_with_a_radix_mark_raises():
