@@ -11,6 +11,8 @@ reads each level-1 code section back to its codes and sizes them, forward (looku
   block           block packing (frame.h "Packed integer arrays")
   radix_global    the smaller of block packing and one radix section (frame.h "Radix section",
                   K = largest code + 1 of the segment): what this checkout's encoder does
+  short           the smallest of those and short blocks (frame.h "Short-block section":
+                  blocks of 16 codes, 4-bit widths): what the encoder does since short blocks
   radix_per_P     an upper estimate of a per-piece radix: every P codes their own K (one byte)
                   and g, or block packing, whichever is smaller (not a format, a bound)
   entropy_order0  the codes' order-0 entropy (what level 2's rANS approaches)
@@ -93,7 +95,34 @@ def unpack_blocks(data, n):
     return np.concatenate(out)[:n].astype(np.int64) if out else np.zeros(0, np.int64)
 
 
+def unpack_short(data, n):
+    """frame.h "Short-block section": the mark, width nibbles, uint16 planes a block of 16."""
+    nb = -(-n // 16)
+    nib = np.frombuffer(data[1:1 + -(-nb // 2)], dtype=np.uint8)
+    widths = np.stack([nib & 15, nib >> 4], 1).reshape(-1)[:nb]
+    out, at = [], 1 + -(-nb // 2)
+    shifts = np.arange(16, dtype=np.uint64)
+    for w in widths.tolist():
+        planes = np.frombuffer(data[at:at + 2 * w], dtype="<u2").astype(np.uint64)
+        at += 2 * w
+        bits = (planes[:, None] >> shifts[None, :]) & 1  # (w, 16)
+        out.append((bits << np.arange(w, dtype=np.uint64)[:, None]).sum(0))
+    return np.concatenate(out)[:n].astype(np.int64)
+
+
+def short_bytes(c):
+    if int(c.max()) >= 1 << 15:
+        return None
+    nb = -(-len(c) // 16)
+    pad = np.zeros(nb * 16, dtype=np.int64)
+    pad[:len(c)] = c
+    m = pad.reshape(nb, 16).max(1)
+    return 1 + -(-nb // 2) + 2 * int(sum(int(x).bit_length() for x in m))
+
+
 def codes_of(code, n):
+    if code[0] == 0xFD:
+        return unpack_short(code, n)
     if code[0] != 0xFF:
         return unpack_blocks(code, n)
     k, at = varint_at(code, 1)
@@ -164,6 +193,8 @@ def analyse(frames_dir):
             tot[f"{kind} sent"] += s["code_bytes"]
             tot[f"{kind} block"] += b
             tot[f"{kind} radix_global"] += min(b, r or b)
+            sb = short_bytes(c)
+            tot[f"{kind} short"] += min(b, r or b, sb or b)
             for P in (64, 256):
                 est = 0
                 for a in range(0, n, P):
@@ -196,7 +227,8 @@ def main(argv=None):
     for kind in ("fwd", "bwd"):
         n = tot[f"{kind} codes"]
         print(f"{kind}: {tot[f'{kind} frame_bytes']:.0f} B of frames, {n} level-1 codes")
-        for name in ("sent", "block", "radix_global", "radix_per_64", "radix_per_256", "entropy_order0"):
+        for name in ("sent", "block", "radix_global", "short", "radix_per_64", "radix_per_256",
+                     "entropy_order0"):
             v = tot[f"{kind} {name}"]
             print(f"  {name:15} {v:10.0f} B  {8 * v / n:5.2f} bits a code  "
                   f"{v / tot[f'{kind} block'] - 1:+6.1%} vs block")

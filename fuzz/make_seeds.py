@@ -107,6 +107,7 @@ def frames_v2():
                                                   level=2, format=2)
     yield "v2_f32_empty", hvd_lossy.compress_chunks(torch.empty(0, 4), [0, 0], 0.1, format=2)[0]
     yield from frames_v2_radix()
+    yield from frames_v2_short()
     yield from frames_v2_ext()
 
 
@@ -127,6 +128,23 @@ def frames_v2_radix():
                                                             level=1, format=2, dither=7)[0]
     yield "v2_radix_map", hvd_lossy.compress_chunks(u[torch.arange(96) % 40], [96], 0.03,
                                                     level=1, format=2)[0]
+
+
+def frames_v2_short():
+    """Yields (name, frame) pairs of format-2 frames with short-block level-1 code sections
+    (frame.h "Short-block section"): rows whose scale changes from row to row, an odd number of
+    blocks (a padding nibble), outliers, dither, a row map."""
+    g = torch.Generator().manual_seed(31)
+    s = torch.randn(96, 16, generator=g) * torch.rand(96, 1, generator=g) ** 4
+    yield "v2_short", hvd_lossy.compress_chunks(s, [64, 32], 0.003, mode="abs", level=1, format=2)[0]
+    yield "v2_short_odd_blocks_1d", hvd_lossy.compress_chunks(s.flatten()[:40].contiguous(), [40],
+                                                              0.003, mode="abs", level=1, format=2)[0]
+    yield "v2_short_outliers", hvd_lossy.compress_chunks(_with_specials(s), [50, 46], 0.003,
+                                                         mode="abs", level=1, format=2)[0]
+    yield "v2_short_dither_f16", hvd_lossy.compress_chunks(s.to(torch.float16), [96], 0.003,
+                                                           mode="abs", level=1, format=2, dither=9)[0]
+    yield "v2_short_map", hvd_lossy.compress_chunks(s[torch.arange(96) % 40], [96], 0.003,
+                                                    mode="abs", level=1, format=2)[0]
 
 
 def frames_v2_ext():

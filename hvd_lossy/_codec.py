@@ -331,7 +331,8 @@ def frame_info(frame):
         ``level``, ``mode``, ``lossless``, ``dither_seed``, ``eb_abs``, ``n_rows``, ``row_len``,
         ``n_unique``, ``n_outliers``, ``map_bytes``, ``map_coded``, ``code_bytes``,
         ``radix`` and ``radix_group`` (K and g of a radix-packed level-1 code section, else
-        None), ``outlier_bytes`` and ``segment_bytes`` (descriptor and payload).
+        None), ``short_blocks`` (whether the level-1 codes are in blocks of 16),
+        ``outlier_bytes`` and ``segment_bytes`` (descriptor and payload).
     """
     frame = _as_frame_bytes(frame)
     info = _host_header(frame)
@@ -403,8 +404,8 @@ def _decompress_checked(frame, out, max_output_bytes, verified):
 
 
 def _host_decoded(info):
-    """Frames the CUDA decoder does not read yet, decoded on the host: dithered segments, and
-    bucketed row maps (format 2, level 2)."""
+    """Frames the CUDA decoder does not read yet, decoded on the host: dithered segments and
+    bucketed row maps (format 2, level 2). (Short-block sections it reads: codec_cuda_decode.cu.)"""
     if info["format"] == 2:
         return any(seg["dither_seed"] is not None or seg.get("map_bucketed")
                    for seg in info["segments"])

@@ -63,6 +63,7 @@ py::dict v2_dict(const hl::FrameV2& f) {
     // lossy level 1: radix packing's K and group size (frame.h), None for block packing
     e["radix"] = s.radix_k ? py::cast(s.radix_k) : py::none();
     e["radix_group"] = s.radix_k ? py::cast(s.radix_g) : py::none();
+    e["short_blocks"] = s.short_blocks;  // lossy level 1: a short-block code section (frame.h)
     e["code_bytes"] = s.code_bytes;
     e["outlier_bytes"] = s.outlier_bytes;
     e["segment_bytes"] = s.bytes;

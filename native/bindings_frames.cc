@@ -23,7 +23,7 @@ using hl::py_util::ptr;
 // encoder's frames.
 py::tuple segment_payload_hd(const std::vector<uint32_t>& map, std::vector<uint32_t> codes,
                              const std::vector<std::pair<uint64_t, uint32_t>>& outliers,
-                             int dtype, bool lossy_level1, bool short_blocks) {
+                             int dtype, bool lossy_level1) {
   if (dtype < 0 || dtype > HL_BFLOAT16)
     throw hl::ArgumentError("dtype code " + std::to_string(dtype) +
                             ", expected 0 (float32), 1 (float16) or 2 (bfloat16)");
@@ -44,7 +44,7 @@ py::tuple segment_payload_hd(const std::vector<uint32_t>& map, std::vector<uint3
   }
   int packing = 0;
   const std::vector<uint8_t> code =
-      hl::l1ref::code_section(codes.data(), codes.size(), lossy_level1, short_blocks, &packing);
+      hl::l1ref::code_section(codes.data(), codes.size(), lossy_level1, &packing);
   out.append(reinterpret_cast<const char*>(code.data()), code.size());
   const uint8_t pb = hl::v2_pos_bytes(codes.size());
   const uint64_t eb = hl_elem_bytes((uint8_t)dtype);
@@ -167,7 +167,6 @@ void register_frames(py::module_& m) {
 
   m.def("segment_payload_hd", &segment_payload_hd, py::arg("map"), py::arg("codes"),
         py::arg("outliers"), py::arg("dtype"), py::arg("lossy_level1"),
-        py::arg("short_blocks") = true,
         "(payload bytes, Level1Packing, code section bytes) of a v2 segment from its row map "
         "(empty: none), its unique rows' codes and its (position, raw bits) outliers, written by "
         "the functions the CUDA encoder runs (level1_sections.h), serially on the host.");

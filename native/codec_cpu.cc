@@ -24,6 +24,7 @@
 #include "pack.h"
 #include "parallel.h"
 #include "radix.h"
+#include "short_blocks.h"
 #include "rans.h"
 
 namespace hl {
@@ -347,11 +348,14 @@ struct Outlier {
 };
 
 // Block packing in two steps, so that level 2 can compare sizes before packing anything.
-// Format 2's lossy codes may be radix packed instead (radix.h), when that is smaller.
+// Format 2's lossy codes may be radix packed or in short blocks instead (radix.h,
+// short_blocks.h), whichever is smallest (level1_packing).
 struct Packing {
   Buffer<uint8_t> widths;
   uint64_t bytes = 0;
   RadixPlan radix;  // radix.k != 0: the section is radix.bytes of radix packing
+  bool short_blocks = false;  // the section is bytes of short blocks of widths16
+  Buffer<uint8_t> widths16;
 };
 
 struct Sections {
@@ -378,14 +382,35 @@ Packing plan_packing(const uint32_t* v, uint64_t n, int threads, uint32_t* max_o
   return p;
 }
 
-// The code section's plan: block packing, or radix packing where format 2 allows it (lossy
-// codes) and it is smaller.
-Packing plan_codes(const uint32_t* v, uint64_t n, bool radix, int threads) {
+// The code section's plan: block packing, or where format 2 allows it (lossy level-1 codes,
+// `level1`) the smallest of block packing, radix packing and short blocks (level1_packing).
+Packing plan_codes(const uint32_t* v, uint64_t n, bool level1, int threads) {
+  if (!level1 || n == 0) return plan_packing(v, n, threads);
+  Packing p;
+  const uint64_t nb = hl_div_up(n, HL_BLOCK);
+  p.widths = Buffer<uint8_t>(nb);
+  Buffer<uint8_t> w16(short_n_blocks(n));
   uint32_t max_code = 0;
-  Packing p = plan_packing(v, n, threads, radix ? &max_code : nullptr);
-  if (radix) {
-    p.radix = radix_plan(v, n, max_code, p.bytes, threads);
-    if (p.radix.k) p.bytes = p.radix.bytes;
+  level1_widths(v, n, w16.data(), p.widths.data(), &max_code, threads);
+  const uint64_t block = nb + payload_bytes(p.widths.data(), nb);
+  const uint64_t shorts = max_code >> HL_SHORT_MAX_WIDTH ? 0 : short_bytes(w16.data(), n);
+  // radix_plan builds its values only when they can beat `below`: radix wins ties with short
+  // blocks, so short + 1
+  const uint64_t below = shorts && shorts + 1 < block ? shorts + 1 : block;
+  p.radix = radix_plan(v, n, max_code, below, threads);
+  switch (level1_packing(block, p.radix.k ? p.radix.bytes : 0, shorts)) {
+    case HL_PACK_RADIX:
+      p.bytes = p.radix.bytes;
+      break;
+    case HL_PACK_SHORT:
+      p.radix = RadixPlan();
+      p.short_blocks = true;
+      p.widths16 = std::move(w16);
+      p.bytes = shorts;
+      break;
+    default:
+      p.radix = RadixPlan();
+      p.bytes = block;
   }
   return p;
 }
@@ -394,6 +419,8 @@ Bytes pack(const uint32_t* v, uint64_t n, const Packing& p, int threads) {
   Bytes out(p.bytes);
   if (p.radix.k)
     radix_write(p.radix, out.data(), threads);
+  else if (p.short_blocks)
+    short_write(v, n, p.widths16.data(), out.data(), threads);
   else
     pack_blocks(v, n, p.widths.data(), out.data(), threads);
   return out;
@@ -461,8 +488,8 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
     }
   }
   const uint64_t n_codes = n_unique * d;
-  // Radix packing only where level 1 was asked for: level 2's choices between rANS, shared
-  // tables and its packed fallback are weighed against block packing.
+  // Radix packing and short blocks only where level 1 was asked for: level 2's choices between
+  // rANS, shared tables and its packed fallback are weighed against block packing.
   Packing plan = plan_codes(ucodes, n_codes, compact && !lossless && level == 1, threads);
   if (compact && level == 2 && n_codes > 0 && n_codes <= kShareCodes) {
     s.deferred = std::move(c.codes);

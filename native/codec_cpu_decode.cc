@@ -24,6 +24,7 @@
 #include "pack.h"
 #include "parallel.h"
 #include "radix.h"
+#include "short_blocks.h"
 #include "rans.h"
 
 namespace hl {
@@ -103,6 +104,9 @@ void decode(const SegmentView& h, void* out_v, int threads, bool stream) {
     if (h.radix_k)  // v2 only (parse_v2 sets it)
       radix_unpack_to(code_p + h.radix_head, h.code_bytes - h.radix_head, nu, h.radix_k,
                       h.radix_g, "code section", threads, ChunkSink{&Dequantize::run, &deq});
+    else if (h.short_blocks)  // v2 only, as radix
+      short_unpack_to(code_p, h.code_bytes, nu, "code section", threads,
+                      ChunkSink{&Dequantize::run, &deq});
     else
       unpack_blocks_to(code_p, h.code_bytes, nu, 32, "code section", threads,
                        ChunkSink{&Dequantize::run, &deq});

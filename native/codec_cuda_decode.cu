@@ -715,8 +715,7 @@ void enqueue_segment_v2(const SegmentPlan& p, const uint8_t* host_frame, const u
     const RadixSink<CodeSink<DT>> radix{sink, nu, G, v.radix_g, radix_div_of(v.radix_k)};
     unpack_section(on_device(v.code) + v.radix_head, v.code_bytes - v.radix_head, G,
                    kErrCodeSection, radix, s, stream);
-  } else if (v.level == 1 && !(v.flags & HL_FLAG_LOSSLESS) && nu > 0 && v.code_bytes > 0 &&
-             v.code[0] == HL_SHORT_MARK) {  // v.code: the host copy, read before launching
+  } else if (v.level == 1 && v.short_blocks) {  // parse_v2 saw the mark: lossy, nu >= 1
     unpack_short_section(on_device(v.code), v.code_bytes, nu, kErrCodeSection, sink, s, stream);
   } else if (v.level == 1) {
     unpack_section(on_device(v.code), v.code_bytes, nu, kErrCodeSection, sink, s, stream);

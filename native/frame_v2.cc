@@ -241,18 +241,23 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
     uint64_t min_code = s.level == 1 ? hl_div_up(n_codes, HL_BLOCK)
                                      : 3 + 4 * hl_div_up(n_codes, HL_RANS_CHUNK);
     if (s.level == 1 && !(s.flags & HL_FLAG_LOSSLESS) && n_codes > 0 &&
-        s.code_bytes <= in.left()) {  // a radix section: its values are fewer than the codes
+        s.code_bytes <= in.left()) {  // a radix or short-block section: its own least size
       const uint8_t* code = frame + in.pos();
-      switch (get_radix_head(code, s.code_bytes, &s.radix_k, &s.radix_g, &s.radix_head)) {
-        case HL_RADIX_OK:
-          min_code = s.radix_head + hl_div_up(hl_div_up(n_codes, s.radix_g), HL_BLOCK);
-          break;
-        case HL_RADIX_NONE:
-          break;
-        case HL_RADIX_TRUNCATED:
-          throw fail("code section ends inside its radix head");
-        default:
-          throw fail(radix_fault(code, s.code_bytes));
+      if (s.code_bytes > 0 && code[0] == HL_SHORT_MARK) {
+        s.short_blocks = true;
+        min_code = short_head_bytes(n_codes);
+      } else {
+        switch (get_radix_head(code, s.code_bytes, &s.radix_k, &s.radix_g, &s.radix_head)) {
+          case HL_RADIX_OK:
+            min_code = s.radix_head + hl_div_up(hl_div_up(n_codes, s.radix_g), HL_BLOCK);
+            break;
+          case HL_RADIX_NONE:
+            break;
+          case HL_RADIX_TRUNCATED:
+            throw fail("code section ends inside its radix head");
+          default:
+            throw fail(radix_fault(code, s.code_bytes));
+        }
       }
     }
     if ((s.level == 2 && n_codes == 0) || s.code_bytes < min_code)

@@ -25,6 +25,7 @@ struct SegmentView {
   // block-packed values start radix_head bytes into the code section
   uint32_t radix_k = 0, radix_g = 0;
   uint64_t radix_head = 0;
+  bool short_blocks = false;  // v2 lossy level 1: a short-block section (frame.h)
   uint32_t seed = 0;
   double eb_abs = 0;
   uint64_t n_rows = 0, row_len = 0, n_unique = 0, n_outliers = 0;

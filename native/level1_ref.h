@@ -48,10 +48,9 @@ inline void write_blocks(const uint32_t* v, uint64_t n, const std::vector<uint64
 }
 
 // The level-1 code section of n codes at v (outlier positions already 0). lossy_level1: the
-// segment may take radix or short blocks (lossy, level 1); short_blocks false leaves short
-// blocks out (to compare with an encoder that has none); *packing gets the Level1Packing.
+// segment may take radix or short blocks (lossy, level 1); *packing gets the Level1Packing.
 inline std::vector<uint8_t> code_section(const uint32_t* v, uint64_t n, bool lossy_level1,
-                                         bool short_blocks, int* packing) {
+                                         int* packing) {
   uint32_t max_code = 0;
   for (uint64_t i = 0; i < n; ++i) max_code = v[i] > max_code ? v[i] : max_code;
   uint64_t sum = 0;
@@ -76,7 +75,7 @@ inline std::vector<uint8_t> code_section(const uint32_t* v, uint64_t n, bool los
   }
   uint64_t short_bytes = 0;
   std::vector<uint64_t> sw, soff;
-  if (lossy_level1 && short_blocks && short_applies(n, max_code)) {
+  if (lossy_level1 && short_applies(n, max_code)) {
     sw = widths(v, n, HL_SHORT_BLOCK);
     uint64_t ssum = 0;
     soff = exclusive_scan(sw, &ssum);

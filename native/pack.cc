@@ -366,6 +366,9 @@ uint32_t full_block_max(const uint32_t* v, int level) {
 
 }  // namespace
 
+void pack_block32(const uint32_t* v, uint32_t w, uint8_t* out) { pack_one(v, w, out, simd()); }
+void unpack_block32(const uint8_t* in, uint32_t w, uint32_t* v) { unpack_one(in, w, v, simd()); }
+
 void block_widths(const uint32_t* v, uint64_t n, uint8_t* widths, int threads,
                   uint32_t* max_out) {
   const int64_t nb = (int64_t)hl_div_up(n, HL_BLOCK);

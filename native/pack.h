@@ -63,6 +63,12 @@ struct ChunkSink {
 void unpack_blocks_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_width,
                       const char* what, int threads, ChunkSink sink);
 
+// One block of 32 values (all there, none padding) as w bit planes of 4 bytes at out, and back,
+// with the machine's fastest kernel (the same bytes on every path). The short-block sections
+// (short_blocks.h) run two of their blocks of 16 through these at once.
+void pack_block32(const uint32_t* v, uint32_t w, uint8_t* out);
+void unpack_block32(const uint8_t* in, uint32_t w, uint32_t* v);
+
 // Bounds-checked sequential reader over one section of a frame.
 class Reader {
  public:

@@ -268,6 +268,14 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
         "                                        dither=dither)[0]\n"
         "        out.append(buf.numpy().tobytes())\n"
         "        out += [p.numpy().tobytes() for p in hvd_lossy.decompress_chunks(buf)]\n"
+        "s = torch.randn(9000, 16, generator=g) * torch.rand(9000, 1, generator=g) ** 4  # row scales\n"
+        "for rows in ([64] * 5, [8999, 1]):  # short blocks; 4,500 pairs of them: threaded\n"
+        "    for dither in (None, 5):\n"
+        "        buf = hvd_lossy.compress_chunks(s[:sum(rows)], rows, 0.003, level=1, format=2,\n"
+        "                                        dither=dither)[0]\n"
+        "        assert hvd_lossy.frame_info(buf)['segments'][0]['short_blocks']\n"
+        "        out.append(buf.numpy().tobytes())\n"
+        "        out += [p.numpy().tobytes() for p in hvd_lossy.decompress_chunks(buf)]\n"
         "sys.stdout.buffer.write(b''.join(out))\n")
 
     def frames(**flags):

@@ -12,7 +12,7 @@ import torch
 
 import hvd_lossy
 from hvd_lossy import _C
-from tests._format_ref import block_packed
+from tests._format_ref import block_packed, level1_section, short_packed
 
 pytestmark = pytest.mark.skipif(not hasattr(_C, "segment_payload_hd"),
                                 reason="built without the shared level-1 functions")
@@ -78,31 +78,6 @@ def expected_inputs(x, lossless, keep_map):
     return (row_map if keep_map else []), [int(c) for c in ucodes], outliers
 
 
-def cpu_writes_short_blocks():
-    """Whether this build's CPU encoder writes short-block sections (frame.h 0xFD) yet."""
-    x = torch.tensor(([1.0] * 16 + [300.0] * 16) * 8).reshape(16, 16)
-    payload, _s = payload_of(cpu_frame(x, 0.5, dedup=False))
-    return payload[:1] == b"\xfd"
-
-
-CPU_SHORT = cpu_writes_short_blocks()
-
-
-def short_section_ref(codes):
-    """frame.h "Short-block section", written again from the spec."""
-    codes = list(codes) + [0] * (-len(codes) % 16)
-    blocks = [codes[i:i + 16] for i in range(0, len(codes), 16)]
-    widths = [max(b).bit_length() for b in blocks]
-    nib = bytearray((len(widths) + 1) // 2)
-    for b, w in enumerate(widths):
-        nib[b // 2] |= w << (4 * (b % 2))
-    planes = bytearray()
-    for w, blk in zip(widths, blocks):
-        for j in range(w):
-            planes += struct.pack("<H", sum(((v >> j) & 1) << i for i, v in enumerate(blk)))
-    return b"\xfd" + bytes(nib) + bytes(planes)
-
-
 def scaled_rows(rows, d, seed, dtype=torch.float32):
     """Rows of integers whose scale changes from row to row (lookups, gradients): short blocks
     follow it where blocks of 32 carry the wider neighbour's width."""
@@ -162,15 +137,15 @@ def test_cuda_encoder_functions_write_the_cpu_encoders_segment_bytes(name, lossl
     row_map, codes, outliers = expected_inputs(x, lossless, keep_map)
     assert len(codes) == seg["n_unique"] * seg["row_len"]
     assert len(outliers) == seg["n_outliers"]
-    # Until the CPU encoder writes short blocks, it is compared with short blocks left out; the
-    # short-block writer is held against frame.h below.
     got, packing, code_bytes = _C.segment_payload_hd(row_map, codes, outliers,
-                                                     DTYPE_CODE[x.dtype], not lossless,
-                                                     short_blocks=CPU_SHORT)
+                                                     DTYPE_CODE[x.dtype], not lossless)
     assert code_bytes == seg["code_bytes"]
     assert got == payload
+    # each writer, not only block packing, is held against the CPU encoder's
     if name.startswith("radix") and not lossless:
-        assert packing == _C.PACK_RADIX  # the radix writer, not only block packing, was held
+        assert packing == _C.PACK_RADIX
+    if name.startswith("short") and not lossless:
+        assert packing == _C.PACK_SHORT
 
 
 def test_short_block_writer_is_frame_h_byte_for_byte():
@@ -181,8 +156,21 @@ def test_short_block_writer_is_frame_h_byte_for_byte():
         codes[0] = max(codes[0], 1)
         got, packing, size = _C.segment_payload_hd([], codes, [], 0, True)
         if packing == _C.PACK_SHORT:
-            assert got == short_section_ref(codes)
+            assert got == short_packed(codes)
             assert size == len(got)
+
+
+def test_code_sections_are_frame_h_reference_sections_for_random_codes():
+    rng = np.random.default_rng(3)
+    for trial in range(300):
+        n = int(rng.integers(1, 700))
+        top = int(rng.choice([2, 3, 5, 17, 100, 1 << 12, (1 << 15) - 1, 1 << 15, 1 << 20]))
+        scale = rng.integers(1, top + 1, size=(n + 15) // 16).repeat(16)[:n]
+        codes = [int(c) for c in rng.integers(0, top, size=n) % scale]
+        kind, want = level1_section(codes)
+        got, packing, size = _C.segment_payload_hd([], codes, [], 0, True)
+        assert (packing, got) == (getattr(_C, "PACK_" + kind.upper()), want), (trial, n, top)
+        assert size == len(got)
 
 
 def test_short_blocks_are_taken_where_blocks_of_32_carry_a_wider_neighbour():
@@ -190,7 +178,7 @@ def test_short_blocks_are_taken_where_blocks_of_32_carry_a_wider_neighbour():
     got, packing, _n = _C.segment_payload_hd([], codes, [], 0, True)
     assert packing == _C.PACK_SHORT
     assert len(got) < len(block_packed(codes))
-    assert got == short_section_ref(codes)
+    assert got == short_packed(codes)
 
 
 def test_uniform_widths_keep_block_packing_since_short_blocks_cost_their_mark_more():

@@ -11,43 +11,8 @@ import torch
 
 import hvd_lossy
 from hvd_lossy import _C
-from tests._format_ref import block_packed, varint
-
-
-# ---- a reference of the format, written from frame.h ---------------------------------------
-
-def reference_group(k, n):
-    """frame.h: the g >= 2 minimizing ceil(ceil(n / g) / 32) * (1 + 4 b), b the bit width of
-    K^g - 1; the smallest on ties."""
-    best = None
-    g = 2
-    while k ** g < 2 ** 32:
-        size = -(-(-(-n // g)) // 32) * (1 + 4 * (k ** g - 1).bit_length())
-        if best is None or size < best[1]:
-            best = (g, size)
-        g += 1
-    return best[0]
-
-
-SPAN = 2048  # HL_RADIX_SPAN
-
-
-def code_of(G, g, j, i):
-    """frame.h: digit i of value j is code s * S * g + i * L + t (span s, j = s * S + t)."""
-    base = j // SPAN * SPAN
-    return base * g + i * min(G - base, SPAN) + (j - base)
-
-
-def radix_section(codes):
-    k = max(codes) + 1
-    n = len(codes)
-    g = reference_group(k, n)
-    G = -(-n // g)
-    values = []
-    for j in range(G):
-        pos = [code_of(G, g, j, i) for i in range(g)]
-        values.append(sum((codes[p] if p < n else 0) * k ** i for i, p in enumerate(pos)))
-    return b"\xff" + varint(k) + varint(g) + block_packed(values)
+from tests._format_ref import (block_packed, level1_section, radix_section, reference_group,
+                               varint)
 
 
 def zigzag(q):
@@ -127,17 +92,16 @@ def test_codes_below_k_not_a_power_of_two_are_radix_packed_when_smaller_and_deco
     x, z = integer_rows(k, n=40 + k % 29, seed=k)  # n * 8 codes: the last group partial
     frame = v2_level1(x, 0.5, dedup=False)
     seg = hvd_lossy.frame_info(frame)["segments"][0]
-    block = block_packed(z.tolist())
-    if power_of_two(k):
-        assert seg["radix"] is None and seg["radix_group"] is None
-        assert code_section(frame) == block
+    kind, section = level1_section(z.tolist())
+    assert code_section(frame) == section
+    if kind == "radix":
+        assert (seg["radix"], seg["radix_group"]) == (k, reference_group(k, z.size))
     else:
-        radix = radix_section(z.tolist())
-        if len(radix) < len(block):
-            assert (seg["radix"], seg["radix_group"]) == (k, reference_group(k, z.size))
-            assert code_section(frame) == radix
-        else:
-            assert seg["radix"] is None and code_section(frame) == block
+        assert seg["radix"] is None and seg["radix_group"] is None
+    if power_of_two(k):
+        assert kind != "radix"
+    elif kind != "radix":  # radix packing applied, and another packing was smaller
+        assert len(radix_section(z.tolist())) >= len(section)
     y = hvd_lossy.decompress(frame)
     assert torch.equal(y, x)  # integers at step 1: exact
     assert torch.equal(y, hvd_lossy.decompress(hvd_lossy.compress(x, 0.5, mode="abs", level=1,
@@ -159,16 +123,18 @@ def test_radix_section_is_the_bytes_frame_h_describes(n):
     x, z = integer_rows(17, n=n, dim=1, seed=n)  # 2048 * 7 + 1 and up: several spans
     frame = v2_level1(x, 0.5, dedup=False)
     seg = hvd_lossy.frame_info(frame)["segments"][0]
-    block = block_packed(z.tolist())
-    radix = radix_section(z.tolist())
-    if len(radix) < len(block):
-        assert seg["radix"] == 17 and code_section(frame) == radix
+    kind, section = level1_section(z.tolist())
+    assert code_section(frame) == section
+    if kind == "radix":
+        assert seg["radix"] == 17 and section == radix_section(z.tolist())
     else:  # a few codes: the head and a whole value's bits cost more than they save
-        assert seg["radix"] is None and code_section(frame) == block
+        assert seg["radix"] is None
+    if n >= 1000:  # long sections of codes filling [0, 17): radix packing
+        assert kind == "radix"
     assert torch.equal(hvd_lossy.decompress(frame), x)
 
 
-def test_radix_is_chosen_only_when_smaller_than_block_packing():
+def test_radix_is_chosen_only_when_smaller_than_block_packing_and_short_blocks():
     x, _ = integer_rows(17, n=1, dim=1)
     assert hvd_lossy.frame_info(v2_level1(x, 0.5))["segments"][0]["radix"] is None
     x, z = integer_rows(17, n=64, dim=32)
@@ -317,9 +283,9 @@ def test_every_truncation_of_a_radix_section_raises():
     assert torch.equal(hvd_lossy.decompress(sealed_frame(code, rows=16)), x)
 
 
-def test_every_byte_flip_of_a_radix_frame_raises_and_resealed_ones_raise_or_decode():
-    x, _ = integer_rows(17, n=16, dim=8)
-    frame = v2_level1(x, 0.5, dedup=False)
+def assert_flips_raise_and_resealed_ones_raise_or_decode(frame, x):
+    """Every byte flip of a one-segment level-1 frame of x (rows x dim) fails its CRC; the code
+    section's flips, resealed (sealed_frame), either raise FrameError or decode to x's shape."""
     data = frame.numpy().tobytes()
     code = code_section(frame)
     for i in range(len(data)):
@@ -332,10 +298,17 @@ def test_every_byte_flip_of_a_radix_frame_raises_and_resealed_ones_raise_or_deco
             bad = bytearray(code)
             bad[i] ^= flip
             try:
-                y = hvd_lossy.decompress(sealed_frame(bytes(bad), rows=16))
+                y = hvd_lossy.decompress(sealed_frame(bytes(bad), rows=x.shape[0], dim=x.shape[1]))
             except hvd_lossy.FrameError:
                 continue
             assert y.shape == x.shape and y.dtype == x.dtype
+
+
+def test_every_byte_flip_of_a_radix_frame_raises_and_resealed_ones_raise_or_decode():
+    x, _ = integer_rows(17, n=16, dim=8)
+    frame = v2_level1(x, 0.5, dedup=False)
+    assert code_section(frame)[0] == 0xFF
+    assert_flips_raise_and_resealed_ones_raise_or_decode(frame, x)
 
 
 def test_a_lossless_segment_with_a_radix_mark_raises():

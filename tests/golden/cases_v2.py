@@ -24,6 +24,14 @@ def skewed_lookups(rows=512, dim=8, distinct=160):
     return base[[int(distinct * ((i * phi) % 1.0) ** 3) for i in range(rows)]]
 
 
+def scaled_rows(rows=128, dim=16):
+    """Rows whose scale changes from row to row, as trained lookups and gradients do: row i is a
+    lookups() row times 0.05 + frac(i * golden ratio)^4 (short blocks follow such scales)."""
+    base = lookups(rows=rows, dim=dim, distinct=rows)
+    phi = (5 ** 0.5 - 1) / 2
+    return base * torch.tensor([[0.05 + ((i * phi) % 1.0) ** 4] for i in range(rows)])
+
+
 # name: (make the tensor, rows a segment, compress_chunks keyword arguments)
 CASES_V2 = {
     "v2_f32_rel003_level2_3seg": (lambda: lookups(), [40, 32, 24],
@@ -46,6 +54,11 @@ CASES_V2 = {
                                  dict(error_bounds=[0.03, 0.05], mode="rel", level=1)),
     "v2_f32_radix_dither_2seg": (lambda: lookups(rows=128, dim=32), [64, 64],
                                  dict(error_bounds=[0.03, 0.05], mode="rel", level=1, dither=5)),
+    # Short-block level-1 codes (frame.h "Short-block section"), deduplicated and dithered.
+    "v2_f32_short_level1_2seg": (lambda: scaled_rows(), [64, 64],
+                                 dict(error_bounds=[0.01, 0.003], mode="rel", level=1)),
+    "v2_f32_short_dither_2seg": (lambda: scaled_rows(), [64, 64],
+                                 dict(error_bounds=[0.01, 0.003], mode="rel", level=1, dither=9)),
     # A destination's chunk of the alltoall: the protocol's extension in the frame header
     # (hvd_lossy/chunk_header.py: flags PENDING, grank 3, settings 0x5EED1234, pending 10, 1, 7).
     "v2_ext_f32_rel003_level2_3seg": (lambda: lookups(), [40, 32, 24],
@@ -62,6 +75,9 @@ LEGACY_V2 = {
     # ... and of the level-1 cases before radix packing (their codes block packed)
     "v2_f32_1d_2seg_before_radix": CASES_V2["v2_f32_1d_2seg"],
     "v2_f32_rel003_level1_3seg_before_radix": CASES_V2["v2_f32_rel003_level1_3seg"],
+    # ... and before short blocks (a radix section and block packing, now short blocks)
+    "v2_f32_1d_2seg_before_short": CASES_V2["v2_f32_1d_2seg"],
+    "v2_bf16_specials_lossless_mix_before_short": CASES_V2["v2_bf16_specials_lossless_mix"],
 }
 
 # Chunks of no segments: (dtype, trailing, extension). A failure (flags FAILED: grank 1,
