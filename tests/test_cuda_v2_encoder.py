@@ -167,3 +167,45 @@ def test_device_alltoall_chunk_is_one_v2_frame_with_the_protocol_extension():
     info = hvd_lossy.frame_info(first)
     assert info["extension"] == b"\x05ext" and len(info["segments"]) == 1
     assert sum(sizes) == sum(frames)  # a piece's size: its segment, the first also the header
+
+
+def resealed(frame):
+    frame = frame.clone()
+    c = _C.crc32c(frame.data_ptr() + 7, frame.numel() - 7, False)
+    frame[3:7] = torch.tensor(list(c.to_bytes(4, "little")), dtype=torch.uint8)
+    return frame
+
+
+def verdict(frame):
+    try:
+        return "ok", bits(torch.cat([y.reshape(-1) for y in hvd_lossy.decompress_chunks(frame)]))
+    except ValueError as e:
+        return type(e).__name__, None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_decodes_cpu_short_block_frames_bit_exactly(dtype):
+    x = rng_tensor(400, 32, 8, "specials").to(dtype) * 2.0 ** torch.randint(0, 9, (400, 1))
+    frame, _ = hvd_lossy.compress_chunks(x, [150, 250], [0.5, 0.25], mode="abs", level=1, format=2)
+    assert any(s["short_blocks"] for s in hvd_lossy.frame_info(frame)["segments"])
+    assert verdict(frame.cuda())[0] == "ok"
+    assert torch.equal(verdict(frame.cuda())[1], verdict(frame)[1])
+
+
+def test_cuda_and_cpu_decoders_agree_on_every_tampered_short_block_payload():
+    x = rng_tensor(600, 16, 9, "scaled")
+    frame, _ = hvd_lossy.compress_chunks(x, [200, 400], [0.5, 1.0], mode="abs", level=1, format=2)
+    assert all(s["short_blocks"] for s in hvd_lossy.frame_info(frame)["segments"])
+    start = hvd_lossy.frame_info(frame)["header_bytes"]
+    g = torch.Generator().manual_seed(13)
+    for trial in range(200):
+        bad = frame.clone()
+        for _ in range(int(torch.randint(1, 4, (1,), generator=g))):
+            at = int(torch.randint(start, frame.numel(), (1,), generator=g))
+            bad[at] = int(torch.randint(0, 256, (1,), generator=g))
+        bad = resealed(bad)
+        on_cpu, on_gpu = verdict(bad), verdict(bad.cuda())
+        assert on_cpu[0] == on_gpu[0], f"trial {trial}: CPU {on_cpu[0]}, CUDA {on_gpu[0]}"
+        if on_cpu[0] == "ok":
+            assert torch.equal(on_cpu[1], on_gpu[1]), f"trial {trial}: decoded tensors differ"
+    torch.cuda.synchronize()
