@@ -1,7 +1,9 @@
-// Short-block sections on the host (short_blocks.h). Two blocks of 16 codes are one block of
-// 32 for the bit-plane kernels (pack_block32 / unpack_block32: AVX-512, AVX2 or portable, chosen
-// at load time): plane j of the pair is block 2p's plane j in the low 16 bits and block 2p + 1's
-// in the high ones, so this file adds no kernel of its own beyond the widths pass.
+// Short-block sections on the host (short_blocks.h), chosen at load time (cpu::simd_level):
+// AVX-512 moves a pair of blocks (32 codes) between bit planes and codes with one masked
+// instruction a plane, as block packing does a block of 32; AVX2 joins a pair's planes into the
+// 32-bit words of one block for block packing's kernels (pack_block32 / unpack_block32); the
+// portable loops take a block of 16 at a time. All write the same bytes. The widths pass sizes
+// block packing and short blocks at once.
 #include "short_blocks.h"
 
 #include <string>
@@ -191,15 +193,68 @@ HL_AVX2 inline void pair_planes_avx2(const uint32_t* words, uint32_t wa, uint8_t
 
 // The same for any machine: a pair's planes as 32-bit words (block 2p's in the low 16 bits,
 // block 2p + 1's in the high ones) for the block kernels.
-void decode_pair_generic(const uint8_t* a, uint32_t wa, uint32_t wb, uint32_t* out) {
-  // copies and fixed-length loops: loops over each block's own planes mispredict (their trip
-  // counts change from block to block) and made this path 2x slower than block packing
-  uint16_t pa[16] = {}, pb[16] = {};
-  memcpy(pa, a, 2 * wa);
-  memcpy(pb, a + 2 * wa, 2 * wb);
-  uint32_t words[16];
-  for (int j = 0; j < 16; ++j) words[j] = pa[j] | (uint32_t)pb[j] << 16;
-  unpack_block32(reinterpret_cast<const uint8_t*>(words), wa > wb ? wa : wb, out);
+// The portable loops, a block of 16 at a time. spread8[b] has byte k equal to bit k of b (a plane
+// byte into 8 byte lanes), spread16[b] has 16-bit lane k equal to bit k of the nibble b.
+struct Spread {
+  uint64_t b8[256], b16[16];
+  Spread() {
+    for (int b = 0; b < 256; ++b) {
+      b8[b] = 0;
+      for (int k = 0; k < 8; ++k) b8[b] |= (uint64_t)((b >> k) & 1) << (8 * k);
+    }
+    for (int b = 0; b < 16; ++b) {
+      b16[b] = 0;
+      for (int k = 0; k < 4; ++k) b16[b] |= (uint64_t)((b >> k) & 1) << (16 * k);
+    }
+  }
+};
+const Spread kSpread;
+
+void decode_block16(const uint8_t* p, uint32_t w, uint32_t* out) {
+  if (w <= 8) {
+    uint64_t l0 = 0, l1 = 0;
+    for (uint32_t j = 0; j < w; ++j) {
+      const uint32_t plane = load_u16(p + 2 * j);
+      l0 |= kSpread.b8[plane & 0xff] << j;
+      l1 |= kSpread.b8[plane >> 8] << j;
+    }
+    for (int i = 0; i < 8; ++i) {
+      out[i] = (uint32_t)(l0 >> (8 * i)) & 0xff;
+      out[8 + i] = (uint32_t)(l1 >> (8 * i)) & 0xff;
+    }
+    return;
+  }
+  uint64_t l[4] = {0, 0, 0, 0};
+  for (uint32_t j = 0; j < w; ++j) {
+    const uint32_t plane = load_u16(p + 2 * j);
+    for (int k = 0; k < 4; ++k) l[k] |= kSpread.b16[(plane >> (4 * k)) & 0xf] << j;
+  }
+  for (int i = 0; i < 16; ++i) out[i] = (uint32_t)(l[i / 4] >> (16 * (i % 4))) & 0xffff;
+}
+
+// Bit j of each of 8 bytes (x's byte k: code k) as one byte: the multiply moves byte k's bit
+// to bit 56 + k without carries (frame bits 8k + 7m + 7 are distinct for k, m < 8).
+inline uint32_t byte_plane(uint64_t x, uint32_t j) {
+  return (uint32_t)((((x >> j) & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56);
+}
+
+uint8_t* write_block16(const uint32_t* v, uint32_t w, uint8_t* out) {
+  if (w <= 8) {
+    uint64_t x0 = 0, x1 = 0;
+    for (int i = 0; i < 8; ++i) {
+      x0 |= (uint64_t)v[i] << (8 * i);
+      x1 |= (uint64_t)v[8 + i] << (8 * i);
+    }
+    for (uint32_t j = 0; j < w; ++j, out += 2)
+      store_u16(out, (uint16_t)(byte_plane(x0, j) | byte_plane(x1, j) << 8));
+    return out;
+  }
+  for (uint32_t j = 0; j < w; ++j, out += 2) {
+    uint32_t word = 0;
+    for (int i = 0; i < HL_SHORT_BLOCK; ++i) word |= ((v[i] >> j) & 1u) << i;
+    store_u16(out, (uint16_t)word);
+  }
+  return out;
 }
 
 // Pairs [lo, hi) of a checked section (its payload: payload_len bytes) into out.
@@ -218,7 +273,10 @@ void decode_pairs(const uint8_t* nibbles, const uint8_t* payload, uint64_t paylo
       unpack_block32(reinterpret_cast<const uint8_t*>(words), wa > wb ? wa : wb, out);
     } else
 #endif
-      decode_pair_generic(payload + at, wa, wb, out);
+    {
+      decode_block16(payload + at, wa, out);
+      decode_block16(payload + at + 2 * wa, wb, out + HL_SHORT_BLOCK);
+    }
     at += 2u * (wa + wb);
   }
   (void)simd;
@@ -243,8 +301,9 @@ uint32_t scan_pairs(const uint32_t* v, uint64_t pairs, uint8_t* w16, uint8_t* w3
 inline uint32_t width_at(const uint8_t* w16, uint64_t nb, uint64_t b) { return b < nb ? w16[b] : 0; }
 
 // Pairs [lo, hi) of the n codes at v, planes from `out` on (where pair lo's start) up to `end`
-// (where pair hi's start), through the block kernels: a pair's 32 codes are one block whose
-// plane j holds block 2p's plane j in its low 16 bits and block 2p + 1's in the high ones.
+// (where pair hi's start): AVX-512 for every full pair; with AVX2 a pair's 32 codes go through
+// the block kernel as one block whose plane j holds block 2p's plane j in its low 16 bits and
+// block 2p + 1's in the high ones; otherwise (and near `end`) the portable loops.
 void write_pairs(const uint32_t* v, uint64_t n, const uint8_t* w16, uint64_t lo, uint64_t hi,
                  uint8_t* out, uint8_t* end) {
   const int simd = cpu::simd_level();
@@ -258,30 +317,24 @@ void write_pairs(const uint32_t* v, uint64_t n, const uint8_t* w16, uint64_t lo,
   const uint64_t nb = short_n_blocks(n);
   uint32_t tmp[kPair];
   for (uint64_t p = lo; p < hi; ++p) {
-    const uint32_t wa = w16[2 * p], wb = width_at(w16, nb, 2 * p + 1), wm = wa > wb ? wa : wb;
+    const uint32_t wa = w16[2 * p], wb = width_at(w16, nb, 2 * p + 1);
     const uint64_t start = p * kPair;
     const uint32_t* src = v + start;
     if (start + kPair > n) {
       for (uint64_t i = 0; i < kPair; ++i) tmp[i] = start + i < n ? v[start + i] : 0;
       src = tmp;
     }
-    alignas(32) uint32_t words[16] = {};
-    pack_block32(src, wm, reinterpret_cast<uint8_t*>(words));
 #ifdef HL_SHORT_SIMD
     if (simd == 1 && out + 2 * wa + 32 <= end) {
+      alignas(32) uint32_t words[16] = {};
+      pack_block32(src, wa > wb ? wa : wb, reinterpret_cast<uint8_t*>(words));
       pair_planes_avx2(words, wa, out);
       out += 2 * (wa + wb);
       continue;
     }
 #endif
-    uint16_t pa[16], pb[16];  // fixed-length loops and copies, as the decoder
-    for (int j = 0; j < 16; ++j) {
-      pa[j] = (uint16_t)words[j];
-      pb[j] = (uint16_t)(words[j] >> 16);
-    }
-    memcpy(out, pa, 2 * wa);
-    memcpy(out + 2 * wa, pb, 2 * wb);
-    out += 2 * (wa + wb);
+    out = write_block16(src, wa, out);
+    out = write_block16(src + HL_SHORT_BLOCK, wb, out);
   }
   (void)simd;
   (void)end;
