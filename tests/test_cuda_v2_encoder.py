@@ -209,3 +209,11 @@ def test_cuda_and_cpu_decoders_agree_on_every_tampered_short_block_payload():
         if on_cpu[0] == "ok":
             assert torch.equal(on_cpu[1], on_gpu[1]), f"trial {trial}: decoded tensors differ"
     torch.cuda.synchronize()
+
+
+def test_a_device_frame_of_no_segments_decodes_to_no_rows():
+    # What a device receiver gets from a sender that sends it no rows (the alltoall's chunk).
+    frame = torch.frombuffer(bytearray(_C.empty_frame(0, [16], b"\x01ext")), dtype=torch.uint8)
+    out = torch.empty(0, 16, device="cuda")
+    assert hvd_lossy.decompress(frame.cuda(), out=out).shape == (0, 16)
+    assert hvd_lossy.decompress(frame.cuda()).shape == (0, 16)
