@@ -185,7 +185,7 @@ def verdict(frame):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_decodes_cpu_short_block_frames_bit_exactly(dtype):
-    x = rng_tensor(400, 32, 8, "specials").to(dtype) * 2.0 ** torch.randint(0, 9, (400, 1))
+    x = (rng_tensor(400, 32, 8, "specials") * 2.0 ** torch.randint(0, 9, (400, 1))).to(dtype)
     frame, _ = hvd_lossy.compress_chunks(x, [150, 250], [0.5, 0.25], mode="abs", level=1, format=2)
     assert any(s["short_blocks"] for s in hvd_lossy.frame_info(frame)["segments"])
     assert verdict(frame.cuda())[0] == "ok"
