@@ -24,6 +24,11 @@ And once, the limits: a corrupt v1 frame announcing 64 GiB and a corrupt v2 fram
 raise FrameError naming max_output_bytes, each without growing device memory (torch's peak and
 the driver's free memory, both before and after).
 """
+import os
+
+# The CUDA v2 encoder and short-block decoder are off by default until a GPU has run them
+# (hvd_lossy._codec.cuda_v2_enabled); this check is that run.
+os.environ["HVD_LOSSY_CUDA_V2"] = "1"
 import re
 import struct
 

@@ -284,11 +284,22 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
     return buffer, (list(sizes) if fmt == 1 else [total])
 
 
+def cuda_v2_enabled():
+    """Whether device tensors use the CUDA format-2 encoder (codec_cuda_v2.cu) and the CUDA
+    decoder's short-block sections: ``HVD_LOSSY_CUDA_V2=1`` in the environment, read at each
+    call. Off by default until they have run on a GPU: they are compiled, and the functions they
+    share with the CPU codec are tested on the CPU (tests/test_level1_shared.py), but no GPU has
+    run them yet (benchmarks/GPU.md). Off, device tensors take the paths a GPU has run: format-2
+    frames coded and short-block frames decoded on the host (the same bytes and values), and the
+    all-to-all's compact header and format-1 frames coded on the device."""
+    return os.environ.get("HVD_LOSSY_CUDA_V2", "0") == "1"
+
+
 def _on_device_encoder(seed, fmt, level):
-    """Whether the CUDA codec encodes a device tensor itself: format 1 without dither, or format 2
-    at level 1 without dither (codec_cuda_v2.cu). The rest is coded on the host by the CPU
+    """Whether the CUDA codec encodes a device tensor itself: format 1 without dither, or (with
+    cuda_v2_enabled) format 2 at level 1 without dither. The rest is coded on the host by the CPU
     encoder, which writes the bytes the CUDA one would (the same format rules)."""
-    return seed < 0 and (fmt == 1 or level == 1)
+    return seed < 0 and (fmt == 1 or (level == 1 and cuda_v2_enabled()))
 
 
 def _as_frame_bytes(frame):
@@ -405,10 +416,12 @@ def _decompress_checked(frame, out, max_output_bytes, verified):
 
 def _host_decoded(info):
     """Frames the CUDA decoder does not read yet, decoded on the host: dithered segments and
-    bucketed row maps (format 2, level 2). (Short-block sections it reads: codec_cuda_decode.cu.)"""
+    bucketed row maps (format 2, level 2), and short-block sections (format 2, level 1) unless
+    cuda_v2_enabled (codec_cuda_decode.cu reads them; no GPU has run that yet)."""
     if info["format"] == 2:
+        device_short = cuda_v2_enabled()
         return any(seg["dither_seed"] is not None or seg.get("map_bucketed")
-                   for seg in info["segments"])
+                   or (seg.get("short_blocks") and not device_short) for seg in info["segments"])
     return info["dither_seed"] is not None
 
 

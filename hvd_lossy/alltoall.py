@@ -5,9 +5,10 @@ One lossy alltoall is ONE alltoall of the backend (Horovod or torch.distributed)
            pieces for that destination and whose header carries the protocol fields
            (hvd_lossy.chunk_header), compressed straight into the send buffer on the tensor's
            device (one native call for the ranks before this one, one for those after): the
-           CUDA format-2 encoder writes a device tensor's frames at level 1, the CPU encoder
-           (through a host copy) at level 2 or with dither. Receivers also read the compact
-           protocol header and v1 frames that older senders sent (_pack_copying). The chunk a
+           CUDA format-2 encoder writes a device tensor's frames at level 1 where it is enabled
+           (HVD_LOSSY_CUDA_V2=1, until a GPU has run it), the CPU encoder (through a host copy)
+           at level 2 or with dither; otherwise device tensors send a compact protocol header and
+           v1 frames coded on the device (_pack_copying), which receivers read too. The chunk a
            rank sends itself never crosses a link, so it is not compressed: a frame of no
            segments travels (the verdict needs every rank's header), its rows are copied
            straight into the output;
@@ -97,7 +98,11 @@ class Alltoall(LossyCall):
         parts = [(range(me + 1), tensor[:lo]), (range(me + 1, self.size), tensor[hi:])]
         self.want_stats = c.wants_codec_stats() and self.device.type == "cpu"
         self.piece_stats = []
-        send, sizes = self._pack_in_place(parts, seed)
+        # device tensors: the CUDA format-2 encoder only where enabled (_codec.cuda_v2_enabled:
+        # no GPU has run it yet); otherwise the compact header and v1 frames a GPU has run
+        on_device_v2 = self.device.type != "cpu" and hvd_lossy._codec.cuda_v2_enabled()
+        pack = self._pack_in_place if self.device.type == "cpu" or on_device_v2 else self._pack_copying
+        send, sizes = pack(parts, seed)
         it = iter(sizes)
         self.frame_sizes = [None if dest == me else next(it) for dest, _r, _e in plan]
         if self.want_stats:
@@ -174,8 +179,9 @@ class Alltoall(LossyCall):
         return send[:offset], sizes
 
     def _pack_copying(self, parts, seed):
-        """The chunks older senders sent for device tensors: a compact protocol header and v1
-        frames from compress_chunks. Receivers still read them; the fault tests send them."""
+        """Device tensors unless the CUDA format-2 encoder is enabled (_codec.cuda_v2_enabled):
+        a compact protocol header and v1 frames from compress_chunks (coded on the device).
+        Receivers read these as well as format-2 chunks."""
         c = self.compressor
         self.header_len = compact_size(header(self.tensor, None, 0, 0, self.pending, self.grank,
                                               self.settings))

@@ -9,6 +9,13 @@ from hvd_lossy import _C
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
+
+@pytest.fixture(autouse=True)
+def cuda_v2(monkeypatch):
+    """The CUDA v2 paths are off by default until a GPU has run them (_codec.cuda_v2_enabled):
+    these tests are that run."""
+    monkeypatch.setenv("HVD_LOSSY_CUDA_V2", "1")
+
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
