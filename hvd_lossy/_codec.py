@@ -186,8 +186,9 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None, 
             frame. Turns dedup off. No CUDA kernel yet: device tensors are coded on the CPU.
         format: 1 (the default), or 2: the compact frame of native/frame.h (one segment here;
             the all-to-all puts a destination's pieces in one). Its bound is the requested one
-            rounded down to 24 bits. Device tensors at level 1 are coded by the CUDA format-2
-            encoder; at level 2 or with dither on the CPU (the same bytes either way).
+            rounded down to 24 bits. Device tensors are coded on the CPU (the same bytes),
+            at level 1 without dither by the CUDA format-2 encoder where
+            :func:`cuda_v2_enabled`.
 
     Returns:
         A 1-D ``torch.uint8`` tensor on the input's device. Every finite element decodes within
@@ -231,7 +232,7 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
         mode, level, dedup: as for :func:`compress`.
         dither: None, or the seed of piece 0; piece i uses ``(dither + i) % 2**24``.
         format: 1 (a frame a piece), or 2: ONE frame whose segments are the pieces, each with
-            its own bound (device tensors: the CUDA encoder at level 1, else the CPU's).
+            its own bound (device tensors: as for :func:`compress`).
 
     Returns:
         ``(buffer, sizes)``: a 1-D ``torch.uint8`` tensor holding the frames back to back and the
@@ -546,9 +547,10 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
 
     Arguments:
         tensor: tensor as for :func:`compress_chunks`; dim 0 is cut into pieces of ``rows``
-            rows. A CUDA tensor is coded by the CUDA format-2 encoder (format 2, level 1, no
-            dither, no stats); otherwise it is copied to the host and coded by the CPU encoder,
-            and the frames are copied into ``out`` (the same bytes either way).
+            rows. A CUDA tensor is coded by the CUDA format-2 encoder where
+            :func:`cuda_v2_enabled` (format 2, level 1, no dither, no stats); otherwise it is
+            copied to the host and coded by the CPU encoder, and the frames are copied into
+            ``out`` (the same bytes either way).
         error_bounds: one bound per piece.
         out: 1-D ``torch.uint8`` tensor on the tensor's device with at least
             :func:`max_grouped_bytes` bytes after ``offset``.
