@@ -1,41 +1,14 @@
-// Short-block sections on the host (short_blocks.h), chosen at load time (cpu::simd_level):
-// AVX-512 moves a pair of blocks (32 codes) between bit planes and codes with one masked
-// instruction a plane, as block packing does a block of 32; AVX2 joins a pair's planes into the
-// 32-bit words of one block for block packing's kernels (pack_block32 / unpack_block32); the
-// portable loops take a block of 16 at a time. All write the same bytes. The widths pass sizes
-// block packing and short blocks at once.
-#include "short_blocks.h"
-
-#include <string>
-
-#include "frame_v2_codec.h"
-#include "kernels_cpu.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_AVX2_PATH)
-#include <immintrin.h>
-#define HL_SHORT_SIMD 1
-// GCC 12's AVX-512 intrinsics fill unused lanes from self-initialised _mm512_undefined_*()
-// values and then warn about them in every caller (as in pack.cc): not our variables.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#define HL_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx2")))
-#define HL_AVX2 __attribute__((target("avx2")))
-#endif
+// Short-block sections on the host (short_blocks.h): the widths pass and the writer, chosen at
+// load time (cpu::simd_level). The widths pass sizes block packing and short blocks at once. The
+// writers turn a pair of blocks (32 codes) into bit planes as block packing does a block of 32,
+// one instruction a plane (AVX-512 and AVX2), or a block of 16 at a time (the portable loops).
+// All write the same bytes. The decoder is short_blocks_decode.cc.
+#include "short_blocks_internal.h"
 
 namespace hl {
 namespace {
 
-constexpr uint64_t kPair = 2 * HL_SHORT_BLOCK;  // codes of a pair: one block of block packing
-static_assert(kPair == HL_BLOCK, "a pair of short blocks is one block of block packing");
-
-inline uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  memcpy(&v, p, 2);
-  return v;
-}
-inline void store_u16(uint8_t* p, uint16_t v) { memcpy(p, &v, 2); }
+using namespace short_blocks;
 
 // The widths of pair p (codes [32 p, 32 p + count), count <= 32) and its largest code.
 inline uint32_t scan_pair_scalar(const uint32_t* v, uint64_t count, uint8_t* w16, uint8_t* w32) {
@@ -97,52 +70,28 @@ HL_AVX2 uint32_t scan_pairs_avx2(const uint32_t* v, uint64_t pairs, uint8_t* w16
   return (uint32_t)_mm_cvtsi128_si32(h);
 }
 
-// Pairs [lo, hi) of a checked section into out (pair lo's first code first); off: the payload
-// offset of pair lo, advanced past pair hi - 1. A pair decodes as block packing decodes a block
-// of 32: two masked loads (which never touch bytes past a block's planes) and a shift put plane j
-// of both blocks in one 32-bit word (block 2p + 1's in the high half), then one masked move into
-// byte lanes (16-bit lanes past 8 bits) a plane. Per-block loops over each block's own planes
-// were 1.75x slower: their trip counts change from block to block, and so mispredict.
-HL_AVX512 void decode_pairs_avx512(const uint8_t* nibbles, const uint8_t* payload, uint64_t lo,
-                                   uint64_t hi, uint64_t* off, uint32_t* out) {
-  uint64_t at = *off;
-  alignas(64) uint32_t words[16];
-  for (uint64_t p = lo; p < hi; ++p, out += kPair) {
-    const uint32_t wa = nibbles[p] & 0xf, wb = nibbles[p] >> 4, wm = wa > wb ? wa : wb;
-    const uint8_t* a = payload + at;
-    const __m256i pa = _mm256_maskz_loadu_epi16((__mmask16)((1u << wa) - 1), a);
-    const __m256i pb = _mm256_maskz_loadu_epi16((__mmask16)((1u << wb) - 1), a + 2 * wa);
-    _mm512_store_si512(words, _mm512_or_si512(_mm512_cvtepu16_epi32(pa),
-                                              _mm512_slli_epi32(_mm512_cvtepu16_epi32(pb), 16)));
-    if (wm <= 8) {
-      __m256i acc = _mm256_setzero_si256();
-      for (uint32_t j = 0; j < wm; ++j)
-        acc = _mm256_or_si256(acc, _mm256_maskz_mov_epi8(words[j], _mm256_set1_epi8((char)(1u << j))));
-      _mm512_storeu_si512(out, _mm512_cvtepu8_epi32(_mm256_castsi256_si128(acc)));
-      _mm512_storeu_si512(out + 16, _mm512_cvtepu8_epi32(_mm256_extracti128_si256(acc, 1)));
-    } else {
-      __m512i acc = _mm512_setzero_si512();
-      for (uint32_t j = 0; j < wm; ++j)
-        acc = _mm512_or_si512(acc, _mm512_maskz_mov_epi16(words[j], _mm512_set1_epi16((short)(1u << j))));
-      _mm512_storeu_si512(out, _mm512_cvtepu16_epi32(_mm512_castsi512_si256(acc)));
-      _mm512_storeu_si512(out + 16, _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(acc, 1)));
-    }
-    at += 2u * (wa + wb);
-  }
-  *off = at;
-}
-
-// Pairs [lo, hi) of the n codes at v written from out on, the decoder's steps backwards: one
-// test-into-mask a plane of the pair's 32 codes in 16-bit lanes (codes are below 2^15), then
-// each block's halves of those words stored with a masked store of its own width.
+// Pairs [lo, hi) of the n codes at v written from out on (up to end): one test-into-mask a
+// plane of the pair's 32 codes in 16-bit lanes (codes are below 2^15), its halves stored top
+// plane down as write_pair_avx2 does where there is room, and near the end through masked
+// stores of each block's width (the decoder's steps backwards).
 HL_AVX512 uint8_t* write_pairs_avx512(const uint32_t* v, const uint8_t* w16, uint64_t lo,
-                                      uint64_t hi, uint8_t* out) {
+                                      uint64_t hi, uint8_t* out, const uint8_t* end) {
   alignas(64) uint32_t words[16] = {};
   for (uint64_t p = lo; p < hi; ++p) {
     const uint32_t wa = w16[2 * p], wb = w16[2 * p + 1], wm = wa > wb ? wa : wb;
     const __m512i lo16 = _mm512_loadu_si512(v + p * kPair), hi16 = _mm512_loadu_si512(v + p * kPair + 16);
     const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo16)),
                                          _mm512_cvtepi32_epi16(hi16), 1);
+    uint8_t* b = out + 2 * wa;
+    if (b + 2 * wm <= end) {  // as write_pair_avx2: top plane down, block 2p's half first
+      for (uint32_t j = wm; j-- > 0;) {
+        const uint32_t m = _mm512_test_epi16_mask(h, _mm512_set1_epi16((short)(1u << j)));
+        store_u16(out + 2 * j, (uint16_t)m);
+        store_u16(b + 2 * j, (uint16_t)(m >> 16));
+      }
+      out = b + 2 * wb;
+      continue;
+    }
     for (uint32_t j = 0; j < wm; ++j)
       words[j] = _mm512_test_epi16_mask(h, _mm512_set1_epi16((short)(1u << j)));
     const __m512i w = _mm512_load_si512(words);  // words past wm: a previous pair's, masked out below
@@ -154,82 +103,70 @@ HL_AVX512 uint8_t* write_pairs_avx512(const uint32_t* v, const uint8_t* w16, uin
   }
   return out;
 }
+
+// A pair's planes written from its 32 codes (wm = the larger width; up to 8 bits in byte lanes,
+// wider through block packing's kernel): plane j of both blocks is one movemask, its low half
+// block 2p's plane j and its high half block 2p + 1's. One loop over all wm planes, from the top
+// down, block 2p's plane before block 2p + 1's (a block's planes past its width are zero):
+// block 2p's extra planes land on block 2p + 1's lower ones, which the loop writes afterwards
+// (in the same step when block 2p has none), and block 2p + 1's on what the next pair
+// overwrites, so the caller leaves 2 * wm bytes of room after block 2p + 1's start. (Joining the
+// masks into words for vector stores, or a loop a block, was 1.5-1.6x block packing's time.)
+HL_AVX2 inline uint8_t* write_pair_avx2(const uint32_t* v, uint32_t wa, uint32_t wb, uint8_t* out) {
+  const uint32_t wm = wa > wb ? wa : wb;
+  uint8_t* b = out + 2 * wa;
+  if (wm > 8) {
+    uint32_t m[HL_SHORT_MAX_WIDTH];
+    pack_block32(v, wm, reinterpret_cast<uint8_t*>(m));
+    for (uint32_t j = wm; j-- > 0;) {
+      store_u16(out + 2 * j, (uint16_t)m[j]);
+      store_u16(b + 2 * j, (uint16_t)(m[j] >> 16));
+    }
+    return b + 2 * wb;
+  }
+  const __m256i* p = reinterpret_cast<const __m256i*>(v);
+  // values < 256 survive the saturating packs; the permutation undoes their lane order
+  const __m256i ab = _mm256_packs_epi32(_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1));
+  const __m256i cd = _mm256_packs_epi32(_mm256_loadu_si256(p + 2), _mm256_loadu_si256(p + 3));
+  const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd),
+                                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  for (uint32_t j = wm; j-- > 0;) {
+    const uint32_t m =
+        (uint32_t)_mm256_movemask_epi8(_mm256_sll_epi16(bytes, _mm_cvtsi32_si128((int)(7 - j))));
+    store_u16(out + 2 * j, (uint16_t)m);
+    store_u16(b + 2 * j, (uint16_t)(m >> 16));  // after: with wa = 0 it is the same place
+  }
+  return b + 2 * wb;
+}
+
+// Full pairs from *p on while the room lasts (the loop inside the target function, so that the
+// pair is inlined): returns where the planes end, *p the first pair not written.
+HL_AVX2 uint8_t* write_pairs_avx2(const uint32_t* v, const uint8_t* w16, uint64_t* p,
+                                  uint64_t full, uint8_t* out, const uint8_t* end) {
+  uint64_t q = *p;
+  for (; q < full; ++q) {
+    const uint32_t wa = w16[2 * q], wb = w16[2 * q + 1];
+    if (out + 2 * wa + 2 * (wa > wb ? wa : wb) > end) break;
+    out = write_pair_avx2(v + q * kPair, wa, wb, out);
+  }
+  *p = q;
+  return out;
+}
+
 #endif
 
+uint32_t scan_pairs(const uint32_t* v, uint64_t pairs, uint8_t* w16, uint8_t* w32, int simd) {
 #ifdef HL_SHORT_SIMD
-// 16-bit lanes below w all ones: 32 bytes from ones16 + 16 - w.
-alignas(64) const uint16_t ones16[32] = {0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff,
-                                         0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff};
-
-// Without AVX-512 (no masked loads and stores of 16-bit lanes): whole 32-byte loads and stores
-// where the section has room for them (`room`: bytes from the pair's planes to the end of what
-// this call may read or write), the lanes past a block's width masked off or, when stored,
-// overwritten by the next pair; pairs near the end take the generic path.
-HL_AVX2 inline void pair_words_avx2(const uint8_t* a, uint32_t wa, uint32_t wb, uint32_t* words) {
-  const __m256i pa = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
-                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ones16 + 16 - wa)));
-  const __m256i pb = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 2 * wa)),
-                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ones16 + 16 - wb)));
-  __m256i* w = reinterpret_cast<__m256i*>(words);
-  _mm256_storeu_si256(w, _mm256_or_si256(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(pa)),
-                                         _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(pb)), 16)));
-  _mm256_storeu_si256(w + 1, _mm256_or_si256(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(pa, 1)),
-                                             _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(pb, 1)), 16)));
-}
-
-HL_AVX2 inline void pair_planes_avx2(const uint32_t* words, uint32_t wa, uint8_t* out) {
-  const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words));
-  const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 8));
-  const __m256i low = _mm256_set1_epi32(0xffff);
-  // packus works per 128-bit lane: the permutation puts the 16 halves back in plane order
-  const __m256i a = _mm256_permute4x64_epi64(
-      _mm256_packus_epi32(_mm256_and_si256(w0, low), _mm256_and_si256(w1, low)), 0xd8);
-  const __m256i b = _mm256_permute4x64_epi64(
-      _mm256_packus_epi32(_mm256_srli_epi32(w0, 16), _mm256_srli_epi32(w1, 16)), 0xd8);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), a);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * wa), b);  // after a: b wins the overlap
-}
+  if (simd >= 2) return scan_pairs_avx512(v, pairs, w16, w32);
+  if (simd == 1) return scan_pairs_avx2(v, pairs, w16, w32);
 #endif
-
-// The same for any machine: a pair's planes as 32-bit words (block 2p's in the low 16 bits,
-// block 2p + 1's in the high ones) for the block kernels.
-// The portable loops, a block of 16 at a time. spread8[b] has byte k equal to bit k of b (a plane
-// byte into 8 byte lanes), spread16[b] has 16-bit lane k equal to bit k of the nibble b.
-struct Spread {
-  uint64_t b8[256], b16[16];
-  Spread() {
-    for (int b = 0; b < 256; ++b) {
-      b8[b] = 0;
-      for (int k = 0; k < 8; ++k) b8[b] |= (uint64_t)((b >> k) & 1) << (8 * k);
-    }
-    for (int b = 0; b < 16; ++b) {
-      b16[b] = 0;
-      for (int k = 0; k < 4; ++k) b16[b] |= (uint64_t)((b >> k) & 1) << (16 * k);
-    }
+  (void)simd;
+  uint32_t m = 0;
+  for (uint64_t p = 0; p < pairs; ++p) {
+    const uint32_t pm = scan_pair_scalar(v + p * kPair, kPair, w16 + 2 * p, w32 + p);
+    m = pm > m ? pm : m;
   }
-};
-const Spread kSpread;
-
-void decode_block16(const uint8_t* p, uint32_t w, uint32_t* out) {
-  if (w <= 8) {
-    uint64_t l0 = 0, l1 = 0;
-    for (uint32_t j = 0; j < w; ++j) {
-      const uint32_t plane = load_u16(p + 2 * j);
-      l0 |= kSpread.b8[plane & 0xff] << j;
-      l1 |= kSpread.b8[plane >> 8] << j;
-    }
-    for (int i = 0; i < 8; ++i) {
-      out[i] = (uint32_t)(l0 >> (8 * i)) & 0xff;
-      out[8 + i] = (uint32_t)(l1 >> (8 * i)) & 0xff;
-    }
-    return;
-  }
-  uint64_t l[4] = {0, 0, 0, 0};
-  for (uint32_t j = 0; j < w; ++j) {
-    const uint32_t plane = load_u16(p + 2 * j);
-    for (int k = 0; k < 4; ++k) l[k] |= kSpread.b16[(plane >> (4 * k)) & 0xf] << j;
-  }
-  for (int i = 0; i < 16; ++i) out[i] = (uint32_t)(l[i / 4] >> (16 * (i % 4))) & 0xffff;
+  return m;
 }
 
 // Bit j of each of 8 bytes (x's byte k: code k) as one byte: the multiply moves byte k's bit
@@ -257,47 +194,6 @@ uint8_t* write_block16(const uint32_t* v, uint32_t w, uint8_t* out) {
   return out;
 }
 
-// Pairs [lo, hi) of a checked section (its payload: payload_len bytes) into out.
-void decode_pairs(const uint8_t* nibbles, const uint8_t* payload, uint64_t payload_len,
-                  uint64_t lo, uint64_t hi, uint64_t* off, uint32_t* out, int simd) {
-#ifdef HL_SHORT_SIMD
-  if (simd >= 2) return decode_pairs_avx512(nibbles, payload, lo, hi, off, out);
-#endif
-  uint64_t at = *off;
-  for (uint64_t p = lo; p < hi; ++p, out += kPair) {
-    const uint32_t wa = nibbles[p] & 0xf, wb = nibbles[p] >> 4;
-#ifdef HL_SHORT_SIMD
-    if (simd == 1 && at + 2 * (wa + wb) + 32 <= payload_len) {
-      alignas(32) uint32_t words[16];
-      pair_words_avx2(payload + at, wa, wb, words);
-      unpack_block32(reinterpret_cast<const uint8_t*>(words), wa > wb ? wa : wb, out);
-    } else
-#endif
-    {
-      decode_block16(payload + at, wa, out);
-      decode_block16(payload + at + 2 * wa, wb, out + HL_SHORT_BLOCK);
-    }
-    at += 2u * (wa + wb);
-  }
-  (void)simd;
-  (void)payload_len;
-  *off = at;
-}
-
-uint32_t scan_pairs(const uint32_t* v, uint64_t pairs, uint8_t* w16, uint8_t* w32, int simd) {
-#ifdef HL_SHORT_SIMD
-  if (simd >= 2) return scan_pairs_avx512(v, pairs, w16, w32);
-  if (simd == 1) return scan_pairs_avx2(v, pairs, w16, w32);
-#endif
-  (void)simd;
-  uint32_t m = 0;
-  for (uint64_t p = 0; p < pairs; ++p) {
-    const uint32_t pm = scan_pair_scalar(v + p * kPair, kPair, w16 + 2 * p, w32 + p);
-    m = pm > m ? pm : m;
-  }
-  return m;
-}
-
 inline uint32_t width_at(const uint8_t* w16, uint64_t nb, uint64_t b) { return b < nb ? w16[b] : 0; }
 
 // Pairs [lo, hi) of the n codes at v, planes from `out` on (where pair lo's start) up to `end`
@@ -310,8 +206,10 @@ void write_pairs(const uint32_t* v, uint64_t n, const uint8_t* w16, uint64_t lo,
 #ifdef HL_SHORT_SIMD
   const uint64_t full = n / kPair < hi ? n / kPair : hi;
   if (simd >= 2 && lo < full) {
-    out = write_pairs_avx512(v, w16, lo, full, out);
+    out = write_pairs_avx512(v, w16, lo, full, out, end);
     lo = full;
+  } else if (simd == 1 && lo < full) {
+    out = write_pairs_avx2(v, w16, &lo, full, out, end);
   }
 #endif
   const uint64_t nb = short_n_blocks(n);
@@ -324,15 +222,6 @@ void write_pairs(const uint32_t* v, uint64_t n, const uint8_t* w16, uint64_t lo,
       for (uint64_t i = 0; i < kPair; ++i) tmp[i] = start + i < n ? v[start + i] : 0;
       src = tmp;
     }
-#ifdef HL_SHORT_SIMD
-    if (simd == 1 && out + 2 * wa + 32 <= end) {
-      alignas(32) uint32_t words[16] = {};
-      pack_block32(src, wa > wb ? wa : wb, reinterpret_cast<uint8_t*>(words));
-      pair_planes_avx2(words, wa, out);
-      out += 2 * (wa + wb);
-      continue;
-    }
-#endif
     out = write_block16(src, wa, out);
     out = write_block16(src + HL_SHORT_BLOCK, wb, out);
   }
@@ -346,15 +235,6 @@ uint64_t planes_before(const uint8_t* w16, uint64_t nb, uint64_t p) {
   for (uint64_t b = 0; b < 2 * p && b < nb; ++b) s += w16[b];
   return 2 * s;
 }
-
-// Thread t of nt takes pairs [lo, hi) of `pairs`.
-void split_pairs(uint64_t pairs, int t, int nt, uint64_t* lo, uint64_t* hi) {
-  *lo = pairs * t / nt;
-  *hi = pairs * (t + 1) / nt;
-}
-
-// Entering an OpenMP region costs about as much as a few thousand blocks (pack.cc).
-constexpr uint64_t kSerialPairs = 4096;
 
 }  // namespace
 
@@ -402,48 +282,6 @@ void short_write(const uint32_t* v, uint64_t n, const uint8_t* w16, uint8_t* out
     write_pairs(v, n, w16, lo, hi, planes + planes_before(w16, nb, lo),
                 planes + planes_before(w16, nb, hi));
   }
-}
-
-void short_unpack_to(const uint8_t* in, uint64_t len, uint64_t n, const char* what, int threads,
-                     ChunkSink sink) {
-  const uint64_t nb = short_n_blocks(n), pairs = hl_div_up(nb, 2), head = short_head_bytes(n);
-  auto fail = [&](const std::string& why) {
-    return FrameError(std::string("frame is corrupted: the ") + what + " (short blocks of " +
-                      std::to_string(n) + " codes) " + why);
-  };
-  if (n == 0 || len < head || in[0] != HL_SHORT_MARK)
-    throw fail("holds " + std::to_string(len) + " bytes, too few for its " +
-               std::to_string(nb) + " widths");
-  const uint8_t* nibbles = in + 1;
-  if ((nb & 1) && (nibbles[pairs - 1] >> 4) != 0)
-    throw fail("has a nonzero padding nibble " + std::to_string(nibbles[pairs - 1] >> 4));
-  uint64_t planes = 0;
-  for (uint64_t p = 0; p < pairs; ++p) planes += (nibbles[p] & 0xf) + (nibbles[p] >> 4);
-  if (head + 2 * planes != len)
-    throw fail("holds " + std::to_string(len) + " bytes but its blocks take " +
-               std::to_string(head + 2 * planes));
-  const uint8_t* payload = in + head;
-  const int simd = cpu::simd_level();
-  constexpr uint64_t kChunkPairs = 64;  // 8 KiB of codes: stays in L1 for the sink
-  auto run = [&](int t, int nt) {
-    uint64_t lo, hi;
-    split_pairs(pairs, t, nt, &lo, &hi);
-    uint64_t off = 0;
-    for (uint64_t p = 0; p < lo; ++p) off += 2u * ((nibbles[p] & 0xf) + (nibbles[p] >> 4));
-    uint32_t chunk[kChunkPairs * kPair];
-    for (uint64_t c = lo; c < hi; c += kChunkPairs) {
-      const uint64_t e = c + kChunkPairs < hi ? c + kChunkPairs : hi;
-      decode_pairs(nibbles, payload, 2 * planes, c, e, &off, chunk, simd);
-      const uint64_t first = c * kPair, last = e * kPair < n ? e * kPair : n;
-      sink.fn(sink.ctx, first, chunk, last - first);
-    }
-  };
-  if (threads <= 1 || pairs <= kSerialPairs) {  // no OpenMP region for one thread
-    run(0, 1);
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  run(omp_get_thread_num_safe(), omp_get_num_threads_safe());
 }
 
 }  // namespace hl
