@@ -110,8 +110,9 @@ HL_AVX512 uint8_t* write_pairs_avx512(const uint32_t* v, const uint8_t* w16, uin
 // down, block 2p's plane before block 2p + 1's (a block's planes past its width are zero):
 // block 2p's extra planes land on block 2p + 1's lower ones, which the loop writes afterwards
 // (in the same step when block 2p has none), and block 2p + 1's on what the next pair
-// overwrites, so the caller leaves 2 * wm bytes of room after block 2p + 1's start. (Joining the
-// masks into words for vector stores, or a loop a block, was 1.5-1.6x block packing's time.)
+// overwrites, so the caller leaves 2 * wm bytes of room after block 2p + 1's start. Inlined
+// into write_pairs_avx2's loop: called once a pair from outside, it took 1.5x block packing's
+// time (benchmarks/RESULTS.md).
 HL_AVX2 inline uint8_t* write_pair_avx2(const uint32_t* v, uint32_t wa, uint32_t wb, uint8_t* out) {
   const uint32_t wm = wa > wb ? wa : wb;
   uint8_t* b = out + 2 * wa;

@@ -69,8 +69,8 @@ HL_AVX2 inline void pair_words_avx2(const uint8_t* a, uint32_t wa, uint32_t wb, 
 }
 
 // A pair's 32 codes from its joined words, codes of up to 8 bits (the usual case) in byte lanes
-// here, as block packing's AVX2 kernel does a block (whose call per pair cost ~10%); wider ones
-// through that kernel.
+// here, as block packing's AVX2 kernel does a block; wider ones through that kernel. (Calling
+// the kernel for every pair took 1.2x block packing's time: benchmarks/RESULTS.md.)
 HL_AVX2 inline void unpack_pair_avx2(const uint32_t* words, uint32_t wm, uint32_t* out) {
   if (wm > 8) return unpack_block32(reinterpret_cast<const uint8_t*>(words), wm, out);
   const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
