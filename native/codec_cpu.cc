@@ -393,7 +393,7 @@ Packing plan_codes(const uint32_t* v, uint64_t n, bool level1, int threads) {
   uint32_t max_code = 0;
   level1_widths(v, n, w16.data(), p.widths.data(), &max_code, threads);
   const uint64_t block = nb + payload_bytes(p.widths.data(), nb);
-  const uint64_t shorts = max_code >> HL_SHORT_MAX_WIDTH ? 0 : short_bytes(w16.data(), n);
+  const uint64_t shorts = short_applies(n, max_code) ? short_bytes(w16.data(), n) : 0;
   // radix_plan builds its values only when they can beat `below`: radix wins ties with short
   // blocks, so short + 1
   const uint64_t below = shorts && shorts + 1 < block ? shorts + 1 : block;

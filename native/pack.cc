@@ -6,6 +6,7 @@
 #include "pack.h"
 
 #include "kernels_cpu.h"
+#include "pack_avx2.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -241,16 +242,8 @@ HL_AVX2 void pack_block_avx2(const uint32_t* v, uint32_t w, uint8_t* out) {
     return;
   }
   if (w > 8) return pack_block(v, w, out);
-  const __m256i* p = reinterpret_cast<const __m256i*>(v);
-  // Values < 256 survive the saturating packs; the packs work per 128-bit lane, and the
-  // dword permutation puts the 32 bytes back in value order.
-  const __m256i ab = _mm256_packs_epi32(_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1));
-  const __m256i cd = _mm256_packs_epi32(_mm256_loadu_si256(p + 2), _mm256_loadu_si256(p + 3));
-  const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd),
-                                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  for (uint32_t j = 0; j < w; ++j)  // bit j of each byte to its sign bit (as the SSE2 path)
-    store_u32(out + 4 * j, (uint32_t)_mm256_movemask_epi8(
-                               _mm256_sll_epi16(bytes, _mm_cvtsi32_si128((int)(7 - j)))));
+  const __m256i bytes = bytes_of_block_avx2(v);
+  for (uint32_t j = 0; j < w; ++j) store_u32(out + 4 * j, byte_plane_avx2(bytes, j));
 }
 
 HL_AVX2 void unpack_block_avx2(const uint8_t* in, uint32_t w, uint32_t* v) {
@@ -261,21 +254,7 @@ HL_AVX2 void unpack_block_avx2(const uint8_t* in, uint32_t w, uint32_t* v) {
   const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
   const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-  if (w <= 8) {  // one group, no shifts: the usual case, kept as short as it was
-    __m256i acc = _mm256_setzero_si256();
-    for (uint32_t j = 0; j < w; ++j) {
-      const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi32((int)load_u32(in + 4 * j)), pick);
-      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(x, bit), bit);
-      acc = _mm256_or_si256(acc, _mm256_and_si256(set, _mm256_set1_epi8((char)(1u << j))));
-    }
-    const __m128i lo = _mm256_castsi256_si128(acc), hi = _mm256_extracti128_si256(acc, 1);
-    __m256i* o = reinterpret_cast<__m256i*>(v);
-    _mm256_storeu_si256(o, _mm256_cvtepu8_epi32(lo));
-    _mm256_storeu_si256(o + 1, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-    _mm256_storeu_si256(o + 2, _mm256_cvtepu8_epi32(hi));
-    _mm256_storeu_si256(o + 3, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
-    return;
-  }
+  if (w <= 8) return unpack_narrow_block_avx2(in, w, v);  // one group: the usual case
   __m256i out[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                     _mm256_setzero_si256()};
   for (uint32_t base = 0; base < w; base += 8) {

@@ -9,12 +9,19 @@
 #include <string>
 
 #include "frame_v2_codec.h"
+#include "level1_sections.h"
 #include "kernels_cpu.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
 #include <immintrin.h>
 #define HL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #define HL_RADIX_SIMD 1
+// GCC 12's AVX-512 intrinsics fill unused lanes from self-initialised _mm512_undefined_*()
+// values and then warn about them in every caller (as in pack.cc): not our variables.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #define HL_AVX512 __attribute__((target("avx512f,avx2")))
 #define HL_AVX2 __attribute__((target("avx2")))
 #else
@@ -128,7 +135,7 @@ RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t 
   if (!radix_k_ok(k)) return p;
   const uint32_t g = radix_group((uint32_t)k, n);
   const uint64_t G = hl_div_up(n, g);
-  const uint64_t head = 1 + varint_bytes(k) + varint_bytes(g);
+  const uint64_t head = radix_head_bytes((uint32_t)k, g);
   const uint64_t nb = hl_div_up(G, HL_BLOCK);
   if (head + nb >= below_bytes) return p;  // cannot pay, whatever the values
   std::unique_ptr<uint32_t[]> values(new uint32_t[G]);
@@ -165,10 +172,7 @@ RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t 
 
 void radix_write(const RadixPlan& p, uint8_t* out, int threads) {
   if (p.k == 0) throw CodecError("radix_write of a plan that does not apply");
-  uint8_t* w = out;
-  *w++ = HL_RADIX_MARK;
-  w = put_varint(w, p.k);
-  w = put_varint(w, p.g);
+  uint8_t* w = radix_put_head(out, p.k, p.g);
   pack_blocks(p.values.get(), p.n_values, p.widths.get(), w, threads);
 }
 

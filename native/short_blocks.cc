@@ -125,15 +125,9 @@ HL_AVX2 inline uint8_t* write_pair_avx2(const uint32_t* v, uint32_t wa, uint32_t
     }
     return b + 2 * wb;
   }
-  const __m256i* p = reinterpret_cast<const __m256i*>(v);
-  // values < 256 survive the saturating packs; the permutation undoes their lane order
-  const __m256i ab = _mm256_packs_epi32(_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1));
-  const __m256i cd = _mm256_packs_epi32(_mm256_loadu_si256(p + 2), _mm256_loadu_si256(p + 3));
-  const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd),
-                                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  const __m256i bytes = bytes_of_block_avx2(v);
   for (uint32_t j = wm; j-- > 0;) {
-    const uint32_t m =
-        (uint32_t)_mm256_movemask_epi8(_mm256_sll_epi16(bytes, _mm_cvtsi32_si128((int)(7 - j))));
+    const uint32_t m = byte_plane_avx2(bytes, j);
     store_u16(out + 2 * j, (uint16_t)m);
     store_u16(b + 2 * j, (uint16_t)(m >> 16));  // after: with wa = 0 it is the same place
   }
@@ -262,7 +256,7 @@ void level1_widths(const uint32_t* v, uint64_t n, uint8_t* w16, uint8_t* w32, ui
 
 uint64_t short_bytes(const uint8_t* w16, uint64_t n) {
   const uint64_t nb = short_n_blocks(n);
-  return short_head_bytes(n) + planes_before(w16, nb, hl_div_up(nb, 2));
+  return short_section_bytes(n, planes_before(w16, nb, hl_div_up(nb, 2)) / 2);
 }
 
 void short_write(const uint32_t* v, uint64_t n, const uint8_t* w16, uint8_t* out, int threads) {
@@ -270,7 +264,7 @@ void short_write(const uint32_t* v, uint64_t n, const uint8_t* w16, uint8_t* out
   out[0] = HL_SHORT_MARK;
   uint8_t* nibbles = out + 1;
   for (uint64_t p = 0; p < pairs; ++p)
-    nibbles[p] = (uint8_t)(w16[2 * p] | width_at(w16, nb, 2 * p + 1) << 4);
+    nibbles[p] = short_nibble_byte(w16[2 * p], width_at(w16, nb, 2 * p + 1));
   uint8_t* planes = out + short_head_bytes(n);
   if (pairs <= kSerialPairs || threads <= 1) {
     write_pairs(v, n, w16, 0, pairs, planes, planes + planes_before(w16, nb, pairs));

@@ -72,22 +72,9 @@ HL_AVX2 inline void pair_words_avx2(const uint8_t* a, uint32_t wa, uint32_t wb, 
 // here, as block packing's AVX2 kernel does a block; wider ones through that kernel. (Calling
 // the kernel for every pair took 1.2x block packing's time: benchmarks/RESULTS.md.)
 HL_AVX2 inline void unpack_pair_avx2(const uint32_t* words, uint32_t wm, uint32_t* out) {
-  if (wm > 8) return unpack_block32(reinterpret_cast<const uint8_t*>(words), wm, out);
-  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-  __m256i acc = _mm256_setzero_si256();
-  for (uint32_t j = 0; j < wm; ++j) {
-    const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi32((int)words[j]), pick);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(x, bit), bit);
-    acc = _mm256_or_si256(acc, _mm256_and_si256(set, _mm256_set1_epi8((char)(1u << j))));
-  }
-  const __m128i lo = _mm256_castsi256_si128(acc), hi = _mm256_extracti128_si256(acc, 1);
-  __m256i* o = reinterpret_cast<__m256i*>(out);
-  _mm256_storeu_si256(o, _mm256_cvtepu8_epi32(lo));
-  _mm256_storeu_si256(o + 1, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-  _mm256_storeu_si256(o + 2, _mm256_cvtepu8_epi32(hi));
-  _mm256_storeu_si256(o + 3, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+  const uint8_t* planes = reinterpret_cast<const uint8_t*>(words);
+  if (wm > 8) return unpack_block32(planes, wm, out);
+  unpack_narrow_block_avx2(planes, wm, out);
 }
 
 // Pairs from *p to hi while the section has room for whole-vector loads (the loop inside the

@@ -7,6 +7,8 @@
 
 #include "frame_v2_codec.h"
 #include "kernels_cpu.h"
+#include "level1_sections.h"
+#include "pack_avx2.h"
 #include "short_blocks.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_AVX2_PATH)

@@ -1,0 +1,55 @@
+// Block packing's AVX2 kernels for blocks of 32 values below 256 (lossy codes of a few bits, the
+// usual case), inline so that other loops compiled for AVX2 take them without a call: pack.cc's
+// blocks and short_blocks{,_decode}.cc's pairs of short blocks, which are such blocks too.
+#pragma once
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_AVX2_PATH)
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define HL_HAVE_PACK_AVX2 1
+#define HL_PACK_AVX2 __attribute__((target("avx2")))
+
+namespace hl {
+
+// The 32 values at v, each below 256, as 32 bytes in value order: values < 256 survive the
+// saturating packs, which work per 128-bit lane, and the dword permutation restores the order.
+HL_PACK_AVX2 inline __m256i bytes_of_block_avx2(const uint32_t* v) {
+  const __m256i* p = reinterpret_cast<const __m256i*>(v);
+  const __m256i ab = _mm256_packs_epi32(_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1));
+  const __m256i cd = _mm256_packs_epi32(_mm256_loadu_si256(p + 2), _mm256_loadu_si256(p + 3));
+  return _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd),
+                                     _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Bit plane j (< 8) of those bytes: bit j of each byte moved to its sign bit, then movemask.
+HL_PACK_AVX2 inline uint32_t byte_plane_avx2(__m256i bytes, uint32_t j) {
+  return (uint32_t)_mm256_movemask_epi8(_mm256_sll_epi16(bytes, _mm_cvtsi32_si128((int)(7 - j))));
+}
+
+// 32 values from w <= 8 bit planes of 4 bytes at `in` (bit i of plane j = bit j of value i),
+// into 32 byte lanes: byte i of a broadcast plane word picks byte i / 8 of the word, then tests
+// bit i % 8.
+HL_PACK_AVX2 inline void unpack_narrow_block_avx2(const uint8_t* in, uint32_t w, uint32_t* v) {
+  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+  __m256i acc = _mm256_setzero_si256();
+  for (uint32_t j = 0; j < w; ++j) {
+    uint32_t word;
+    memcpy(&word, in + 4 * j, 4);
+    const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi32((int)word), pick);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(x, bit), bit);
+    acc = _mm256_or_si256(acc, _mm256_and_si256(set, _mm256_set1_epi8((char)(1u << j))));
+  }
+  const __m128i lo = _mm256_castsi256_si128(acc), hi = _mm256_extracti128_si256(acc, 1);
+  __m256i* o = reinterpret_cast<__m256i*>(v);
+  _mm256_storeu_si256(o, _mm256_cvtepu8_epi32(lo));
+  _mm256_storeu_si256(o + 1, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+  _mm256_storeu_si256(o + 2, _mm256_cvtepu8_epi32(hi));
+  _mm256_storeu_si256(o + 3, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+}  // namespace hl
+#endif
