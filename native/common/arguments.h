@@ -31,7 +31,7 @@ struct CompressParams {
 // finite) for the caller's bound eb_param: eb_param itself, or (rel) eb_param times the range,
 // 0 for a zero or empty range. Not finite when the product overflows a double (the caller
 // refuses it). The segment then codes with hl_bound_of_code(hl_bound_code(this)) (frame.h).
-HL_HD double hl_absolute_bound(bool rel, double eb_param, double lo, double hi) {
+HL_HD double absolute_bound(bool rel, double eb_param, double lo, double hi) {
   return rel ? (hi > lo ? eb_param * (hi - lo) : 0.0) : eb_param;
 }
 
@@ -85,9 +85,9 @@ inline uint64_t check_chunk_args(const CompressParams& p, size_t n_chunks,
   return row_elems;
 }
 
-// hl_absolute_bound of p's bound, ArgumentError when it overflows.
+// The absolute bound of p's bound (the rule above), ArgumentError when it overflows.
 inline double absolute_bound(const CompressParams& p, double lo, double hi) {
-  const double eb = hl_absolute_bound(p.mode == HL_MODE_REL, p.error_bound, lo, hi);
+  const double eb = absolute_bound(p.mode == HL_MODE_REL, p.error_bound, lo, hi);
   if (!isfinite(eb))
     throw ArgumentError("error_bound " + std::to_string(p.error_bound) +
                         " times the value range overflows a double");
