@@ -40,14 +40,11 @@ if [ "${1:-}" != ci ]; then
   [ -n "$CXX" ] || { echo "no clang++ found: apt-get install -y clang-14 libclang-rt-14-dev" >&2; exit 2; }
 fi
 
-# The codec sources the Python extension links (CMakeLists.txt's hl_codec), minus CUDA and the
-# bindings; globbed so that a new CPU source file is picked up.
-CODEC_SRCS=()
-for f in native/*.cc; do
-  case "$f" in *bindings*|*cuda*) ;; *) CODEC_SRCS+=("$f") ;; esac
-done
+# The codec sources the Python extension links (CMakeLists.txt's hl_codec): native/common and
+# native/cpu, globbed so that a new CPU source file is picked up.
+CODEC_SRCS=(native/common/*.cc native/cpu/*.cc)
 SAN=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
-CXXFLAGS=(-std=c++17 -g -O1 -Inative -Inative/common -Wno-unknown-pragmas)
+CXXFLAGS=(-std=c++17 -g -O1 -Inative -Inative/common -Inative/cpu -Wno-unknown-pragmas)
 ATHERIS_LIB="$("$PYTHON" -c 'import atheris; print(atheris.path())' 2>/dev/null || true)"
 PY_EXT="$WORK/native/_C$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:allocator_may_return_null=1}"
@@ -145,7 +142,7 @@ coverage() {
   llvmcov="$(command -v llvm-cov-14 || command -v llvm-cov)"
   "$profdata" merge -sparse "$prof"/*.profraw -o "$prof/merged.profdata"
   "$llvmcov" report "$bin" -instr-profile="$prof/merged.profdata" "${CODEC_SRCS[@]}"
-  echo "== per-line: $llvmcov show $bin -instr-profile=$prof/merged.profdata native/codec_cpu_decode.cc"
+  echo "== per-line: $llvmcov show $bin -instr-profile=$prof/merged.profdata native/cpu/decode.cc"
 }
 
 ci() {

@@ -92,7 +92,8 @@ if [ -z "${HVD_LOSSY_WITH_CUDA:-}" ]; then
 fi
 # Rebuild the native module only when its sources or build files changed.
 stamp="$VENV/.hvd_lossy_build_stamp"
-want=$( (cd "$ROOT" && cat native/* setup.py CMakeLists.txt pyproject.toml; echo "$HVD_LOSSY_WITH_CUDA") | sha256sum | cut -c1-16)
+want=$( (cd "$ROOT" && find native -type f | sort | xargs cat; cat setup.py CMakeLists.txt pyproject.toml
+        echo "$HVD_LOSSY_WITH_CUDA") | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! has codec; then
   log "building hvd_lossy (editable, CUDA=$HVD_LOSSY_WITH_CUDA)"
   "${PIP[@]}" install --no-build-isolation --no-deps -e "$ROOT"

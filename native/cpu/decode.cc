@@ -10,7 +10,7 @@
 
 #include "codec.h"
 #include "codec_common.h"
-#include "codec_cpu_internal.h"
+#include "scratch.h"
 #include "frame_v2.h"
 #include "kernels_cpu.h"
 #include "map_buckets.h"

@@ -1,4 +1,4 @@
-// Internal to the CPU codec (codec_cpu.cc encodes, codec_cpu_decode.cc decodes): scratch
+// Internal to the CPU codec (the encoder stages and decode.cc): scratch
 // memory reused between calls and the OpenMP work split.
 #pragma once
 
