@@ -1,0 +1,84 @@
+// Encoder stage 1: a piece's finite value range and its rows repeated bit for bit, in one pass.
+#include <math.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "dedup.h"
+#include "encode_stages.h"
+#include "kernels_cpu.h"
+#include "parallel.h"
+
+namespace hl {
+namespace enc {
+
+template <int DT>
+void finite_range(const Tensor<DT>& t, int threads, double* lo_out, double* hi_out) {
+  const uint64_t n = t.size();
+  const int nt = n > 65536 ? threads : 1;
+  std::vector<double> lo(nt, INFINITY), hi(nt, -INFINITY);
+#pragma omp parallel num_threads(nt)
+  {
+    int k = omp_get_thread_num_safe();
+    uint64_t a, b;
+    split_range(n, k, omp_get_num_threads_safe(), &a, &b);
+    cpu::finite_range(DT, t.x + a, b - a, &lo[k], &hi[k]);
+  }
+  *lo_out = *std::min_element(lo.begin(), lo.end());
+  *hi_out = *std::max_element(hi.begin(), hi.end());
+}
+
+template <int DT>
+DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads, double* lo,
+                               double* hi) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  const uint64_t rows = t.n_rows, d = t.row_len, row_bytes = d * sizeof(raw_t);
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(t.x);
+  DistinctRows out;
+  out.map = Buffer<uint32_t>(rows);
+  Buffer<uint64_t> hashes(rows);
+  Numbering num(hashes.data());
+  auto same = [&](uint64_t a, uint64_t b) {
+    return memcmp(t.x + a * d, t.x + b * d, row_bytes) == 0;
+  };
+  const uint64_t block = std::max<uint64_t>(1, (256u << 10) / std::max<uint64_t>(row_bytes, 1));
+  double lo_all = INFINITY, hi_all = -INFINITY;
+  for (uint64_t b0 = 0; b0 < rows; b0 += block) {
+    const uint64_t b1 = std::min(rows, b0 + block);
+    const int nt = (b1 - b0) * d > 65536 ? threads : 1;
+    double lo_t[64], hi_t[64];
+#pragma omp parallel num_threads(nt < 64 ? nt : 64)
+    {
+      const int k = omp_get_thread_num_safe();
+      uint64_t a, e;
+      split_range(b1 - b0, k, omp_get_num_threads_safe(), &a, &e);
+      cpu::hash_raw_rows(bytes + (b0 + a) * row_bytes, e - a, row_bytes, hashes.data() + b0 + a);
+      lo_t[k] = INFINITY;
+      hi_t[k] = -INFINITY;
+      if (need_range) cpu::finite_range(DT, t.x + (b0 + a) * d, (e - a) * d, &lo_t[k], &hi_t[k]);
+    }
+    for (int k = 0; k < (nt < 64 ? nt : 64); ++k) {
+      lo_all = std::min(lo_all, lo_t[k]);
+      hi_all = std::max(hi_all, hi_t[k]);
+    }
+    num.add_range(b0, b1, same, [&](uint64_t f) { prefetch_row(t.x + f * d, row_bytes); },
+                  out.map.data());
+  }
+  out.first = std::move(num.first);
+  if (need_range) {
+    *lo = lo_all;
+    *hi = hi_all;
+  }
+  return out;
+}
+
+template void finite_range<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, int, double*, double*);
+template void finite_range<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, int, double*, double*);
+template void finite_range<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, int, double*, double*);
+template DistinctRows distinct_raw_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, bool, int, double*, double*);
+template DistinctRows distinct_raw_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, bool, int, double*, double*);
+template DistinctRows distinct_raw_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, bool, int, double*, double*);
+
+}  // namespace enc
+}  // namespace hl

@@ -1,0 +1,117 @@
+// The row numbering of duplicate removal (dedup.cc and quantize.cc's second pass): rows
+// numbered by first occurrence of their content in an open-addressing table of hashes.
+#pragma once
+
+#include <stdint.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "scratch.h"
+
+namespace hl {
+namespace enc {
+
+// Numbers rows by first occurrence of their content, one row at a time: map[r] = unique index,
+// first[u] = first row holding unique u. same(a, b) decides equality of rows with equal hashes
+// (hashes[] is indexed by row and must be filled up to the row added). The table starts small
+// and doubles, so data with few distinct rows (hot lookups) probes a table that stays in cache.
+class Numbering {
+ public:
+  explicit Numbering(const uint64_t* hashes) : hashes_(hashes) { resize(1024); }
+
+  template <class Same>
+  void add(uint64_t r, Same same, uint32_t* map) {
+    const uint64_t h = hashes_[r];
+    uint64_t s = h & (cap_ - 1);
+    for (;;) {
+      const uint64_t e = slots_[s];
+      if (e == kEmpty) {
+        map[r] = (uint32_t)first.size();
+        slots_[s] = (h & kTag) | first.size();
+        first.push_back(r);
+        if (2 * first.size() > cap_) grow();  // keep the load under one half
+        return;
+      }
+      const uint64_t u = e & ~kTag;
+      if ((e & kTag) == (h & kTag) && same(first[u], r)) {
+        map[r] = (uint32_t)u;
+        return;
+      }
+      s = (s + 1) & (cap_ - 1);
+    }
+  }
+
+  // The probes of add(r) miss the cache: the table outgrows L1 and a repeated row's first
+  // occurrence lies anywhere in the tensor. Numbering calls these some rows ahead of add():
+  // prefetch_slot(r) brings row r's home slot in; prefetch_candidate(r, row) then reads that
+  // slot and, when its tag matches, prefetches the row add(r) will compare against. Hints only:
+  // the table may change in between, and add() decides on the real contents.
+  void prefetch_slot(uint64_t r) const { __builtin_prefetch(&slots_[hashes_[r] & (cap_ - 1)]); }
+
+  template <class Row>
+  void prefetch_candidate(uint64_t r, Row row) const {
+    const uint64_t h = hashes_[r];
+    const uint64_t e = slots_[h & (cap_ - 1)];
+    if (e != kEmpty && (e & kTag) == (h & kTag) && (e & ~kTag) < first.size())
+      row(first[e & ~kTag]);
+  }
+
+  // add(r) for every row of [lo, hi), with the prefetches above kSlotAhead and kRowAhead rows
+  // ahead.
+  template <class Same, class Row>
+  void add_range(uint64_t lo, uint64_t hi, Same same, Row row, uint32_t* map) {
+    for (uint64_t r = lo; r < hi; ++r) {
+      if (r + kSlotAhead < hi) prefetch_slot(r + kSlotAhead);
+      if (r + kRowAhead < hi) prefetch_candidate(r + kRowAhead, row);
+      add(r, same, map);
+    }
+  }
+
+  std::vector<uint64_t> first;
+
+ private:
+  static constexpr uint64_t kSlotAhead = 24, kRowAhead = 12;
+  static constexpr uint64_t kEmpty = ~0ull, kTag = 0xffffffff00000000ull;
+
+  void resize(uint64_t cap) {
+    cap_ = cap;
+    slots_ = Buffer<uint64_t>(cap);
+    std::fill(slots_.data(), slots_.data() + cap, kEmpty);
+  }
+
+  void grow() {
+    resize(2 * cap_);
+    const uint64_t mask = cap_ - 1;
+    for (uint64_t v = 0; v < first.size(); ++v) {
+      const uint64_t hv = hashes_[first[v]];
+      uint64_t t = hv & mask;
+      while (slots_[t] != kEmpty) t = (t + 1) & mask;
+      slots_[t] = (hv & kTag) | v;
+    }
+  }
+
+  const uint64_t* hashes_;
+  Buffer<uint64_t> slots_;  // (hash high 32 bits) | unique index
+  uint64_t cap_ = 0;
+};
+
+// Prefetches the start of a row that is about to be compared (or quantized): its first 1 KiB,
+// enough for the hardware prefetcher to carry on through longer rows.
+inline void prefetch_row(const void* p, uint64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  const uint64_t n = bytes < 1024 ? bytes : 1024;
+  for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(c + off, 0, 2);
+}
+
+template <class Same, class Row>
+uint64_t number_rows(uint64_t rows, const uint64_t* hashes, Same same, Row row, uint32_t* map,
+                     std::vector<uint64_t>* first) {
+  Numbering num(hashes);
+  num.add_range(0, rows, same, row, map);
+  *first = std::move(num.first);
+  return first->size();
+}
+
+}  // namespace enc
+}  // namespace hl

@@ -1,0 +1,130 @@
+// The CPU encoder's stages, in the order a segment goes through them (encode.cc runs them):
+// the value range and the rows repeated bit for bit (dedup.cc), quantization and the rows that
+// share codes (quantize.cc), the map, code and outlier sections and the level-2 coding of a
+// frame's small segments together (sections.cc). Each stage is instantiated for the three
+// dtypes of frame.h.
+#pragma once
+
+#include <stdint.h>
+
+#include <vector>
+
+#include "codec_common.h"
+#include "radix.h"
+#include "scratch.h"
+
+namespace hl {
+namespace enc {
+
+// A piece's elements: n_rows rows of row_len raw values of dtype DT.
+template <int DT>
+struct Tensor {
+  typedef typename Elem<DT>::raw_t raw_t;
+  const raw_t* x;
+  uint64_t n_rows, row_len;
+  uint64_t size() const { return n_rows * row_len; }
+};
+
+// How a call's pieces share the threads (encode.cc and stats.cc). Many small pieces: one thread each (parallel_items,
+// which never waits for a helper that has no core). Few large ones: each piece uses all
+// threads in turn.
+struct PieceThreads {
+  int across;  // threads over the pieces
+  int inner;   // threads within one piece
+};
+
+inline PieceThreads piece_threads(size_t n, int threads) {
+  const bool across = (int)n >= threads && n > 1;
+  return {across ? threads : 1, across ? 1 : threads};
+}
+
+// ---- dedup.cc ----------------------------------------------------------------------------
+
+// Smallest and largest finite value, as double (lo > hi when there is none).
+template <int DT>
+void finite_range(const Tensor<DT>& t, int threads, double* lo_out, double* hi_out);
+
+// Rows repeated bit for bit, found in one pass over the tensor: blocks of rows are hashed (in
+// parallel) and numbered while still in cache, and the finite value range is taken from the
+// same blocks when the bound is relative.
+struct DistinctRows {
+  Buffer<uint32_t> map;         // row -> distinct row
+  std::vector<uint64_t> first;  // distinct row -> its first row
+};
+
+template <int DT>
+DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads, double* lo,
+                               double* hi);
+
+// ---- quantize.cc --------------------------------------------------------------------------
+
+// Subtractive dither of a frame (frame.h); on only for lossy frames, which then skip dedup.
+struct Dither {
+  bool on = false;
+  uint32_t seed = 0;
+};
+
+// The rows a frame stores, coded: unique rows in order of first occurrence.
+struct Coded {
+  uint64_t n_unique = 0;
+  Buffer<uint32_t> codes;        // n_unique x row_len: zigzag codes, kOutlierMark, or raw bits
+  Buffer<uint8_t> row_outlier;   // per unique row (lossy frames)
+  std::vector<uint64_t> source;  // tensor row of each unique row; empty when it is the identity
+  Buffer<uint32_t> map;          // tensor row -> unique row; only when n_unique < n_rows
+};
+
+// Quantizes and deduplicates. Rows repeated bit for bit (hot embedding lookups) are found
+// first (distinct, from distinct_raw_rows; null: no dedup), on their raw bytes, so each
+// distinct row is quantized once; rows that differ in bits but share codes are merged in a
+// second pass over the distinct rows' codes. Numbering both passes by first occurrence gives
+// the same unique order as one pass over all codes.
+template <int DT>
+Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, double eb_abs,
+                const Dither& dither, int threads);
+
+// ---- sections.cc --------------------------------------------------------------------------
+
+struct Outlier {
+  uint64_t pos;
+  uint32_t raw;
+};
+
+// Block packing in two steps, so that level 2 can compare sizes before packing anything.
+// Lossy level-1 codes may be radix packed or in short blocks instead (radix.h,
+// short_blocks.h), whichever is smallest (level1_packing).
+struct Packing {
+  Buffer<uint8_t> widths;
+  uint64_t bytes = 0;
+  RadixPlan radix;  // radix.k != 0: the section is radix.bytes of radix packing
+  bool short_blocks = false;  // the section is bytes of short blocks of widths16
+  Buffer<uint8_t> widths16;
+};
+
+struct Sections {
+  bool map_rans = false;  // the map is a compact rANS section of rans_map_symbols
+  bool map_buckets = false;  // ... of bucketed symbols (map_buckets.h)
+  Bytes map;
+  Bytes code;
+  std::vector<Outlier> outliers;
+  uint8_t level = 1;
+  uint64_t n_unique = 0;
+  // Level 2, small: codes whose entropy coding waits for the frame's other segments
+  // (encode_deferred), so that they may share one table; plan packs them if that is smaller.
+  Buffer<uint32_t> deferred;
+  uint64_t n_deferred = 0;
+  Packing plan;
+};
+
+// Builds the map, code and outlier sections of coded rows (outliers' raw bits from t); a
+// small level-2 code section waits in Sections::deferred for encode_deferred.
+template <int DT>
+Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t level,
+                        int threads);
+
+// Entropy codes the deferred code sections among one frame's segments: with one table the first
+// of them carries and the others borrow (frame.h) when every level-2 segment of the frame is
+// deferred and that is estimated smaller, else each with its own; packed where that is smaller.
+void encode_deferred(const std::vector<Sections*>& segs, int threads);
+
+}  // namespace enc
+}  // namespace hl
