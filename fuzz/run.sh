@@ -68,7 +68,7 @@ build() {
     pyinc="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
     pbinc="$("$PYTHON" -c 'import pybind11; print(pybind11.get_include())')"
     "$CXX" "${CXXFLAGS[@]}" "${SAN[@]}" -fsanitize=fuzzer-no-link -fno-sanitize=vptr,function \
-      -fPIC -shared -I"$pyinc" -I"$pbinc" native/bindings.cc native/bindings_frames.cc "${CODEC_SRCS[@]}" -o "$PY_EXT"
+      -fPIC -shared -I"$pyinc" -I"$pbinc" native/bindings.cc "${CODEC_SRCS[@]}" -o "$PY_EXT"
   fi
 }
 

@@ -6,7 +6,6 @@
 
 #include "bindings_util.h"
 #include "codec.h"
-#include "crc32c.h"
 #include "frame_v2.h"
 #include "kernels_cpu.h"
 #include "output_blocks.h"
@@ -104,6 +103,22 @@ auto with_new_block(Call call) {
   return std::make_pair(block_array(block, total), std::move(result));
 }
 
+// (dtype code, ndim, trailing, rows, frame bytes, header bytes, extension or None) of the
+// frame filling [offset, offset + length) exactly; its CRC32C too when verify.
+py::object chunk_head(const uint8_t* buffer, uint64_t offset, uint64_t length, bool verify) {
+  const uint8_t* p = buffer + offset;
+  const hl::FrameV2 f = hl::parse_v2(p, hl::v2_frame_bytes(p, length));
+  if (f.total_bytes != length)
+    throw hl::FrameError("frame is truncated or has trailing bytes: a chunk of " +
+                         std::to_string(length) + " bytes, its frame says " +
+                         std::to_string(f.total_bytes));
+  if (verify) hl::verify_v2(f, p);
+  py::object ext = f.ext ? py::object(py::bytes(reinterpret_cast<const char*>(f.ext), f.ext_bytes))
+                         : py::object(py::none());
+  return py::make_tuple((int)f.dtype, f.ndim, f.trailing, f.rows, f.total_bytes, f.header_bytes,
+                        ext);
+}
+
 // Whether every frame is (r_k, *trailing) of one dtype, with rows of at least one element (the
 // pieces of one tensor, as compress_chunks makes them); sets trailing.
 bool uniform_rows(const std::vector<hl::ParsedFrame>& frames, std::vector<int64_t>* trailing) {
@@ -164,7 +179,6 @@ py::tuple decode_frames_new(uintptr_t buffer, uint64_t len, const py::object& si
 
 }  // namespace
 
-void register_frames(py::module_& m);  // bindings_frames.cc
 #ifdef HL_WITH_CUDA
 void register_cuda(py::module_& m);
 #endif
@@ -182,7 +196,7 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.attr("FORMAT_VERSION") = HL_V2_VERSION;
-  register_frames(m);
+  m.attr("MAX_EXTENSION_BYTES") = HL_V2_MAX_EXT;
 #ifdef HL_WITH_CUDA
   m.attr("WITH_CUDA") = true;
   register_cuda(m);
@@ -194,36 +208,6 @@ PYBIND11_MODULE(_C, m) {
         [](uint64_t rows, uint64_t row_len) { return hl_max_frame_bytes(rows, row_len); },
         py::arg("rows"), py::arg("row_len"),
         "Worst-case size in bytes of a frame of one segment of rows x row_len elements.");
-
-  m.def("compress_many",
-        [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
-           const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
-           int level, bool dedup, uintptr_t out, uint64_t out_cap, int threads,
-           int64_t dither_seed) {
-          return hl::compress_many_cpu(ptr<const void>(in),
-                                       params(dtype, mode, level, dedup, 0.0, dither_seed), rows,
-                                       trailing, ebs, ptr<uint8_t>(out), out_cap, threads);
-        },
-        py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
-        py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
-        py::arg("out"), py::arg("out_cap"), py::arg("threads") = 0, py::arg("dither_seed") = -1,
-        py::call_guard<py::gil_scoped_release>(),
-        "Compresses consecutive chunks into one frame, a segment each; returns a size a chunk "
-        "(its segment, the first also counting the frame header).");
-
-  m.def("compress",
-        [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, double eb, int mode,
-           int level, bool dedup, uintptr_t out, uint64_t out_cap, int threads,
-           int64_t dither_seed) {
-          return hl::compress_cpu(ptr<const void>(in),
-                                  params(dtype, mode, level, dedup, eb, dither_seed), shape,
-                                  ptr<uint8_t>(out), out_cap, threads);
-        },
-        py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("error_bound"),
-        py::arg("mode"), py::arg("level"), py::arg("dedup"), py::arg("out"), py::arg("out_cap"),
-        py::arg("threads") = 0, py::arg("dither_seed") = -1,
-        py::call_guard<py::gil_scoped_release>(),
-        "Compresses one tensor into a frame; returns its size.");
 
   m.def("frame_info",
         [](uintptr_t frame, uint64_t size) {
@@ -378,18 +362,50 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(hl::output_cache_limit(), hl::output_cache_held());
   });
 
-  m.def("crc32c",
-        [](uintptr_t p, uint64_t n, bool portable) {
-          return portable ? hl::crc32c_portable(ptr<const uint8_t>(p), n)
-                          : hl::crc32c(ptr<const uint8_t>(p), n);
+  m.def("chunk_heads",
+        [](uintptr_t buffer, uint64_t buffer_len,
+           const std::vector<std::pair<uint64_t, uint64_t>>& chunks, bool verify) {
+          const uint8_t* buf = ptr<const uint8_t>(buffer);
+          py::list out;
+          for (size_t i = 0; i < chunks.size(); ++i) {
+            const uint64_t offset = chunks[i].first, length = chunks[i].second;
+            if (offset > buffer_len || length > buffer_len - offset)
+              throw hl::ArgumentError("chunk " + std::to_string(i) + " spans bytes [" +
+                                      std::to_string(offset) + ", " +
+                                      std::to_string(offset + length) + "), past the buffer's " +
+                                      std::to_string(buffer_len));
+            try {
+              out.append(chunk_head(buf, offset, length, verify));
+            } catch (const hl::FrameError& e) {
+              out.append(py::str(e.what()));
+            }
+          }
+          return out;
         },
-        py::arg("data"), py::arg("size"), py::arg("portable") = false,
-        "CRC32C of frames (hardware when present; portable=True: the table version).");
-  m.def("crc32c_in_pieces",
-        [](uintptr_t p, uint64_t n, uint64_t piece) {
-          return hl::crc32c_in_pieces(ptr<const uint8_t>(p), n, piece);
+        py::arg("buffer"), py::arg("buffer_len"), py::arg("chunks"), py::arg("verify") = false,
+        "For each (offset, length) chunk of buffer: the v2 frame filling it exactly, as (dtype "
+        "code, ndim, trailing, rows, frame bytes, header bytes, extension bytes or None), its "
+        "CRC32C verified when verify; or the FrameError's message (str) when it is not one.");
+
+  m.def("empty_frame",
+        [](int dtype, const std::vector<int64_t>& trailing, const std::string& ext) {
+          if (dtype < 0 || dtype > HL_BFLOAT16)
+            throw hl::ArgumentError("dtype code " + std::to_string(dtype) +
+                                    ", expected 0 (float32), 1 (float16) or 2 (bfloat16)");
+          if (trailing.size() + 1 > HL_MAX_NDIM)
+            throw hl::ArgumentError(std::to_string(trailing.size()) + " trailing dims, at most " +
+                                    std::to_string(HL_MAX_NDIM - 1));
+          for (int64_t t : trailing)
+            if (t < 0) throw hl::ArgumentError("negative dimension " + std::to_string(t));
+          hl::HeadV2 h;
+          h.dtype = (uint8_t)dtype;
+          h.ndim = 1 + (int)trailing.size();
+          h.trailing = trailing;
+          h.ext = ext;
+          std::string out(hl::v2_frame_size(h, {}, nullptr), '\0');
+          hl::v2_write_empty(h, reinterpret_cast<uint8_t*>(&out[0]));
+          return py::bytes(out);
         },
-        py::arg("data"), py::arg("size"), py::arg("piece"),
-        "CRC32C the way the CUDA codec computes it: pieces of `piece` bytes combined (tests).");
-  m.def("crc32c_hardware", &hl::crc32c_hardware);
+        py::arg("dtype"), py::arg("trailing"), py::arg("extension"),
+        "A sealed v2 frame of no segments, dtype x (0, *trailing), carrying the extension.");
 }

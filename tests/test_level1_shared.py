@@ -1,5 +1,5 @@
 """The functions the CUDA encoder runs (native/level1_sections.h), run on the host in the
-GPU's decomposition (native/level1_ref.h, through _C.segment_payload_hd), must write the CPU
+GPU's decomposition (native/level1_ref.h, through _hl_test.segment_payload_hd), must write the CPU
 encoder's segment bytes: map, code section (block, radix or short-block packing, picked by
 level1_packing) and outlier records. No GPU is needed: this is the part of the CUDA encoder's
 byte identity that a CPU-only machine can check (tests/test_cuda.py compares real device frames
@@ -11,11 +11,8 @@ import pytest
 import torch
 
 import hvd_lossy
-from hvd_lossy import _C
+import _hl_test  # the test-only native hooks (tests/_hooks.py)
 from tests._format_ref import block_packed, level1_section, short_packed
-
-pytestmark = pytest.mark.skipif(not hasattr(_C, "segment_payload_hd"),
-                                reason="built without the shared level-1 functions")
 
 DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
@@ -137,15 +134,15 @@ def test_cuda_encoder_functions_write_the_cpu_encoders_segment_bytes(name, lossl
     row_map, codes, outliers = expected_inputs(x, lossless, keep_map)
     assert len(codes) == seg["n_unique"] * seg["row_len"]
     assert len(outliers) == seg["n_outliers"]
-    got, packing, code_bytes = _C.segment_payload_hd(row_map, codes, outliers,
+    got, packing, code_bytes = _hl_test.segment_payload_hd(row_map, codes, outliers,
                                                      DTYPE_CODE[x.dtype], not lossless)
     assert code_bytes == seg["code_bytes"]
     assert got == payload
     # each writer, not only block packing, is held against the CPU encoder's
     if name.startswith("radix") and not lossless:
-        assert packing == _C.PACK_RADIX
+        assert packing == _hl_test.PACK_RADIX
     if name.startswith("short") and not lossless:
-        assert packing == _C.PACK_SHORT
+        assert packing == _hl_test.PACK_SHORT
 
 
 def test_short_block_writer_is_frame_h_byte_for_byte():
@@ -154,8 +151,8 @@ def test_short_block_writer_is_frame_h_byte_for_byte():
         scale = 2 ** rng.integers(0, 15, size=(n + 15) // 16).repeat(16)[:n]
         codes = [int(c) for c in rng.integers(0, 1 << 15, size=n) % np.maximum(scale, 1)]
         codes[0] = max(codes[0], 1)
-        got, packing, size = _C.segment_payload_hd([], codes, [], 0, True)
-        if packing == _C.PACK_SHORT:
+        got, packing, size = _hl_test.segment_payload_hd([], codes, [], 0, True)
+        if packing == _hl_test.PACK_SHORT:
             assert got == short_packed(codes)
             assert size == len(got)
 
@@ -168,15 +165,15 @@ def test_code_sections_are_frame_h_reference_sections_for_random_codes():
         scale = rng.integers(1, top + 1, size=(n + 15) // 16).repeat(16)[:n]
         codes = [int(c) for c in rng.integers(0, top, size=n) % scale]
         kind, want = level1_section(codes)
-        got, packing, size = _C.segment_payload_hd([], codes, [], 0, True)
-        assert (packing, got) == (getattr(_C, "PACK_" + kind.upper()), want), (trial, n, top)
+        got, packing, size = _hl_test.segment_payload_hd([], codes, [], 0, True)
+        assert (packing, got) == (getattr(_hl_test, "PACK_" + kind.upper()), want), (trial, n, top)
         assert size == len(got)
 
 
 def test_short_blocks_are_taken_where_blocks_of_32_carry_a_wider_neighbour():
     codes = ([1] * 16 + [300] * 16) * 8
-    got, packing, _n = _C.segment_payload_hd([], codes, [], 0, True)
-    assert packing == _C.PACK_SHORT
+    got, packing, _n = _hl_test.segment_payload_hd([], codes, [], 0, True)
+    assert packing == _hl_test.PACK_SHORT
     assert len(got) < len(block_packed(codes))
     assert got == short_packed(codes)
 
@@ -184,28 +181,28 @@ def test_short_blocks_are_taken_where_blocks_of_32_carry_a_wider_neighbour():
 def test_uniform_widths_keep_block_packing_since_short_blocks_cost_their_mark_more():
     codes = [int(c) for c in np.random.default_rng(1).integers(0, 1 << 12, size=512)]
     codes[0] = (1 << 12) - 1
-    got, packing, _n = _C.segment_payload_hd([], codes, [], 0, True)
-    assert packing == _C.PACK_BLOCK
+    got, packing, _n = _hl_test.segment_payload_hd([], codes, [], 0, True)
+    assert packing == _hl_test.PACK_BLOCK
     assert got == block_packed(codes)
 
 
 def test_codes_of_2_pow_15_or_more_never_get_short_blocks():
     codes = ([1] * 16 + [1 << 15] * 16) * 4
-    _got, packing, _n = _C.segment_payload_hd([], codes, [], 0, True)
-    assert packing != _C.PACK_SHORT
+    _got, packing, _n = _hl_test.segment_payload_hd([], codes, [], 0, True)
+    assert packing != _hl_test.PACK_SHORT
 
 
 def test_lossless_segments_are_always_block_packed():
     codes = ([1] * 16 + [300] * 16) * 8
-    got, packing, _n = _C.segment_payload_hd([], codes, [], 0, False)
-    assert packing == _C.PACK_BLOCK and got == block_packed(codes)
+    got, packing, _n = _hl_test.segment_payload_hd([], codes, [], 0, False)
+    assert packing == _hl_test.PACK_BLOCK and got == block_packed(codes)
 
 
 def test_outlier_records_take_the_fewest_position_bytes_and_the_dtypes_width():
     codes = [0] * 300
-    got, _p, code_bytes = _C.segment_payload_hd([], codes, [(257, 0x7FC0)], 1, True)
+    got, _p, code_bytes = _hl_test.segment_payload_hd([], codes, [(257, 0x7FC0)], 1, True)
     assert got[code_bytes:] == struct.pack("<HH", 257, 0x7FC0)
-    got, _p, code_bytes = _C.segment_payload_hd([], codes[:200], [(7, 0x7F800000)], 0, True)
+    got, _p, code_bytes = _hl_test.segment_payload_hd([], codes[:200], [(7, 0x7F800000)], 0, True)
     assert got[code_bytes:] == struct.pack("<BI", 7, 0x7F800000)
 
 
@@ -235,7 +232,7 @@ def test_cuda_encoders_frame_assembly_writes_the_cpu_encoders_layout(name, mode,
     end = len(groups) * prefix + (sum(group_bytes) if ext is not None else sum(sizes))
     cpu = out.numpy().tobytes()[:end]
     mode_code = 1 if mode == "rel" else 0
-    again, hd_sizes, hd_groups = _C.v2_frames_hd(cpu, rows, [16], groups, prefix, ext or b"",
+    again, hd_sizes, hd_groups = _hl_test.v2_frames_hd(cpu, rows, [16], groups, prefix, ext or b"",
                                                  mode_code, DTYPE_CODE[dtype])
     assert hd_sizes == sizes
     if ext is not None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hvd_lossy
-from hvd_lossy import _C
+import _hl_test  # the test-only native hooks (tests/_hooks.py)
 from tests._format_ref import (block_packed, level1_section, radix_section, reference_group,
                                varint)
 
@@ -55,15 +55,15 @@ def test_group_size_is_the_integer_rule_of_frame_h_for_every_k():
     ks = [k for k in range(3, 65536) if not power_of_two(k)]
     for k in ks[:300] + ks[300::211] + [65535]:
         for n in (1, 7, 100, 2048, 12345, 10 ** 7):
-            assert _C.radix_group(k, n) == reference_group(k, n), (k, n)
-    assert _C.radix_group(17, 2048) == 4  # 512 values of 17 bits: 16 whole blocks
-    assert _C.radix_group(17, 10 ** 7) == 7  # long sections: 29 bits for 7 codes, 4.18 bits a code
+            assert _hl_test.radix_group(k, n) == reference_group(k, n), (k, n)
+    assert _hl_test.radix_group(17, 2048) == 4  # 512 values of 17 bits: 16 whole blocks
+    assert _hl_test.radix_group(17, 10 ** 7) == 7  # long sections: 29 bits for 7 codes, 4.18 bits a code
 
 
 def test_group_size_is_refused_for_k_that_radix_packing_never_uses():
     for k in (0, 1, 2, 4, 64, 65536, 65537):
         with pytest.raises(ValueError, match="expected 3 <= K <= 65535"):
-            _C.radix_group(k, 100)
+            _hl_test.radix_group(k, 100)
 
 
 def test_division_by_k_is_exact_at_the_top_of_the_uint32_range_for_every_k():
@@ -74,7 +74,7 @@ def test_division_by_k_is_exact_at_the_top_of_the_uint32_range_for_every_k():
         q = top // k
         values = [0, 1, k - 1, k, k + 1, top, q * k - 1, q * k, top - 1, (q - 1) * k + k - 1,
                   (q // 2) * k + k - 1]
-        assert _C.radix_divmod(k, values) == [divmod(v, k) for v in values], k
+        assert _hl_test.radix_divmod(k, values) == [divmod(v, k) for v in values], k
 
 
 def test_division_by_k_is_exact_on_random_values():
@@ -83,7 +83,7 @@ def test_division_by_k_is_exact_on_random_values():
         if power_of_two(k):
             continue
         values = rng.integers(0, 2 ** 32, size=2000, dtype=np.uint64).tolist()
-        assert _C.radix_divmod(k, values) == [divmod(v, k) for v in values], k
+        assert _hl_test.radix_divmod(k, values) == [divmod(v, k) for v in values], k
 
 
 # ---- the encoder ------------------------------------------------------------------------------
@@ -220,7 +220,7 @@ def sealed_frame(code, rows=4, dim=8, flags=0x00):
             break
     rest = varint(total) + body
     buf = torch.frombuffer(bytearray(rest), dtype=torch.uint8)
-    crc = _C.crc32c(buf.data_ptr(), len(rest), False)
+    crc = _hl_test.crc32c(buf.data_ptr(), len(rest), False)
     return torch.frombuffer(bytearray(b"HV\x02" + struct.pack("<I", crc) + rest), dtype=torch.uint8)
 
 

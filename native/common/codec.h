@@ -29,18 +29,6 @@ enum {
 };
 
 
-// Compresses `n_chunks` tensors that lie back to back in `input` (raw bits of p.dtype) into ONE
-// frame whose segments they are: chunk i has rows[i] rows and shape (rows[i], *trailing)
-// (trailing empty: each chunk is 1-d of rows[i] elements, one row). error_bounds[i] overrides
-// p.error_bound per chunk. The frame goes to `out` (capacity out_cap, at least
-// max_grouped_bytes(rows, trailing, {n_chunks}, 0)); returns the sizes compress_into_cpu
-// returns for one group. threads <= 0 uses all cores.
-std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams& p,
-                                        const std::vector<int64_t>& rows,
-                                        const std::vector<int64_t>& trailing,
-                                        const std::vector<double>& error_bounds, uint8_t* out,
-                                        uint64_t out_cap, int threads);
-
 // The pieces grouped for an all-to-all: groups[g] pieces (in piece order, the counts summing to
 // rows.size()) form group g, and each group is ONE frame whose segments are its pieces (an
 // empty group writes no frame). prefix_bytes bytes are left untouched before each group (an
@@ -69,8 +57,12 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
 void piece_stats_cpu(const void* input, uint8_t dtype, const std::vector<int64_t>& rows,
                      const std::vector<int64_t>& trailing, double* stats, int threads);
 
-// compress_many_cpu into memory it asks alloc for once, when the frame's size is known: no
-// worst-case buffer, the frame written once. Returns the sizes compress_many_cpu returns.
+// Compresses `n_chunks` tensors that lie back to back in `input` (raw bits of p.dtype) into ONE
+// frame whose segments they are: chunk i has rows[i] rows and shape (rows[i], *trailing)
+// (trailing empty: each chunk is 1-d of rows[i] elements, one row). error_bounds[i] overrides
+// p.error_bound per chunk. The frame goes to memory it asks alloc for once, when its size is
+// known: no worst-case buffer, the frame written once. Returns the sizes compress_into_cpu
+// returns for one group. threads <= 0 uses all cores.
 std::vector<uint64_t> compress_alloc_cpu(const void* input, const CompressParams& p,
                                          const std::vector<int64_t>& rows,
                                          const std::vector<int64_t>& trailing,
@@ -78,7 +70,8 @@ std::vector<uint64_t> compress_alloc_cpu(const void* input, const CompressParams
                                          const std::function<uint8_t*(uint64_t)>& alloc,
                                          int threads);
 
-// compress_cpu the same way: alloc(frame size) once the frame is built. Returns its size.
+// One tensor of the given shape (ndim 0..HL_MAX_NDIM) as a frame of one segment, the same way:
+// alloc(frame size) once the frame is built. Returns its size.
 uint64_t compress_shape_alloc_cpu(const void* input, const CompressParams& p,
                                   const std::vector<int64_t>& shape,
                                   const std::function<uint8_t*(uint64_t)>& alloc, int threads);
@@ -88,12 +81,6 @@ uint64_t compress_shape_alloc_cpu(const void* input, const CompressParams& p,
 // up.
 uint64_t max_grouped_bytes(const std::vector<int64_t>& rows, const std::vector<int64_t>& trailing,
                            const std::vector<int64_t>& groups, uint64_t prefix_bytes);
-
-// One tensor of the given shape (ndim 0..HL_MAX_NDIM) as a frame of one segment. Returns the
-// frame size.
-uint64_t compress_cpu(const void* input, const CompressParams& p,
-                      const std::vector<int64_t>& shape, uint8_t* out, uint64_t out_cap,
-                      int threads);
 
 // Decodes a frame into `out` (its elements of the frame's dtype, out_bytes long). Verifies the
 // checksum and every section; throws FrameError on anything inconsistent.

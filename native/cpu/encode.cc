@@ -138,29 +138,6 @@ Prepared prepare_one(const void* input, const CompressParams& p, const std::vect
 
 }  // namespace
 
-namespace {
-uint64_t write_single(const void* input, const CompressParams& p,
-                      const std::vector<int64_t>& shape,
-                      const std::function<uint8_t*(uint64_t)>& alloc, int threads);
-}  // namespace
-
-uint64_t compress_cpu(const void* input, const CompressParams& p,
-                      const std::vector<int64_t>& shape, uint8_t* out, uint64_t out_cap,
-                      int threads) {
-  check_params(p);
-  for (int64_t s : shape)
-    if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
-  uint64_t size = 0;
-  write_single(input, p, shape, [&](uint64_t bytes) {
-    if (bytes > out_cap)
-      throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
-                          " bytes, the frame needs " + std::to_string(bytes));
-    size = bytes;
-    return out;
-  }, resolve_threads(threads));
-  return size;
-}
-
 uint64_t max_grouped_bytes(const std::vector<int64_t>& rows, const std::vector<int64_t>& trailing,
                            const std::vector<int64_t>& groups, uint64_t prefix_bytes) {
   CompressParams p{HL_FLOAT32, HL_MODE_ABS, 1, false, 0.0};
@@ -338,13 +315,5 @@ uint64_t compress_shape_alloc_cpu(const void* input, const CompressParams& p,
   return write_single(input, p, shape, alloc, threads);
 }
 
-std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams& p,
-                                        const std::vector<int64_t>& rows,
-                                        const std::vector<int64_t>& trailing,
-                                        const std::vector<double>& error_bounds, uint8_t* out,
-                                        uint64_t out_cap, int threads) {
-  return compress_into_cpu(input, p, rows, trailing, error_bounds,
-                           {(int64_t)rows.size()}, 0, out, out_cap, threads);
-}
 
 }  // namespace hl

@@ -1,7 +1,7 @@
 // A serial, host-only walk through level1_sections.h cut as the CUDA encoder cuts it: a width
 // per block, an exclusive scan of the widths, sizes from the scans, level1_packing, then one
 // writer call per block, value and nibble byte. It is slow and exists for the tests
-// (bindings_frames.cc): its bytes are compared with the CPU encoder's, so the functions the GPU
+// (bindings_test.cc): its bytes are compared with the CPU encoder's, so the functions the GPU
 // runs are checked on a machine without one.
 #pragma once
 

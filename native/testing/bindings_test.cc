@@ -1,6 +1,7 @@
-// hvd_lossy._C, format-2 frames as the transport's chunks: each destination's chunk is one v2
-// frame whose extension (frame.h, HL_V2_EXT) carries the protocol fields. These read a receive
-// buffer's chunk headers in one call and write the frame of a chunk that carries no rows.
+// _hl_test: the test-only hooks into the native codec, a pybind11 module apart from hvd_lossy._C
+// that the tests build (tests/_hooks.py, CMake option HVD_LOSSY_TEST_HOOKS) and the wheel never
+// ships: CRC32C as both codecs compute it, the radix rule and division, and the CUDA encoder's
+// level-1 sections and frame assembly run serially on the host (level1_ref.h, v2_frames.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -16,8 +17,6 @@ namespace {
 
 using hl::py_util::ptr;
 
-// (dtype code, ndim, trailing, rows, frame bytes, header bytes, extension or None) of the v2
-// frame filling [offset, offset + length) exactly; its CRC32C too when verify.
 // A segment's payload (map, code section, outliers) through level1_sections.h's functions in
 // the CUDA encoder's decomposition (level1_ref.h), for the tests that hold it against the CPU
 // encoder's frames.
@@ -120,24 +119,36 @@ py::tuple v2_frames_hd(const std::string& buffer, const std::vector<int64_t>& ro
   return py::make_tuple(py::bytes(out), plan.sizes, plan.group_bytes);
 }
 
-py::object chunk_head(const uint8_t* buffer, uint64_t offset, uint64_t length, bool verify) {
-  const uint8_t* p = buffer + offset;
-  const hl::FrameV2 f = hl::parse_v2(p, hl::v2_frame_bytes(p, length));
-  if (f.total_bytes != length)
-    throw hl::FrameError("frame is truncated or has trailing bytes: a chunk of " +
-                         std::to_string(length) + " bytes, its frame says " +
-                         std::to_string(f.total_bytes));
-  if (verify) hl::verify_v2(f, p);
-  py::object ext = f.ext ? py::object(py::bytes(reinterpret_cast<const char*>(f.ext), f.ext_bytes))
-                         : py::object(py::none());
-  return py::make_tuple((int)f.dtype, f.ndim, f.trailing, f.rows, f.total_bytes, f.header_bytes,
-                        ext);
-}
-
 }  // namespace
 
-void register_frames(py::module_& m) {
-  m.attr("MAX_EXTENSION_BYTES") = HL_V2_MAX_EXT;
+PYBIND11_MODULE(_hl_test, m) {
+  m.doc() = "hvd_lossy's test-only native hooks (never shipped)";
+  // The codec's failures as hvd_lossy raises them: its FrameError (held for the module's life).
+  static PyObject* frame_error =
+      py::object(py::module_::import("hvd_lossy._C").attr("FrameError")).release().ptr();
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const hl::FrameError& e) {
+      PyErr_SetString(frame_error, e.what());
+    } catch (const hl::ArgumentError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  m.def("crc32c",
+        [](uintptr_t p, uint64_t n, bool portable) {
+          return portable ? hl::crc32c_portable(ptr<const uint8_t>(p), n)
+                          : hl::crc32c(ptr<const uint8_t>(p), n);
+        },
+        py::arg("data"), py::arg("size"), py::arg("portable") = false,
+        "CRC32C (hardware when present; portable=True: the table version).");
+  m.def("crc32c_in_pieces",
+        [](uintptr_t p, uint64_t n, uint64_t piece) {
+          return hl::crc32c_in_pieces(ptr<const uint8_t>(p), n, piece);
+        },
+        py::arg("data"), py::arg("size"), py::arg("piece"),
+        "CRC32C the way the CUDA codec computes it: pieces of `piece` bytes combined (tests).");
 
   // The radix rule and division every codec shares (frame_v2_codec.h), for the tests.
   m.def("radix_group",
@@ -178,51 +189,4 @@ void register_frames(py::module_& m) {
   m.attr("PACK_BLOCK") = (int)hl::HL_PACK_BLOCK;
   m.attr("PACK_RADIX") = (int)hl::HL_PACK_RADIX;
   m.attr("PACK_SHORT") = (int)hl::HL_PACK_SHORT;
-
-  m.def("chunk_heads",
-        [](uintptr_t buffer, uint64_t buffer_len,
-           const std::vector<std::pair<uint64_t, uint64_t>>& chunks, bool verify) {
-          const uint8_t* buf = ptr<const uint8_t>(buffer);
-          py::list out;
-          for (size_t i = 0; i < chunks.size(); ++i) {
-            const uint64_t offset = chunks[i].first, length = chunks[i].second;
-            if (offset > buffer_len || length > buffer_len - offset)
-              throw hl::ArgumentError("chunk " + std::to_string(i) + " spans bytes [" +
-                                      std::to_string(offset) + ", " +
-                                      std::to_string(offset + length) + "), past the buffer's " +
-                                      std::to_string(buffer_len));
-            try {
-              out.append(chunk_head(buf, offset, length, verify));
-            } catch (const hl::FrameError& e) {
-              out.append(py::str(e.what()));
-            }
-          }
-          return out;
-        },
-        py::arg("buffer"), py::arg("buffer_len"), py::arg("chunks"), py::arg("verify") = false,
-        "For each (offset, length) chunk of buffer: the v2 frame filling it exactly, as (dtype "
-        "code, ndim, trailing, rows, frame bytes, header bytes, extension bytes or None), its "
-        "CRC32C verified when verify; or the FrameError's message (str) when it is not one.");
-
-  m.def("empty_frame",
-        [](int dtype, const std::vector<int64_t>& trailing, const std::string& ext) {
-          if (dtype < 0 || dtype > HL_BFLOAT16)
-            throw hl::ArgumentError("dtype code " + std::to_string(dtype) +
-                                    ", expected 0 (float32), 1 (float16) or 2 (bfloat16)");
-          if (trailing.size() + 1 > HL_MAX_NDIM)
-            throw hl::ArgumentError(std::to_string(trailing.size()) + " trailing dims, at most " +
-                                    std::to_string(HL_MAX_NDIM - 1));
-          for (int64_t t : trailing)
-            if (t < 0) throw hl::ArgumentError("negative dimension " + std::to_string(t));
-          hl::HeadV2 h;
-          h.dtype = (uint8_t)dtype;
-          h.ndim = 1 + (int)trailing.size();
-          h.trailing = trailing;
-          h.ext = ext;
-          std::string out(hl::v2_frame_size(h, {}, nullptr), '\0');
-          hl::v2_write_empty(h, reinterpret_cast<uint8_t*>(&out[0]));
-          return py::bytes(out);
-        },
-        py::arg("dtype"), py::arg("trailing"), py::arg("extension"),
-        "A sealed v2 frame of no segments, dtype x (0, *trailing), carrying the extension.");
 }
