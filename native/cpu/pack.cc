@@ -24,6 +24,10 @@
 #endif
 
 namespace hl {
+
+const SpreadTable<8, 8> kSpread8;
+const SpreadTable<4, 16> kSpread16;
+
 namespace {
 
 inline uint32_t block_max(const uint32_t* v, uint64_t count) {
@@ -88,38 +92,14 @@ void pack_block(const uint32_t* v, uint32_t w, uint8_t* out) {
   }
 }
 
-// spread[b] has byte k equal to bit k of b: turns one byte of a bit plane into 8 byte lanes.
-struct SpreadTable {
-  uint64_t t[256];
-  SpreadTable() {
-    for (int b = 0; b < 256; ++b) {
-      uint64_t s = 0;
-      for (int k = 0; k < 8; ++k) s |= (uint64_t)((b >> k) & 1) << (8 * k);
-      t[b] = s;
-    }
-  }
-};
-const SpreadTable kSpread;
 
-// spread16[b] has 16-bit lane k equal to bit k of the nibble b.
-struct SpreadTable16 {
-  uint64_t t[16];
-  SpreadTable16() {
-    for (int b = 0; b < 16; ++b) {
-      uint64_t s = 0;
-      for (int k = 0; k < 4; ++k) s |= (uint64_t)((b >> k) & 1) << (16 * k);
-      t[b] = s;
-    }
-  }
-};
-const SpreadTable16 kSpread16;
 
 void unpack_block(const uint8_t* in, uint32_t w, uint32_t* v) {
   if (w <= 8) {
     uint64_t lanes[4] = {0, 0, 0, 0};  // 32 byte lanes
     for (uint32_t j = 0; j < w; ++j) {
       uint32_t word = load_u32(in + 4 * j);
-      for (int k = 0; k < 4; ++k) lanes[k] |= kSpread.t[(word >> (8 * k)) & 0xff] << j;
+      for (int k = 0; k < 4; ++k) lanes[k] |= kSpread8.t[(word >> (8 * k)) & 0xff] << j;
     }
     uint8_t bytes[32];
     memcpy(bytes, lanes, 32);  // little-endian: byte i of the lanes is value i

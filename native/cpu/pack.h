@@ -69,4 +69,21 @@ void unpack_blocks_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_
 void pack_block32(const uint32_t* v, uint32_t w, uint8_t* out);
 void unpack_block32(const uint8_t* in, uint32_t w, uint32_t* v);
 
+// The tables of the portable unpacking loops (block packing, short blocks): entry b has W-bit
+// lane k equal to bit k of b (K bits), turning one byte of a bit plane into 8 byte lanes
+// (K = 8, W = 8), or a nibble into 4 lanes of 16 bits (K = 4, W = 16).
+template <int K, int W>
+struct SpreadTable {
+  uint64_t t[1 << K];
+  SpreadTable() {
+    for (int b = 0; b < (1 << K); ++b) {
+      uint64_t s = 0;
+      for (int k = 0; k < K; ++k) s |= (uint64_t)((b >> k) & 1) << (W * k);
+      t[b] = s;
+    }
+  }
+};
+extern const SpreadTable<8, 8> kSpread8;
+extern const SpreadTable<4, 16> kSpread16;
+
 }  // namespace hl

@@ -4,6 +4,7 @@
 // codes go to the caller's sink a chunk at a time. The encoder is short_blocks.cc.
 #include <string>
 
+#include "pack.h"
 #include "short_blocks_internal.h"
 
 namespace hl {
@@ -97,30 +98,15 @@ HL_AVX2 uint32_t* decode_pairs_avx2(const uint8_t* nibbles, const uint8_t* paylo
 }
 #endif
 
-// The portable loops, a block of 16 at a time. spread8[b] has byte k equal to bit k of b (a plane
-// byte into 8 byte lanes), spread16[b] has 16-bit lane k equal to bit k of the nibble b.
-struct Spread {
-  uint64_t b8[256], b16[16];
-  Spread() {
-    for (int b = 0; b < 256; ++b) {
-      b8[b] = 0;
-      for (int k = 0; k < 8; ++k) b8[b] |= (uint64_t)((b >> k) & 1) << (8 * k);
-    }
-    for (int b = 0; b < 16; ++b) {
-      b16[b] = 0;
-      for (int k = 0; k < 4; ++k) b16[b] |= (uint64_t)((b >> k) & 1) << (16 * k);
-    }
-  }
-};
-const Spread kSpread;
+// The portable loops, a block of 16 at a time, through pack.h's spread tables.
 
 void decode_block16(const uint8_t* p, uint32_t w, uint32_t* out) {
   if (w <= 8) {
     uint64_t l0 = 0, l1 = 0;
     for (uint32_t j = 0; j < w; ++j) {
       const uint32_t plane = load_u16(p + 2 * j);
-      l0 |= kSpread.b8[plane & 0xff] << j;
-      l1 |= kSpread.b8[plane >> 8] << j;
+      l0 |= kSpread8.t[plane & 0xff] << j;
+      l1 |= kSpread8.t[plane >> 8] << j;
     }
     for (int i = 0; i < 8; ++i) {
       out[i] = (uint32_t)(l0 >> (8 * i)) & 0xff;
@@ -131,7 +117,7 @@ void decode_block16(const uint8_t* p, uint32_t w, uint32_t* out) {
   uint64_t l[4] = {0, 0, 0, 0};
   for (uint32_t j = 0; j < w; ++j) {
     const uint32_t plane = load_u16(p + 2 * j);
-    for (int k = 0; k < 4; ++k) l[k] |= kSpread.b16[(plane >> (4 * k)) & 0xf] << j;
+    for (int k = 0; k < 4; ++k) l[k] |= kSpread16.t[(plane >> (4 * k)) & 0xf] << j;
   }
   for (int i = 0; i < 16; ++i) out[i] = (uint32_t)(l[i / 4] >> (16 * (i % 4))) & 0xffff;
 }
