@@ -324,7 +324,7 @@ def test_saved_fuzzer_inputs_raise_or_decode_to_the_header_shape(path):
 def test_row_map_over_rows_of_length_zero_decodes_to_empty_rows():
     # Found (in the first frame format) by reading the code: a segment with a row map and
     # row_len 0. Under UBSan the decoder passed a null pointer to memcpy (native/
-    # codec_cpu_decode.cc, the row copy of decode()).
+    # cpu/decode.cc, the row copy of decode()).
     data = (CRASHES / "rowmap_zero_len_rows").read_bytes()
     y = raises_or_decodes_as_described(data)
     assert y is not None and tuple(y.shape) == (5, 0)

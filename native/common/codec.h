@@ -1,6 +1,6 @@
-// Plain C++ API of the hvd_lossy codec. The CPU entry points live in codec_cpu.cc, the CUDA ones
-// (same arguments plus a stream, all pointers on the device) in codec_cuda.cu. Both write the
-// frame format of frame.h byte for byte identically.
+// Plain C++ API of the hvd_lossy codec. The CPU entry points live in native/cpu (encode.cc,
+// stats.cc, decode.cc), the CUDA ones (same arguments plus a stream, all pointers on the device)
+// in codec_cuda*.cu. Both write the frame format of frame.h byte for byte identically.
 #pragma once
 
 #include <functional>

@@ -4,7 +4,7 @@
 // nibble byte at a time), the compact outlier record, the descriptor's flags, and the rule that
 // turns a lossy segment lossless. Everything is HL_HD and allocation free: the CUDA encoder runs
 // these per thread, and the host build runs the very same functions in hl::l1 reference loops
-// (bindings_frames.cc) that the tests compare with the CPU encoder's bytes.
+// (native/testing/bindings_test.cc) that the tests compare with the CPU encoder's bytes.
 #pragma once
 
 #include "codec_common.h"

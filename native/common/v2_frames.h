@@ -1,8 +1,8 @@
-// The host side of the CUDA format-2 encoder's frames, kept apart from the CUDA calls so that
-// the CPU build runs it too (bindings_frames.cc: tests/test_level1_shared.py assembles the CPU
-// encoder's segments with it and compares with the CPU encoder's frames). Given what the device
+// The host side of the CUDA encoder's frames, kept apart from the CUDA calls so that the CPU
+// build runs it too (native/testing/bindings_test.cc: tests/test_level1_shared.py assembles the
+// CPU encoder's segments with it and compares with the CPU encoder's frames). Given what the device
 // found of each segment (SegmentFound), it makes the descriptors, lays out compress_into's
-// groups ([prefix][frame]..., as build_and_place_v2 in codec_cpu.cc) and writes every frame's
+// groups ([prefix][frame]..., as build_and_place in cpu/encode.cc) and writes every frame's
 // header and descriptors with frame_v2.h's writer, an empty group's whole frame sealed.
 #pragma once
 
@@ -25,7 +25,7 @@ struct SegmentFound {
 };
 
 // The descriptor of a level-1, undithered segment of the given shape (segment_desc in
-// codec_cpu.cc for what the CUDA encoder writes).
+// cpu/encode.cc for what the CUDA encoder writes).
 inline SegmentDesc v2_desc_of(const SegmentFound& r, uint8_t mode,
                               const std::vector<int64_t>& shape) {
   SegmentDesc d;

@@ -1,5 +1,5 @@
 // CPU decoder: frames' segments into tensors, checksums and header checks first (the encoder
-// is codec_cpu.cc).
+// is encode.cc).
 #include <stddef.h>
 
 #include <cstring>

@@ -6,7 +6,7 @@
 // barrier waiting for a descheduled thread (its partner spinning on the same core) turned a
 // sub-millisecond call of 52 frames into tens of milliseconds; here the worst case is about the
 // caller doing everything alone.
-// Header-only, so every build that compiles codec_cpu.cc (setup.py, the CUDA selftest, the
+// Header-only, so every build that compiles the CPU codec (setup.py, the CUDA selftest, the
 // fuzzers) gets it without a new source file.
 #pragma once
 
