@@ -12,7 +12,7 @@ interleaved layout once. How many tables a received chunk holds is read from its
 import hvd_lossy
 from hvd_lossy.alltoall import Alltoall, split_list
 from hvd_lossy.collective import new_output
-from hvd_lossy.compression import LossyCompressor
+from hvd_lossy.compressor import LossyCompressor
 from hvd_lossy.protocol import GRANK, ROWS, _LocalError
 
 

@@ -20,9 +20,9 @@ import hvd_lossy
 from hvd_lossy import auto as _auto
 from hvd_lossy import chunk_header
 from hvd_lossy.backend import as_backend
-from hvd_lossy.collective import (LossyCall, check_announced_output, decode_frames, new_output,
+from hvd_lossy.collective import (LossyCall, check_announced_output, decode_chunks, new_output,
                                   plain_start, remote_bytes)
-from hvd_lossy.compression import Compression, NoneCompressor, is_lossy
+from hvd_lossy.compressor import NoneCompressor, is_lossy
 from hvd_lossy.protocol import (GRANK, LOSSLESS, ROWS, _LocalError, check_lossy_tensor, header,
                                 like_of, per_rank_limit)
 
@@ -218,20 +218,10 @@ class Alltoall(LossyCall):
         lo, hi = self.local_rows
         out[starts[me]:starts[me + 1]].copy_(self.tensor[lo:hi].detach())
         for sources in (range(me), range(me + 1, self.size)):
-            if not sources:
-                continue
-            if self.device.type == "cpu":
-                into = out[starts[sources[0]]:starts[sources[-1] + 1]]
-                errors = hvd_lossy.decompress_into(
-                    recv, [(offsets[s], counts[s], rows[s]) for s in sources], into)
-                for s, error in zip(sources, errors):
-                    if error is not None:
-                        raise _LocalError(11 if error.mismatch else 10, headers[s][GRANK],
-                                          detail=error)
-            else:
-                for s in sources:
-                    decode_frames(recv[offsets[s]:offsets[s] + counts[s]], out[starts[s]:starts[s + 1]], dtype, trailing,
-                                  headers[s][GRANK])
+            if sources:
+                decode_chunks(recv, [(offsets[s], counts[s], rows[s]) for s in sources],
+                              out[starts[sources[0]]:starts[sources[-1] + 1]],
+                              [headers[s][GRANK] for s in sources])
         self.received = torch.tensor(rows, dtype=self.split_dtype)
         return out
 
@@ -252,7 +242,7 @@ def _plain_start(tensor, splits, name, compression, backend):
         payload, splits, name), local_bytes=remote_bytes(tensor, splits, backend)[1])
 
 
-def start(tensor, splits=None, name=None, compression=Compression.none, process_set=None):
+def start(tensor, splits=None, name=None, compression=NoneCompressor, process_set=None):
     """Starts an alltoall with any compressor; returns a Handle whose wait() gives
     (output, received_splits). process_set: a Horovod ProcessSet (None: all ranks) or an
     hvd_lossy.backend backend."""

@@ -22,7 +22,7 @@ import torch
 
 import hvd_lossy
 from hvd_lossy import stats as _stats
-from hvd_lossy.compression import NoneCompressor
+from hvd_lossy.compressor import NoneCompressor
 from hvd_lossy.protocol import (GRANK, ROWS, Handle, _LocalError, base_name, begin_call,
                                 compression_name, raise_from_headers, raise_received,
                                 settings_digest, verdict_raises)
@@ -55,41 +55,25 @@ def check_announced_output(headers, dtype, trailing):
                                                    f"({hvd_lossy.max_output_bytes()})")
 
 
-def host_bytes(buf):
-    """A uint8 tensor as a host numpy array (no copy on the CPU)."""
-    return (buf if buf.device.type == "cpu" else buf.cpu()).numpy()
-
-
-def decode_frames(body, out, dtype, trailing, origin):
-    """Decodes the back-to-back frames in the uint8 tensor `body` into consecutive rows of `out`,
-    which they must fill exactly with `dtype` x `trailing`."""
-    try:
-        sizes = hvd_lossy.split_frames(body)
-    except Exception as e:  # FrameError: a truncated or foreign frame
-        raise _LocalError(10, origin, detail=f"{type(e).__name__}: {e}") from e
-    row, offset = 0, 0
-    for size in sizes:
-        frame = body[offset:offset + size]
-        offset += size
-        try:
-            info = hvd_lossy.frame_info(frame)
-        except Exception as e:
-            raise _LocalError(10, origin, detail=f"{type(e).__name__}: {e}") from e
-        shape = info["shape"]
-        rows = shape[0] if shape else 1
-        if (info["dtype"] != dtype or tuple(shape[1:]) != tuple(trailing)
-                or len(shape) != len(trailing) + 1 or row + rows > out.shape[0]):
-            raise _LocalError(11, origin, detail=f"rank {origin} announced {out.shape[0]} rows of "
-                                                 f"{dtype} x {trailing}, a frame holds "
-                                                 f"{info['dtype']} {shape}")
-        try:
-            hvd_lossy.decompress(frame, out=out[row:row + rows])
-        except Exception as e:
-            raise _LocalError(10, origin, detail=f"{type(e).__name__}: {e}") from e
+def decode_chunks(recv, chunks, out, origins):
+    """Decodes chunks `(offset, bytes, rows)` of the uint8 tensor `recv`, each one frame whose
+    header announced its rows of `out`'s dtype and row shape (the verdict read them), into
+    consecutive rows of `out`; origins[i]: the global rank that sent chunk i. On the CPU one
+    native call, threaded across frames."""
+    if out.device.type == "cpu":
+        errors = hvd_lossy.decompress_into(recv, chunks, out)
+        for origin, error in zip(origins, errors):
+            if error is not None:
+                raise _LocalError(11 if error.mismatch else 10, origin, detail=error)
+        return
+    row = 0
+    for (offset, nbytes, rows), origin in zip(chunks, origins):
+        if rows:
+            try:
+                hvd_lossy.decompress(recv[offset:offset + nbytes], out=out[row:row + rows])
+            except Exception as e:
+                raise _LocalError(10, origin, detail=f"{type(e).__name__}: {e}") from e
         row += rows
-    if row != out.shape[0]:
-        raise _LocalError(11, origin, detail=f"rank {origin} announced {out.shape[0]} rows of "
-                                             f"{dtype} x {trailing}, its frames hold {row}")
 
 
 def remote_bytes(tensor, splits, backend):

@@ -19,9 +19,9 @@ import torch
 import hvd_lossy
 from hvd_lossy import chunk_header
 from hvd_lossy.backend import as_backend
-from hvd_lossy.collective import (LossyCall, check_announced_output, decode_frames, new_output,
+from hvd_lossy.collective import (LossyCall, check_announced_output, decode_chunks, new_output,
                                   plain_start)
-from hvd_lossy.compression import NoneCompressor, is_lossy
+from hvd_lossy.compressor import NoneCompressor, is_lossy
 from hvd_lossy.protocol import (GRANK, INT32_MAX, LOSSLESS, PAYLOAD, ROWS, RankError,
                                 _LocalError, check_lossy_tensor, header, like_of, per_rank_limit,
                                 raise_from_headers, raise_received)
@@ -93,17 +93,8 @@ class Allgather(LossyCall):
         rows = [h[ROWS] for h in headers]
         check_announced_output(headers, dtype, trailing)
         out = new_output((sum(rows), *trailing), dtype, self.device)
-        chunks = list(zip(chunk_header.offsets_of(self.counts), self.counts, rows))
-        if self.device.type == "cpu":
-            errors = hvd_lossy.decompress_into(recv, chunks, out)
-            for h, error in zip(headers, errors):
-                if error is not None:
-                    raise _LocalError(11 if error.mismatch else 10, h[GRANK], detail=error)
-            return out
-        row = 0
-        for h, (offset, n, r) in zip(headers, chunks):
-            decode_frames(recv[offset:offset + n], out[row:row + r], dtype, trailing, h[GRANK])
-            row += r
+        decode_chunks(recv, list(zip(chunk_header.offsets_of(self.counts), self.counts, rows)),
+                      out, [h[GRANK] for h in headers])
         return out
 
 

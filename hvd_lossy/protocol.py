@@ -18,7 +18,7 @@ import zlib
 
 import torch
 
-from hvd_lossy.compression import Compression, LossyCompressor, NoneCompressor
+from hvd_lossy.compressor import FP16Compressor, LossyCompressor, NoneCompressor
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8, torch.int8,
            torch.int16, torch.int32, torch.int64, torch.bool)  # code = index; -1 = other
@@ -282,5 +282,5 @@ LOSSLESS = LossyCompressor(0.0, mode="abs", backward=None)
 
 
 def compression_name(compression):
-    return {NoneCompressor: "Compression.none", Compression.fp16: "Compression.fp16"}.get(
+    return {NoneCompressor: "Compression.none", FP16Compressor: "Compression.fp16"}.get(
         compression, repr(compression))

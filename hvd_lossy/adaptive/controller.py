@@ -17,7 +17,7 @@ import hvd_lossy
 
 from . import stats as _stats
 from .comm import resolve_comm
-from .config import TableSpec, check_bound, check_int, table_specs
+from .config import TableSpec, check_int, table_specs
 from .policies import make_policy
 from .schedules import check_schedule, multiplier
 from .telemetry import summary, telemetry_record, write_line
@@ -90,8 +90,9 @@ class Controller:
         self._policy.check_tables([s.name for s in self._specs])
         check_schedule(schedule, E)
         self._schedule, self._E = schedule, int(E)
-        self._base = check_bound("base", base)
-        self._grad_base = self._base if grad_base is None else check_bound("grad_base", grad_base)
+        self._base = hvd_lossy.check_error_bound(base, "base", positive=True)
+        self._grad_base = (self._base if grad_base is None
+                           else hvd_lossy.check_error_bound(grad_base, "grad_base", positive=True))
         self._interval = check_int("interval", interval, 1)
         self._sample_every = (max(1, self._interval // 10) if sample_every is None
                               else check_int("sample_every", sample_every, 1))
