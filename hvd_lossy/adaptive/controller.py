@@ -29,6 +29,11 @@ EVAL_BOUNDS = ("none", "base", "table")
 DIRECTIONS = ("forward", "backward")
 
 
+def _setting(name, doc=None):
+    """A read-only property of the controller's setting `self._<name>`."""
+    return property(lambda self: getattr(self, "_" + name), doc=doc)
+
+
 class Controller:
     """Per-table error bounds, adapted every ``interval`` iterations, times a schedule multiplier.
 
@@ -399,34 +404,15 @@ class Controller:
         scale = self._grad_base / self._base
         return {n: b * scale for n, b in self.bounds().items()}
 
-    @property
-    def mode(self):
-        return self._mode
-
-    @property
-    def base(self):
-        return self._base
-
-    @property
-    def policy(self):
-        return self._policy
-
-    @property
-    def schedule(self):
-        return self._schedule
-
-    @property
-    def E(self):
-        return self._E
-
-    @property
-    def interval(self):
-        return self._interval
-
-    @property
-    def telemetry_path(self):
-        """Path of the telemetry JSON-lines file (written by rank 0), or None."""
-        return self._telemetry
+    # The settings, fixed when the controller is built: read-only.
+    mode = _setting("mode")
+    base = _setting("base")
+    policy = _setting("policy")
+    schedule = _setting("schedule")
+    E = _setting("E")
+    interval = _setting("interval")
+    telemetry_path = _setting("telemetry", "Path of the telemetry JSON-lines file (written by "
+                                           "rank 0), or None.")
 
     # ----- reporting -----------------------------------------------------------------------------
 
