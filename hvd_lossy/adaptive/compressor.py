@@ -35,6 +35,14 @@ def _check_backward(value):
     return check_error_bound(value, "backward")
 
 
+def _segment_header_bytes(trailing):
+    """A piece's bytes that do not scale with its bound, for the rate model: the worst-case
+    descriptor of one more segment in a destination's frame (the frame's own header is shared
+    by its pieces)."""
+    one, two = (hvd_lossy.max_grouped_bytes([0] * n, trailing, [n], 0, format=2) for n in (1, 2))
+    return two - one
+
+
 @register_codec
 class AdaptiveCompressor(LossyCompressor):
     """Per-table error bounds from a ``Controller``, for ``hvd_lossy.torch.alltoall``.
@@ -210,7 +218,7 @@ class AdaptiveCompressor(LossyCompressor):
             coded = self._with_own_chunk(plan, frame_sizes, tensor, codec_stats)
         row_len = math.prod(tensor.shape[1:])
         row_bytes = row_len * tensor.element_size()
-        header = hvd_lossy.max_frame_bytes(0, row_len, tensor.dim())
+        header = _segment_header_bytes(list(tensor.shape[1:]))
         c, offset = self.controller, 0
         for (_dest, rows, eb), size, name, stats in zip(plan, frame_sizes, frame_tables, coded):
             piece = tensor[offset:offset + rows]
