@@ -3,8 +3,9 @@
 A lossy call is one object that runs five steps, always in this order on every rank:
 
   plan     check the arguments and decide the frames (subclass: `pack`);
-  pack     compress into the send buffer, each destination's chunk led by a header. A failure
-           here does not raise: it goes into the headers, and the chunks carry no frames;
+  pack     compress into the send buffer, each chunk one frame whose header carries the
+           protocol's fields (hvd_lossy.chunk_header). A failure here does not raise: it goes
+           into the headers, and the chunks are frames of no segments;
   launch   ONE collective of the backend (Horovod or torch.distributed, hvd_lossy.backend)
            moves the buffer (subclass: `launch`);
   receive  every rank holds every sender's header, so all reach the same verdict on the
@@ -131,8 +132,8 @@ def plain_start(op, tensor, compression, launch, local_bytes=0):
 class LossyCall:
     """One call of a lossy collective. Subclasses implement:
 
-        pack()            -> uint8 send tensor, headers included (raise _LocalError to fail);
-        pack_failed()     -> the send tensor of headers only, after a failure;
+        pack()            -> uint8 send tensor of frames (raise _LocalError to fail);
+        pack_failed()     -> the send tensor of frames of no segments, after a failure;
         launch(payload)   -> the backend's Work (self.backend: hvd_lossy.backend);
         complete(work)    -> (received uint8 tensor, its chunks' byte counts or None);
         headers(recv, counts) -> every sender's header fields, in process-set rank order;
