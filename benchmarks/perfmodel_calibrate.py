@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import types
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -30,7 +31,6 @@ sys.path.insert(0, str(REPO))
 
 from hvd_lossy import perfmodel  # noqa: E402
 from hvd_lossy.bench import netlink as nl  # noqa: E402
-from _timing import median_s  # noqa: E402
 
 RATIO_ROWS = [16, 64, 256, 1024, 4096]
 # The validation workload: dim 128 at a small batch, so that at 0.1-0.5 Gbit/s the link, not the
@@ -43,6 +43,16 @@ MODES = {"plain": nl.DLRM_MODES["uncompressed"], "fp16": nl.DLRM_MODES["fp16"], 
          "adaptive": nl.DLRM_MODES["adaptive"], "auto": nl.DLRM_MODES["auto"]}
 HOROVOD = types.SimpleNamespace(cycle_time=None, fusion_mb=None)  # Horovod defaults, as netlink
 
+
+def median_s(f, n=15):
+    """Median seconds of n calls of f(), after one untimed call (caches, allocations)."""
+    f()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 def now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -4,7 +4,8 @@
         --png benchmarks/results/perfmodel_projection.png --markdown
 
 Presets cluster-kaggle and cluster-terabyte of the committed calibration (their inputs and
-where each comes from are in the JSON), at 25, 100, 200 and 400 Gbit/s. The PNG has a panel per
+where each comes from are in the JSON; `scenarios[]` holds each (preset, codec, ranks, rate)
+once with its resolved inputs and every mode's prediction), at 25, 100, 200 and 400 Gbit/s. The PNG has a panel per
 cardinality set and codec: predicted speedup of lossy over plain against ranks, a line a rate.
 """
 import argparse
@@ -64,6 +65,29 @@ def compact(rows, ranks=(8, 64, 1024), rates=(25.0, 100.0, 400.0)):
     return "\n".join(lines)
 
 
+def scenarios(rows):
+    """The rows grouped by scenario (preset, codec, ranks, rate): the five modes of one scenario
+    share its inputs, which are written once."""
+    out = {}
+    for r in rows:
+        key = (r["preset"], r["inputs"]["codec"], r["ranks"], r["bandwidth_gbit"])
+        s = out.setdefault(key, {"preset": r["preset"], "ranks": r["ranks"], "bandwidth_gbit": r["bandwidth_gbit"],
+                                 "inputs": r["inputs"], "modes": {}})
+        s["modes"][r["mode"]] = {k: v for k, v in r.items()
+                                 if k not in ("mode", "preset", "ranks", "bandwidth_gbit", "inputs")}
+    return list(out.values())
+
+
+def record(calib, rows):
+    """The JSON: the presets, codecs and ratio curves with their sources, then one line a scenario
+    (a line each keeps the file small and its diffs readable)."""
+    head = {"presets": {k: v for k, v in calib["presets"].items() if k.startswith("cluster-")},
+            "codecs": {c: calib["codec"][c] for c in CODECS},
+            "ratio": {k: calib["ratio"][k] for k in ("kaggle-d128", "terabyte-d128")}}
+    lines = ",\n".join(json.dumps(s) for s in scenarios(rows))
+    return json.dumps(head, indent=1)[:-2] + ',\n "scenarios": [\n' + lines + "\n ]\n}\n"
+
+
 def write_png(rows, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -98,10 +122,7 @@ def main(argv=None):
     calib = perfmodel.load_calibration()
     rows = project(calib)
     if args.json:
-        presets = {k: v for k, v in calib["presets"].items() if k.startswith("cluster-")}
-        args.json.write_text(json.dumps({"presets": presets, "codecs": {c: calib["codec"][c] for c in CODECS},
-                                         "ratio": {k: calib["ratio"][k] for k in ("kaggle-d128", "terabyte-d128")},
-                                         "predictions": rows}, indent=1))
+        args.json.write_text(record(calib, rows))
         print(f"wrote {args.json}")
     if args.png:
         write_png(rows, args.png)

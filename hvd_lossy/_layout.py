@@ -6,13 +6,13 @@ destination d is `[rows_d, tables_d x row_len]`, its tables side by side. The co
 table's rows as one frame of consecutive rows (one bound per table, duplicates found within a
 table), so `arrange` copies each chunk into table-major order once (`[tables_d, rows_d,
 row_len]`), and the receiver decodes table-major and copies each chunk back into `output`'s
-interleaved layout once. How many tables a received chunk holds is read from its frames
-(one frame per table), so the receiver needs no layout of its own.
+interleaved layout once. How many tables a received chunk holds is read from its frame
+(one segment per table), so the receiver needs no layout of its own.
 """
 import hvd_lossy
 from hvd_lossy.alltoall import Alltoall, split_list
 from hvd_lossy.collective import new_output
-from hvd_lossy.compression import LossyCompressor
+from hvd_lossy.compressor import LossyCompressor
 from hvd_lossy.protocol import GRANK, ROWS, _LocalError
 
 
@@ -147,7 +147,7 @@ class SingleAlltoall(Alltoall):
         return out
 
     def _received_tables(self, recv, counts, headers):
-        """Tables of each received chunk: one frame per table (the own chunk: as sent)."""
+        """Tables of each received chunk: one segment per table (the own chunk: as sent)."""
         tables, offset = [], 0
         for src, (n, h) in enumerate(zip(counts, headers)):
             if src == self.me:
@@ -155,26 +155,16 @@ class SingleAlltoall(Alltoall):
             elif not h[ROWS]:
                 tables.append(0)
             else:
-                k = _pieces(recv[offset + self.recv_header_len[src]:offset + n])
+                k = len(hvd_lossy.frame_info(recv[offset:offset + n])["segments"])
                 if h[ROWS] % k:
-                    raise _LocalError(11, h[GRANK], detail=f"{h[ROWS]} rows in {k} frames: not "
-                                                           "one frame per table of equal rows")
+                    raise _LocalError(11, h[GRANK], detail=f"{h[ROWS]} rows in {k} segments: not "
+                                                           "one segment per table of equal rows")
                 tables.append(k)
             offset += n
         return tables
 
     def result(self, output):
         return self.output, self.received
-
-
-def _pieces(body):
-    """Row pieces in a chunk's frames: a format-2 frame's segments, one for a v1 frame."""
-    k, at = 0, 0
-    for size in hvd_lossy.split_frames(body):
-        segments = hvd_lossy.frame_info(body[at:at + size]).get("segments")
-        k += 1 if segments is None else len(segments)
-        at += size
-    return k
 
 
 def _numel(shape):

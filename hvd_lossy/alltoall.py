@@ -4,14 +4,10 @@ One lossy alltoall is ONE alltoall of the backend (Horovod or torch.distributed)
   pack:    the chunk for each destination is ONE frame of format 2 whose segments are the
            pieces for that destination and whose header carries the protocol fields
            (hvd_lossy.chunk_header), compressed straight into the send buffer on the tensor's
-           device (one native call for the ranks before this one, one for those after): the
-           CUDA format-2 encoder writes a device tensor's frames at level 1 where it is enabled
-           (HVD_LOSSY_CUDA_V2=1, until a GPU has run it), the CPU encoder (through a host copy)
-           at level 2 or with dither; otherwise device tensors send a compact protocol header and
-           v1 frames coded on the device (_pack_copying), which receivers read too. The chunk a
-           rank sends itself never crosses a link, so it is not compressed: a frame of no
-           segments travels (the verdict needs every rank's header), its rows are copied
-           straight into the output;
+           device (one native call for the ranks before this one, one for those after;
+           hvd_lossy.compress_grouped codes device tensors too). The chunk a rank sends itself
+           never crosses a link, so it is not compressed: a frame of no segments travels (the
+           verdict needs every rank's header), its rows are copied straight into the output;
   launch:  one uint8 alltoall; the backend exchanges the byte splits itself;
   receive: every rank holds every sender's header, so all reach the same verdict; the frames are
            decoded straight into the one output tensor.
@@ -24,11 +20,11 @@ import hvd_lossy
 from hvd_lossy import auto as _auto
 from hvd_lossy import chunk_header
 from hvd_lossy.backend import as_backend
-from hvd_lossy.collective import (LossyCall, check_announced_output, decode_frames, new_output,
+from hvd_lossy.collective import (LossyCall, check_announced_output, decode_chunks, new_output,
                                   plain_start, remote_bytes)
-from hvd_lossy.compression import Compression, NoneCompressor, is_lossy
-from hvd_lossy.protocol import (GRANK, LOSSLESS, PAYLOAD, ROWS, _LocalError, check_lossy_tensor,
-                                compact_bytes, compact_size, header, like_of, per_rank_limit)
+from hvd_lossy.compressor import NoneCompressor, is_lossy
+from hvd_lossy.protocol import (GRANK, LOSSLESS, ROWS, _LocalError, check_lossy_tensor, header,
+                                like_of, per_rank_limit)
 
 
 def split_list(splits, rows, size):
@@ -98,11 +94,7 @@ class Alltoall(LossyCall):
         parts = [(range(me + 1), tensor[:lo]), (range(me + 1, self.size), tensor[hi:])]
         self.want_stats = c.wants_codec_stats() and self.device.type == "cpu"
         self.piece_stats = []
-        # device tensors: the CUDA format-2 encoder only where enabled (_codec.cuda_v2_enabled:
-        # no GPU has run it yet); otherwise the compact header and v1 frames a GPU has run
-        on_device_v2 = self.device.type != "cpu" and hvd_lossy._codec.cuda_v2_enabled()
-        pack = self._pack_in_place if self.device.type == "cpu" or on_device_v2 else self._pack_copying
-        send, sizes = pack(parts, seed)
+        send, sizes = self._pack_frames(parts, seed)
         it = iter(sizes)
         self.frame_sizes = [None if dest == me else next(it) for dest, _r, _e in plan]
         if self.want_stats:
@@ -125,18 +117,13 @@ class Alltoall(LossyCall):
     def _pieces(self, dests):
         return [p for p in self.plan if p[0] in dests and p[0] != self.me]
 
-    @staticmethod
-    def _compress_error(e):
-        return _LocalError(7, detail=f"{type(e).__name__}: {e}")
-
-    def _pack_in_place(self, parts, seed):
+    def _pack_frames(self, parts, seed):
         """One frame a destination straight into the send buffer, each carrying the protocol
         fields in its header (the same for every destination)."""
         c = self.compressor
         trailing = list(self.tensor.shape[1:])
         ext = chunk_header.extension(header(self.tensor, None, 0, 0, self.pending, self.grank,
                                             self.settings))
-        self.header_len = 0  # the frame is the chunk
         meta = chunk_header.block_bytes(ext)
         plans = [self._pieces(dests) for dests, _rows in parts]
         groups = [[sum(1 for p in pieces if p[0] == d) for d in dests]
@@ -154,7 +141,7 @@ class Alltoall(LossyCall):
                     0, send, offset, mode=c.mode, level=c.level, dedup=c.dedup,
                     dither=seed, format=2, extension=ext, stats=stats)
             except Exception as e:
-                raise self._compress_error(e) from e
+                raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
             if seed is not None:
                 seed = (seed + len(pieces)) % hvd_lossy.DITHER_SEEDS
             if stats is not None:
@@ -178,60 +165,16 @@ class Alltoall(LossyCall):
         self.record.meta_bytes = meta * self.size
         return send[:offset], sizes
 
-    def _pack_copying(self, parts, seed):
-        """Device tensors unless the CUDA format-2 encoder is enabled (_codec.cuda_v2_enabled):
-        a compact protocol header and v1 frames from compress_chunks (coded on the device).
-        Receivers read these as well as format-2 chunks."""
-        c = self.compressor
-        self.header_len = compact_size(header(self.tensor, None, 0, 0, self.pending, self.grank,
-                                              self.settings))
-        frames, sizes = [], []
-        for dests, rows in parts:
-            pieces = self._pieces(dests)
-            if not pieces:
-                continue
-            try:
-                buf, got = hvd_lossy.compress_chunks(
-                    rows.detach(), [p[1] for p in pieces], [p[2] for p in pieces], mode=c.mode,
-                    level=c.level, dedup=c.dedup, dither=seed)
-            except Exception as e:
-                raise self._compress_error(e) from e
-            if seed is not None:
-                seed = (seed + len(pieces)) % hvd_lossy.DITHER_SEEDS
-            frames.append(buf)
-            sizes.extend(got)
-        byte_counts = [0] * self.size
-        for (dest, _r, _e), n in zip(self._pieces(range(self.size)), sizes):
-            byte_counts[dest] += n
-        for dest, n in enumerate(byte_counts):
-            self._check_split(dest, n)
-        chunks, src = [], 0
-        body = torch.cat(frames) if frames else None
-        for dest, n in enumerate(byte_counts):
-            head = compact_bytes(header(self.tensor, None, self.rows_to[dest], n, self.pending,
-                                        self.grank, self.settings))
-            chunks.append(torch.frombuffer(bytearray(head), dtype=torch.uint8).to(self.device))
-            if n:
-                chunks.append(body[src:src + n])
-                src += n
-        self.send_splits = torch.tensor([self.header_len + n for n in byte_counts],
-                                        dtype=torch.int32)
-        self.record.wire_bytes = sum(sizes)
-        self.record.meta_bytes = self.header_len * self.size
-        return torch.cat(chunks), sizes
-
     def _check_split(self, dest, nbytes):
-        if nbytes + self.header_len > per_rank_limit(self.size):
-            raise _LocalError(8, nbytes + self.header_len, dest)
+        if nbytes > per_rank_limit(self.size):
+            raise _LocalError(8, nbytes, dest)
 
     def pack_failed(self):
-        heads = [chunk_header.failure_frame(self.tensor, header(
-                     self.tensor, self.failure, self.rows_to[dest], 0, self.pending, self.grank,
-                     self.settings)) for dest in range(self.size)]
-        send = torch.frombuffer(bytearray(b"".join(heads)), dtype=torch.uint8)
-        self.send_splits = torch.tensor([len(h) for h in heads], dtype=torch.int32)
-        self.record.meta_bytes = sum(len(h) for h in heads)
-        return send.to(self.device) if self.device.type != "cpu" else send
+        frame = chunk_header.header_frame(self.tensor, header(
+            self.tensor, self.failure, 0, 0, self.pending, self.grank, self.settings))
+        self.send_splits = torch.tensor([frame.numel()] * self.size, dtype=torch.int32)
+        self.record.meta_bytes = frame.numel() * self.size
+        return frame.repeat(self.size).to(self.device)
 
     def launch(self, payload):
         return self.backend.alltoall_async(payload, self.send_splits, self.base + ".data")
@@ -253,14 +196,14 @@ class Alltoall(LossyCall):
         return recv, recv_splits.tolist()
 
     def headers(self, recv, counts):
-        headers, self.recv_header_len = chunk_header.parse_chunks(recv, counts)
+        headers = chunk_header.parse_chunks(recv, counts)
         # The own chunk's rows never crossed a link (its frame has no segments).
         headers[self.me][ROWS] = self.rows_to[self.me]
-        self.record.recv_wire_bytes = recv.numel() - sum(self.recv_header_len)
+        self.record.recv_wire_bytes = recv.numel()
         return headers
 
     def verify_headers(self, recv, counts):
-        chunk_header.verify_chunks(recv, counts, self.recv_header_len)
+        chunk_header.parse_chunks(recv, counts, verify=True)
 
     def decode(self, recv, counts, headers):
         if self.late_failure is not None:
@@ -270,27 +213,15 @@ class Alltoall(LossyCall):
         check_announced_output(headers, dtype, trailing)
         out = self.output_for((sum(rows), *trailing), dtype)
         starts = [sum(rows[:s]) for s in range(self.size + 1)]
-        offsets = [sum(counts[:s]) for s in range(self.size)]
+        offsets = chunk_header.offsets_of(counts)
         me = self.me
         lo, hi = self.local_rows
         out[starts[me]:starts[me + 1]].copy_(self.tensor[lo:hi].detach())
         for sources in (range(me), range(me + 1, self.size)):
-            if not sources:
-                continue
-            if self.device.type == "cpu":
-                into = out[starts[sources[0]]:starts[sources[-1] + 1]]
-                errors = hvd_lossy.decompress_into(
-                    recv, [(offsets[s] + self.recv_header_len[s], headers[s][PAYLOAD], rows[s])
-                           for s in sources], into)
-                for s, error in zip(sources, errors):
-                    if error is not None:
-                        raise _LocalError(11 if error.mismatch else 10, headers[s][GRANK],
-                                          detail=error)
-            else:
-                for s in sources:
-                    body = recv[offsets[s] + self.recv_header_len[s]:offsets[s] + counts[s]]
-                    decode_frames(body, out[starts[s]:starts[s + 1]], dtype, trailing,
-                                  headers[s][GRANK])
+            if sources:
+                decode_chunks(recv, [(offsets[s], counts[s], rows[s]) for s in sources],
+                              out[starts[sources[0]]:starts[sources[-1] + 1]],
+                              [headers[s][GRANK] for s in sources])
         self.received = torch.tensor(rows, dtype=self.split_dtype)
         return out
 
@@ -311,7 +242,7 @@ def _plain_start(tensor, splits, name, compression, backend):
         payload, splits, name), local_bytes=remote_bytes(tensor, splits, backend)[1])
 
 
-def start(tensor, splits=None, name=None, compression=Compression.none, process_set=None):
+def start(tensor, splits=None, name=None, compression=NoneCompressor, process_set=None):
     """Starts an alltoall with any compressor; returns a Handle whose wait() gives
     (output, received_splits). process_set: a Horovod ProcessSet (None: all ranks) or an
     hvd_lossy.backend backend."""

@@ -6,7 +6,7 @@ needs only this from a collective library, so one code path serves both:
     exchange (alltoall.py, gather.py, auto.py)        backend (this module)
       pack: uint8 send buffer + byte splits  ------->  alltoall_async(payload, splits, name)
                                                          -> Work; wait() = (recv, recv_splits)
-      metadata rows / one frame per rank     ------->  allgather_async(tensor, name)
+      one frame per rank                     ------->  allgather_async(tensor, name)
                                                          -> Work; wait() = concatenation (dim 0)
       root's frame                           ------->  broadcast_async(tensor, root, name)
                                                          -> Work; wait() = root's tensor

@@ -3,8 +3,9 @@
 A lossy call is one object that runs five steps, always in this order on every rank:
 
   plan     check the arguments and decide the frames (subclass: `pack`);
-  pack     compress into the send buffer, each destination's chunk led by a header. A failure
-           here does not raise: it goes into the headers, and the chunks carry no frames;
+  pack     compress into the send buffer, each chunk one frame whose header carries the
+           protocol's fields (hvd_lossy.chunk_header). A failure here does not raise: it goes
+           into the headers, and the chunks are frames of no segments;
   launch   ONE collective of the backend (Horovod or torch.distributed, hvd_lossy.backend)
            moves the buffer (subclass: `launch`);
   receive  every rank holds every sender's header, so all reach the same verdict on the
@@ -22,7 +23,7 @@ import torch
 
 import hvd_lossy
 from hvd_lossy import stats as _stats
-from hvd_lossy.compression import NoneCompressor
+from hvd_lossy.compressor import NoneCompressor
 from hvd_lossy.protocol import (GRANK, ROWS, Handle, _LocalError, base_name, begin_call,
                                 compression_name, raise_from_headers, raise_received,
                                 settings_digest, verdict_raises)
@@ -55,41 +56,25 @@ def check_announced_output(headers, dtype, trailing):
                                                    f"({hvd_lossy.max_output_bytes()})")
 
 
-def host_bytes(buf):
-    """A uint8 tensor as a host numpy array (no copy on the CPU)."""
-    return (buf if buf.device.type == "cpu" else buf.cpu()).numpy()
-
-
-def decode_frames(body, out, dtype, trailing, origin):
-    """Decodes the back-to-back frames in the uint8 tensor `body` into consecutive rows of `out`,
-    which they must fill exactly with `dtype` x `trailing`."""
-    try:
-        sizes = hvd_lossy.split_frames(body)
-    except Exception as e:  # FrameError: a truncated or foreign frame
-        raise _LocalError(10, origin, detail=f"{type(e).__name__}: {e}") from e
-    row, offset = 0, 0
-    for size in sizes:
-        frame = body[offset:offset + size]
-        offset += size
-        try:
-            info = hvd_lossy.frame_info(frame)
-        except Exception as e:
-            raise _LocalError(10, origin, detail=f"{type(e).__name__}: {e}") from e
-        shape = info["shape"]
-        rows = shape[0] if shape else 1
-        if (info["dtype"] != dtype or tuple(shape[1:]) != tuple(trailing)
-                or len(shape) != len(trailing) + 1 or row + rows > out.shape[0]):
-            raise _LocalError(11, origin, detail=f"rank {origin} announced {out.shape[0]} rows of "
-                                                 f"{dtype} x {trailing}, a frame holds "
-                                                 f"{info['dtype']} {shape}")
-        try:
-            hvd_lossy.decompress(frame, out=out[row:row + rows])
-        except Exception as e:
-            raise _LocalError(10, origin, detail=f"{type(e).__name__}: {e}") from e
+def decode_chunks(recv, chunks, out, origins):
+    """Decodes chunks `(offset, bytes, rows)` of the uint8 tensor `recv`, each one frame whose
+    header announced its rows of `out`'s dtype and row shape (the verdict read them), into
+    consecutive rows of `out`; origins[i]: the global rank that sent chunk i. On the CPU one
+    native call, threaded across frames."""
+    if out.device.type == "cpu":
+        errors = hvd_lossy.decompress_into(recv, chunks, out)
+        for origin, error in zip(origins, errors):
+            if error is not None:
+                raise _LocalError(11 if error.mismatch else 10, origin, detail=error)
+        return
+    row = 0
+    for (offset, nbytes, rows), origin in zip(chunks, origins):
+        if rows:
+            try:
+                hvd_lossy.decompress(recv[offset:offset + nbytes], out=out[row:row + rows])
+            except Exception as e:
+                raise _LocalError(10, origin, detail=f"{type(e).__name__}: {e}") from e
         row += rows
-    if row != out.shape[0]:
-        raise _LocalError(11, origin, detail=f"rank {origin} announced {out.shape[0]} rows of "
-                                             f"{dtype} x {trailing}, its frames hold {row}")
 
 
 def remote_bytes(tensor, splits, backend):
@@ -147,8 +132,8 @@ def plain_start(op, tensor, compression, launch, local_bytes=0):
 class LossyCall:
     """One call of a lossy collective. Subclasses implement:
 
-        pack()            -> uint8 send tensor, headers included (raise _LocalError to fail);
-        pack_failed()     -> the send tensor of headers only, after a failure;
+        pack()            -> uint8 send tensor of frames (raise _LocalError to fail);
+        pack_failed()     -> the send tensor of frames of no segments, after a failure;
         launch(payload)   -> the backend's Work (self.backend: hvd_lossy.backend);
         complete(work)    -> (received uint8 tensor, its chunks' byte counts or None);
         headers(recv, counts) -> every sender's header fields, in process-set rank order;

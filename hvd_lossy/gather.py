@@ -1,11 +1,13 @@
 """Compressed allgather and broadcast: hvd_lossy.collective's template for two more collectives.
 
-allgather: each rank sends one header plus one frame in a single Horovod allgather (1
-collective). broadcast: the receivers must size their buffer before the payload arrives, so all
-ranks first allgather their headers (which also settles every argument check), then the root's
-frame is broadcast (2 collectives). Starting a broadcast only starts the header round: the
-payload round starts from poll() or synchronize() once the headers are in, so broadcast_async
-neither blocks nor raises. The collectives are the backend's (hvd_lossy.backend).
+allgather: each rank sends one format-2 frame of its tensor, the protocol's fields in its
+header (hvd_lossy.chunk_header), in a single allgather (1 collective). broadcast: the receivers
+must size their buffer before the payload arrives, so all ranks first allgather a frame of no
+segments each that announces their tensor and, on the root, its frame's bytes (which also
+settles every argument check), then the root's frame is broadcast (2 collectives). Starting a
+broadcast only starts the header round: the payload round starts from poll() or synchronize()
+once the headers are in, so broadcast_async neither blocks nor raises. The collectives are the
+backend's (hvd_lossy.backend).
 
 Every rank returns the decoded tensor, the root of a broadcast and a rank's own slice of an
 allgather included, so that all ranks hold exactly the same values afterwards.
@@ -15,13 +17,14 @@ import time
 import torch
 
 import hvd_lossy
+from hvd_lossy import chunk_header
 from hvd_lossy.backend import as_backend
-from hvd_lossy.collective import (LossyCall, check_announced_output, decode_frames, host_bytes,
-                                  new_output, plain_start)
-from hvd_lossy.compression import NoneCompressor, is_lossy
-from hvd_lossy.protocol import (GRANK, HEADER_BYTES, HEADER_FIELDS, INT32_MAX, LOSSLESS, PAYLOAD,
-                                ROWS, RankError, _LocalError, check_lossy_tensor, header, like_of,
-                                pack_header, parse_header, per_rank_limit, raise_from_headers)
+from hvd_lossy.collective import (LossyCall, check_announced_output, decode_chunks, new_output,
+                                  plain_start)
+from hvd_lossy.compressor import NoneCompressor, is_lossy
+from hvd_lossy.protocol import (GRANK, INT32_MAX, LOSSLESS, PAYLOAD, ROWS, RankError,
+                                _LocalError, check_lossy_tensor, header, like_of, per_rank_limit,
+                                raise_from_headers, raise_received)
 
 
 def _lossy_compressor(tensor, compression):
@@ -36,74 +39,39 @@ def _lossy_compressor(tensor, compression):
     return None
 
 
-class _OneFrame(LossyCall):
-    """A collective whose every sender contributes one frame of its whole tensor."""
-
-    def compress(self):
-        try:
-            frame, _ = self.compressor.compress(self.tensor.detach())
-        except Exception as e:
-            raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
-        self.note_frame(frame.numel())
-        return frame
-
-    def note_frame(self, nbytes):
-        """Statistics of the one frame this rank sends; refuses a frame too large for one
-        call."""
-        limit = self.send_limit()
-        if HEADER_BYTES + nbytes > limit:
-            raise _LocalError(14, HEADER_BYTES + nbytes, limit)
-        self.record.raw_bytes = self.tensor.numel() * self.tensor.element_size()
-        self.record.wire_bytes = nbytes
-        self.record.error_bounds = [float(self.compressor.error_bound)]
-
-    def rows(self):
-        t = self.tensor
-        return (t.shape[0] if t.dim() else 1) if isinstance(t, torch.Tensor) else 0
-
-    def with_header(self, frame):
-        send = torch.empty(HEADER_BYTES + (frame.numel() if frame is not None else 0),
-                           dtype=torch.uint8)
-        rows = 0 if self.failure else self.rows()
-        nbytes = 0 if frame is None else frame.numel()
-        pack_header(header(self.tensor, self.failure, rows, nbytes, self.pending, self.grank,
-                           self.settings),
-                    send.numpy(), 0)
-        if frame is not None:
-            send[HEADER_BYTES:].copy_(frame)
-        self.record.meta_bytes = HEADER_BYTES
-        return send.to(self.device) if self.device.type != "cpu" else send
-
-
-class Allgather(_OneFrame):
+class Allgather(LossyCall):
     op = "allgather"
-
-    def send_limit(self):
-        return per_rank_limit(self.size)
 
     def pack(self):
         check_lossy_tensor(self.tensor)
-        if self.device.type != "cpu":
-            return self.with_header(self.compress())
-        # The frame straight after its header slot, written once.
         t, c = self.tensor.detach(), self.compressor
         rows, trailing = [t.shape[0]], list(t.shape[1:])
-        send = torch.empty(hvd_lossy.max_grouped_bytes(rows, trailing, [1], HEADER_BYTES),
-                           dtype=torch.uint8)
+        ext = chunk_header.extension(header(t, None, 0, 0, self.pending, self.grank,
+                                            self.settings))
+        send = torch.empty(hvd_lossy.max_grouped_bytes(rows, trailing, [1], 0, format=2),
+                           dtype=torch.uint8, device=self.device)
         try:
-            (size,) = hvd_lossy.compress_grouped(
-                t, rows, [c.error_bound], [1], HEADER_BYTES, send, 0, mode=c.mode, level=c.level,
-                dedup=c.dedup, dither=c.next_dither_seed(self.grank, self.backend.global_size()))
+            _sizes, (nbytes,) = hvd_lossy.compress_grouped(
+                t, rows, [c.error_bound], [1], 0, send, 0, mode=c.mode, level=c.level,
+                dedup=c.dedup, dither=c.next_dither_seed(self.grank, self.backend.global_size()),
+                format=2, extension=ext)
         except Exception as e:
             raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
-        self.note_frame(size)
-        self.record.meta_bytes = HEADER_BYTES
-        pack_header(header(t, None, rows[0], size, self.pending, self.grank, self.settings),
-                    send.numpy(), 0)
-        return send[:HEADER_BYTES + size]
+        limit = per_rank_limit(self.size)
+        if nbytes > limit:
+            raise _LocalError(14, nbytes, limit)
+        meta = chunk_header.block_bytes(ext)
+        self.record.raw_bytes = t.numel() * t.element_size()
+        self.record.wire_bytes = nbytes - meta
+        self.record.meta_bytes = meta
+        self.record.error_bounds = [float(c.error_bound)]
+        return send[:nbytes]
 
     def pack_failed(self):
-        return self.with_header(None)
+        frame = chunk_header.header_frame(self.tensor, header(
+            self.tensor, self.failure, 0, 0, self.pending, self.grank, self.settings))
+        self.record.meta_bytes = frame.numel()
+        return frame.to(self.device)
 
     def launch(self, payload):
         return self.backend.allgather_async(payload, self.base + ".data")
@@ -112,43 +80,25 @@ class Allgather(_OneFrame):
         return work.wait(), None
 
     def headers(self, recv, counts):
-        """Headers and frame offsets of each rank in the result (header, frame, header...)."""
-        buf = host_bytes(recv)
-        headers, self.bodies, offset = [], [], 0
-        for src in range(self.size):
-            h = parse_header(buf, offset, recv.numel() - offset, src)
-            if offset + HEADER_BYTES + h[PAYLOAD] > recv.numel():
-                raise _LocalError(10, h[GRANK], detail=f"header announces {h[PAYLOAD]} bytes, "
-                                                       f"{recv.numel() - offset - HEADER_BYTES} left")
-            headers.append(h)
-            self.bodies.append((offset + HEADER_BYTES, h[PAYLOAD]))
-            offset += HEADER_BYTES + h[PAYLOAD]
-        if offset != recv.numel():
-            raise _LocalError(10, -1, detail=f"{recv.numel() - offset} bytes after the last rank's frames")
-        self.record.recv_wire_bytes = recv.numel() - HEADER_BYTES * self.size
-        return headers
+        """Every rank's header, from its frame in the result (frame after frame)."""
+        self.counts = chunk_header.split_chunks(recv, self.size)
+        self.record.recv_wire_bytes = recv.numel()
+        return chunk_header.parse_chunks(recv, self.counts)
+
+    def verify_headers(self, recv, counts):
+        chunk_header.parse_chunks(recv, self.counts, verify=True)
 
     def decode(self, recv, counts, headers):
         dtype, trailing = like_of(headers[0])
         rows = [h[ROWS] for h in headers]
         check_announced_output(headers, dtype, trailing)
         out = new_output((sum(rows), *trailing), dtype, self.device)
-        if self.device.type == "cpu":
-            errors = hvd_lossy.decompress_into(
-                recv, [(offset, n, r) for (offset, n), r in zip(self.bodies, rows)], out)
-            for h, error in zip(headers, errors):
-                if error is not None:
-                    raise _LocalError(11 if error.mismatch else 10, h[GRANK], detail=error)
-            return out
-        row = 0
-        for h, (offset, n), r in zip(headers, self.bodies, rows):
-            if r or n:
-                decode_frames(recv[offset:offset + n], out[row:row + r], dtype, trailing, h[GRANK])
-            row += r
+        decode_chunks(recv, list(zip(chunk_header.offsets_of(self.counts), self.counts, rows)),
+                      out, [h[GRANK] for h in headers])
         return out
 
 
-class Broadcast(_OneFrame):
+class Broadcast(LossyCall):
     op = "broadcast"
     compare_rows = True
 
@@ -159,27 +109,38 @@ class Broadcast(_OneFrame):
         self.data_handle = None  # the payload round, once started
         self.refusal = None  # the RankError of the header round, raised again by every wait
 
-    def send_limit(self):
-        return INT32_MAX  # the root's frame is the whole payload; the headers are fixed-size
-
     def pack(self):
         check_lossy_tensor(self.tensor, min_ndim=0)
         if self.is_root:
-            self.frame = self.compress()
+            t = self.tensor
+            try:
+                self.frame, _ = self.compressor.compress(t.detach())
+            except Exception as e:
+                raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
+            if self.frame.numel() > INT32_MAX:  # the root's frame is the whole payload
+                raise _LocalError(14, self.frame.numel(), INT32_MAX)
+            self.record.raw_bytes = t.numel() * t.element_size()
+            self.record.wire_bytes = self.frame.numel()
+            self.record.error_bounds = [float(self.compressor.error_bound)]
         return self.frame
 
     def pack_failed(self):
         return None
+
+    def rows(self):
+        t = self.tensor
+        return (t.shape[0] if t.dim() else 1) if isinstance(t, torch.Tensor) else 0
 
     def launch(self, frame):
         """Starts the header round (every rank's header, so that receivers can size the
         payload and all ranks reach the same verdict before it moves) without waiting for it."""
         self.frame = frame
         nbytes = 0 if self.failure or frame is None else frame.numel()
-        fields = torch.tensor([header(self.tensor, self.failure, self.rows(), nbytes, self.pending,
-                                      self.grank, self.settings)], dtype=torch.int64)
-        self.record.meta_bytes = 8 * HEADER_FIELDS
-        return self.backend.allgather_async(fields, self.base + ".meta", same_shape=True)
+        head = chunk_header.header_frame(self.tensor, header(
+            self.tensor, self.failure, self.rows(), nbytes, self.pending, self.grank,
+            self.settings), sized=True)
+        self.record.meta_bytes = head.numel()
+        return self.backend.allgather_async(head, self.base + ".meta")
 
     def poll(self, meta_handle):
         if self.data_handle is None and self.refusal is None:
@@ -198,9 +159,14 @@ class Broadcast(_OneFrame):
         if self.data_handle is not None:
             return
         t0 = time.perf_counter()
-        self.meta = meta_handle.wait().tolist()
+        heads = meta_handle.wait()
         self.record.comm_s += time.perf_counter() - t0
         try:
+            try:  # header frames are small: their checksums are checked before any verdict
+                self.meta = chunk_header.parse_chunks(
+                    heads, chunk_header.split_chunks(heads, self.size), verify=True)
+            except _LocalError as e:
+                raise_received(self.op, e, self.call, self.backend)
             raise_from_headers(self.op, self.meta, self.backend, self.failure,
                                compare_rows=True)
             granks = [h[GRANK] for h in self.meta]
@@ -213,7 +179,7 @@ class Broadcast(_OneFrame):
             # of that shape is corrupt: every rank sees the same header and refuses alike.
             dtype, trailing = like_of(self.meta[0])
             rows = self.meta[0][ROWS]
-            worst = hvd_lossy.max_frame_bytes(*_frame_rows(rows, trailing), len(trailing) + 1)
+            worst = hvd_lossy.max_grouped_bytes([rows], trailing, [1], 0, format=2)
             if not 0 <= nbytes <= worst:
                 raise RankError(f"hvd_lossy broadcast failed on every rank: rank {self.root_rank} "
                                 f"announced a frame of {nbytes} bytes, expected 0 to {worst} "
@@ -246,17 +212,6 @@ class Broadcast(_OneFrame):
                               detail=f"frame holds {output.dtype} {tuple(output.shape)}, expected "
                                      f"{self.tensor.dtype} {tuple(self.tensor.shape)}")
         return output
-
-
-def _frame_rows(rows, trailing):
-    """(rows, row_len) of a frame of shape (rows, *trailing) as max_frame_bytes counts them; a
-    0-d or 1-D tensor is one row."""
-    if not trailing:
-        return 1, max(rows, 0)
-    n = max(rows, 0)
-    for t in trailing[:-1]:
-        n *= t
-    return n, trailing[-1]
 
 
 def allgather_start(tensor, name, compression, process_set=None):

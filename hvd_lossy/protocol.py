@@ -2,41 +2,38 @@
 handles. hvd_lossy.collective builds the collectives on it.
 
 The rule it enforces: a rank that notices a problem does not raise on its own while its peers
-carry on. Every chunk a rank sends starts with a header, so each rank sees every sender's header
-in the one data collective; a failure on the sending side (bad arguments, a failing compressor,
+carry on. Every chunk a rank sends is a frame whose header carries the protocol's fields
+(hvd_lossy.chunk_header), so each rank sees every sender's header in the one data collective; a failure on the sending side (bad arguments, a failing compressor,
 ranks disagreeing on dtype or shape) is written there, and every rank raises the same RankError
 from the same headers. There is no status round when nothing failed.
 
-A failure only the receiver can see (a frame that fails its checksum, frames that disagree with
-their header) raises RankError on that rank at once; its next lossy collective on the same
+A failure only the receiver can see (a frame that fails its checksum, a frame that disagrees with
+what its sender announced) raises RankError on that rank at once; its next lossy collective on the same
 process set carries the failure in its headers, and every other rank raises the same RankError
 there. So every rank raises and no rank is left waiting in a collective another rank skipped.
 """
 import collections
 import json
-import struct
 import zlib
 
 import torch
 
-from hvd_lossy.compression import Compression, LossyCompressor, NoneCompressor
+from hvd_lossy.compressor import FP16Compressor, LossyCompressor, NoneCompressor
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8, torch.int8,
            torch.int16, torch.int32, torch.int64, torch.bool)  # code = index; -1 = other
 LOSSY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_NDIM = 8  # HL_MAX_NDIM of the frame format
 
-# Header: int64 fields, then the trailing dims (MAX_NDIM slots, -1 padded). The same layout is
-# the metadata row that broadcast allgathers. PENDING/PENDING_A/PENDING_SEQ report a failure
-# this rank found receiving an earlier call (code, the sender, that call's number); SETTINGS is
-# a digest of the compressor's settings (settings_digest), which the ranks must share.
-MAGIC = 0x324C5648  # "HVL2": guards against reading frames or garbage as a header
-(_MAGIC, _STATUS, _A, _B, GRANK, _DTYPE, _NDIM, ROWS, PAYLOAD, _PENDING, _PENDING_A,
- _PENDING_SEQ, _SETTINGS) = range(13)
-_DIMS = 13
+# Header fields: a list of ints (header()), which every chunk carries in its frame's header
+# (hvd_lossy.chunk_header). PENDING/PENDING_A/PENDING_SEQ report a failure this rank found
+# receiving an earlier call (code, the sender, that call's number); SETTINGS is a digest of the
+# compressor's settings (settings_digest), which the ranks must share; the trailing dims fill
+# MAX_NDIM slots, -1 padded.
+(_STATUS, _A, _B, GRANK, _DTYPE, _NDIM, ROWS, PAYLOAD, _PENDING, _PENDING_A, _PENDING_SEQ,
+ _SETTINGS) = range(12)
+_DIMS = 12
 HEADER_FIELDS = _DIMS + MAX_NDIM
-HEADER_BYTES = 8 * HEADER_FIELDS
-_HEADER = struct.Struct(f"<{HEADER_FIELDS}q")
 
 # Error codes. {a}/{b} travel with the code, so every rank prints the same text; "detail",
 # the local exception text, is known to the rank where it happened only.
@@ -142,107 +139,8 @@ def header(tensor, failure, rows, payload, pending, grank, settings=0):
     is_tensor = isinstance(tensor, torch.Tensor)
     dims = (list(tensor.shape[1:]) if is_tensor else []) + [-1] * MAX_NDIM
     ndim = tensor.dim() if is_tensor else -1
-    return ([MAGIC, code, a, b, grank, dtype_code(tensor), ndim, int(rows), int(payload)]
+    return ([code, a, b, grank, dtype_code(tensor), ndim, int(rows), int(payload)]
             + list(pending) + [settings] + dims[:MAX_NDIM])
-
-
-def pack_header(fields, out, offset):
-    """Writes header fields into the uint8 numpy array `out` at byte `offset`."""
-    _HEADER.pack_into(out, offset, *fields)
-
-
-def header_bytes(fields, device):
-    return torch.tensor(fields, dtype=torch.int64).view(torch.uint8).to(device)
-
-
-def parse_header(buf, offset, avail, source):
-    """Header fields at byte `offset` of the host uint8 numpy array `buf` (`avail` bytes left),
-    sent by process-set rank `source`."""
-    if avail < HEADER_BYTES:
-        raise _LocalError(10, source, detail=f"{avail} bytes, shorter than a header")
-    fields = list(_HEADER.unpack_from(buf, offset))
-    if fields[_MAGIC] != MAGIC:
-        raise _LocalError(10, source, detail="no hvd_lossy header where one was expected")
-    return fields
-
-
-# The compact header of the alltoall (one per destination, in front of its one v2 frame): the
-# same fields, as bytes
-#   "H3", uint8 length, zigzag varints of every field but magic, rows and payload (the dims
-#   only as many as ndim - 1), then rows and payload as uint64.
-# Its length depends only on what a rank sends every destination alike, so the slot before each
-# destination's frame can be reserved before the frames' sizes are known.
-COMPACT_MAGIC = b"H3"
-_VARINT_FIELDS = (_STATUS, _A, _B, GRANK, _DTYPE, _NDIM, _PENDING, _PENDING_A, _PENDING_SEQ,
-                  _SETTINGS)
-_TAIL = struct.Struct("<QQ")
-
-
-def _varint(v):
-    z = (v << 1) ^ (v >> 63)  # zigzag: -1 (no tensor) stays one byte
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return out
-
-
-def _compact_body(fields):
-    body = bytearray()
-    for i in _VARINT_FIELDS:
-        body += _varint(int(fields[i]))
-    for d in fields[_DIMS:_DIMS + max(int(fields[_NDIM]) - 1, 0)]:
-        body += _varint(int(d))
-    return body
-
-
-def compact_size(fields):
-    """Bytes of the compact header of these fields (the same for any rows and payload)."""
-    return 3 + len(_compact_body(fields)) + _TAIL.size
-
-
-def compact_bytes(fields):
-    body = _compact_body(fields)
-    return bytes(COMPACT_MAGIC) + bytes([3 + len(body) + _TAIL.size]) + bytes(body) + _TAIL.pack(
-        int(fields[ROWS]), int(fields[PAYLOAD]))
-
-
-def pack_compact(fields, out, offset):
-    """Writes the compact header into the uint8 numpy array `out` at byte `offset`; returns
-    its length."""
-    data = compact_bytes(fields)
-    out[offset:offset + len(data)] = memoryview(data)
-    return len(data)
-
-
-def parse_compact(buf, offset, avail, source):
-    """(header fields, header bytes) of the compact header at byte `offset` of the host uint8
-    numpy array `buf` (`avail` bytes left), sent by process-set rank `source`."""
-    if avail < 3 + _TAIL.size or bytes(buf[offset:offset + 2]) != COMPACT_MAGIC:
-        raise _LocalError(10, source, detail="no hvd_lossy header where one was expected")
-    n = int(buf[offset + 2])
-    if not 3 + _TAIL.size <= n <= avail:
-        raise _LocalError(10, source, detail=f"a header of {n} bytes, {avail} left")
-    data = bytes(buf[offset + 3:offset + n - _TAIL.size])
-    values, v, shift = [], 0, 0
-    for b in data:
-        v |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            values.append((v >> 1) ^ -(v & 1))
-            v, shift = 0, 0
-    if shift or len(values) < len(_VARINT_FIELDS):
-        raise _LocalError(10, source, detail="a header that does not parse")
-    fields = [MAGIC] + [0] * (HEADER_FIELDS - 1)
-    for i, value in zip(_VARINT_FIELDS, values):
-        fields[i] = value
-    dims = values[len(_VARINT_FIELDS):]
-    if len(dims) != max(fields[_NDIM] - 1, 0) or len(dims) > MAX_NDIM:
-        raise _LocalError(10, source, detail="a header whose dims disagree with its ndim")
-    fields[_DIMS:] = (dims + [-1] * MAX_NDIM)[:MAX_NDIM]
-    fields[ROWS], fields[PAYLOAD] = _TAIL.unpack_from(buf, offset + n - _TAIL.size)
-    return fields, n
 
 
 def like_of(h):
@@ -384,5 +282,5 @@ LOSSLESS = LossyCompressor(0.0, mode="abs", backward=None)
 
 
 def compression_name(compression):
-    return {NoneCompressor: "Compression.none", Compression.fp16: "Compression.fp16"}.get(
+    return {NoneCompressor: "Compression.none", FP16Compressor: "Compression.fp16"}.get(
         compression, repr(compression))

@@ -5,9 +5,9 @@ on the calling rank: what that rank sent and received, and where its time went. 
 them with `comm_stats()` to log compression ratios next to training metrics.
 
 Units: bytes and seconds. "raw" is the size of the uncompressed tensor data, "wire" the size of
-what Horovod moved for it (frames, or the fp16 tensor, or the tensor itself). The small
-metadata and status exchanges that keep ranks in step are counted in `meta_bytes`, not in
-`wire_bytes`, so that `ratio` describes the codec alone.
+what Horovod moved for it (frames, or the fp16 tensor, or the tensor itself). The protocol's
+fields that keep ranks in step (in each frame's header, and broadcast's header round) are
+counted in `meta_bytes`, not in `wire_bytes`, so that `ratio` describes the codec alone.
 """
 
 import dataclasses
@@ -31,11 +31,11 @@ class CallStats:
         wire_bytes: bytes this rank handed to Horovod for the payload.
         recv_raw_bytes: uncompressed bytes of what this rank received.
         recv_wire_bytes: payload bytes this rank received.
-        meta_bytes: bytes of the metadata/status exchanges this rank sent.
+        meta_bytes: bytes of the protocol's fields this rank sent (hvd_lossy.chunk_header).
         error_bounds: the bound of every frame this rank compressed (the parameter, in the
                       compressor's mode); empty without lossy compression.
         compress_s: seconds spent compressing.
-        comm_s: seconds spent in Horovod collectives (metadata, payload and status).
+        comm_s: seconds spent in Horovod collectives (headers and payload).
         decompress_s: seconds spent decoding received frames.
     """
     op: str = ""

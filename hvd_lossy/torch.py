@@ -119,8 +119,9 @@ def alltoall(tensor, splits=None, name=None, compression=Compression.none,
     """Scatters slices of dim 0 of `tensor` to all ranks and gathers the slices sent here.
 
     As horovod.torch.alltoall, plus `compression`. With a lossy compressor every rank's slices
-    become frames (one hvd_lossy.compress_chunks call), the frame byte counts are exchanged, one
-    uint8 Horovod alltoall moves them, and the received frames are decoded and concatenated.
+    become one frame a destination (hvd_lossy.compress_grouped, straight into the send buffer),
+    one uint8 Horovod alltoall moves them (it exchanges their byte counts itself), and the
+    received frames are decoded straight into the output.
 
     Arguments:
         tensor: the tensor to distribute; the ranks must agree on dtype and trailing shape.

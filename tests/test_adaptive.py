@@ -407,29 +407,32 @@ def test_frames_carry_each_tables_bound_and_respect_it():
     x = torch.cat([torch.randn(8, 16), torch.rand(8, 16) * 100, torch.randn(4, 16),
                    torch.rand(4, 16) * 100])
     plan = comp.plan([16, 8])
-    buf, sizes = hvd_lossy.compress_chunks(x, [p[1] for p in plan], [p[2] for p in plan])
+    frame, sizes = _one_frame(x, plan)
     comp.after_compress(plan, sizes, x)
-    frames = hvd_lossy.decompress_chunks(buf)
+    decoded = hvd_lossy.decompress(frame).double()
     offset = 0
-    for (_dest, rows, eb), frame in zip(plan, frames):
+    for (_dest, rows, eb), segment in zip(plan, hvd_lossy.frame_info(frame)["segments"]):
         piece = x[offset:offset + rows].double()
+        err = (decoded[offset:offset + rows] - piece).abs().max().item()
         offset += rows
-        err = (frame.double() - piece).abs().max().item()
-        assert err <= eb * (piece.max() - piece.min()).item()
-    assert [hvd_lossy.frame_info(f)["eb_param"] for f in _split(buf, sizes)] == \
-        pytest.approx([p[2] for p in plan])
+        asked = eb * (piece.max() - piece.min()).item()
+        # the table's bound, rounded down as the frame stores it (24 bits)
+        assert asked * (1 - 2 ** -12) <= segment["eb_abs"] <= asked
+        assert err <= segment["eb_abs"]
     c.exchange()
     a = c.stats()[0]
     assert a.raw_bytes == 12 * 16 * 4 and a.frame_bytes == sizes[0] + sizes[2]
     assert a.values == 12 * 16  # the compressor observed the lookups it sent
 
 
-def _split(buf, sizes):
-    out, offset = [], 0
-    for s in sizes:
-        out.append(buf[offset:offset + s])
-        offset += s
-    return out
+def _one_frame(x, plan):
+    """The plan's pieces of x as the alltoall codes a destination's: one format-2 frame, and
+    each piece's share of its bytes."""
+    rows, bounds = [p[1] for p in plan], [p[2] for p in plan]
+    out = torch.empty(hvd_lossy.max_grouped_bytes(rows, list(x.shape[1:]), [len(plan)], 0,
+                                                  format=2), dtype=torch.uint8)
+    sizes = hvd_lossy.compress_grouped(x, rows, bounds, [len(plan)], 0, out, format=2)
+    return out[:sum(sizes)], sizes
 
 
 def test_backward_compressor_lays_out_each_owners_tables():
@@ -447,8 +450,10 @@ def test_backward_compressor_lays_out_each_owners_tables():
     assert AdaptiveCompressor(c, ["c"], backward="fp16").for_backward() is Compression.fp16
     fixed = Compression.lossy(0.02)
     assert AdaptiveCompressor(c, ["c"], backward=fixed).for_backward() is fixed
-    with pytest.raises(ValueError, match="backward must be 'table'"):
+    with pytest.raises(ValueError, match="backward must be a finite number >= 0, got -1.0"):
         AdaptiveCompressor(c, ["c"], backward=-1.0)
+    with pytest.raises(TypeError, match="bound must be a number, got 'tables'"):
+        AdaptiveCompressor(c, ["c"], bound="tables")
 
 
 def test_dither_backward_makes_the_gradient_compressor_dither():
@@ -543,7 +548,7 @@ def test_budget_policy_reaches_its_target_ratio_on_real_frames():
             for i, name in enumerate(cards):
                 c.observe_gradients(name, torch.full((4, 4), 10.0 ** -i))
             plan = comp.plan([x.shape[0]])
-            _, sizes = hvd_lossy.compress_chunks(x, [p[1] for p in plan], [p[2] for p in plan])
+            _, sizes = _one_frame(x, plan)
             comp.after_compress(plan, sizes, x)
             if it >= 12:
                 raw, sent = raw + x.numel() * 4, sent + sum(sizes)

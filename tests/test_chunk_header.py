@@ -1,6 +1,6 @@
-"""One header a destination (hvd_lossy/chunk_header.py): the alltoall's protocol fields travel
-in the v2 frame's extension (HL_V2_EXT), under the frame's CRC32C; a destination's chunk is one
-frame. Golden chunks pin the bytes; the older compact header still parses."""
+"""One header a chunk (hvd_lossy/chunk_header.py): the collectives' protocol fields travel in the
+v2 frame's extension (HL_V2_EXT), under the frame's CRC32C; a chunk is one frame. Golden chunks
+pin the bytes."""
 import pathlib
 import sys
 
@@ -24,7 +24,7 @@ def golden(name):
 
 def fields(status=0, a=0, b=0, grank=3, dtype=0, ndim=3, rows=0, payload=0,
            pending=(0, 0, 0), settings=0x5EED1234, dims=(26, 32)):
-    return ([P.MAGIC, status, a, b, grank, dtype, ndim, rows, payload, *pending, settings]
+    return ([status, a, b, grank, dtype, ndim, rows, payload, *pending, settings]
             + (list(dims) + [-1] * P.MAX_NDIM)[:P.MAX_NDIM])
 
 
@@ -75,7 +75,7 @@ def test_frame_info_reports_the_extension_and_counts_it_in_the_header():
 ])
 def test_failure_frames_round_trip_every_protocol_field(f):
     t = torch.zeros(0, *[d for d in f[P._DIMS:] if d >= 0])
-    frame = torch.frombuffer(bytearray(C.failure_frame(t, f)), dtype=torch.uint8)
+    frame = C.header_frame(t, f)
     got = C.fields_of(head_of(frame), 0)
     for i in (P._STATUS, P._A, P._B, P.GRANK, P._PENDING, P._PENDING_A, P._PENDING_SEQ,
               P._SETTINGS):
@@ -90,9 +90,21 @@ def test_one_destination_carries_one_header_of_about_twenty_bytes():
     ext = C.extension(fields(grank=1, pending=(0, 0, 0), settings=0x7FFFFFFF))
     frame = golden("v2_ext_f32_rel003_level2_3seg")
     assert C.block_bytes(ext) <= 8  # the protocol's share: flags, rank, digest
-    header = hvd_lossy.frame_info(frame)["header_bytes"] - 10 + C.block_bytes(ext)
-    # the frame's header with the protocol fields in it, against the compact header alone
-    assert header <= 20 < P.compact_size(fields(grank=1, settings=0x7FFFFFFF))
+    # the frame's header with the protocol fields in it
+    assert hvd_lossy.frame_info(frame)["header_bytes"] - 10 + C.block_bytes(ext) <= 20
+
+
+@pytest.mark.parametrize("t", [torch.zeros(5, 3, 2, dtype=torch.bfloat16), torch.tensor(2.0),
+                               torch.zeros(7, dtype=torch.float16)])
+def test_a_sized_header_frame_announces_a_tensor_and_a_frame_that_travel_apart(t):
+    # broadcast's header round: a frame of no segments that announces the root's tensor
+    f = fields(grank=4, ndim=t.dim(), rows=t.shape[0] if t.dim() else 1, payload=12345,
+               dims=t.shape[1:], dtype=P.dtype_code(t))
+    frame = C.header_frame(t, f, sized=True)
+    assert hvd_lossy.frame_info(frame)["segments"] == []
+    got = C.fields_of(head_of(frame), 0)
+    assert got == f
+    assert P.like_of(got) == (t.dtype, tuple(t.shape[1:]))
 
 
 def test_every_group_gets_a_frame_with_the_extension_an_empty_one_none_of_segments():
@@ -139,25 +151,41 @@ def test_chunks_that_are_not_the_protocols_are_a_receive_failure():
         torch.float32, [4], C.extension(fields()) + b"\x00")), dtype=torch.uint8)
     with pytest.raises(P._LocalError, match="stray"):
         C.parse_chunks(stray, [stray.numel()])
-    with pytest.raises(P._LocalError, match="no hvd_lossy header"):
+    with pytest.raises(P._LocalError) as e:
         C.parse_chunks(torch.zeros(40, dtype=torch.uint8), [40])
+    assert e.value.code == 10 and e.value.a == 0
 
 
-def test_chunks_led_by_the_compact_header_still_parse_next_to_frames():
+def test_an_extension_holding_an_overlong_varint_is_a_receive_failure():
+    # grank 1 as the two bytes 0x82 0x00 instead of 0x02: the same value, not the writer's form
+    overlong = torch.frombuffer(bytearray(_codec.empty_frame(
+        torch.float32, [4], b"\x00\x82\x00\x34\x12\xed\x5e")), dtype=torch.uint8)
+    with pytest.raises(P._LocalError, match="overlong") as e:
+        C.parse_chunks(overlong, [overlong.numel()])
+    assert e.value.code == 10
+
+
+def test_a_corrupted_chunk_is_caught_by_verify_naming_its_sender():
     frame = golden("v2_ext_f32_rel003_level2_3seg")
-    old_body = golden("v2_f32_rel003_level2_3seg")
-    old = fields(grank=0, rows=96, payload=old_body.numel(), ndim=2, dims=(32,))
-    head = torch.frombuffer(bytearray(P.compact_bytes(old)), dtype=torch.uint8)
-    recv = torch.cat([head, old_body, frame])
-    counts = [head.numel() + old_body.numel(), frame.numel()]
-    headers, lens = C.parse_chunks(recv, counts)
-    assert headers[0] == old and lens == [head.numel(), 0]
-    assert headers[1][P.ROWS] == 96 and headers[1][P.GRANK] == 3
-    C.verify_chunks(recv, counts, lens)
-    recv[counts[0] + frame.numel() - 3] ^= 1  # the frame's last code byte
+    recv = torch.cat([frame, frame])
+    counts = [frame.numel()] * 2
+    assert [h[P.GRANK] for h in C.parse_chunks(recv, counts, verify=True)] == [3, 3]
+    recv[counts[0] + frame.numel() - 3] ^= 1  # the second frame's last code byte
+    C.parse_chunks(recv, counts)  # its header still parses: only the checksum sees it
     with pytest.raises(P._LocalError, match="CRC32C") as e:
-        C.verify_chunks(recv, counts, lens)
+        C.parse_chunks(recv, counts, verify=True)
     assert e.value.a == 1
+
+
+def test_an_allgathers_frames_split_into_one_chunk_a_rank():
+    frame = golden("v2_ext_f32_rel003_level2_3seg")
+    empty = C.header_frame(torch.zeros(0, 32), fields(dims=(32,)))
+    recv = torch.cat([frame, empty, frame])
+    assert C.split_chunks(recv, 3) == [frame.numel(), empty.numel(), frame.numel()]
+    with pytest.raises(P._LocalError, match="3 frames received from 4 ranks"):
+        C.split_chunks(recv, 4)
+    with pytest.raises(P._LocalError, match="do not split"):
+        C.split_chunks(recv[:-1], 3)
 
 
 def test_an_extension_past_the_limit_or_empty_is_refused():
@@ -165,8 +193,6 @@ def test_an_extension_past_the_limit_or_empty_is_refused():
     out = torch.zeros(4096, dtype=torch.uint8)
     with pytest.raises(ValueError, match="at most 127"):
         hvd_lossy.compress_grouped(x, [8], [0.03], [1], 0, out, format=2, extension=b"x" * 128)
-    with pytest.raises(ValueError, match="needs format 2"):
-        hvd_lossy.compress_grouped(x, [8], [0.03], [1], 0, out, format=1, extension=b"x")
     with pytest.raises(ValueError, match="empty"):
         hvd_lossy.compress_grouped(x, [8], [0.03], [1], 0, out, format=2, extension=b"")
     assert np.frombuffer(_codec.empty_frame(torch.float16, [], b"x" * 127), np.uint8).size < 150

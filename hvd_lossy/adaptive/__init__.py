@@ -5,6 +5,7 @@ times a schedule multiplier; ``AdaptiveCompressor`` applies them to the embeddin
 See ``schedules``, ``policies``, ``controller``, ``compressor`` and ``telemetry``.
 """
 
+from .compressor import AdaptiveCompressor
 from .controller import Controller, TableSpec
 from .policies import (POLICIES, BudgetPolicy, PaperPolicy, Policy, SensitivityPolicy,
                        UniformPolicy, make_policy)
@@ -17,12 +18,3 @@ __all__ = ["Controller", "TableSpec", "TableStats", "AdaptiveCompressor", "multi
            "SensitivityPolicy", "BudgetPolicy", "make_policy", "plot_telemetry",
            "read_telemetry"]
 
-
-def __getattr__(name):
-    # Imported on first use: the compressor needs hvd_lossy.compression (and torch), the
-    # controller does not.
-    if name == "AdaptiveCompressor":
-        from .compressor import AdaptiveCompressor
-
-        return AdaptiveCompressor
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,10 +7,10 @@ receivers decode without knowing the plan.
 
 import math
 
-from hvd_lossy.compression import (SAME, FP16Compressor, LossyCompressor, NoneCompressor,
-                                   compressor_from_config)
-
 import hvd_lossy
+from hvd_lossy import check_error_bound
+from hvd_lossy.compressor import (SAME, FP16Compressor, LossyCompressor, NoneCompressor,
+                                  compressor_from_config, register_codec)
 
 from . import stats as _stats
 
@@ -24,32 +24,26 @@ def _check_backward(value):
     """backward as stored: None, "table", a float, FP16Compressor or a LossyCompressor."""
     if value is None or value is NoneCompressor:
         return None
-    if value == SAME:
+    if isinstance(value, str) and value in (SAME, TABLE):
         return TABLE
-    if value is FP16Compressor or value == "fp16":
+    if value is FP16Compressor or (isinstance(value, str) and value == "fp16"):
         return FP16Compressor
     if isinstance(value, LossyCompressor):
         return value
     if isinstance(value, dict):
         return compressor_from_config(value)
-    try:
-        return _check_bound_setting(value, "backward")
-    except ValueError:
-        raise ValueError(f"backward must be 'table' (or 'same'), an error bound >= 0, None, "
-                         f"'fp16' or a LossyCompressor, got {value!r}") from None
+    return check_error_bound(value, "backward")
 
 
-def _check_bound_setting(value, what):
-    """"table" or a finite float >= 0."""
-    if isinstance(value, str) and value == TABLE:
-        return TABLE
-    try:
-        return hvd_lossy.check_error_bound(value, what)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be 'table' or a finite error bound >= 0, got {value!r}") \
-            from None
+def _segment_header_bytes(trailing):
+    """A piece's bytes that do not scale with its bound, for the rate model: the worst-case
+    descriptor of one more segment in a destination's frame (the frame's own header is shared
+    by its pieces)."""
+    one, two = (hvd_lossy.max_grouped_bytes([0] * n, trailing, [n], 0, format=2) for n in (1, 2))
+    return two - one
 
 
+@register_codec
 class AdaptiveCompressor(LossyCompressor):
     """Per-table error bounds from a ``Controller``, for ``hvd_lossy.torch.alltoall``.
 
@@ -95,7 +89,8 @@ class AdaptiveCompressor(LossyCompressor):
         self.controller = controller
         self.tables = self._check_tables(tables)
         self.backward = _check_backward(backward)
-        self.bound = _check_bound_setting(bound, "bound")
+        self.bound = (TABLE if isinstance(bound, str) and bound == TABLE
+                      else check_error_bound(bound, "bound"))
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
         if not isinstance(observe, bool):
@@ -223,7 +218,7 @@ class AdaptiveCompressor(LossyCompressor):
             coded = self._with_own_chunk(plan, frame_sizes, tensor, codec_stats)
         row_len = math.prod(tensor.shape[1:])
         row_bytes = row_len * tensor.element_size()
-        header = hvd_lossy.max_frame_bytes(0, row_len, tensor.dim())
+        header = _segment_header_bytes(list(tensor.shape[1:]))
         c, offset = self.controller, 0
         for (_dest, rows, eb), size, name, stats in zip(plan, frame_sizes, frame_tables, coded):
             piece = tensor[offset:offset + rows]

@@ -4,9 +4,7 @@ import dataclasses
 
 import numpy as np
 
-from hvd_lossy import check_error_bound
-
-__all__ = ["TableSpec", "table_specs", "check_int", "check_bound"]
+__all__ = ["TableSpec", "table_specs", "check_int"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,15 +20,6 @@ def check_int(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
-
-
-def check_bound(name, value):
-    """A base bound: hvd_lossy's one error-bound rule, > 0 (ValueError for any bad value, as
-    the controller's other settings)."""
-    try:
-        return check_error_bound(value, name, positive=True)
-    except TypeError as e:
-        raise ValueError(str(e)) from None
 
 
 def table_specs(tables, size):

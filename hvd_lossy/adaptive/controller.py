@@ -17,7 +17,7 @@ import hvd_lossy
 
 from . import stats as _stats
 from .comm import resolve_comm
-from .config import TableSpec, check_bound, check_int, table_specs
+from .config import TableSpec, check_int, table_specs
 from .policies import make_policy
 from .schedules import check_schedule, multiplier
 from .telemetry import summary, telemetry_record, write_line
@@ -27,6 +27,11 @@ __all__ = ["TableSpec", "Controller"]
 MODES = ("rel", "abs")
 EVAL_BOUNDS = ("none", "base", "table")
 DIRECTIONS = ("forward", "backward")
+
+
+def _setting(name, doc=None):
+    """A read-only property of the controller's setting `self._<name>`."""
+    return property(lambda self: getattr(self, "_" + name), doc=doc)
 
 
 class Controller:
@@ -90,8 +95,9 @@ class Controller:
         self._policy.check_tables([s.name for s in self._specs])
         check_schedule(schedule, E)
         self._schedule, self._E = schedule, int(E)
-        self._base = check_bound("base", base)
-        self._grad_base = self._base if grad_base is None else check_bound("grad_base", grad_base)
+        self._base = hvd_lossy.check_error_bound(base, "base", positive=True)
+        self._grad_base = (self._base if grad_base is None
+                           else hvd_lossy.check_error_bound(grad_base, "grad_base", positive=True))
         self._interval = check_int("interval", interval, 1)
         self._sample_every = (max(1, self._interval // 10) if sample_every is None
                               else check_int("sample_every", sample_every, 1))
@@ -398,34 +404,15 @@ class Controller:
         scale = self._grad_base / self._base
         return {n: b * scale for n, b in self.bounds().items()}
 
-    @property
-    def mode(self):
-        return self._mode
-
-    @property
-    def base(self):
-        return self._base
-
-    @property
-    def policy(self):
-        return self._policy
-
-    @property
-    def schedule(self):
-        return self._schedule
-
-    @property
-    def E(self):
-        return self._E
-
-    @property
-    def interval(self):
-        return self._interval
-
-    @property
-    def telemetry_path(self):
-        """Path of the telemetry JSON-lines file (written by rank 0), or None."""
-        return self._telemetry
+    # The settings, fixed when the controller is built: read-only.
+    mode = _setting("mode")
+    base = _setting("base")
+    policy = _setting("policy")
+    schedule = _setting("schedule")
+    E = _setting("E")
+    interval = _setting("interval")
+    telemetry_path = _setting("telemetry", "Path of the telemetry JSON-lines file (written by "
+                                           "rank 0), or None.")
 
     # ----- reporting -----------------------------------------------------------------------------
 

@@ -16,8 +16,10 @@ new tensor each call (its page faults included, as for the cast's half.float()),
 into a reused one; the cast is also timed into reused tensors (copy_), the fair partner of
 "dec into" and of compress (whose frames land in reused codec-owned memory). For the realistic
 set, decoding into new memory three ways: the codec's cached blocks, its fresh huge-page blocks
-(cache off), a torch.empty tensor. Then 1 thread vs 2 on one call of 52 pieces (compress_chunks,
-and decoding the 52 frames), for the criteo chunks and for the realistic batch cut into 52.
+(cache off), a torch.empty tensor. Then 1 thread vs 2 on one call of 52 pieces (compress_chunks
+of one frame of 52 segments, and decoding it), for the criteo chunks and for the realistic batch
+cut into 52. Frames are format 2, every piece of a call a segment of one frame, as the
+all-to-all sends a destination.
 Throughput counts the uncompressed bytes (GB = 1e9 bytes).
 """
 import json
@@ -56,25 +58,9 @@ def max_error_over_bound(x, y, eb_abs):
     return err / eb_abs if eb_abs > 0 else (0.0 if err == 0 else float("inf"))
 
 
-def chunk_sources(sizes, rows):
-    offsets = [0]
-    for s in sizes:
-        offsets.append(offsets[-1] + s)
-    return [(o, s, r) for o, s, r in zip(offsets, sizes, rows)]
-
-
-def decode_into(buf, sizes, rows, out, threads):
-    """All frames straight into `out` with the native decompress_into (the lean exchange)."""
-    if not hasattr(_C, "decompress_into"):
-        # A build from before decompress_into (to measure the same workloads on it): a frame at
-        # a time into views of `out`.
-        hvd_lossy.set_num_threads(threads)
-        offset, row = 0, 0
-        for size, r in zip(sizes, rows):
-            hvd_lossy.decompress(buf[offset:offset + size], out=out[row:row + r])
-            offset, row = offset + size, row + r
-        return out
-    errors = _C.decompress_into(buf.data_ptr(), buf.numel(), chunk_sources(sizes, rows),
+def decode_into(frame, out, threads):
+    """The frame straight into `out` with the native decompress_into (the lean exchange)."""
+    errors = _C.decompress_into(frame.data_ptr(), frame.numel(), [(0, frame.numel(), out.shape[0])],
                                 _codec._DTYPE_CODES[out.dtype], list(out.shape[1:]),
                                 out.data_ptr(), out.numel() * out.element_size(), threads)
     if any(errors):
@@ -82,59 +68,41 @@ def decode_into(buf, sizes, rows, out, threads):
     return out
 
 
-def _worst_error(x, rows, buf, sizes, parts, format):
-    """Largest error over bound of any piece, each against its own frame's (format 1) or
-    segment's (format 2) bound."""
-    worst, offset = 0.0, 0
-    if format == 1:
-        for src, out, size in zip(torch.split(x, rows), parts, sizes):
-            info = hvd_lossy.frame_info(buf[offset:offset + size])
-            worst = max(worst, max_error_over_bound(src, out, info["eb_abs"]))
-            offset += size
-        return worst
-    segs = hvd_lossy.frame_info(buf)["segments"]
-    for seg, src, out in zip(segs, torch.split(x, rows), torch.split(parts[0], rows)):
+def _worst_error(x, rows, frame, decoded):
+    """Largest error over bound of any piece, each against its own segment's bound."""
+    worst = 0.0
+    segs = hvd_lossy.frame_info(frame)["segments"]
+    for seg, src, out in zip(segs, torch.split(x, rows), torch.split(decoded, rows)):
         worst = max(worst, max_error_over_bound(src, out, seg["eb_abs"]))
     return worst
 
 
-def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None, format=1):
-    """One codec configuration on one thread, beside the fp16 cast in both directions. Format
-    2 puts every piece in one frame, as the all-to-all sends a destination."""
+def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None):
+    """One codec configuration on one thread, beside the fp16 cast in both directions. Every
+    piece goes in one frame, as the all-to-all sends a destination."""
     hvd_lossy.set_num_threads(1)
     torch.set_num_threads(1)
-    kw = dict(level=level, dedup=dedup, dither=dither)
-    if format != 1:  # a build from before format 2 is measured with the default
-        kw["format"] = format
-    one = len(rows) == 1
-    if one:
-        frame = hvd_lossy.compress(x, eb, **kw)
-        buf, sizes = frame, [frame.numel()]
+    kw = dict(level=level, dedup=dedup, dither=dither, format=2)
+    if len(rows) == 1:
         compress = lambda: hvd_lossy.compress(x, eb, **kw)  # noqa: E731
-        decompress = lambda: hvd_lossy.decompress(frame)  # noqa: E731
-        reused = torch.empty_like(x)
-        decompress_into = lambda: hvd_lossy.decompress(frame, out=reused)  # noqa: E731
-        parts = [hvd_lossy.decompress(frame)]
     else:
-        buf, sizes = hvd_lossy.compress_chunks(x, rows, eb, **kw)
-        compress = lambda: hvd_lossy.compress_chunks(x, rows, eb, **kw)  # noqa: E731
-        decompress = lambda: hvd_lossy.decompress_chunks(buf, sizes)  # noqa: E731
-        reused = torch.empty_like(x)
-        frame_rows = rows if format == 1 else [sum(rows)]
-        decompress_into = lambda: decode_into(buf, sizes, frame_rows, reused, 1)  # noqa: E731
-        parts = hvd_lossy.decompress_chunks(buf, sizes)
+        compress = lambda: hvd_lossy.compress_chunks(x, rows, eb, **kw)[0]  # noqa: E731
+    frame = compress()
+    decompress = lambda: hvd_lossy.decompress(frame)  # noqa: E731
+    reused = torch.empty_like(x)
+    decompress_into = lambda: hvd_lossy.decompress(frame, out=reused)  # noqa: E731
+    decoded = hvd_lossy.decompress(frame)
     half = x.half()
     half_out, float_out = torch.empty_like(half), torch.empty_like(x)
     t_c, t_d, t_i, t_h, t_f, t_hi, t_fi = paired_medians(
         [compress, decompress, decompress_into, lambda: x.half(), lambda: half.float(),
          lambda: half_out.copy_(x), lambda: float_out.copy_(half)], repeat)
-    worst = _worst_error(x, rows, buf, sizes, parts, format)
-    assert torch.equal(reused, torch.cat(parts)), "decoding into a reused tensor differs"
+    worst = _worst_error(x, rows, frame, decoded)
+    assert torch.equal(reused, decoded), "decoding into a reused tensor differs"
     raw = x.numel() * x.element_size()
-    name = (f"L{level}" + ("" if dedup else " no dedup") + ("" if dither is None else " dither")
-            + ("" if format == 1 else " v2"))
+    name = f"L{level}" + ("" if dedup else " no dedup") + ("" if dither is None else " dither")
     gbps = lambda t: raw / t / 1e9  # noqa: E731
-    return {"method": name, "ratio": raw / buf.numel(), "bytes": buf.numel(),
+    return {"method": name, "ratio": raw / frame.numel(), "bytes": frame.numel(),
             "compress_GBps": gbps(t_c), "decompress_new_GBps": gbps(t_d),
             "decompress_into_GBps": gbps(t_i), "fp16_cast_GBps": gbps(t_h),
             "fp16_back_GBps": gbps(t_f), "fp16_cast_into_GBps": gbps(t_hi),
@@ -150,7 +118,7 @@ def bench_fresh_memory(x, eb, repeat):
     (cache off), and a torch.empty tensor (4 KiB pages, faulted in by the decoder)."""
     hvd_lossy.set_num_threads(1)
     torch.set_num_threads(1)
-    frame = hvd_lossy.compress(x, eb)
+    frame = hvd_lossy.compress(x, eb, format=2)
     limit, _ = _codec.output_cache_bytes()
 
     def uncached():
@@ -176,7 +144,7 @@ def bench_threads(x, rows, eb, repeat, level=1):
     """1 vs 2 threads on one call of len(rows) pieces, compress and decode (into a reused tensor
     and into new ones), interleaved."""
     torch.set_num_threads(1)
-    buf, sizes = hvd_lossy.compress_chunks(x, rows, eb, level=level)
+    buf, sizes = hvd_lossy.compress_chunks(x, rows, eb, level=level, format=2)
     out = torch.empty_like(x)
 
     def with_threads(n, fn):
@@ -187,9 +155,10 @@ def bench_threads(x, rows, eb, repeat, level=1):
 
     fns = []
     for n in (1, 2):
-        fns += [with_threads(n, lambda: hvd_lossy.compress_chunks(x, rows, eb, level=level)),
+        fns += [with_threads(n, lambda: hvd_lossy.compress_chunks(x, rows, eb, level=level,
+                                                                  format=2)),
                 with_threads(n, lambda: hvd_lossy.decompress_chunks(buf, sizes)),
-                with_threads(n, lambda n=n: decode_into(buf, sizes, rows, out, n))]
+                with_threads(n, lambda n=n: decode_into(buf, out, n))]
     t = paired_medians(fns, repeat)
     hvd_lossy.set_num_threads(0)
     raw = x.numel() * x.element_size()
@@ -271,8 +240,6 @@ def main(argv=None):
                         help="relative bound (a fraction of each tensor's value range; 0 is lossless)")
     parser.add_argument("--levels", type=int, nargs="+", choices=[1, 2], default=[1, 2],
                         help="codec levels to measure")
-    parser.add_argument("--formats", type=int, nargs="+", default=[1], choices=[1, 2],
-                        help="frame formats to measure (2: one frame of all pieces)")
     parser.add_argument("--workloads", nargs="+", default=["realistic", "criteo"],
                         choices=["realistic", "criteo", "synthetic"], help="data sets to code")
     parser.add_argument("--realistic-mb", type=_cli.number(1, kind=int), default=64,
@@ -296,9 +263,8 @@ def main(argv=None):
                "threads": []}
     results["table_rows"] = args.table_rows
     for name, (x, rows) in workloads(args.realistic_mb, args.workloads, args.table_rows).items():
-        configs = [dict(level=lv, format=f) for f in args.formats for lv in args.levels]
-        configs += [dict(level=1, dedup=False, format=f) for f in args.formats]
-        configs += [dict(level=1, dedup=False, dither=1, format=f) for f in args.formats]
+        configs = [dict(level=lv) for lv in args.levels]
+        configs += [dict(level=1, dedup=False), dict(level=1, dedup=False, dither=1)]
         for cfg in configs:
             r = bench_method(x, rows, args.error_bound, repeat=args.repeat, **cfg)
             if name == "realistic" and cfg == configs[0]:

@@ -343,14 +343,33 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
+def _grouped(rows, keys):
+    """(values of `keys`, the rows that share them) pairs, in first-seen order."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return groups.items()
+
+
+def _add_speedups(out, baseline, keys, seconds):
+    """Sets each record's speedup over the record of mode `baseline` that shares its `keys`,
+    by their `seconds` fields; returns those baseline records (None where none), in order."""
+    bases = []
+    for rec in out:
+        base = next((b for b in out if b["mode"] == baseline
+                     and all(b[k] == rec[k] for k in keys)), None)
+        t0 = base and base[seconds]
+        rec["speedup"] = t0 / rec[seconds] if t0 and rec[seconds] else None
+        bases.append(base)
+    return bases
+
+
 def summarise_dlrm(runs):
     """One record per (rate, ranks, setting, mode): medians over the repeats, speedup against
     uncompressed at the same rate, ranks and setting."""
-    groups = {}
-    for r in runs:
-        groups.setdefault((r["bandwidth_gbit"], r["ranks"], r["setting"], r["mode"]), []).append(r)
     out = []
-    for (rate, ranks, setting, mode), rs in groups.items():
+    for (rate, ranks, setting, mode), rs in _grouped(
+            runs, ("bandwidth_gbit", "ranks", "setting", "mode")):
         ok = [r for r in rs if r["status"] == "ok"]
         rec = {"bandwidth_gbit": rate, "ranks": ranks, "setting": setting, "mode": mode,
                "runs": len(rs), "ok_runs": len(ok), "status": "ok" if ok else "failed",
@@ -363,12 +382,9 @@ def summarise_dlrm(runs):
         if not ok:
             rec["error"] = rs[0]["error"]
         out.append(rec)
-    for rec in out:
-        base = next((b for b in out if b["mode"] == DLRM_BASELINE and
-                     (b["bandwidth_gbit"], b["ranks"], b["setting"]) ==
-                     (rec["bandwidth_gbit"], rec["ranks"], rec["setting"])), None)
-        t0 = base and base["iter_seconds_median"]
-        rec["speedup"] = t0 / rec["iter_seconds_median"] if t0 and rec["iter_seconds_median"] else None
+    bases = _add_speedups(out, DLRM_BASELINE, ("bandwidth_gbit", "ranks", "setting"),
+                          "iter_seconds_median")
+    for rec, base in zip(out, bases):
         rec["auc_delta"] = (rec["auc"] - base["auc"]) if base and base["auc"] is not None and \
             rec["auc"] is not None else None
     return out
@@ -376,11 +392,9 @@ def summarise_dlrm(runs):
 
 def summarise_alltoall(rows):
     """One record per (rate, ranks, mode, bytes): medians over the repeats, speedup vs plain."""
-    groups = {}
-    for r in rows:
-        groups.setdefault((r["bandwidth_gbit"], r["ranks"], r["mode"], r["bytes"]), []).append(r)
     out = []
-    for (rate, ranks, mode, size), rs in groups.items():
+    for (rate, ranks, mode, size), rs in _grouped(rows, ("bandwidth_gbit", "ranks", "mode",
+                                                         "bytes")):
         ok = [r for r in rs if r["status"] == "ok"]
         failed = [r for r in rs if r["status"] != "ok"]
         rec = {"bandwidth_gbit": rate, "ranks": ranks, "mode": mode, "bytes": size,
@@ -391,12 +405,7 @@ def summarise_alltoall(rows):
         if failed:
             rec["error"] = failed[0]["error"]
         out.append(rec)
-    for rec in out:
-        base = next((b for b in out if b["mode"] == A2A_BASELINE and
-                     (b["bandwidth_gbit"], b["ranks"], b["bytes"]) ==
-                     (rec["bandwidth_gbit"], rec["ranks"], rec["bytes"])), None)
-        t0 = base and base["ms_per_call"]
-        rec["speedup"] = t0 / rec["ms_per_call"] if t0 and rec["ms_per_call"] else None
+    _add_speedups(out, A2A_BASELINE, ("bandwidth_gbit", "ranks", "bytes"), "ms_per_call")
     return out
 
 

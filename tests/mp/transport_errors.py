@@ -123,6 +123,18 @@ def test_corrupt_frame_raises_on_the_receiver_then_on_every_other_rank():
         {0}, corrupting, f"rank 0: the bytes received from rank {BAD} failed to decode")
 
 
+def test_a_corrupt_allgather_frame_raises_on_every_rank():
+    # Every rank decodes every rank's frame, the sender's own included: all raise in the call.
+    def corrupting(real, tensor, rows, bounds, groups, prefix, out, offset, **kwargs):
+        sizes, frames = real(tensor, rows, bounds, groups, prefix, out, offset, **kwargs)
+        out[offset + prefix + frames[0] // 2] ^= 0x40
+        return sizes, frames
+
+    expect_rank_error(lambda: with_bad_rank_compressing(
+        corrupting, lambda: hvd.allgather(even(), compression=LOSSY)),
+        f"the bytes received from rank {BAD} failed to decode")
+
+
 def test_a_corrupted_header_is_a_receive_failure_not_a_verdict_only_its_receiver_reads():
     # One bit of the settings digest in the protocol's extension of the frame for rank 0: read
     # unchecked it would make rank 0 alone raise "disagree on the compression settings"; its
@@ -156,35 +168,41 @@ def test_frames_of_a_shape_the_peers_do_not_share_raise_on_every_rank_at_once():
     assert hvd.alltoall(even(), compression=LOSSY).shape == even().shape
 
 
-def test_frames_disagreeing_with_a_compact_header_raise_on_receivers_then_everywhere():
-    # The compact header in front of v1 frames (the device path's chunk) announces the shape
-    # apart from the frames.
-    real = hvd_lossy.compress_chunks
+def test_a_broadcast_frame_disagreeing_with_its_announcement_raises_on_every_rank():
+    # The root's header round announces its tensor; its frame, broadcast apart, holds one row
+    # fewer. Every rank decodes that frame (the root too), so every rank raises in the call.
+    x = even()
+    lossy = hvd.Compression.lossy(0.02)
+    real = lossy.compress
+    if R == 0:
+        lossy.compress = lambda tensor: real(tensor[:-1])
+    expect_rank_error(lambda: hvd.broadcast(x, 0, compression=lossy),
+                      "the frames received from rank 0 disagree")
 
-    def narrower(tensor, *args, **kwargs):
-        return real(tensor[:, :-1], *args, **kwargs)
 
-    cls = hvd_lossy.alltoall.Alltoall
-    in_place = cls._pack_in_place
+def with_output_limit(limit, call):
+    real = hvd_lossy.max_output_bytes()
+    hvd_lossy.set_max_output_bytes(limit)
+    try:
+        return call()
+    finally:
+        hvd_lossy.set_max_output_bytes(real)
 
-    def bad_call():
-        if R == BAD:
-            hvd_lossy.compress_chunks = narrower
-            cls._pack_in_place = cls._pack_copying
-        try:
-            return hvd.alltoall(even(), compression=LOSSY)
-        finally:
-            hvd_lossy.compress_chunks = real
-            cls._pack_in_place = in_place
 
-    needle = f"the frames received from rank {BAD} disagree"
-    if R != BAD:  # BAD's own chunk is copied, so every rank but BAD receives the bad frames
-        expect_rank_error(bad_call, needle)
-        assert hvd.alltoall(even(), compression=LOSSY).shape == even().shape
-    else:
-        assert bad_call().shape == even().shape
-        expect_rank_error(lambda: hvd.alltoall(even(), compression=LOSSY), needle,
-                          "reported with the next one")
+def test_headers_announcing_more_than_max_output_bytes_raise_before_allocating():
+    # Rank 0 takes at most one chunk of output: the second sender's header puts it over, so
+    # rank 0 refuses in the call and its peers raise with their next one.
+    chunk = 2 * 4 * 4  # 2 rows of 4 float32 from every rank
+    needle = "rank 1 announced more output than max_output_bytes"
+    for call in (lambda: hvd.alltoall(even(), compression=LOSSY),
+                 lambda: hvd.allgather(even()[:2], compression=LOSSY)):
+        if R == 0:
+            expect_rank_error(lambda: with_output_limit(chunk, call), needle)
+            assert hvd.alltoall(even(), compression=LOSSY).shape == even().shape
+        else:
+            assert call() is not None
+            expect_rank_error(lambda: hvd.alltoall(even(), compression=LOSSY), needle,
+                              "reported with the next one")
 
 
 def with_limit(limit, call):
@@ -207,8 +225,8 @@ def test_chunks_adding_up_past_the_per_call_limit_raise_everywhere():
     assert hvd_lossy.protocol.per_rank_limit(N) == (2 ** 31 - 1) // N
     expect_rank_error(lambda: with_limit(chunk + 1, lambda: hvd.alltoall(x, compression=LOSSY)),
                       "exceed what one destination may take in a call", "int32")
-    # The allgather's contribution: the fixed header and a frame of the whole tensor.
-    chunk = hvd_lossy.protocol.HEADER_BYTES + hvd_lossy.compress(x[:4], 0.02).numel()
+    # The allgather's contribution: one frame of the whole tensor, more than 4 rows'.
+    chunk = 40 + hvd_lossy.compress(x[:4], 0.02, format=2).numel()
     expect_rank_error(lambda: with_limit(chunk + 1, lambda: hvd.allgather(x, compression=LOSSY)),
                       "bytes one rank may send in a call", "int32")
 
@@ -224,36 +242,6 @@ def test_ranks_calling_with_different_bounds_or_compressors_raise_everywhere():
                           "disagree on the compression settings")
     expect_rank_error(lambda: hvd.broadcast(x, 0, compression=hvd.Compression.lossy(
         0.05 if R == BAD else 0.02)), "disagree on the compression settings")
-
-
-def test_header_announcing_2_pow_40_rows_raises_before_allocating():
-    real = hvd_lossy.alltoall.header
-
-    def huge(tensor, failure, rows, payload, *more):
-        return real(tensor, failure, rows if payload == 0 else 1 << 40, payload, *more)
-
-    # The rows of a chunk that is one frame are its segments' (under its CRC), so BAD sends
-    # the compact protocol header and v1 frames, as a device tensor does, whose header is free.
-    cls = hvd_lossy.alltoall.Alltoall
-    in_place = cls._pack_in_place
-
-    def bad_call():
-        if R == BAD:
-            hvd_lossy.alltoall.header = huge  # only chunks with frames: not BAD's own
-            cls._pack_in_place = cls._pack_copying
-        try:
-            return hvd.alltoall(even(), compression=LOSSY)
-        finally:
-            hvd_lossy.alltoall.header = real
-            cls._pack_in_place = in_place
-
-    needle = f"rank {BAD} announced more output than max_output_bytes"
-    if R != BAD:
-        expect_rank_error(bad_call, needle)
-        assert hvd.alltoall(even(), compression=LOSSY).shape == even().shape
-    else:
-        assert bad_call().shape == even().shape
-        expect_rank_error(lambda: hvd.alltoall(even(), compression=LOSSY), "reported with the next one")
 
 
 class BrokenPlan(LossyCompressor):
