@@ -46,7 +46,8 @@
 // section would not be smaller.
 //
 // ---- the frame ----
-// Varints are unsigned LEB128 (7 bits a byte, low first, at most 10 bytes, no overlong form).
+// Varints are unsigned LEB128 (7 bits a byte, low first, at most 10 bytes, no overlong form:
+// varint.h).
 //
 //   uint8  'H', 'V', 2              magic and version
 //   uint32 crc32c                   CRC32C (Castagnoli, reflected, init/final ~0) of bytes
