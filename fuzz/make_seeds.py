@@ -153,8 +153,8 @@ def frames_v2_ext():
     from hvd_lossy import chunk_header, protocol
 
     def fields(status=0, pending=(0, 0, 0)):
-        return ([protocol.MAGIC, status, 7 if status else 0, -1 if status else 0, 5, 1, 2, 0, 0,
-                 *pending, 0x5EED1234] + [16] + [-1] * (protocol.MAX_NDIM - 1))
+        return ([status, 7 if status else 0, -1 if status else 0, 5, 1, 2, 0, 0, *pending,
+                 0x5EED1234] + [16] + [-1] * (protocol.MAX_NDIM - 1))
     x = _with_specials(_lookups(64, 16, torch.float16, seed=22, distinct=7))
     for level in (1, 2):
         ext = chunk_header.extension(fields(pending=(10, 1, 3) if level == 2 else (0, 0, 0)))
@@ -165,8 +165,7 @@ def frames_v2_ext():
                                                    out, level=level, extension=ext)
         yield f"v2x_f16_chunk_l{level}", out[:sizes[0]].clone()
         yield f"v2x_f16_empty_l{level}", out[sizes[0]:sizes[0] + sizes[1]].clone()
-    failure = chunk_header.failure_frame(x, fields(status=3))
-    yield "v2x_failure", torch.frombuffer(bytearray(failure), dtype=torch.uint8)
+    yield "v2x_failure", chunk_header.header_frame(x, fields(status=3))
 
 
 def chunk_buffers():
