@@ -154,15 +154,6 @@ def max_frame_bytes(rows, row_len, ndim):
     return _C.max_frame_bytes(int(rows), int(row_len), int(ndim))
 
 
-def _rows_of(shape):
-    if len(shape) <= 1:
-        return 1, (shape[0] if shape else 1)
-    rows = 1
-    for s in shape[:-1]:
-        rows *= s
-    return rows, shape[-1]
-
-
 def _check_format(format):
     if isinstance(format, bool) or format not in (1, 2):
         raise ValueError(f"format must be 1 or 2, got {format!r}")
@@ -186,9 +177,8 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None, 
             frame. Turns dedup off. No CUDA kernel yet: device tensors are coded on the CPU.
         format: 1 (the default), or 2: the compact frame of native/frame.h (one segment here;
             the all-to-all puts a destination's pieces in one). Its bound is the requested one
-            rounded down to 24 bits. Device tensors are coded on the CPU (the same bytes),
-            at level 1 without dither by the CUDA format-2 encoder where
-            :func:`cuda_v2_enabled`.
+            rounded down to 24 bits. Device tensors are coded to format 2 by the CUDA encoder
+            at level 1 without dither, else on the CPU (the same bytes).
 
     Returns:
         A 1-D ``torch.uint8`` tensor on the input's device. Every finite element decodes within
@@ -207,17 +197,11 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None, 
     if not src.is_cuda:  # frames built first, then written once into memory of their size
         return torch.from_numpy(_C.compress_new(src.data_ptr(), code, shape, eb, m, lv, bool(dedup),
                                                 _threads, seed, fmt))
-    if fmt == 2:  # a v2 frame of one segment, bounded as compress_into bounds one piece
-        cap = max_grouped_bytes([shape[0] if shape else 1], shape[1:], [1], 0, format=2)
-    else:
-        cap = max_frame_bytes(*_rows_of(shape), len(shape))
+    # a frame of one segment, bounded as compress_into bounds one piece
+    cap = max_grouped_bytes([shape[0] if shape else 1], shape[1:], [1], 0, format=2)
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
-    if src.is_cuda:
-        size = _C.compress_cuda(src.data_ptr(), code, shape, eb, m, lv, bool(dedup),
-                                out.data_ptr(), cap, _stream(src), fmt)
-    else:
-        size = _C.compress(src.data_ptr(), code, shape, eb, m, lv, bool(dedup), out.data_ptr(), cap,
-                           _threads, seed)
+    size = _C.compress_cuda(src.data_ptr(), code, shape, eb, m, bool(dedup), out.data_ptr(), cap,
+                            _stream(src))
     return out[:size].clone() if size < cap // 2 else out[:size]
 
 
@@ -266,41 +250,22 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
         block, sizes = _C.compress_many_new(src.data_ptr(), code, rows, trailing, ebs, m, lv,
                                             bool(dedup), _threads, seed, fmt)
         return torch.from_numpy(block), (list(sizes) if fmt == 1 else [block.size])
-    if fmt == 2:
-        cap = max_grouped_bytes(rows, trailing, [len(rows)], 0, format=2)
-    else:
-        cap = 0
-        for r in rows:
-            shape = [r, *trailing]
-            cap += max_frame_bytes(*_rows_of(shape), len(shape))
+    # ONE frame of all the pieces: compress_into of one group
+    cap = max_grouped_bytes(rows, trailing, [len(rows)], 0, format=2)
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
-    if src.is_cuda:
-        sizes = _C.compress_many_cuda(src.data_ptr(), code, rows, trailing, ebs, m, lv, bool(dedup),
-                                      out.data_ptr(), cap, _stream(src), fmt)
-    else:
-        sizes = _C.compress_many(src.data_ptr(), code, rows, trailing, ebs, m, lv, bool(dedup),
-                                 out.data_ptr(), cap, _threads, seed)
+    sizes, _ = _C.compress_into_cuda(src.data_ptr() if src.numel() else 0, code, rows, trailing,
+                                     ebs, m, bool(dedup), [len(rows)], 0, out.data_ptr(), cap,
+                                     _stream(src), b"")
     total = sum(sizes)
     buffer = out[:total].clone() if total < cap // 2 else out[:total]
-    return buffer, (list(sizes) if fmt == 1 else [total])
-
-
-def cuda_v2_enabled():
-    """Whether device tensors use the CUDA format-2 encoder (codec_cuda_v2.cu) and the CUDA
-    decoder's short-block sections: ``HVD_LOSSY_CUDA_V2=1`` in the environment, read at each
-    call. Off by default until they have run on a GPU: they are compiled, and the functions they
-    share with the CPU codec are tested on the CPU (tests/test_level1_shared.py), but no GPU has
-    run them yet (benchmarks/GPU.md). Off, device tensors take the paths a GPU has run: format-2
-    frames coded and short-block frames decoded on the host (the same bytes and values), and the
-    all-to-all's compact header and format-1 frames coded on the device."""
-    return os.environ.get("HVD_LOSSY_CUDA_V2", "0") == "1"
+    return buffer, [total]
 
 
 def _on_device_encoder(seed, fmt, level):
-    """Whether the CUDA codec encodes a device tensor itself: format 1 without dither, or (with
-    cuda_v2_enabled) format 2 at level 1 without dither. The rest is coded on the host by the CPU
-    encoder, which writes the bytes the CUDA one would (the same format rules)."""
-    return seed < 0 and (fmt == 1 or (level == 1 and cuda_v2_enabled()))
+    """Whether the CUDA encoder (native/cuda/) codes a device tensor itself: format 2 at level 1
+    without dither. The rest is coded on the host by the CPU encoder, which writes the bytes the
+    CUDA one would (the same format rules)."""
+    return seed < 0 and fmt == 2 and level == 1
 
 
 def _as_frame_bytes(frame):
@@ -416,14 +381,12 @@ def _decompress_checked(frame, out, max_output_bytes, verified):
 
 
 def _host_decoded(info):
-    """Frames the CUDA decoder does not read yet, decoded on the host: dithered segments and
-    bucketed row maps (format 2, level 2), and short-block sections (format 2, level 1) unless
-    cuda_v2_enabled (codec_cuda_decode.cu reads them; no GPU has run that yet)."""
-    if info["format"] == 2:
-        device_short = cuda_v2_enabled()
-        return any(seg["dither_seed"] is not None or seg.get("map_bucketed")
-                   or (seg.get("short_blocks") and not device_short) for seg in info["segments"])
-    return info["dither_seed"] is not None
+    """Frames the CUDA decoder does not read, decoded on the host: format 1, and format-2 frames
+    with dithered segments or bucketed row maps (level 2)."""
+    if info["format"] != 2:
+        return True
+    return any(seg["dither_seed"] is not None or seg.get("map_bucketed")
+               for seg in info["segments"])
 
 
 def split_frames(buffer):
@@ -547,10 +510,9 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
 
     Arguments:
         tensor: tensor as for :func:`compress_chunks`; dim 0 is cut into pieces of ``rows``
-            rows. A CUDA tensor is coded by the CUDA format-2 encoder where
-            :func:`cuda_v2_enabled` (format 2, level 1, no dither, no stats); otherwise it is
-            copied to the host and coded by the CPU encoder, and the frames are copied into
-            ``out`` (the same bytes either way).
+            rows. A CUDA tensor is coded by the CUDA encoder (format 2, level 1, no dither, no
+            stats); otherwise it is copied to the host and coded by the CPU encoder, and the
+            frames are copied into ``out`` (the same bytes either way).
         error_bounds: one bound per piece.
         out: 1-D ``torch.uint8`` tensor on the tensor's device with at least
             :func:`max_grouped_bytes` bytes after ``offset``.
@@ -591,7 +553,7 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
     if src.is_cuda:
         _check_device(src)
         fmt, lv = _check_format(format), _check_level(level)
-        if stats is None and fmt == 2 and _on_device_encoder(seed, fmt, lv):
+        if stats is None and _on_device_encoder(seed, fmt, lv):
             sizes, group_bytes = _C.compress_into_cuda(
                 src.data_ptr() if src.numel() else 0, code, [int(r) for r in rows],
                 list(src.shape[1:]), [_check_bound(e) for e in error_bounds], _mode_code(mode),

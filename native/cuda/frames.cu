@@ -1,14 +1,13 @@
-// The CUDA format-2 encoder's frames (frame.h version 2). The segments are coded on the device
-// (encode_segments, codec_cuda.cu: quantize, dedup, map, the level-1 code section that
-// level1_packing picks, v2 outlier records) into worst-case slots; once their sizes are on the
-// host (the one wait), the header and descriptors are written on the host by the functions the
-// CPU encoder writes them with (frame_v2.h: v2_frame_size, v2_write_head, the extension
-// included), copied in front of the payloads, which move to their final places device to
-// device, and each frame's CRC32C is taken and stored on the device (frame_v2_codec.h's
+// The CUDA encoder's frames (frame.h) and its entry points (codec.h). The segments are coded on
+// the device (encode_segments, encode_stages.cuh) into worst-case slots; once their sizes are
+// on the host (the one wait), the header and descriptors are written on the host by the
+// functions the CPU encoder writes them with (frame_v2.h: v2_frame_size, v2_write_head, the
+// extension included), copied in front of the payloads, which move to their final places device
+// to device, and each frame's CRC32C is taken and stored on the device (frame_v2_codec.h's
 // piecewise form). So the bytes around the segments are the CPU encoder's by construction, and
 // the segments' bytes follow the same rules (level1_sections.h).
 //
-// Level 2 and dither have no device encoder: encode_segments refuses them, and hvd_lossy's
+// Level 2 and dither have no device encoder: the entry points refuse them, and hvd_lossy's
 // Python layer (_codec.py) then codes on the host with the CPU encoder (the same bytes).
 #include <string>
 #include <vector>
@@ -76,11 +75,9 @@ Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& rows,
 }
 
 void check_device_params(const CompressParams& p) {
-  if (p.format != 2)
-    throw ArgumentError("the CUDA format-2 encoder writes format 2, got format " +
-                        std::to_string(p.format));
+  check_params(p);
   if (p.level != 1 || p.dither)
-    throw ArgumentError("the CUDA format-2 encoder codes level 1 without dither, got level " +
+    throw ArgumentError("the CUDA encoder codes level 1 without dither, got level " +
                         std::to_string(p.level) + (p.dither ? " with dither" : "") +
                         ": compress on the CPU (hvd_lossy does this for device tensors)");
 }
@@ -115,16 +112,7 @@ Layout encode_frames(const uint8_t* in_dev, const Pieces& c, const std::vector<i
     if (r.bound_overflow)
       throw ArgumentError("error_bound " + std::to_string(c.params[i].error_bound) +
                           " times the value range overflows a double");
-    SegmentFound f;
-    f.payload_bytes = r.payload_bytes;
-    f.n_unique = r.n_unique;
-    f.n_outliers = r.n_outliers;
-    f.map_bytes = r.map_bytes;
-    f.code_bytes = r.code_bytes;
-    f.bound = r.bound;
-    f.lossless = r.lossless;
-    f.identity = r.identity;
-    descs[i] = v2_desc_of(f, c.params[i].mode, c.shapes[i]);
+    descs[i] = v2_desc_of(r, c.params[i].mode, c.shapes[i]);
   }
   const FramesPlan plan =
       plan_v2_frames(descs, c.shapes, groups, prefix_bytes, ext, empty_trailing, dtype);
@@ -174,7 +162,6 @@ std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressPa
                                          void* stream_v, const std::string& ext,
                                          std::vector<uint64_t>* group_bytes) {
   using namespace gpu;
-  check_params(p);
   check_device_params(p);
   const Pieces c = plan_pieces(p, rows, trailing, error_bounds);
   if (ext.size() > HL_V2_MAX_EXT)
@@ -192,20 +179,21 @@ std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressPa
   return lay.sizes;
 }
 
-namespace gpu {
-
-uint64_t compress_v2_cuda(const void* input_dev, const CompressParams& p,
-                          const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
-                          cudaStream_t stream) {
+uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
+                       const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
+                       void* stream_v) {
+  using namespace gpu;
   check_device_params(p);
+  for (int64_t s : shape)
+    if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
   Pieces c;
   c.shapes = {shape};
   c.params = {p};
   c.in_off = {0};
   DeviceScope scope(out_dev, "the output buffer");
   const Layout lay = encode_frames(static_cast<const uint8_t*>(input_dev), c, {1}, 0,
-                                   std::string(), {}, p.dtype, out_dev, stream,
-                                   [&](uint64_t bytes) {
+                                   std::string(), {}, p.dtype, out_dev,
+                                   static_cast<cudaStream_t>(stream_v), [&](uint64_t bytes) {
                                      if (bytes > out_cap)
                                        throw ArgumentError(
                                            "output buffer holds " + std::to_string(out_cap) +
@@ -214,5 +202,4 @@ uint64_t compress_v2_cuda(const void* input_dev, const CompressParams& p,
   return lay.group_bytes[0];
 }
 
-}  // namespace gpu
 }  // namespace hl
