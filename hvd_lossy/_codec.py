@@ -150,18 +150,15 @@ def _check_dither(dither):
 
 
 def max_frame_bytes(rows, row_len, ndim):
-    """Worst-case size in bytes of the frame of a tensor with ``rows`` rows of ``row_len`` elements."""
-    return _C.max_frame_bytes(int(rows), int(row_len), int(ndim))
+    """Worst-case size in bytes of the frame of a tensor of ``ndim`` (0..8) dimensions with
+    ``rows`` rows of ``row_len`` elements (the frame's header holds up to 8 dimensions)."""
+    if not 0 <= int(ndim) <= 8:
+        raise ValueError(f"ndim must be 0..8, got {ndim!r}")
+    return _C.max_frame_bytes(int(rows), int(row_len))
 
 
-def _check_format(format):
-    if isinstance(format, bool) or format not in (1, 2):
-        raise ValueError(f"format must be 1 or 2, got {format!r}")
-    return int(format)
-
-
-def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None, format=1):
-    """Compresses a tensor into one self-describing frame.
+def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
+    """Compresses a tensor into one self-describing frame (native/frame.h) of one segment.
 
     Arguments:
         tensor: float32, float16 or bfloat16 tensor, CPU or CUDA, any shape and strides. Its last
@@ -174,11 +171,9 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None, 
         dither: None, or an int seed in [0, 2**24): subtractive dither. The decoded error is then
             uniform in [-eb, eb] and independent of the value (unbiased, e.g. for gradients)
             instead of rounding every |x| < eb to 0, at the same bound; the seed travels in the
-            frame. Turns dedup off. No CUDA kernel yet: device tensors are coded on the CPU.
-        format: 1 (the default), or 2: the compact frame of native/frame.h (one segment here;
-            the all-to-all puts a destination's pieces in one). Its bound is the requested one
-            rounded down to 24 bits. Device tensors are coded to format 2 by the CUDA encoder
-            at level 1 without dither, else on the CPU (the same bytes).
+            frame. Turns dedup off.
+        The frame's bound is the requested one rounded down to 24 bits. Device tensors are coded
+        by the CUDA encoder at level 1 without dither, else on the CPU (the same bytes).
 
     Returns:
         A 1-D ``torch.uint8`` tensor on the input's device. Every finite element decodes within
@@ -188,26 +183,25 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None, 
     eb = _check_bound(error_bound)
     m, lv = _mode_code(mode), _check_level(level)
     seed = _check_dither(dither)
-    fmt = _check_format(format)
     _check_device(tensor)
-    if tensor.is_cuda and not _on_device_encoder(seed, fmt, lv):
-        return compress(tensor.cpu(), eb, mode, level, dedup, dither, fmt).to(tensor.device)
+    if tensor.is_cuda and not _on_device_encoder(seed, lv):
+        return compress(tensor.cpu(), eb, mode, level, dedup, dither).to(tensor.device)
     src = tensor.contiguous()
     shape = list(src.shape)
-    if not src.is_cuda:  # frames built first, then written once into memory of their size
+    if not src.is_cuda:  # the frame built first, then written once into memory of its size
         return torch.from_numpy(_C.compress_new(src.data_ptr(), code, shape, eb, m, lv, bool(dedup),
-                                                _threads, seed, fmt))
+                                                _threads, seed))
     # a frame of one segment, bounded as compress_into bounds one piece
-    cap = max_grouped_bytes([shape[0] if shape else 1], shape[1:], [1], 0, format=2)
+    cap = max_grouped_bytes([shape[0] if shape else 1], shape[1:], [1], 0)
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
     size = _C.compress_cuda(src.data_ptr(), code, shape, eb, m, bool(dedup), out.data_ptr(), cap,
                             _stream(src))
     return out[:size].clone() if size < cap // 2 else out[:size]
 
 
-def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True, dither=None,
-                    format=1):
-    """Compresses consecutive pieces of dim 0 into back-to-back frames, in one native call.
+def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True, dither=None):
+    """Compresses consecutive pieces of dim 0 into ONE frame whose segments they are, each with
+    its own bound, in one native call.
 
     Arguments:
         tensor: as for :func:`compress`; dim 0 is split into ``len(rows)`` pieces.
@@ -215,12 +209,11 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
         error_bounds: one bound for all pieces, or a list with one per piece.
         mode, level, dedup: as for :func:`compress`.
         dither: None, or the seed of piece 0; piece i uses ``(dither + i) % 2**24``.
-        format: 1 (a frame a piece), or 2: ONE frame whose segments are the pieces, each with
-            its own bound (device tensors: as for :func:`compress`).
+        Device tensors: as for :func:`compress`.
 
     Returns:
-        ``(buffer, sizes)``: a 1-D ``torch.uint8`` tensor holding the frames back to back and the
-        list of their sizes in bytes (format 2: one frame, ``[its size]``).
+        ``(buffer, sizes)``: a 1-D ``torch.uint8`` tensor holding the frame and ``[its size]``
+        (buffers of several frames, back to back, decode with :func:`decompress_chunks`).
     """
     code = _dtype_code(tensor)
     m, lv = _mode_code(mode), _check_level(level)
@@ -240,18 +233,17 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
         ebs = [_check_bound(e) for e in error_bounds]
     else:
         ebs = [_check_bound(error_bounds)] * len(rows)
-    fmt = _check_format(format)
-    if tensor.is_cuda and not _on_device_encoder(seed, fmt, lv):
-        buffer, sizes = compress_chunks(tensor.cpu(), rows, ebs, mode, level, dedup, dither, fmt)
+    if tensor.is_cuda and not _on_device_encoder(seed, lv):
+        buffer, sizes = compress_chunks(tensor.cpu(), rows, ebs, mode, level, dedup, dither)
         return buffer.to(tensor.device), sizes
     src = tensor.contiguous()
     trailing = list(src.shape[1:])
-    if not src.is_cuda:  # frames built first, then written once into memory of their size
-        block, sizes = _C.compress_many_new(src.data_ptr(), code, rows, trailing, ebs, m, lv,
-                                            bool(dedup), _threads, seed, fmt)
-        return torch.from_numpy(block), (list(sizes) if fmt == 1 else [block.size])
+    if not src.is_cuda:  # the frame built first, then written once into memory of its size
+        block, _ = _C.compress_many_new(src.data_ptr(), code, rows, trailing, ebs, m, lv,
+                                        bool(dedup), _threads, seed)
+        return torch.from_numpy(block), [block.size]
     # ONE frame of all the pieces: compress_into of one group
-    cap = max_grouped_bytes(rows, trailing, [len(rows)], 0, format=2)
+    cap = max_grouped_bytes(rows, trailing, [len(rows)], 0)
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
     sizes, _ = _C.compress_into_cuda(src.data_ptr() if src.numel() else 0, code, rows, trailing,
                                      ebs, m, bool(dedup), [len(rows)], 0, out.data_ptr(), cap,
@@ -261,11 +253,11 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
     return buffer, [total]
 
 
-def _on_device_encoder(seed, fmt, level):
-    """Whether the CUDA encoder (native/cuda/) codes a device tensor itself: format 2 at level 1
-    without dither. The rest is coded on the host by the CPU encoder, which writes the bytes the
-    CUDA one would (the same format rules)."""
-    return seed < 0 and fmt == 2 and level == 1
+def _on_device_encoder(seed, level):
+    """Whether the CUDA encoder (native/cuda/) codes a device tensor itself: at level 1 without
+    dither. The rest is coded on the host by the CPU encoder, which writes the bytes the CUDA one
+    would (the same format rules)."""
+    return seed < 0 and level == 1
 
 
 def _as_frame_bytes(frame):
@@ -277,42 +269,33 @@ def _as_frame_bytes(frame):
     return frame.contiguous()
 
 
-def _is_v2(head):
-    return head.numel() >= 3 and head[:3].tolist() == [0x48, 0x56, 2]  # "HV", version 2
-
-
 def _host_header(frame):
-    """Header fields of a frame; for a CUDA frame only the header travels to the host."""
-    head = frame[: _C.HEADER_BYTES + 64].cpu() if frame.is_cuda else frame
-    size = frame.numel()
-    if frame.is_cuda and _is_v2(head):  # format 2 is validated whole: its CRC covers it all
-        head = frame.cpu()
-        return _C.frame_info(head.data_ptr(), size)
-    if frame.is_cuda:
-        # frame_info validates section sizes against the total, which needs the full length.
-        return _C.frame_info_prefix(head.data_ptr(), head.numel(), size)
-    return _C.frame_info(head.data_ptr(), size)
+    """Header fields of a frame; a CUDA frame is validated whole on the host (its CRC covers
+    it all)."""
+    host = frame.cpu() if frame.is_cuda else frame
+    return _C.frame_info(host.data_ptr(), frame.numel())
 
 
 def frame_info(frame):
     """Describes a frame without decoding it.
 
     Returns:
-        dict with ``dtype`` (torch dtype), ``shape``, ``eb_abs`` (absolute bound, float64),
-        ``eb_param``, ``mode``, ``level``, ``lossless``, ``dither_seed`` (None when not
-        dithered), ``n_rows``, ``row_len``, ``n_unique``,
-        ``n_outliers``, section sizes, ``raw_bytes``, ``frame_bytes`` and ``ratio``
-        (raw over frame bytes), and ``format`` (1). A format-2 frame gives ``format`` (2),
-        ``dtype``, ``shape``, ``frame_bytes``, ``header_bytes``, ``checksum``, ``n_outliers``,
-        ``raw_bytes``, ``ratio`` and ``segments``: one dict a segment with its ``rows``,
-        ``level``, ``mode``, ``lossless``, ``dither_seed``, ``eb_abs``, ``n_rows``, ``row_len``,
-        ``n_unique``, ``n_outliers``, ``map_bytes``, ``map_coded``, ``code_bytes``,
-        ``radix`` and ``radix_group`` (K and g of a radix-packed level-1 code section, else
-        None), ``short_blocks`` (whether the level-1 codes are in blocks of 16),
-        ``outlier_bytes`` and ``segment_bytes`` (descriptor and payload).
+        dict with ``format`` (2), ``dtype`` (torch dtype), ``shape``, ``frame_bytes``,
+        ``header_bytes``, ``checksum``, ``extension`` (bytes or None), ``n_outliers``,
+        ``raw_bytes``, ``ratio`` (raw over frame bytes) and ``segments``: one dict a segment
+        with its ``rows``, ``level``, ``mode``, ``lossless``, ``dither_seed`` (None when not
+        dithered), ``eb_abs`` (absolute bound, float64), ``n_rows``, ``row_len``,
+        ``n_unique``, ``n_outliers``, ``map_bytes``, ``map_coded``, ``map_bucketed``,
+        ``table_borrowed``, ``code_bytes``, ``radix`` and ``radix_group`` (K and g of a
+        radix-packed level-1 code section, else None), ``short_blocks`` (whether the level-1
+        codes are in blocks of 16), ``outlier_bytes`` and ``segment_bytes`` (descriptor and
+        payload). A frame of one segment (what :func:`compress` writes) also has that
+        segment's fields at the top level.
     """
     frame = _as_frame_bytes(frame)
     info = _host_header(frame)
+    if len(info["segments"]) == 1:
+        info = {**info["segments"][0], **info}
     info["dtype"] = _CODE_DTYPES[info.pop("dtype_code")]
     info["shape"] = tuple(info["shape"])
     numel = 1
@@ -381,12 +364,9 @@ def _decompress_checked(frame, out, max_output_bytes, verified):
 
 
 def _host_decoded(info):
-    """Frames the CUDA decoder does not read, decoded on the host: format 1, and format-2 frames
-    with dithered segments or bucketed row maps (level 2)."""
-    if info["format"] != 2:
-        return True
-    return any(seg["dither_seed"] is not None or seg.get("map_bucketed")
-               for seg in info["segments"])
+    """Frames the CUDA decoder does not read, decoded on the host: those with dithered segments
+    or bucketed row maps (level 2)."""
+    return any(seg["dither_seed"] is not None or seg["map_bucketed"] for seg in info["segments"])
 
 
 def split_frames(buffer):
@@ -473,13 +453,12 @@ def _numel(shape):
     return n
 
 
-def max_grouped_bytes(rows, trailing, groups, prefix_bytes, format=1):
+def max_grouped_bytes(rows, trailing, groups, prefix_bytes):
     """Capacity ``_C.compress_into`` needs for pieces of ``rows`` (dim-0 entries) x ``trailing``
-    in ``groups`` (pieces per group) with ``prefix_bytes`` before each group:
-    ``len(groups) * prefix_bytes`` plus every piece's worst-case frame (format 2: every
-    group's worst-case frame header and every piece's worst-case segment)."""
+    in ``groups`` (pieces per group) with ``prefix_bytes`` before each group: every group's
+    prefix and worst-case frame header, and every piece's worst-case segment."""
     return _C.max_grouped_bytes([int(r) for r in rows], [int(t) for t in trailing],
-                                [int(g) for g in groups], int(prefix_bytes), _check_format(format))
+                                [int(g) for g in groups], int(prefix_bytes))
 
 
 def set_output_cache_bytes(n):
@@ -501,25 +480,24 @@ def output_cache_bytes():
 
 
 def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offset=0, mode="rel",
-                     level=1, dedup=True, dither=None, format=1, extension=None, stats=None):
+                     level=1, dedup=True, dither=None, extension=None, stats=None):
     """Compresses pieces of dim 0 of a tensor straight into a send buffer, in groups.
 
-    The bytes written at ``out[offset:]`` are ``[prefix][frames of group 0][prefix][frames of
-    group 1]...`` with no gaps: ``groups[g]`` consecutive pieces form group g, and
-    ``prefix_bytes`` bytes before each group are left for the caller (a per-destination header).
+    The bytes written at ``out[offset:]`` are ``[prefix][frame of group 0][prefix][frame of
+    group 1]...`` with no gaps: ``groups[g]`` consecutive pieces form group g, ONE frame whose
+    segments they are (an empty group has no frame), and ``prefix_bytes`` bytes before each
+    group are left for the caller (a per-destination header).
 
     Arguments:
         tensor: tensor as for :func:`compress_chunks`; dim 0 is cut into pieces of ``rows``
-            rows. A CUDA tensor is coded by the CUDA encoder (format 2, level 1, no dither, no
-            stats); otherwise it is copied to the host and coded by the CPU encoder, and the
+            rows. A CUDA tensor is coded by the CUDA encoder (level 1, no dither, no stats);
+            otherwise it is copied to the host and coded by the CPU encoder, and the
             frames are copied into ``out`` (the same bytes either way).
         error_bounds: one bound per piece.
         out: 1-D ``torch.uint8`` tensor on the tensor's device with at least
             :func:`max_grouped_bytes` bytes after ``offset``.
         mode, level, dedup: as for :func:`compress`; dither: None, or the seed of piece 0 (piece
             i uses ``(dither + i) % 2**24``).
-        format: 1 (a frame a piece) or 2 (ONE frame a non-empty group, its pieces the frame's
-            segments; an empty group has no frame).
         stats: None, or a C-contiguous float64 numpy array of shape (len(rows),
             STATS_PER_PIECE) that the codec fills with what it learnt of each piece while coding
             it, at no extra pass: columns STAT_MIN and STAT_MAX, the finite value range, and
@@ -527,14 +505,14 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
             dithered pieces); the range is NaN for a piece without finite elements; the moments
             (STAT_FINITE, STAT_SUM, STAT_SUMSQ) are NaN: see :func:`piece_stats`.
 
-        extension: None, or (format 2) up to ``_C.MAX_EXTENSION_BYTES`` bytes the transport
+        extension: None, or up to ``_C.MAX_EXTENSION_BYTES`` bytes the transport
             puts in every group's frame header (frame.h, HL_V2_EXT: hvd_lossy's all-to-all
             carries its protocol fields there); every group then has a frame, an empty group
             one of no segments.
 
     Returns:
-        one size a piece: its frame (format 1) or its segment, the first piece of a group also
-        counting the frame header (format 2), so a group's sizes add up to its bytes; the group
+        one size a piece: its segment, the first piece of a group also counting the frame
+        header, so a group's sizes add up to its bytes; the group
         layout ends at ``offset + len(groups) * prefix_bytes + sum(sizes)``. With an extension:
         ``(sizes, group_bytes)``, group_bytes[g] the size of group g's frame (the layout ends
         at ``offset + len(groups) * prefix_bytes + sum(group_bytes)``).
@@ -552,8 +530,8 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
         raise ValueError(f"out must be on the tensor's device {src.device}, got {out.device}")
     if src.is_cuda:
         _check_device(src)
-        fmt, lv = _check_format(format), _check_level(level)
-        if stats is None and _on_device_encoder(seed, fmt, lv):
+        lv = _check_level(level)
+        if stats is None and _on_device_encoder(seed, lv):
             sizes, group_bytes = _C.compress_into_cuda(
                 src.data_ptr() if src.numel() else 0, code, [int(r) for r in rows],
                 list(src.shape[1:]), [_check_bound(e) for e in error_bounds], _mode_code(mode),
@@ -561,28 +539,27 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
                 out.numel() - offset, _stream(src), ext)
             return (list(sizes), list(group_bytes)) if ext else list(sizes)
         return _compress_grouped_on_host(src, rows, error_bounds, groups, prefix_bytes, out,
-                                         offset, mode, level, dedup, dither, format, extension,
+                                         offset, mode, level, dedup, dither, extension,
                                          stats)
     sizes = list(_C.compress_into(src.data_ptr() if src.numel() else 0, code,
                                   [int(r) for r in rows], list(src.shape[1:]),
                                   [_check_bound(e) for e in error_bounds], _mode_code(mode),
                                   _check_level(level), bool(dedup), [int(g) for g in groups],
                                   int(prefix_bytes), out.data_ptr() + offset,
-                                  out.numel() - offset, _threads, seed, _check_format(format),
-                                  ext, 0 if stats is None else stats.ctypes.data))
+                                  out.numel() - offset, _threads, seed, ext, 0 if stats is None else stats.ctypes.data))
     if not ext:
         return sizes
     return sizes[:len(sizes) - len(groups)], sizes[len(sizes) - len(groups):]
 
 
 def _compress_grouped_on_host(tensor, rows, error_bounds, groups, prefix_bytes, out, offset,
-                              mode, level, dedup, dither, format, extension, stats):
-    """compress_grouped of a device tensor by the CPU encoder (level 2, dither, format 1 or
-    stats: no device encoder writes those), each group's frames then copied into ``out`` so
+                              mode, level, dedup, dither, extension, stats):
+    """compress_grouped of a device tensor by the CPU encoder (level 2, dither or stats: no
+    device encoder writes those), each group's frame then copied into ``out`` so
     that the prefixes stay as the caller left them."""
     host = torch.empty(out.numel() - offset, dtype=torch.uint8)
     got = compress_grouped(tensor.cpu(), rows, error_bounds, groups, prefix_bytes, host, 0, mode,
-                           level, dedup, dither, format, extension, stats)
+                           level, dedup, dither, extension, stats)
     sizes, group_bytes = got if extension is not None else (got, None)
     if group_bytes is None:
         group_bytes, k = [], 0
@@ -626,7 +603,7 @@ def piece_stats(tensor, rows):
 
 
 def chunk_heads(buffer, chunks, verify=False):
-    """The format-2 frame header of each ``(offset, length)`` chunk of the 1-D CPU uint8 tensor
+    """The frame header of each ``(offset, length)`` chunk of the 1-D CPU uint8 tensor
     ``buffer`` that one v2 frame fills exactly: ``(dtype code, ndim, trailing, rows, frame
     bytes, header bytes, extension or None)``, or a str saying why it is not one (FrameError's
     message). ``verify`` also checks each frame's CRC32C (decoding does anyway). One native
@@ -636,7 +613,7 @@ def chunk_heads(buffer, chunks, verify=False):
 
 
 def empty_frame(dtype, trailing, extension):
-    """The bytes of a sealed format-2 frame of no segments, ``dtype`` x ``(0, *trailing)``,
+    """The bytes of a sealed frame of no segments, ``dtype`` x ``(0, *trailing)``,
     whose header carries ``extension`` (1 to ``_C.MAX_EXTENSION_BYTES`` bytes)."""
     ext = bytes(extension)
     if not ext:

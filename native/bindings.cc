@@ -20,17 +20,8 @@ namespace {
 using hl::py_util::params;
 using hl::py_util::ptr;
 
-hl::CompressParams params_f(int dtype, int mode, int level, bool dedup, double eb,
-                           int64_t dither_seed, int format) {
-  hl::CompressParams p = params(dtype, mode, level, dedup, eb, dither_seed);
-  if (format != 1 && format != 2)
-    throw hl::ArgumentError("format must be 1 or 2, got " + std::to_string(format));
-  p.format = (uint8_t)format;
-  return p;
-}
-
-// frame_info of a v2 frame: the frame's fields and one dict a segment.
-py::dict v2_dict(const hl::FrameV2& f) {
+// frame_info: the frame's fields and one dict a segment.
+py::dict frame_dict(const hl::FrameV2& f) {
   py::dict d;
   d["format"] = 2;
   d["dtype_code"] = (int)f.dtype;
@@ -47,9 +38,9 @@ py::dict v2_dict(const hl::FrameV2& f) {
     py::dict e;
     e["rows"] = s.dim0;
     e["level"] = (int)s.level;
-    e["mode"] = (s.flags & HL_FLAG_REL) ? "rel" : "abs";
-    e["lossless"] = bool(s.flags & HL_FLAG_LOSSLESS);
-    e["dither_seed"] = (s.flags & HL_FLAG_DITHER) ? py::cast(s.seed) : py::none();
+    e["mode"] = s.rel ? "rel" : "abs";
+    e["lossless"] = s.lossless;
+    e["dither_seed"] = s.dithered ? py::cast(s.seed) : py::none();
     e["eb_abs"] = s.eb_abs;
     e["n_rows"] = s.n_rows;
     e["row_len"] = s.row_len;
@@ -72,32 +63,6 @@ py::dict v2_dict(const hl::FrameV2& f) {
   }
   d["segments"] = segs;
   d["n_outliers"] = n_outliers;
-  return d;
-}
-
-py::dict header_dict(const HlFrameHeader& h, const std::vector<int64_t>& shape) {
-  py::dict d;
-  d["format"] = 1;
-  d["dtype_code"] = (int)h.dtype;
-  d["shape"] = shape;
-  d["level"] = (int)h.level;
-  d["mode"] = (h.flags & HL_FLAG_REL) ? "rel" : "abs";
-  d["lossless"] = bool(h.flags & HL_FLAG_LOSSLESS);
-  const bool dithered = h.flags & HL_FLAG_DITHER;
-  // None, or the 24-bit seed of a dithered frame
-  const int seed = h.reserved[0] | h.reserved[1] << 8 | h.reserved[2] << 16;
-  d["dither_seed"] = dithered ? py::cast(seed) : py::none();
-  d["eb_param"] = h.eb_param;
-  d["eb_abs"] = h.eb_abs;
-  d["n_rows"] = h.n_rows;
-  d["row_len"] = h.row_len;
-  d["n_unique"] = h.n_unique;
-  d["n_outliers"] = h.n_outliers;
-  d["map_bytes"] = h.map_bytes;
-  d["code_bytes"] = h.code_bytes;
-  d["outlier_bytes"] = h.outlier_bytes;
-  d["frame_bytes"] = h.total_bytes;
-  d["checksum"] = h.checksum;
   return d;
 }
 
@@ -144,7 +109,7 @@ auto with_new_block(Call call) {
 bool uniform_rows(const std::vector<hl::ParsedFrame>& frames, std::vector<int64_t>* trailing) {
   for (size_t k = 0; k < frames.size(); ++k) {
     const auto& f = frames[k];
-    if (f.shape.empty() || f.h.dtype != frames[0].h.dtype) return false;
+    if (f.shape.empty() || f.frame.dtype != frames[0].frame.dtype) return false;
     if (!std::equal(f.shape.begin() + 1, f.shape.end(), frames[0].shape.begin() + 1,
                     frames[0].shape.end()))
       return false;
@@ -178,7 +143,7 @@ py::tuple decode_frames_new(uintptr_t buffer, uint64_t len, const py::object& si
     hl::parallel::prewake(hl::resolve_threads(threads));  // while the headers are read
     frames = hl::parse_frames(ptr<const uint8_t>(buffer), len, have_sizes ? &sizes : nullptr);
     uniform = uniform_rows(frames, &trailing);
-    const uint64_t align = uniform ? hl_elem_bytes(frames[0].h.dtype) : 64;
+    const uint64_t align = uniform ? hl_elem_bytes(frames[0].frame.dtype) : 64;
     auto limited = [&](uint64_t bytes) {
       if (bytes > max_output)
         throw hl::FrameError("the frames announce " + std::to_string(bytes) +
@@ -193,7 +158,7 @@ py::tuple decode_frames_new(uintptr_t buffer, uint64_t len, const py::object& si
   });
   py::list parts;
   for (size_t k = 0; k < frames.size(); ++k)
-    parts.append(py::make_tuple((int)frames[k].h.dtype, frames[k].shape, offsets[k]));
+    parts.append(py::make_tuple((int)frames[k].frame.dtype, frames[k].shape, offsets[k]));
   return py::make_tuple(done.first, parts, uniform ? py::cast(trailing) : py::none());
 }
 
@@ -216,9 +181,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
-  m.attr("FORMAT_VERSION") = HL_VERSION;
-  m.attr("FORMAT_VERSIONS") = py::make_tuple(HL_VERSION, HL_V2_VERSION);
-  m.attr("HEADER_BYTES") = HL_HEADER_BYTES;
+  m.attr("FORMAT_VERSION") = HL_V2_VERSION;
   register_frames(m);
 #ifdef HL_WITH_CUDA
   m.attr("WITH_CUDA") = true;
@@ -228,80 +191,49 @@ PYBIND11_MODULE(_C, m) {
 #endif
 
   m.def("max_frame_bytes",
-        [](uint64_t rows, uint64_t row_len, int ndim) {
-          return hl_max_frame_bytes(rows, row_len, ndim);
-        },
-        py::arg("rows"), py::arg("row_len"), py::arg("ndim"),
-        "Worst-case frame size in bytes for a tensor of rows x row_len elements.");
+        [](uint64_t rows, uint64_t row_len) { return hl_max_frame_bytes(rows, row_len); },
+        py::arg("rows"), py::arg("row_len"),
+        "Worst-case size in bytes of a frame of one segment of rows x row_len elements.");
 
   m.def("compress_many",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
            int level, bool dedup, uintptr_t out, uint64_t out_cap, int threads,
-           int64_t dither_seed, int format) {
+           int64_t dither_seed) {
           return hl::compress_many_cpu(ptr<const void>(in),
-                                       params_f(dtype, mode, level, dedup, 0.0, dither_seed, format), rows,
+                                       params(dtype, mode, level, dedup, 0.0, dither_seed), rows,
                                        trailing, ebs, ptr<uint8_t>(out), out_cap, threads);
         },
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
         py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
         py::arg("out"), py::arg("out_cap"), py::arg("threads") = 0, py::arg("dither_seed") = -1,
-        py::arg("format") = 1, py::call_guard<py::gil_scoped_release>(),
-        "Compresses consecutive chunks into back-to-back frames (format 2: one frame of them "
-        "all); returns their sizes.");
+        py::call_guard<py::gil_scoped_release>(),
+        "Compresses consecutive chunks into one frame, a segment each; returns a size a chunk "
+        "(its segment, the first also counting the frame header).");
 
   m.def("compress",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, double eb, int mode,
            int level, bool dedup, uintptr_t out, uint64_t out_cap, int threads,
-           int64_t dither_seed, int format) {
+           int64_t dither_seed) {
           return hl::compress_cpu(ptr<const void>(in),
-                                  params_f(dtype, mode, level, dedup, eb, dither_seed, format), shape,
+                                  params(dtype, mode, level, dedup, eb, dither_seed), shape,
                                   ptr<uint8_t>(out), out_cap, threads);
         },
         py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("error_bound"),
         py::arg("mode"), py::arg("level"), py::arg("dedup"), py::arg("out"), py::arg("out_cap"),
-        py::arg("threads") = 0, py::arg("dither_seed") = -1, py::arg("format") = 1,
+        py::arg("threads") = 0, py::arg("dither_seed") = -1,
         py::call_guard<py::gil_scoped_release>(),
         "Compresses one tensor into a frame; returns its size.");
 
   m.def("frame_info",
         [](uintptr_t frame, uint64_t size) {
-          const uint8_t* f = ptr<const uint8_t>(frame);
-          if (hl::is_v2(f, size)) return v2_dict(hl::parse_v2(f, size));
-          std::vector<int64_t> shape;
-          HlFrameHeader h = hl::parse_header(f, size, &shape);
-          return header_dict(h, shape);
+          return frame_dict(hl::parse_v2(ptr<const uint8_t>(frame), size));
         },
         py::arg("frame"), py::arg("size"), "Validated header of a frame as a dict.");
 
-  m.def("frame_info_prefix",
-        [](uintptr_t head, uint64_t head_len, uint64_t size) {
-          // A device frame's header is copied to the host alone; the shape ends within 160 bytes.
-          uint64_t need = size < HL_HEADER_BYTES + 8 * HL_MAX_NDIM ? size
-                                                                   : HL_HEADER_BYTES + 8 * HL_MAX_NDIM;
-          if (head_len < need) throw hl::ArgumentError("frame header prefix too short");
-          std::vector<int64_t> shape;
-          HlFrameHeader h = hl::parse_header(ptr<const uint8_t>(head), size, &shape);
-          return header_dict(h, shape);
-        },
-        py::arg("head"), py::arg("head_len"), py::arg("size"));
-
   m.def("frame_bytes",
-        [](uintptr_t frame, uint64_t avail) -> uint64_t {
-          if (hl::is_v2(ptr<const uint8_t>(frame), avail))
-            return hl::v2_frame_bytes(ptr<const uint8_t>(frame), avail);
-          if (avail < HL_HEADER_BYTES)
-            throw hl::FrameError("frame is truncated: " + std::to_string(avail) +
-                                 " bytes left, a frame has at least " +
-                                 std::to_string(HL_HEADER_BYTES));
-          HlFrameHeader h;
-          memcpy(&h, ptr<const uint8_t>(frame), sizeof(h));
-          if (h.magic != HL_MAGIC) throw hl::FrameError("not an hvd_lossy frame: bad magic");
-          if (h.total_bytes < HL_HEADER_BYTES || h.total_bytes > avail)
-            throw hl::FrameError("frame is truncated: its header says " +
-                                 std::to_string(h.total_bytes) + " bytes, " +
-                                 std::to_string(avail) + " left");
-          return h.total_bytes;
+        [](uintptr_t frame, uint64_t avail) {
+          return hl::v2_frame_bytes(ptr<const uint8_t>(frame), avail);
         },
         py::arg("frame"), py::arg("avail"),
         "Size of the frame starting at `frame` (for walking back-to-back frames).");
@@ -318,11 +250,11 @@ PYBIND11_MODULE(_C, m) {
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
            int level, bool dedup, const std::vector<int64_t>& groups, uint64_t prefix_bytes,
-           uintptr_t out, uint64_t out_cap, int threads, int64_t dither_seed, int format,
+           uintptr_t out, uint64_t out_cap, int threads, int64_t dither_seed,
            const std::string& ext, uintptr_t stats) {
           std::vector<uint64_t> group_bytes;
           std::vector<uint64_t> sizes = hl::compress_into_cpu(
-              ptr<const void>(in), params_f(dtype, mode, level, dedup, 0.0, dither_seed, format),
+              ptr<const void>(in), params(dtype, mode, level, dedup, 0.0, dither_seed),
               rows, trailing, ebs, groups, prefix_bytes, ptr<uint8_t>(out), out_cap, threads, ext,
               ext.empty() ? nullptr : &group_bytes, ptr<double>(stats));
           sizes.insert(sizes.end(), group_bytes.begin(), group_bytes.end());
@@ -331,13 +263,14 @@ PYBIND11_MODULE(_C, m) {
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
         py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
         py::arg("groups"), py::arg("prefix_bytes"), py::arg("out"), py::arg("out_cap"),
-        py::arg("threads") = 0, py::arg("dither_seed") = -1, py::arg("format") = 1,
+        py::arg("threads") = 0, py::arg("dither_seed") = -1,
         py::arg("extension") = std::string(), py::arg("stats") = 0,
         py::call_guard<py::gil_scoped_release>(),
-        "compress_many with the frames in groups (format 2: one frame a group), prefix_bytes left untouched before each "
-        "group: out holds [prefix][frames of group 0][prefix][frames of group 1]... with no "
-        "gaps. Returns the frame sizes; with an extension (format 2) every group's frame, an "
-        "empty group's too, carries it, and the sizes are followed by each group's frame size. "
+        "compress_many with the pieces in groups, one frame a group, prefix_bytes left untouched "
+        "before each group: out holds [prefix][frame of group 0][prefix][frame of group 1]... "
+        "with no gaps. Returns a size a piece (its segment, a group's first also counting the "
+        "frame header); with an extension every group's frame, an empty group's too, carries "
+        "it, and the sizes are followed by each group's frame size. "
         "stats, when not 0, is the address of STATS_PER_PIECE doubles a piece the codec fills "
         "with what it learnt (STAT_MIN, STAT_MAX, STAT_UNIQUE; NaN where not computed).");
   m.attr("STATS_PER_PIECE") = (int)hl::HL_STATS_PER_PIECE;
@@ -360,8 +293,9 @@ PYBIND11_MODULE(_C, m) {
         "without coding it.");
 
   m.def("max_grouped_bytes", &hl::max_grouped_bytes, py::arg("rows"), py::arg("trailing"),
-        py::arg("groups"), py::arg("prefix_bytes"), py::arg("format") = 1,
-        "Capacity compress_into needs: len(groups) * prefix_bytes + every piece's worst case.");
+        py::arg("groups"), py::arg("prefix_bytes"),
+        "Capacity compress_into needs: every group's prefix and worst-case frame header, every "
+        "piece's worst-case segment.");
 
   m.def("decompress_into",
         [](uintptr_t buffer, uint64_t buffer_len, const std::vector<std::tuple<uint64_t, uint64_t, int64_t>>& srcs,
@@ -396,8 +330,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("compress_new",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, double eb, int mode,
-           int level, bool dedup, int threads, int64_t dither_seed, int format) {
-          const hl::CompressParams p = params_f(dtype, mode, level, dedup, eb, dither_seed, format);
+           int level, bool dedup, int threads, int64_t dither_seed) {
+          const hl::CompressParams p = params(dtype, mode, level, dedup, eb, dither_seed);
           return with_new_block([&](const std::function<uint8_t*(uint64_t)>& alloc) {
                    return hl::compress_shape_alloc_cpu(ptr<const void>(in), p, shape, alloc,
                                                        threads);
@@ -405,14 +339,14 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("error_bound"),
         py::arg("mode"), py::arg("level"), py::arg("dedup"), py::arg("threads") = 0,
-        py::arg("dither_seed") = -1, py::arg("format") = 1,
+        py::arg("dither_seed") = -1,
         "compress into new memory of exactly the frame's size: a uint8 array.");
 
   m.def("compress_many_new",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
-           int level, bool dedup, int threads, int64_t dither_seed, int format) {
-          const hl::CompressParams p = params_f(dtype, mode, level, dedup, 0.0, dither_seed, format);
+           int level, bool dedup, int threads, int64_t dither_seed) {
+          const hl::CompressParams p = params(dtype, mode, level, dedup, 0.0, dither_seed);
           auto done = with_new_block([&](const std::function<uint8_t*(uint64_t)>& alloc) {
             return hl::compress_alloc_cpu(ptr<const void>(in), p, rows, trailing, ebs, alloc,
                                           threads);
@@ -421,8 +355,8 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
         py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
-        py::arg("threads") = 0, py::arg("dither_seed") = -1, py::arg("format") = 1,
-        "compress_many into new memory of exactly the frames' size: (uint8 array, sizes).");
+        py::arg("threads") = 0, py::arg("dither_seed") = -1,
+        "compress_many into new memory of exactly the frame's size: (uint8 array, sizes).");
 
   m.def("empty_block",
         [](uint64_t bytes) { return block_array(hl::acquire_output(bytes), bytes); },
@@ -450,7 +384,7 @@ PYBIND11_MODULE(_C, m) {
                           : hl::crc32c(ptr<const uint8_t>(p), n);
         },
         py::arg("data"), py::arg("size"), py::arg("portable") = false,
-        "CRC32C of format-2 frames (hardware when present; portable=True: the table version).");
+        "CRC32C of frames (hardware when present; portable=True: the table version).");
   m.def("crc32c_in_pieces",
         [](uintptr_t p, uint64_t n, uint64_t piece) {
           return hl::crc32c_in_pieces(ptr<const uint8_t>(p), n, piece);
@@ -458,10 +392,4 @@ PYBIND11_MODULE(_C, m) {
         py::arg("data"), py::arg("size"), py::arg("piece"),
         "CRC32C the way the CUDA codec computes it: pieces of `piece` bytes combined (tests).");
   m.def("crc32c_hardware", &hl::crc32c_hardware);
-
-  m.def("checksum",
-        [](uintptr_t frame, uint64_t size) {
-          return hl::frame_checksum(ptr<const uint8_t>(frame), size);
-        },
-        py::arg("frame"), py::arg("size"));
 }

@@ -83,11 +83,11 @@ py::tuple v2_frames_hd(const std::string& buffer, const std::vector<int64_t>& ro
     const hl::FrameV2 f = hl::parse_v2(buf + at, hl::v2_frame_bytes(buf + at, buffer.size() - at));
     if ((int64_t)f.segs.size() != g) throw hl::ArgumentError("a frame of another group size");
     for (const hl::SegmentView& v : f.segs) {
-      if (v.level != 1 || (v.flags & HL_FLAG_DITHER))
+      if (v.level != 1 || v.dithered)
         throw hl::ArgumentError("v2_frames_hd takes level-1 undithered segments");
       hl::SegmentFound r;
-      r.lossless = v.flags & HL_FLAG_LOSSLESS;
-      r.identity = v.flags & HL_FLAG_IDENTITY_MAP;
+      r.lossless = v.lossless;
+      r.identity = v.identity;
       r.bound = r.lossless ? 0 : hl_bound_code(v.eb_abs);
       r.n_unique = v.n_unique;
       r.n_outliers = v.n_outliers;

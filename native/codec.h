@@ -4,27 +4,14 @@
 #pragma once
 
 #include <functional>
-#include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "errors.h"
 #include "frame.h"
+#include "frame_v2.h"
 
 namespace hl {
-
-// A frame that is truncated, corrupted or not ours. Surfaces in Python as ValueError.
-struct FrameError : std::invalid_argument {
-  explicit FrameError(const std::string& m) : std::invalid_argument(m) {}
-};
-// A bad argument (unsupported dtype, negative bound, buffer too small). ValueError in Python.
-struct ArgumentError : std::invalid_argument {
-  explicit ArgumentError(const std::string& m) : std::invalid_argument(m) {}
-};
-// A failure inside the codec itself (CUDA error, allocation). RuntimeError in Python.
-struct CodecError : std::runtime_error {
-  explicit CodecError(const std::string& m) : std::runtime_error(m) {}
-};
 
 struct CompressParams {
   uint8_t dtype;      // HlDType
@@ -34,7 +21,6 @@ struct CompressParams {
   double error_bound; // relative factor (mode rel) or absolute bound; 0 = lossless
   bool dither = false;       // subtractive dither (frame.h); turns dedup off
   uint32_t dither_seed = 0;  // < HL_DITHER_SEEDS; chunk i of compress_many uses seed + i
-  uint8_t format = 1;        // 1: a frame a piece; 2: a frame a group, the pieces its segments
   // Take each piece's finite value range even when its bound does not need it, for the
   // statistics compress_into_cpu hands back (the adaptive controller's, read at no extra pass).
   bool want_range = false;
@@ -53,7 +39,6 @@ enum {
   HL_STATS_PER_PIECE = 6
 };
 
-struct FrameV2;  // frame_v2.h
 
 // Rows and row length of a shape: the last dimension is a row; 0-d and 1-d tensors are one row.
 // Throws ArgumentError for more than HL_MAX_NDIM dimensions or a negative one.
@@ -71,32 +56,30 @@ uint64_t check_chunk_args(const CompressParams& p, size_t n_chunks,
 // Absolute bound for a tensor whose finite values span [lo, hi] (lo > hi when none are finite).
 double absolute_bound(const CompressParams& p, double lo, double hi);
 
-// Compresses `n_chunks` tensors that lie back to back in `input` (raw bits of p.dtype): chunk i
-// has rows[i] rows and shape (rows[i], *trailing) (trailing empty: each chunk is 1-d of rows[i]
-// elements, one row). error_bounds[i] overrides p.error_bound per chunk. Frames are written back
-// to back into `out` (capacity out_cap, at least the sum of hl_max_frame_bytes); returns their
-// sizes. threads <= 0 uses all cores.
+// Compresses `n_chunks` tensors that lie back to back in `input` (raw bits of p.dtype) into ONE
+// frame whose segments they are: chunk i has rows[i] rows and shape (rows[i], *trailing)
+// (trailing empty: each chunk is 1-d of rows[i] elements, one row). error_bounds[i] overrides
+// p.error_bound per chunk. The frame goes to `out` (capacity out_cap, at least
+// max_grouped_bytes(rows, trailing, {n_chunks}, 0)); returns the sizes compress_into_cpu
+// returns for one group. threads <= 0 uses all cores.
 std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams& p,
                                         const std::vector<int64_t>& rows,
                                         const std::vector<int64_t>& trailing,
                                         const std::vector<double>& error_bounds, uint8_t* out,
                                         uint64_t out_cap, int threads);
 
-// With p.format == 2 every group is ONE v2 frame whose segments are the group's pieces (an
-// empty group writes no frame), and the returned sizes are still one a piece: a piece's
+// The pieces grouped for an all-to-all: groups[g] pieces (in piece order, the counts summing to
+// rows.size()) form group g, and each group is ONE frame whose segments are its pieces (an
+// empty group writes no frame). prefix_bytes bytes are left untouched before each group (an
+// empty group still gets its prefix): the layout is [prefix][frame of group 0][prefix][frame of
+// group 1]... with no gaps, so the first groups.size() * prefix_bytes + sum(sizes) bytes of out
+// are the send buffer. out_cap must be at least max_grouped_bytes(rows, trailing, groups,
+// prefix_bytes). Each frame's bytes are written once, in place. Returns one size a piece: its
 // segment (descriptor and payload), the first piece of each group also counting the frame's
-// header, so each group's sizes add up to its frame. compress_many/compress_alloc are one group.
-//
-// compress_many_cpu with the frames grouped for an all-to-all: groups[g] frames (in piece order,
-// the counts summing to rows.size()) form group g, and prefix_bytes bytes are left untouched
-// before the first frame of each group (an empty group still gets its prefix). The layout is
-// [prefix][frames of group 0][prefix][frames of group 1]... with no gaps, so the first
-// groups.size() * prefix_bytes + sum(sizes) bytes of out are the send buffer. out_cap must be
-// at least max_grouped_bytes(rows, trailing, groups, prefix_bytes). Each frame's bytes are
-// written once, in place. Returns the frame sizes. ext (format 2 only, at most HL_V2_MAX_EXT
-// bytes): the transport's extension (frame.h) in every group's frame, an empty group then
-// getting a frame of no segments; *group_bytes gets each group's frame size. With stats, also
-// fills HL_STATS_PER_PIECE doubles a piece (HL_STAT_*).
+// header, so each group's sizes add up to its frame. ext (at most HL_V2_MAX_EXT bytes): the
+// transport's extension (frame.h) in every group's frame, an empty group then getting a frame
+// of no segments; *group_bytes gets each group's frame size. With stats, also fills
+// HL_STATS_PER_PIECE doubles a piece (HL_STAT_*).
 std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams& p,
                                         const std::vector<int64_t>& rows,
                                         const std::vector<int64_t>& trailing,
@@ -113,8 +96,8 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
 void piece_stats_cpu(const void* input, uint8_t dtype, const std::vector<int64_t>& rows,
                      const std::vector<int64_t>& trailing, double* stats, int threads);
 
-// compress_many_cpu into memory it asks alloc for once, when the frames' total size is known:
-// no worst-case buffer, each frame written once. Returns the frame sizes.
+// compress_many_cpu into memory it asks alloc for once, when the frame's size is known: no
+// worst-case buffer, the frame written once. Returns the sizes compress_many_cpu returns.
 std::vector<uint64_t> compress_alloc_cpu(const void* input, const CompressParams& p,
                                          const std::vector<int64_t>& rows,
                                          const std::vector<int64_t>& trailing,
@@ -127,23 +110,20 @@ uint64_t compress_shape_alloc_cpu(const void* input, const CompressParams& p,
                                   const std::vector<int64_t>& shape,
                                   const std::function<uint8_t*(uint64_t)>& alloc, int threads);
 
-// Capacity compress_into_cpu needs: groups.size() * prefix_bytes + the worst-case frame of
-// every piece. Throws ArgumentError for negative rows or groups that do not add up.
+// Capacity compress_into_cpu needs: every group's prefix and worst-case frame header, and every
+// piece's worst-case segment. Throws ArgumentError for negative rows or groups that do not add
+// up.
 uint64_t max_grouped_bytes(const std::vector<int64_t>& rows, const std::vector<int64_t>& trailing,
-                           const std::vector<int64_t>& groups, uint64_t prefix_bytes,
-                           int format = 1);
+                           const std::vector<int64_t>& groups, uint64_t prefix_bytes);
 
-// One tensor of the given shape (ndim 0..HL_MAX_NDIM). Returns the frame size.
+// One tensor of the given shape (ndim 0..HL_MAX_NDIM) as a frame of one segment. Returns the
+// frame size.
 uint64_t compress_cpu(const void* input, const CompressParams& p,
                       const std::vector<int64_t>& shape, uint8_t* out, uint64_t out_cap,
                       int threads);
 
-// Validates the header and section sizes of the frame in [frame, frame+size) (not the payload
-// checksum) and returns it with the shape. Throws FrameError.
-HlFrameHeader parse_header(const uint8_t* frame, uint64_t size, std::vector<int64_t>* shape);
-
-// Decodes a frame into `out` (n_rows * row_len elements of the frame's dtype, out_bytes long).
-// Verifies the checksum and every section; throws FrameError on anything inconsistent.
+// Decodes a frame into `out` (its elements of the frame's dtype, out_bytes long). Verifies the
+// checksum and every section; throws FrameError on anything inconsistent.
 void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out_bytes,
                     int threads);
 
@@ -170,12 +150,11 @@ std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buf
                                              void* out, uint64_t out_bytes, int threads,
                                              std::vector<uint8_t>* mismatched = nullptr);
 
-// A frame of a buffer of back-to-back frames, its header validated (parse_header).
+// A frame of a buffer of back-to-back frames, its header and descriptors validated (parse_v2).
 struct ParsedFrame {
   uint64_t offset = 0;
-  HlFrameHeader h;  // v1 frames (and h.dtype, h.total_bytes for v2 ones)
-  std::vector<int64_t> shape;
-  std::shared_ptr<const FrameV2> v2;  // v2 frames: the parsed header and segments
+  FrameV2 frame;
+  std::vector<int64_t> shape;  // frame.shape()
 };
 
 // Validates the headers of the frames in [buffer, buffer+len): of the given sizes, or walked by
@@ -189,9 +168,6 @@ std::vector<ParsedFrame> parse_frames(const uint8_t* buffer, uint64_t len,
 void decompress_frames_cpu(const uint8_t* buffer, const std::vector<ParsedFrame>& frames,
                            uint64_t align, const std::function<uint8_t*(uint64_t)>& alloc,
                            std::vector<uint64_t>* out_offsets, int threads);
-
-// Checksum of a frame as stored in its header (the checksum field read as zero).
-uint32_t frame_checksum(const uint8_t* frame, uint64_t size);
 
 // The CUDA entry points (only when built with HL_WITH_CUDA) are in cuda/codec_cuda.h.
 

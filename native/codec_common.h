@@ -1,6 +1,6 @@
 // Bit-level pieces shared by the CPU and CUDA codecs, so the two cannot drift apart: dtype
-// conversion, quantization and its exact reconstruction, zigzag, bit widths, the checksum mix
-// and the level-2 (rANS) constants. Everything here is __host__ __device__ on nvcc.
+// conversion, quantization and its exact reconstruction, zigzag, bit widths and the level-2
+// (rANS) constants. Everything here is __host__ __device__ on nvcc.
 #pragma once
 
 #include <math.h>
@@ -122,7 +122,7 @@ HL_HD bool quantize(typename Elem<DT>::raw_t raw, double inv_step, double step, 
   return true;
 }
 
-// ---- subtractive dither (HL_FLAG_DITHER) ------------------------------------------------------
+// ---- subtractive dither (HL_SEG_DITHER) -------------------------------------------------------
 
 // murmur3's 32-bit finalizer, a bijection.
 HL_HD uint32_t mix32(uint32_t h) {
@@ -151,6 +151,16 @@ HL_HD uint32_t bit_width(uint32_t v) {
 #endif
 }
 
+// murmur3's 64-bit finalizer, a bijection (the row hashes of duplicate removal).
+HL_HD uint64_t mix64(uint64_t z) {
+  z ^= z >> 33;
+  z *= 0xff51afd7ed558ccdull;
+  z ^= z >> 33;
+  z *= 0xc4ceb9fe1a85ec53ull;
+  z ^= z >> 33;
+  return z;
+}
+
 // ---- encoder rules both codecs apply (frames depend on them) ---------------------------------
 
 // Code of an element bound for the outlier section while codes are built; zigzag codes stay
@@ -169,34 +179,11 @@ HL_HD bool dedup_pays(uint64_t n_rows, uint64_t n_unique, uint64_t row_len) {
   return 2 * (n_rows - n_unique) * row_len >= map_bits;
 }
 
-// ---- checksum ------------------------------------------------------------------------------
-// murmur3's 64-bit finalizer: a bijection, so changing any single word changes the sum.
-HL_HD uint64_t mix64(uint64_t z) {
-  z ^= z >> 33;
-  z *= 0xff51afd7ed558ccdull;
-  z ^= z >> 33;
-  z *= 0xc4ceb9fe1a85ec53ull;
-  z ^= z >> 33;
-  return z;
-}
-// Term of the checksum sum for the little-endian 8-byte word at index i (tail zero-padded).
-HL_HD uint64_t checksum_term(uint64_t word, uint64_t i) {
-  return mix64(word ^ (i * 0x9e3779b97f4a7c15ull));
-}
-HL_HD uint32_t checksum_fold(uint64_t sum, uint64_t total_bytes) {
-  uint64_t h = mix64(sum ^ total_bytes);
-  return (uint32_t)(h ^ (h >> 32));
-}
-
 // ---- level 2: rANS over zigzag codes ---------------------------------------------------------
-// Code section layout (level 2):
-//   uint16 n_present                      symbols with nonzero frequency, 1..256
-//   n_present x { uint8 symbol, uint16 freq }   ascending symbol, freqs sum to 1 << HL_RANS_BITS
-//   uint32 n_escapes, uint32 escape[n_escapes]  codes >= 255 in order of occurrence (symbol 255)
-//   uint32 stream_bytes[n_streams]         n_streams = ceil(n_codes / HL_RANS_CHUNK)
-//   streams, back to back: stream k codes symbols [k*CHUNK, min(n,(k+1)*CHUNK)); it starts with
-//   its final 32-bit encoder state, then the bytes the encoder emitted, in the order the
-//   decoder reads them.
+// A level-2 section (frame.h "Compact rANS section") codes its n codes in streams of
+// HL_RANS_CHUNK symbols: stream k codes symbols [k*CHUNK, min(n,(k+1)*CHUNK)); it starts with
+// its final 32-bit encoder state, then the bytes the encoder emitted, in the order the decoder
+// reads them. Codes >= 255 are the escape symbol 255, their values stored apart.
 // The coder is the byte-wise 32-bit rANS of ryg_rans: state in [L, 256 L), L = 2^23.
 // Frequencies are normalized with hl::normalize_freqs, identical on host and device.
 #define HL_RANS_BITS 12

@@ -348,7 +348,7 @@ struct Outlier {
 };
 
 // Block packing in two steps, so that level 2 can compare sizes before packing anything.
-// Format 2's lossy codes may be radix packed or in short blocks instead (radix.h,
+// Lossy level-1 codes may be radix packed or in short blocks instead (radix.h,
 // short_blocks.h), whichever is smallest (level1_packing).
 struct Packing {
   Buffer<uint8_t> widths;
@@ -359,14 +359,14 @@ struct Packing {
 };
 
 struct Sections {
-  bool map_rans = false;  // format 2: the map is a compact rANS section of rans_map_symbols
+  bool map_rans = false;  // the map is a compact rANS section of rans_map_symbols
   bool map_buckets = false;  // ... of bucketed symbols (map_buckets.h)
   Bytes map;
   Bytes code;
   std::vector<Outlier> outliers;
   uint8_t level = 1;
   uint64_t n_unique = 0;
-  // Format 2, level 2, small: codes whose entropy coding waits for the frame's other segments
+  // Level 2, small: codes whose entropy coding waits for the frame's other segments
   // (encode_deferred), so that they may share one table; plan packs them if that is smaller.
   Buffer<uint32_t> deferred;
   uint64_t n_deferred = 0;
@@ -382,8 +382,7 @@ Packing plan_packing(const uint32_t* v, uint64_t n, int threads, uint32_t* max_o
   return p;
 }
 
-// The code section's plan: block packing, or where format 2 allows it (lossy level-1 codes,
-// `level1`) the smallest of block packing, radix packing and short blocks (level1_packing).
+// The code section's plan: block packing, or for lossy level-1 codes (`level1`) the smallest of block packing, radix packing and short blocks (level1_packing).
 Packing plan_codes(const uint32_t* v, uint64_t n, bool level1, int threads) {
   if (!level1 || n == 0) return plan_packing(v, n, threads);
   Packing p;
@@ -430,7 +429,7 @@ Bytes packed(const uint32_t* v, uint64_t n, int threads) {
   return pack(v, n, plan_packing(v, n, threads), threads);
 }
 
-// Format 2's entropy-coded row map: symbol 0 for a row seen first, u + 1 for a repeat of
+// The entropy-coded row map: symbol 0 for a row seen first, u + 1 for a repeat of
 // unique row u (hot rows come first, so their symbols are small and frequent), rANS coded.
 std::vector<uint8_t> rans_map_encode(const uint32_t* map, uint64_t n, int threads) {
   Buffer<uint32_t> sym(n);
@@ -443,17 +442,17 @@ std::vector<uint8_t> rans_map_encode(const uint32_t* map, uint64_t n, int thread
       sym[r] = map[r] + 1;
     }
   }
-  return rans_encode(sym.data(), n, threads, true);
+  return rans_encode(sym.data(), n, threads);
 }
 
-// Format-2 segments of at most this many codes defer their entropy coding to the frame: on
+// Segments of at most this many codes defer their entropy coding to the frame: on
 // small segments one table a frame costs less than one a segment (encode_deferred).
 constexpr uint64_t kShareCodes = uint64_t(1) << 15;
 
 // Builds the map, code and outlier sections.
 template <int DT>
 Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t level,
-                        bool compact, int threads) {
+                        int threads) {
   Sections s;
   const uint64_t d = t.row_len;
   const uint64_t n_unique = c.n_unique;
@@ -461,9 +460,9 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
   uint32_t* ucodes = c.codes.data();
   if (n_unique < t.n_rows) {
     s.map = packed(c.map.data(), t.n_rows, threads);
-    // Format 2 at level 2 may store the map entropy coded, when that is smaller. Level 1
-    // keeps block packing: decoding a coded map costs as much as decoding level-2 codes.
-    if (compact && level == 2) {
+    // Level 2 may store the map entropy coded, when that is smaller. Level 1 keeps block
+    // packing: decoding a coded map costs as much as decoding level-2 codes.
+    if (level == 2) {
       std::vector<uint8_t> coded = rans_map_encode(c.map.data(), t.n_rows, threads);
       std::vector<uint8_t> buckets = map_buckets_encode(c.map.data(), t.n_rows, threads);
       const bool bucketed = buckets.size() < coded.size();
@@ -490,8 +489,8 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
   const uint64_t n_codes = n_unique * d;
   // Radix packing and short blocks only where level 1 was asked for: level 2's choices between
   // rANS, shared tables and its packed fallback are weighed against block packing.
-  Packing plan = plan_codes(ucodes, n_codes, compact && !lossless && level == 1, threads);
-  if (compact && level == 2 && n_codes > 0 && n_codes <= kShareCodes) {
+  Packing plan = plan_codes(ucodes, n_codes, !lossless && level == 1, threads);
+  if (level == 2 && n_codes > 0 && n_codes <= kShareCodes) {
     s.deferred = std::move(c.codes);
     s.n_deferred = n_codes;
     s.plan = std::move(plan);
@@ -499,7 +498,7 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
     return s;
   }
   if (level == 2 && n_codes > 0) {
-    std::vector<uint8_t> entropy = rans_encode(ucodes, n_codes, threads, compact);
+    std::vector<uint8_t> entropy = rans_encode(ucodes, n_codes, threads);
     if (entropy.size() < plan.bytes) {  // the packed section is never built
       s.code = Bytes(entropy.size());
       memcpy(s.code.data(), entropy.data(), entropy.size());
@@ -512,33 +511,6 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
 }
 
 }  // namespace
-
-uint32_t checksum_with_zero_field(const uint8_t* frame, uint64_t size, int threads) {
-  // The checksum field sits in the header's first 16 bytes; sum those with it zeroed.
-  uint8_t head[16];
-  memcpy(head, frame, 16);
-  memset(head + offsetof(HlFrameHeader, checksum), 0, 4);
-  uint64_t w0, w1;
-  memcpy(&w0, head, 8);
-  memcpy(&w1, head + 8, 8);
-  uint64_t sum = checksum_term(w0, 0) + checksum_term(w1, 1);
-  const uint8_t* p = frame + 16;
-  const uint64_t rest = size - 16;
-  const int64_t words = (int64_t)(rest / 8);
-#pragma omp parallel for num_threads(threads) reduction(+ : sum) if (words > 65536)
-  for (int64_t i = 0; i < words; ++i) {
-    uint64_t w;
-    memcpy(&w, p + 8 * i, 8);
-    sum += checksum_term(w, (uint64_t)i + 2);
-  }
-  if (rest % 8) {
-    uint64_t w = 0;
-    memcpy(&w, p + 8 * words, rest % 8);
-    sum += checksum_term(w, (uint64_t)words + 2);
-  }
-  return checksum_fold(sum, size);
-}
-
 
 void shape_to_rows(const std::vector<int64_t>& shape, uint64_t* n_rows, uint64_t* row_len) {
   if (shape.size() > HL_MAX_NDIM)
@@ -555,16 +527,19 @@ void shape_to_rows(const std::vector<int64_t>& shape, uint64_t* n_rows, uint64_t
 
 namespace {
 
-// A frame built in scratch memory but not yet written out: its header (checksum and position
-// still open) and sections. Building and writing are apart so that a call of many pieces can
-// build them all in parallel, then write each straight to its final, gap-free place.
+// A segment built in scratch memory but not yet written out: its descriptor's fields and
+// sections. Building and writing are apart so that a call of many pieces can build them all in
+// parallel, then write each straight to its final, gap-free place.
 struct Prepared {
-  HlFrameHeader h;
   std::vector<int64_t> shape;
   Sections s;
-  uint32_t bound = 0;  // format 2: hl_bound_code of h.eb_abs (lossy)
+  uint64_t n_rows = 0, row_len = 0;
+  bool lossless = false, dithered = false;
+  uint32_t bound = 0;  // hl_bound_code of the bound coded with (lossy)
   double lo = NAN, hi = NAN;  // finite range, when it was taken
-  bool deduped = false;       // h.n_unique counts distinct rows (not just n_rows)
+  bool deduped = false;       // s.n_unique counts distinct rows (not just n_rows)
+  // a deferred code section ends up no larger than its packing
+  uint64_t code_bytes() const { return s.n_deferred ? s.plan.bytes : s.code.size(); }
 };
 
 template <int DT>
@@ -579,10 +554,9 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
     distinct = distinct_raw_rows(t, need_range, threads, &lo, &hi);
   else if (need_range)
     finite_range(t, threads, &lo, &hi);
-  double eb_abs = absolute_bound(p, lo, hi);
-  // Format 2 stores 24 bits of the bound: code with exactly that, rounded down, value.
-  const uint32_t bound = p.format == 2 ? hl_bound_code(eb_abs) : 0;
-  if (p.format == 2) eb_abs = hl_bound_of_code(bound);
+  // The frame stores 24 bits of the bound: code with exactly that, rounded down, value.
+  const uint32_t bound = hl_bound_code(absolute_bound(p, lo, hi));
+  const double eb_abs = hl_bound_of_code(bound);
   const bool lossless = force_lossless || eb_abs == 0;
   Dither dither;
   dither.on = p.dither && !lossless;
@@ -591,45 +565,16 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   {
     Coded coded = code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads);
     distinct = DistinctRows();  // back to the pool before the sections take theirs
-    f.s = build_sections(t, coded, lossless, p.level, p.format == 2, threads);
+    f.s = build_sections(t, coded, lossless, p.level, threads);
   }
   const Sections& s = f.s;
-  const int ndim = (int)shape.size();
-  const uint64_t outlier_bytes = HL_OUTLIER_BYTES * s.outliers.size();
-  // a deferred code section ends up no larger than its packing
-  const uint64_t code_bytes = s.n_deferred ? s.plan.bytes : s.code.size();
-  const uint64_t total =
-      HL_HEADER_BYTES + 8ull * ndim + s.map.size() + code_bytes + outlier_bytes;
-  if (!lossless &&
-      lossy_exceeds_bound(t.n_rows, t.row_len, ndim, s.map.size(), code_bytes, s.outliers.size()))
+  if (!lossless && lossy_exceeds_bound(t.n_rows, t.row_len, s.map.size(), f.code_bytes(),
+                                       s.outliers.size()))
     return prepare(t, p, shape, threads, true);
-
-  HlFrameHeader& h = f.h;
-  memset(&h, 0, sizeof(h));
-  h.magic = HL_MAGIC;
-  h.version = HL_VERSION;
-  h.dtype = p.dtype;
-  h.level = s.level;
-  h.flags = (uint8_t)((p.mode == HL_MODE_REL ? HL_FLAG_REL : 0) |
-                      (lossless ? HL_FLAG_LOSSLESS : 0) |
-                      (s.n_unique == t.n_rows ? HL_FLAG_IDENTITY_MAP : 0) |
-                      (dither.on ? HL_FLAG_DITHER : 0));
-  if (dither.on) {
-    h.reserved[0] = (uint8_t)dither.seed;
-    h.reserved[1] = (uint8_t)(dither.seed >> 8);
-    h.reserved[2] = (uint8_t)(dither.seed >> 16);
-  }
-  h.ndim = (uint8_t)ndim;
-  h.eb_param = p.error_bound;
-  h.eb_abs = eb_abs;
-  h.n_rows = t.n_rows;
-  h.row_len = t.row_len;
-  h.n_unique = s.n_unique;
-  h.n_outliers = s.outliers.size();
-  h.map_bytes = s.map.size();
-  h.code_bytes = code_bytes;
-  h.outlier_bytes = outlier_bytes;
-  h.total_bytes = total;
+  f.n_rows = t.n_rows;
+  f.row_len = t.row_len;
+  f.lossless = lossless;
+  f.dithered = dither.on;
   f.shape = shape;
   f.bound = lossless ? 0 : bound;
   if (need_range && t.n_rows * t.row_len > 0 && lo <= hi) {  // lo > hi: no finite element
@@ -639,36 +584,6 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   f.deduped = dedup;
   return f;
 }
-
-// Writes a prepared frame at out (out_cap bytes) and seals it with its checksum.
-uint64_t write_frame(const Prepared& f, uint8_t* out, uint64_t out_cap, int threads) {
-  if (f.s.n_deferred) throw CodecError("a v1 frame with a deferred code section");
-  const HlFrameHeader& h = f.h;
-  const Sections& s = f.s;
-  const uint64_t total = h.total_bytes;
-  if (total > out_cap)
-    throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
-                        " bytes, the frame needs " + std::to_string(total));
-  uint8_t* w = out;
-  memcpy(w, &h, sizeof(h));
-  w += sizeof(h);
-  const uint64_t shape_bytes = 8ull * h.ndim;
-  if (shape_bytes) memcpy(w, f.shape.data(), shape_bytes);
-  w += shape_bytes;
-  if (!s.map.empty()) memcpy(w, s.map.data(), s.map.size());
-  w += s.map.size();
-  if (!s.code.empty()) memcpy(w, s.code.data(), s.code.size());
-  w += s.code.size();
-  for (const Outlier& o : s.outliers) {
-    memcpy(w, &o.pos, 8);
-    memcpy(w + 8, &o.raw, 4);
-    w += HL_OUTLIER_BYTES;
-  }
-  const uint32_t sum = checksum_with_zero_field(out, total, threads);
-  memcpy(out + offsetof(HlFrameHeader, checksum), &sum, 4);
-  return total;
-}
-
 
 namespace share {
 
@@ -690,9 +605,6 @@ void set_code(Prepared& f, std::vector<uint8_t>&& code) {
     s.code = pack(s.deferred.data(), s.n_deferred, s.plan, 1);
     s.level = 1;
   }
-  f.h.level = s.level;
-  f.h.total_bytes = f.h.total_bytes - f.h.code_bytes + s.code.size();
-  f.h.code_bytes = s.code.size();
 }
 
 }  // namespace share
@@ -705,7 +617,7 @@ void encode_deferred(std::vector<Prepared>& frames, size_t first, size_t count, 
   bool all = true;
   for (size_t i = first; i < first + count; ++i) {
     if (frames[i].s.n_deferred) idx.push_back(i);
-    else if (frames[i].h.level == 2) all = false;
+    else if (frames[i].s.level == 2) all = false;
   }
   if (idx.empty()) return;
   std::vector<std::vector<uint64_t>> counts(idx.size(), std::vector<uint64_t>(256));
@@ -732,8 +644,8 @@ void encode_deferred(std::vector<Prepared>& frames, size_t first, size_t count, 
   auto encode_all = [&](bool with_shared) {
     parallel::parallel_items(idx.size(), threads, [&](size_t j) {
       const Sections& s = frames[idx[j]].s;
-      codes[j] = rans_encode(s.deferred.data(), s.n_deferred, 1, true,
-                             with_shared ? shared : nullptr, j == 0);
+      codes[j] = rans_encode(s.deferred.data(), s.n_deferred, 1, with_shared ? shared : nullptr,
+                             j == 0);
     });
   };
   encode_all(use);
@@ -751,34 +663,33 @@ void encode_deferred(std::vector<Prepared>& frames, size_t first, size_t count, 
   }
 }
 
-// The v2 descriptor of a prepared piece.
-SegmentDesc segment_desc(const Prepared& f, uint8_t mode) {
-  const HlFrameHeader& h = f.h;
+// The descriptor of a prepared piece.
+SegmentDesc segment_desc(const Prepared& f, uint8_t mode, uint8_t dtype) {
+  const Sections& s = f.s;
   SegmentDesc d;
-  const bool lossless = h.flags & HL_FLAG_LOSSLESS;
   // the CUDA encoder's descriptors take their flags from the same function (codec_cuda_v2.cu)
-  d.flags = v2_segment_flags(h.level == 2, lossless, (h.flags & HL_FLAG_IDENTITY_MAP) != 0,
-                             h.n_outliers, mode == HL_MODE_REL, (h.flags & HL_FLAG_DITHER) != 0,
-                             f.s.map_rans, f.s.map_buckets);
-  d.map_bytes = h.map_bytes;
+  d.flags = v2_segment_flags(s.level == 2, f.lossless, s.n_unique == f.n_rows,
+                             s.outliers.size(), mode == HL_MODE_REL, f.dithered, s.map_rans,
+                             s.map_buckets);
+  d.map_bytes = s.map.size();
   d.rows = f.shape.empty() ? 1 : (uint64_t)f.shape[0];
-  d.bound = f.bound;
-  d.n_unique = h.n_unique;
-  d.n_outliers = h.n_outliers;
-  d.code_bytes = h.code_bytes;
-  const uint64_t rec = v2_pos_bytes(h.n_unique * h.row_len) + hl_elem_bytes(h.dtype);
-  d.payload_bytes = h.map_bytes + h.code_bytes + h.n_outliers * rec;
+  d.bound = f.lossless ? 0 : f.bound;
+  d.n_unique = s.n_unique;
+  d.n_outliers = s.outliers.size();
+  d.code_bytes = f.code_bytes();
+  d.payload_bytes = d.map_bytes + d.code_bytes +
+                    d.n_outliers * v2_outlier_record_bytes(s.n_unique * f.row_len, dtype);
   return d;
 }
 
-// Writes a prepared piece's v2 payload (map, code, compact outliers) at w; returns its end.
-uint8_t* write_payload_v2(const Prepared& f, uint64_t elem_bytes, uint8_t* w) {
+// Writes a prepared piece's payload (map, code, outliers) at w; returns its end.
+uint8_t* write_payload(const Prepared& f, uint64_t elem_bytes, uint8_t* w) {
   const Sections& s = f.s;
   if (!s.map.empty()) memcpy(w, s.map.data(), s.map.size());
   w += s.map.size();
   if (!s.code.empty()) memcpy(w, s.code.data(), s.code.size());
   w += s.code.size();
-  const uint8_t pb = v2_pos_bytes(f.h.n_unique * f.h.row_len);
+  const uint8_t pb = v2_pos_bytes(s.n_unique * f.row_len);
   for (const Outlier& o : s.outliers) {
     memcpy(w, &o.pos, pb);  // little-endian: the low bytes
     memcpy(w + pb, &o.raw, elem_bytes);
@@ -805,12 +716,6 @@ Prepared prepare_one(const void* input, const CompressParams& p, const std::vect
   throw ArgumentError("unsupported dtype code " + std::to_string(p.dtype));
 }
 
-uint64_t compress_one(const void* input, const CompressParams& p,
-                      const std::vector<int64_t>& shape, uint8_t* out, uint64_t out_cap,
-                      int threads) {
-  return write_frame(prepare_one(input, p, shape, threads), out, out_cap, threads);
-}
-
 }  // namespace
 
 void check_params(const CompressParams& p) {
@@ -825,9 +730,6 @@ void check_params(const CompressParams& p) {
   if (!(p.error_bound >= 0) || !isfinite(p.error_bound))
     throw ArgumentError("error_bound must be a finite number >= 0, got " +
                         std::to_string(p.error_bound));
-  if (p.format != 1 && p.format != 2)
-    throw ArgumentError("unsupported frame format " + std::to_string(p.format) +
-                        ", expected 1 or 2");
   if (p.dither_seed >= HL_DITHER_SEEDS)
     throw ArgumentError("dither seed " + std::to_string(p.dither_seed) +
                         " is out of range, expected 0.." + std::to_string(HL_DITHER_SEEDS - 1));
@@ -858,9 +760,9 @@ double absolute_bound(const CompressParams& p, double lo, double hi) {
 }
 
 namespace {
-uint64_t write_single_v2(const void* input, const CompressParams& p,
-                         const std::vector<int64_t>& shape,
-                         const std::function<uint8_t*(uint64_t)>& alloc, int threads);
+uint64_t write_single(const void* input, const CompressParams& p,
+                      const std::vector<int64_t>& shape,
+                      const std::function<uint8_t*(uint64_t)>& alloc, int threads);
 }  // namespace
 
 uint64_t compress_cpu(const void* input, const CompressParams& p,
@@ -869,30 +771,26 @@ uint64_t compress_cpu(const void* input, const CompressParams& p,
   check_params(p);
   for (int64_t s : shape)
     if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
-  if (p.format == 2) {
-    uint64_t size = 0;
-    write_single_v2(input, p, shape, [&](uint64_t bytes) {
-      if (bytes > out_cap)
-        throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
-                            " bytes, the frame needs " + std::to_string(bytes));
-      size = bytes;
-      return out;
-    }, resolve_threads(threads));
-    return size;
-  }
-  return compress_one(input, p, shape, out, out_cap, resolve_threads(threads));
+  uint64_t size = 0;
+  write_single(input, p, shape, [&](uint64_t bytes) {
+    if (bytes > out_cap)
+      throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
+                          " bytes, the frame needs " + std::to_string(bytes));
+    size = bytes;
+    return out;
+  }, resolve_threads(threads));
+  return size;
 }
 
 namespace {
 
 // The pieces of a compress_many/compress_into call, checked: parameters, shape, input offset
-// and worst-case frame size of each.
+// and worst-case segment size of each.
 struct Pieces {
   std::vector<CompressParams> params;
   std::vector<std::vector<int64_t>> shapes;
   std::vector<uint64_t> in_off;  // elements
-  uint64_t max_frames = 0;       // sum of hl_max_frame_bytes
-  uint64_t max_segments = 0;     // sum of hl_max_segment_bytes (format 2)
+  uint64_t max_segments = 0;     // sum of hl_max_segment_bytes
 };
 
 Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& rows,
@@ -917,7 +815,6 @@ Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& rows,
     uint64_t r, len;
     shape_to_rows(c.shapes[i], &r, &len);
     c.in_off[i + 1] = c.in_off[i] + (uint64_t)rows[i] * row_elems;
-    c.max_frames += hl_max_frame_bytes(r, len, (int)c.shapes[i].size());
     c.max_segments += hl_max_segment_bytes(r, len);
   }
   return c;
@@ -939,43 +836,20 @@ void check_groups(const std::vector<int64_t>& groups, size_t n_frames) {
 }  // namespace
 
 namespace {
-// Worst case of the grouped layout of c's pieces: every prefix, and a frame a piece (format 1)
-// or a frame a group (format 2).
-uint64_t grouped_bound(const Pieces& c, size_t n_groups, uint64_t prefix_bytes, int format) {
-  if (format == 2) return n_groups * (prefix_bytes + HL_V2_MAX_HEADER) + c.max_segments;
-  return n_groups * prefix_bytes + c.max_frames;
+// Worst case of the grouped layout of c's pieces: every prefix and frame header, every segment.
+uint64_t grouped_bound(const Pieces& c, size_t n_groups, uint64_t prefix_bytes) {
+  return n_groups * (prefix_bytes + HL_V2_MAX_HEADER) + c.max_segments;
 }
 }  // namespace
 
 uint64_t max_grouped_bytes(const std::vector<int64_t>& rows, const std::vector<int64_t>& trailing,
-                           const std::vector<int64_t>& groups, uint64_t prefix_bytes,
-                           int format) {
+                           const std::vector<int64_t>& groups, uint64_t prefix_bytes) {
   CompressParams p{HL_FLOAT32, HL_MODE_ABS, 1, false, 0.0};
-  if (format != 1 && format != 2)
-    throw ArgumentError("unsupported frame format " + std::to_string(format) + ", expected 1 or 2");
   check_groups(groups, rows.size());
-  return grouped_bound(plan_pieces(p, rows, trailing, {}), groups.size(), prefix_bytes, format);
+  return grouped_bound(plan_pieces(p, rows, trailing, {}), groups.size(), prefix_bytes);
 }
 
 namespace {
-
-// prefixes_before[i]: prefixes the grouped layout puts right before piece i (one for the group
-// it opens and one for each empty group before that; 0 inside a group); [n]: those after the
-// last piece (trailing empty groups).
-std::vector<uint64_t> prefixes_before(const std::vector<int64_t>& groups, size_t n) {
-  std::vector<uint64_t> before(n + 1, 0);
-  size_t i = 0;
-  uint64_t open = 0;
-  for (int64_t g : groups) {
-    ++open;
-    for (int64_t k = 0; k < g; ++k, ++i) {
-      before[i] = open;
-      open = 0;
-    }
-  }
-  before[n] = open;
-  return before;
-}
 
 // How a call's pieces share the threads. Many small pieces: one thread each (parallel_items,
 // which never waits for a helper that has no core). Few large ones: each piece uses all
@@ -1003,46 +877,21 @@ std::vector<Prepared> prepare_pieces(const void* input, const CompressParams& p,
       double* s = stats + i * HL_STATS_PER_PIECE;
       s[HL_STAT_MIN] = frames[i].lo;
       s[HL_STAT_MAX] = frames[i].hi;
-      const bool counted = frames[i].deduped || frames[i].h.n_rows <= 1;
-      s[HL_STAT_UNIQUE] = counted ? (double)frames[i].h.n_unique : NAN;
+      const bool counted = frames[i].deduped || frames[i].n_rows <= 1;
+      s[HL_STAT_UNIQUE] = counted ? (double)frames[i].s.n_unique : NAN;
       s[HL_STAT_FINITE] = s[HL_STAT_SUM] = s[HL_STAT_SUMSQ] = NAN;
     }
   });
   return frames;
 }
 
-// Builds every piece's frame, then asks place(total) for the memory of the whole layout and
-// writes each frame once, at its final place in it.
-std::vector<uint64_t> build_and_place_v1(const void* input, const CompressParams& p, const Pieces& c,
-                                      const std::vector<uint64_t>& before, uint64_t prefix_bytes,
-                                      const std::function<uint8_t*(uint64_t)>& place,
-                                      int threads, double* stats) {
-  const size_t n = c.shapes.size();
-  const PieceThreads t = piece_threads(n, threads);
-  std::vector<Prepared> frames = prepare_pieces(input, p, c, t, stats);
-  std::vector<uint64_t> at(n, 0), sizes(n, 0);
-  uint64_t w = 0;
-  for (size_t i = 0; i < n; ++i) {
-    w += before[i] * prefix_bytes;
-    at[i] = w;
-    sizes[i] = frames[i].h.total_bytes;
-    w += sizes[i];
-  }
-  uint8_t* out = place(w + before[n] * prefix_bytes);
-  parallel::parallel_items(n, t.across, [&](size_t i) {
-    write_frame(frames[i], out + at[i], sizes[i], t.inner);
-    frames[i] = Prepared();  // sections back to this thread's pool while they are warm
-  });
-  return sizes;
-}
-
-
-// Builds every piece in parallel (as build_and_place_v1), then one v2 frame a non-empty group;
-// with an extension (ext, the transport's: frame.h) every group's frame carries it, and an
+// Builds every piece in parallel, then one frame a non-empty group, asking place(total) for
+// the memory of the whole layout and writing each frame once, at its final place in it; with
+// an extension (ext, the transport's: frame.h) every group's frame carries it, and an
 // empty group gets a frame of no segments (ndim and trailing from `trailing`). Returns a size
 // a piece: its segment, the group's first piece also counting the frame header; *group_bytes
 // (when given) gets each group's frame size (0 for an empty group without extension).
-std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams& p,
+std::vector<uint64_t> build_and_place(const void* input, const CompressParams& p,
                                          const Pieces& c, const std::vector<int64_t>& groups,
                                          uint64_t prefix_bytes,
                                          const std::function<uint8_t*(uint64_t)>& place,
@@ -1062,7 +911,7 @@ std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams
     }
   }
   std::vector<SegmentDesc> descs(n);
-  for (size_t i = 0; i < n; ++i) descs[i] = segment_desc(frames[i], p.mode);
+  for (size_t i = 0; i < n; ++i) descs[i] = segment_desc(frames[i], p.mode, p.dtype);
   struct Group {
     size_t first, count;
     HeadV2 head;
@@ -1109,7 +958,7 @@ std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams
     uint8_t* frame = out + g.at;
     uint8_t* pw = v2_write_head(g.head, mine, g.total, frame);
     for (size_t i = g.first; i < g.first + g.count; ++i) {
-      pw = write_payload_v2(frames[i], eb, pw);
+      pw = write_payload(frames[i], eb, pw);
       frames[i] = Prepared();
     }
     if (pw != frame + g.total) throw CodecError("v2 frame layout is inconsistent");
@@ -1118,19 +967,8 @@ std::vector<uint64_t> build_and_place_v2(const void* input, const CompressParams
   return sizes;
 }
 
-std::vector<uint64_t> build_and_place(const void* input, const CompressParams& p, const Pieces& c,
-                                      const std::vector<int64_t>& groups, uint64_t prefix_bytes,
-                                      const std::function<uint8_t*(uint64_t)>& place,
-                                      int threads, double* stats = nullptr) {
-  if (p.format == 2)
-    return build_and_place_v2(input, p, c, groups, prefix_bytes, place, threads, std::string(),
-                              {}, nullptr, stats);
-  return build_and_place_v1(input, p, c, prefixes_before(groups, c.shapes.size()), prefix_bytes,
-                            place, threads, stats);
-}
-
-// One tensor as a v2 frame of one segment.
-uint64_t write_single_v2(const void* input, const CompressParams& p,
+// One tensor as a frame of one segment.
+uint64_t write_single(const void* input, const CompressParams& p,
                          const std::vector<int64_t>& shape,
                          const std::function<uint8_t*(uint64_t)>& alloc, int threads) {
   Pieces c;
@@ -1138,7 +976,7 @@ uint64_t write_single_v2(const void* input, const CompressParams& p,
   c.shapes = {shape};
   c.in_off = {0, 0};
   uint64_t size = 0;
-  build_and_place_v2(input, p, c, {1}, 0, [&](uint64_t bytes) {
+  build_and_place(input, p, c, {1}, 0, [&](uint64_t bytes) {
     size = bytes;
     return alloc(bytes);
   }, threads);
@@ -1158,22 +996,16 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
   q.want_range = q.want_range || stats != nullptr;
   const Pieces c = plan_pieces(q, rows, trailing, error_bounds);
   check_groups(groups, rows.size());
-  if (!ext.empty() && p.format != 2)
-    throw ArgumentError("a frame extension needs format 2, got format " +
-                        std::to_string(p.format));
   if (ext.size() > HL_V2_MAX_EXT)
     throw ArgumentError("a frame extension of " + std::to_string(ext.size()) +
                         " bytes, at most " + std::to_string(HL_V2_MAX_EXT) + " fit");
-  const uint64_t need = grouped_bound(c, groups.size(), prefix_bytes, p.format);
+  const uint64_t need = grouped_bound(c, groups.size(), prefix_bytes);
   if (need > out_cap)
     throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
                         " bytes, the frames may need " + std::to_string(need));
   auto place = [&](uint64_t) { return out; };
-  if (p.format == 2)
-    return build_and_place_v2(input, q, c, groups, prefix_bytes, place, resolve_threads(threads),
-                              ext, trailing, group_bytes, stats);
-  return build_and_place(input, q, c, groups, prefix_bytes, place, resolve_threads(threads),
-                         stats);
+  return build_and_place(input, q, c, groups, prefix_bytes, place, resolve_threads(threads), ext,
+                         trailing, group_bytes, stats);
 }
 
 namespace {
@@ -1255,9 +1087,7 @@ uint64_t compress_shape_alloc_cpu(const void* input, const CompressParams& p,
   for (int64_t s : shape)
     if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
   threads = resolve_threads(threads);
-  if (p.format == 2) return write_single_v2(input, p, shape, alloc, threads);
-  const Prepared f = prepare_one(input, p, shape, threads);
-  return write_frame(f, alloc(f.h.total_bytes), f.h.total_bytes, threads);
+  return write_single(input, p, shape, alloc, threads);
 }
 
 std::vector<uint64_t> compress_many_cpu(const void* input, const CompressParams& p,

@@ -1,5 +1,5 @@
 // Internal to the CPU codec (codec_cpu.cc encodes, codec_cpu_decode.cc decodes): scratch
-// memory reused between calls, the OpenMP work split and the v1 checksum both sides compute.
+// memory reused between calls and the OpenMP work split.
 #pragma once
 
 #include <stddef.h>
@@ -109,8 +109,5 @@ inline void split_range(uint64_t n, int t, int nt, uint64_t* lo, uint64_t* hi) {
   *lo = n * t / nt;
   *hi = n * (t + 1) / nt;
 }
-
-// The v1 checksum of a frame (frame.h), its checksum field taken as zero.
-uint32_t checksum_with_zero_field(const uint8_t* frame, uint64_t size, int threads);
 
 }  // namespace hl

@@ -1,40 +1,31 @@
-// hvd_lossy frame formats, versions 1 and 2: the one byte format shared by the CPU and CUDA
-// codecs. Version 1 (below) carries one tensor a frame; version 2 (after it) carries several
-// row segments, each with its own bound, in one compact frame. Decoders read both; the first
-// two bytes ("HV") are the same and the third tells them apart ('D' in v1, 2 in v2).
+// hvd_lossy's frame format: the one byte format shared by the CPU and CUDA codecs. A frame
+// carries a tensor of shape (R, *trailing) cut along dim 0 into row segments, each with its own
+// bound, level, mode, map and outliers: an all-to-all sends one frame a destination, its pieces
+// the segments. Frames are messages between ranks that run one version; nothing stores them.
 //
-// ---- version 1 ----
+// Rows: the last dimension of a segment is a row (one embedding vector); everything before it
+// counts rows. ndim 1: segment k is one row of rows[k] elements; ndim 0: exactly one segment of
+// one element. Fixed-width integers are little-endian.
 //
-// A frame is self-describing: decompress needs nothing but its bytes. All integers and floats
-// are little-endian. Layout, each part starting right after the previous one:
-//
-//   FrameHeader           96 bytes, fields below
-//   shape                 int64[ndim]
-//   map section           map_bytes    row -> unique-row index (empty when HL_FLAG_IDENTITY_MAP)
-//   code section          code_bytes   quantization codes of the unique rows
-//   outlier section       outlier_bytes
-//
-// Rows: the last dimension of the tensor is a row (one embedding vector); everything before it
-// counts rows. A 0-d tensor is one row of one element, a 1-d tensor one row.
-//
-// Quantization (lossy frames): step = 2 * eb_abs, computed in double.
+// Quantization (lossy segments): step = 2 * eb_abs, computed in double.
 //   t = double(x) * (1.0 / step);   q = rint(t) (ties to even)   when |t| <= HL_QMAX, else outlier
 //   x_hat = to_dtype(float(double(q) * step))   (both roundings to nearest-even)
 // The encoder checks |double(x) - double(x_hat)| <= eb_abs for every element with exactly this
-// arithmetic (hl_reconstruct in codec_common.h) and stores every element that misses, plus NaN,
+// arithmetic (reconstruct in codec_common.h) and stores every element that misses, plus NaN,
 // +-Inf and |t| > HL_QMAX, losslessly in the outlier section. The code stored at an outlier
 // position is 0.
-// Lossless frames (HL_FLAG_LOSSLESS, from eb == 0, a zero range in rel mode, or whenever the
-// lossy frame would exceed hl_max_frame_bytes, e.g. when most elements are outliers): the codes are the raw bit patterns of the elements
-// (uint16 for fp16/bf16, uint32 for fp32) and there are no outliers.
+// Lossless segments (HL_SEG_LOSSLESS: eb == 0, a zero range in rel mode, or a lossy segment
+// whose sections would outgrow its worst case, lossy_exceeds_bound in level1_sections.h, e.g.
+// when most elements are outliers): the codes are the raw bit patterns of the elements (uint16
+// for fp16/bf16, uint32 for fp32) and there are no outliers.
 //
-// Subtractive dither (HL_FLAG_DITHER, lossy frames only): element i (row-major index into the
-// tensor) is quantized as x - u_i and decoded as q * step + u_i, where
+// Subtractive dither (HL_SEG_DITHER, lossy segments only): element i (row-major index into the
+// segment) is quantized as x - u_i and decoded as q * step + u_i, where
 //   u_i = hl::dither_unit(seed, i) * step  in (-step/2, step/2)     (codec_common.h)
-// and seed is the 24-bit little-endian value in reserved[0..2]. The reconstruction error is then
-// uniform in [-eb_abs, eb_abs] and independent of x, so it averages out (unbiased) instead of
-// rounding every |x| < eb_abs to zero; the bound check and outliers work as above. A dithered
-// frame has no duplicate rows (HL_FLAG_IDENTITY_MAP): equal rows get different offsets.
+// with the segment's seed. The reconstruction error is then uniform in [-eb_abs, eb_abs] and
+// independent of x, so it averages out (unbiased) instead of rounding every |x| < eb_abs to
+// zero; the bound check and outliers work as above. A dithered segment has no row map: equal
+// rows get different offsets.
 //
 // Duplicate rows: rows whose code vectors and outlier values are identical are stored once.
 // The encoder keeps the map only when 2 * (n_rows - n_unique) * row_len >= n_rows *
@@ -50,21 +41,11 @@
 //                                      bit i (bit planes: one warp ballot per word on the GPU).
 // Lossy codes are zigzag-encoded (q = 0, -1, 1, -2, ... -> 0, 1, 2, 3, ...) before packing.
 //
-// Level 2 codes (entropy stage) are described in codec_common.h next to the coder. An encoder
-// asked for level 2 stores level 1 whenever the entropy-coded section would not be smaller.
+// Level 2 codes (entropy stage): the compact rANS section below, over the coder described in
+// codec_common.h. An encoder asked for level 2 stores level 1 whenever the entropy-coded
+// section would not be smaller.
 //
-// Outlier section: n_outliers records of 12 bytes, sorted by position:
-//   uint64 position (index into the unique-row code matrix, row-major), uint32 raw bits
-//   (fp16/bf16 in the low 16 bits, upper bits zero).
-//
-// Checksum: hl_checksum over the whole frame with the checksum field read as zero. It is a sum
-// of a bijective mix of each 8-byte word and its index, so a GPU can compute it as a reduction.
-//
-// ---- version 2: one frame, many segments (an all-to-all sends one a destination) ----
-// The frame's tensor has shape (R, *trailing) and is cut along dim 0 into segments; segment k
-// holds rows[k] rows (sum = R) and is coded exactly like a v1 frame of shape (rows[k],
-// *trailing) with its own bound, level, mode, map and outliers. ndim 1: segment k is one row of
-// rows[k] elements (as v1 codes a 1-d tensor); ndim 0: exactly one segment of one element.
+// ---- the frame ----
 // Varints are unsigned LEB128 (7 bits a byte, low first, at most 10 bytes, no overlong form).
 //
 //   uint8  'H', 'V', 2              magic and version
@@ -89,13 +70,13 @@
 //     varint rows
 //     uint24 bound                  lossy only: eb_abs = float32 with bits (bound << 8); the
 //                                   encoder rounds its bound down to such a value and codes
-//                                   with exactly it (step = 2 * eb_abs in double, as v1)
+//                                   with exactly it (step = 2 * eb_abs in double)
 //     varint n_unique               HL_SEG_MAP only (1 <= n_unique < rows)
 //     varint map_bytes              HL_SEG_MAP_RANS only
 //     varint n_outliers             HL_SEG_OUTLIERS only (>= 1)
 //     varint code_bytes
 //   payload[n_segments], each, back to back:
-//     map                           HL_SEG_MAP only: block-packed row -> unique row, as v1
+//     map                           HL_SEG_MAP only: block-packed row -> unique row
 //                                   (its length follows from its width bytes), or with
 //                                   HL_SEG_MAP_RANS a compact rANS section of map_bytes over
 //                                   one symbol a row: 0 for a row not seen before (it gets the
@@ -111,7 +92,7 @@
 //                                     last bit (padding bits zero).
 //                                   At level 2 the encoder picks whichever of the three is
 //                                   smallest; level 1 always packs (decoding speed).
-//     code                          code_bytes: level 1 block packing as v1, or a radix
+//     code                          code_bytes: level 1 block packing, or a radix
 //                                   section (lossy level 1, below), or (HL_SEG_LEVEL2) the
 //                                   compact rANS section below
 //     outliers                      n_outliers records of pos_bytes + elem_bytes bytes:
@@ -124,7 +105,7 @@
 //   uint8  0xff                     HL_RADIX_MARK
 //   varint K                        3 <= K <= 65535, not a power of two
 //   varint g                        1 <= g, K^g < 2^32
-//   values                          G = ceil(n / g) values, block-packed (as v1), each < K^g:
+//   values                          G = ceil(n / g) values, block-packed, each < K^g:
 //                                   value j = sum_i d(i, j) * K^i, i = 0..g-1
 // Digits to codes: the values come in spans of S = HL_RADIX_SPAN = 2048 (span s: values
 // [s * S, s * S + L), L = S but for the last span, L = G - s * S), and span s carries codes
@@ -139,7 +120,7 @@
 // (frame_v2_codec.h: the g minimizing the section's worst-case bytes), and stores the section
 // only when it is the smallest packing (level1_packing, after the short-block section), in
 // segments coded at level 1 (a level-2 segment's packed fallback stays block packed); lossless
-// segments and v1 frames never have one.
+// segments never have one.
 //
 // Short-block section (a lossy level-1 code section of n >= 1 codes, every code below 2^15;
 // first byte 0xFD): block packing with blocks of HL_SHORT_BLOCK = 16 codes and 4-bit widths.
@@ -158,8 +139,8 @@
 // level1_packing in frame_v2_codec.h and the size rules and writers of level1_sections.h)
 // sizes block packing, radix packing and short blocks and stores the smallest, in segments
 // coded at level 1 (a level-2 segment's packed fallback stays block packed); lossless segments
-// and v1 frames never have one.
-// Compact rANS section (same coder and streams as v1 level 2, smaller table and framing):
+// never have one.
+// Compact rANS section (the coder and streams of codec_common.h):
 //   uint8  K - 1                    symbols 0..K-1 can occur (K = largest present + 1)
 //   uint8  w                        bits a frequency, 1..13
 //   freq[K]                         w bits each, LSB first, ceil(K * w / 8) bytes; 0 = absent;
@@ -172,8 +153,7 @@
 //                                   frame's level-2 segments is estimated smaller.
 //   varint n_escapes, varint (escape - 255)[n_escapes]
 //   varint stream_bytes[n_streams - 1]   the last stream takes the rest of the section
-//   streams as v1
-// Duplicate rows, dither, outliers and the lossless fallback follow the v1 rules per segment.
+//   streams, back to back (codec_common.h)
 #pragma once
 
 #include <stddef.h>
@@ -181,47 +161,18 @@
 #include <stdint.h>
 #include <string.h>
 
-#define HL_MAGIC 0x4C445648u  // "HVDL" as read little-endian
-#define HL_VERSION 1
 #define HL_MAX_NDIM 8
 #define HL_BLOCK 32
 #define HL_QMAX 1073741823.0  // 2^30 - 1: zigzag codes fit 31 bits
-#define HL_HEADER_BYTES 96
-#define HL_OUTLIER_BYTES 12
+// Bytes an outlier counts for in lossy_exceeds_bound (level1_sections.h), whatever it takes in
+// the frame: the rule that turns segments lossless, so changing it changes frames.
+#define HL_OUTLIER_WORST 12
 
 enum HlDType : uint8_t { HL_FLOAT32 = 0, HL_FLOAT16 = 1, HL_BFLOAT16 = 2 };
 enum HlMode : uint8_t { HL_MODE_ABS = 0, HL_MODE_REL = 1 };
 
-// flags bit layout
-#define HL_FLAG_REL 0x01           // eb_param was relative to the tensor's finite value range
-#define HL_FLAG_LOSSLESS 0x02      // codes are raw bits; decoded tensor is bit-identical
-#define HL_FLAG_IDENTITY_MAP 0x04  // no duplicate rows: map section empty, n_unique == n_rows
-#define HL_FLAG_DITHER 0x08        // subtractive dither, seed in reserved[0..2]
 #define HL_DITHER_SEEDS (1u << 24) // dither seeds are 24-bit
 
-struct HlFrameHeader {
-  uint32_t magic;          // HL_MAGIC
-  uint8_t version;         // HL_VERSION
-  uint8_t dtype;           // HlDType
-  uint8_t level;           // how the codes are stored: 1 block packing, 2 entropy coded
-  uint8_t flags;           // HL_FLAG_*
-  uint8_t ndim;            // 0..HL_MAX_NDIM
-  uint8_t reserved[3];     // dither seed (little-endian) with HL_FLAG_DITHER, else zero
-  uint32_t checksum;       // hl_checksum of the frame with this field as zero
-  double eb_param;         // the bound as the caller gave it (relative factor or absolute)
-  double eb_abs;           // the absolute bound every element satisfies
-  uint64_t n_rows;         // rows in the tensor
-  uint64_t row_len;        // elements per row (last dimension)
-  uint64_t n_unique;       // distinct rows stored
-  uint64_t n_outliers;     // records in the outlier section
-  uint64_t map_bytes;      // section sizes in bytes
-  uint64_t code_bytes;
-  uint64_t outlier_bytes;
-  uint64_t total_bytes;    // the whole frame, header included
-};
-static_assert(sizeof(HlFrameHeader) == HL_HEADER_BYTES, "frame header must be 96 bytes");
-
-// version 2
 #define HL_V2_VERSION 2
 #define HL_V2_PREFIX 7          // magic, version and CRC32C
 #define HL_V2_SEEDED 0x80       // info bit: a dither seed follows
@@ -255,22 +206,21 @@ HL_HD uint64_t hl_packed_max_bytes(uint64_t n) {
   return hl_div_up(n, HL_BLOCK) * (1 + 4 * HL_BLOCK);
 }
 
-// Upper bound of any frame for a tensor of n_rows x row_len elements with ndim dims, so that
+// Upper bound of one segment (descriptor and payload) of n_rows x row_len elements, so that
 // all-to-all buffers can be sized before compressing. Holds because the encoder falls back to a
-// lossless frame whenever the lossy one would be larger, and a lossless frame packs at most
-// elem_bytes*8 <= 32 bits a value, plus the map (absent without duplicates).
-HL_HD uint64_t hl_max_frame_bytes(uint64_t n_rows, uint64_t row_len, int ndim) {
-  return HL_HEADER_BYTES + 8ull * (uint64_t)ndim + hl_packed_max_bytes(n_rows) +
-         hl_packed_max_bytes(n_rows * row_len);
-}
-
-// Upper bound of one segment of a v2 frame (descriptor and payload): its sections are never
-// larger than those of the v1 frame of the same rows, which hl_max_frame_bytes bounds.
+// lossless segment whenever the lossy one would be larger (lossy_exceeds_bound), and a lossless
+// segment packs at most elem_bytes*8 <= 32 bits a value, plus the map (absent without
+// duplicates).
 HL_HD uint64_t hl_max_segment_bytes(uint64_t n_rows, uint64_t row_len) {
   return HL_V2_MAX_SEGMENT + hl_packed_max_bytes(n_rows) + hl_packed_max_bytes(n_rows * row_len);
 }
 
-// The bound a v2 segment stores for a wanted absolute bound: the largest float32 with the low
+// Upper bound of a frame of one segment of n_rows x row_len elements (any ndim).
+HL_HD uint64_t hl_max_frame_bytes(uint64_t n_rows, uint64_t row_len) {
+  return HL_V2_MAX_HEADER + hl_max_segment_bytes(n_rows, row_len);
+}
+
+// The bound a segment stores for a wanted absolute bound: the largest float32 with the low
 // 8 bits of its significand zero that is <= eb (0 when eb is below the smallest one).
 HL_HD uint32_t hl_bound_code(double eb) {
   if (!(eb > 0)) return 0;

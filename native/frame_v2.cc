@@ -1,4 +1,4 @@
-// Format-2 frame headers and descriptors: layout, writing and validation (frame.h).
+// Frame headers and descriptors (frame.h): layout, writing and validation.
 #include "frame_v2.h"
 
 #include <stdio.h>
@@ -73,11 +73,23 @@ uint64_t FrameV2::decoded_bytes() const {
   return n * hl_elem_bytes(dtype);
 }
 
+namespace {
+// Why the bytes at p (n of them) do not start a frame: too few, or not "HV" and version 2.
+[[noreturn]] void not_a_frame(const uint8_t* p, uint64_t n) {
+  if (n < HL_V2_PREFIX + 1)
+    throw FrameError("frame is truncated: " + num(n) + " bytes, a frame has at least " +
+                     num(HL_V2_PREFIX + 1));
+  char buf[128];
+  snprintf(buf, sizeof(buf),
+           "not an hvd_lossy frame: it starts %02x %02x %02x, expected 48 56 02 (\"HV\", "
+           "version %d)", p[0], p[1], p[2], HL_V2_VERSION);
+  throw FrameError(buf);
+}
+}  // namespace
+
 uint64_t v2_frame_bytes(const uint8_t* p, uint64_t avail) {
   In in(p, avail);
-  if (avail < HL_V2_PREFIX + 1)
-    throw FrameError("frame is truncated: " + num(avail) + " bytes, a v2 frame has at least " +
-                     num(HL_V2_PREFIX + 1));
+  if (avail < HL_V2_PREFIX + 1 || !is_v2(p, avail)) not_a_frame(p, avail);
   in.skip(HL_V2_PREFIX);
   const uint64_t total = in.varint("total size");
   if (total > avail || total < in.pos())
@@ -87,7 +99,7 @@ uint64_t v2_frame_bytes(const uint8_t* p, uint64_t avail) {
 }
 
 FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
-  if (!is_v2(frame, size)) throw FrameError("not an hvd_lossy v2 frame");
+  if (size < HL_V2_PREFIX + 1 || !is_v2(frame, size)) not_a_frame(frame, size);
   FrameV2 f;
   In in(frame, size);
   in.skip(3);
@@ -138,7 +150,6 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
   for (uint64_t k = 0; k < n_segs; ++k) {
     SegmentView& s = f.segs[k];
     const uint64_t at = in.pos();
-    s.version = 2;
     s.dtype = f.dtype;
     const uint32_t flags = in.fixed(1, "segment flags");
     if (flags & ~HL_SEG_KNOWN) {
@@ -172,9 +183,10 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
         __builtin_add_overflow(f.rows, s.dim0, &f.rows) || f.rows > (1ull << 62))
       throw FrameError("frame is corrupted: segment " + num(k) + " overflows");
     s.level = (flags & HL_SEG_LEVEL2) ? 2 : 1;
-    s.flags = (uint8_t)((lossless ? HL_FLAG_LOSSLESS : 0) | ((flags & HL_SEG_REL) ? HL_FLAG_REL : 0) |
-                        ((flags & HL_SEG_MAP) ? 0 : HL_FLAG_IDENTITY_MAP) |
-                        ((flags & HL_SEG_DITHER) ? HL_FLAG_DITHER : 0));
+    s.lossless = lossless;
+    s.rel = flags & HL_SEG_REL;
+    s.identity = !(flags & HL_SEG_MAP);
+    s.dithered = flags & HL_SEG_DITHER;
     s.seed = (uint32_t)((f.seed + k) % HL_DITHER_SEEDS);
     if (!lossless) {
       const uint32_t code = in.fixed(3, "segment bound");
@@ -223,7 +235,7 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
         throw fail("coded row map of " + num(s.map_bytes) + " bytes");
       s.map = frame + in.pos();
       in.skip(s.map_bytes);
-    } else if (!(s.flags & HL_FLAG_IDENTITY_MAP)) {
+    } else if (!s.identity) {
       const uint64_t nb = hl_div_up(s.n_rows, HL_BLOCK);
       if (nb > in.left()) throw fail("truncated row map");
       uint64_t payload = 0;
@@ -240,7 +252,7 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
     // level 2: a table (or the 2 bytes of a borrowed one), an escape count, a state a stream
     uint64_t min_code = s.level == 1 ? hl_div_up(n_codes, HL_BLOCK)
                                      : 3 + 4 * hl_div_up(n_codes, HL_RANS_CHUNK);
-    if (s.level == 1 && !(s.flags & HL_FLAG_LOSSLESS) && n_codes > 0 &&
+    if (s.level == 1 && !s.lossless && n_codes > 0 &&
         s.code_bytes <= in.left()) {  // a radix or short-block section: its own least size
       const uint8_t* code = frame + in.pos();
       if (s.code_bytes > 0 && code[0] == HL_SHORT_MARK) {

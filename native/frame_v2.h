@@ -1,6 +1,5 @@
-// Format-2 frames (frame.h) on the host: varints, the layout of a frame's header and
-// descriptors, and the parser that validates them. The segment view is what the decoder works
-// on, for v1 frames (one segment) and v2 segments alike.
+// Frames (frame.h) on the host: the layout of a frame's header and descriptors, the parser
+// that validates them and the writer. The segment view is what the decoders work on.
 #pragma once
 
 #include <stdint.h>
@@ -9,23 +8,26 @@
 #include <string>
 #include <vector>
 
-#include "codec.h"
+#include "errors.h"
 #include "frame_v2_codec.h"  // varints, descriptors, CRC32C: shared with the CUDA codec
 
 namespace hl {
 
-// One run of rows to decode: a v1 frame or a v2 segment. flags are HL_FLAG_* of v1.
+// One segment to decode, its descriptor's fields resolved.
 struct SegmentView {
-  uint8_t version = 1;  // 1: v1 rANS table and 12-byte outliers; 2: the compact ones
-  uint8_t dtype = 0, level = 1, flags = 0;
-  uint8_t pos_bytes = 8;  // bytes of an outlier's position (v2)
-  bool map_rans = false;  // v2: the map is entropy coded (HL_SEG_MAP_RANS)
-  bool map_buckets = false;  // v2: ... as bucketed symbols and extra bits (HL_SEG_MAP_BUCKETS)
-  // v2 lossy level 1: a radix section (frame.h) with these K and g (0: block packing); its
+  uint8_t dtype = 0, level = 1;
+  bool lossless = false;  // HL_SEG_LOSSLESS
+  bool identity = true;   // no row map (not HL_SEG_MAP)
+  bool dithered = false;  // HL_SEG_DITHER
+  bool rel = false;       // HL_SEG_REL
+  uint8_t pos_bytes = 1;  // bytes of an outlier's position
+  bool map_rans = false;  // the map is entropy coded (HL_SEG_MAP_RANS)
+  bool map_buckets = false;  // ... as bucketed symbols and extra bits (HL_SEG_MAP_BUCKETS)
+  // lossy level 1: a radix section (frame.h) with these K and g (0: block packing); its
   // block-packed values start radix_head bytes into the code section
   uint32_t radix_k = 0, radix_g = 0;
   uint64_t radix_head = 0;
-  bool short_blocks = false;  // v2 lossy level 1: a short-block section (frame.h)
+  bool short_blocks = false;  // lossy level 1: a short-block section (frame.h)
   uint32_t seed = 0;
   double eb_abs = 0;
   uint64_t n_rows = 0, row_len = 0, n_unique = 0, n_outliers = 0;
@@ -33,11 +35,11 @@ struct SegmentView {
   const uint8_t* map = nullptr;
   const uint8_t* code = nullptr;
   const uint8_t* outliers = nullptr;
-  // v2 level 2: the code section whose table this one borrows (frame.h), null when its own
+  // level 2: the code section whose table this one borrows (frame.h), null when its own
   const uint8_t* table = nullptr;
   uint64_t table_bytes = 0;  // bytes from table to the end of its section
   uint64_t map_bytes = 0, code_bytes = 0, outlier_bytes = 0;
-  uint64_t bytes = 0;  // v2: its descriptor and payload
+  uint64_t bytes = 0;  // its descriptor and payload
 };
 
 // A parsed v2 frame: header fields and its segments, every size validated (not the CRC).

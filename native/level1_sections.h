@@ -102,14 +102,13 @@ HL_HD uint8_t v2_segment_flags(bool level2, bool lossless, bool identity, uint64
                    (map_rans ? HL_SEG_MAP_RANS : 0) | (map_buckets ? HL_SEG_MAP_BUCKETS : 0));
 }
 
-// A lossy segment is coded again lossless when the v1 frame of the same sections (96-byte
-// header, 8-byte dims, 12-byte outliers) would exceed hl_max_frame_bytes: the rule of v1, kept
-// for v2 segments so that hl_max_segment_bytes bounds them (the CPU encoder's prepare()).
-HL_HD bool lossy_exceeds_bound(uint64_t n_rows, uint64_t row_len, int ndim, uint64_t map_bytes,
+// A lossy segment is coded again lossless when its map, code and outliers (each counted at
+// HL_OUTLIER_WORST bytes) outgrow the worst case of its sections, so that hl_max_segment_bytes
+// bounds every segment (the CPU encoder's prepare(), the CUDA encoder alike).
+HL_HD bool lossy_exceeds_bound(uint64_t n_rows, uint64_t row_len, uint64_t map_bytes,
                                uint64_t code_bytes, uint64_t n_outliers) {
-  const uint64_t total = HL_HEADER_BYTES + 8ull * ndim + map_bytes + code_bytes +
-                         (uint64_t)HL_OUTLIER_BYTES * n_outliers;
-  return total > hl_max_frame_bytes(n_rows, row_len, ndim);
+  return map_bytes + code_bytes + (uint64_t)HL_OUTLIER_WORST * n_outliers >
+         hl_packed_max_bytes(n_rows) + hl_packed_max_bytes(n_rows * row_len);
 }
 
 }  // namespace hl

@@ -1,4 +1,4 @@
-// Format 2's bucketed row map: encoder and decoder (layout in frame.h).
+// The bucketed row map: encoder and decoder (layout in frame.h).
 #include "map_buckets.h"
 
 #include <string>
@@ -38,7 +38,7 @@ std::vector<uint8_t> map_buckets_encode(const uint32_t* map, uint64_t n, int thr
     }
   }
   if (used) bits.push_back((uint8_t)acc);
-  const std::vector<uint8_t> coded = rans_encode(sym.data(), n, threads, true);
+  const std::vector<uint8_t> coded = rans_encode(sym.data(), n, threads);
   std::vector<uint8_t> out;
   for (uint64_t v = coded.size(); ; v >>= 7) {  // varint rans_bytes
     out.push_back((uint8_t)(v >= 0x80 ? (v & 0x7f) | 0x80 : v));
@@ -62,7 +62,7 @@ void map_buckets_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* m
   if (rans_bytes > len - at)
     throw FrameError("frame is corrupted: a bucketed row map's rANS section of " +
                      std::to_string(rans_bytes) + " bytes in " + std::to_string(len - at));
-  rans_decode(in + at, rans_bytes, n, map, threads, true);
+  rans_decode(in + at, rans_bytes, n, map, threads);
   const uint8_t* bits = in + at + rans_bytes;
   const uint64_t n_bits = 8 * (len - at - rans_bytes);
   uint64_t pos = 0, seen = 0;

@@ -152,7 +152,7 @@ uint64_t rans_table_bytes(const uint32_t* freq) {
   return 2 + ((uint64_t)k * w + 7) / 8;
 }
 
-std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads, bool compact,
+std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads,
                                  const uint32_t* shared, bool write_table) {
   uint64_t counts[256];
   rans_counts(z, n, counts);
@@ -180,33 +180,7 @@ std::vector<uint8_t> rans_encode(const uint32_t* z, uint64_t n, int threads, boo
   }
 
   std::vector<uint8_t> out;
-  auto put = [&out](const void* p, size_t len) {
-    const uint8_t* b = static_cast<const uint8_t*>(p);
-    out.insert(out.end(), b, b + len);
-  };
-  if (compact) {
-    write_compact(t.freq, z, n, n_esc, streams, &out, write_table || !shared);
-    return out;
-  }
-  uint16_t n_present = 0;
-  for (int s = 0; s < 256; ++s) n_present += t.freq[s] != 0;
-  put(&n_present, 2);
-  for (int s = 0; s < 256; ++s) {
-    if (!t.freq[s]) continue;
-    uint8_t sym = (uint8_t)s;
-    uint16_t f = (uint16_t)t.freq[s];
-    put(&sym, 1);
-    put(&f, 2);
-  }
-  uint32_t n_esc32 = (uint32_t)n_esc;
-  put(&n_esc32, 4);
-  for (uint64_t i = 0; i < n; ++i)
-    if (z[i] >= HL_RANS_ESC) put(&z[i], 4);
-  for (auto& s : streams) {
-    uint32_t len = (uint32_t)s.size();
-    put(&len, 4);
-  }
-  for (auto& s : streams) put(s.data(), s.size());
+  write_compact(t.freq, z, n, n_esc, streams, &out, write_table || !shared);
   return out;
 }
 
@@ -228,8 +202,8 @@ void read_compact_table(Reader& r, Table* t) {
   }
 }
 
-RansLayout rans_layout(const uint8_t* in, uint64_t len, uint64_t n, bool compact,
-                       const uint8_t* table, uint64_t table_len) {
+RansLayout rans_layout(const uint8_t* in, uint64_t len, uint64_t n, const uint8_t* table,
+                       uint64_t table_len) {
   Reader r(in, len, "entropy-coded code section");
   RansLayout L;
   Table t = {};
@@ -237,64 +211,38 @@ RansLayout rans_layout(const uint8_t* in, uint64_t len, uint64_t n, bool compact
   std::vector<uint32_t>& escapes = L.escapes;
   std::vector<uint64_t>& start = L.start;
   start.assign(n_streams + 1, 0);
-  if (compact) {
-    if (n == 0) throw FrameError("frame is corrupted: an entropy-coded section of no codes");
-    if (len >= 2 && in[1] == 0) {  // w = 0: the table is borrowed (frame.h)
-      if (!table || in[0] != 0)
-        throw FrameError("frame is corrupted: an entropy-coded section borrows a table "
-                         "where none is to borrow");
-      r.take(2);
-      Reader tr(table, table_len, "borrowed entropy table");
-      read_compact_table(tr, &t);
-    } else {
-      read_compact_table(r, &t);
-    }
-    const uint64_t n_esc = read_varint(r);
-    if (n_esc > n || n_esc > r.remaining())
-      throw FrameError("frame is corrupted: " + std::to_string(n_esc) + " escapes for " +
-                       std::to_string(n) + " codes");
-    escapes.resize(n_esc);
-    for (uint64_t e = 0; e < n_esc; ++e) {
-      const uint64_t v = read_varint(r) + HL_RANS_ESC;
-      if (v > 0xffffffffull) throw FrameError("frame is corrupted: escape value overflows");
-      escapes[e] = (uint32_t)v;
-    }
-    if (n_streams - 1 > r.remaining())
-      throw FrameError("frame is corrupted: " + std::to_string(n_streams) +
-                       " entropy-coded streams in " + std::to_string(len) + " bytes");
-    for (uint64_t s = 0; s + 1 < n_streams; ++s) {
-      const uint64_t l = read_varint(r);
-      if (l > len) throw FrameError("frame is corrupted: an entropy-coded stream overruns");
-      start[s + 1] = start[s] + l;
-    }
-    if (start[n_streams - 1] > r.remaining())
-      throw FrameError("frame is corrupted: entropy-coded streams overrun their section");
-    start[n_streams] = r.remaining();
+  if (n == 0) throw FrameError("frame is corrupted: an entropy-coded section of no codes");
+  if (len >= 2 && in[1] == 0) {  // w = 0: the table is borrowed (frame.h)
+    if (!table || in[0] != 0)
+      throw FrameError("frame is corrupted: an entropy-coded section borrows a table "
+                       "where none is to borrow");
+    r.take(2);
+    Reader tr(table, table_len, "borrowed entropy table");
+    read_compact_table(tr, &t);
   } else {
-    uint32_t n_present = r.read<uint16_t>();
-    if (n_present < 1 || n_present > 256)
-      throw FrameError("frame is corrupted: entropy table lists " + std::to_string(n_present) +
-                       " symbols, expected 1..256");
-    int prev = -1;
-    for (uint32_t i = 0; i < n_present; ++i) {
-      int sym = r.read<uint8_t>();
-      uint32_t f = r.read<uint16_t>();
-      if (sym <= prev || f == 0)
-        throw FrameError("frame is corrupted: entropy table entries must have ascending symbols "
-                         "and nonzero frequencies");
-      t.freq[sym] = f;
-      prev = sym;
-    }
-    uint64_t n_esc = r.read<uint32_t>();
-    if (n_esc > n)
-      throw FrameError("frame is corrupted: " + std::to_string(n_esc) + " escapes for " +
-                       std::to_string(n) + " codes");
-    const uint8_t* esc = r.take(4 * n_esc);
-    escapes.resize(n_esc);
-    for (uint64_t e = 0; e < n_esc; ++e) escapes[e] = load_u32(esc + 4 * e);
-    const uint8_t* lens = r.take(4 * n_streams);
-    for (uint64_t k = 0; k < n_streams; ++k) start[k + 1] = start[k] + load_u32(lens + 4 * k);
+    read_compact_table(r, &t);
   }
+  const uint64_t n_esc = read_varint(r);
+  if (n_esc > n || n_esc > r.remaining())
+    throw FrameError("frame is corrupted: " + std::to_string(n_esc) + " escapes for " +
+                     std::to_string(n) + " codes");
+  escapes.resize(n_esc);
+  for (uint64_t e = 0; e < n_esc; ++e) {
+    const uint64_t v = read_varint(r) + HL_RANS_ESC;
+    if (v > 0xffffffffull) throw FrameError("frame is corrupted: escape value overflows");
+    escapes[e] = (uint32_t)v;
+  }
+  if (n_streams - 1 > r.remaining())
+    throw FrameError("frame is corrupted: " + std::to_string(n_streams) +
+                     " entropy-coded streams in " + std::to_string(len) + " bytes");
+  for (uint64_t s = 0; s + 1 < n_streams; ++s) {
+    const uint64_t l = read_varint(r);
+    if (l > len) throw FrameError("frame is corrupted: an entropy-coded stream overruns");
+    start[s + 1] = start[s] + l;
+  }
+  if (start[n_streams - 1] > r.remaining())
+    throw FrameError("frame is corrupted: entropy-coded streams overrun their section");
+  start[n_streams] = r.remaining();
   build_cum(&t);
   if (t.cum[256] != kScale)
     throw FrameError("frame is corrupted: entropy frequencies sum to " +
@@ -310,8 +258,8 @@ RansLayout rans_layout(const uint8_t* in, uint64_t len, uint64_t n, bool compact
 }
 
 void rans_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* z, int threads,
-                 bool compact, const uint8_t* table, uint64_t table_len) {
-  const RansLayout L = rans_layout(in, len, n, compact, table, table_len);
+                 const uint8_t* table, uint64_t table_len) {
+  const RansLayout L = rans_layout(in, len, n, table, table_len);
   const uint64_t n_streams = hl_div_up(n, HL_RANS_CHUNK);
   Table t;
   memcpy(t.freq, L.freq, sizeof(t.freq));

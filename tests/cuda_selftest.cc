@@ -82,7 +82,7 @@ uint64_t numel(const std::vector<int64_t>& shape) {
 uint64_t max_frame(const std::vector<int64_t>& shape) {
   const std::vector<int64_t> trailing(shape.empty() ? shape.end() : shape.begin() + 1,
                                       shape.end());
-  return hl::max_grouped_bytes({shape.empty() ? 1 : shape[0]}, trailing, {1}, 0, 2);
+  return hl::max_grouped_bytes({shape.empty() ? 1 : shape[0]}, trailing, {1}, 0);
 }
 
 uint32_t raw_of(uint8_t dtype, double v) {
@@ -127,7 +127,6 @@ Case random_case(std::mt19937_64& rng, uint64_t max_elems) {
   for (int k = pick(rng) % 5; k > 0 && n; --k)
     store(c, pick(rng) % n, raw_of(c.dtype, kSpecials[pick(rng) % 13]));
   c.p.dtype = c.dtype;
-  c.p.format = 2;
   c.p.mode = (uint8_t)(pick(rng) % 2);
   c.p.level = (uint8_t)(1 + pick(rng) % 2);
   c.p.dedup = pick(rng) % 4 != 0;
@@ -227,7 +226,7 @@ void run_grouped(std::mt19937_64& rng) {
   }
   const uint64_t prefix = rng() % 9;
   const std::string ext = (rng() % 2) ? std::string("\x01proto", 6) : std::string();
-  const uint64_t cap = hl::max_grouped_bytes(rows, trailing, groups, prefix, 2);
+  const uint64_t cap = hl::max_grouped_bytes(rows, trailing, groups, prefix);
   std::vector<uint8_t> cpu(cap, 0xab);
   std::vector<uint64_t> cpu_groups, gpu_groups;
   std::vector<uint64_t> cs = hl::compress_into_cpu(c.data.data(), c.p, rows, trailing, ebs, groups,

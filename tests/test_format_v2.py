@@ -1,5 +1,5 @@
-"""Format version 2 (native/frame.h): one compact frame whose row segments each keep their own
-bound, level, mode, map and outliers. Golden frames pin its bytes; v1 frames keep decoding."""
+"""The frame format (native/frame.h): one compact frame whose row segments each keep their own
+bound, level, mode, map and outliers. Golden frames pin its bytes."""
 import pathlib
 import struct
 import sys
@@ -128,8 +128,7 @@ def test_random_segments_decode_within_bounds_with_specials(dtype, level):
     flat = x.view(-1)
     flat[5], flat[900], flat[3000], flat[4000] = float("nan"), float("inf"), -float("inf"), 60000
     rows = [0, 64, 1, 100, 35]
-    buf, sizes = hvd_lossy.compress_chunks(x, rows, [0.02, 0.05, 0.0, 0.001, 0.1], level=level,
-                                           format=2)
+    buf, sizes = hvd_lossy.compress_chunks(x, rows, [0.02, 0.05, 0.0, 0.001, 0.1], level=level)
     assert sizes == [buf.numel()]
     info = hvd_lossy.frame_info(buf)
     assert_within_segment_bounds(x, hvd_lossy.decompress(buf), info, rows)
@@ -178,10 +177,9 @@ def test_a_sealed_frame_with_a_bad_field_names_it():
 def test_one_v2_frame_a_group_and_no_frame_for_an_empty_group():
     x = lookups(rows=96, dim=32)
     rows, groups, prefix = [30, 10, 56], [2, 0, 1], 5
-    out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, [32], groups, prefix, format=2),
+    out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, [32], groups, prefix),
                       dtype=torch.uint8)
-    sizes = hvd_lossy.compress_grouped(x, rows, [0.03, 0.02, 0.01], groups, prefix, out,
-                                       format=2, level=2)
+    sizes = hvd_lossy.compress_grouped(x, rows, [0.03, 0.02, 0.01], groups, prefix, out, level=2)
     assert len(sizes) == 3
     first = out[prefix:prefix + sizes[0] + sizes[1]]
     assert hvd_lossy.frame_info(first)["shape"] == (40, 32)
@@ -189,59 +187,47 @@ def test_one_v2_frame_a_group_and_no_frame_for_an_empty_group():
     last = out[at:at + sizes[2]]
     assert hvd_lossy.frame_info(last)["shape"] == (56, 32)
     assert torch.equal(hvd_lossy.decompress(last), hvd_lossy.decompress(
-        hvd_lossy.compress_chunks(x[40:], [56], 0.01, level=2, format=2)[0]))
+        hvd_lossy.compress_chunks(x[40:], [56], 0.01, level=2)[0]))
 
 
-def test_v1_and_v2_frames_decode_side_by_side_into_one_output():
+def test_sources_of_several_back_to_back_frames_decode_into_one_output():
     x = lookups(rows=96, dim=32)
-    v1, v1_sizes = hvd_lossy.compress_chunks(x[:50], [20, 30], 0.03)
-    v2, _ = hvd_lossy.compress_chunks(x[50:], [16, 30], 0.03, format=2)
-    buffer = torch.cat([v1, v2])
+    a, _ = hvd_lossy.compress_chunks(x[:20], [20], 0.03)
+    b, _ = hvd_lossy.compress_chunks(x[20:50], [12, 18], 0.03, level=2)
+    c, _ = hvd_lossy.compress_chunks(x[50:], [16, 30], 0.03)
+    buffer = torch.cat([a, b, c])
+    first = a.numel() + b.numel()
     out = torch.empty(96, 32)
-    errors = hvd_lossy.decompress_into(buffer, [(0, v1.numel(), 50), (v1.numel(), v2.numel(), 46)], out)
+    errors = hvd_lossy.decompress_into(buffer, [(0, first, 50), (first, c.numel(), 46)], out)
     assert errors == [None, None]
-    assert torch.equal(out[:50], torch.cat(list(hvd_lossy.decompress_chunks(v1, v1_sizes))))
-    assert torch.equal(out[50:], hvd_lossy.decompress(v2))
+    assert torch.equal(out[:50], torch.cat(hvd_lossy.decompress_chunks(torch.cat([a, b]))))
+    assert torch.equal(out[50:], hvd_lossy.decompress(c))
 
 
 def test_v2_source_with_rows_other_than_announced_is_a_mismatch():
     x = lookups(rows=96, dim=32)
-    v2, _ = hvd_lossy.compress_chunks(x, [40, 56], 0.03, format=2)
+    v2, _ = hvd_lossy.compress_chunks(x, [40, 56], 0.03)
     errors = hvd_lossy.decompress_into(v2, [(0, v2.numel(), 95)], torch.empty(95, 32))
     assert errors[0] is not None and errors[0].mismatch
 
 
-def test_v2_is_smaller_than_v1_frames_on_small_segments():
-    x = lookups(rows=96, dim=32)
-    rows = [8] * 12
-    v1, _ = hvd_lossy.compress_chunks(x, rows, 0.03, level=2)
-    v2, _ = hvd_lossy.compress_chunks(x, rows, 0.03, level=2, format=2)
-    assert v2.numel() < v1.numel() - 12 * 96  # at least a v1 header a segment saved
-
-
-def test_format_argument_is_checked():
-    with pytest.raises(ValueError, match="format must be 1 or 2"):
-        hvd_lossy.compress(torch.zeros(4, 4), 0.1, format=3)
-
-
 def _grouped_stats(x, rows, **kw):
     stats = np.full((len(rows), hvd_lossy.STATS_PER_PIECE), -1.0)
-    out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, list(x.shape[1:]), [len(rows)], 0,
-                                                  format=kw.get("format", 2)), dtype=torch.uint8)
+    out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, list(x.shape[1:]), [len(rows)], 0),
+                      dtype=torch.uint8)
     hvd_lossy.compress_grouped(x, rows, [0.03] * len(rows), [len(rows)], 0, out, stats=stats, **kw)
     return stats
 
 
-@pytest.mark.parametrize("fmt", [1, 2])
 @pytest.mark.parametrize("mode", ["rel", "abs"])
-def test_the_codec_reports_each_pieces_exact_finite_range_and_distinct_rows(fmt, mode):
+def test_the_codec_reports_each_pieces_exact_finite_range_and_distinct_rows(mode):
     # Rows that agree in their first 8 columns and differ later are distinct rows.
     base = torch.randn(40, 32)
     base[20:, :8] = base[0, :8]
     x = base[torch.randint(0, 40, (120,), generator=torch.Generator().manual_seed(3))].contiguous()
     x[7, 5], x[70, 1] = float("nan"), float("-inf")
     rows = [50, 70]
-    stats = _grouped_stats(x, rows, format=fmt, mode=mode)
+    stats = _grouped_stats(x, rows, mode=mode)
     for piece, got in zip(segments_of(x, rows), stats):
         finite = piece[torch.isfinite(piece)]
         assert got[hvd_lossy.STAT_MIN] == finite.min().item()
@@ -260,10 +246,10 @@ def test_codec_stats_are_nan_where_the_codec_did_not_compute_them():
 
 def test_a_stats_array_of_the_wrong_shape_or_dtype_is_refused():
     x = torch.randn(8, 4)
-    out = torch.zeros(hvd_lossy.max_grouped_bytes([8], [4], [1], 0, format=2), dtype=torch.uint8)
+    out = torch.zeros(hvd_lossy.max_grouped_bytes([8], [4], [1], 0), dtype=torch.uint8)
     for bad in (np.empty((2, hvd_lossy.STATS_PER_PIECE)), np.empty((1, 3), dtype=np.float32)):
         with pytest.raises(ValueError, match="stats must be"):
-            hvd_lossy.compress_grouped(x, [8], [0.03], [1], 0, out, format=2, stats=bad)
+            hvd_lossy.compress_grouped(x, [8], [0.03], [1], 0, out, stats=bad)
 
 
 def test_frame_bytes_breakdown_accounts_for_every_byte_of_the_wire_benchmarks_chunk():
@@ -316,7 +302,7 @@ def test_frames_of_many_small_segments_stay_within_their_bounds_with_shared_tabl
     g = torch.Generator().manual_seed(5)
     x = torch.randn(13 * 64, 32, generator=g) * 0.05
     rows = [64] * 13
-    frame, _ = hvd_lossy.compress_chunks(x, rows, 0.03, level=2, format=2)
+    frame, _ = hvd_lossy.compress_chunks(x, rows, 0.03, level=2)
     assert _code_tables(frame).count(True) == 1
     info = hvd_lossy.frame_info(frame)
     assert_within_segment_bounds(x, hvd_lossy.decompress(frame), info, rows)

@@ -77,7 +77,7 @@ def breakdown(rows):
     ids, cards = load_sparse_ids()
     x, _ = message(torch.from_numpy(ids), cards, 0, RANKS, rows)
     chunk = x[x.shape[0] // RANKS:].contiguous()
-    frame, _ = hvd_lossy.compress_chunks(chunk, [rows] * TABLES, 0.03, level=2, format=2)
+    frame, _ = hvd_lossy.compress_chunks(chunk, [rows] * TABLES, 0.03, level=2)
     info = hvd_lossy.frame_info(frame)
     data = frame.numpy().tobytes()
     parts = dict(header=info["header_bytes"], descriptors=0, rans_tables=0, escapes=0,

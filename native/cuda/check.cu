@@ -47,6 +47,10 @@ void crc_mismatch(uint32_t computed, uint32_t stored) {
   throw FrameError(buf);
 }
 
+void check_frame_size(uint64_t size) {
+  if (size <= HL_V2_PREFIX) v2_frame_bytes(nullptr, size);  // too short to hold a byte of it
+}
+
 uint32_t stored_crc(const uint8_t* head, uint64_t head_len, uint64_t size) {
   uint64_t total = 0;
   uint32_t stored = 0;
@@ -91,7 +95,7 @@ uint32_t crc32c_cuda(const uint8_t* p_dev, uint64_t n, void* stream) {
 
 void verify_cuda(const uint8_t* frame_dev, uint64_t size, void* stream_v) {
   using namespace gpu;
-  if (size < 3) throw FrameError("not an hvd_lossy frame: " + std::to_string(size) + " bytes");
+  check_frame_size(size);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
   DeviceScope scope(frame_dev, "the frame");
   uint8_t head[HL_V2_PREFIX + 10];  // the prefix and the total's varint

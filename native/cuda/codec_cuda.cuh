@@ -146,6 +146,9 @@ std::vector<SegmentResult> encode_segments(const std::vector<SegmentJob>& segs,
 void crc32c_terms_dev(const uint8_t* p_dev, uint64_t n, uint32_t* terms_dev, cudaStream_t stream);
 // CRC32C of n device bytes.
 uint32_t crc32c_dev(const uint8_t* p_dev, uint64_t n, cudaStream_t stream);
+// FrameError ("truncated", as the CPU decoder says) for fewer bytes than any frame has, before
+// anything is read from the device.
+void check_frame_size(uint64_t size);
 // The CRC32C a frame of `size` bytes stores, from its first head_len bytes; FrameError unless
 // they are a v2 frame's and its total is `size`.
 uint32_t stored_crc(const uint8_t* head, uint64_t head_len, uint64_t size);

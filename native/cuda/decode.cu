@@ -430,7 +430,7 @@ void plan_decode_scratch(const FrameV2& f, const std::vector<SegmentPlan>& plans
   for (const SegmentPlan& p : plans) {
     const SegmentView& v = p.v;
     const uint64_t nu = v.n_unique * v.row_len;
-    const bool identity = v.flags & HL_FLAG_IDENTITY_MAP;
+    const bool identity = v.identity;
     const uint64_t rows = identity ? 0 : v.n_rows;
     nb = std::max(nb, hl_div_up(std::max(v.level == 1 ? nu : 0, v.map_rans ? 0 : rows), HL_BLOCK));
     if (v.level == 1) nb = std::max(nb, short_n_blocks(nu));  // a short-block section's blocks
@@ -532,12 +532,12 @@ void enqueue_segment(const SegmentPlan& p, const uint8_t* host_frame, const uint
   const SegmentView& v = p.v;
   raw_t* out = static_cast<raw_t*>(out_v) + p.out_elems;
   const uint64_t R = v.n_rows, d = v.row_len, nu = v.n_unique * d;
-  const bool identity = v.flags & HL_FLAG_IDENTITY_MAP;
+  const bool identity = v.identity;
   auto on_device = [&](const uint8_t* host_p) { return frame_dev + (host_p - host_frame); };
   DecodeScratch s = x;
   s.ds = ds;
   raw_t* u = identity ? out : reinterpret_cast<raw_t*>(s.uniq);
-  const CodeSink<DT> sink{u, 2.0 * v.eb_abs, (v.flags & HL_FLAG_LOSSLESS) != 0};
+  const CodeSink<DT> sink{u, 2.0 * v.eb_abs, v.lossless};
   if (v.level == 1 && v.radix_k) {  // parse_v2 read and checked its head: lossy, nu >= 1
     const uint64_t G = hl_div_up(nu, v.radix_g);
     const RadixSink<CodeSink<DT>> radix{sink, nu, G, v.radix_g, radix_div_of(v.radix_k)};
@@ -603,7 +603,7 @@ void enqueue_segment(const SegmentPlan& p, const uint8_t* host_frame, const uint
 void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uint64_t out_bytes,
                      void* stream_v, bool verify_checksum) {
   using namespace gpu;
-  if (size < 3) throw FrameError("not an hvd_lossy frame: " + std::to_string(size) + " bytes");
+  check_frame_size(size);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
   DeviceScope scope(frame_dev, "the frame");
   std::vector<uint8_t> host(size);
@@ -620,7 +620,7 @@ void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uin
   for (size_t k = 0; k < f.segs.size(); ++k) {
     SegmentPlan& p = plans[k];
     p.v = f.segs[k];
-    if (p.v.flags & HL_FLAG_DITHER)
+    if (p.v.dithered)
       throw ArgumentError("dithered frames have no CUDA decoder yet: decode them on the CPU "
                           "(hvd_lossy.decompress does this for device frames)");
     if (p.v.map_buckets)
@@ -630,9 +630,9 @@ void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uin
     at += p.v.n_rows * p.v.row_len;
     // A section whose table is borrowed (w = 0) reads the frame's first table (frame.h).
     if (p.v.level == 2)
-      p.code = rans_layout(p.v.code, p.v.code_bytes, p.v.n_unique * p.v.row_len, true, p.v.table,
+      p.code = rans_layout(p.v.code, p.v.code_bytes, p.v.n_unique * p.v.row_len, p.v.table,
                            p.v.table_bytes);
-    if (p.v.map_rans) p.map = rans_layout(p.v.map, p.v.map_bytes, p.v.n_rows, true);
+    if (p.v.map_rans) p.map = rans_layout(p.v.map, p.v.map_bytes, p.v.n_rows);
   }
   const uint64_t need = f.decoded_bytes();
   if (out_bytes != need)

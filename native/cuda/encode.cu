@@ -20,14 +20,14 @@ struct DeviceResult {
 };
 
 // Places the outliers and decides the fallback.
-__global__ void decide_kernel(EncodeState* st, uint64_t n_rows, uint64_t row_len, int ndim,
-                              uint8_t dtype, const uint64_t* out_count, const uint64_t* out_off) {
+__global__ void decide_kernel(EncodeState* st, uint64_t n_rows, uint64_t row_len, uint8_t dtype,
+                              const uint64_t* out_count, const uint64_t* out_off) {
   const uint64_t n_out = n_rows ? out_off[n_rows - 1] + out_count[n_rows - 1] : 0;
   st->n_outliers = n_out;
   st->outlier_off = st->code_off + st->code_bytes;
   st->total = st->outlier_off + v2_outlier_record_bytes(st->n_codes, dtype) * n_out;
-  st->fallback = !st->lossless && lossy_exceeds_bound(n_rows, row_len, ndim, st->map_bytes,
-                                                      st->code_bytes, n_out);
+  st->fallback = !st->lossless &&
+                 lossy_exceeds_bound(n_rows, row_len, st->map_bytes, st->code_bytes, n_out);
 }
 
 // Outlier records in position order, one warp a unique row. The outlier test is repeated on
@@ -137,8 +137,7 @@ void enqueue_encode(const EncodeJob& j, const EncodeScratch& s, EncodeState* st,
   enqueue_quantize(j, s, st, force_lossless, stream);
   enqueue_dedup(j, s, st, stream);
   enqueue_sections(j, s, st, stream);
-  launch("decide", decide_kernel, 1, 1, stream, st, R, d, j.ndim, j.dtype, s.out_count,
-         s.out_off);
+  launch("decide", decide_kernel, 1, 1, stream, st, R, d, j.dtype, s.out_count, s.out_off);
   if (j.n())
     with_dtype(j.dtype, [&](auto dt) {
       constexpr int DT = decltype(dt)::value;
@@ -157,7 +156,6 @@ EncodeJob make_job(const SegmentJob& g) {
   j.dedup = g.p.dedup;
   j.eb = g.p.error_bound;
   shape_to_rows(g.shape, &j.n_rows, &j.row_len);
-  j.ndim = (int)g.shape.size();
   j.payload_dev = g.payload_dev;
   return j;
 }

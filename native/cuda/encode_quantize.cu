@@ -92,7 +92,8 @@ void enqueue_quantize(const EncodeJob& j, const EncodeScratch& s, EncodeState* s
   with_dtype(j.dtype, [&](auto dt) {
     constexpr int DT = decltype(dt)::value;
     const auto* x = static_cast<const typename Elem<DT>::raw_t*>(j.x_dev);
-    if (ranged) launch("finite_range", finite_range_kernel<DT>, elem_grid, kThreads, stream, x, n, st);
+    if (ranged)
+      launch("finite_range", finite_range_kernel<DT>, elem_grid, kThreads, stream, x, n, st);
     launch("prepare", prepare_kernel, 1, 1, stream, st, j.eb, j.mode == HL_MODE_REL, ranged,
            force_lossless);
     if (j.n_rows) HL_CUDA_CHECK(cudaMemsetAsync(s.row_outlier, 0, j.n_rows, stream));

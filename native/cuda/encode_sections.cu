@@ -144,13 +144,14 @@ __global__ void choose_packing_kernel(EncodeState* st, const uint64_t* short_wid
 }
 
 __global__ void radix_head_kernel(const EncodeState* st, uint8_t* payload) {
-  if (st->packing == HL_PACK_RADIX) radix_put_head(payload + st->code_off, st->radix_k, st->radix_g);
+  if (st->packing == HL_PACK_RADIX)
+    radix_put_head(payload + st->code_off, st->radix_k, st->radix_g);
 }
 
 // The short-block section: mark, width nibbles (a thread a byte) and planes (two blocks a warp:
 // word j of a block is the half-warp's share of the ballot of bit j).
-__global__ void short_write_kernel(const EncodeState* st, uint8_t* payload, const uint64_t* width,
-                                   const uint64_t* word_off) {
+__global__ void short_write_kernel(const EncodeState* st, uint8_t* payload,
+                                   const uint64_t* width, const uint64_t* word_off) {
   if (st->packing != HL_PACK_SHORT) return;
   const uint64_t n = st->n_codes, nb = short_n_blocks(n), head = short_head_bytes(n);
   uint8_t* sec = payload + st->code_off;

@@ -48,14 +48,13 @@ struct alignas(16) EncodeState {
 
 constexpr uint32_t kEncodeBoundOverflow = 1;
 
-// One segment to encode: a tensor of n_rows x row_len elements with ndim dims.
+// One segment to encode: a tensor of n_rows x row_len elements.
 struct EncodeJob {
   const void* x_dev;
   uint8_t dtype, mode;
   bool dedup;
   double eb;
   uint64_t n_rows, row_len;
-  int ndim;
   uint8_t* payload_dev;  // room for segment_slot_bytes
 
   uint64_t n() const { return n_rows * row_len; }

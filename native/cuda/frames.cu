@@ -167,7 +167,7 @@ std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressPa
   if (ext.size() > HL_V2_MAX_EXT)
     throw ArgumentError("a frame extension of " + std::to_string(ext.size()) +
                         " bytes, at most " + std::to_string(HL_V2_MAX_EXT) + " fit");
-  const uint64_t need = max_grouped_bytes(rows, trailing, groups, prefix_bytes, 2);
+  const uint64_t need = max_grouped_bytes(rows, trailing, groups, prefix_bytes);
   if (need > out_cap)
     throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
                         " bytes, the frames may need " + std::to_string(need));

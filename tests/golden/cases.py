@@ -1,12 +1,10 @@
-"""Inputs of the golden frames that pin format version 1 (tests/golden/*.bin).
+"""Inputs of the golden frames (tests/golden/*.bin, their cases in cases_v2.py).
 
 Inputs are computed from closed formulas, not a random generator, so they are the same with any
-torch version. Regenerate the .bin files only for a deliberate format change (and bump the
-format version): python tests/golden/cases.py --write
+torch version.
 """
 import math
 import pathlib
-import sys
 
 import torch
 
@@ -25,28 +23,3 @@ def specials(dtype):
     x[0, 0], x[1, 1], x[2, 2], x[3, 3] = float("nan"), float("inf"), -float("inf"), -0.0
     x[4, 4], x[5, 5] = 6e4, -1e-7
     return x.to(dtype)
-
-
-CASES = {
-    "f32_rel003_level1": (lambda: lookups(), dict(error_bound=0.03, mode="rel", level=1)),
-    "f32_rel001_level2": (lambda: lookups(), dict(error_bound=0.01, mode="rel", level=2)),
-    "f16_abs001_level2": (lambda: lookups(dtype=torch.float16), dict(error_bound=0.001, mode="abs", level=2)),
-    "bf16_specials_rel005": (lambda: specials(torch.bfloat16), dict(error_bound=0.05, mode="rel", level=1)),
-    "f32_lossless_nodedup": (lambda: specials(torch.float32), dict(error_bound=0.0, mode="rel", level=1, dedup=False)),
-    "f32_1d_rel003": (lambda: lookups(rows=1, dim=100).reshape(-1), dict(error_bound=0.03, mode="rel", level=1)),
-    "f32_rel002_dither_level2": (lambda: lookups(), dict(error_bound=0.02, mode="rel", level=2, dither=0xC0FFEE)),
-    "f16_abs001_dither_level1": (lambda: specials(torch.float16), dict(error_bound=0.001, mode="abs", level=1, dither=3)),
-}
-
-
-def write():
-    import hvd_lossy
-
-    for name, (make, kwargs) in CASES.items():
-        frame = hvd_lossy.compress(make(), **kwargs)
-        (HERE / f"{name}.bin").write_bytes(frame.numpy().tobytes())
-        print(name, frame.numel(), "bytes")
-
-
-if __name__ == "__main__" and "--write" in sys.argv:
-    write()

@@ -99,12 +99,12 @@ def encode(name):
     kwargs = dict(kwargs)
     ext = kwargs.pop("extension", None)
     if ext is None:
-        return hvd_lossy.compress_chunks(make(), rows, format=2, **kwargs)[0]
+        return hvd_lossy.compress_chunks(make(), rows, **kwargs)[0]
     x = make()
-    out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, list(x.shape[1:]), [len(rows)], 0,
-                                                  format=2), dtype=torch.uint8)
+    out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, list(x.shape[1:]), [len(rows)], 0),
+                      dtype=torch.uint8)
     bounds = kwargs.pop("error_bounds")
-    _sizes, frames = hvd_lossy.compress_grouped(x, rows, bounds, [len(rows)], 0, out, format=2,
+    _sizes, frames = hvd_lossy.compress_grouped(x, rows, bounds, [len(rows)], 0, out,
                                                 extension=ext, **kwargs)
     return out[:frames[0]].clone()
 
