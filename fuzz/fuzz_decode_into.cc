@@ -7,7 +7,7 @@
 // hits undefined behaviour, hangs or throws anything else.
 //
 // The input is a receive buffer. The harness walks it by the frames' total_bytes fields (under
-// -DHL_FUZZ_PATCH=1 it first reseals each frame so walked: checksum recomputed), cuts the frames
+// -DHL_FUZZ_PATCH=1 it first reseals each frame so walked: CRC32C recomputed), cuts the frames
 // into two sources, takes dtype and row shape from the first frame and asks for the rows the
 // headers announce, then again for one row fewer (a peer announcing what its frames do not
 // hold).
@@ -16,11 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cstddef>
 #include <string>
 #include <vector>
 
 #include "codec.h"
+#include "crc32c.h"
 
 #ifndef HL_FUZZ_PATCH
 #define HL_FUZZ_PATCH 0
@@ -29,21 +29,20 @@
 namespace {
 
 constexpr uint64_t kMaxOutputBytes = 64ull << 20;
-constexpr size_t kChecksumOffset = offsetof(HlFrameHeader, checksum);
-constexpr size_t kTotalBytesOffset = offsetof(HlFrameHeader, total_bytes);
 
-// Frame boundaries by total_bytes (clamped to what is left); resealed in the patched build.
+// Frame boundaries by total_bytes (the rest of the buffer is one frame once a total does not
+// fit); each walked frame resealed in the patched build.
 std::vector<uint64_t> walk(std::vector<uint8_t>* buf) {
   std::vector<uint64_t> starts;
   uint64_t at = 0;
-  while (at + HL_HEADER_BYTES <= buf->size() && starts.size() < 64) {
-    uint64_t total;
-    memcpy(&total, buf->data() + at + kTotalBytesOffset, 8);
-    if (total < HL_HEADER_BYTES || total > buf->size() - at) total = buf->size() - at;
+  while (at + HL_V2_PREFIX < buf->size() && starts.size() < 64) {
+    uint64_t total = 0;
+    uint32_t crc = 0;
+    const uint64_t left = buf->size() - at;
+    if (!hl::v2_peek_total(buf->data() + at, left, &total, &crc) || total > left) total = left;
     if (HL_FUZZ_PATCH) {
-      memcpy(buf->data() + at + kTotalBytesOffset, &total, 8);
-      uint32_t sum = hl::frame_checksum(buf->data() + at, total);
-      memcpy(buf->data() + at + kChecksumOffset, &sum, 4);
+      const uint32_t sum = hl::crc32c(buf->data() + at + HL_V2_PREFIX, total - HL_V2_PREFIX);
+      hl::put_fixed_le(buf->data() + at + 3, sum, 4);
     }
     starts.push_back(at);
     at += total;
@@ -54,15 +53,14 @@ std::vector<uint64_t> walk(std::vector<uint8_t>* buf) {
 
 void run(const std::vector<uint8_t>& buf, const std::vector<uint64_t>& starts, int64_t less) {
   if (starts.size() < 2) return;
-  std::vector<int64_t> shape;
-  HlFrameHeader first;
+  hl::FrameV2 first;
   try {
-    first = hl::parse_header(buf.data(), starts[1], &shape);
+    first = hl::parse_v2(buf.data(), starts[1]);
   } catch (const hl::FrameError&) {
     return;
   }
-  if (shape.empty()) return;  // a 0-d frame is not a piece of rows
-  std::vector<int64_t> trailing(shape.begin() + 1, shape.end());
+  if (first.ndim == 0) return;  // a 0-d frame is not a piece of rows
+  const std::vector<int64_t>& trailing = first.trailing;
   uint64_t row_bytes = hl_elem_bytes(first.dtype);
   for (int64_t t : trailing) row_bytes *= (uint64_t)t;
   // Two sources: the first frame, then every other one; rows as the headers say.
@@ -74,10 +72,9 @@ void run(const std::vector<uint8_t>& buf, const std::vector<uint64_t>& starts, i
     if (lo >= hi) break;
     int64_t rows = 0;
     for (size_t k = lo; k < hi; ++k) {
-      std::vector<int64_t> sh;
       try {
-        hl::parse_header(buf.data() + starts[k], starts[k + 1] - starts[k], &sh);
-        rows += sh.empty() ? 1 : sh[0];
+        const hl::FrameV2 f = hl::parse_v2(buf.data() + starts[k], starts[k + 1] - starts[k]);
+        rows += f.ndim == 0 ? 1 : (int64_t)f.rows;
       } catch (const hl::FrameError&) {
         rows += 1;
       }

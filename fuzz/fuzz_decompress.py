@@ -5,10 +5,9 @@ Contract under test: for any bytes, ``frame_info``, ``decompress``, ``split_fram
 ValueError (``hvd_lossy.FrameError`` for a bad frame); never another exception, a crash or a hang.
 
 Modes (environment):
-    HL_FUZZ_PATCH=1   before decoding, walk the input as back-to-back frames and give each one a
-                      consistent total_bytes and the correct checksum (``_C.checksum`` written at
-                      header offset 12), so that mutations reach the section parsers instead of
-                      stopping at the checksum.
+    HL_FUZZ_PATCH=1   before decoding, walk the input as back-to-back frames and give each one
+                      whose total_bytes fits the correct CRC32C (bytes 3..6), so that mutations
+                      reach the parsers behind it instead of stopping at the checksum.
     HL_FUZZ_C=PATH    load this build of the extension as ``hvd_lossy._C`` instead of the
                       installed one: fuzz/run.sh builds one instrumented for coverage (and ASan),
                       so that libFuzzer's feedback sees the native parsers, not only Python lines.
@@ -27,10 +26,8 @@ import sys
 
 import atheris
 
-HEADER_BYTES = 96  # a format-1 frame's header
-V1_MAGIC = b"HVDL"
-CHECKSUM_OFFSET = 12
-TOTAL_BYTES_OFFSET = 88
+MAGIC = b"HV\x02"
+PREFIX = 7  # magic, version and the CRC32C of everything after it
 PATCH = os.environ.get("HL_FUZZ_PATCH") == "1"
 MAX_OUTPUT = int(os.environ.get("HL_FUZZ_MAX_OUTPUT", str(64 << 20)))
 
@@ -54,21 +51,29 @@ with atheris.instrument_imports(include=["hvd_lossy"]):
     from hvd_lossy import _C
 
 
+def _varint(buf, at):
+    """(value, end) of the varint at buf[at:], or None when it does not parse."""
+    value = 0
+    for k in range(10):
+        if at + k >= len(buf):
+            return None
+        value |= (buf[at + k] & 0x7F) << (7 * k)
+        if not buf[at + k] & 0x80:
+            return value, at + k + 1
+    return None
+
+
 def patch_frames(buf):
-    """Makes every frame in buf (back to back) self-consistent in size and checksum, in place.
-    Format-1 frames only: the walk stops at the first that is not one (format-2 frames, their
-    varint header and CRC32C, are patched by the native decode_v2_patched harness)."""
+    """Reseals every frame in buf (back to back) whose total_bytes fits, in place: its CRC32C
+    recomputed. The walk stops at the first that is not a frame or does not fit."""
     offset = 0
-    while len(buf) - offset >= 16 and bytes(buf[offset:offset + 4]) == V1_MAGIC:
-        left = len(buf) - offset
-        size = left
-        if left >= HEADER_BYTES:
-            (claimed,) = struct.unpack_from("<Q", buf, offset + TOTAL_BYTES_OFFSET)
-            if HEADER_BYTES <= claimed <= left:
-                size = claimed
-            struct.pack_into("<Q", buf, offset + TOTAL_BYTES_OFFSET, size)
-        view = torch.frombuffer(buf, dtype=torch.uint8)[offset:offset + size]
-        struct.pack_into("<I", buf, offset + CHECKSUM_OFFSET, _C.checksum(view.data_ptr(), size))
+    while bytes(buf[offset:offset + 3]) == MAGIC:
+        total = _varint(buf, offset + PREFIX)
+        if total is None or not PREFIX < total[0] <= len(buf) - offset:
+            return
+        size = total[0]
+        view = torch.frombuffer(buf, dtype=torch.uint8)[offset + PREFIX:offset + size]
+        struct.pack_into("<I", buf, offset + 3, _C.crc32c(view.data_ptr(), size - PREFIX))
         offset += size
 
 
@@ -104,12 +109,7 @@ def check_frame_buffer(buf_t):
     except ValueError:
         sizes = None
     if sizes is not None:
-        starts = [0]
-        for n in sizes[:-1]:
-            starts.append(starts[-1] + n)
-        v1 = [bytes(buf_t[a:a + 4].tolist()) == V1_MAGIC for a in starts]
-        assert sum(sizes) == buf_t.numel() and all(n > 0 for n in sizes), sizes
-        assert all(n >= HEADER_BYTES for n, is_v1 in zip(sizes, v1) if is_v1), sizes
+        assert sum(sizes) == buf_t.numel() and all(n > PREFIX for n in sizes), sizes
     if not sizes:
         return
     # decompress_chunks must fail iff some frame fails; skip buffers with an oversized frame.

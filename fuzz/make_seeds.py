@@ -1,10 +1,10 @@
 """Writes a seed corpus of valid hvd_lossy frames for the decoder fuzzers.
 
-One file per frame (format 1, and format 2 as v2_*), named after what it exercises, so the fuzzers start from every kind of
+One file per frame, named after what it exercises, so the fuzzers start from every kind of
 section the decoder parses: levels 1 and 2 (one and several rANS streams, escaped codes), the
 three dtypes, rel and abs bounds, duplicate rows (row map), dither, outliers (NaN, +-Inf, values beyond
 the quantizer's range), lossless frames, empty tensors, 0-d and 1-d tensors. With --chunks it also
-writes buffers of back-to-back frames (compress_chunks) for the Python harness's split_frames.
+writes buffers of back-to-back frames for the Python harness's split_frames.
 
 Usage: python fuzz/make_seeds.py OUT_DIR [--chunks] [--max-bytes 8192]
 """
@@ -35,7 +35,7 @@ def _with_specials(x):
 
 
 def frames():
-    """Yields (name, frame) pairs covering every section kind and header variant."""
+    """Yields (name, frame) pairs of one-segment frames covering every section kind."""
     dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
     for dname, dtype in dtypes.items():
         for level in (1, 2):
@@ -80,75 +80,75 @@ def frames():
 
 
 def frames_v2():
-    """Yields (name, frame) pairs of format-2 frames: several segments with their own bounds,
+    """Yields (name, frame) pairs of frames of several segments with their own bounds,
     levels, coded and packed maps, outliers, lossless and dithered segments, 0-d and 1-d."""
     for dname, dtype in {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}.items():
         x = _with_specials(_lookups(96, 16, dtype, seed=20, distinct=9))
         for level in (1, 2):
             buf, _ = hvd_lossy.compress_chunks(x, [30, 0, 40, 26], [0.03, 0.01, 0.0, 0.002],
-                                               level=level, format=2)
+                                               level=level)
             yield f"v2_{dname}_segments_l{level}", buf
-            buf, _ = hvd_lossy.compress_chunks(x, [48, 48], 0.02, level=level, dither=99, format=2)
+            buf, _ = hvd_lossy.compress_chunks(x, [48, 48], 0.02, level=level, dither=99)
             yield f"v2_{dname}_dither_l{level}", buf
         hot = _lookups(8, 8, dtype, seed=21)[[0 if i % 4 else i % 8 for i in range(400)]]
-        yield f"v2_{dname}_coded_map", hvd_lossy.compress_chunks(hot, [200, 200], 0.03, level=2,
-                                                                format=2)[0]
+        yield f"v2_{dname}_coded_map", hvd_lossy.compress_chunks(hot, [200, 200], 0.03,
+                                                                level=2)[0]
         phi = (5 ** 0.5 - 1) / 2  # many distinct rows, skewed repeats: a bucketed map
         skewed = _lookups(120, 8, dtype, seed=23)[[int(120 * ((i * phi) % 1) ** 3)
                                                    for i in range(300)]]
         yield f"v2_{dname}_bucketed_map", hvd_lossy.compress_chunks(skewed, [150, 150], 0.03,
-                                                                   level=2, format=2)[0]
+                                                                   level=2)[0]
         yield f"v2_{dname}_1d", hvd_lossy.compress_chunks(_lookups(1, 40, dtype, seed=3).view(-1),
-                                                         [25, 15], 0.02, format=2)[0]
-        yield f"v2_{dname}_0d", hvd_lossy.compress(torch.tensor(1.5, dtype=dtype), 0.1, format=2)
+                                                         [25, 15], 0.02)[0]
+        yield f"v2_{dname}_0d", hvd_lossy.compress(torch.tensor(1.5, dtype=dtype), 0.1)
         yield f"v2_{dname}_3d", hvd_lossy.compress(_lookups(24, 8, dtype, seed=4).view(3, 8, 8),
-                                                   0.02, level=2, format=2)
+                                                   0.02, level=2)
     yield "v2_f32_l2_streams", hvd_lossy.compress(_lookups(160, 64, torch.float32, seed=5), 0.02,
-                                                  level=2, format=2)
-    yield "v2_f32_empty", hvd_lossy.compress_chunks(torch.empty(0, 4), [0, 0], 0.1, format=2)[0]
+                                                  level=2)
+    yield "v2_f32_empty", hvd_lossy.compress_chunks(torch.empty(0, 4), [0, 0], 0.1)[0]
     yield from frames_v2_radix()
     yield from frames_v2_short()
     yield from frames_v2_ext()
 
 
 def frames_v2_radix():
-    """Yields (name, frame) pairs of format-2 frames with radix-packed level-1 code sections
+    """Yields (name, frame) pairs of frames with radix-packed level-1 code sections
     (frame.h "Radix section"): codes uniform below K = 17 (rel bound 0.03 of a uniform range),
     other K, few codes (one value block, padding digits), outliers, dither, a row map."""
     g = torch.Generator().manual_seed(30)
     u = (torch.rand(96, 16, generator=g) - 0.5) * 0.1
-    yield "v2_radix_k17", hvd_lossy.compress_chunks(u, [64, 32], 0.03, level=1, format=2)[0]
+    yield "v2_radix_k17", hvd_lossy.compress_chunks(u, [64, 32], 0.03, level=1)[0]
     yield "v2_radix_k5_k300", hvd_lossy.compress_chunks(u, [48, 48], [0.12, 0.0017], mode="rel",
-                                                        level=1, format=2)[0]
+                                                        level=1)[0]
     yield "v2_radix_few_codes_1d", hvd_lossy.compress_chunks(u.flatten()[:47].contiguous(), [47],
-                                                             0.03, level=1, format=2)[0]
+                                                             0.03, level=1)[0]
     yield "v2_radix_outliers", hvd_lossy.compress_chunks(_with_specials(u), [50, 46], 0.003,
-                                                         mode="abs", level=1, format=2)[0]
+                                                         mode="abs", level=1)[0]
     yield "v2_radix_dither_bf16", hvd_lossy.compress_chunks(u.to(torch.bfloat16), [96], 0.03,
-                                                            level=1, format=2, dither=7)[0]
+                                                            level=1, dither=7)[0]
     yield "v2_radix_map", hvd_lossy.compress_chunks(u[torch.arange(96) % 40], [96], 0.03,
-                                                    level=1, format=2)[0]
+                                                    level=1)[0]
 
 
 def frames_v2_short():
-    """Yields (name, frame) pairs of format-2 frames with short-block level-1 code sections
+    """Yields (name, frame) pairs of frames with short-block level-1 code sections
     (frame.h "Short-block section"): rows whose scale changes from row to row, an odd number of
     blocks (a padding nibble), outliers, dither, a row map."""
     g = torch.Generator().manual_seed(31)
     s = torch.randn(96, 16, generator=g) * torch.rand(96, 1, generator=g) ** 4
-    yield "v2_short", hvd_lossy.compress_chunks(s, [64, 32], 0.003, mode="abs", level=1, format=2)[0]
+    yield "v2_short", hvd_lossy.compress_chunks(s, [64, 32], 0.003, mode="abs", level=1)[0]
     yield "v2_short_odd_blocks_1d", hvd_lossy.compress_chunks(s.flatten()[:40].contiguous(), [40],
-                                                              0.003, mode="abs", level=1, format=2)[0]
+                                                              0.003, mode="abs", level=1)[0]
     yield "v2_short_outliers", hvd_lossy.compress_chunks(_with_specials(s), [50, 46], 0.003,
-                                                         mode="abs", level=1, format=2)[0]
+                                                         mode="abs", level=1)[0]
     yield "v2_short_dither_f16", hvd_lossy.compress_chunks(s.to(torch.float16), [96], 0.003,
-                                                           mode="abs", level=1, format=2, dither=9)[0]
+                                                           mode="abs", level=1, dither=9)[0]
     yield "v2_short_map", hvd_lossy.compress_chunks(s[torch.arange(96) % 40], [96], 0.003,
-                                                    mode="abs", level=1, format=2)[0]
+                                                    mode="abs", level=1)[0]
 
 
 def frames_v2_ext():
-    """Yields (name, frame) pairs of format-2 frames with the transport's extension
+    """Yields (name, frame) pairs of frames with the transport's extension
     (HL_V2_EXT), as the alltoall sends each destination: segments, none, a failure."""
     from hvd_lossy import chunk_header, protocol
 
@@ -159,10 +159,10 @@ def frames_v2_ext():
     for level in (1, 2):
         ext = chunk_header.extension(fields(pending=(10, 1, 3) if level == 2 else (0, 0, 0)))
         rows, groups = [20, 0, 24, 20], [2, 0, 2]
-        out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, [16], groups, 0, format=2),
+        out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, [16], groups, 0),
                           dtype=torch.uint8)
         _sizes, sizes = hvd_lossy.compress_grouped(x, rows, [0.03, 0.01, 0.0, 0.002], groups, 0,
-                                                   out, level=level, format=2, extension=ext)
+                                                   out, level=level, extension=ext)
         yield f"v2x_f16_chunk_l{level}", out[:sizes[0]].clone()
         yield f"v2x_f16_empty_l{level}", out[sizes[0]:sizes[0] + sizes[1]].clone()
     failure = chunk_header.failure_frame(x, fields(status=3))
@@ -171,13 +171,13 @@ def frames_v2_ext():
 
 def chunk_buffers():
     """Yields (name, buffer) pairs of back-to-back frames."""
+    def back_to_back(x, rows, bounds, **kw):
+        return torch.cat([hvd_lossy.compress_chunks(p, [r], eb, **kw)[0]
+                          for p, r, eb in zip(x.split(rows), rows, bounds)])
     x = _lookups(40, 8, torch.float32, seed=8, distinct=5)
-    buf, _ = hvd_lossy.compress_chunks(x, [10, 0, 20, 10], [0.01, 0.02, 0.0, 0.05], level=2)
-    yield "chunks_f32_mixed", buf
-    buf, _ = hvd_lossy.compress_chunks(x.to(torch.bfloat16), [20, 20], 0.03)
-    yield "chunks_bf16", buf
-    buf, _ = hvd_lossy.compress_chunks(torch.arange(12, dtype=torch.float16), [5, 7], 0.1)
-    yield "chunks_1d", buf
+    yield "chunks_f32_mixed", back_to_back(x, [10, 0, 20, 10], [0.01, 0.02, 0.0, 0.05], level=2)
+    yield "chunks_bf16", back_to_back(x.to(torch.bfloat16), [20, 20], [0.03, 0.03])
+    yield "chunks_1d", back_to_back(torch.arange(12, dtype=torch.float16), [5, 7], [0.1, 0.1])
 
 
 def main():

@@ -10,10 +10,10 @@
 #                                        run once over fresh seeds, fuzz/crashes/ and
 #                                        fuzz/regression/<harness>/ (the CI regression, seconds)
 #
-# Harnesses: decode (libFuzzer, native, raw bytes), decode_patched (native, checksum and
-# total_bytes patched), decode_into / decode_into_patched (the transport's decompress_into_cpu
-# on a receive buffer of frames), decode_v2 / decode_v2_patched (the same as decode for format-2
-# frames), py (atheris through hvd_lossy's Python API), py_patched.
+# Harnesses: decode_v2 (libFuzzer, native, raw bytes), decode_v2_patched (native, the input
+# being a frame's body, sealed with its total and CRC32C), decode_into / decode_into_patched (the
+# transport's decompress_into_cpu on a receive buffer of frames), py (atheris through
+# hvd_lossy's Python API), py_patched.
 # A native harness is one line of NATIVE_HARNESSES below: name, source, extra flags.
 # Environment: CXX (clang++ with libFuzzer; default clang++-14 or clang++), FUZZ_WORK (build
 # outputs, corpora, logs; default fuzz/work), FUZZ_MAX_LEN (default 8192), PYTHON (default
@@ -29,12 +29,10 @@ PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 MAX_LEN="${FUZZ_MAX_LEN:-8192}"
 # name|source|extra flags: everything else (build, replay, fuzzing, the CI replay) follows.
 NATIVE_HARNESSES=(
-  "decode|fuzz/fuzz_decode.cc|"
-  "decode_patched|fuzz/fuzz_decode.cc|-DHL_FUZZ_PATCH=1"
-  "decode_into|fuzz/fuzz_decode_into.cc|"
-  "decode_into_patched|fuzz/fuzz_decode_into.cc|-DHL_FUZZ_PATCH=1"
   "decode_v2|fuzz/fuzz_decode_v2.cc|"
   "decode_v2_patched|fuzz/fuzz_decode_v2.cc|-DHL_FUZZ_PATCH=1"
+  "decode_into|fuzz/fuzz_decode_into.cc|"
+  "decode_into_patched|fuzz/fuzz_decode_into.cc|-DHL_FUZZ_PATCH=1"
 )
 native_names() { local h; for h in "${NATIVE_HARNESSES[@]}"; do echo "${h%%|*}"; done; }
 if [ "${1:-}" != ci ]; then
@@ -56,7 +54,7 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:allocator_may_return_null=1}
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
 build() {
-  if [ "${FUZZ_SKIP_BUILD:-0}" = 1 ] && [ -x "$WORK/bin/fuzz_decode" ]; then return 0; fi
+  if [ "${FUZZ_SKIP_BUILD:-0}" = 1 ] && [ -x "$WORK/bin/fuzz_decode_v2" ]; then return 0; fi
   mkdir -p "$WORK/bin" "$WORK/native"
   echo "== building with $CXX"
   local h name src flags
@@ -138,7 +136,7 @@ coverage() {
   local bin="$WORK/bin/fuzz_decode_cov" prof="$WORK/coverage"
   rm -rf "$prof" && mkdir -p "$prof"
   "$CXX" "${CXXFLAGS[@]}" -fsanitize=fuzzer -fprofile-instr-generate -fcoverage-mapping \
-    -DHL_FUZZ_PATCH=1 fuzz/fuzz_decode.cc "${CODEC_SRCS[@]}" -o "$bin"
+    -DHL_FUZZ_PATCH=1 fuzz/fuzz_decode_v2.cc "${CODEC_SRCS[@]}" -o "$bin"
   local dirs=()
   for d in "$WORK/corpus/"*/ "$WORK/seeds"; do [ -d "$d" ] && dirs+=("$d"); done
   LLVM_PROFILE_FILE="$prof/%p.profraw" "$bin" -runs=0 "${dirs[@]}" > "$prof/run.log" 2>&1

@@ -304,7 +304,7 @@ void verify_v2(const FrameV2& f, const uint8_t* frame) {
   const uint32_t crc = crc32c(frame + HL_V2_PREFIX, f.total_bytes - HL_V2_PREFIX);
   if (crc != f.crc) {
     char buf[128];
-    snprintf(buf, sizeof(buf), "frame is corrupted: CRC32C 0x%08x, its header says 0x%08x", crc,
+    snprintf(buf, sizeof(buf), "frame is corrupted: checksum (CRC32C) 0x%08x, its header says 0x%08x", crc,
              f.crc);
     throw FrameError(buf);
   }

@@ -2,9 +2,9 @@
 (hvd_lossy.FrameError), never crashes, hangs or decodes to something its header does not describe.
 
 Most corruptions are caught by the checksum alone. To test the parsers behind it, several tests
-re-seal a corrupted frame: they recompute the checksum with ``hvd_lossy._C.checksum`` and write it
-into the header (offset 12, uint32 little-endian), as a frame corrupted before it was sealed, or
-forged, would arrive. Such a frame must still either raise ValueError or decode to a tensor of the
+re-seal a corrupted frame: they recompute its CRC32C with ``hvd_lossy._C.crc32c`` and write it
+into the header (bytes 3..6, uint32 little-endian), fixing up total_bytes where the length
+changed, as a frame corrupted before it was sealed, or forged, would arrive. Such a frame must still either raise ValueError or decode to a tensor of the
 dtype and shape its header states. Inputs the fuzzers in fuzz/ found are replayed from
 fuzz/crashes/.
 """
@@ -19,24 +19,14 @@ from hypothesis import strategies as st
 
 import hvd_lossy
 from hvd_lossy import FrameError, _C
+from tests._format_ref import varint
 
-HEADER_BYTES = 96
-CHECKSUM_OFFSET = 12
+PREFIX = 7  # "HV", version 2 and the CRC32C of everything after it
+GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
 CRASHES = pathlib.Path(__file__).resolve().parent.parent / "fuzz" / "crashes"
 # A frame whose header announces more output than this is not decoded by these tests (a valid
 # frame of duplicate rows may expand that much; allocating it says nothing about the parser).
 MAX_OUTPUT_BYTES = 64 << 20
-
-# HlFrameHeader (native/frame.h): name -> (offset, struct format).
-HEADER_FIELDS = {
-    "magic": (0, "<I"), "version": (4, "<B"), "dtype": (5, "<B"), "level": (6, "<B"),
-    "flags": (7, "<B"), "ndim": (8, "<B"), "reserved": (9, "<B"), "eb_param": (16, "<d"),
-    "eb_abs": (24, "<d"), "n_rows": (32, "<Q"), "row_len": (40, "<Q"), "n_unique": (48, "<Q"),
-    "n_outliers": (56, "<Q"), "map_bytes": (64, "<Q"), "code_bytes": (72, "<Q"),
-    "outlier_bytes": (80, "<Q"), "total_bytes": (88, "<Q"),
-}
-SECTION_FIELDS = ("map_bytes", "code_bytes", "outlier_bytes")
-
 
 def as_frame(data):
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(
@@ -82,7 +72,15 @@ def valid_frames():
     sparse = torch.zeros(32, 64)
     sparse.view(-1)[::53] = 10.0  # a few codes above 255: level-2 escapes
     frames["f32_l2_escapes"] = hvd_lossy.compress(sparse, 0.005, mode="abs", level=2)
+    frames["f32_dither"] = hvd_lossy.compress(_specials(_rows(48, 16, torch.float32, 7)), 0.03,
+                                              dither=3)
+    frames["f16_segments_l2"] = hvd_lossy.compress_chunks(
+        _specials(_rows(64, 16, torch.float16, 8, distinct=9)), [20, 0, 30, 14],
+        [0.03, 0.01, 0.0, 0.002], level=2)[0]
     out = {name: bytes(f.numpy().tobytes()) for name, f in frames.items()}
+    # every golden: radix and short-block sections, coded and bucketed maps, borrowed tables,
+    # the transport's extension
+    out.update({p.stem: p.read_bytes() for p in sorted(GOLDEN.glob("*.bin"))})
     # The test relies on every kind being what its name says.
     infos = {name: hvd_lossy.frame_info(as_frame(b)) for name, b in out.items()}
     assert all(infos[f"{d}_l2"]["level"] == 2 for d in ("f32", "f16", "bf16"))
@@ -95,28 +93,29 @@ def valid_frames():
 FRAME_NAMES = sorted(valid_frames())
 
 
+def body_of(data):
+    """Everything after a frame's total_bytes."""
+    at = PREFIX
+    while data[at] & 0x80:
+        at += 1
+    return data[at + 1:]
+
+
+def sealed(body):
+    """The frame around `body` (everything after total_bytes), with its total and CRC32C, as an
+    encoder would have sealed it."""
+    for total_len in range(1, 11):
+        total = PREFIX + total_len + len(body)
+        if len(varint(total)) == total_len:
+            break
+    rest = as_frame(varint(total) + body)  # kept alive while the CRC reads it
+    crc = _C.crc32c(rest.data_ptr(), rest.numel())
+    return b"HV\x02" + struct.pack("<I", crc) + rest.numpy().tobytes()
+
+
 def seal(data):
-    """The bytes with the checksum recomputed and stored, as an encoder would have sealed them."""
-    buf = bytearray(data)
-    t = as_frame(buf)
-    struct.pack_into("<I", buf, CHECKSUM_OFFSET, _C.checksum(t.data_ptr(), len(buf)))
-    return bytes(buf)
-
-
-def with_field(data, name, value):
-    offset, fmt = HEADER_FIELDS[name]
-    buf = bytearray(data)
-    size = struct.calcsize(fmt)
-    if fmt == "<d":
-        struct.pack_into(fmt, buf, offset, value)
-    else:
-        struct.pack_into(fmt, buf, offset, value % (1 << (8 * size)))
-    return bytes(buf)
-
-
-def field(data, name):
-    offset, fmt = HEADER_FIELDS[name]
-    return struct.unpack_from(fmt, data, offset)[0]
+    """The bytes with total_bytes and the CRC32C recomputed."""
+    return sealed(body_of(data))
 
 
 def raises_or_decodes_as_described(data):
@@ -155,11 +154,10 @@ def test_every_truncation_raises_frame_error(name):
 @pytest.mark.parametrize("name", FRAME_NAMES)
 def test_truncation_with_a_resealed_header_raises_frame_error(name):
     # total_bytes and the checksum fixed up to the cut length: the sections no longer fill it.
-    data = valid_frames()[name]
-    for n in range(HEADER_BYTES, len(data)):
-        cut = seal(with_field(data[:n], "total_bytes", n))
+    body = body_of(valid_frames()[name])
+    for n in range(len(body)):
         with pytest.raises(FrameError):
-            hvd_lossy.decompress(as_frame(cut))
+            hvd_lossy.decompress(as_frame(sealed(body[:n])))
 
 
 # ---- corruption ----------------------------------------------------------------------------------
@@ -177,78 +175,50 @@ def test_any_byte_flip_without_resealing_raises_frame_error(name, data):
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(FRAME_NAMES), data=st.data())
 def test_resealed_random_byte_flips_raise_or_decode_to_the_header_shape(name, data):
-    frame = bytearray(valid_frames()[name])
-    # Bias toward the header, the shape and the first section bytes: widths, tables, lengths.
-    hot = st.integers(0, min(len(frame), 200) - 1)
-    anywhere = st.integers(CHECKSUM_OFFSET + 4, len(frame) - 1)
+    frame = bytearray(body_of(valid_frames()[name]))
+    # Bias toward the header, the descriptors and the first section bytes: widths, tables, lengths.
+    hot = st.integers(0, min(len(frame), 64) - 1)
+    anywhere = st.integers(0, len(frame) - 1)
     flips = data.draw(st.lists(st.tuples(st.one_of(hot, anywhere), st.integers(1, 255)),
                                min_size=1, max_size=4), label="flips")
     for pos, xor in flips:
-        if not CHECKSUM_OFFSET <= pos < CHECKSUM_OFFSET + 4:
-            frame[pos] ^= xor
-    raises_or_decodes_as_described(seal(bytes(frame)))
-
-
-def _interesting_values(data):
-    size = len(data)
-    return st.one_of(
-        st.sampled_from([0, 1, 2, 3, 7, 31, 32, 33, 255, 256, 4095, 4096, 4097, 2**31, 2**32 - 1,
-                         2**32, 2**60, 2**63 - 1, 2**63, 2**64 - 1, size, size - 1, size + 1,
-                         size - HEADER_BYTES]),
-        st.sampled_from([field(data, f) + d for f in ("n_rows", "row_len", "n_unique",
-                                                      "n_outliers", *SECTION_FIELDS)
-                         for d in (-1, 0, 1)]),
-        st.integers(0, 2**64 - 1),
-    )
+        frame[pos] ^= xor
+    raises_or_decodes_as_described(sealed(bytes(frame)))
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(FRAME_NAMES), data=st.data())
-def test_resealed_overwritten_header_fields_raise_or_decode_to_the_header_shape(name, data):
-    frame = valid_frames()[name]
-    names = data.draw(st.lists(st.sampled_from(sorted(HEADER_FIELDS)), min_size=1, max_size=3,
-                               unique=True), label="fields")
-    for f in names:
-        if HEADER_FIELDS[f][1] == "<d":
-            value = data.draw(st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
-                [0.0, -0.0, 5e-324, 1e-300, 1e300, 1.7976931348623157e308]), label=f)
-        else:
-            value = data.draw(_interesting_values(frame), label=f)
-        frame = with_field(frame, f, value)
-    raises_or_decodes_as_described(seal(frame))
-
-
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(name=st.sampled_from(FRAME_NAMES), data=st.data())
-def test_resealed_moved_section_boundaries_raise_or_decode_to_the_header_shape(name, data):
-    # Sizes that still add up to the frame, so the parsers read the wrong bytes as each section.
-    frame = valid_frames()[name]
-    body = sum(field(frame, f) for f in SECTION_FIELDS)
-    map_bytes = data.draw(st.integers(0, body), label="map_bytes")
-    n_outliers = data.draw(st.integers(0, (body - map_bytes) // 12), label="n_outliers")
-    code_bytes = body - map_bytes - 12 * n_outliers
-    for f, v in (("map_bytes", map_bytes), ("code_bytes", code_bytes),
-                 ("n_outliers", n_outliers), ("outlier_bytes", 12 * n_outliers)):
-        frame = with_field(frame, f, v)
-    if data.draw(st.booleans(), label="toggle identity flag"):
-        frame = with_field(frame, "flags", field(frame, "flags") ^ 0x04)
-    raises_or_decodes_as_described(seal(frame))
+def test_resealed_inserted_or_deleted_bytes_raise_or_decode_to_the_header_shape(name, data):
+    # Bytes in or out of the header, a descriptor or a section: every varint and section after
+    # it read from the wrong place, the total still right.
+    frame = bytearray(body_of(valid_frames()[name]))
+    edits = data.draw(st.lists(st.tuples(st.integers(0, len(frame)), st.booleans(),
+                                         st.integers(0, 255)), min_size=1, max_size=3),
+                      label="edits")
+    for pos, insert, value in edits:
+        pos = min(pos, len(frame))
+        if insert:
+            frame[pos:pos] = bytes([value])
+        elif pos < len(frame):
+            del frame[pos]
+    raises_or_decodes_as_described(sealed(bytes(frame)))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(FRAME_NAMES), data=st.data())
-def test_resealed_overwritten_shape_dims_raise_or_decode_to_the_header_shape(name, data):
-    frame = bytearray(valid_frames()[name])
-    ndim = field(frame, "ndim")
-    if ndim == 0:
-        frame = bytearray(with_field(frame, "ndim", data.draw(st.integers(1, 9), label="ndim")))
-        ndim = 0
-    for i in range(ndim):
-        if data.draw(st.booleans(), label=f"overwrite dim {i}"):
-            v = data.draw(st.sampled_from([-1, 0, 1, 2, 2**32, 2**62, -(2**63)])
-                          | st.integers(-(2**63), 2**63 - 1), label=f"dim {i}")
-            struct.pack_into("<q", frame, HEADER_BYTES + 8 * i, v)
-    raises_or_decodes_as_described(seal(bytes(frame)))
+def test_resealed_overwritten_varints_raise_or_decode_to_the_header_shape(name, data):
+    # A varint of the header or a descriptor (dims, rows, sizes, counts) replaced by another,
+    # maybe of another length.
+    frame = bytearray(body_of(valid_frames()[name]))
+    pos = data.draw(st.integers(0, min(len(frame), 48) - 1), label="pos")
+    end = pos
+    while end < len(frame) - 1 and frame[end] & 0x80:
+        end += 1
+    value = data.draw(st.sampled_from([0, 1, 2, 7, 31, 32, 33, 255, 256, 4096, 2**31, 2**32,
+                                       2**40, 2**60, 2**64 - 1]) | st.integers(0, 2**64 - 1),
+                      label="value")
+    frame[pos:end + 1] = varint(value)
+    raises_or_decodes_as_described(sealed(bytes(frame)))
 
 
 def test_resealed_valid_frames_still_decode():
@@ -264,8 +234,8 @@ PNG = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08
        b"\x00\x90\x91h6" + bytes(200))
 
 
-@pytest.mark.parametrize("data", [b"", b"\0" * 16, b"\0" * 96, b"\0" * 4096, PNG, b"HVDL",
-                                  b"HVDL" + b"\xff" * 300, b"\xff" * 1000],
+@pytest.mark.parametrize("data", [b"", b"\0" * 16, b"\0" * 96, b"\0" * 4096, PNG, b"HV\x02",
+                                  b"HV\x02" + b"\xff" * 300, b"\xff" * 1000],
                          ids=["empty", "zeros16", "zeros96", "zeros4096", "png", "magic_only",
                               "magic_then_ff", "ff"])
 def test_foreign_bytes_raise_frame_error(data):
@@ -279,51 +249,54 @@ def test_foreign_bytes_raise_frame_error(data):
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=st.binary(max_size=600), magic=st.booleans(), sealed=st.booleans())
-def test_random_bytes_raise_frame_error(data, magic, sealed):
+@given(data=st.binary(max_size=600), magic=st.booleans(), reseal=st.booleans())
+def test_random_bytes_raise_frame_error_or_decode_to_the_header_shape(data, magic, reseal):
+    if reseal:  # past the magic, the version, the size and the checksum
+        raises_or_decodes_as_described(sealed(data))
+        return
     if magic:
-        data = b"HVDL\x01" + data  # get past the magic and version checks
-    if sealed and len(data) >= 16:
-        data = seal(data)
+        data = b"HV\x02" + data  # past the magic and version checks
     with pytest.raises(FrameError):
         hvd_lossy.decompress(as_frame(data))
 
 
 def test_frame_of_an_unknown_version_raises_frame_error_naming_it():
-    data = seal(with_field(valid_frames()["f32_l1"], "version", 2))
-    with pytest.raises(FrameError, match="unsupported frame version 2"):
-        hvd_lossy.decompress(as_frame(data))
+    data = bytearray(valid_frames()["f32_l1"])
+    data[2] = 3
+    with pytest.raises(FrameError, match=r"not an hvd_lossy frame: it starts 48 56 03, expected "
+                                         r"48 56 02 \(\"HV\", version 2\)"):
+        hvd_lossy.decompress(as_frame(bytes(data)))
 
 
 # ---- back-to-back frames -------------------------------------------------------------------------
 
 def _chunk_buffer():
     x = _rows(40, 8, torch.float32, seed=9, distinct=6)
-    buf, sizes = hvd_lossy.compress_chunks(x, [10, 15, 15], [0.01, 0.02, 0.0], level=2)
-    return bytes(buf.numpy().tobytes()), sizes
+    frames = [hvd_lossy.compress(p, eb, level=2) for p, eb in zip(x.split([10, 15, 15]),
+                                                                   [0.01, 0.02, 0.0])]
+    return b"".join(f.numpy().tobytes() for f in frames), [f.numel() for f in frames]
 
 
-@pytest.mark.parametrize("where", ["header", "shape", "payload", "last_byte"])
+@pytest.mark.parametrize("where", ["checksum", "header", "payload", "last_byte"])
 @pytest.mark.parametrize("pass_sizes", [False, True])
 def test_decompress_chunks_with_a_corrupted_middle_frame_raises(where, pass_sizes):
     data, sizes = _chunk_buffer()
     assert len(hvd_lossy.decompress_chunks(as_frame(data))) == 3
     start = sizes[0]
-    offset = {"header": 20, "shape": HEADER_BYTES, "payload": HEADER_BYTES + 20,
-              "last_byte": sizes[1] - 1}[where]
+    offset = {"checksum": 4, "header": 9, "payload": 30, "last_byte": sizes[1] - 1}[where]
     buf = bytearray(data)
     buf[start + offset] ^= 0x5A
     with pytest.raises(ValueError):
         hvd_lossy.decompress_chunks(as_frame(bytes(buf)), sizes if pass_sizes else None)
 
 
-@pytest.mark.parametrize("total", [0, 95, 96, 10**6, 2**64 - 1])
+@pytest.mark.parametrize("total", [0, 7, 8, 10**6, 2**64 - 1])
 def test_decompress_chunks_with_a_bad_middle_frame_size_raises(total):
     data, sizes = _chunk_buffer()
-    buf = bytearray(data)
-    struct.pack_into("<Q", buf, sizes[0] + 88, total)
+    middle = data[sizes[0]:sizes[0] + sizes[1]]
+    bad = middle[:PREFIX] + varint(total) + body_of(middle)
     with pytest.raises(ValueError):
-        hvd_lossy.decompress_chunks(as_frame(bytes(buf)))
+        hvd_lossy.decompress_chunks(as_frame(data[:sizes[0]] + bad + data[sizes[0] + sizes[1]:]))
 
 
 def test_decompress_chunks_with_a_truncated_buffer_or_wrong_sizes_raises():
@@ -331,7 +304,7 @@ def test_decompress_chunks_with_a_truncated_buffer_or_wrong_sizes_raises():
     with pytest.raises(ValueError):
         hvd_lossy.decompress_chunks(as_frame(data[:-1]))
     with pytest.raises(ValueError):
-        hvd_lossy.decompress_chunks(as_frame(data + bytes(HEADER_BYTES)))
+        hvd_lossy.decompress_chunks(as_frame(data + bytes(16)))
     with pytest.raises(ValueError):
         hvd_lossy.decompress_chunks(as_frame(data), [sizes[0] + 1, sizes[1] - 1, sizes[2]])
 
@@ -343,28 +316,29 @@ def test_decompress_chunks_with_a_truncated_buffer_or_wrong_sizes_raises():
 def test_saved_fuzzer_inputs_raise_or_decode_to_the_header_shape(path):
     data = path.read_bytes()
     raises_or_decodes_as_described(data)
-    if len(data) >= 16:  # as found by the harness that reseals (fuzz_decode_patched)
-        resealed = seal(with_field(data, "total_bytes", len(data)) if len(data) >= 96 else data)
-        raises_or_decodes_as_described(resealed)
+    if data[:3] == b"HV\x02" and len(data) > PREFIX:  # as the harness that reseals reads it
+        raises_or_decodes_as_described(seal(data))
 
 
 def test_row_map_over_rows_of_length_zero_decodes_to_empty_rows():
-    # Found by fuzz/fuzz_decode_patched: a frame with a row map and row_len 0. Under UBSan the
-    # decoder passed a null pointer to memcpy (native/codec_cpu_decode.cc, the row copy of decode()).
+    # Found (in the first frame format) by reading the code: a segment with a row map and
+    # row_len 0. Under UBSan the decoder passed a null pointer to memcpy (native/
+    # codec_cpu_decode.cc, the row copy of decode()).
     data = (CRASHES / "rowmap_zero_len_rows").read_bytes()
     y = raises_or_decodes_as_described(data)
     assert y is not None and tuple(y.shape) == (5, 0)
 
 
 def _forged_huge_frame(n):
-    """A frame of n x n float32 (n must be a multiple of 32) stored as one all-zero unique row,
-    consistent in every size field but carrying checksum 0 (wrong)."""
-    shape = struct.pack("<qq", n, n)
-    map_sec, code_sec = bytes(n // 32), bytes(n // 32)  # all blocks of width 0: all zeros
-    total = HEADER_BYTES + len(shape) + len(map_sec) + len(code_sec)
-    head = struct.pack("<IBBBBB3xIddQQQQQQQQ", 0x4C445648, 1, 0, 1, 0, 2, 0, 0.01, 0.01, n, n, 1,
-                       0, len(map_sec), len(code_sec), 0, total)
-    return head + shape + map_sec + code_sec
+    """A frame of n x n float32 (n a multiple of 32) stored as one all-zero lossless unique row,
+    consistent in every size field but carrying CRC32C 0 (wrong)."""
+    blocks = bytes(n // 32)  # block packing, every width 0: all zeros
+    body = (bytes([2 << 2]) + varint(n) + varint(1)  # f32, ndim 2, trailing n, one segment
+            + bytes([0x02 | 0x04]) + varint(n) + varint(1) + varint(len(blocks))  # lossless, map
+            + blocks + blocks)  # the map, then the code section
+    frame = bytearray(sealed(body))
+    frame[3:7] = bytes(4)
+    return bytes(frame)
 
 
 def test_corrupted_frame_claiming_a_huge_shape_raises_frame_error_before_allocating():
@@ -396,11 +370,9 @@ def test_sealed_frame_claiming_4_tib_raises_frame_error_not_an_allocation_failur
 def test_frame_claiming_2_pow_40_rows_is_refused_without_allocating():
     x = torch.zeros(32, 4)
     for level in (1, 2):
-        data = hvd_lossy.compress(x, 0.01, level=level).numpy().tobytes()
-        shape_at = HEADER_BYTES  # dim 0 of the shape, after the fixed header
-        forged = with_field(data, "n_rows", 1 << 40)
-        forged = forged[:shape_at] + struct.pack("<q", 1 << 40) + forged[shape_at + 8:]
-        frame = as_frame(seal(forged))
+        frame = as_frame(sealed(bytes([2 << 2]) + varint(4) + varint(1) + bytes([level - 1])
+                                + varint(1 << 40) + (0x3C0000).to_bytes(3, "little") + varint(1)
+                                + b"\x00"))
         for what, call in _decoders(frame).items():
             with pytest.raises(FrameError) as info:
                 call()
@@ -429,13 +401,3 @@ def test_decode_limit_refuses_a_valid_expanding_frame_per_call_and_when_set():
     for bad in (-1, 1.5, True, "1"):
         with pytest.raises(ValueError, match="max_output_bytes must be an int >= 0"):
             hvd_lossy.set_max_output_bytes(bad)
-
-
-@pytest.mark.parametrize("offset", [6, 9, 32, 48, 56, 64])  # level, reserved, rows, unique, outliers, sections
-def test_a_header_field_damaged_after_sealing_names_the_checksum_first(offset):
-    frame = hvd_lossy.compress(torch.randn(64, 16, generator=torch.Generator().manual_seed(3)), 0.03)
-    damaged = frame.clone()
-    damaged[offset] ^= 0x55
-    with pytest.raises(hvd_lossy.FrameError, match=r"^frame is corrupted: checksum 0x[0-9a-f]{8}, "
-                                                   r"its header says 0x[0-9a-f]{8} \(and .+\)$"):
-        hvd_lossy.decompress(damaged)
