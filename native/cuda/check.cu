@@ -42,8 +42,9 @@ __global__ void crc32c_pieces_kernel(const uint8_t* p, uint64_t n, uint32_t* ter
 
 void crc_mismatch(uint32_t computed, uint32_t stored) {
   char buf[128];
-  snprintf(buf, sizeof(buf), "frame is corrupted: CRC32C 0x%08x, its header says 0x%08x",
-           computed, stored);
+  snprintf(buf, sizeof(buf),
+           "frame is corrupted: checksum (CRC32C) 0x%08x, its header says 0x%08x", computed,
+           stored);
   throw FrameError(buf);
 }
 

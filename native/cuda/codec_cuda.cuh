@@ -152,7 +152,7 @@ void check_frame_size(uint64_t size);
 // The CRC32C a frame of `size` bytes stores, from its first head_len bytes; FrameError unless
 // they are a v2 frame's and its total is `size`.
 uint32_t stored_crc(const uint8_t* head, uint64_t head_len, uint64_t size);
-// FrameError naming both CRCs.
+// FrameError naming both CRCs, as verify_v2 (frame_v2.h) does.
 [[noreturn]] void crc_mismatch(uint32_t computed, uint32_t stored);
 
 }  // namespace gpu
