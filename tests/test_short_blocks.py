@@ -206,5 +206,5 @@ def test_device_frames_with_short_blocks_decode_on_the_device_and_level1_codes_t
     info = hvd_lossy.frame_info(v2_level1(x, 0.5, dedup=False))
     assert info["segments"][0]["short_blocks"]
     assert not _codec._host_decoded(info)  # the CUDA decoder reads short-block sections
-    assert _codec._on_device_encoder(-1, 2, 1)  # level 1 without dither: the CUDA encoder
-    assert not _codec._on_device_encoder(-1, 2, 2) and not _codec._on_device_encoder(5, 2, 1)
+    assert _codec._on_device_encoder(-1, 1)  # level 1 without dither: the CUDA encoder
+    assert not _codec._on_device_encoder(-1, 2) and not _codec._on_device_encoder(5, 1)
