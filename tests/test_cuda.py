@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import hvd_lossy
 from hvd_lossy import _C, FrameError
 from strategies import DTYPES, SPECIALS, tensors
+from tests._format_ref import varint
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -317,15 +318,6 @@ def test_cuda_crc32c_equals_the_cpu_crc32c_at_any_length_and_alignment():
     dev = data.cuda()
     for start, n in [(0, 0), (0, 1), (1, 1023), (3, 1024), (5, 1025), (7, 65539), (0, 3 << 20)]:
         assert crc32c_on(dev, start, n) == crc32c_on(data, start, n), (start, n)
-
-
-def varint(v):
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
 
 
 def forged_frame(n, sealed):
