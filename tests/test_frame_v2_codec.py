@@ -1,4 +1,4 @@
-"""The format-2 byte functions the CPU and CUDA codecs share (native/frame_v2_codec.h), run here
+"""The frame's byte functions the CPU and CUDA codecs share (native/frame_v2_codec.h), run here
 through the CPU build: the piecewise CRC32C the CUDA decoder computes, and the varint and
 descriptor rules the v2 parser and writer take from the same header."""
 import random
@@ -44,7 +44,7 @@ def test_piecewise_crc32c_verifies_the_crc_the_cpu_encoder_stores():
     x[::7] = x[0]  # duplicate rows: a map section
     x[5, 3] = float("nan")
     for level in (1, 2):
-        frame = bytes(hvd_lossy.compress(x, 0.01, level=level, format=2).numpy())
+        frame = bytes(hvd_lossy.compress(x, 0.01, level=level).numpy())
         stored = struct.unpack("<I", frame[3:7])[0]
         assert crc32c_in_pieces(frame[7:], 1024) == stored
 
@@ -81,7 +81,7 @@ def test_v2_descriptor_bytes_written_are_those_the_frame_info_counts():
     # segment_bytes (descriptor and payload) as frame_info reports them add up to the frame.
     x = torch.randn(96, 16)
     x[40:50] = x[3]
-    buf, sizes = hvd_lossy.compress_chunks(x, [30, 10, 56], [0.01, 0.0, 0.03], level=2, format=2)
+    buf, sizes = hvd_lossy.compress_chunks(x, [30, 10, 56], [0.01, 0.0, 0.03], level=2)
     info = hvd_lossy.frame_info(buf)
     assert info["header_bytes"] + sum(s["segment_bytes"] for s in info["segments"]) == buf.numel()
     assert [s["lossless"] for s in info["segments"]] == [False, True, False]

@@ -1,4 +1,4 @@
-"""The functions the CUDA format-2 encoder runs (native/level1_sections.h), run on the host in the
+"""The functions the CUDA encoder runs (native/level1_sections.h), run on the host in the
 GPU's decomposition (native/level1_ref.h, through _C.segment_payload_hd), must write the CPU
 encoder's segment bytes: map, code section (block, radix or short-block packing, picked by
 level1_packing) and outlier records. No GPU is needed: this is the part of the CUDA encoder's
@@ -23,7 +23,7 @@ DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 def cpu_frame(x, bound, **kw):
     kw.setdefault("dedup", True)
     buf, _sizes = hvd_lossy.compress_chunks(x, [x.shape[0]], bound, mode="abs", level=1,
-                                            format=2, **kw)
+                                            **kw)
     return buf
 
 
@@ -227,10 +227,10 @@ LAYOUTS = {
 def test_cuda_encoders_frame_assembly_writes_the_cpu_encoders_layout(name, mode, dtype):
     rows, ebs, groups, prefix, ext = LAYOUTS[name]
     x = with_specials(duplicate_rows(sum(rows), 16, 12)).to(dtype)
-    cap = hvd_lossy.max_grouped_bytes(rows, [16], groups, prefix, format=2)
+    cap = hvd_lossy.max_grouped_bytes(rows, [16], groups, prefix)
     out = torch.full((cap,), 0xAB, dtype=torch.uint8)
     got = hvd_lossy.compress_grouped(x, rows, ebs, groups, prefix, out, 0, mode=mode, level=1,
-                                     format=2, extension=ext)
+                                     extension=ext)
     sizes, group_bytes = got if ext is not None else (got, None)
     end = len(groups) * prefix + (sum(group_bytes) if ext is not None else sum(sizes))
     cpu = out.numpy().tobytes()[:end]

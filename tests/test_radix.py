@@ -1,6 +1,7 @@
-"""Radix-packed level-1 code sections of format 2 (native/frame.h "Radix section"): codes in
-[0, K) with K not a power of two stored as base-K digits, g codes a value. Lossless on the codes:
-a radix frame decodes to exactly what the block-packed (v1) frame of the same codes decodes to.
+"""Radix-packed level-1 code sections (native/frame.h "Radix section"): codes in [0, K) with K
+not a power of two stored as base-K digits, g codes a value. Lossless on the codes: a radix frame
+decodes to exactly what the level-2 frame of the same codes (entropy coded, never radix packed)
+decodes to.
 """
 import math
 import struct
@@ -29,7 +30,7 @@ def integer_rows(k, n, dim=8, seed=0):
 
 
 def v2_level1(x, bound, **kw):
-    return hvd_lossy.compress_chunks(x, [x.shape[0]], bound, mode="abs", level=1, format=2,
+    return hvd_lossy.compress_chunks(x, [x.shape[0]], bound, mode="abs", level=1,
                                      **kw)[0]
 
 
@@ -88,7 +89,7 @@ def test_division_by_k_is_exact_on_random_values():
 # ---- the encoder ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("k", list(range(2, 301)))
-def test_codes_below_k_not_a_power_of_two_are_radix_packed_when_smaller_and_decode_like_v1(k):
+def test_codes_below_k_not_a_power_of_two_are_radix_packed_when_smaller_and_decode_like_level2(k):
     x, z = integer_rows(k, n=40 + k % 29, seed=k)  # n * 8 codes: the last group partial
     frame = v2_level1(x, 0.5, dedup=False)
     seg = hvd_lossy.frame_info(frame)["segments"][0]
@@ -104,7 +105,7 @@ def test_codes_below_k_not_a_power_of_two_are_radix_packed_when_smaller_and_deco
         assert len(radix_section(z.tolist())) >= len(section)
     y = hvd_lossy.decompress(frame)
     assert torch.equal(y, x)  # integers at step 1: exact
-    assert torch.equal(y, hvd_lossy.decompress(hvd_lossy.compress(x, 0.5, mode="abs", level=1,
+    assert torch.equal(y, hvd_lossy.decompress(hvd_lossy.compress(x, 0.5, mode="abs", level=2,
                                                                   dedup=False)))
 
 
@@ -139,18 +140,16 @@ def test_radix_is_chosen_only_when_smaller_than_block_packing_and_short_blocks()
     assert hvd_lossy.frame_info(v2_level1(x, 0.5))["segments"][0]["radix"] is None
     x, z = integer_rows(17, n=64, dim=32)
     seg = hvd_lossy.frame_info(v2_level1(x, 0.5))["segments"][0]
-    v1 = hvd_lossy.frame_info(hvd_lossy.compress(x, 0.5, mode="abs", level=1))
-    assert seg["radix"] == 17 and seg["code_bytes"] < v1["code_bytes"]
+    assert seg["radix"] == 17 and seg["code_bytes"] < len(block_packed(z.tolist()))
     assert seg["code_bytes"] <= math.ceil(2048 / 4 / 32) * (1 + 4 * 17) + 3
 
 
-def test_level2_lossless_and_v1_frames_never_carry_radix_sections():
+def test_level2_and_lossless_segments_never_carry_radix_sections():
     x, _ = integer_rows(17, n=64, dim=32)
-    for frame in (hvd_lossy.compress_chunks(x, [64], 0.5, mode="abs", level=2, format=2)[0],
-                  hvd_lossy.compress_chunks(x, [64], 0.0, level=1, format=2)[0]):
+    for frame in (hvd_lossy.compress_chunks(x, [64], 0.5, mode="abs", level=2)[0],
+                  hvd_lossy.compress_chunks(x, [64], 0.0, level=1)[0]):
         seg = hvd_lossy.frame_info(frame)["segments"][0]
         assert seg["radix"] is None
-    assert hvd_lossy.frame_info(hvd_lossy.compress(x, 0.5, mode="abs", level=1))["level"] == 1
 
 
 def lookups_with_specials(rows, dim, dtype, seed, distinct=None):
@@ -174,14 +173,14 @@ def lookups_with_specials(rows, dim, dtype, seed, distinct=None):
 def test_rows_with_outliers_nan_and_inf_decode_bit_exact_like_block_packing(dtype, kw):
     rows = [64, 100, 37]
     x = lookups_with_specials(sum(rows), 32, dtype, seed=3, distinct=None if "dither" in kw else 80)
-    frame = hvd_lossy.compress_chunks(x, rows, 0.003, mode="abs", level=1, format=2, **kw)[0]
+    frame = hvd_lossy.compress_chunks(x, rows, 0.003, mode="abs", level=1, **kw)[0]
     info = hvd_lossy.frame_info(frame)
     assert all(s["radix"] for s in info["segments"]), info["segments"]
     assert info["n_outliers"] > 0
     y = hvd_lossy.decompress(frame)
     eb = info["segments"][0]["eb_abs"]
-    # v1 frames of the same bound (format 2 rounded it to a 24-bit float) and the same pieces
-    ref = hvd_lossy.decompress_chunks(*hvd_lossy.compress_chunks(x, rows, eb, mode="abs", level=1,
+    # the level-2 frame of the same bound (rounded to 24 bits already) and the same pieces
+    ref = hvd_lossy.decompress_chunks(*hvd_lossy.compress_chunks(x, rows, eb, mode="abs", level=2,
                                                                  **kw))
     assert torch.equal(y.view(torch.int16 if dtype != torch.float32 else torch.int32),
                        torch.cat(ref).view(y.shape).view(torch.int16 if dtype != torch.float32

@@ -1,7 +1,7 @@
-"""Short-block level-1 code sections of format 2 (native/frame.h "Short-block section"): blocks
-of 16 codes with 4-bit widths, chosen when smaller than block and radix packing. Lossless on the
-codes: a frame with them decodes to exactly what the block-packed (v1) frame of the same codes
-decodes to.
+"""Short-block level-1 code sections (native/frame.h "Short-block section"): blocks of 16 codes
+with 4-bit widths, chosen when smaller than block and radix packing. Lossless on the codes: a
+frame with them decodes to exactly what the level-2 frame of the same codes (entropy coded, never
+in short blocks) decodes to.
 """
 import numpy as np
 import pytest
@@ -24,8 +24,8 @@ def scaled_codes(n_blocks, seed, widest=6):
     return torch.from_numpy(q.astype(np.float32).reshape(n_blocks, 16)), z
 
 
-def v1_decoded(x):
-    return hvd_lossy.decompress(hvd_lossy.compress(x, 0.5, mode="abs", level=1, dedup=False))
+def level2_decoded(x):
+    return hvd_lossy.decompress(hvd_lossy.compress(x, 0.5, mode="abs", level=2, dedup=False))
 
 
 # ---- the encoder ------------------------------------------------------------------------------
@@ -40,7 +40,7 @@ def test_codes_of_changing_scale_are_in_short_blocks_the_bytes_frame_h_describes
     if rows >= 31:
         assert kind == "short" and len(section) < 0.9 * len(block_packed(z.tolist()))
     assert torch.equal(hvd_lossy.decompress(frame), x)  # integers at step 1: exact
-    assert torch.equal(hvd_lossy.decompress(frame), v1_decoded(x))
+    assert torch.equal(hvd_lossy.decompress(frame), level2_decoded(x))
 
 
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 1000, 1001])
@@ -83,15 +83,15 @@ def test_codes_of_2_pow_15_or_more_are_never_in_short_blocks():
 
 def test_level2_and_lossless_segments_never_carry_short_blocks():
     x, _ = scaled_codes(64, seed=4)
-    for frame in (hvd_lossy.compress_chunks(x, [64], 0.5, mode="abs", level=2, format=2)[0],
-                  hvd_lossy.compress_chunks(x, [64], 0.0, level=1, format=2)[0]):
+    for frame in (hvd_lossy.compress_chunks(x, [64], 0.5, mode="abs", level=2)[0],
+                  hvd_lossy.compress_chunks(x, [64], 0.0, level=1)[0]):
         assert not any(s["short_blocks"] for s in hvd_lossy.frame_info(frame)["segments"])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("kw", [dict(dedup=True), dict(dedup=False), dict(dither=4242)],
                          ids=["dedup", "nodedup", "dither"])
-def test_rows_of_changing_scale_with_nan_inf_and_outliers_decode_bit_exact_like_v1(dtype, kw):
+def test_rows_of_changing_scale_with_nan_inf_and_outliers_decode_bit_exact_like_level2(dtype, kw):
     g = torch.Generator().manual_seed(5)
     rows = [64, 100, 37]
     x = torch.randn(sum(rows), 16, generator=g) * torch.rand(sum(rows), 1, generator=g) ** 4
@@ -101,11 +101,11 @@ def test_rows_of_changing_scale_with_nan_inf_and_outliers_decode_bit_exact_like_
     flat = x.view(-1)
     for i, v in enumerate([float("nan"), float("inf"), -float("inf")]):
         flat[(131 * i + 5) % flat.numel()] = v
-    frame = hvd_lossy.compress_chunks(x, rows, 0.003, mode="abs", level=1, format=2, **kw)[0]
+    frame = hvd_lossy.compress_chunks(x, rows, 0.003, mode="abs", level=1, **kw)[0]
     info = hvd_lossy.frame_info(frame)
     assert all(s["short_blocks"] for s in info["segments"]), info["segments"]
     eb = info["segments"][0]["eb_abs"]
-    ref = hvd_lossy.decompress_chunks(*hvd_lossy.compress_chunks(x, rows, eb, mode="abs", level=1,
+    ref = hvd_lossy.decompress_chunks(*hvd_lossy.compress_chunks(x, rows, eb, mode="abs", level=2,
                                                                  **kw))
     bits = torch.int16 if dtype != torch.float32 else torch.int32
     y = hvd_lossy.decompress(frame)
