@@ -18,9 +18,6 @@
 namespace hl {
 namespace gpu {
 
-// The encoder rules shared with the CPU codec (kOutlierMark, dedup_applies, dedup_pays,
-// rans_symbol) live in codec_common.h.
-
 // ---- errors and launches --------------------------------------------------------------------
 
 inline void check_cuda(cudaError_t e, const char* what) {
@@ -150,7 +147,7 @@ uint32_t crc32c_dev(const uint8_t* p_dev, uint64_t n, cudaStream_t stream);
 // anything is read from the device.
 void check_frame_size(uint64_t size);
 // The CRC32C a frame of `size` bytes stores, from its first head_len bytes; FrameError unless
-// they are a v2 frame's and its total is `size`.
+// they are a frame's and its total is `size`.
 uint32_t stored_crc(const uint8_t* head, uint64_t head_len, uint64_t size);
 // FrameError naming both CRCs, as verify_v2 (frame_v2.h) does.
 [[noreturn]] void crc_mismatch(uint32_t computed, uint32_t stored);

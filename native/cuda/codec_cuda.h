@@ -1,5 +1,5 @@
 // The CUDA entry points of the hvd_lossy codec (only when built with HL_WITH_CUDA): the
-// contracts of the CPU functions in codec.h, byte-identical format-2 frames; every pointer is
+// contracts of the CPU functions in codec.h, byte-identical frames; every pointer is
 // device memory except `rows`, `trailing`, `error_bounds`, `groups`, `shape` and the returned
 // sizes. `stream` is a cudaStream_t. The functions enqueue their work on the stream; they return
 // once the frame sizes are known on the host (one device-to-host copy of the sizes), never

@@ -1,4 +1,4 @@
-// CUDA decoder of format-2 frames (frame.h). The frame is copied to the host once, its size and
+// CUDA decoder of frames (frame.h). The frame is copied to the host once, its size and
 // CRC32C checked there before anything is parsed from it (check.cu's rules), and parsed there
 // (parse_v2; block-packed maps announce their length only through their width bytes, in the
 // payload); the compact rANS tables, escapes and stream sizes are read there too (rans_layout,
@@ -35,8 +35,8 @@ enum DecodeError : uint32_t {
 };
 
 struct alignas(16) DecodeState {
-  uint32_t error;                       // DecodeError bits
-  uint64_t esc_off, data_off, n_esc;    // level 2, offsets in the escapes and the code section
+  uint32_t error;                     // DecodeError bits
+  uint64_t esc_off, data_off, n_esc;  // level 2: offsets in the escapes and the code section
   uint32_t freq[256];
   uint32_t cum[257];
 };
@@ -46,7 +46,6 @@ struct alignas(16) DecodeState {
 constexpr unsigned kDecodeStreams = 32;
 constexpr uint64_t kSymStride = HL_RANS_CHUNK + 4;
 constexpr size_t kDecodeSmem = kDecodeStreams * kSymStride;
-static_assert(HL_RANS_CHUNK % 4 == 0 && kSymStride % 4 == 0, "symbols move 4 at a time");
 
 __device__ __forceinline__ void flag(DecodeState* ds, uint32_t bit) { atomicOr(&ds->error, bit); }
 

@@ -87,7 +87,7 @@ struct Layout {
   std::vector<uint64_t> group_bytes;  // a group: its frame (0 when it has none)
 };
 
-// Codes the pieces on the device and writes one v2 frame a group into out_dev (prefix_bytes
+// Codes the pieces on the device and writes one frame a group into out_dev (prefix_bytes
 // left before each group, as compress_into_cpu lays them out). empty_trailing: the trailing
 // dims of an empty group's frame (it gets one only with an extension). fits(total) throws when
 // the layout's `total` bytes do not fit the caller's buffer.
