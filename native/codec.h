@@ -7,24 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "arguments.h"
 #include "errors.h"
 #include "frame.h"
 #include "frame_v2.h"
 
 namespace hl {
 
-struct CompressParams {
-  uint8_t dtype;      // HlDType
-  uint8_t mode;       // HlMode
-  uint8_t level;      // 1 block packing, 2 entropy coded
-  bool dedup;         // drop duplicate rows
-  double error_bound; // relative factor (mode rel) or absolute bound; 0 = lossless
-  bool dither = false;       // subtractive dither (frame.h); turns dedup off
-  uint32_t dither_seed = 0;  // < HL_DITHER_SEEDS; chunk i of compress_many uses seed + i
-  // Take each piece's finite value range even when its bound does not need it, for the
-  // statistics compress_into_cpu hands back (the adaptive controller's, read at no extra pass).
-  bool want_range = false;
-};
 
 // What the codec learns of a piece: finite min and max, distinct rows, and (piece_stats_cpu
 // only) the finite elements with their sum and sum of squares. NaN where not computed (no range
@@ -39,22 +28,6 @@ enum {
   HL_STATS_PER_PIECE = 6
 };
 
-
-// Rows and row length of a shape: the last dimension is a row; 0-d and 1-d tensors are one row.
-// Throws ArgumentError for more than HL_MAX_NDIM dimensions or a negative one.
-void shape_to_rows(const std::vector<int64_t>& shape, uint64_t* n_rows, uint64_t* row_len);
-
-// Checks the parameters and throws ArgumentError naming the bad value.
-void check_params(const CompressParams& p);
-
-// Checks the arguments of compress_many_* (params, one bound a chunk when given, trailing
-// dimensions >= 0); returns the elements a row of dim 0 holds.
-uint64_t check_chunk_args(const CompressParams& p, size_t n_chunks,
-                          const std::vector<int64_t>& trailing,
-                          const std::vector<double>& error_bounds);
-
-// Absolute bound for a tensor whose finite values span [lo, hi] (lo > hi when none are finite).
-double absolute_bound(const CompressParams& p, double lo, double hi);
 
 // Compresses `n_chunks` tensors that lie back to back in `input` (raw bits of p.dtype) into ONE
 // frame whose segments they are: chunk i has rows[i] rows and shape (rows[i], *trailing)

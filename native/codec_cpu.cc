@@ -23,6 +23,7 @@
 #include "map_buckets.h"
 #include "pack.h"
 #include "parallel.h"
+#include "pieces.h"
 #include "radix.h"
 #include "short_blocks.h"
 #include "rans.h"
@@ -37,7 +38,6 @@ struct Tensor {
   uint64_t n_rows, row_len;
   uint64_t size() const { return n_rows * row_len; }
 };
-
 
 // Smallest and largest finite value, as double (lo > hi when there is none).
 template <int DT>
@@ -510,23 +510,6 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
   return s;
 }
 
-}  // namespace
-
-void shape_to_rows(const std::vector<int64_t>& shape, uint64_t* n_rows, uint64_t* row_len) {
-  if (shape.size() > HL_MAX_NDIM)
-    throw ArgumentError("tensor has " + std::to_string(shape.size()) + " dimensions, at most " +
-                        std::to_string(HL_MAX_NDIM) + " supported");
-  uint64_t rows = 1;
-  for (size_t i = 0; i + 1 < shape.size(); ++i) {
-    if (shape[i] < 0) throw ArgumentError("negative dimension " + std::to_string(shape[i]));
-    rows *= (uint64_t)shape[i];
-  }
-  *n_rows = shape.size() <= 1 ? 1 : rows;
-  *row_len = shape.empty() ? 1 : (uint64_t)shape.back();
-}
-
-namespace {
-
 // A segment built in scratch memory but not yet written out: its descriptor's fields and
 // sections. Building and writing are apart so that a call of many pieces can build them all in
 // parallel, then write each straight to its final, gap-free place.
@@ -718,47 +701,6 @@ Prepared prepare_one(const void* input, const CompressParams& p, const std::vect
 
 }  // namespace
 
-void check_params(const CompressParams& p) {
-  if (p.dtype > HL_BFLOAT16)
-    throw ArgumentError("unsupported dtype code " + std::to_string(p.dtype) +
-                        ", expected float32, float16 or bfloat16");
-  if (p.mode != HL_MODE_ABS && p.mode != HL_MODE_REL)
-    throw ArgumentError("unsupported mode code " + std::to_string(p.mode) +
-                        ", expected abs (0) or rel (1)");
-  if (p.level != 1 && p.level != 2)
-    throw ArgumentError("unsupported level " + std::to_string(p.level) + ", expected 1 or 2");
-  if (!(p.error_bound >= 0) || !isfinite(p.error_bound))
-    throw ArgumentError("error_bound must be a finite number >= 0, got " +
-                        std::to_string(p.error_bound));
-  if (p.dither_seed >= HL_DITHER_SEEDS)
-    throw ArgumentError("dither seed " + std::to_string(p.dither_seed) +
-                        " is out of range, expected 0.." + std::to_string(HL_DITHER_SEEDS - 1));
-}
-
-uint64_t check_chunk_args(const CompressParams& p, size_t n_chunks,
-                          const std::vector<int64_t>& trailing,
-                          const std::vector<double>& error_bounds) {
-  check_params(p);
-  if (!error_bounds.empty() && error_bounds.size() != n_chunks)
-    throw ArgumentError("got " + std::to_string(error_bounds.size()) + " error bounds for " +
-                        std::to_string(n_chunks) + " chunks");
-  uint64_t row_elems = 1;
-  for (int64_t s : trailing) {
-    if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
-    row_elems *= (uint64_t)s;
-  }
-  return row_elems;
-}
-
-double absolute_bound(const CompressParams& p, double lo, double hi) {
-  double eb = p.error_bound;
-  if (p.mode == HL_MODE_REL) eb = hi > lo ? p.error_bound * (hi - lo) : 0.0;
-  if (!isfinite(eb))
-    throw ArgumentError("error_bound " + std::to_string(p.error_bound) +
-                        " times the value range overflows a double");
-  return eb;
-}
-
 namespace {
 uint64_t write_single(const void* input, const CompressParams& p,
                       const std::vector<int64_t>& shape,
@@ -781,66 +723,6 @@ uint64_t compress_cpu(const void* input, const CompressParams& p,
   }, resolve_threads(threads));
   return size;
 }
-
-namespace {
-
-// The pieces of a compress_many/compress_into call, checked: parameters, shape, input offset
-// and worst-case segment size of each.
-struct Pieces {
-  std::vector<CompressParams> params;
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<uint64_t> in_off;  // elements
-  uint64_t max_segments = 0;     // sum of hl_max_segment_bytes
-};
-
-Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& rows,
-                   const std::vector<int64_t>& trailing, const std::vector<double>& error_bounds) {
-  const size_t n = rows.size();
-  const uint64_t row_elems = check_chunk_args(p, n, trailing, error_bounds);
-  Pieces c;
-  c.params.assign(n, p);
-  c.shapes.resize(n);
-  c.in_off.assign(n + 1, 0);
-  for (size_t i = 0; i < n; ++i) {
-    if (rows[i] < 0)
-      throw ArgumentError("chunk " + std::to_string(i) + " has " + std::to_string(rows[i]) +
-                          " rows, expected >= 0");
-    if (!error_bounds.empty()) {
-      c.params[i].error_bound = error_bounds[i];
-      check_params(c.params[i]);
-    }
-    c.params[i].dither_seed = (uint32_t)((p.dither_seed + i) % HL_DITHER_SEEDS);
-    c.shapes[i].push_back(rows[i]);
-    c.shapes[i].insert(c.shapes[i].end(), trailing.begin(), trailing.end());
-    uint64_t r, len;
-    shape_to_rows(c.shapes[i], &r, &len);
-    c.in_off[i + 1] = c.in_off[i] + (uint64_t)rows[i] * row_elems;
-    c.max_segments += hl_max_segment_bytes(r, len);
-  }
-  return c;
-}
-
-void check_groups(const std::vector<int64_t>& groups, size_t n_frames) {
-  uint64_t sum = 0;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    if (groups[g] < 0)
-      throw ArgumentError("group " + std::to_string(g) + " has " + std::to_string(groups[g]) +
-                          " frames, expected >= 0");
-    sum += (uint64_t)groups[g];
-  }
-  if (sum != n_frames)
-    throw ArgumentError("groups hold " + std::to_string(sum) + " frames, expected one per piece (" +
-                        std::to_string(n_frames) + ")");
-}
-
-}  // namespace
-
-namespace {
-// Worst case of the grouped layout of c's pieces: every prefix and frame header, every segment.
-uint64_t grouped_bound(const Pieces& c, size_t n_groups, uint64_t prefix_bytes) {
-  return n_groups * (prefix_bytes + HL_V2_MAX_HEADER) + c.max_segments;
-}
-}  // namespace
 
 uint64_t max_grouped_bytes(const std::vector<int64_t>& rows, const std::vector<int64_t>& trailing,
                            const std::vector<int64_t>& groups, uint64_t prefix_bytes) {

@@ -5,46 +5,10 @@
 
 #include "codec_common.h"
 #include "crc32c.h"
+#include "reader.h"
 
 namespace hl {
 namespace {
-
-// Bounds-checked reads of the header; every failure names the frame's field.
-class In {
- public:
-  In(const uint8_t* p, uint64_t n) : p_(p), n_(n) {}
-  uint64_t varint(const char* what) {
-    uint64_t v = 0, used = 0;
-    switch (get_varint(p_ + pos_, n_ > pos_ ? n_ - pos_ : 0, &v, &used)) {
-      case HL_VARINT_OK:
-        pos_ += used;
-        return v;
-      case HL_VARINT_TRUNCATED:
-        throw FrameError(std::string("frame is truncated inside its ") + what);
-      case HL_VARINT_OVERFLOW:
-        throw FrameError(std::string("frame is corrupted: ") + what + " overflows 64 bits");
-      case HL_VARINT_OVERLONG:
-        throw FrameError(std::string("frame is corrupted: overlong varint in its ") + what);
-      default:
-        throw FrameError(std::string("frame is corrupted: ") + what + " is longer than 10 bytes");
-    }
-  }
-  uint32_t fixed(int bytes, const char* what) {
-    if (n_ - pos_ < (uint64_t)bytes)
-      throw FrameError(std::string("frame is truncated inside its ") + what);
-    uint32_t v = 0;
-    for (int i = 0; i < bytes; ++i) v |= (uint32_t)p_[pos_++] << (8 * i);
-    return v;
-  }
-  uint64_t pos() const { return pos_; }
-  uint64_t left() const { return n_ - pos_; }
-  void skip(uint64_t k) { pos_ += k; }
-
- private:
-  const uint8_t* p_;
-  uint64_t n_;
-  uint64_t pos_ = 0;
-};
 
 std::string num(uint64_t v) { return std::to_string(v); }
 
@@ -88,7 +52,7 @@ namespace {
 }  // namespace
 
 uint64_t v2_frame_bytes(const uint8_t* p, uint64_t avail) {
-  In in(p, avail);
+  Reader in(p, avail, "frame");
   if (avail < HL_V2_PREFIX + 1 || !is_v2(p, avail)) not_a_frame(p, avail);
   in.skip(HL_V2_PREFIX);
   const uint64_t total = in.varint("total size");
@@ -101,7 +65,7 @@ uint64_t v2_frame_bytes(const uint8_t* p, uint64_t avail) {
 FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
   if (size < HL_V2_PREFIX + 1 || !is_v2(frame, size)) not_a_frame(frame, size);
   FrameV2 f;
-  In in(frame, size);
+  Reader in(frame, size, "frame");
   in.skip(3);
   f.crc = in.fixed(4, "checksum");
   f.total_bytes = in.varint("total size");
@@ -120,9 +84,9 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
   if (f.seeded) f.seed = in.fixed(3, "dither seed");
   if (info & HL_V2_EXT) {
     f.ext_bytes = in.varint("extension size");
-    if (f.ext_bytes == 0 || f.ext_bytes > HL_V2_MAX_EXT || f.ext_bytes > in.left())
+    if (f.ext_bytes == 0 || f.ext_bytes > HL_V2_MAX_EXT || f.ext_bytes > in.remaining())
       throw FrameError("frame is corrupted: an extension of " + num(f.ext_bytes) + " bytes, " +
-                       num(in.left()) + " left (1 to " + num(HL_V2_MAX_EXT) + " expected)");
+                       num(in.remaining()) + " left (1 to " + num(HL_V2_MAX_EXT) + " expected)");
     f.ext = frame + in.pos();
     in.skip(f.ext_bytes);
   }
@@ -140,7 +104,7 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
   }
   const uint64_t n_segs = in.varint("segment count");
   f.header_bytes = in.pos();
-  if (n_segs > in.left() / 3)  // a descriptor has at least 3 bytes
+  if (n_segs > in.remaining() / 3)  // a descriptor has at least 3 bytes
     throw FrameError("frame is corrupted: " + num(n_segs) + " segments in " + num(size) +
                      " bytes");
   if (f.ndim == 0 && n_segs != 1)
@@ -231,13 +195,13 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
                         num(s.row_len) + "): " + what);
     };
     if (s.map_rans) {
-      if (s.map_bytes < 4 + 4 * hl_div_up(s.n_rows, HL_RANS_CHUNK) || s.map_bytes > in.left())
+      if (s.map_bytes < 4 + 4 * hl_div_up(s.n_rows, HL_RANS_CHUNK) || s.map_bytes > in.remaining())
         throw fail("coded row map of " + num(s.map_bytes) + " bytes");
       s.map = frame + in.pos();
       in.skip(s.map_bytes);
     } else if (!s.identity) {
       const uint64_t nb = hl_div_up(s.n_rows, HL_BLOCK);
-      if (nb > in.left()) throw fail("truncated row map");
+      if (nb > in.remaining()) throw fail("truncated row map");
       uint64_t payload = 0;
       for (uint64_t b = 0; b < nb; ++b) {
         const uint8_t w = frame[in.pos() + b];
@@ -246,14 +210,14 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
       }
       s.map = frame + in.pos();
       s.map_bytes = nb + payload;
-      if (s.map_bytes > in.left()) throw fail("truncated row map");
+      if (s.map_bytes > in.remaining()) throw fail("truncated row map");
       in.skip(s.map_bytes);
     }
     // level 2: a table (or the 2 bytes of a borrowed one), an escape count, a state a stream
     uint64_t min_code = s.level == 1 ? hl_div_up(n_codes, HL_BLOCK)
                                      : 3 + 4 * hl_div_up(n_codes, HL_RANS_CHUNK);
     if (s.level == 1 && !s.lossless && n_codes > 0 &&
-        s.code_bytes <= in.left()) {  // a radix or short-block section: its own least size
+        s.code_bytes <= in.remaining()) {  // a radix or short-block section: its own least size
       const uint8_t* code = frame + in.pos();
       if (s.code_bytes > 0 && code[0] == HL_SHORT_MARK) {
         s.short_blocks = true;
@@ -274,7 +238,7 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
     }
     if ((s.level == 2 && n_codes == 0) || s.code_bytes < min_code)
       throw fail("code section of " + num(s.code_bytes) + " bytes, too small");
-    if (s.code_bytes > in.left()) throw fail("truncated code section");
+    if (s.code_bytes > in.remaining()) throw fail("truncated code section");
     s.code = frame + in.pos();
     in.skip(s.code_bytes);
     if (s.level == 2) {
@@ -290,13 +254,13 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
     s.pos_bytes = v2_pos_bytes(n_codes);
     if (s.n_outliers > n_codes) throw fail(num(s.n_outliers) + " outliers");
     s.outlier_bytes = s.n_outliers * (s.pos_bytes + eb);
-    if (s.outlier_bytes > in.left()) throw fail("truncated outlier section");
+    if (s.outlier_bytes > in.remaining()) throw fail("truncated outlier section");
     s.outliers = frame + in.pos();
     in.skip(s.outlier_bytes);
     s.bytes += in.pos() - at;
   }
-  if (in.left() != 0)
-    throw FrameError("frame is corrupted: " + num(in.left()) + " stray bytes after its segments");
+  if (in.remaining() != 0)
+    throw FrameError("frame is corrupted: " + num(in.remaining()) + " stray bytes after its segments");
   return f;
 }
 

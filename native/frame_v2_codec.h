@@ -1,6 +1,6 @@
-// The bytes of format-2 frames (frame.h) that the CPU and CUDA codecs must write and read alike:
-// varints, fixed-width little-endian fields, the info byte, the segment descriptor, the width of
-// an outlier position, and CRC32C. Everything here is HL_HD (host and device) and allocation
+// The bytes of frames (frame.h) that the CPU and CUDA codecs must write and read alike, beside
+// varint.h's varints: fixed-width little-endian fields, the info byte, the segment descriptor,
+// the width of an outlier position, and CRC32C. Everything here is HL_HD (host and device) and allocation
 // free, so the CPU build (frame_v2.cc, crc32c.cc, and the tests through them) runs the very
 // functions the CUDA codec runs.
 //
@@ -12,56 +12,10 @@
 #pragma once
 
 #include "frame.h"
+#include "varint.h"
 
 #ifdef __cplusplus
 namespace hl {
-
-// ---- varints (unsigned LEB128, at most 10 bytes, no overlong form) --------------------------
-
-HL_HD uint64_t varint_bytes(uint64_t v) {
-  uint64_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-
-HL_HD uint8_t* put_varint(uint8_t* p, uint64_t v) {
-  while (v >= 0x80) {
-    *p++ = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  *p++ = (uint8_t)v;
-  return p;
-}
-
-// What get_varint found; the reader that throws maps each to a message naming the field.
-enum VarintStatus : int {
-  HL_VARINT_OK = 0,
-  HL_VARINT_TRUNCATED = 1,  // the bytes end inside it
-  HL_VARINT_OVERFLOW = 2,   // more than 64 bits
-  HL_VARINT_OVERLONG = 3,   // a final zero byte after the first
-  HL_VARINT_TOO_LONG = 4,   // more than 10 bytes
-};
-
-// Reads the varint at p (avail bytes there) into *v and the bytes it took into *used.
-HL_HD int get_varint(const uint8_t* p, uint64_t avail, uint64_t* v, uint64_t* used) {
-  uint64_t x = 0, pos = 0;
-  for (int shift = 0; shift < 64; shift += 7) {
-    if (pos >= avail) return HL_VARINT_TRUNCATED;
-    const uint8_t b = p[pos++];
-    if (shift == 63 && b > 1) return HL_VARINT_OVERFLOW;
-    x |= (uint64_t)(b & 0x7f) << shift;
-    if (!(b & 0x80)) {
-      if (b == 0 && shift > 0) return HL_VARINT_OVERLONG;
-      *v = x;
-      *used = pos;
-      return HL_VARINT_OK;
-    }
-  }
-  return HL_VARINT_TOO_LONG;
-}
 
 // ---- fixed fields ----------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@
 
 #include "codec.h"
 #include "rans.h"
+#include "reader.h"
+#include "varint.h"
 
 namespace hl {
 namespace {
@@ -39,11 +41,8 @@ std::vector<uint8_t> map_buckets_encode(const uint32_t* map, uint64_t n, int thr
   }
   if (used) bits.push_back((uint8_t)acc);
   const std::vector<uint8_t> coded = rans_encode(sym.data(), n, threads);
-  std::vector<uint8_t> out;
-  for (uint64_t v = coded.size(); ; v >>= 7) {  // varint rans_bytes
-    out.push_back((uint8_t)(v >= 0x80 ? (v & 0x7f) | 0x80 : v));
-    if (v < 0x80) break;
-  }
+  std::vector<uint8_t> out(varint_bytes(coded.size()));
+  put_varint(out.data(), coded.size());
   out.insert(out.end(), coded.begin(), coded.end());
   out.insert(out.end(), bits.begin(), bits.end());
   return out;
@@ -51,14 +50,9 @@ std::vector<uint8_t> map_buckets_encode(const uint32_t* map, uint64_t n, int thr
 
 void map_buckets_decode(const uint8_t* in, uint64_t len, uint64_t n, uint32_t* map,
                         int threads) {
-  uint64_t rans_bytes = 0, at = 0;
-  for (int shift = 0;; shift += 7) {
-    if (at >= len || shift > 56)
-      throw FrameError("frame is corrupted: the bucketed row map's rANS size does not parse");
-    const uint8_t b = in[at++];
-    rans_bytes |= (uint64_t)(b & 0x7f) << shift;
-    if (!(b & 0x80)) break;
-  }
+  Reader r(in, len, "bucketed row map");
+  const uint64_t rans_bytes = r.varint("bucketed row map's rANS size");
+  const uint64_t at = r.pos();
   if (rans_bytes > len - at)
     throw FrameError("frame is corrupted: a bucketed row map's rANS section of " +
                      std::to_string(rans_bytes) + " bytes in " + std::to_string(len - at));

@@ -1,4 +1,4 @@
-// Host-side block packing (see "Packed integer arrays" in frame.h) and a bounds-checked reader.
+// Host-side block packing (see "Packed integer arrays" in frame.h).
 // The CUDA path packs the same bit planes with warp ballots.
 #pragma once
 
@@ -68,34 +68,5 @@ void unpack_blocks_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_
 // (short_blocks.h) run two of their blocks of 16 through these at once.
 void pack_block32(const uint32_t* v, uint32_t w, uint8_t* out);
 void unpack_block32(const uint8_t* in, uint32_t w, uint32_t* v);
-
-// Bounds-checked sequential reader over one section of a frame.
-class Reader {
- public:
-  Reader(const uint8_t* p, uint64_t len, const char* what) : p_(p), len_(len), what_(what) {}
-  const uint8_t* take(uint64_t n) {
-    if (n > len_ - pos_) {
-      throw FrameError(std::string("frame is truncated or corrupted: the ") + what_ +
-                       " needs " + std::to_string(n) + " more bytes at offset " +
-                       std::to_string(pos_) + " but holds " + std::to_string(len_));
-    }
-    const uint8_t* r = p_ + pos_;
-    pos_ += n;
-    return r;
-  }
-  template <typename T>
-  T read() {
-    T v;
-    memcpy(&v, take(sizeof(T)), sizeof(T));
-    return v;
-  }
-  uint64_t remaining() const { return len_ - pos_; }
-
- private:
-  const uint8_t* p_;
-  uint64_t len_;
-  uint64_t pos_ = 0;
-  const char* what_;
-};
 
 }  // namespace hl

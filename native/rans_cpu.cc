@@ -7,6 +7,8 @@
 #include "codec_common.h"
 #include "pack.h"
 #include "rans.h"
+#include "reader.h"
+#include "varint.h"
 
 namespace hl {
 namespace {
@@ -73,15 +75,12 @@ std::vector<uint8_t> encode_stream(const uint32_t* z, uint64_t lo, uint64_t hi,
 }
 
 
-void put_varint(std::vector<uint8_t>* out, uint64_t v) {
-  while (v >= 0x80) {
-    out->push_back((uint8_t)(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back((uint8_t)v);
+void append_varint(std::vector<uint8_t>* out, uint64_t v) {
+  uint8_t buf[10];
+  out->insert(out->end(), buf, put_varint(buf, v));
 }
 
-// The compact section of format 2 (frame.h): K, w, w-bit frequencies, varint escapes and
+// The compact section (frame.h): K, w, w-bit frequencies, varint escapes and
 // stream lengths (the last implied).
 void table_shape(const uint32_t* freq, int* k, uint32_t* w) {
   *k = 0;
@@ -119,21 +118,11 @@ void write_compact(const uint32_t* freq, const uint32_t* z, uint64_t n, uint64_t
     }
     if (bits) out->push_back((uint8_t)acc);
   }
-  put_varint(out, n_esc);
+  append_varint(out, n_esc);
   for (uint64_t i = 0; i < n; ++i)
-    if (z[i] >= HL_RANS_ESC) put_varint(out, z[i] - HL_RANS_ESC);
-  for (size_t s = 0; s + 1 < streams.size(); ++s) put_varint(out, streams[s].size());
+    if (z[i] >= HL_RANS_ESC) append_varint(out, z[i] - HL_RANS_ESC);
+  for (size_t s = 0; s + 1 < streams.size(); ++s) append_varint(out, streams[s].size());
   for (auto& st : streams) out->insert(out->end(), st.begin(), st.end());
-}
-
-uint64_t read_varint(Reader& r) {
-  uint64_t v = 0;
-  for (int shift = 0; shift < 64; shift += 7) {
-    const uint8_t b = r.read<uint8_t>();
-    v |= (uint64_t)(b & 0x7f) << shift;
-    if (!(b & 0x80)) return v;
-  }
-  throw FrameError("frame is corrupted: a varint in the entropy-coded section is too long");
 }
 
 }  // namespace
@@ -222,13 +211,13 @@ RansLayout rans_layout(const uint8_t* in, uint64_t len, uint64_t n, const uint8_
   } else {
     read_compact_table(r, &t);
   }
-  const uint64_t n_esc = read_varint(r);
+  const uint64_t n_esc = r.varint("entropy-coded section's escape count");
   if (n_esc > n || n_esc > r.remaining())
     throw FrameError("frame is corrupted: " + std::to_string(n_esc) + " escapes for " +
                      std::to_string(n) + " codes");
   escapes.resize(n_esc);
   for (uint64_t e = 0; e < n_esc; ++e) {
-    const uint64_t v = read_varint(r) + HL_RANS_ESC;
+    const uint64_t v = r.varint("entropy-coded section's escapes") + HL_RANS_ESC;
     if (v > 0xffffffffull) throw FrameError("frame is corrupted: escape value overflows");
     escapes[e] = (uint32_t)v;
   }
@@ -236,7 +225,7 @@ RansLayout rans_layout(const uint8_t* in, uint64_t len, uint64_t n, const uint8_
     throw FrameError("frame is corrupted: " + std::to_string(n_streams) +
                      " entropy-coded streams in " + std::to_string(len) + " bytes");
   for (uint64_t s = 0; s + 1 < n_streams; ++s) {
-    const uint64_t l = read_varint(r);
+    const uint64_t l = r.varint("entropy-coded section's stream sizes");
     if (l > len) throw FrameError("frame is corrupted: an entropy-coded stream overruns");
     start[s + 1] = start[s] + l;
   }

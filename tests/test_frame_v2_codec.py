@@ -77,6 +77,22 @@ def test_v2_varints_are_read_by_the_shared_rules_and_faults_name_the_field(varin
         hvd_lossy.frame_info(_v2_frame_with_rows_varint(varint))
 
 
+def _level2_frame_with_escape_count(count_varint):
+    """A frame of one lossless level-2 f32 element 0.0 whose rANS section (frame.h "Compact rANS
+    section": one symbol of frequency 4096 in 13 bits, the escape count, one stream holding
+    just the state 2^23) writes its escape count as the given bytes."""
+    code = b"\x00\x0d\x00\x10" + count_varint + (1 << 23).to_bytes(4, "little")
+    body = bytes([1 << 2]) + b"\x01" + bytes([0x03]) + b"\x01" + bytes([len(code)]) + code
+    rest = bytes([7 + 1 + len(body)]) + body
+    return as_tensor(b"HV\x02" + struct.pack("<I", crc32c(rest)) + rest)
+
+
+def test_the_entropy_coded_sections_read_varints_by_the_same_strict_rule():
+    assert hvd_lossy.decompress(_level2_frame_with_escape_count(b"\x00")).tolist() == [0.0]
+    with pytest.raises(FrameError, match="overlong varint in its entropy-coded section's escape"):
+        hvd_lossy.decompress(_level2_frame_with_escape_count(b"\x80\x00"))
+
+
 def test_v2_descriptor_bytes_written_are_those_the_frame_info_counts():
     # segment_bytes (descriptor and payload) as frame_info reports them add up to the frame.
     x = torch.randn(96, 16)

@@ -1,0 +1,75 @@
+// The pieces of a compress call (dim-0 slices of one tensor, a frame's segments) and their
+// grouping into frames: the one planning rule the CPU and CUDA encoders share (host code; the
+// CUDA encoder's host side calls it too).
+#pragma once
+
+#include <stdint.h>
+
+#include <string>
+#include <vector>
+
+#include "arguments.h"
+#include "frame.h"
+
+namespace hl {
+
+// The pieces of a compress_many/compress_into call, checked: parameters, shape, input offset
+// and worst-case segment size of each.
+struct Pieces {
+  std::vector<CompressParams> params;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<uint64_t> in_off;  // elements
+  uint64_t max_segments = 0;     // sum of hl_max_segment_bytes
+};
+
+// The pieces of dim 0 of rows[i] rows each and trailing dims: error_bounds[i] (when given)
+// overrides p.error_bound, piece i's dither seed is p.dither_seed + i (mod HL_DITHER_SEEDS).
+// Throws ArgumentError for a bad argument.
+inline Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& rows,
+                          const std::vector<int64_t>& trailing,
+                          const std::vector<double>& error_bounds) {
+  const size_t n = rows.size();
+  const uint64_t row_elems = check_chunk_args(p, n, trailing, error_bounds);
+  Pieces c;
+  c.params.assign(n, p);
+  c.shapes.resize(n);
+  c.in_off.assign(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (rows[i] < 0)
+      throw ArgumentError("chunk " + std::to_string(i) + " has " + std::to_string(rows[i]) +
+                          " rows, expected >= 0");
+    if (!error_bounds.empty()) {
+      c.params[i].error_bound = error_bounds[i];
+      check_params(c.params[i]);
+    }
+    c.params[i].dither_seed = (uint32_t)((p.dither_seed + i) % HL_DITHER_SEEDS);
+    c.shapes[i].push_back(rows[i]);
+    c.shapes[i].insert(c.shapes[i].end(), trailing.begin(), trailing.end());
+    uint64_t r, len;
+    shape_to_rows(c.shapes[i], &r, &len);
+    c.in_off[i + 1] = c.in_off[i] + (uint64_t)rows[i] * row_elems;
+    c.max_segments += hl_max_segment_bytes(r, len);
+  }
+  return c;
+}
+
+// Checks that groups[g] >= 0 pieces a frame add up to the n_pieces.
+inline void check_groups(const std::vector<int64_t>& groups, size_t n_pieces) {
+  uint64_t sum = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g] < 0)
+      throw ArgumentError("group " + std::to_string(g) + " has " + std::to_string(groups[g]) +
+                          " frames, expected >= 0");
+    sum += (uint64_t)groups[g];
+  }
+  if (sum != n_pieces)
+    throw ArgumentError("groups hold " + std::to_string(sum) + " frames, expected one per piece (" +
+                        std::to_string(n_pieces) + ")");
+}
+
+// Worst case of the grouped layout of c's pieces: every prefix and frame header, every segment.
+inline uint64_t grouped_bound(const Pieces& c, size_t n_groups, uint64_t prefix_bytes) {
+  return n_groups * (prefix_bytes + HL_V2_MAX_HEADER) + c.max_segments;
+}
+
+}  // namespace hl
