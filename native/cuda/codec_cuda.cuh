@@ -126,9 +126,10 @@ struct SegmentJob {
   uint8_t* payload_dev;
 };
 // What the device found of a segment (the descriptor's fields and the payload's size), and
-// whether a relative bound times the range overflowed a double.
+// whether a relative bound times the finite range [lo, hi] overflowed a double.
 struct SegmentResult : SegmentFound {
   bool bound_overflow = false;
+  double lo = 0, hi = 0;
 };
 uint64_t segment_slot_bytes(const std::vector<int64_t>& shape);
 // Enqueues every segment on the stream and returns once their results are on the host (one

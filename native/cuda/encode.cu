@@ -17,6 +17,7 @@ struct DeviceResult {
   uint32_t error;
   uint64_t n_unique, n_outliers, map_bytes, code_bytes;
   uint32_t bound, lossless, identity;
+  double lo, hi;  // the finite range (rel mode)
 };
 
 // Places the outliers and decides the fallback.
@@ -79,6 +80,8 @@ __global__ void finish_kernel(const EncodeState* st, DeviceResult* result) {
   result->bound = st->bound;
   result->lossless = st->lossless;
   result->identity = st->identity;
+  result->lo = from_order_key(st->lo_key);
+  result->hi = from_order_key(st->hi_key);
 }
 
 void plan_encode_scratch(const std::vector<EncodeJob>& jobs, Workspace* ws, EncodeScratch* s) {
@@ -211,6 +214,8 @@ std::vector<SegmentResult> encode_segments(const std::vector<SegmentJob>& segs,
     o.lossless = r.lossless != 0;
     o.identity = r.identity != 0;
     o.bound_overflow = r.error != 0;
+    o.lo = r.lo;
+    o.hi = r.hi;
   }
   return out;
 }

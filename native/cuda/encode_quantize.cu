@@ -35,9 +35,9 @@ __global__ void finite_range_kernel(const typename Elem<DT>::raw_t* x, uint64_t 
   }
 }
 
-// absolute_bound (codec_cpu.cc) on the device, rounded to the 24 bits format 2 stores (the
-// codes use exactly the stored bound, as the CPU encoder's prepare() does), and the lossless
-// decision.
+// The bound on the device by the CPU encoder's rule (absolute_bound, arguments.h), rounded to
+// the 24 bits the frame stores (the codes use exactly the stored bound, as the CPU encoder's
+// do), and the lossless decision.
 __global__ void prepare_kernel(EncodeState* st, double eb_param, bool rel, bool ranged,
                                bool force_lossless) {
   double lo = 0, hi = 0;
@@ -45,8 +45,7 @@ __global__ void prepare_kernel(EncodeState* st, double eb_param, bool rel, bool 
     lo = from_order_key(st->lo_key);
     hi = from_order_key(st->hi_key);
   }
-  double eb = eb_param;
-  if (rel) eb = hi > lo ? eb_param * (hi - lo) : 0.0;
+  double eb = absolute_bound(rel, eb_param, lo, hi);
   if (!isfinite(eb)) {
     st->error |= kEncodeBoundOverflow;
     eb = 0;

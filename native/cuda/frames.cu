@@ -15,6 +15,7 @@
 #include "codec_cuda.cuh"
 #include "frame_v2.h"
 #include "level1_sections.h"
+#include "pieces.h"
 #include "v2_frames.h"
 
 namespace hl {
@@ -41,38 +42,6 @@ struct PoolBuffer {
     return static_cast<T*>(p);
   }
 };
-
-// The pieces of a call: each one's shape, parameters and first input element (as the CPU
-// encoder's plan_pieces cuts them).
-struct Pieces {
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<CompressParams> params;
-  std::vector<uint64_t> in_off;  // elements
-};
-
-Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& rows,
-                   const std::vector<int64_t>& trailing, const std::vector<double>& ebs) {
-  const uint64_t row_elems = check_chunk_args(p, rows.size(), trailing, ebs);
-  Pieces c;
-  uint64_t off = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (rows[i] < 0)
-      throw ArgumentError("chunk " + std::to_string(i) + " has " + std::to_string(rows[i]) +
-                          " rows, expected >= 0");
-    CompressParams q = p;
-    if (!ebs.empty()) {
-      q.error_bound = ebs[i];
-      check_params(q);
-    }
-    std::vector<int64_t> shape{rows[i]};
-    shape.insert(shape.end(), trailing.begin(), trailing.end());
-    c.shapes.push_back(shape);
-    c.params.push_back(q);
-    c.in_off.push_back(off);
-    off += (uint64_t)rows[i] * row_elems;
-  }
-  return c;
-}
 
 void check_device_params(const CompressParams& p) {
   check_params(p);
@@ -109,9 +78,9 @@ Layout encode_frames(const uint8_t* in_dev, const Pieces& c, const std::vector<i
   std::vector<SegmentDesc> descs(n);
   for (size_t i = 0; i < n; ++i) {
     const SegmentResult& r = res[i];
-    if (r.bound_overflow)
-      throw ArgumentError("error_bound " + std::to_string(c.params[i].error_bound) +
-                          " times the value range overflows a double");
+    // The device found the bound overflowing: the rule again on its range throws the CPU
+    // encoder's ArgumentError.
+    if (r.bound_overflow) absolute_bound(c.params[i], r.lo, r.hi);
     descs[i] = v2_desc_of(r, c.params[i].mode, c.shapes[i]);
   }
   const FramesPlan plan =
@@ -164,10 +133,11 @@ std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressPa
   using namespace gpu;
   check_device_params(p);
   const Pieces c = plan_pieces(p, rows, trailing, error_bounds);
+  check_groups(groups, rows.size());
   if (ext.size() > HL_V2_MAX_EXT)
     throw ArgumentError("a frame extension of " + std::to_string(ext.size()) +
                         " bytes, at most " + std::to_string(HL_V2_MAX_EXT) + " fit");
-  const uint64_t need = max_grouped_bytes(rows, trailing, groups, prefix_bytes);
+  const uint64_t need = grouped_bound(c, groups.size(), prefix_bytes);
   if (need > out_cap)
     throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
                         " bytes, the frames may need " + std::to_string(need));
@@ -186,9 +156,9 @@ uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
   check_device_params(p);
   for (int64_t s : shape)
     if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
-  Pieces c;
-  c.shapes = {shape};
+  Pieces c;  // one piece of any shape (plan_pieces cuts dim 0, and a 0-d tensor has none)
   c.params = {p};
+  c.shapes = {shape};
   c.in_off = {0};
   DeviceScope scope(out_dev, "the output buffer");
   const Layout lay = encode_frames(static_cast<const uint8_t*>(input_dev), c, {1}, 0,
