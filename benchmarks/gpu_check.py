@@ -16,8 +16,8 @@ Stages (each logged, each result written to <out>/gpu_check.json as soon as it i
   selftest   build/cuda_selftest when present (tests/cuda_selftest.cc; any CUDA build makes it):
              thousands of random frames against the CPU codec.
   tests      pytest tests/test_cuda.py (frames byte-identical to the CPU codec, cross decoding,
-             the bound, corrupted frames), tests/test_cuda_v2_encoder.py (the CUDA format-2
-             encoder's frames against the CPU's) and tests/test_format.py (golden frames).
+             the bound, corrupted frames), tests/test_cuda_encoder.py (the CUDA encoder's frames
+             against the CPU's, path by path) and tests/test_format_v2.py (golden frames).
   benchmark  compress/decompress timed with CUDA events (warm-up, median of --repeat) on
                synthetic   a 64 MB float32 batch of Criteo-scale lookups (hvd_lossy.bench.criteo)
                criteo      the bundled Criteo rows, 26 tables of dim 32, DLRM uniform init,
@@ -25,9 +25,9 @@ Stages (each logged, each result written to <out>/gpu_check.json as soon as it i
                            all-to-all in one compress_chunks call
              at levels 1 and 2, each checked byte for byte against the CPU codec, beside a
              device-to-device copy of the same bytes (the memory-bandwidth yardstick).
-  v2         (benchmarks/gpu_check_v2.py) format-2 frames of the device against the CPU's, cross
-             decoding, the device checksum's speed, and corrupt or oversized frames refused
-             before any device memory is allocated (skip with --skip-v2).
+  v2         (benchmarks/gpu_check_v2.py) frames of many segments of the device against the
+             CPU's, cross decoding, the device CRC32C's speed, and corrupt or oversized frames
+             refused before any device memory is allocated (skip with --skip-v2).
   profile    (--profile) GPU time per kernel of a few synthetic calls, into <out>/profile.txt.
   sanitize   (--sanitize) the selftest under compute-sanitizer memcheck.
 <out> is $OUT when set (the lease's output folder), else benchmarks/out. The last lines printed
@@ -56,7 +56,7 @@ def parse_args(argv):
     p.add_argument("--archs", default="90", help="CUDA architectures (default 90, the H200)")
     p.add_argument("--skip-tests", action="store_true")
     p.add_argument("--skip-bench", action="store_true")
-    p.add_argument("--skip-v2", action="store_true", help="skip the format-2 and decode-limit stage")
+    p.add_argument("--skip-v2", action="store_true", help="skip the segments and decode-limit stage")
     p.add_argument("--quick", action="store_true", help="small workloads and few repeats (a dry run)")
     p.add_argument("--synthetic-mb", type=int, default=64)
     p.add_argument("--error-bound", type=float, default=0.03, help="relative bound (default 0.03)")
@@ -187,7 +187,7 @@ def sanitize(args, report):
 def tests(args, report):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--maxfail=5", "--tb=short",
-           "tests/test_cuda.py", "tests/test_cuda_v2_encoder.py", "tests/test_format.py"]
+           "tests/test_cuda.py", "tests/test_cuda_encoder.py", "tests/test_format_v2.py"]
     ok, secs, tail = run_logged(cmd, report.dir / "tests.log", args.test_timeout, env)
     summary = next((line for line in reversed(tail) if " passed" in line or " failed" in line
                     or " error" in line or " skipped" in line), "")
@@ -255,12 +255,11 @@ def bench_one(name, x_cpu, rows, level, args):
         decomp = lambda: hvd_lossy.decompress_chunks(frame, sizes)  # noqa: E731
         decomp_cpu = lambda: hvd_lossy.decompress_chunks(frame_cpu, sizes_cpu)  # noqa: E731
         nbytes = frame.numel()
-        worst, offset = 0.0, 0
-        for src, out, size in zip(torch.split(x, rows), decomp(), sizes):
-            info = hvd_lossy.frame_info(frame[offset:offset + size])
-            offset += size
-            if info["eb_abs"]:
-                worst = max(worst, (src.double() - out.double()).abs().max().item() / info["eb_abs"])
+        worst = 0.0  # one frame, the chunks its segments
+        segments = hvd_lossy.frame_info(frame)["segments"]
+        for src, out, seg in zip(torch.split(x, rows), decomp(), segments):
+            if seg["eb_abs"]:
+                worst = max(worst, (src.double() - out.double()).abs().max().item() / seg["eb_abs"])
     identical = bool(torch.equal(frame.cpu(), frame_cpu))
     t_c = timed(lambda: comp(x), dev, args.warmup, args.repeat)
     t_d = timed(decomp, dev, args.warmup, args.repeat)

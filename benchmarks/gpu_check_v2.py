@@ -1,16 +1,16 @@
-"""The format-2 and decode-limit stage of benchmarks/gpu_check.py (issues #10 and #12).
+"""The frames and decode-limit stage of benchmarks/gpu_check.py (issues #10, #12 and #22).
 
 For each workload (synthetic, criteo, criteo 52 chunks) and level, on --device:
-  bytes      the device's v2 frame (compress_chunks(format=2) of the device tensor) against the
-             CPU codec's, byte for byte. `cuda_v2_encoder` in the JSON says whether the device
-             path runs the CUDA v2 encoder (codec_cuda_v2.cu: level 1 without dither; level 2
-             still goes through the CPU codec, where the comparison holds by construction).
+  bytes      the device's frame (compress_chunks of the device tensor: one frame, the chunks its
+             segments) against the CPU codec's, byte for byte (level 1 runs the CUDA encoder,
+             native/cuda/; level 2 goes through the CPU codec, where the comparison holds by
+             construction).
   cross      CUDA decode of the CPU's frame and CPU decode of the device's frame, bit-exact
              against the CPU decode of the CPU's frame.
   timing     compress, decompress and the device checksum (verify_cuda: CRC32C over the frame)
              with CUDA events, medians of --repeat.
 Radix sections (frame.h "Radix section", level 1): frames with radix-packed segments (K = 17
-with a row map, K = 5 and 295, outliers, a 47-code segment whose last value pads) decoded on
+with a row map, K = 5 and 295, outliers, a 175-code segment whose last value pads) decoded on
 --device bit-exact against the CPU, and sealed frames with a value >= K^g, a nonzero padding
 digit or K = 16 that must raise FrameError there.
 The encoder part: the CUDA v2 encoder's frames against the CPU's, byte for byte, on inputs chosen
@@ -19,51 +19,48 @@ rows, duplicate-heavy rows with a map, outliers with NaN/Inf, lossless segments,
 short-block-friendly codes, codes too wide for short blocks), the all-to-all's grouped layout
 with a prefix and the protocol extension, and the lossless fallback; each also decoded on the
 device bit-exact against the CPU decode, and its encode timed with CUDA events.
-And once, the limits: a corrupt v1 frame announcing 64 GiB and a corrupt v2 frame announcing
-2^40 rows must raise FrameError naming the checksum, and a sealed v1 frame of 2^40 rows must
-raise FrameError naming max_output_bytes, each without growing device memory (torch's peak and
-the driver's free memory, both before and after).
+And once, the limits: a corrupt frame announcing 64 GiB and one announcing 2^40 rows must
+raise FrameError naming the CRC32C, and a sealed frame of 4 TiB must raise FrameError naming
+max_output_bytes, each without growing device memory (torch's peak and the driver's free memory,
+both before and after).
 """
-import os
-
-# The CUDA v2 encoder and short-block decoder are off by default until a GPU has run them
-# (hvd_lossy._codec.cuda_v2_enabled); this check is that run.
-os.environ["HVD_LOSSY_CUDA_V2"] = "1"
 import re
 import struct
 
 
-def _sealed_v1(frame, torch, _C):
+def _sealed(frame, torch, _C):
     frame = frame.clone()
-    frame[12:16] = 0
-    c = _C.checksum(frame.data_ptr(), frame.numel())
-    frame[12:16] = torch.tensor(list(c.to_bytes(4, "little")), dtype=torch.uint8)
+    c = _C.crc32c(frame.data_ptr() + 7, frame.numel() - 7, False)
+    frame[3:7] = torch.tensor(list(c.to_bytes(4, "little")), dtype=torch.uint8)
     return frame
 
 
 def forged_frames(torch, _C, device):
     """(name, frame on the CPU, a regex the refusal's message must match)."""
-    def v1(n, sealed):
-        shape = struct.pack("<qq", n, n)
-        sec = bytes(n // 32)  # map and code: all blocks of width 0
-        total = 96 + len(shape) + 2 * len(sec)
-        head = struct.pack("<IBBBBB3xIddQQQQQQQQ", 0x4C445648, 1, 0, 1, 0, 2, 0, 0.01, 0.01, n, n,
-                           1, 0, len(sec), len(sec), 0, total)
-        f = torch.frombuffer(bytearray(head + shape + sec + sec), dtype=torch.uint8)
-        return _sealed_v1(f, torch, _C) if sealed else f
+    def n_by_n(n, sealed):
+        """n x n float32 in one lossy segment of one unique row of zeros: a few KiB, every size
+        field consistent, 4 n^2 bytes of output announced."""
+        blocks = bytes(n // 32)  # map and code sections: all blocks of width 0
+        body = (bytes([2 << 2]) + _varint(n) + _varint(1) + bytes([0x04]) + _varint(n)
+                + bytes([0, 0, 0x3C]) + _varint(1) + _varint(len(blocks)) + blocks + blocks)
+        size = 8 + len(body)
+        size += len(_varint(size)) - 1
+        f = torch.frombuffer(bytearray(b"HV\x02" + bytes(4) + _varint(size) + body),
+                             dtype=torch.uint8)
+        return _sealed(f, torch, _C) if sealed else f
 
-    # v2: f32, ndim 2, trailing 32, one lossless level-1 segment of 2^40 rows, a 1-byte code
+    # f32, ndim 2, trailing 32, one lossless level-1 segment of 2^40 rows, a 1-byte code
     # section, and a CRC that does not match.
     body = bytes([2 << 2]) + bytes([32, 1, 0x02]) + bytes([0x80, 0x80, 0x80, 0x80, 0x80, 0x20]) \
         + bytes([1, 0])
     total = 7 + 1 + len(body)
-    v2 = torch.frombuffer(bytearray(b"HV\x02" + struct.pack("<I", 0x12345678) + bytes([total]) + body),
+    rows_2_40 = torch.frombuffer(bytearray(b"HV\x02" + struct.pack("<I", 0x12345678) + bytes([total]) + body),
                           dtype=torch.uint8)
-    return [("v1 corrupt, 64 GiB announced", v1(1 << 17, False), "checksum"),
-            # The CPU decoder parses a v2 header before its CRC (sizes checked against the bytes
+    return [("corrupt, 64 GiB announced", n_by_n(1 << 17, False), "CRC32C"),
+            # The CPU decoder parses a header before its CRC (sizes checked against the bytes
             # present); the CUDA one verifies the CRC first, on the device.
-            ("v2 corrupt, 2^40 rows announced", v2, "CRC32C" if device == "cuda" else "CRC32C|too small"),
-            ("v1 sealed, 2^40 rows announced", v1(1 << 20, True), "max_output_bytes")]
+            ("corrupt, 2^40 rows announced", rows_2_40, "CRC32C" if device == "cuda" else "CRC32C|too small"),
+            ("sealed, 4 TiB announced", n_by_n(1 << 20, True), "max_output_bytes")]
 
 
 def _memory(torch, device):
@@ -141,12 +138,12 @@ def radix(torch, hvd_lossy, _C, device):
     specials.view(-1)[[5, 77, 300, 901]] = torch.tensor([float("nan"), float("inf"), -float("inf"), 3e38])
     frames = [
         ("K 17, row map", hvd_lossy.compress_chunks(u[torch.arange(96) % 40], [64, 32], 0.03,
-                                                    level=1, format=2)[0]),
-        ("K 5 and 295", hvd_lossy.compress_chunks(u, [48, 48], [0.12, 0.0017], level=1, format=2)[0]),
-        ("outliers", hvd_lossy.compress_chunks(specials, [50, 46], 0.003, mode="abs", level=1,
-                                               format=2)[0]),
-        ("47 codes, padded", hvd_lossy.compress_chunks(u.flatten()[:47].contiguous(), [47], 0.03,
-                                                       level=1, format=2)[0]),
+                                                    level=1)[0]),
+        ("K 5 and 295", hvd_lossy.compress_chunks(u, [48, 48], [0.12, 0.0017], level=1)[0]),
+        ("outliers", hvd_lossy.compress_chunks(specials, [50, 46], 0.003, mode="abs",
+                                               level=1)[0]),
+        ("175 codes, padded", hvd_lossy.compress_chunks(u.flatten()[:175].contiguous(), [175], 0.03,
+                                                       level=1)[0]),
     ]
     bits = lambda t: t.view(torch.int32)  # noqa: E731
     out, ok = [], True
@@ -200,7 +197,7 @@ def encoder_cases(torch):
         ("uniform (radix K 17)", uniform, [1000, 1000], [0.03, 0.012], "rel"),
         ("lossless and lossy", rn(256, 16), [100, 156], [0.0, 0.02], "rel"),
         ("wide codes", rn(256, 16) * 1e4, [256], 1e-3, "abs"),
-        ("most outliers (lossless)", torch.full((64, 8), float("nan")), [64], 0.01, "abs"),
+        ("most outliers (lossless)", rn(64, 8) * 1e30, [64], 0.01, "abs"),
         ("float16", scaled.half(), [512], 0.05, "rel"),
         ("bfloat16", hot.bfloat16(), [1000, 3096], 0.02, "rel"),
     ]
@@ -215,10 +212,9 @@ def encoder(torch, hvd_lossy, _C, device, timed, args):
         try:
             xd = x.to(device)
             if rows is None:
-                enc = lambda t: hvd_lossy.compress(t, ebs, mode=mode, level=1, format=2)  # noqa: E731
+                enc = lambda t: hvd_lossy.compress(t, ebs, mode=mode, level=1)  # noqa: E731
             else:
-                enc = lambda t: hvd_lossy.compress_chunks(t, rows, ebs, mode=mode, level=1,  # noqa: E731
-                                                          format=2)[0]
+                enc = lambda t: hvd_lossy.compress_chunks(t, rows, ebs, mode=mode, level=1)[0]  # noqa: E731
             cpu, dev = enc(x), enc(xd)
             r["bytes"] = cpu.numel()
             r["identical"] = bool(torch.equal(dev.cpu(), cpu))
@@ -242,10 +238,10 @@ def encoder(torch, hvd_lossy, _C, device, timed, args):
     try:
         bufs = []
         for t in (x, x.to(device)):
-            cap = 5 * 3 + hvd_lossy.max_grouped_bytes(args_[0], [32], args_[2], 5, format=2)
+            cap = 5 * 3 + hvd_lossy.max_grouped_bytes(args_[0], [32], args_[2], 5)
             buf = torch.full((cap,), 0xAB, dtype=torch.uint8, device=t.device)
             got = hvd_lossy.compress_grouped(t, args_[0], args_[1], args_[2], args_[3], buf, 0,
-                                             level=1, format=2, extension=b"\x01\x02\x03")
+                                             level=1, extension=b"\x01\x02\x03")
             bufs.append((buf.cpu(), got))
         r["identical"] = bool(torch.equal(bufs[0][0], bufs[1][0])) and bufs[0][1] == bufs[1][1]
         r["ok"] = r["identical"]
@@ -260,8 +256,8 @@ def one(name, x_cpu, rows, level, args, timed, torch, hvd_lossy, _C):
     eb, dev = args.error_bound, args.device
     rows = rows or [x_cpu.shape[0]]
     x = x_cpu.to(dev)
-    cpu_frame, _ = hvd_lossy.compress_chunks(x_cpu, rows, eb, level=level, format=2)
-    dev_frame, _ = hvd_lossy.compress_chunks(x, rows, eb, level=level, format=2)
+    cpu_frame, _ = hvd_lossy.compress_chunks(x_cpu, rows, eb, level=level)
+    dev_frame, _ = hvd_lossy.compress_chunks(x, rows, eb, level=level)
     ref = torch.cat([y.flatten() for y in hvd_lossy.decompress_chunks(cpu_frame)])
 
     def decoded(frame):
@@ -273,7 +269,7 @@ def one(name, x_cpu, rows, level, args, timed, torch, hvd_lossy, _C):
          "bytes_identical_to_cpu": bool(torch.equal(dev_frame.cpu(), cpu_frame)),
          "device_decodes_cpu_frame": bool(torch.equal(bits(decoded(cpu_frame.to(dev))), bits(ref))),
          "cpu_decodes_device_frame": bool(torch.equal(bits(decoded(dev_frame.cpu())), bits(ref)))}
-    r["compress_ms"] = timed(lambda: hvd_lossy.compress_chunks(x, rows, eb, level=level, format=2),
+    r["compress_ms"] = timed(lambda: hvd_lossy.compress_chunks(x, rows, eb, level=level),
                              dev, args.warmup, args.repeat) * 1e3
     r["decompress_ms"] = timed(lambda: hvd_lossy.decompress_chunks(dev_frame), dev, args.warmup,
                                args.repeat) * 1e3
@@ -293,13 +289,11 @@ def run(args, report, data, timed):
     from hvd_lossy import _C
 
     ok, runs = True, []
-    cuda_v2 = bool(getattr(_C, "WITH_CUDA_V2_ENCODER", False))
     lim_ok, lim = limits(torch, hvd_lossy, _C, args.device)
     rad_ok, rad = radix(torch, hvd_lossy, _C, args.device)
     enc_ok, enc = encoder(torch, hvd_lossy, _C, args.device, timed, args)
     ok &= lim_ok and rad_ok and enc_ok
-    report.stage("v2", ok=ok, device=args.device, cuda_v2_encoder=cuda_v2, limits=lim, radix=rad,
-                 encoder=enc, runs=runs)
+    report.stage("v2", ok=ok, device=args.device, limits=lim, radix=rad, encoder=enc, runs=runs)
     for name, x, rows in data:
         for level in args.levels:
             try:
@@ -308,14 +302,13 @@ def run(args, report, data, timed):
                 r = {"workload": name, "level": level, "ok": False, "error": f"{type(e).__name__}: {e}"}
             ok &= r["ok"]
             runs.append(r)
-            report.stage("v2", ok=ok, device=args.device, cuda_v2_encoder=cuda_v2, limits=lim,
-                         radix=rad, encoder=enc, runs=runs)
+            report.stage("v2", ok=ok, device=args.device, limits=lim, radix=rad, encoder=enc,
+                         runs=runs)
     return ok
 
 
 def print_table(stage):
-    print(f"v2 stage: {'ok' if stage.get('ok') else 'FAILED'}; CUDA v2 encoder: "
-          f"{'yes' if stage.get('cuda_v2_encoder') else 'no (device tensors take the CPU codec)'}")
+    print(f"v2 stage: {'ok' if stage.get('ok') else 'FAILED'}")
     for lim in stage.get("limits", []):
         print(f"  {lim['frame']:32} {lim['call']:17} {'ok' if lim['ok'] else 'FAILED'} "
               f"{lim['error']} {lim['memory_growth'] or ''}")

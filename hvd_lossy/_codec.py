@@ -173,8 +173,7 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
             instead of rounding every |x| < eb to 0, at the same bound; the seed travels in the
             frame. Turns dedup off.
         The frame's bound is the requested one rounded down to 24 bits. Device tensors are coded
-        on the CPU (the same bytes), at level 1 without dither by the CUDA encoder where
-        :func:`cuda_v2_enabled`.
+        by the CUDA encoder at level 1 without dither, else on the CPU (the same bytes).
 
     Returns:
         A 1-D ``torch.uint8`` tensor on the input's device. Every finite element decodes within
@@ -195,8 +194,8 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
     # a frame of one segment, bounded as compress_into bounds one piece
     cap = max_grouped_bytes([shape[0] if shape else 1], shape[1:], [1], 0)
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
-    size = _C.compress_cuda(src.data_ptr(), code, shape, eb, m, lv, bool(dedup), out.data_ptr(),
-                            cap, _stream(src), 2)
+    size = _C.compress_cuda(src.data_ptr(), code, shape, eb, m, bool(dedup), out.data_ptr(), cap,
+                            _stream(src))
     return out[:size].clone() if size < cap // 2 else out[:size]
 
 
@@ -243,31 +242,22 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
         block, _ = _C.compress_many_new(src.data_ptr(), code, rows, trailing, ebs, m, lv,
                                         bool(dedup), _threads, seed)
         return torch.from_numpy(block), [block.size]
+    # ONE frame of all the pieces: compress_into of one group
     cap = max_grouped_bytes(rows, trailing, [len(rows)], 0)
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
-    sizes = _C.compress_many_cuda(src.data_ptr(), code, rows, trailing, ebs, m, lv, bool(dedup),
-                                  out.data_ptr(), cap, _stream(src), 2)
+    sizes, _ = _C.compress_into_cuda(src.data_ptr() if src.numel() else 0, code, rows, trailing,
+                                     ebs, m, bool(dedup), [len(rows)], 0, out.data_ptr(), cap,
+                                     _stream(src), b"")
     total = sum(sizes)
     buffer = out[:total].clone() if total < cap // 2 else out[:total]
     return buffer, [total]
 
 
-def cuda_v2_enabled():
-    """Whether device tensors use the CUDA format-2 encoder (codec_cuda_v2.cu) and the CUDA
-    decoder's short-block sections: ``HVD_LOSSY_CUDA_V2=1`` in the environment, read at each
-    call. Off by default until they have run on a GPU: they are compiled, and the functions they
-    share with the CPU codec are tested on the CPU (tests/test_level1_shared.py), but no GPU has
-    run them yet (benchmarks/GPU.md). Off, device tensors take the paths a GPU has run: format-2
-    frames coded and short-block frames decoded on the host (the same bytes and values), and the
-    all-to-all's frames coded on the host."""
-    return os.environ.get("HVD_LOSSY_CUDA_V2", "0") == "1"
-
-
 def _on_device_encoder(seed, level):
-    """Whether the CUDA codec encodes a device tensor itself: (with cuda_v2_enabled) at level 1
-    without dither. The rest is coded on the host by the CPU encoder, which writes the bytes the
-    CUDA one would (the same format rules)."""
-    return seed < 0 and level == 1 and cuda_v2_enabled()
+    """Whether the CUDA encoder (native/cuda/) codes a device tensor itself: at level 1 without
+    dither. The rest is coded on the host by the CPU encoder, which writes the bytes the CUDA one
+    would (the same format rules)."""
+    return seed < 0 and level == 1
 
 
 def _as_frame_bytes(frame):
@@ -374,14 +364,9 @@ def _decompress_checked(frame, out, max_output_bytes, verified):
 
 
 def _host_decoded(info):
-    """Frames the CUDA decoder does not read yet, decoded on the host: dithered segments and
-    bucketed row maps (format 2, level 2), and short-block sections (format 2, level 1) unless
-    cuda_v2_enabled (codec_cuda_decode.cu reads them; no GPU has run that yet)."""
-    if info["format"] == 2:
-        device_short = cuda_v2_enabled()
-        return any(seg["dither_seed"] is not None or seg.get("map_bucketed")
-                   or (seg.get("short_blocks") and not device_short) for seg in info["segments"])
-    return info["dither_seed"] is not None
+    """Frames the CUDA decoder does not read, decoded on the host: those with dithered segments
+    or bucketed row maps (level 2)."""
+    return any(seg["dither_seed"] is not None or seg["map_bucketed"] for seg in info["segments"])
 
 
 def split_frames(buffer):
@@ -505,10 +490,9 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
 
     Arguments:
         tensor: tensor as for :func:`compress_chunks`; dim 0 is cut into pieces of ``rows``
-            rows. A CUDA tensor is coded by the CUDA encoder where
-            :func:`cuda_v2_enabled` (level 1, no dither, no stats); otherwise it is
-            copied to the host and coded by the CPU encoder, and the frames are copied into
-            ``out`` (the same bytes either way).
+            rows. A CUDA tensor is coded by the CUDA encoder (level 1, no dither, no stats);
+            otherwise it is copied to the host and coded by the CPU encoder, and the
+            frames are copied into ``out`` (the same bytes either way).
         error_bounds: one bound per piece.
         out: 1-D ``torch.uint8`` tensor on the tensor's device with at least
             :func:`max_grouped_bytes` bytes after ``offset``.

@@ -1,12 +1,12 @@
-// The CUDA half of hvd_lossy._C (compiled only with HL_WITH_CUDA): the same arguments as the
-// CPU compress / compress_many / decompress in bindings.cc, with the caller's CUDA stream
+// The CUDA half of hvd_lossy._C (compiled only with HL_WITH_CUDA): the arguments of the CPU
+// compress / compress_into / decompress in bindings.cc, with the caller's CUDA stream
 // (torch.cuda.current_stream().cuda_stream, an integer) in place of the thread count. Pointers
 // are device pointers (torch's data_ptr()); the GIL is released while the codec works.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "bindings_util.h"
-#include "codec.h"
+#include "codec_cuda.h"
 
 namespace py = pybind11;
 
@@ -18,36 +18,17 @@ using hl::py_util::ptr;
 }  // namespace
 
 void register_cuda(py::module_& m) {
-  // Device tensors of format 2 at level 1 are coded on the device (codec_cuda_v2.cu).
-  m.attr("WITH_CUDA_V2_ENCODER") = true;
-  m.def("compress_many_cuda",
-        [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
-           const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
-           int level, bool dedup, uintptr_t out, uint64_t out_cap, uintptr_t stream, int format) {
-          hl::CompressParams p = params(dtype, mode, level, dedup, 0.0);
-          p.format = (uint8_t)format;
-          return hl::compress_many_cuda(ptr<const void>(in), p, rows, trailing, ebs,
-                                        ptr<uint8_t>(out), out_cap, ptr<void>(stream));
-        },
-        py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
-        py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
-        py::arg("out"), py::arg("out_cap"), py::arg("stream"), py::arg("format") = 1,
-        py::call_guard<py::gil_scoped_release>(),
-        "CUDA compress_many: chunks of device memory into back-to-back frames on the device; "
-        "returns their sizes (the one point where the host waits for the stream).");
-
   m.def("compress_cuda",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, double eb, int mode,
-           int level, bool dedup, uintptr_t out, uint64_t out_cap, uintptr_t stream, int format) {
-          hl::CompressParams p = params(dtype, mode, level, dedup, eb);
-          p.format = (uint8_t)format;
-          return hl::compress_cuda(ptr<const void>(in), p, shape, ptr<uint8_t>(out), out_cap,
-                                   ptr<void>(stream));
+           bool dedup, uintptr_t out, uint64_t out_cap, uintptr_t stream) {
+          return hl::compress_cuda(ptr<const void>(in), params(dtype, mode, 1, dedup, eb), shape,
+                                   ptr<uint8_t>(out), out_cap, ptr<void>(stream));
         },
         py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("error_bound"),
-        py::arg("mode"), py::arg("level"), py::arg("dedup"), py::arg("out"), py::arg("out_cap"),
-        py::arg("stream"), py::arg("format") = 1, py::call_guard<py::gil_scoped_release>(),
-        "CUDA compress: one device tensor into a frame on the device; returns its size.");
+        py::arg("mode"), py::arg("dedup"), py::arg("out"), py::arg("out_cap"), py::arg("stream"),
+        py::call_guard<py::gil_scoped_release>(),
+        "CUDA compress at level 1 without dither: one device tensor into a frame of one "
+        "segment on the device; returns its size.");
 
   m.def("compress_into_cuda",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
@@ -55,7 +36,6 @@ void register_cuda(py::module_& m) {
            bool dedup, const std::vector<int64_t>& groups, uint64_t prefix_bytes, uintptr_t out,
            uint64_t out_cap, uintptr_t stream, const std::string& ext) {
           hl::CompressParams p = params(dtype, mode, 1, dedup, 0.0);
-          p.format = 2;
           std::vector<uint64_t> group_bytes;
           std::vector<uint64_t> sizes =
               hl::compress_into_cuda(ptr<const void>(in), p, rows, trailing, ebs, groups,
@@ -67,8 +47,8 @@ void register_cuda(py::module_& m) {
         py::arg("error_bounds"), py::arg("mode"), py::arg("dedup"), py::arg("groups"),
         py::arg("prefix_bytes"), py::arg("out"), py::arg("out_cap"), py::arg("stream"),
         py::arg("extension"), py::call_guard<py::gil_scoped_release>(),
-        "CUDA compress_into of format 2 at level 1 without dither: one v2 frame a group in "
-        "device memory, laid out as the CPU's; returns (sizes a piece, frame bytes a group).");
+        "CUDA compress_into at level 1 without dither: one frame a group in device memory, "
+        "laid out as the CPU's; returns (sizes a piece, frame bytes a group).");
 
   m.def("decompress_cuda",
         [](uintptr_t frame, uint64_t size, uintptr_t out, uint64_t out_bytes, uintptr_t stream,
@@ -87,7 +67,7 @@ void register_cuda(py::module_& m) {
         },
         py::arg("frame"), py::arg("size"), py::arg("stream"),
         py::call_guard<py::gil_scoped_release>(),
-        "Checksum of a device frame (v1 or v2) verified on the device before anything is "
+        "Size and CRC32C of a device frame verified on the device before anything is "
         "allocated for it; raises FrameError (ValueError).");
 
   m.def("crc32c_cuda",

@@ -1,21 +1,13 @@
 // Standalone check of the CUDA codec against the CPU codec, without Python or torch: random
-// tensors of every dtype, shape, bound, mode, level and dedup setting; frames compared byte for
-// byte; each decoder run on the other's frames; compress_many against compress_many_cpu; tampered
-// payloads (checksum made valid again) must get the same verdict from both decoders; the device
-// CRC32C against the CPU's, and verify_cuda on intact, corrupted and truncated v1 and v2 frames.
-// Format 2: the CUDA v2 encoder's frames (level 1) against the CPU's, one tensor a frame and
-// compress_into's grouped layout (prefixes, the protocol extension, empty groups).
+// tensors of every dtype, shape, bound, mode, level and dedup setting; at level 1 the CUDA
+// encoder's frames against the CPU's byte for byte, one tensor a frame and compress_into's
+// grouped layout (prefixes, the protocol extension, empty groups); the CUDA decoder on the CPU's
+// frames of both levels; tampered payloads (CRC32C made valid again) must get the same verdict
+// from both decoders; the device CRC32C against the CPU's, and verify_cuda on intact, corrupted
+// and truncated frames.
 //
 // Build (no GPU needed; the binary needs only the driver's libcuda at run time): any CMake build
-// with CUDA makes build/cuda_selftest (target cuda_selftest), or by hand:
-//   nvcc -std=c++17 -O2 -arch=sm_90 -ftz=false -prec-div=true -prec-sqrt=true -fmad=false \
-//        -Xcompiler -fno-fast-math,-ffp-contract=off \
-//        -Inative tests/cuda_selftest.cc native/codec_cuda.cu native/codec_cuda_decode.cu \
-//        native/codec_cuda_check.cu native/codec_cuda_v2.cu native/codec_cpu.cc \
-//        native/codec_cpu_decode.cc native/kernels_cpu.cc native/pack.cc native/rans_cpu.cc \
-//        native/map_buckets.cc native/radix.cc \
-//        native/output_blocks.cc native/frame_v2.cc native/crc32c.cc -Xcompiler -fopenmp \
-//        -o build/cuda_selftest
+// with CUDA makes build/cuda_selftest (target cuda_selftest).
 // Run: build/cuda_selftest [cases (default 3000)] [seed (1)] [tampered frames a level (300)].
 // Exit status 0 when everything agrees.
 #include <cuda_runtime.h>
@@ -30,6 +22,7 @@
 
 #include "codec.h"
 #include "codec_common.h"
+#include "codec_cuda.h"
 #include "crc32c.h"
 
 namespace {
@@ -85,11 +78,11 @@ uint64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Rows and row length of a shape (the frame.h rule) and the worst-case frame size.
+// The worst-case size of a frame of one tensor: compress_into's bound for one piece.
 uint64_t max_frame(const std::vector<int64_t>& shape) {
-  uint64_t rows = 1, len = shape.empty() ? 1 : (uint64_t)shape.back();
-  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= (uint64_t)shape[i];
-  return hl_max_frame_bytes(rows, len, (int)shape.size());
+  const std::vector<int64_t> trailing(shape.empty() ? shape.end() : shape.begin() + 1,
+                                      shape.end());
+  return hl::max_grouped_bytes({shape.empty() ? 1 : shape[0]}, trailing, {1}, 0);
 }
 
 uint32_t raw_of(uint8_t dtype, double v) {
@@ -177,8 +170,9 @@ std::string compare_decoders(const std::vector<uint8_t>& frame, uint64_t out_byt
   return "";
 }
 
+// Level 1: the CUDA encoder's frame against the CPU's, byte for byte (and the same errors);
+// both levels: the CUDA decoder on the CPU's frame.
 void run_case(const Case& c) {
-  const uint64_t n = numel(c.shape);
   const uint64_t cap = max_frame(c.shape);
   std::vector<uint8_t> cpu(cap);
   std::string cpu_err, gpu_err;
@@ -190,46 +184,31 @@ void run_case(const Case& c) {
   }
   Dev in(c.data.size()), out(cap);
   in.put(c.data.data(), c.data.size());
-  try {
-    gpu_size = hl::compress_cuda(in.p, c.p, c.shape, out.p, cap, nullptr);
-  } catch (const std::exception& e) {
-    gpu_err = e.what();
+  if (c.p.level == 1) {
+    try {
+      gpu_size = hl::compress_cuda(in.p, c.p, c.shape, out.p, cap, nullptr);
+    } catch (const std::exception& e) {
+      gpu_err = e.what();
+    }
+    if (cpu_err != gpu_err)
+      return fail(c.describe() + ": CPU error \"" + cpu_err + "\", CUDA error \"" + gpu_err + "\"");
   }
-  if (cpu_err != gpu_err) return fail(c.describe() + ": CPU error \"" + cpu_err + "\", CUDA error \"" + gpu_err + "\"");
   if (!cpu_err.empty()) return;
   cpu.resize(cpu_size);
-  std::vector<uint8_t> gpu = out.get(gpu_size);
-  std::string diff = first_difference(cpu, gpu);
-  if (!diff.empty()) return fail(c.describe() + ": frames differ, " + diff);
-  diff = compare_decoders(cpu, n * hl_elem_bytes(c.dtype));
-  if (!diff.empty()) fail(c.describe() + ": " + diff);
-  // Format 2: the CUDA decoder on the CPU's v2 frame of the same tensor.
-  hl::CompressParams p2 = c.p;
-  p2.format = 2;
-  std::vector<uint8_t> v2(cap + HL_V2_MAX_HEADER + HL_V2_MAX_SEGMENT);
-  v2.resize(hl::compress_cpu(c.data.data(), p2, c.shape, v2.data(), v2.size(), 1));
-  diff = compare_decoders(v2, n * hl_elem_bytes(c.dtype));
-  if (!diff.empty()) fail(c.describe() + " format 2: " + diff);
-  // ... and at level 1 the CUDA v2 encoder's frame, byte for byte.
-  if (p2.level != 1) return;
-  Dev out2(v2.size() + HL_V2_MAX_HEADER + HL_V2_MAX_SEGMENT + cap);
-  uint64_t size2 = 0;
-  try {
-    size2 = hl::compress_cuda(in.p, p2, c.shape, out2.p, out2.n, nullptr);
-  } catch (const std::exception& e) {
-    return fail(c.describe() + " format 2: CUDA encoder error \"" + std::string(e.what()) + "\"");
+  if (c.p.level == 1) {
+    const std::string diff = first_difference(cpu, out.get(gpu_size));
+    if (!diff.empty()) return fail(c.describe() + ": frames differ, " + diff);
   }
-  diff = first_difference(v2, out2.get(size2));
-  if (!diff.empty()) fail(c.describe() + " format 2: CUDA v2 encoder frame differs, " + diff);
+  const std::string diff = compare_decoders(cpu, numel(c.shape) * hl_elem_bytes(c.dtype));
+  if (!diff.empty()) fail(c.describe() + ": " + diff);
 }
 
-// compress_into of format 2 on the device against the CPU's: random groups (some empty), a
+// compress_into on the device against the CPU's: random groups (some empty), a
 // prefix before each (left untouched: both buffers start filled with 0xab), the extension.
 void run_grouped(std::mt19937_64& rng) {
   Case c = random_case(rng, 20000);
   while (c.shape.empty()) c = random_case(rng, 20000);
   c.p.level = 1;
-  c.p.format = 2;
   std::vector<int64_t> trailing(c.shape.begin() + 1, c.shape.end());
   std::vector<int64_t> rows, groups;
   std::vector<double> ebs;
@@ -247,7 +226,7 @@ void run_grouped(std::mt19937_64& rng) {
   }
   const uint64_t prefix = rng() % 9;
   const std::string ext = (rng() % 2) ? std::string("\x01proto", 6) : std::string();
-  const uint64_t cap = hl::max_grouped_bytes(rows, trailing, groups, prefix, 2);
+  const uint64_t cap = hl::max_grouped_bytes(rows, trailing, groups, prefix);
   std::vector<uint8_t> cpu(cap, 0xab);
   std::vector<uint64_t> cpu_groups, gpu_groups;
   std::vector<uint64_t> cs = hl::compress_into_cpu(c.data.data(), c.p, rows, trailing, ebs, groups,
@@ -267,39 +246,8 @@ void run_grouped(std::mt19937_64& rng) {
   if (!diff.empty()) fail(c.describe() + ": compress_into buffers differ, " + diff);
 }
 
-void run_many(std::mt19937_64& rng) {
-  Case c = random_case(rng, 20000);
-  while (c.shape.empty()) c = random_case(rng, 20000);  // chunks split dim 0
-  std::vector<int64_t> trailing(c.shape.begin() + 1, c.shape.end());
-  std::vector<int64_t> rows;
-  std::vector<double> ebs;
-  int64_t left = c.shape[0];
-  while (left > 0) {
-    int64_t r = std::min<int64_t>(left, (int64_t)(rng() % 40));
-    rows.push_back(r);
-    ebs.push_back((rng() % 3) ? 0.01 : ((rng() % 2) ? 0.0 : 1e-12));
-    left -= r;
-  }
-  if (rows.empty()) return;
-  uint64_t cap = 0;
-  for (int64_t r : rows) {
-    std::vector<int64_t> s{r};
-    s.insert(s.end(), trailing.begin(), trailing.end());
-    cap += max_frame(s);
-  }
-  std::vector<uint8_t> cpu(cap);
-  std::vector<uint64_t> cs = hl::compress_many_cpu(c.data.data(), c.p, rows, trailing, ebs, cpu.data(), cap, 1);
-  Dev in(c.data.size()), out(cap);
-  in.put(c.data.data(), c.data.size());
-  std::vector<uint64_t> gs = hl::compress_many_cuda(in.p, c.p, rows, trailing, ebs, out.p, cap, nullptr);
-  uint64_t total = 0;
-  for (uint64_t s : cs) total += s;
-  if (cs != gs) return fail(c.describe() + ": compress_many sizes differ");
-  cpu.resize(total);
-  std::string diff = first_difference(cpu, out.get(total));
-  if (!diff.empty()) fail(c.describe() + ": compress_many buffers differ, " + diff);
-}
-
+// Payload bytes of frames of both levels changed and the CRC32C made valid again: the decoders
+// must agree (the same tensor, or both refuse).
 void run_tampered(std::mt19937_64& rng, int trials) {
   Case c = random_case(rng, 30000);
   c.shape = {600, 24};
@@ -317,14 +265,15 @@ void run_tampered(std::mt19937_64& rng, int trials) {
     c.p.error_bound = 1e-3;
     c.p.level = level;
     c.p.dedup = true;
-    std::vector<uint8_t> frame(hl_max_frame_bytes(600, 24, 2));
+    c.p.dither = false;
+    std::vector<uint8_t> frame(max_frame(c.shape));
     frame.resize(hl::compress_cpu(c.data.data(), c.p, c.shape, frame.data(), frame.size(), 1));
-    const uint64_t start = HL_HEADER_BYTES + 16;
     for (int t = 0; t < trials; ++t) {
       std::vector<uint8_t> bad = frame;
-      for (int k = 1 + (int)(rng() % 4); k > 0; --k) bad[start + rng() % (bad.size() - start)] = (uint8_t)rng();
-      uint32_t sum = hl::frame_checksum(bad.data(), bad.size());
-      memcpy(bad.data() + offsetof(HlFrameHeader, checksum), &sum, 4);
+      for (int k = 1 + (int)(rng() % 4); k > 0; --k)
+        bad[HL_V2_PREFIX + rng() % (bad.size() - HL_V2_PREFIX)] = (uint8_t)rng();
+      const uint32_t crc = hl::crc32c(bad.data() + HL_V2_PREFIX, bad.size() - HL_V2_PREFIX);
+      memcpy(bad.data() + 3, &crc, 4);
       std::string diff = compare_decoders(bad, 600 * 24 * 4);
       if (!diff.empty()) fail("tampered level " + std::to_string(level) + " trial " + std::to_string(t) + ": " + diff);
     }
@@ -346,43 +295,29 @@ void run_checks(std::mt19937_64& rng, int trials) {
   }
   Case c = random_case(rng, 20000);
   while (c.shape.empty()) c = random_case(rng, 20000);
-  for (uint8_t format = 1; format <= 2; ++format) {
-    c.p.format = format;
-    c.p.dither = false;
-    std::vector<uint8_t> frame(max_frame(c.shape) + 4096);
-    frame.resize(hl::compress_cpu(c.data.data(), c.p, c.shape, frame.data(), frame.size(), 1));
-    Dev f(frame.size());
-    auto verdict = [&](const std::vector<uint8_t>& bytes, uint64_t size) {
-      f.put(bytes.data(), bytes.size());
-      try {
-        hl::verify_cuda(f.p, size, nullptr);
-        return std::string();
-      } catch (const hl::FrameError& e) {
-        return std::string(e.what());
-      }
-    };
-    const std::string what = c.describe() + " format " + std::to_string(format);
-    std::string err = verdict(frame, frame.size());
-    if (!err.empty()) fail(what + ": intact frame refused: " + err);
-    if (verdict(frame, frame.size() - 1).empty()) fail(what + ": truncated frame accepted");
-    if (format == 2) {  // payloads changed, the CRC made valid again: the same verdicts
-      const uint64_t out_bytes = numel(c.shape) * hl_elem_bytes(c.dtype);
-      for (int t = 0; t < trials; ++t) {
-        std::vector<uint8_t> bad = frame;
-        bad[HL_V2_PREFIX + rng() % (bad.size() - HL_V2_PREFIX)] = (uint8_t)rng();
-        const uint32_t crc = hl::crc32c(bad.data() + HL_V2_PREFIX, bad.size() - HL_V2_PREFIX);
-        memcpy(bad.data() + 3, &crc, 4);
-        std::string diff = compare_decoders(bad, out_bytes);
-        if (!diff.empty()) fail(what + ": resealed tampered frame " + std::to_string(t) + ": " + diff);
-      }
+  c.p.dither = false;
+  std::vector<uint8_t> frame(max_frame(c.shape));
+  frame.resize(hl::compress_cpu(c.data.data(), c.p, c.shape, frame.data(), frame.size(), 1));
+  Dev f(frame.size());
+  auto verdict = [&](const std::vector<uint8_t>& bytes, uint64_t size) {
+    f.put(bytes.data(), bytes.size());
+    try {
+      hl::verify_cuda(f.p, size, nullptr);
+      return std::string();
+    } catch (const hl::FrameError& e) {
+      return std::string(e.what());
     }
-    for (int t = 0; t < trials; ++t) {
-      std::vector<uint8_t> bad = frame;
-      const uint64_t at = format == 2 ? rng() % bad.size() : HL_HEADER_BYTES + rng() % (bad.size() - HL_HEADER_BYTES);
-      bad[at] ^= (uint8_t)(1 + rng() % 255);
-      if (verdict(bad, bad.size()).empty())
-        fail(what + ": byte " + std::to_string(at) + " changed, frame accepted");
-    }
+  };
+  const std::string what = c.describe();
+  std::string err = verdict(frame, frame.size());
+  if (!err.empty()) fail(what + ": intact frame refused: " + err);
+  if (verdict(frame, frame.size() - 1).empty()) fail(what + ": truncated frame accepted");
+  for (int t = 0; t < trials; ++t) {
+    std::vector<uint8_t> bad = frame;
+    const uint64_t at = rng() % bad.size();
+    bad[at] ^= (uint8_t)(1 + rng() % 255);
+    if (verdict(bad, bad.size()).empty())
+      fail(what + ": byte " + std::to_string(at) + " changed, frame accepted");
   }
 }
 
@@ -400,12 +335,9 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(seed);
   for (int i = 0; i < cases; ++i) run_case(random_case(rng, i % 50 == 0 ? 2000000 : 5000));
   printf("random tensors: %d cases, %d failures\n", cases, g_failures);
-  const int before_many = g_failures;
-  for (int i = 0; i < cases / 20; ++i) run_many(rng);
-  printf("compress_many: %d cases, %d failures\n", cases / 20, g_failures - before_many);
   const int before_grouped = g_failures;
   for (int i = 0; i < cases / 20; ++i) run_grouped(rng);
-  printf("compress_into format 2: %d cases, %d failures\n", cases / 20,
+  printf("compress_into: %d cases, %d failures\n", cases / 20,
          g_failures - before_grouped);
   const int before_tamper = g_failures;
   run_tampered(rng, tampered);

@@ -198,19 +198,13 @@ def test_goldens_from_before_short_blocks_decode_exactly_as_their_successors(nam
                        hvd_lossy.decompress(new).view(torch.int16 if "bf16" in name else torch.int32))
 
 
-# ---- CUDA: off until a GPU has run it ---------------------------------------------------------
+# ---- CUDA: the device paths, chosen on the host ---------------------------------------------
 
-def test_device_short_block_decoding_and_the_cuda_v2_encoder_are_off_unless_enabled(monkeypatch):
+def test_device_frames_with_short_blocks_decode_on_the_device_and_level1_codes_there():
     from hvd_lossy import _codec
     x, _ = scaled_codes(8, seed=6)
     info = hvd_lossy.frame_info(v2_level1(x, 0.5, dedup=False))
     assert info["segments"][0]["short_blocks"]
-    monkeypatch.delenv("HVD_LOSSY_CUDA_V2", raising=False)
-    assert not hvd_lossy.cuda_v2_enabled()
-    assert _codec._host_decoded(info)  # the host decodes device frames with short blocks
-    assert not _codec._on_device_encoder(-1, 1)
-    monkeypatch.setenv("HVD_LOSSY_CUDA_V2", "1")
-    assert hvd_lossy.cuda_v2_enabled()
-    assert not _codec._host_decoded(info)
-    assert _codec._on_device_encoder(-1, 1)
+    assert not _codec._host_decoded(info)  # the CUDA decoder reads short-block sections
+    assert _codec._on_device_encoder(-1, 1)  # level 1 without dither: the CUDA encoder
     assert not _codec._on_device_encoder(-1, 2) and not _codec._on_device_encoder(5, 1)

@@ -1,6 +1,6 @@
 // Plain C++ API of the hvd_lossy codec. The CPU entry points live in native/cpu (encode.cc,
 // stats.cc, decode.cc), the CUDA ones (same arguments plus a stream, all pointers on the device)
-// in codec_cuda*.cu. Both write the frame format of frame.h byte for byte identically.
+// in native/cuda (codec_cuda.h). Both write the frame format of frame.h byte for byte identically.
 #pragma once
 
 #include <functional>
@@ -129,47 +129,6 @@ void decompress_frames_cpu(const uint8_t* buffer, const std::vector<ParsedFrame>
                            uint64_t align, const std::function<uint8_t*(uint64_t)>& alloc,
                            std::vector<uint64_t>* out_offsets, int threads);
 
-// ---- CUDA (codec_cuda.cu; only when built with HL_WITH_CUDA) ------------------------------
-// Same contracts as the CPU functions above, byte-identical frames; every pointer is device
-// memory except `rows`, `trailing`, `error_bounds`, `shape` and the returned sizes. `stream` is
-// a cudaStream_t. The functions enqueue their work on the stream; they return once the frame
-// sizes are known on the host (one device-to-host copy of the sizes), never syncing the device.
-std::vector<uint64_t> compress_many_cuda(const void* input_dev, const CompressParams& p,
-                                         const std::vector<int64_t>& rows,
-                                         const std::vector<int64_t>& trailing,
-                                         const std::vector<double>& error_bounds,
-                                         uint8_t* out_dev, uint64_t out_cap, void* stream);
-uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
-                       const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
-                       void* stream);
-// compress_into_cpu on the device for format 2 (codec_cuda_v2.cu): the same layout, sizes and
-// bytes, every group's frame written into out_dev (capacity out_cap, at least
-// max_grouped_bytes(rows, trailing, groups, prefix_bytes, 2)) and sealed on the device. Level 1
-// without dither only (ArgumentError otherwise: the CPU encoder codes those; hvd_lossy's
-// Python layer copies such tensors to the host). No statistics.
-std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressParams& p,
-                                         const std::vector<int64_t>& rows,
-                                         const std::vector<int64_t>& trailing,
-                                         const std::vector<double>& error_bounds,
-                                         const std::vector<int64_t>& groups,
-                                         uint64_t prefix_bytes, uint8_t* out_dev, uint64_t out_cap,
-                                         void* stream, const std::string& ext = std::string(),
-                                         std::vector<uint64_t>* group_bytes = nullptr);
-// Decodes a frame into out_dev (out_bytes, exactly what it decodes to). v1: the header is
-// copied to the host and validated, the checksum verified on the device before any scratch is
-// sized from the header. v2: the frame is copied to the host, its CRC32C verified there before
-// it is parsed, and the segments decode on the device. verify_checksum false: verify_cuda has
-// already checked it. Throws FrameError, or ArgumentError for a dithered frame (no CUDA dither
-// decoder yet).
-void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uint64_t out_bytes,
-                     void* stream, bool verify_checksum = true);
-// Verifies a device frame, v1 or v2, before the caller allocates anything for it: its first
-// bytes are copied to the host (v1: the header, validated by parse_header; v2: the size and
-// the CRC32C), then the checksum over the whole frame is computed on the device (v2 CRC32C:
-// frame_v2_codec.h's piecewise form). Device memory used: a few bytes of state. Throws
-// FrameError naming the fault.
-void verify_cuda(const uint8_t* frame_dev, uint64_t size, void* stream);
-// CRC32C of n device bytes at p_dev, computed on the device (tests and verify_cuda).
-uint32_t crc32c_cuda(const uint8_t* p_dev, uint64_t n, void* stream);
+// The CUDA entry points (only when built with HL_WITH_CUDA) are in cuda/codec_cuda.h.
 
 }  // namespace hl

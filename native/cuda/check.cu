@@ -1,10 +1,12 @@
-// Checks of device frames before anything is allocated for them: CRC32C on the device and
-// verify_cuda (codec.h). The CRC is frame_v2_codec.h's piecewise form: every thread takes
-// pieces of kCrcPiece bytes, runs the byte-at-a-time table from a zero register, shifts the
-// result past the bytes that follow the piece and XORs it into its share; the shares meet in one
-// word, and the host finishes the CRC with the same shared function the CPU tests exercise
-// (crc32c_in_pieces).
+// Checks of device frames before anything is allocated for them: CRC32C on the device,
+// verify_cuda (codec.h), and the size and CRC rules the decoder applies to its host copy. The
+// CRC is frame_v2_codec.h's piecewise form: every thread takes pieces of kCrcPiece bytes, runs
+// the byte-at-a-time table from a zero register, shifts the result past the bytes that follow
+// the piece and XORs it into its share; the shares meet in one word, and the host finishes the
+// CRC with the same shared function the CPU tests exercise (crc32c_in_pieces).
 #include <stdio.h>
+
+#include <algorithm>
 
 #include "codec_cuda.cuh"
 #include "frame_v2.h"
@@ -36,14 +38,32 @@ __global__ void crc32c_pieces_kernel(const uint8_t* p, uint64_t n, uint32_t* ter
   if ((threadIdx.x & 31) == 0 && acc) atomicXor(terms, acc);
 }
 
-[[noreturn]] void crc_mismatch(uint32_t computed, uint32_t stored) {
+}  // namespace
+
+void crc_mismatch(uint32_t computed, uint32_t stored) {
   char buf[128];
-  snprintf(buf, sizeof(buf), "frame is corrupted: CRC32C 0x%08x, its header says 0x%08x",
-           computed, stored);
+  snprintf(buf, sizeof(buf),
+           "frame is corrupted: checksum (CRC32C) 0x%08x, its header says 0x%08x", computed,
+           stored);
   throw FrameError(buf);
 }
 
-}  // namespace
+void check_frame_size(uint64_t size) {
+  if (size <= HL_V2_PREFIX) v2_frame_bytes(nullptr, size);  // too short to hold a byte of it
+}
+
+uint32_t stored_crc(const uint8_t* head, uint64_t head_len, uint64_t size) {
+  uint64_t total = 0;
+  uint32_t stored = 0;
+  // The CRC covers everything after its own field and the size is all it needs; the segments
+  // are parsed (and may announce their sizes) only once it holds. The full parser names what is
+  // wrong with a head that is not a frame's.
+  if (!v2_peek_total(head, head_len, &total, &stored)) v2_frame_bytes(head, head_len);
+  if (total != size)
+    throw FrameError("frame is truncated or has trailing bytes: " + std::to_string(size) +
+                     " bytes, its header says " + std::to_string(total));
+  return stored;
+}
 
 void crc32c_terms_dev(const uint8_t* p_dev, uint64_t n, uint32_t* terms_dev, cudaStream_t stream) {
   launch("crc32c_pieces", crc32c_pieces_kernel, grid_for(hl_div_up(n, kCrcPiece), kThreads),
@@ -76,33 +96,15 @@ uint32_t crc32c_cuda(const uint8_t* p_dev, uint64_t n, void* stream) {
 
 void verify_cuda(const uint8_t* frame_dev, uint64_t size, void* stream_v) {
   using namespace gpu;
-  if (size < 3) throw FrameError("not an hvd_lossy frame: " + std::to_string(size) + " bytes");
+  check_frame_size(size);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
   DeviceScope scope(frame_dev, "the frame");
-  uint8_t head[HL_HEADER_BYTES + 8 * HL_MAX_NDIM];
+  uint8_t head[HL_V2_PREFIX + 10];  // the prefix and the total's varint
   const uint64_t head_len = std::min<uint64_t>(size, sizeof(head));
   memcpy(head, fetch(frame_dev, head_len, stream), head_len);
-  if (is_v2(head, head_len)) {
-    uint64_t total = 0;
-    uint32_t stored = 0;
-    // The CRC covers everything after its own field and the size is all it needs; the
-    // segments are parsed (and may announce their sizes) only once it holds.
-    if (!v2_peek_total(head, head_len, &total, &stored)) v2_frame_bytes(head, head_len);
-    if (total != size)
-      throw FrameError("frame is truncated or has trailing bytes: " + std::to_string(size) +
-                       " bytes, its header says " + std::to_string(total));
-    const uint32_t crc = crc32c_dev(frame_dev + HL_V2_PREFIX, size - HL_V2_PREFIX, stream);
-    if (crc != stored) crc_mismatch(crc, stored);
-    return;
-  }
-  const HlFrameHeader h = parse_header(head, size, nullptr);
-  const uint32_t sum = frame_checksum_dev(frame_dev, size, stream);
-  if (sum != h.checksum) {
-    char buf[128];
-    snprintf(buf, sizeof(buf), "frame is corrupted: checksum 0x%08x, its header says 0x%08x",
-             sum, h.checksum);
-    throw FrameError(buf);
-  }
+  const uint32_t stored = stored_crc(head, head_len, size);
+  const uint32_t crc = crc32c_dev(frame_dev + HL_V2_PREFIX, size - HL_V2_PREFIX, stream);
+  if (crc != stored) crc_mismatch(crc, stored);
 }
 
 }  // namespace hl

@@ -1,14 +1,13 @@
-// The CUDA format-2 encoder's frames (frame.h version 2). The segments are coded on the device
-// (encode_segments, codec_cuda.cu: quantize, dedup, map, the level-1 code section that
-// level1_packing picks, v2 outlier records) into worst-case slots; once their sizes are on the
-// host (the one wait), the header and descriptors are written on the host by the functions the
-// CPU encoder writes them with (frame_v2.h: v2_frame_size, v2_write_head, the extension
-// included), copied in front of the payloads, which move to their final places device to
-// device, and each frame's CRC32C is taken and stored on the device (frame_v2_codec.h's
+// The CUDA encoder's frames (frame.h) and its entry points (codec.h). The segments are coded on
+// the device (encode_segments, encode_stages.cuh) into worst-case slots; once their sizes are
+// on the host (the one wait), the header and descriptors are written on the host by the
+// functions the CPU encoder writes them with (frame_v2.h: v2_frame_size, v2_write_head, the
+// extension included), copied in front of the payloads, which move to their final places device
+// to device, and each frame's CRC32C is taken and stored on the device (frame_v2_codec.h's
 // piecewise form). So the bytes around the segments are the CPU encoder's by construction, and
 // the segments' bytes follow the same rules (level1_sections.h).
 //
-// Level 2 and dither have no device encoder: encode_segments refuses them, and hvd_lossy's
+// Level 2 and dither have no device encoder: the entry points refuse them, and hvd_lossy's
 // Python layer (_codec.py) then codes on the host with the CPU encoder (the same bytes).
 #include <string>
 #include <vector>
@@ -16,6 +15,7 @@
 #include "codec_cuda.cuh"
 #include "frame_v2.h"
 #include "level1_sections.h"
+#include "pieces.h"
 #include "v2_frames.h"
 
 namespace hl {
@@ -43,44 +43,10 @@ struct PoolBuffer {
   }
 };
 
-// The pieces of a call: each one's shape, parameters and first input element (as the CPU
-// encoder's plan_pieces cuts them).
-struct Pieces {
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<CompressParams> params;
-  std::vector<uint64_t> in_off;  // elements
-};
-
-Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& rows,
-                   const std::vector<int64_t>& trailing, const std::vector<double>& ebs) {
-  const uint64_t row_elems = check_chunk_args(p, rows.size(), trailing, ebs);
-  Pieces c;
-  uint64_t off = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (rows[i] < 0)
-      throw ArgumentError("chunk " + std::to_string(i) + " has " + std::to_string(rows[i]) +
-                          " rows, expected >= 0");
-    CompressParams q = p;
-    if (!ebs.empty()) {
-      q.error_bound = ebs[i];
-      check_params(q);
-    }
-    std::vector<int64_t> shape{rows[i]};
-    shape.insert(shape.end(), trailing.begin(), trailing.end());
-    c.shapes.push_back(shape);
-    c.params.push_back(q);
-    c.in_off.push_back(off);
-    off += (uint64_t)rows[i] * row_elems;
-  }
-  return c;
-}
-
 void check_device_params(const CompressParams& p) {
-  if (p.format != 2)
-    throw ArgumentError("the CUDA format-2 encoder writes format 2, got format " +
-                        std::to_string(p.format));
+  check_params(p);
   if (p.level != 1 || p.dither)
-    throw ArgumentError("the CUDA format-2 encoder codes level 1 without dither, got level " +
+    throw ArgumentError("the CUDA encoder codes level 1 without dither, got level " +
                         std::to_string(p.level) + (p.dither ? " with dither" : "") +
                         ": compress on the CPU (hvd_lossy does this for device tensors)");
 }
@@ -90,7 +56,7 @@ struct Layout {
   std::vector<uint64_t> group_bytes;  // a group: its frame (0 when it has none)
 };
 
-// Codes the pieces on the device and writes one v2 frame a group into out_dev (prefix_bytes
+// Codes the pieces on the device and writes one frame a group into out_dev (prefix_bytes
 // left before each group, as compress_into_cpu lays them out). empty_trailing: the trailing
 // dims of an empty group's frame (it gets one only with an extension). fits(total) throws when
 // the layout's `total` bytes do not fit the caller's buffer.
@@ -112,19 +78,10 @@ Layout encode_frames(const uint8_t* in_dev, const Pieces& c, const std::vector<i
   std::vector<SegmentDesc> descs(n);
   for (size_t i = 0; i < n; ++i) {
     const SegmentResult& r = res[i];
-    if (r.bound_overflow)
-      throw ArgumentError("error_bound " + std::to_string(c.params[i].error_bound) +
-                          " times the value range overflows a double");
-    SegmentFound f;
-    f.payload_bytes = r.payload_bytes;
-    f.n_unique = r.n_unique;
-    f.n_outliers = r.n_outliers;
-    f.map_bytes = r.map_bytes;
-    f.code_bytes = r.code_bytes;
-    f.bound = r.bound;
-    f.lossless = r.lossless;
-    f.identity = r.identity;
-    descs[i] = v2_desc_of(f, c.params[i].mode, c.shapes[i]);
+    // The device found the bound overflowing: the rule again on its range throws the CPU
+    // encoder's ArgumentError.
+    if (r.bound_overflow) absolute_bound(c.params[i], r.lo, r.hi);
+    descs[i] = v2_desc_of(r, c.params[i].mode, c.shapes[i]);
   }
   const FramesPlan plan =
       plan_v2_frames(descs, c.shapes, groups, prefix_bytes, ext, empty_trailing, dtype);
@@ -174,13 +131,13 @@ std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressPa
                                          void* stream_v, const std::string& ext,
                                          std::vector<uint64_t>* group_bytes) {
   using namespace gpu;
-  check_params(p);
   check_device_params(p);
   const Pieces c = plan_pieces(p, rows, trailing, error_bounds);
+  check_groups(groups, rows.size());
   if (ext.size() > HL_V2_MAX_EXT)
     throw ArgumentError("a frame extension of " + std::to_string(ext.size()) +
                         " bytes, at most " + std::to_string(HL_V2_MAX_EXT) + " fit");
-  const uint64_t need = max_grouped_bytes(rows, trailing, groups, prefix_bytes, 2);
+  const uint64_t need = grouped_bound(c, groups.size(), prefix_bytes);
   if (need > out_cap)
     throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
                         " bytes, the frames may need " + std::to_string(need));
@@ -192,20 +149,21 @@ std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressPa
   return lay.sizes;
 }
 
-namespace gpu {
-
-uint64_t compress_v2_cuda(const void* input_dev, const CompressParams& p,
-                          const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
-                          cudaStream_t stream) {
+uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
+                       const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
+                       void* stream_v) {
+  using namespace gpu;
   check_device_params(p);
-  Pieces c;
-  c.shapes = {shape};
+  for (int64_t s : shape)
+    if (s < 0) throw ArgumentError("negative dimension " + std::to_string(s) + " in shape");
+  Pieces c;  // one piece of any shape (plan_pieces cuts dim 0, and a 0-d tensor has none)
   c.params = {p};
+  c.shapes = {shape};
   c.in_off = {0};
   DeviceScope scope(out_dev, "the output buffer");
   const Layout lay = encode_frames(static_cast<const uint8_t*>(input_dev), c, {1}, 0,
-                                   std::string(), {}, p.dtype, out_dev, stream,
-                                   [&](uint64_t bytes) {
+                                   std::string(), {}, p.dtype, out_dev,
+                                   static_cast<cudaStream_t>(stream_v), [&](uint64_t bytes) {
                                      if (bytes > out_cap)
                                        throw ArgumentError(
                                            "output buffer holds " + std::to_string(out_cap) +
@@ -214,5 +172,4 @@ uint64_t compress_v2_cuda(const void* input_dev, const CompressParams& p,
   return lay.group_bytes[0];
 }
 
-}  // namespace gpu
 }  // namespace hl

@@ -1,7 +1,6 @@
-// Device helpers shared by the CUDA encoder (codec_cuda.cu) and decoder (codec_cuda_decode.cu):
-// grid-stride loops, unaligned little-endian access, block reductions, the v1 checksum's
-// per-thread share, the cub calls with their scratch-size queries, the dtype switch, and the
-// rANS stream layout both sides of the coder use.
+// Device helpers shared by the CUDA encoder's stages and the decoder: grid-stride loops,
+// unaligned little-endian access, block reductions, the cub calls with their scratch-size
+// queries, and the dtype switch.
 #pragma once
 
 #include <cub/cub.cuh>
@@ -63,43 +62,10 @@ __device__ T block_reduce(T v, T identity, Op op) {
   return v;
 }
 
-struct SumOp {
-  template <typename T>
-  __device__ T operator()(T a, T b) const { return a + b; }
-};
 struct MaxOp {
   template <typename T>
   __host__ __device__ T operator()(T a, T b) const { return a > b ? a : b; }
 };
-
-// Word i of a frame of `total` bytes, the tail zero-padded (as checksum_with_zero_field reads).
-template <bool kAligned>
-__device__ __forceinline__ uint64_t frame_word(const uint8_t* f, uint64_t i, uint64_t total) {
-  const uint64_t off = 8 * i;
-  if (off + 8 <= total)
-    return kAligned ? *reinterpret_cast<const uint64_t*>(f + off) : get_le(f + off, 8);
-  return get_le(f + off, (int)(total - off));
-}
-
-// The checksum field lies in word 1 (bytes 8..15); this mask clears it.
-static_assert(offsetof(HlFrameHeader, checksum) >= 8 && offsetof(HlFrameHeader, checksum) <= 12,
-              "the checksum field must lie within word 1");
-constexpr uint64_t kChecksumFieldClear =
-    ~(0xffffffffull << (8 * (offsetof(HlFrameHeader, checksum) - 8)));
-
-// This thread's share of the checksum sum over the frame's words. zero_field: read the
-// checksum field as zero.
-template <bool kAligned>
-__device__ uint64_t checksum_share(const uint8_t* f, uint64_t total, bool zero_field) {
-  uint64_t sum = 0;
-  const uint64_t words = hl_div_up(total, 8);
-  HL_GRID_STRIDE(i, words) {
-    uint64_t w = frame_word<kAligned>(f, i, total);
-    if (zero_field && i == 1) w &= kChecksumFieldClear;
-    sum += checksum_term(w, i);
-  }
-  return sum;
-}
 
 // ---- the cub calls (each also asked for its scratch size with a null pointer) ----------------
 
@@ -148,16 +114,6 @@ void with_dtype(uint8_t dtype, F&& f) {
   throw ArgumentError("unsupported dtype code " + std::to_string(dtype) +
                       ", expected float32, float16 or bfloat16");
 }
-
-// ---- rANS streams (encoder and decoder) ----------------------------------------------------
-
-// Streams encoded by one block of the encoder, and the shared-memory stride of one stream's
-// symbols: 4 bytes of padding put the lanes' reads of the same position in different banks.
-constexpr unsigned kEncodeStreams = 32;
-constexpr unsigned kEncodeThreads = 512;  // all copy symbols in; the first kEncodeStreams encode
-constexpr uint64_t kSymStride = HL_RANS_CHUNK + 4;
-constexpr size_t kEncodeSmem = kEncodeStreams * kSymStride;
-static_assert(HL_RANS_CHUNK % 4 == 0 && kSymStride % 4 == 0, "symbols move 4 at a time");
 
 }  // namespace gpu
 }  // namespace hl

@@ -1,9 +1,13 @@
-// CUDA decoder of v1 frames (frame.h), split from codec_cuda.cu: the header is validated on the
-// host (parse_header on a copied prefix) and the checksum verified on the device before any
-// scratch is sized from the header; then unpack/rANS decode, dequantization, outlier scatter,
-// map checks and row gather run on the device. Kernels never read or write outside the frame and
-// the buffers, whatever the payload says: each inconsistency sets a bit in a device error word,
-// later kernels stop when it is set, and the host raises FrameError after one copy of that word.
+// CUDA decoder of frames (frame.h). The frame is copied to the host once, its size and
+// CRC32C checked there before anything is parsed from it (check.cu's rules), and parsed there
+// (parse_v2; block-packed maps announce their length only through their width bytes, in the
+// payload); the compact rANS tables, escapes and stream sizes are read there too (rans_layout,
+// as the CPU decoder reads them). The device gets each section's layout and decodes every
+// segment: block-packed, radix and short-block codes, packed or rANS-coded maps, rANS streams,
+// outliers, map checks and row gather, all in stream order, one DecodeState a segment, one copy
+// of the error words at the end. Kernels never read or write outside the frame and the buffers,
+// whatever the payload says: each inconsistency sets a bit in the segment's error word, later
+// kernels stop when it is set, and the host raises FrameError naming the first segment flagged.
 #include <cub/cub.cuh>
 
 #include <stdio.h>
@@ -11,38 +15,37 @@
 #include <algorithm>
 
 #include "codec_cuda_device.cuh"
+#include "crc32c.h"
 #include "frame_v2.h"
 #include "level1_sections.h"
-#include "crc32c.h"
 #include "rans.h"
 
 namespace hl {
 namespace gpu {
 namespace {
 
-// =============================================================================================
-// Decoder
-// =============================================================================================
-
 // Error bits, in the order the CPU decoder checks (the first set one is reported).
 enum DecodeError : uint32_t {
-  kErrChecksum = 1u << 0,
-  kErrCodeSection = 1u << 1,
-  kErrEntropy = 1u << 2,
-  kErrLosslessRange = 1u << 3,
-  kErrOutlier = 1u << 4,
-  kErrMapSection = 1u << 5,
-  kErrMapEntry = 1u << 6,
+  kErrCodeSection = 1u << 0,
+  kErrEntropy = 1u << 1,
+  kErrLosslessRange = 1u << 2,
+  kErrOutlier = 1u << 3,
+  kErrMapSection = 1u << 4,
+  kErrMapEntry = 1u << 5,
 };
 
 struct alignas(16) DecodeState {
-  uint32_t error;     // DecodeError bits
-  uint32_t checksum;  // as computed
-  unsigned long long sum;
-  uint64_t esc_off, lens_off, data_off, n_esc;  // level 2, offsets in the code section
+  uint32_t error;                     // DecodeError bits
+  uint64_t esc_off, data_off, n_esc;  // level 2: offsets in the escapes and the code section
   uint32_t freq[256];
   uint32_t cum[257];
 };
+
+// rANS streams decoded by one block, and the shared-memory stride of one stream's symbols: 4
+// bytes of padding put the lanes' reads of the same position in different banks.
+constexpr unsigned kDecodeStreams = 32;
+constexpr uint64_t kSymStride = HL_RANS_CHUNK + 4;
+constexpr size_t kDecodeSmem = kDecodeStreams * kSymStride;
 
 __device__ __forceinline__ void flag(DecodeState* ds, uint32_t bit) { atomicOr(&ds->error, bit); }
 
@@ -54,13 +57,6 @@ __device__ bool block_stopped(const DecodeState* ds) {
   if (threadIdx.x == 0) seen = *reinterpret_cast<const volatile uint32_t*>(&ds->error);
   __syncthreads();
   return seen != 0;
-}
-
-template <bool kAligned>
-__global__ void decode_checksum_kernel(const uint8_t* frame, uint64_t size, DecodeState* ds) {
-  uint64_t sum = checksum_share<kAligned>(frame, size, true);
-  sum = block_reduce(sum, (uint64_t)0, SumOp());
-  if (threadIdx.x == 0) atomicAdd(&ds->sum, (unsigned long long)sum);
 }
 
 // Widths of a packed section; a width over max_width is flagged and read as 0 so that the
@@ -199,59 +195,7 @@ __global__ void unpack_short_kernel(const uint8_t* sec, uint64_t len, uint64_t n
   }
 }
 
-// Level 2 table and layout (rans_decode's reader, one thread).
-__global__ void rans_parse_kernel(const uint8_t* sec, uint64_t len, uint64_t n, DecodeState* ds) {
-  if (ds->error) return;
-  uint64_t pos = 0;
-  if (len < 2) return flag(ds, kErrEntropy);
-  const uint32_t np = (uint32_t)get_le(sec, 2);
-  pos = 2;
-  if (np < 1 || np > 256 || 3ull * np > len - pos) return flag(ds, kErrEntropy);
-  int prev = -1;
-  for (uint32_t i = 0; i < np; ++i) {
-    const int sym = sec[pos];
-    const uint32_t f = (uint32_t)get_le(sec + pos + 1, 2);
-    pos += 3;
-    if (sym <= prev || f == 0) return flag(ds, kErrEntropy);
-    ds->freq[sym] = f;
-    prev = sym;
-  }
-  uint32_t c = 0;
-  for (int s = 0; s < 256; ++s) {
-    ds->cum[s] = c;
-    c += ds->freq[s];
-  }
-  ds->cum[256] = c;
-  if (c != (1u << HL_RANS_BITS)) return flag(ds, kErrEntropy);
-  if (4 > len - pos) return flag(ds, kErrEntropy);
-  const uint64_t n_esc = get_le(sec + pos, 4);
-  pos += 4;
-  if (n_esc > n || 4 * n_esc > len - pos) return flag(ds, kErrEntropy);
-  ds->esc_off = pos;
-  ds->n_esc = n_esc;
-  pos += 4 * n_esc;
-  const uint64_t ns = hl_div_up(n, HL_RANS_CHUNK);
-  if (4 * ns > len - pos) return flag(ds, kErrEntropy);
-  ds->lens_off = pos;
-  ds->data_off = pos + 4 * ns;
-}
-
-__global__ void rans_lengths_kernel(const uint8_t* sec, uint64_t ns, const DecodeState* ds,
-                                    uint64_t* stream_len) {
-  const bool ok = ds->error == 0;
-  const uint64_t lens = ds->lens_off;
-  HL_GRID_STRIDE(k, ns) stream_len[k] = ok ? get_le(sec + lens + 4 * k, 4) : 0;
-}
-
-// The streams must fill the rest of the section exactly.
-__global__ void rans_extent_kernel(uint64_t len, uint64_t ns, const uint64_t* stream_len,
-                                   const uint64_t* stream_off, DecodeState* ds) {
-  if (ds->error) return;
-  const uint64_t data = stream_off[ns - 1] + stream_len[ns - 1];
-  if (ds->data_off > len || data != len - ds->data_off) flag(ds, kErrEntropy);
-}
-
-// rans_decode (rans_cpu.cc) for kEncodeStreams streams a block: one thread a stream decodes
+// rans_decode (rans_cpu.cc) for kDecodeStreams streams a block: one thread a stream decodes
 // into shared memory (the lanes' serial loops would otherwise each store a byte to a different
 // line of global memory every step), then the block copies the symbols out, coalesced.
 // Escapes are counted per stream.
@@ -260,7 +204,7 @@ constexpr unsigned kDecodeThreads = 128;
 __global__ void rans_decode_kernel(const uint8_t* sec, uint64_t n, const uint64_t* stream_len,
                                    const uint64_t* stream_off, DecodeState* ds, uint8_t* sym,
                                    uint64_t* esc_count) {
-  extern __shared__ uint8_t out[];  // kEncodeStreams x kSymStride
+  extern __shared__ uint8_t out[];  // kDecodeStreams x kSymStride
   __shared__ uint8_t lut[1u << HL_RANS_BITS];
   __shared__ uint32_t freq[256], cum[256];
   if (block_stopped(ds)) return;
@@ -272,11 +216,11 @@ __global__ void rans_decode_kernel(const uint8_t* sec, uint64_t n, const uint64_
   }
   const uint8_t* data = sec + ds->data_off;
   const uint64_t ns = hl_div_up(n, HL_RANS_CHUNK);
-  for (uint64_t base = (uint64_t)blockIdx.x * kEncodeStreams; base < ns;
-       base += (uint64_t)gridDim.x * kEncodeStreams) {
+  for (uint64_t base = (uint64_t)blockIdx.x * kDecodeStreams; base < ns;
+       base += (uint64_t)gridDim.x * kDecodeStreams) {
     __syncthreads();  // tables built; the previous group copied out
     const uint64_t k = base + threadIdx.x;
-    if (threadIdx.x < kEncodeStreams && k < ns) {
+    if (threadIdx.x < kDecodeStreams && k < ns) {
       const uint64_t lo = k * HL_RANS_CHUNK, hi = lo + HL_RANS_CHUNK < n ? lo + HL_RANS_CHUNK : n;
       uint8_t* my = out + threadIdx.x * kSymStride;
       const uint8_t* p = data + stream_off[k];
@@ -309,7 +253,7 @@ __global__ void rans_decode_kernel(const uint8_t* sec, uint64_t n, const uint64_
     }
     __syncthreads();
     const uint64_t lo = base * HL_RANS_CHUNK;
-    const uint64_t hi = lo + kEncodeStreams * HL_RANS_CHUNK < n ? lo + kEncodeStreams * HL_RANS_CHUNK : n;
+    const uint64_t hi = lo + kDecodeStreams * HL_RANS_CHUNK < n ? lo + kDecodeStreams * HL_RANS_CHUNK : n;
     for (uint64_t j = threadIdx.x; j < hi - lo; j += blockDim.x)
       sym[lo + j] = out[(j / HL_RANS_CHUNK) * kSymStride + j % HL_RANS_CHUNK];
   }
@@ -361,7 +305,7 @@ __global__ void rans_finish_kernel(const uint8_t* sec, uint64_t n, const uint8_t
 
 // Outlier records must be in range and strictly increasing (so no two threads write one
 // element); fp16/bf16 raw bits must fit 16 bits. A record is pos_bytes of position then
-// raw_bytes of raw bits, little-endian: 8 + 4 in v1, v2_pos_bytes + the element's bytes in v2.
+// raw_bytes of raw bits, little-endian (v2_pos_bytes and the element's bytes).
 template <int DT>
 __global__ void scatter_outliers_kernel(const uint8_t* rec, uint64_t n_out, uint64_t nu,
                                         uint32_t pos_bytes, uint32_t raw_bytes,
@@ -405,15 +349,40 @@ __global__ void gather_rows_kernel(const typename Elem<DT>::raw_t* u, const uint
   }
 }
 
+// Symbols of a rANS-coded map back to entries (rans_map_encode): 0 is the next new row, u + 1
+// a repeat of unique row u. new_before is the exclusive scan of the zero flags. In place.
+__global__ void new_row_flags_kernel(const uint32_t* sym, uint64_t n_rows, uint32_t* flag) {
+  HL_GRID_STRIDE(r, n_rows) flag[r] = sym[r] == 0;
+}
+__global__ void map_from_symbols_kernel(uint32_t* map, const uint32_t* new_before,
+                                        uint64_t n_rows, const DecodeState* ds) {
+  if (ds->error) return;
+  HL_GRID_STRIDE(r, n_rows) map[r] = map[r] == 0 ? new_before[r] : map[r] - 1;
+}
+
+__global__ void gather_errors_kernel(const DecodeState* ds, uint64_t n, uint32_t* errors) {
+  HL_GRID_STRIDE(k, n) errors[k] = ds[k].error;
+}
+
 // ---- decoder host side -----------------------------------------------------------------------
 
+// What the host read of one segment's level-2 sections.
+struct SegmentPlan {
+  SegmentView v;
+  uint64_t out_elems = 0;  // where its rows start in the output, in elements
+  RansLayout code, map;    // level 2 / HL_SEG_MAP_RANS only
+};
+
+// Scratch sized for the largest segment; segments run one after another on the stream.
 struct DecodeScratch {
   uint64_t *width, *word_off;
   uint8_t* uniq;
   uint8_t* sym;
   uint64_t *stream_len, *stream_off, *esc_count, *esc_off;
   uint32_t *map, *prefix_max;
-  DecodeState* ds;
+  uint32_t *escapes, *new_before, *errors;
+  DecodeState* states;  // one a segment
+  DecodeState* ds;      // the segment's being enqueued
   CubScratch cub;
 };
 
@@ -454,153 +423,13 @@ void unpack_short_section(const uint8_t* sec, uint64_t len, uint64_t n, uint32_t
          kThreads, stream, sec, len, n, s.width, s.word_off, s.ds, err, sink);
 }
 
-template <int DT>
-void enqueue_decode(const HlFrameHeader& h, const uint8_t* frame, void* out_v,
-                    const DecodeScratch& s, cudaStream_t stream) {
-  typedef typename Elem<DT>::raw_t raw_t;
-  raw_t* out = static_cast<raw_t*>(out_v);
-  const uint64_t R = h.n_rows, d = h.row_len, nu = h.n_unique * d;
-  const bool identity = h.flags & HL_FLAG_IDENTITY_MAP;
-  const uint8_t* map_p = frame + HL_HEADER_BYTES + 8ull * h.ndim;
-  const uint8_t* code_p = map_p + h.map_bytes;
-  const uint8_t* out_p = code_p + h.code_bytes;
-  raw_t* u = identity ? out : reinterpret_cast<raw_t*>(s.uniq);
-  const CodeSink<DT> sink{u, 2.0 * h.eb_abs, (h.flags & HL_FLAG_LOSSLESS) != 0};
-
-  if (h.level == 1) {
-    unpack_section(code_p, h.code_bytes, nu, kErrCodeSection, sink, s, stream);
-  } else {
-    const uint64_t ns = hl_div_up(nu, HL_RANS_CHUNK);  // >= 1: parse_header rejects empty level 2
-    launch("rans_parse", rans_parse_kernel, 1, 1, stream, code_p, h.code_bytes, nu, s.ds);
-    launch("rans_lengths", rans_lengths_kernel, grid_for(ns, kThreads), kThreads, stream, code_p,
-           ns, s.ds, s.stream_len);
-    cub_run("scan of stream sizes", s.cub, [&](void* t, size_t& b) {
-      return cub_exclusive_sum<uint64_t>(t, b, s.stream_len, s.stream_off, ns, stream);
-    });
-    launch("rans_extent", rans_extent_kernel, 1, 1, stream, h.code_bytes, ns, s.stream_len,
-           s.stream_off, s.ds);
-    launch_smem("rans_decode", rans_decode_kernel, hl_div_up(ns, kEncodeStreams), kDecodeThreads,
-                kEncodeSmem, stream, code_p, nu, s.stream_len, s.stream_off, s.ds, s.sym,
-                s.esc_count);
-    cub_run("scan of escape counts", s.cub, [&](void* t, size_t& b) {
-      return cub_exclusive_sum<uint64_t>(t, b, s.esc_count, s.esc_off, ns, stream);
-    });
-    launch("rans_escape_total", rans_escape_total_kernel, 1, 1, stream, ns, s.esc_count,
-           s.esc_off, s.ds);
-    launch("rans_finish", rans_finish_kernel<CodeSink<DT>>, grid_for(ns, 1), kThreads, stream,
-           code_p, nu, s.sym, s.esc_off, s.ds, sink);
-  }
-  launch("scatter_outliers", scatter_outliers_kernel<DT>, grid_for(h.n_outliers, kThreads),
-         kThreads, stream, out_p, h.n_outliers, nu, 8u, 4u, u, s.ds);
-  if (identity) return;
-  unpack_section(map_p, h.map_bytes, R, kErrMapSection, MapSink{s.map}, s, stream);
-  if (R) {
-    cub_run("prefix max of the row map", s.cub, [&](void* t, size_t& b) {
-      return cub_prefix_max(t, b, s.map, s.prefix_max, R, stream);
-    });
-  }
-  launch("check_map", check_map_kernel, grid_for(R, kThreads), kThreads, stream, s.map,
-         s.prefix_max, R, h.n_unique, s.ds);
-  launch("gather_rows", gather_rows_kernel<DT>, grid_for(R, kWarpsPerBlock), kThreads, stream, u,
-         s.map, R, d, h.n_unique, out, s.ds);
-}
-
-void plan_decode_scratch(const HlFrameHeader& h, Workspace* ws, DecodeScratch* s) {
-  const uint64_t nu = h.n_unique * h.row_len;
-  const bool identity = h.flags & HL_FLAG_IDENTITY_MAP;
-  const uint64_t map_rows = identity ? 0 : h.n_rows;
-  const uint64_t nb = hl_div_up(std::max(h.level == 1 ? nu : 0, map_rows), HL_BLOCK);
-  const uint64_t ns = h.level == 2 ? hl_div_up(nu, HL_RANS_CHUNK) : 0;
-  size_t cub_bytes = 0;
-  cub_need(&cub_bytes, [&](void* t, size_t& b) {
-    return cub_exclusive_sum<uint64_t>(t, b, nullptr, nullptr, std::max(nb, ns), 0);
-  });
-  if (map_rows)
-    cub_need(&cub_bytes, [&](void* t, size_t& b) {
-      return cub_prefix_max(t, b, nullptr, nullptr, map_rows, 0);
-    });
-  ws->reserve(&s->width, nb);
-  ws->reserve(&s->word_off, nb);
-  ws->reserve(&s->uniq, identity ? 0 : nu * hl_elem_bytes(h.dtype));
-  ws->reserve(&s->sym, h.level == 2 ? nu : 0);
-  ws->reserve(&s->stream_len, ns);
-  ws->reserve(&s->stream_off, ns);
-  ws->reserve(&s->esc_count, ns);
-  ws->reserve(&s->esc_off, ns);
-  ws->reserve(&s->map, map_rows);
-  ws->reserve(&s->prefix_max, map_rows);
-  ws->reserve(&s->ds, 1);
-  ws->reserve_bytes(&s->cub.tmp, cub_bytes);
-  s->cub.bytes = cub_bytes;
-}
-
-[[noreturn]] void raise_decode_error(uint32_t err, uint32_t computed, uint32_t stored,
-                                     const HlFrameHeader& h) {
-  char buf[160];
-  if (err & kErrChecksum) {
-    snprintf(buf, sizeof(buf), "frame is corrupted: checksum 0x%08x, its header says 0x%08x",
-             computed, stored);
-    throw FrameError(buf);
-  }
-  if (err & kErrCodeSection)
-    throw FrameError("frame is corrupted: the code section's blocks do not match its " +
-                     std::to_string(h.code_bytes) + " bytes");
-  if (err & kErrEntropy)
-    throw FrameError("frame is corrupted: an entropy-coded stream does not decode");
-  if (err & kErrLosslessRange)
-    throw FrameError("frame is corrupted: a lossless code exceeds the dtype's bits");
-  if (err & kErrOutlier)
-    throw FrameError("frame is corrupted: an outlier is out of order or out of range (" +
-                     std::to_string(h.n_unique * h.row_len) + " elements)");
-  if (err & kErrMapSection)
-    throw FrameError("frame is corrupted: the row map's blocks do not match its " +
-                     std::to_string(h.map_bytes) + " bytes");
-  throw FrameError("frame is corrupted: the row map does not number rows by first occurrence");
-}
-
-// ---- format 2 ----------------------------------------------------------------------------------
-// The frame is copied to the host once and parsed there (parse_v2; block-packed maps announce
-// their length only through their width bytes, in the payload), and the compact rANS tables,
-// escapes and stream sizes are read there too (rans_layout, as the CPU decoder reads them). The
-// device gets each section's layout and decodes every segment with the v1 kernels: packed
-// codes and maps, rANS streams, outliers of v2 width, map checks and row gather, all in stream
-// order, one DecodeState a segment, one copy of the error words at the end.
-
-// Symbols of a rANS-coded map back to entries (rans_map_encode): 0 is the next new row, u + 1
-// a repeat of unique row u. new_before is the exclusive scan of the zero flags. In place.
-__global__ void new_row_flags_kernel(const uint32_t* sym, uint64_t n_rows, uint32_t* flag) {
-  HL_GRID_STRIDE(r, n_rows) flag[r] = sym[r] == 0;
-}
-__global__ void map_from_symbols_kernel(uint32_t* map, const uint32_t* new_before,
-                                        uint64_t n_rows, const DecodeState* ds) {
-  if (ds->error) return;
-  HL_GRID_STRIDE(r, n_rows) map[r] = map[r] == 0 ? new_before[r] : map[r] - 1;
-}
-
-__global__ void gather_errors_kernel(const DecodeState* ds, uint64_t n, uint32_t* errors) {
-  HL_GRID_STRIDE(k, n) errors[k] = ds[k].error;
-}
-
-// What the host read of one segment's level-2 sections.
-struct SegmentPlan {
-  SegmentView v;
-  uint64_t out_elems = 0;  // where its rows start in the output, in elements
-  RansLayout code, map;    // level 2 / HL_SEG_MAP_RANS only
-};
-
-struct DecodeScratchV2 {
-  DecodeScratch s;
-  uint32_t *escapes, *new_before, *errors;
-  DecodeState* states;  // one a segment
-};
-
-void plan_decode_scratch_v2(const FrameV2& f, const std::vector<SegmentPlan>& plans, Workspace* ws,
-                            DecodeScratchV2* x) {
+void plan_decode_scratch(const FrameV2& f, const std::vector<SegmentPlan>& plans, Workspace* ws,
+                         DecodeScratch* x) {
   uint64_t nb = 0, ns = 0, uniq = 0, sym = 0, map_rows = 0, rans_rows = 0, esc = 0;
   for (const SegmentPlan& p : plans) {
     const SegmentView& v = p.v;
     const uint64_t nu = v.n_unique * v.row_len;
-    const bool identity = v.flags & HL_FLAG_IDENTITY_MAP;
+    const bool identity = v.identity;
     const uint64_t rows = identity ? 0 : v.n_rows;
     nb = std::max(nb, hl_div_up(std::max(v.level == 1 ? nu : 0, v.map_rans ? 0 : rows), HL_BLOCK));
     if (v.level == 1) nb = std::max(nb, short_n_blocks(nu));  // a short-block section's blocks
@@ -618,7 +447,7 @@ void plan_decode_scratch_v2(const FrameV2& f, const std::vector<SegmentPlan>& pl
     if (!identity) uniq = std::max(uniq, nu * hl_elem_bytes(f.dtype));
     map_rows = std::max(map_rows, rows);
   }
-  DecodeScratch& s = x->s;
+  DecodeScratch& s = *x;
   size_t cub_bytes = 0;
   cub_need(&cub_bytes, [&](void* t, size_t& b) {
     return cub_exclusive_sum<uint64_t>(t, b, nullptr, nullptr, std::max(nb, ns), 0);
@@ -641,10 +470,10 @@ void plan_decode_scratch_v2(const FrameV2& f, const std::vector<SegmentPlan>& pl
   ws->reserve(&s.esc_off, ns);
   ws->reserve(&s.map, map_rows);
   ws->reserve(&s.prefix_max, map_rows);
-  ws->reserve(&x->escapes, esc);
-  ws->reserve(&x->new_before, rans_rows);
-  ws->reserve(&x->states, plans.size());
-  ws->reserve(&x->errors, plans.size());
+  ws->reserve(&s.escapes, esc);
+  ws->reserve(&s.new_before, rans_rows);
+  ws->reserve(&s.states, plans.size());
+  ws->reserve(&s.errors, plans.size());
   ws->reserve_bytes(&s.cub.tmp, cub_bytes);
   s.cub.bytes = cub_bytes;
   s.ds = nullptr;
@@ -656,9 +485,8 @@ constexpr size_t kRansStateOffset = offsetof(DecodeState, esc_off);
 
 // Decodes the level-2 section at sec_dev (its layout L read on the host) of n codes into sink.
 template <typename Sink>
-void enqueue_rans_v2(const uint8_t* sec_dev, const RansLayout& L, uint64_t n, Sink sink,
-                     const DecodeScratchV2& x, DecodeState* ds, cudaStream_t stream) {
-  const DecodeScratch& s = x.s;
+void enqueue_rans(const uint8_t* sec_dev, const RansLayout& L, uint64_t n, Sink sink,
+                  const DecodeScratch& s, DecodeState* ds, cudaStream_t stream) {
   const uint64_t ns = hl_div_up(n, HL_RANS_CHUNK);  // >= 1: parse_v2 rejects empty level 2
   DecodeState h;
   memset(&h, 0, sizeof(h));
@@ -682,10 +510,10 @@ void enqueue_rans_v2(const uint8_t* sec_dev, const RansLayout& L, uint64_t n, Si
   HL_CUDA_CHECK(cudaMemcpyAsync(s.stream_off, offs.data() + ns, ns * sizeof(uint64_t),
                                 cudaMemcpyHostToDevice, stream));
   if (!L.escapes.empty())
-    HL_CUDA_CHECK(cudaMemcpyAsync(x.escapes, L.escapes.data(), L.escapes.size() * 4,
+    HL_CUDA_CHECK(cudaMemcpyAsync(s.escapes, L.escapes.data(), L.escapes.size() * 4,
                                   cudaMemcpyHostToDevice, stream));
-  launch_smem("rans_decode", rans_decode_kernel, hl_div_up(ns, kEncodeStreams), kDecodeThreads,
-              kEncodeSmem, stream, sec_dev, n, s.stream_len, s.stream_off, ds, s.sym,
+  launch_smem("rans_decode", rans_decode_kernel, hl_div_up(ns, kDecodeStreams), kDecodeThreads,
+              kDecodeSmem, stream, sec_dev, n, s.stream_len, s.stream_off, ds, s.sym,
               s.esc_count);
   cub_run("scan of escape counts", s.cub, [&](void* t, size_t& b) {
     return cub_exclusive_sum<uint64_t>(t, b, s.esc_count, s.esc_off, ns, stream);
@@ -693,23 +521,22 @@ void enqueue_rans_v2(const uint8_t* sec_dev, const RansLayout& L, uint64_t n, Si
   launch("rans_escape_total", rans_escape_total_kernel, 1, 1, stream, ns, s.esc_count, s.esc_off,
          ds);
   launch("rans_finish", rans_finish_kernel<Sink>, grid_for(ns, 1), kThreads, stream,
-         reinterpret_cast<const uint8_t*>(x.escapes), n, s.sym, s.esc_off, ds, sink);
+         reinterpret_cast<const uint8_t*>(s.escapes), n, s.sym, s.esc_off, ds, sink);
 }
 
 template <int DT>
-void enqueue_segment_v2(const SegmentPlan& p, const uint8_t* host_frame, const uint8_t* frame_dev,
-                        void* out_v, const DecodeScratchV2& x, DecodeState* ds,
-                        cudaStream_t stream) {
+void enqueue_segment(const SegmentPlan& p, const uint8_t* host_frame, const uint8_t* frame_dev,
+                     void* out_v, const DecodeScratch& x, DecodeState* ds, cudaStream_t stream) {
   typedef typename Elem<DT>::raw_t raw_t;
   const SegmentView& v = p.v;
   raw_t* out = static_cast<raw_t*>(out_v) + p.out_elems;
   const uint64_t R = v.n_rows, d = v.row_len, nu = v.n_unique * d;
-  const bool identity = v.flags & HL_FLAG_IDENTITY_MAP;
+  const bool identity = v.identity;
   auto on_device = [&](const uint8_t* host_p) { return frame_dev + (host_p - host_frame); };
-  DecodeScratch s = x.s;
+  DecodeScratch s = x;
   s.ds = ds;
   raw_t* u = identity ? out : reinterpret_cast<raw_t*>(s.uniq);
-  const CodeSink<DT> sink{u, 2.0 * v.eb_abs, (v.flags & HL_FLAG_LOSSLESS) != 0};
+  const CodeSink<DT> sink{u, 2.0 * v.eb_abs, v.lossless};
   if (v.level == 1 && v.radix_k) {  // parse_v2 read and checked its head: lossy, nu >= 1
     const uint64_t G = hl_div_up(nu, v.radix_g);
     const RadixSink<CodeSink<DT>> radix{sink, nu, G, v.radix_g, radix_div_of(v.radix_k)};
@@ -720,14 +547,14 @@ void enqueue_segment_v2(const SegmentPlan& p, const uint8_t* host_frame, const u
   } else if (v.level == 1) {
     unpack_section(on_device(v.code), v.code_bytes, nu, kErrCodeSection, sink, s, stream);
   } else {
-    enqueue_rans_v2(on_device(v.code), p.code, nu, sink, x, ds, stream);
+    enqueue_rans(on_device(v.code), p.code, nu, sink, x, ds, stream);
   }
   launch("scatter_outliers", scatter_outliers_kernel<DT>, grid_for(v.n_outliers, kThreads),
          kThreads, stream, on_device(v.outliers), v.n_outliers, nu, (uint32_t)v.pos_bytes,
          (uint32_t)sizeof(raw_t), u, ds);
   if (identity) return;
   if (v.map_rans) {
-    enqueue_rans_v2(on_device(v.map), p.map, R, MapSink{s.map}, x, ds, stream);
+    enqueue_rans(on_device(v.map), p.map, R, MapSink{s.map}, x, ds, stream);
     launch("new_row_flags", new_row_flags_kernel, grid_for(R, kThreads), kThreads, stream, s.map,
            R, s.prefix_max);
     cub_run("scan of new rows", s.cub, [&](void* t, size_t& b) {
@@ -747,103 +574,25 @@ void enqueue_segment_v2(const SegmentPlan& p, const uint8_t* host_frame, const u
          s.map, R, d, v.n_unique, out, ds);
 }
 
-// The v1 error messages, for segment k.
+// The FrameError of the first error bit set in segment k.
 [[noreturn]] void raise_segment_error(uint32_t err, const SegmentView& v, uint64_t k) {
-  HlFrameHeader h;
-  memset(&h, 0, sizeof(h));
-  h.n_unique = v.n_unique;
-  h.row_len = v.row_len;
-  h.code_bytes = v.code_bytes;
-  h.map_bytes = v.map_bytes;
-  try {
-    raise_decode_error(err, 0, 0, h);
-  } catch (const FrameError& e) {
-    throw FrameError(std::string(e.what()) + " (segment " + std::to_string(k) + ")");
-  }
-}
-
-void decompress_v2(const uint8_t* frame_dev, uint64_t size, void* out_dev, uint64_t out_bytes,
-                   cudaStream_t stream, bool verify_checksum) {
-  std::vector<uint8_t> host(size);
-  memcpy(host.data(), fetch(frame_dev, size, stream), size);
-  if (verify_checksum) {  // on the copy, before anything is parsed from it
-    uint64_t total = 0;
-    uint32_t stored = 0;
-    if (!v2_peek_total(host.data(), size, &total, &stored)) v2_frame_bytes(host.data(), size);
-    if (total != size)
-      throw FrameError("frame is truncated or has trailing bytes: " + std::to_string(size) +
-                       " bytes, its header says " + std::to_string(total));
-    const uint32_t crc = crc32c(host.data() + HL_V2_PREFIX, size - HL_V2_PREFIX);
-    if (crc != stored) {
-      char buf[128];
-      snprintf(buf, sizeof(buf), "frame is corrupted: CRC32C 0x%08x, its header says 0x%08x",
-               crc, stored);
-      throw FrameError(buf);
-    }
-  }
-  const FrameV2 f = parse_v2(host.data(), size);
-  std::vector<SegmentPlan> plans(f.segs.size());
-  uint64_t at = 0;
-  for (size_t k = 0; k < f.segs.size(); ++k) {
-    SegmentPlan& p = plans[k];
-    p.v = f.segs[k];
-    if (p.v.flags & HL_FLAG_DITHER)
-      throw ArgumentError("dithered frames have no CUDA decoder yet: decode them on the CPU "
-                          "(hvd_lossy.decompress does this for device frames)");
-    if (p.v.map_buckets)
-      throw ArgumentError("bucketed row maps have no CUDA decoder yet: decode them on the CPU "
-                          "(hvd_lossy.decompress does this for device frames)");
-    p.out_elems = at;
-    at += p.v.n_rows * p.v.row_len;
-    // A section whose table is borrowed (w = 0) reads the frame's first table (frame.h).
-    if (p.v.level == 2)
-      p.code = rans_layout(p.v.code, p.v.code_bytes, p.v.n_unique * p.v.row_len, true, p.v.table,
-                           p.v.table_bytes);
-    if (p.v.map_rans) p.map = rans_layout(p.v.map, p.v.map_bytes, p.v.n_rows, true);
-  }
-  const uint64_t need = f.decoded_bytes();
-  if (out_bytes != need)
-    throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
-                        " bytes, the frame decodes to " + std::to_string(need));
-  if (plans.empty()) return;
-  Workspace ws(stream);
-  DecodeScratchV2 x;
-  plan_decode_scratch_v2(f, plans, &ws, &x);
-  ws.allocate();
-  HL_CUDA_CHECK(cudaMemsetAsync(x.states, 0, plans.size() * sizeof(DecodeState), stream));
-  with_dtype(f.dtype, [&](auto dt) {
-    for (size_t k = 0; k < plans.size(); ++k)
-      enqueue_segment_v2<decltype(dt)::value>(plans[k], host.data(), frame_dev, out_dev, x,
-                                              x.states + k, stream);
-  });
-  launch("gather_errors", gather_errors_kernel, grid_for(plans.size(), kThreads), kThreads,
-         stream, x.states, (uint64_t)plans.size(), x.errors);
-  std::vector<uint32_t> errors(plans.size());
-  memcpy(errors.data(), fetch(x.errors, errors.size() * 4, stream), errors.size() * 4);
-  for (size_t k = 0; k < errors.size(); ++k)
-    if (errors[k]) raise_segment_error(errors[k], plans[k].v, k);
+  std::string what = "the row map does not number rows by first occurrence";
+  if (err & kErrCodeSection)
+    what = "the code section's blocks do not match its " + std::to_string(v.code_bytes) +
+           " bytes";
+  else if (err & kErrEntropy)
+    what = "an entropy-coded stream does not decode";
+  else if (err & kErrLosslessRange)
+    what = "a lossless code exceeds the dtype's bits";
+  else if (err & kErrOutlier)
+    what = "an outlier is out of order or out of range (" +
+           std::to_string(v.n_unique * v.row_len) + " elements)";
+  else if (err & kErrMapSection)
+    what = "the row map's blocks do not match its " + std::to_string(v.map_bytes) + " bytes";
+  throw FrameError("frame is corrupted: " + what + " (segment " + std::to_string(k) + ")");
 }
 
 }  // namespace
-
-uint32_t frame_checksum_dev(const uint8_t* frame_dev, uint64_t size, cudaStream_t stream) {
-  Workspace ws(stream);
-  DecodeState* ds;
-  ws.reserve(&ds, 1);
-  ws.allocate();
-  HL_CUDA_CHECK(cudaMemsetAsync(ds, 0, sizeof(DecodeState), stream));
-  const uint64_t word_grid = grid_for(hl_div_up(size, 8), kThreads);
-  if (reinterpret_cast<uintptr_t>(frame_dev) % 8 == 0)
-    launch("checksum", decode_checksum_kernel<true>, word_grid, kThreads, stream, frame_dev, size,
-           ds);
-  else
-    launch("checksum", decode_checksum_kernel<false>, word_grid, kThreads, stream, frame_dev, size,
-           ds);
-  uint64_t sum;
-  memcpy(&sum, fetch(&ds->sum, sizeof(sum), stream), sizeof(sum));
-  return checksum_fold(sum, size);
-}
-
 }  // namespace gpu
 
 // =============================================================================================
@@ -853,43 +602,58 @@ uint32_t frame_checksum_dev(const uint8_t* frame_dev, uint64_t size, cudaStream_
 void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uint64_t out_bytes,
                      void* stream_v, bool verify_checksum) {
   using namespace gpu;
-  if (size < 3) parse_header(nullptr, size, nullptr);  // throws "truncated"
+  check_frame_size(size);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
   DeviceScope scope(frame_dev, "the frame");
-  // The header and shape end within the first HL_HEADER_BYTES + 8 * HL_MAX_NDIM bytes.
-  uint8_t head[HL_HEADER_BYTES + 8 * HL_MAX_NDIM];
-  const uint64_t head_len = std::min<uint64_t>(size, sizeof(head));
-  memcpy(head, fetch(frame_dev, head_len, stream), head_len);
-  if (is_v2(head, head_len))
-    return decompress_v2(frame_dev, size, out_dev, out_bytes, stream, verify_checksum);
-  if (size < HL_HEADER_BYTES) parse_header(nullptr, size, nullptr);  // throws "truncated"
-  const HlFrameHeader h = parse_header(head, size, nullptr);
-  // The checksum before anything is sized from the header: a corrupted header may announce
-  // any size, and the scratch below grows with it (the CPU decoder keeps the same order).
-  if (verify_checksum) {
-    const uint32_t sum = frame_checksum_dev(frame_dev, size, stream);
-    if (sum != h.checksum) raise_decode_error(kErrChecksum, sum, h.checksum, h);
+  std::vector<uint8_t> host(size);
+  memcpy(host.data(), fetch(frame_dev, size, stream), size);
+  if (verify_checksum) {  // on the copy, before anything is parsed from it
+    const uint32_t stored = stored_crc(host.data(), size, size);
+    const uint32_t crc = crc32c(host.data() + HL_V2_PREFIX, size - HL_V2_PREFIX);
+    if (crc != stored) crc_mismatch(crc, stored);
   }
-  if (h.flags & HL_FLAG_DITHER)
-    throw ArgumentError("dithered frames have no CUDA decoder yet: decode them on the CPU "
-                        "(hvd_lossy.decompress does this for device frames)");
-  const uint64_t need = h.n_rows * h.row_len * hl_elem_bytes(h.dtype);
+
+  const FrameV2 f = parse_v2(host.data(), size);
+  std::vector<SegmentPlan> plans(f.segs.size());
+  uint64_t at = 0;
+  for (size_t k = 0; k < f.segs.size(); ++k) {
+    SegmentPlan& p = plans[k];
+    p.v = f.segs[k];
+    if (p.v.dithered)
+      throw ArgumentError("dithered frames have no CUDA decoder yet: decode them on the CPU "
+                          "(hvd_lossy.decompress does this for device frames)");
+    if (p.v.map_buckets)
+      throw ArgumentError("bucketed row maps have no CUDA decoder yet: decode them on the CPU "
+                          "(hvd_lossy.decompress does this for device frames)");
+    p.out_elems = at;
+    at += p.v.n_rows * p.v.row_len;
+    // A section whose table is borrowed (w = 0) reads the frame's first table (frame.h).
+    if (p.v.level == 2)
+      p.code = rans_layout(p.v.code, p.v.code_bytes, p.v.n_unique * p.v.row_len, p.v.table,
+                           p.v.table_bytes);
+    if (p.v.map_rans) p.map = rans_layout(p.v.map, p.v.map_bytes, p.v.n_rows);
+  }
+  const uint64_t need = f.decoded_bytes();
   if (out_bytes != need)
     throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
                         " bytes, the frame decodes to " + std::to_string(need));
-
-  // Scratch is now bounded by what the caller already holds: the frame and out_bytes.
+  if (plans.empty()) return;
   Workspace ws(stream);
-  DecodeScratch s;
-  plan_decode_scratch(h, &ws, &s);
+  DecodeScratch x;
+  plan_decode_scratch(f, plans, &ws, &x);
   ws.allocate();
-  HL_CUDA_CHECK(cudaMemsetAsync(s.ds, 0, sizeof(DecodeState), stream));
-  with_dtype(h.dtype, [&](auto dt) {
-    enqueue_decode<decltype(dt)::value>(h, frame_dev, out_dev, s, stream);
+  HL_CUDA_CHECK(cudaMemsetAsync(x.states, 0, plans.size() * sizeof(DecodeState), stream));
+  with_dtype(f.dtype, [&](auto dt) {
+    for (size_t k = 0; k < plans.size(); ++k)
+      enqueue_segment<decltype(dt)::value>(plans[k], host.data(), frame_dev, out_dev, x,
+                                           x.states + k, stream);
   });
-  uint32_t verdict[2];  // DecodeState's error word and computed checksum
-  memcpy(verdict, fetch(s.ds, sizeof(verdict), stream), sizeof(verdict));
-  if (verdict[0]) raise_decode_error(verdict[0], verdict[1], h.checksum, h);
+  launch("gather_errors", gather_errors_kernel, grid_for(plans.size(), kThreads), kThreads,
+         stream, x.states, (uint64_t)plans.size(), x.errors);
+  std::vector<uint32_t> errors(plans.size());
+  memcpy(errors.data(), fetch(x.errors, errors.size() * 4, stream), errors.size() * 4);
+  for (size_t k = 0; k < errors.size(); ++k)
+    if (errors[k]) raise_segment_error(errors[k], plans[k].v, k);
 }
 
 }  // namespace hl

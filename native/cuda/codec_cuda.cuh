@@ -1,6 +1,6 @@
-// Internal pieces of the CUDA codec (codec_cuda.cu): error checks, kernel launches, the
-// stream-ordered workspace, pinned staging for the few device-to-host copies, little-endian byte
-// access.
+// Internal host-side pieces of the CUDA codec (native/cuda/): error checks, kernel launches,
+// the stream-ordered workspace and pinned staging for the few device-to-host copies (runtime.cu),
+// and what the stages call of each other.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,16 +12,11 @@
 
 #include "codec.h"
 #include "codec_common.h"
+#include "codec_cuda.h"
+#include "v2_frames.h"
 
 namespace hl {
 namespace gpu {
-
-// The encoder rules shared with the CPU codec (kOutlierMark, dedup_applies, dedup_pays,
-// rans_symbol) live in codec_common.h.
-
-// Worst case of one entropy-coded stream: its 4-byte state, then at most 2 bytes a code (a
-// renormalization emits bytes while x >= 2^19 * freq >= 2^19, and x < 2^31).
-constexpr uint64_t kRansSlotBytes = 4 + 2 * (uint64_t)HL_RANS_CHUNK;
 
 // ---- errors and launches --------------------------------------------------------------------
 
@@ -119,10 +114,10 @@ void* pool_alloc(uint64_t bytes, cudaStream_t stream);
 // stream: the one blocking point of each entry point. Returns the staging buffer.
 const void* fetch(const void* src_dev, uint64_t bytes, cudaStream_t stream);
 
-// ---- format-2 segments (codec_cuda.cu), framed by codec_cuda_v2.cu --------------------------
+// ---- segments (encode.cu), framed by frames.cu ----------------------------------------------
 
 // One segment for the device encoder: a tensor of `shape` at x_dev coded with p (level 1, no
-// dither: the host codec writes the others), its payload (map, code, v2 outliers) written at
+// dither: the host codec writes the others), its payload (map, code, outliers) written at
 // payload_dev, which has room for segment_slot_bytes(shape).
 struct SegmentJob {
   const void* x_dev;
@@ -130,13 +125,11 @@ struct SegmentJob {
   std::vector<int64_t> shape;
   uint8_t* payload_dev;
 };
-// What the device found: the descriptor's fields and the payload's size.
-struct SegmentResult {
-  uint64_t payload_bytes = 0, n_unique = 0, n_outliers = 0, map_bytes = 0, code_bytes = 0;
-  uint32_t bound = 0;  // hl_bound_code, 0 when lossless
-  bool lossless = false, identity = true;
-  bool bound_overflow = false;  // a relative bound times the range overflowed a double
-  int packing = 0;              // Level1Packing of the code section
+// What the device found of a segment (the descriptor's fields and the payload's size), and
+// whether a relative bound times the finite range [lo, hi] overflowed a double.
+struct SegmentResult : SegmentFound {
+  bool bound_overflow = false;
+  double lo = 0, hi = 0;
 };
 uint64_t segment_slot_bytes(const std::vector<int64_t>& shape);
 // Enqueues every segment on the stream and returns once their results are on the host (one
@@ -144,18 +137,21 @@ uint64_t segment_slot_bytes(const std::vector<int64_t>& shape);
 std::vector<SegmentResult> encode_segments(const std::vector<SegmentJob>& segs,
                                            cudaStream_t stream);
 
-// compress_cuda of format 2 (codec_cuda_v2.cu): one tensor as a v2 frame of one segment.
-uint64_t compress_v2_cuda(const void* input_dev, const CompressParams& p,
-                          const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
-                          cudaStream_t stream);
+// ---- checks (check.cu) -----------------------------------------------------------------------
 
-// hl_checksum of a v1 frame on the device, its checksum field read as zero (codec_cuda.cu).
-uint32_t frame_checksum_dev(const uint8_t* frame_dev, uint64_t size, cudaStream_t stream);
 // XORs the piece terms (frame_v2_codec.h) of the n device bytes at p_dev into *terms_dev, on
-// the stream; crc32c_finish(terms, n) is their CRC32C (codec_cuda_check.cu).
+// the stream; crc32c_finish(terms, n) is their CRC32C.
 void crc32c_terms_dev(const uint8_t* p_dev, uint64_t n, uint32_t* terms_dev, cudaStream_t stream);
-// CRC32C of n device bytes (codec_cuda_check.cu).
+// CRC32C of n device bytes.
 uint32_t crc32c_dev(const uint8_t* p_dev, uint64_t n, cudaStream_t stream);
+// FrameError ("truncated", as the CPU decoder says) for fewer bytes than any frame has, before
+// anything is read from the device.
+void check_frame_size(uint64_t size);
+// The CRC32C a frame of `size` bytes stores, from its first head_len bytes; FrameError unless
+// they are a frame's and its total is `size`.
+uint32_t stored_crc(const uint8_t* head, uint64_t head_len, uint64_t size);
+// FrameError naming both CRCs, as verify_v2 (frame_v2.h) does.
+[[noreturn]] void crc_mismatch(uint32_t computed, uint32_t stored);
 
 }  // namespace gpu
 }  // namespace hl

@@ -1,0 +1,50 @@
+// The CUDA entry points of the hvd_lossy codec (only when built with HL_WITH_CUDA): the
+// contracts of the CPU functions in codec.h, byte-identical frames; every pointer is
+// device memory except `rows`, `trailing`, `error_bounds`, `groups`, `shape` and the returned
+// sizes. `stream` is a cudaStream_t. The functions enqueue their work on the stream; they return
+// once the frame sizes are known on the host (one device-to-host copy of the sizes), never
+// syncing the device.
+#pragma once
+
+#include <stdint.h>
+
+#include <string>
+#include <vector>
+
+#include "codec.h"
+
+namespace hl {
+
+// compress_into_cpu on the device (cuda/frames.cu): the same layout, sizes and bytes, every
+// group's frame written into out_dev (capacity out_cap, at least max_grouped_bytes(rows,
+// trailing, groups, prefix_bytes)) and sealed on the device. Level 1 without dither only
+// (ArgumentError otherwise: the CPU encoder codes those; hvd_lossy's Python layer copies such
+// tensors to the host). No statistics.
+std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressParams& p,
+                                         const std::vector<int64_t>& rows,
+                                         const std::vector<int64_t>& trailing,
+                                         const std::vector<double>& error_bounds,
+                                         const std::vector<int64_t>& groups,
+                                         uint64_t prefix_bytes, uint8_t* out_dev, uint64_t out_cap,
+                                         void* stream, const std::string& ext = std::string(),
+                                         std::vector<uint64_t>* group_bytes = nullptr);
+// One tensor of any shape (0-d included) as a frame of one segment, as compress_cpu writes it;
+// returns its size. Level 1 without dither only, as compress_into_cuda.
+uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
+                       const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
+                       void* stream);
+// Decodes a frame into out_dev (out_bytes, exactly what it decodes to): the frame is copied to
+// the host, its size and CRC32C verified there before it is parsed, and the segments decode on
+// the device. verify_checksum false: verify_cuda has already checked it. Throws FrameError, or
+// ArgumentError for dithered segments and bucketed row maps (no CUDA decoder yet).
+void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uint64_t out_bytes,
+                     void* stream, bool verify_checksum = true);
+// Verifies a device frame before the caller allocates anything for it: its first bytes (the
+// size and the CRC32C) are copied to the host, then the CRC32C over the whole frame is
+// computed on the device (frame_v2_codec.h's piecewise form). Device memory used: a few bytes of
+// state. Throws FrameError naming the fault.
+void verify_cuda(const uint8_t* frame_dev, uint64_t size, void* stream);
+// CRC32C of n device bytes at p_dev, computed on the device (tests and verify_cuda).
+uint32_t crc32c_cuda(const uint8_t* p_dev, uint64_t n, void* stream);
+
+}  // namespace hl
