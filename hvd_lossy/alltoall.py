@@ -128,7 +128,7 @@ class Alltoall(LossyCall):
         plans = [self._pieces(dests) for dests, _rows in parts]
         groups = [[sum(1 for p in pieces if p[0] == d) for d in dests]
                   for (dests, _rows), pieces in zip(parts, plans)]
-        cap = sum(hvd_lossy.max_grouped_bytes([p[1] for p in pieces], trailing, g, 0, format=2)
+        cap = sum(hvd_lossy.max_grouped_bytes([p[1] for p in pieces], trailing, g, 0)
                   for pieces, g in zip(plans, groups))
         send = torch.empty(cap, dtype=torch.uint8, device=self.device)
         sizes, offset, chunk_bytes = [], 0, []
@@ -139,7 +139,7 @@ class Alltoall(LossyCall):
                 got, frames = hvd_lossy.compress_grouped(
                     rows.detach(), [p[1] for p in pieces], [p[2] for p in pieces], g,
                     0, send, offset, mode=c.mode, level=c.level, dedup=c.dedup,
-                    dither=seed, format=2, extension=ext, stats=stats)
+                    dither=seed, extension=ext, stats=stats)
             except Exception as e:
                 raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
             if seed is not None:

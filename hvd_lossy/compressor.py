@@ -255,8 +255,7 @@ class LossyCompressor(Compressor):
             (frame, ctx): frame a 1-D torch.uint8 tensor, ctx the input dtype.
         """
         frame = hvd_lossy.compress(tensor, self.error_bound, mode=self.mode, level=self.level,
-                                   dedup=self.dedup, dither=self.next_dither_seed(*_world()),
-                                   format=2)
+                                   dedup=self.dedup, dither=self.next_dither_seed(*_world()))
         return frame, tensor.dtype
 
     def decompress(self, frame, ctx):

@@ -48,13 +48,13 @@ class Allgather(LossyCall):
         rows, trailing = [t.shape[0]], list(t.shape[1:])
         ext = chunk_header.extension(header(t, None, 0, 0, self.pending, self.grank,
                                             self.settings))
-        send = torch.empty(hvd_lossy.max_grouped_bytes(rows, trailing, [1], 0, format=2),
+        send = torch.empty(hvd_lossy.max_grouped_bytes(rows, trailing, [1], 0),
                            dtype=torch.uint8, device=self.device)
         try:
             _sizes, (nbytes,) = hvd_lossy.compress_grouped(
                 t, rows, [c.error_bound], [1], 0, send, 0, mode=c.mode, level=c.level,
                 dedup=c.dedup, dither=c.next_dither_seed(self.grank, self.backend.global_size()),
-                format=2, extension=ext)
+                extension=ext)
         except Exception as e:
             raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
         limit = per_rank_limit(self.size)
@@ -179,7 +179,7 @@ class Broadcast(LossyCall):
             # of that shape is corrupt: every rank sees the same header and refuses alike.
             dtype, trailing = like_of(self.meta[0])
             rows = self.meta[0][ROWS]
-            worst = hvd_lossy.max_grouped_bytes([rows], trailing, [1], 0, format=2)
+            worst = hvd_lossy.max_grouped_bytes([rows], trailing, [1], 0)
             if not 0 <= nbytes <= worst:
                 raise RankError(f"hvd_lossy broadcast failed on every rank: rank {self.root_rank} "
                                 f"announced a frame of {nbytes} bytes, expected 0 to {worst} "

@@ -429,9 +429,8 @@ def _one_frame(x, plan):
     """The plan's pieces of x as the alltoall codes a destination's: one format-2 frame, and
     each piece's share of its bytes."""
     rows, bounds = [p[1] for p in plan], [p[2] for p in plan]
-    out = torch.empty(hvd_lossy.max_grouped_bytes(rows, list(x.shape[1:]), [len(plan)], 0,
-                                                  format=2), dtype=torch.uint8)
-    sizes = hvd_lossy.compress_grouped(x, rows, bounds, [len(plan)], 0, out, format=2)
+    out = torch.empty(hvd_lossy.max_grouped_bytes(rows, list(x.shape[1:]), [len(plan)], 0), dtype=torch.uint8)
+    sizes = hvd_lossy.compress_grouped(x, rows, bounds, [len(plan)], 0, out)
     return out[:sum(sizes)], sizes
 
 

@@ -110,17 +110,17 @@ def test_a_sized_header_frame_announces_a_tensor_and_a_frame_that_travel_apart(t
 def test_every_group_gets_a_frame_with_the_extension_an_empty_one_none_of_segments():
     x = lookups(rows=96, dim=32)
     rows, groups, ext = [30, 10, 56], [2, 0, 1], C.extension(fields())
-    out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, [32], groups, 0, format=2),
+    out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, [32], groups, 0),
                       dtype=torch.uint8)
     sizes, frames = hvd_lossy.compress_grouped(x, rows, [0.03, 0.02, 0.01], groups, 0, out,
-                                               format=2, level=2, extension=ext)
+                                               level=2, extension=ext)
     assert len(sizes) == 3 and len(frames) == 3 and sizes[0] + sizes[1] == frames[0]
     at = [0, frames[0], frames[0] + frames[1]]
     heads = _codec.chunk_heads(out, list(zip(at, frames)), verify=True)
     assert [h[3] for h in heads] == [40, 0, 56] and all(h[6] == ext for h in heads)
     last = out[at[2]:at[2] + frames[2]]
     assert torch.equal(hvd_lossy.decompress(last), hvd_lossy.decompress(
-        hvd_lossy.compress_chunks(x[40:], [56], 0.01, level=2, format=2)[0]))
+        hvd_lossy.compress_chunks(x[40:], [56], 0.01, level=2)[0]))
 
 
 def test_every_corrupted_byte_or_truncation_of_a_chunk_is_caught():
@@ -192,7 +192,7 @@ def test_an_extension_past_the_limit_or_empty_is_refused():
     x = lookups(rows=8, dim=4)
     out = torch.zeros(4096, dtype=torch.uint8)
     with pytest.raises(ValueError, match="at most 127"):
-        hvd_lossy.compress_grouped(x, [8], [0.03], [1], 0, out, format=2, extension=b"x" * 128)
+        hvd_lossy.compress_grouped(x, [8], [0.03], [1], 0, out, extension=b"x" * 128)
     with pytest.raises(ValueError, match="empty"):
-        hvd_lossy.compress_grouped(x, [8], [0.03], [1], 0, out, format=2, extension=b"")
+        hvd_lossy.compress_grouped(x, [8], [0.03], [1], 0, out, extension=b"")
     assert np.frombuffer(_codec.empty_frame(torch.float16, [], b"x" * 127), np.uint8).size < 150

@@ -123,8 +123,7 @@ def test_segments_bound_each_table_by_its_own_range():
     wide, narrow = torch.rand(4, 8) * 2 - 1, torch.rand(4, 8) * 0.002 - 0.001
     chunk = torch.cat([wide, narrow])
     plan = Compression.lossy(0.03, segments=2).plan([8])
-    frame, _ = hvd_lossy.compress_chunks(chunk, [r for _, r, _ in plan], [e for _, _, e in plan],
-                                         format=2)
+    frame, _ = hvd_lossy.compress_chunks(chunk, [r for _, r, _ in plan], [e for _, _, e in plan])
     narrow_back = hvd_lossy.decompress(frame)[4:]
     assert float((narrow_back - narrow).abs().max()) <= 0.03 * float(narrow.max() - narrow.min())
 

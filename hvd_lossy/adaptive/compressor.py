@@ -39,7 +39,7 @@ def _segment_header_bytes(trailing):
     """A piece's bytes that do not scale with its bound, for the rate model: the worst-case
     descriptor of one more segment in a destination's frame (the frame's own header is shared
     by its pieces)."""
-    one, two = (hvd_lossy.max_grouped_bytes([0] * n, trailing, [n], 0, format=2) for n in (1, 2))
+    one, two = (hvd_lossy.max_grouped_bytes([0] * n, trailing, [n], 0) for n in (1, 2))
     return two - one
 
 

@@ -82,7 +82,7 @@ def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None):
     piece goes in one frame, as the all-to-all sends a destination."""
     hvd_lossy.set_num_threads(1)
     torch.set_num_threads(1)
-    kw = dict(level=level, dedup=dedup, dither=dither, format=2)
+    kw = dict(level=level, dedup=dedup, dither=dither)
     if len(rows) == 1:
         compress = lambda: hvd_lossy.compress(x, eb, **kw)  # noqa: E731
     else:
@@ -118,7 +118,7 @@ def bench_fresh_memory(x, eb, repeat):
     (cache off), and a torch.empty tensor (4 KiB pages, faulted in by the decoder)."""
     hvd_lossy.set_num_threads(1)
     torch.set_num_threads(1)
-    frame = hvd_lossy.compress(x, eb, format=2)
+    frame = hvd_lossy.compress(x, eb)
     limit, _ = _codec.output_cache_bytes()
 
     def uncached():
@@ -144,7 +144,7 @@ def bench_threads(x, rows, eb, repeat, level=1):
     """1 vs 2 threads on one call of len(rows) pieces, compress and decode (into a reused tensor
     and into new ones), interleaved."""
     torch.set_num_threads(1)
-    buf, sizes = hvd_lossy.compress_chunks(x, rows, eb, level=level, format=2)
+    buf, sizes = hvd_lossy.compress_chunks(x, rows, eb, level=level)
     out = torch.empty_like(x)
 
     def with_threads(n, fn):
@@ -155,8 +155,7 @@ def bench_threads(x, rows, eb, repeat, level=1):
 
     fns = []
     for n in (1, 2):
-        fns += [with_threads(n, lambda: hvd_lossy.compress_chunks(x, rows, eb, level=level,
-                                                                  format=2)),
+        fns += [with_threads(n, lambda: hvd_lossy.compress_chunks(x, rows, eb, level=level)),
                 with_threads(n, lambda: hvd_lossy.decompress_chunks(buf, sizes)),
                 with_threads(n, lambda n=n: decode_into(buf, out, n))]
     t = paired_medians(fns, repeat)

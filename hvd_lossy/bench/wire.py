@@ -87,8 +87,7 @@ def codec_alone(rows_list):
         x, _ = message(ids, cards, 0, RANKS, rows)
         chunk = x[x.shape[0] // RANKS:].contiguous()
         raw = chunk.numel() * 4
-        nbytes = hvd_lossy.compress_chunks(chunk, [rows] * TABLES, 0.03, level=2,
-                                           format=2)[0].numel()
+        nbytes = hvd_lossy.compress_chunks(chunk, [rows] * TABLES, 0.03, level=2)[0].numel()
         out[str(rows)] = {"raw": raw, "bytes": nbytes, "ratio": raw / nbytes}
     return out
 

@@ -221,12 +221,12 @@ def test_chunks_adding_up_past_the_per_call_limit_raise_everywhere():
     x = torch.randn(4 * N, 8, generator=torch.Generator().manual_seed(R))
     # The alltoall's chunk: one format-2 frame with the protocol's extension (at most 40
     # bytes more than the frame alone).
-    chunk = 40 + hvd_lossy.compress(x[:4], 0.02, format=2).numel()
+    chunk = 40 + hvd_lossy.compress(x[:4], 0.02).numel()
     assert hvd_lossy.protocol.per_rank_limit(N) == (2 ** 31 - 1) // N
     expect_rank_error(lambda: with_limit(chunk + 1, lambda: hvd.alltoall(x, compression=LOSSY)),
                       "exceed what one destination may take in a call", "int32")
     # The allgather's contribution: one frame of the whole tensor, more than 4 rows'.
-    chunk = 40 + hvd_lossy.compress(x[:4], 0.02, format=2).numel()
+    chunk = 40 + hvd_lossy.compress(x[:4], 0.02).numel()
     expect_rank_error(lambda: with_limit(chunk + 1, lambda: hvd.allgather(x, compression=LOSSY)),
                       "bytes one rank may send in a call", "int32")
 
