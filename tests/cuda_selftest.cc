@@ -85,6 +85,19 @@ uint64_t max_frame(const std::vector<int64_t>& shape) {
   return hl::max_grouped_bytes({shape.empty() ? 1 : shape[0]}, trailing, {1}, 0);
 }
 
+// The CPU encoder's frame of one tensor into out (capacity cap), as the CUDA one writes it.
+uint64_t compress_cpu(const void* in, const hl::CompressParams& p,
+                      const std::vector<int64_t>& shape, uint8_t* out, uint64_t cap) {
+  return hl::compress_shape_alloc_cpu(
+      in, p, shape,
+      [&](uint64_t n) {
+        if (n > cap) throw std::runtime_error("frame of " + std::to_string(n) +
+                                              " bytes exceeds max_frame's " + std::to_string(cap));
+        return out;
+      },
+      1);
+}
+
 uint32_t raw_of(uint8_t dtype, double v) {
   float f = (float)v;
   if (dtype == HL_FLOAT32) return hl::f32_bits(f);
@@ -178,7 +191,7 @@ void run_case(const Case& c) {
   std::string cpu_err, gpu_err;
   uint64_t cpu_size = 0, gpu_size = 0;
   try {
-    cpu_size = hl::compress_cpu(c.data.data(), c.p, c.shape, cpu.data(), cap, 1);
+    cpu_size = compress_cpu(c.data.data(), c.p, c.shape, cpu.data(), cap);
   } catch (const std::exception& e) {
     cpu_err = e.what();
   }
@@ -267,7 +280,7 @@ void run_tampered(std::mt19937_64& rng, int trials) {
     c.p.dedup = true;
     c.p.dither = false;
     std::vector<uint8_t> frame(max_frame(c.shape));
-    frame.resize(hl::compress_cpu(c.data.data(), c.p, c.shape, frame.data(), frame.size(), 1));
+    frame.resize(compress_cpu(c.data.data(), c.p, c.shape, frame.data(), frame.size()));
     for (int t = 0; t < trials; ++t) {
       std::vector<uint8_t> bad = frame;
       for (int k = 1 + (int)(rng() % 4); k > 0; --k)
@@ -297,7 +310,7 @@ void run_checks(std::mt19937_64& rng, int trials) {
   while (c.shape.empty()) c = random_case(rng, 20000);
   c.p.dither = false;
   std::vector<uint8_t> frame(max_frame(c.shape));
-  frame.resize(hl::compress_cpu(c.data.data(), c.p, c.shape, frame.data(), frame.size(), 1));
+  frame.resize(compress_cpu(c.data.data(), c.p, c.shape, frame.data(), frame.size()));
   Dev f(frame.size());
   auto verdict = [&](const std::vector<uint8_t>& bytes, uint64_t size) {
     f.put(bytes.data(), bytes.size());

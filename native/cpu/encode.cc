@@ -87,7 +87,7 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
 SegmentDesc segment_desc(const Prepared& f, uint8_t mode, uint8_t dtype) {
   const Sections& s = f.s;
   SegmentDesc d;
-  // the CUDA encoder's descriptors take their flags from the same function (codec_cuda_v2.cu)
+  // the CUDA encoder's descriptors take their flags from the same function (common/v2_frames.h)
   d.flags = v2_segment_flags(s.level == 2, f.lossless, s.n_unique == f.n_rows,
                              s.outliers.size(), mode == HL_MODE_REL, f.dithered, s.map_rans,
                              s.map_buckets);

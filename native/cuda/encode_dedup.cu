@@ -55,8 +55,8 @@ __global__ void row_hash_kernel(const typename Elem<DT>::raw_t* x, const uint32_
   }
 }
 
-// same_row (codec_cpu.cc), one warp: codes equal and, where a row holds outliers (lossy only),
-// raw bits equal at the outlier positions.
+// The CPU's rule for rows that share codes (cpu/quantize.cc), one warp: codes equal and, where
+// a row holds outliers (lossy only), raw bits equal at the outlier positions.
 template <int DT>
 __device__ bool rows_equal(const typename Elem<DT>::raw_t* x, const uint32_t* codes, uint64_t d,
                            uint64_t a, uint64_t b, bool lossy) {
