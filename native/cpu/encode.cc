@@ -280,15 +280,8 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
                                         std::vector<uint64_t>* group_bytes, double* stats) {
   CompressParams q = p;
   q.want_range = q.want_range || stats != nullptr;
-  const Pieces c = plan_pieces(q, rows, trailing, error_bounds);
-  check_groups(groups, rows.size());
-  if (ext.size() > HL_V2_MAX_EXT)
-    throw ArgumentError("a frame extension of " + std::to_string(ext.size()) +
-                        " bytes, at most " + std::to_string(HL_V2_MAX_EXT) + " fit");
-  const uint64_t need = grouped_bound(c, groups.size(), prefix_bytes);
-  if (need > out_cap)
-    throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
-                        " bytes, the frames may need " + std::to_string(need));
+  const Pieces c =
+      plan_grouped(q, rows, trailing, error_bounds, groups, prefix_bytes, ext, out_cap);
   auto place = [&](uint64_t) { return out; };
   return build_and_place(input, q, c, groups, prefix_bytes, place, resolve_threads(threads), ext,
                          trailing, group_bytes, stats);

@@ -132,15 +132,8 @@ std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressPa
                                          std::vector<uint64_t>* group_bytes) {
   using namespace gpu;
   check_device_params(p);
-  const Pieces c = plan_pieces(p, rows, trailing, error_bounds);
-  check_groups(groups, rows.size());
-  if (ext.size() > HL_V2_MAX_EXT)
-    throw ArgumentError("a frame extension of " + std::to_string(ext.size()) +
-                        " bytes, at most " + std::to_string(HL_V2_MAX_EXT) + " fit");
-  const uint64_t need = grouped_bound(c, groups.size(), prefix_bytes);
-  if (need > out_cap)
-    throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
-                        " bytes, the frames may need " + std::to_string(need));
+  const Pieces c =
+      plan_grouped(p, rows, trailing, error_bounds, groups, prefix_bytes, ext, out_cap);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
   DeviceScope scope(out_dev, "the output buffer");
   Layout lay = encode_frames(static_cast<const uint8_t*>(input_dev), c, groups, prefix_bytes, ext,
