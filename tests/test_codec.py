@@ -694,6 +694,9 @@ def test_codec_benchmark_reports_speeds_beside_the_fp16_cast_and_thread_scaling(
                                             "decompress_torch_empty_GBps"}
     for t in results["threads"]:
         assert t["compress_speedup_2t"] == pytest.approx(t["compress_GBps_2t"] / t["compress_GBps_1t"])
+    # every figure travels with the kernel path that produced it and the CPU's SIMD flags
+    assert results["cpu"]["simd_level"] == hvd_lossy._C.simd_level()
+    assert isinstance(results["cpu"]["simd_flags"], list)
 
 
 def test_a_forked_child_compresses_and_decodes_on_its_own_threads(tmp_path):

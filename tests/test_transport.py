@@ -197,6 +197,7 @@ def test_alltoall_benchmark_reports_wire_bytes_and_the_target(tmp_path):
     assert by_method["plain"]["wire_bytes"] == by_method["plain"]["message_bytes"] / 2
     assert by_method["fp16"]["reduction"] == 2.0
     assert report["target"]["worst"] == by_method["lossy 0.03"]["reduction"] > 1
+    assert report["cpu"]["simd_level"] in (0, 1, 2)  # the kernel path beside the figures
 
 
 class _FakeSet:

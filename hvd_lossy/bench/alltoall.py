@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from hvd_lossy.bench import _cli
+from hvd_lossy.bench import _cli, machine
 from hvd_lossy.bench.criteo import BUNDLED, N_SPARSE, load_sparse_ids, uniform_tables
 
 DIM = 32
@@ -185,6 +185,7 @@ def main(argv=None):
               f"this run: --frames {args.frames}, {hvd.size()} rank(s))")
     if args.json:
         report = {"benchmark": "alltoall", "date": datetime.date.today().isoformat(),
+                  "cpu": machine.describe(),
                   "command": "mpirun -np %d python -m hvd_lossy.bench alltoall %s" % (hvd.size(), " ".join(argv or sys.argv[2:])),
                   "ranks": hvd.size(), "dim": DIM, "level": args.level, "data": str(BUNDLED.relative_to(BUNDLED.parents[2])),
                   "target": {"eb": TARGET_EB, "min_reduction": TARGET_RATIO, "worst": worst, "met": met},

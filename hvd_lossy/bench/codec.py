@@ -33,7 +33,7 @@ import torch
 
 import hvd_lossy
 from hvd_lossy import _C, _codec
-from hvd_lossy.bench import _cli
+from hvd_lossy.bench import _cli, machine
 from hvd_lossy.bench.criteo import criteo_batch_lookups, realistic_lookups, synthetic_lookups
 
 
@@ -257,6 +257,7 @@ def main(argv=None):
 
     results = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(),
                "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+               "cpu": machine.describe(),
                "torch": torch.__version__, "error_bound_rel": args.error_bound,
                "repeat": args.repeat, "load_average_before": os.getloadavg(), "runs": [],
                "threads": []}
@@ -281,6 +282,7 @@ def main(argv=None):
     print_table(results)
     if "fresh_memory" in results:
         print_fresh(results["fresh_memory"])
+    print(machine.summary(results["cpu"]))
     print(f"load average before / after: {results['load_average_before'][0]:.2f} / "
           f"{results['load_average_after'][0]:.2f} (on {results['cores']} cores)")
     if args.json:

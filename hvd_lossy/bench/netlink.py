@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 
-from hvd_lossy.bench import _cli
+from hvd_lossy.bench import _cli, machine
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "dlrm" / "train.py"
@@ -595,6 +595,7 @@ def meta(opts, argv):
     return {"benchmark": "netlink", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m hvd_lossy.bench netlink " + " ".join(argv),
             "machine": {"cpus": os.cpu_count(), "host": os.uname().nodename},
+            "cpu": machine.describe(),
             "link": {"qdisc": "tbf rate <R>gbit " + " ".join(TBF), "unlimited": "no qdisc",
                      "transport": "mpirun --mca btl tcp,self over the namespace's lo"},
             "horovod": {"cycle_time_ms": opts.cycle_time, "fusion_mb": opts.fusion_mb,

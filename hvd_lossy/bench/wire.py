@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from hvd_lossy.bench import netlink
+from hvd_lossy.bench import machine, netlink
 
 WORKER = pathlib.Path(__file__).resolve().parent / "netlink_worker.py"
 RANKS, TABLES, DIM = 2, 13, 32
@@ -105,7 +105,7 @@ def main(argv=None):
     missing = netlink.missing_requirements()
     if missing:
         sys.exit(f"wire: cannot run: {missing}")
-    report = {"benchmark": "wire", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    report = {"benchmark": "wire", "cpu": machine.describe(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "command": "python -m hvd_lossy.bench.wire " + " ".join(argv or sys.argv[1:]),
               "ranks": RANKS, "tables": TABLES, "dim": DIM, "modes": MODES,
               "load_average": os.getloadavg(), "trees": {}}

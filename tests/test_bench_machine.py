@@ -1,0 +1,50 @@
+"""Every benchmark record says what it ran on: the CPU's SIMD flags and the kernel path the
+codec chose (hvd_lossy.bench.machine), so figures from machines with and without AVX-512 can be
+told apart."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import hvd_lossy
+from hvd_lossy.bench import machine
+
+REPO = Path(__file__).resolve().parents[1]
+
+AVX2_ONLY = """processor\t: 0
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse sse2 sse4_1 sse4_2 avx bmi1 avx2 bmi2 fma
+
+processor\t: 1
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse sse2 sse4_1 sse4_2 avx bmi1 avx2 bmi2 fma
+"""
+
+
+def test_describe_lists_the_codecs_simd_flags_and_the_model_from_cpuinfo(tmp_path):
+    path = tmp_path / "cpuinfo"
+    path.write_text(AVX2_ONLY)
+    info = machine.describe(str(path))
+    assert info["cpu"] == "AMD EPYC 7B13"
+    assert info["simd_flags"] == ["sse4_2", "avx", "avx2", "bmi2"]  # no fpu, sse, fma: not ours
+    assert info["simd_level"] == hvd_lossy._C.simd_level()
+    assert info["simd_path"] == machine.SIMD_LEVELS[info["simd_level"]]
+
+
+def test_describe_without_cpuinfo_still_names_the_kernel_path(tmp_path):
+    info = machine.describe(str(tmp_path / "missing"))
+    assert info["simd_flags"] == [] and info["simd_level"] in machine.SIMD_LEVELS
+    assert "none of" in machine.summary(info)
+
+
+def test_a_forced_kernel_path_is_recorded_with_the_level_it_gives():
+    env = dict(os.environ, HVD_LOSSY_NO_AVX512="1", PYTHONPATH=str(REPO))
+    code = ("import json; from hvd_lossy.bench import machine; "
+            "print(json.dumps(machine.describe()))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, check=True,
+                         capture_output=True, text=True).stdout
+    import json
+    info = json.loads(out)
+    assert info["simd_forced"] == {"HVD_LOSSY_NO_AVX512": "1"}
+    assert info["simd_level"] <= 1  # AVX2 at most, whatever the CPU has
+    assert "HVD_LOSSY_NO_AVX512=1" in machine.summary(info)
