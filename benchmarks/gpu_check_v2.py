@@ -24,13 +24,28 @@ raise FrameError naming the CRC32C, and a sealed frame of 4 TiB must raise Frame
 max_output_bytes, each without growing device memory (torch's peak and the driver's free memory,
 both before and after).
 """
+import pathlib
 import re
 import struct
+import sys
+
+from hvd_lossy._bytes import uvarint as _varint
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _crc32c(ptr, n):
+    """CRC32C of n bytes at ptr by the test hooks (tests/_hooks.py builds them; the shipped _C
+    has no checksum entry point), to seal forged frames so that the checks behind them run."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests._hooks import hooks
+    return hooks().crc32c(ptr, n)
 
 
 def _sealed(frame, torch, _C):
     frame = frame.clone()
-    c = _C.crc32c(frame.data_ptr() + 7, frame.numel() - 7, False)
+    c = _crc32c(frame.data_ptr() + 7, frame.numel() - 7)
     frame[3:7] = torch.tensor(list(c.to_bytes(4, "little")), dtype=torch.uint8)
     return frame
 
@@ -99,15 +114,6 @@ def limits(torch, hvd_lossy, _C, device):
     return ok, out
 
 
-def _varint(v):
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
 def _block_packed(values):
     """frame.h "Packed integer arrays" of the values (tests/test_radix.py has the same)."""
     values = list(values) + [0] * (-len(values) % 32)
@@ -126,7 +132,7 @@ def _sealed_radix(torch, _C, k, g, values):
     total = 7 + len(_varint(7 + 2 + len(body))) + len(body)
     rest = _varint(total) + body
     buf = torch.frombuffer(bytearray(rest), dtype=torch.uint8)
-    crc = _C.crc32c(buf.data_ptr(), len(rest), False)
+    crc = _crc32c(buf.data_ptr(), len(rest))
     return torch.frombuffer(bytearray(b"HV\x02" + struct.pack("<I", crc) + rest), dtype=torch.uint8)
 
 

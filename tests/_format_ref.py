@@ -1,6 +1,6 @@
 """frame.h's building blocks written again from the spec, for tests that compare the codec's
-bytes with what the format describes (benchmarks/gpu_check_v2.py keeps its own copy: it runs on
-a machine without the tests)."""
+bytes with what the format describes. Written apart from hvd_lossy/_bytes.py on purpose: a
+reference that shared the product's code could not catch its mistakes."""
 import struct
 
 
