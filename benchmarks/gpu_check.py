@@ -17,7 +17,7 @@ Stages (each logged, each result written to <out>/gpu_check.json as soon as it i
              thousands of random frames against the CPU codec.
   tests      pytest tests/test_cuda.py (frames byte-identical to the CPU codec, cross decoding,
              the bound, corrupted frames), tests/test_cuda_encoder.py (the CUDA encoder's frames
-             against the CPU's, path by path) and tests/test_format_v2.py (golden frames).
+             against the CPU's, path by path) and tests/test_frame_format.py (golden frames).
   benchmark  compress/decompress timed with CUDA events (warm-up, median of --repeat) on
                synthetic   a 64 MB float32 batch of Criteo-scale lookups (hvd_lossy.bench.criteo)
                criteo      the bundled Criteo rows, 26 tables of dim 32, DLRM uniform init,
@@ -187,7 +187,7 @@ def sanitize(args, report):
 def tests(args, report):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--maxfail=5", "--tb=short",
-           "tests/test_cuda.py", "tests/test_cuda_encoder.py", "tests/test_format_v2.py"]
+           "tests/test_cuda.py", "tests/test_cuda_encoder.py", "tests/test_frame_format.py"]
     ok, secs, tail = run_logged(cmd, report.dir / "tests.log", args.test_timeout, env)
     summary = next((line for line in reversed(tail) if " passed" in line or " failed" in line
                     or " error" in line or " skipped" in line), "")
@@ -310,7 +310,7 @@ def benchmark(args, report):
     return ok
 
 
-def v2_stage(args, report):
+def frame_stage(args, report):
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -418,7 +418,7 @@ def main(argv=None):
             ok = False
     if built and not args.skip_v2:
         try:
-            ok &= v2_stage(args, report)
+            ok &= frame_stage(args, report)
         except Exception as e:
             report.stage("v2", ok=False, error=f"{type(e).__name__}: {e}")
             ok = False

@@ -35,13 +35,13 @@ constexpr uint64_t kMaxOutputBytes = 64ull << 20;
 std::vector<uint64_t> walk(std::vector<uint8_t>* buf) {
   std::vector<uint64_t> starts;
   uint64_t at = 0;
-  while (at + HL_V2_PREFIX < buf->size() && starts.size() < 64) {
+  while (at + HL_FRAME_PREFIX < buf->size() && starts.size() < 64) {
     uint64_t total = 0;
     uint32_t crc = 0;
     const uint64_t left = buf->size() - at;
-    if (!hl::v2_peek_total(buf->data() + at, left, &total, &crc) || total > left) total = left;
+    if (!hl::peek_frame_total(buf->data() + at, left, &total, &crc) || total > left) total = left;
     if (HL_FUZZ_PATCH) {
-      const uint32_t sum = hl::crc32c(buf->data() + at + HL_V2_PREFIX, total - HL_V2_PREFIX);
+      const uint32_t sum = hl::crc32c(buf->data() + at + HL_FRAME_PREFIX, total - HL_FRAME_PREFIX);
       hl::put_fixed_le(buf->data() + at + 3, sum, 4);
     }
     starts.push_back(at);
@@ -53,9 +53,9 @@ std::vector<uint64_t> walk(std::vector<uint8_t>* buf) {
 
 void run(const std::vector<uint8_t>& buf, const std::vector<uint64_t>& starts, int64_t less) {
   if (starts.size() < 2) return;
-  hl::FrameV2 first;
+  hl::FrameView first;
   try {
-    first = hl::parse_v2(buf.data(), starts[1]);
+    first = hl::parse_frame(buf.data(), starts[1]);
   } catch (const hl::FrameError&) {
     return;
   }
@@ -73,7 +73,7 @@ void run(const std::vector<uint8_t>& buf, const std::vector<uint64_t>& starts, i
     int64_t rows = 0;
     for (size_t k = lo; k < hi; ++k) {
       try {
-        const hl::FrameV2 f = hl::parse_v2(buf.data() + starts[k], starts[k + 1] - starts[k]);
+        const hl::FrameView f = hl::parse_frame(buf.data() + starts[k], starts[k + 1] - starts[k]);
         rows += f.ndim == 0 ? 1 : (int64_t)f.rows;
       } catch (const hl::FrameError&) {
         rows += 1;

@@ -79,7 +79,7 @@ def frames():
     yield "f32_l1_wide", hvd_lossy.compress(_lookups(8, 32, torch.float32, seed=7), 1e-7, mode="abs")
 
 
-def frames_v2():
+def segmented_frames():
     """Yields (name, frame) pairs of frames of several segments with their own bounds,
     levels, coded and packed maps, outliers, lossless and dithered segments, 0-d and 1-d."""
     for dname, dtype in {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}.items():
@@ -87,69 +87,69 @@ def frames_v2():
         for level in (1, 2):
             buf, _ = hvd_lossy.compress_chunks(x, [30, 0, 40, 26], [0.03, 0.01, 0.0, 0.002],
                                                level=level)
-            yield f"v2_{dname}_segments_l{level}", buf
+            yield f"seg_{dname}_segments_l{level}", buf
             buf, _ = hvd_lossy.compress_chunks(x, [48, 48], 0.02, level=level, dither=99)
-            yield f"v2_{dname}_dither_l{level}", buf
+            yield f"seg_{dname}_dither_l{level}", buf
         hot = _lookups(8, 8, dtype, seed=21)[[0 if i % 4 else i % 8 for i in range(400)]]
-        yield f"v2_{dname}_coded_map", hvd_lossy.compress_chunks(hot, [200, 200], 0.03,
+        yield f"seg_{dname}_coded_map", hvd_lossy.compress_chunks(hot, [200, 200], 0.03,
                                                                 level=2)[0]
         phi = (5 ** 0.5 - 1) / 2  # many distinct rows, skewed repeats: a bucketed map
         skewed = _lookups(120, 8, dtype, seed=23)[[int(120 * ((i * phi) % 1) ** 3)
                                                    for i in range(300)]]
-        yield f"v2_{dname}_bucketed_map", hvd_lossy.compress_chunks(skewed, [150, 150], 0.03,
+        yield f"seg_{dname}_bucketed_map", hvd_lossy.compress_chunks(skewed, [150, 150], 0.03,
                                                                    level=2)[0]
-        yield f"v2_{dname}_1d", hvd_lossy.compress_chunks(_lookups(1, 40, dtype, seed=3).view(-1),
+        yield f"seg_{dname}_1d", hvd_lossy.compress_chunks(_lookups(1, 40, dtype, seed=3).view(-1),
                                                          [25, 15], 0.02)[0]
-        yield f"v2_{dname}_0d", hvd_lossy.compress(torch.tensor(1.5, dtype=dtype), 0.1)
-        yield f"v2_{dname}_3d", hvd_lossy.compress(_lookups(24, 8, dtype, seed=4).view(3, 8, 8),
+        yield f"seg_{dname}_0d", hvd_lossy.compress(torch.tensor(1.5, dtype=dtype), 0.1)
+        yield f"seg_{dname}_3d", hvd_lossy.compress(_lookups(24, 8, dtype, seed=4).view(3, 8, 8),
                                                    0.02, level=2)
-    yield "v2_f32_l2_streams", hvd_lossy.compress(_lookups(160, 64, torch.float32, seed=5), 0.02,
+    yield "seg_f32_l2_streams", hvd_lossy.compress(_lookups(160, 64, torch.float32, seed=5), 0.02,
                                                   level=2)
-    yield "v2_f32_empty", hvd_lossy.compress_chunks(torch.empty(0, 4), [0, 0], 0.1)[0]
-    yield from frames_v2_radix()
-    yield from frames_v2_short()
-    yield from frames_v2_ext()
+    yield "seg_f32_empty", hvd_lossy.compress_chunks(torch.empty(0, 4), [0, 0], 0.1)[0]
+    yield from radix_frames()
+    yield from short_frames()
+    yield from ext_frames()
 
 
-def frames_v2_radix():
+def radix_frames():
     """Yields (name, frame) pairs of frames with radix-packed level-1 code sections
     (frame.h "Radix section"): codes uniform below K = 17 (rel bound 0.03 of a uniform range),
     other K, few codes (one value block, padding digits), outliers, dither, a row map."""
     g = torch.Generator().manual_seed(30)
     u = (torch.rand(96, 16, generator=g) - 0.5) * 0.1
-    yield "v2_radix_k17", hvd_lossy.compress_chunks(u, [64, 32], 0.03, level=1)[0]
-    yield "v2_radix_k5_k300", hvd_lossy.compress_chunks(u, [48, 48], [0.12, 0.0017], mode="rel",
+    yield "seg_radix_k17", hvd_lossy.compress_chunks(u, [64, 32], 0.03, level=1)[0]
+    yield "seg_radix_k5_k300", hvd_lossy.compress_chunks(u, [48, 48], [0.12, 0.0017], mode="rel",
                                                         level=1)[0]
-    yield "v2_radix_few_codes_1d", hvd_lossy.compress_chunks(u.flatten()[:47].contiguous(), [47],
+    yield "seg_radix_few_codes_1d", hvd_lossy.compress_chunks(u.flatten()[:47].contiguous(), [47],
                                                              0.03, level=1)[0]
-    yield "v2_radix_outliers", hvd_lossy.compress_chunks(_with_specials(u), [50, 46], 0.003,
+    yield "seg_radix_outliers", hvd_lossy.compress_chunks(_with_specials(u), [50, 46], 0.003,
                                                          mode="abs", level=1)[0]
-    yield "v2_radix_dither_bf16", hvd_lossy.compress_chunks(u.to(torch.bfloat16), [96], 0.03,
+    yield "seg_radix_dither_bf16", hvd_lossy.compress_chunks(u.to(torch.bfloat16), [96], 0.03,
                                                             level=1, dither=7)[0]
-    yield "v2_radix_map", hvd_lossy.compress_chunks(u[torch.arange(96) % 40], [96], 0.03,
+    yield "seg_radix_map", hvd_lossy.compress_chunks(u[torch.arange(96) % 40], [96], 0.03,
                                                     level=1)[0]
 
 
-def frames_v2_short():
+def short_frames():
     """Yields (name, frame) pairs of frames with short-block level-1 code sections
     (frame.h "Short-block section"): rows whose scale changes from row to row, an odd number of
     blocks (a padding nibble), outliers, dither, a row map."""
     g = torch.Generator().manual_seed(31)
     s = torch.randn(96, 16, generator=g) * torch.rand(96, 1, generator=g) ** 4
-    yield "v2_short", hvd_lossy.compress_chunks(s, [64, 32], 0.003, mode="abs", level=1)[0]
-    yield "v2_short_odd_blocks_1d", hvd_lossy.compress_chunks(s.flatten()[:40].contiguous(), [40],
+    yield "seg_short", hvd_lossy.compress_chunks(s, [64, 32], 0.003, mode="abs", level=1)[0]
+    yield "seg_short_odd_blocks_1d", hvd_lossy.compress_chunks(s.flatten()[:40].contiguous(), [40],
                                                               0.003, mode="abs", level=1)[0]
-    yield "v2_short_outliers", hvd_lossy.compress_chunks(_with_specials(s), [50, 46], 0.003,
+    yield "seg_short_outliers", hvd_lossy.compress_chunks(_with_specials(s), [50, 46], 0.003,
                                                          mode="abs", level=1)[0]
-    yield "v2_short_dither_f16", hvd_lossy.compress_chunks(s.to(torch.float16), [96], 0.003,
+    yield "seg_short_dither_f16", hvd_lossy.compress_chunks(s.to(torch.float16), [96], 0.003,
                                                            mode="abs", level=1, dither=9)[0]
-    yield "v2_short_map", hvd_lossy.compress_chunks(s[torch.arange(96) % 40], [96], 0.003,
+    yield "seg_short_map", hvd_lossy.compress_chunks(s[torch.arange(96) % 40], [96], 0.003,
                                                     mode="abs", level=1)[0]
 
 
-def frames_v2_ext():
+def ext_frames():
     """Yields (name, frame) pairs of frames with the transport's extension
-    (HL_V2_EXT), as the alltoall sends each destination: segments, none, a failure."""
+    (HL_FRAME_EXT), as the alltoall sends each destination: segments, none, a failure."""
     from hvd_lossy import chunk_header, protocol
 
     def fields(status=0, pending=(0, 0, 0)):
@@ -163,9 +163,9 @@ def frames_v2_ext():
                           dtype=torch.uint8)
         _sizes, sizes = hvd_lossy.compress_grouped(x, rows, [0.03, 0.01, 0.0, 0.002], groups, 0,
                                                    out, level=level, extension=ext)
-        yield f"v2x_f16_chunk_l{level}", out[:sizes[0]].clone()
-        yield f"v2x_f16_empty_l{level}", out[sizes[0]:sizes[0] + sizes[1]].clone()
-    yield "v2x_failure", chunk_header.header_frame(x, fields(status=3))
+        yield f"ext_f16_chunk_l{level}", out[:sizes[0]].clone()
+        yield f"ext_f16_empty_l{level}", out[sizes[0]:sizes[0] + sizes[1]].clone()
+    yield "ext_failure", chunk_header.header_frame(x, fields(status=3))
 
 
 def chunk_buffers():
@@ -187,7 +187,7 @@ def main():
                     help="skip seeds larger than this (the fuzzers' -max_len)")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    items = list(frames()) + list(frames_v2()) + (list(chunk_buffers()) if args.chunks else [])
+    items = list(frames()) + list(segmented_frames()) + (list(chunk_buffers()) if args.chunks else [])
     written = 0
     for name, frame in items:
         data = bytes(frame.numpy().tobytes())

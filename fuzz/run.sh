@@ -10,7 +10,7 @@
 #                                        run once over fresh seeds, fuzz/crashes/ and
 #                                        fuzz/regression/<harness>/ (the CI regression, seconds)
 #
-# Harnesses: decode_v2 (libFuzzer, native, raw bytes), decode_v2_patched (native, the input
+# Harnesses: decode_frame (libFuzzer, native, raw bytes), decode_frame_patched (native, the input
 # being a frame's body, sealed with its total and CRC32C), decode_into / decode_into_patched (the
 # transport's decompress_into_cpu on a receive buffer of frames), py (atheris through
 # hvd_lossy's Python API), py_patched.
@@ -29,8 +29,8 @@ PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 MAX_LEN="${FUZZ_MAX_LEN:-8192}"
 # name|source|extra flags: everything else (build, replay, fuzzing, the CI replay) follows.
 NATIVE_HARNESSES=(
-  "decode_v2|fuzz/fuzz_decode_v2.cc|"
-  "decode_v2_patched|fuzz/fuzz_decode_v2.cc|-DHL_FUZZ_PATCH=1"
+  "decode_frame|fuzz/fuzz_decode_frame.cc|"
+  "decode_frame_patched|fuzz/fuzz_decode_frame.cc|-DHL_FUZZ_PATCH=1"
   "decode_into|fuzz/fuzz_decode_into.cc|"
   "decode_into_patched|fuzz/fuzz_decode_into.cc|-DHL_FUZZ_PATCH=1"
 )
@@ -51,7 +51,7 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:allocator_may_return_null=1}
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
 build() {
-  if [ "${FUZZ_SKIP_BUILD:-0}" = 1 ] && [ -x "$WORK/bin/fuzz_decode_v2" ]; then return 0; fi
+  if [ "${FUZZ_SKIP_BUILD:-0}" = 1 ] && [ -x "$WORK/bin/fuzz_decode_frame" ]; then return 0; fi
   mkdir -p "$WORK/bin" "$WORK/native"
   echo "== building with $CXX"
   local h name src flags
@@ -133,7 +133,7 @@ coverage() {
   local bin="$WORK/bin/fuzz_decode_cov" prof="$WORK/coverage"
   rm -rf "$prof" && mkdir -p "$prof"
   "$CXX" "${CXXFLAGS[@]}" -fsanitize=fuzzer -fprofile-instr-generate -fcoverage-mapping \
-    -DHL_FUZZ_PATCH=1 fuzz/fuzz_decode_v2.cc "${CODEC_SRCS[@]}" -o "$bin"
+    -DHL_FUZZ_PATCH=1 fuzz/fuzz_decode_frame.cc "${CODEC_SRCS[@]}" -o "$bin"
   local dirs=()
   for d in "$WORK/corpus/"*/ "$WORK/seeds"; do [ -d "$d" ] && dirs+=("$d"); done
   LLVM_PROFILE_FILE="$prof/%p.profraw" "$bin" -runs=0 "${dirs[@]}" > "$prof/run.log" 2>&1

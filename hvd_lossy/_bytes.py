@@ -1,7 +1,7 @@
 """The one reader and writer of frame.h's byte forms on the Python side: LEB128 varints (and
 their zigzag form for signed values) and little-endian fixed fields.
 
-The reader is as strict as the native one (frame_v2_codec.h, get_varint): a varint takes at
+The reader is as strict as the native one (frame_fields.h, get_varint): a varint takes at
 most 10 bytes, holds at most 64 bits and has no overlong form (a final zero byte after the
 first), so every value has exactly one encoding and bytes that are not the writer's are
 refused rather than read as something else. It raises FrameError, naming what it read and why.

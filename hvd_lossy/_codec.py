@@ -506,7 +506,7 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
             (STAT_FINITE, STAT_SUM, STAT_SUMSQ) are NaN: see :func:`piece_stats`.
 
         extension: None, or up to ``_C.MAX_EXTENSION_BYTES`` bytes the transport
-            puts in every group's frame header (frame.h, HL_V2_EXT: hvd_lossy's all-to-all
+            puts in every group's frame header (frame.h, HL_FRAME_EXT: hvd_lossy's all-to-all
             carries its protocol fields there); every group then has a frame, an empty group
             one of no segments.
 
@@ -604,7 +604,7 @@ def piece_stats(tensor, rows):
 
 def chunk_heads(buffer, chunks, verify=False):
     """The frame header of each ``(offset, length)`` chunk of the 1-D CPU uint8 tensor
-    ``buffer`` that one v2 frame fills exactly: ``(dtype code, ndim, trailing, rows, frame
+    ``buffer`` that one frame fills exactly: ``(dtype code, ndim, trailing, rows, frame
     bytes, header bytes, extension or None)``, or a str saying why it is not one (FrameError's
     message). ``verify`` also checks each frame's CRC32C (decoding does anyway). One native
     call for all chunks."""

@@ -2,7 +2,7 @@
 
 Every chunk a rank sends in a lossy collective (one a destination of an alltoall, one a rank
 of an allgather and of broadcast's header round) is ONE format-2 frame (frame.h) whose header
-carries, in its extension (HL_V2_EXT, covered by the frame's CRC32C), what the protocol
+carries, in its extension (HL_FRAME_EXT, covered by the frame's CRC32C), what the protocol
 (hvd_lossy.protocol) says beyond what the frame already describes:
 
     uint8   flags              bit 0 FAILED, bit 1 PENDING, bit 2 SIZED, the others zero

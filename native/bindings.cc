@@ -6,7 +6,7 @@
 
 #include "bindings_util.h"
 #include "codec.h"
-#include "frame_v2.h"
+#include "frame_io.h"
 #include "kernels_cpu.h"
 #include "output_blocks.h"
 #include "pack.h"
@@ -20,7 +20,7 @@ using hl::py_util::params;
 using hl::py_util::ptr;
 
 // frame_info: the frame's fields and one dict a segment.
-py::dict frame_dict(const hl::FrameV2& f) {
+py::dict frame_dict(const hl::FrameView& f) {
   py::dict d;
   d["format"] = 2;
   d["dtype_code"] = (int)f.dtype;
@@ -107,12 +107,12 @@ auto with_new_block(Call call) {
 // frame filling [offset, offset + length) exactly; its CRC32C too when verify.
 py::object chunk_head(const uint8_t* buffer, uint64_t offset, uint64_t length, bool verify) {
   const uint8_t* p = buffer + offset;
-  const hl::FrameV2 f = hl::parse_v2(p, hl::v2_frame_bytes(p, length));
+  const hl::FrameView f = hl::parse_frame(p, hl::checked_frame_bytes(p, length));
   if (f.total_bytes != length)
     throw hl::FrameError("frame is truncated or has trailing bytes: a chunk of " +
                          std::to_string(length) + " bytes, its frame says " +
                          std::to_string(f.total_bytes));
-  if (verify) hl::verify_v2(f, p);
+  if (verify) hl::verify_frame(f, p);
   py::object ext = f.ext ? py::object(py::bytes(reinterpret_cast<const char*>(f.ext), f.ext_bytes))
                          : py::object(py::none());
   return py::make_tuple((int)f.dtype, f.ndim, f.trailing, f.rows, f.total_bytes, f.header_bytes,
@@ -195,8 +195,8 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
-  m.attr("FORMAT_VERSION") = HL_V2_VERSION;
-  m.attr("MAX_EXTENSION_BYTES") = HL_V2_MAX_EXT;
+  m.attr("FORMAT_VERSION") = HL_FRAME_VERSION;
+  m.attr("MAX_EXTENSION_BYTES") = HL_FRAME_MAX_EXT;
 #ifdef HL_WITH_CUDA
   m.attr("WITH_CUDA") = true;
   register_cuda(m);
@@ -211,13 +211,13 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("frame_info",
         [](uintptr_t frame, uint64_t size) {
-          return frame_dict(hl::parse_v2(ptr<const uint8_t>(frame), size));
+          return frame_dict(hl::parse_frame(ptr<const uint8_t>(frame), size));
         },
         py::arg("frame"), py::arg("size"), "Validated header of a frame as a dict.");
 
   m.def("frame_bytes",
         [](uintptr_t frame, uint64_t avail) {
-          return hl::v2_frame_bytes(ptr<const uint8_t>(frame), avail);
+          return hl::checked_frame_bytes(ptr<const uint8_t>(frame), avail);
         },
         py::arg("frame"), py::arg("avail"),
         "Size of the frame starting at `frame` (for walking back-to-back frames).");
@@ -383,7 +383,7 @@ PYBIND11_MODULE(_C, m) {
           return out;
         },
         py::arg("buffer"), py::arg("buffer_len"), py::arg("chunks"), py::arg("verify") = false,
-        "For each (offset, length) chunk of buffer: the v2 frame filling it exactly, as (dtype "
+        "For each (offset, length) chunk of buffer: the frame filling it exactly, as (dtype "
         "code, ndim, trailing, rows, frame bytes, header bytes, extension bytes or None), its "
         "CRC32C verified when verify; or the FrameError's message (str) when it is not one.");
 
@@ -397,15 +397,15 @@ PYBIND11_MODULE(_C, m) {
                                     std::to_string(HL_MAX_NDIM - 1));
           for (int64_t t : trailing)
             if (t < 0) throw hl::ArgumentError("negative dimension " + std::to_string(t));
-          hl::HeadV2 h;
+          hl::FrameHead h;
           h.dtype = (uint8_t)dtype;
           h.ndim = 1 + (int)trailing.size();
           h.trailing = trailing;
           h.ext = ext;
-          std::string out(hl::v2_frame_size(h, {}, nullptr), '\0');
-          hl::v2_write_empty(h, reinterpret_cast<uint8_t*>(&out[0]));
+          std::string out(hl::frame_size(h, {}, nullptr), '\0');
+          hl::write_empty_frame(h, reinterpret_cast<uint8_t*>(&out[0]));
           return py::bytes(out);
         },
         py::arg("dtype"), py::arg("trailing"), py::arg("extension"),
-        "A sealed v2 frame of no segments, dtype x (0, *trailing), carrying the extension.");
+        "A sealed frame of no segments, dtype x (0, *trailing), carrying the extension.");
 }

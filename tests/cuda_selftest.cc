@@ -284,8 +284,8 @@ void run_tampered(std::mt19937_64& rng, int trials) {
     for (int t = 0; t < trials; ++t) {
       std::vector<uint8_t> bad = frame;
       for (int k = 1 + (int)(rng() % 4); k > 0; --k)
-        bad[HL_V2_PREFIX + rng() % (bad.size() - HL_V2_PREFIX)] = (uint8_t)rng();
-      const uint32_t crc = hl::crc32c(bad.data() + HL_V2_PREFIX, bad.size() - HL_V2_PREFIX);
+        bad[HL_FRAME_PREFIX + rng() % (bad.size() - HL_FRAME_PREFIX)] = (uint8_t)rng();
+      const uint32_t crc = hl::crc32c(bad.data() + HL_FRAME_PREFIX, bad.size() - HL_FRAME_PREFIX);
       memcpy(bad.data() + 3, &crc, 4);
       std::string diff = compare_decoders(bad, 600 * 24 * 4);
       if (!diff.empty()) fail("tampered level " + std::to_string(level) + " trial " + std::to_string(t) + ": " + diff);

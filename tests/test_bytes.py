@@ -1,5 +1,5 @@
 """The one byte reader of the Python side (hvd_lossy/_bytes.py) is as strict as the native one
-(frame_v2_codec.h): every value has exactly one varint form, and no other bytes read as one."""
+(frame_fields.h): every value has exactly one varint form, and no other bytes read as one."""
 import pytest
 
 from hvd_lossy import FrameError

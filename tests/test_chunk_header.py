@@ -1,5 +1,5 @@
 """One header a chunk (hvd_lossy/chunk_header.py): the collectives' protocol fields travel in the
-v2 frame's extension (HL_V2_EXT), under the frame's CRC32C; a chunk is one frame. Golden chunks
+v2 frame's extension (HL_FRAME_EXT), under the frame's CRC32C; a chunk is one frame. Golden chunks
 pin the bytes."""
 import pathlib
 import sys
@@ -15,7 +15,7 @@ from hvd_lossy import protocol as P
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "golden"))
 from cases import HERE, lookups  # noqa: E402
-from cases_v2 import CASES_V2, EMPTY_V2, encode  # noqa: E402
+from frame_cases import FRAME_CASES, EMPTY_FRAME, encode  # noqa: E402
 
 
 def golden(name):
@@ -33,35 +33,35 @@ def head_of(frame):
     return head
 
 
-@pytest.mark.parametrize("name", sorted(EMPTY_V2))
+@pytest.mark.parametrize("name", sorted(EMPTY_FRAME))
 def test_encoder_reproduces_the_golden_chunks_of_no_segments(name):
     assert torch.equal(encode(name), golden(name)), f"{name}: frame bytes changed"
 
 
 def test_golden_chunk_pins_the_protocol_fields_and_the_frame_fields():
-    frame = golden("v2_ext_f32_rel003_level2_3seg")
+    frame = golden("ext_f32_rel003_level2_3seg")
     want = fields(rows=96, payload=frame.numel(), ndim=2, dims=(32,), pending=(10, 1, 7))
     assert C.fields_of(head_of(frame), 0) == want
-    assert C.extension(want) == CASES_V2["v2_ext_f32_rel003_level2_3seg"][2]["extension"]
+    assert C.extension(want) == FRAME_CASES["ext_f32_rel003_level2_3seg"][2]["extension"]
     # the same frame as without the extension, but for the extension block in its header
-    plain = golden("v2_f32_rel003_level2_3seg")
+    plain = golden("f32_rel003_level2_3seg")
     assert frame.numel() == plain.numel() + C.block_bytes(C.extension(want))
     assert torch.equal(hvd_lossy.decompress(frame), hvd_lossy.decompress(plain))
 
 
 def test_golden_failure_chunk_carries_status_and_the_senders_dtype_code():
-    got = C.fields_of(head_of(golden("v2_ext_empty_failure")), 0)
+    got = C.fields_of(head_of(golden("ext_empty_failure")), 0)
     assert got[P._STATUS] == 3 and got[P._A] == 2 ** 40 and got[P._B] == -5
     assert got[P.GRANK] == 1 and got[P._DTYPE] == -1 and got[P.ROWS] == 0
     assert P.check_headers([got]).code == 3
 
 
 def test_frame_info_reports_the_extension_and_counts_it_in_the_header():
-    info = hvd_lossy.frame_info(golden("v2_ext_f32_rel003_level2_3seg"))
-    plain = hvd_lossy.frame_info(golden("v2_f32_rel003_level2_3seg"))
+    info = hvd_lossy.frame_info(golden("ext_f32_rel003_level2_3seg"))
+    plain = hvd_lossy.frame_info(golden("f32_rel003_level2_3seg"))
     assert info["extension"] == bytes.fromhex("02063412ed5e14020e") and plain["extension"] is None
     assert info["header_bytes"] == plain["header_bytes"] + 10
-    empty = hvd_lossy.frame_info(golden("v2_ext_empty_bf16_3d"))
+    empty = hvd_lossy.frame_info(golden("ext_empty_bf16_3d"))
     assert empty["segments"] == [] and empty["shape"] == (0, 26, 32)
     assert empty["frame_bytes"] == 19
 
@@ -88,7 +88,7 @@ def test_failure_frames_round_trip_every_protocol_field(f):
 
 def test_one_destination_carries_one_header_of_about_twenty_bytes():
     ext = C.extension(fields(grank=1, pending=(0, 0, 0), settings=0x7FFFFFFF))
-    frame = golden("v2_ext_f32_rel003_level2_3seg")
+    frame = golden("ext_f32_rel003_level2_3seg")
     assert C.block_bytes(ext) <= 8  # the protocol's share: flags, rank, digest
     # the frame's header with the protocol fields in it
     assert hvd_lossy.frame_info(frame)["header_bytes"] - 10 + C.block_bytes(ext) <= 20
@@ -124,7 +124,7 @@ def test_every_group_gets_a_frame_with_the_extension_an_empty_one_none_of_segmen
 
 
 def test_every_corrupted_byte_or_truncation_of_a_chunk_is_caught():
-    frame = golden("v2_ext_f32_rel003_level2_3seg")
+    frame = golden("ext_f32_rel003_level2_3seg")
     data = frame.numpy().tobytes()
     for i in range(len(data)):
         bad = bytearray(data)
@@ -139,7 +139,7 @@ def test_every_corrupted_byte_or_truncation_of_a_chunk_is_caught():
 
 
 def test_chunks_that_are_not_the_protocols_are_a_receive_failure():
-    plain = golden("v2_f32_rel003_level2_3seg")  # a v2 frame without the extension
+    plain = golden("f32_rel003_level2_3seg")  # a v2 frame without the extension
     with pytest.raises(P._LocalError, match="without the protocol's extension") as e:
         C.parse_chunks(plain, [plain.numel()])
     assert e.value.code == 10
@@ -166,7 +166,7 @@ def test_an_extension_holding_an_overlong_varint_is_a_receive_failure():
 
 
 def test_a_corrupted_chunk_is_caught_by_verify_naming_its_sender():
-    frame = golden("v2_ext_f32_rel003_level2_3seg")
+    frame = golden("ext_f32_rel003_level2_3seg")
     recv = torch.cat([frame, frame])
     counts = [frame.numel()] * 2
     assert [h[P.GRANK] for h in C.parse_chunks(recv, counts, verify=True)] == [3, 3]
@@ -178,7 +178,7 @@ def test_a_corrupted_chunk_is_caught_by_verify_naming_its_sender():
 
 
 def test_an_allgathers_frames_split_into_one_chunk_a_rank():
-    frame = golden("v2_ext_f32_rel003_level2_3seg")
+    frame = golden("ext_f32_rel003_level2_3seg")
     empty = C.header_frame(torch.zeros(0, 32), fields(dims=(32,)))
     recv = torch.cat([frame, empty, frame])
     assert C.split_chunks(recv, 3) == [frame.numel(), empty.numel(), frame.numel()]

@@ -185,7 +185,7 @@ def scratch_dir(tmp):
         if entry.name not in (".git",):
             os.symlink(entry, tmp / entry.name)
     if not (tmp / ".venv").exists():  # a checkout whose interpreter lives elsewhere
-        venv = pathlib.Path(sys.executable).resolve().parents[1]
+        venv = pathlib.Path(sys.prefix)  # the virtualenv, not the interpreter its python links to
         os.symlink(venv, tmp / ".venv")
     return tmp
 

@@ -206,7 +206,7 @@ def test_outlier_records_take_the_fewest_position_bytes_and_the_dtypes_width():
     assert got[code_bytes:] == struct.pack("<BI", 7, 0x7F800000)
 
 
-# ---- the CUDA encoder's frame assembly (native/v2_frames.h) -------------------------------------
+# ---- the CUDA encoder's frame assembly (native/device_frames.h) -------------------------------------
 
 LAYOUTS = {
     "one group": ([300], [0.01], [1], 0, None),
@@ -232,7 +232,7 @@ def test_cuda_encoders_frame_assembly_writes_the_cpu_encoders_layout(name, mode,
     end = len(groups) * prefix + (sum(group_bytes) if ext is not None else sum(sizes))
     cpu = out.numpy().tobytes()[:end]
     mode_code = 1 if mode == "rel" else 0
-    again, hd_sizes, hd_groups = _hl_test.v2_frames_hd(cpu, rows, [16], groups, prefix, ext or b"",
+    again, hd_sizes, hd_groups = _hl_test.device_frames_hd(cpu, rows, [16], groups, prefix, ext or b"",
                                                  mode_code, DTYPE_CODE[dtype])
     assert hd_sizes == sizes
     if ext is not None:

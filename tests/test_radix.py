@@ -29,7 +29,7 @@ def integer_rows(k, n, dim=8, seed=0):
     return torch.from_numpy(q.astype(np.float32).reshape(n, dim)), z
 
 
-def v2_level1(x, bound, **kw):
+def level1_frame(x, bound, **kw):
     return hvd_lossy.compress_chunks(x, [x.shape[0]], bound, mode="abs", level=1,
                                      **kw)[0]
 
@@ -91,7 +91,7 @@ def test_division_by_k_is_exact_on_random_values():
 @pytest.mark.parametrize("k", list(range(2, 301)))
 def test_codes_below_k_not_a_power_of_two_are_radix_packed_when_smaller_and_decode_like_level2(k):
     x, z = integer_rows(k, n=40 + k % 29, seed=k)  # n * 8 codes: the last group partial
-    frame = v2_level1(x, 0.5, dedup=False)
+    frame = level1_frame(x, 0.5, dedup=False)
     seg = hvd_lossy.frame_info(frame)["segments"][0]
     kind, section = level1_section(z.tolist())
     assert code_section(frame) == section
@@ -114,7 +114,7 @@ def test_most_k_not_a_power_of_two_pay_on_a_64_row_segment():
     for k in range(3, 301):
         if not power_of_two(k):
             x, _ = integer_rows(k, n=64, dim=32, seed=k)
-            used.append(hvd_lossy.frame_info(v2_level1(x, 0.5))["segments"][0]["radix"] == k)
+            used.append(hvd_lossy.frame_info(level1_frame(x, 0.5))["segments"][0]["radix"] == k)
     assert sum(used) >= 0.9 * len(used), sum(used)
 
 
@@ -122,7 +122,7 @@ def test_most_k_not_a_power_of_two_pay_on_a_64_row_segment():
                                2048 * 7, 2048 * 7 + 1, 40000])
 def test_radix_section_is_the_bytes_frame_h_describes(n):
     x, z = integer_rows(17, n=n, dim=1, seed=n)  # 2048 * 7 + 1 and up: several spans
-    frame = v2_level1(x, 0.5, dedup=False)
+    frame = level1_frame(x, 0.5, dedup=False)
     seg = hvd_lossy.frame_info(frame)["segments"][0]
     kind, section = level1_section(z.tolist())
     assert code_section(frame) == section
@@ -137,9 +137,9 @@ def test_radix_section_is_the_bytes_frame_h_describes(n):
 
 def test_radix_is_chosen_only_when_smaller_than_block_packing_and_short_blocks():
     x, _ = integer_rows(17, n=1, dim=1)
-    assert hvd_lossy.frame_info(v2_level1(x, 0.5))["segments"][0]["radix"] is None
+    assert hvd_lossy.frame_info(level1_frame(x, 0.5))["segments"][0]["radix"] is None
     x, z = integer_rows(17, n=64, dim=32)
-    seg = hvd_lossy.frame_info(v2_level1(x, 0.5))["segments"][0]
+    seg = hvd_lossy.frame_info(level1_frame(x, 0.5))["segments"][0]
     assert seg["radix"] == 17 and seg["code_bytes"] < len(block_packed(z.tolist()))
     assert seg["code_bytes"] <= math.ceil(2048 / 4 / 32) * (1 + 4 * 17) + 3
 
@@ -193,7 +193,7 @@ def test_rows_with_outliers_nan_and_inf_decode_bit_exact_like_block_packing(dtyp
 
 def test_a_segment_too_large_for_one_thread_decodes_on_many():
     x, _ = integer_rows(17, n=40000, dim=32, seed=9)  # 1.28M codes: > 4096 blocks of values
-    frame = v2_level1(x, 0.5, dedup=False)
+    frame = level1_frame(x, 0.5, dedup=False)
     assert hvd_lossy.frame_info(frame)["segments"][0]["radix"] == 17
     old = hvd_lossy._codec._threads
     try:
@@ -273,7 +273,7 @@ def test_a_value_section_of_other_than_its_blocks_bytes_raises():
 
 def test_every_truncation_of_a_radix_section_raises():
     x, _ = integer_rows(17, n=16, dim=8)
-    frame = v2_level1(x, 0.5, dedup=False)
+    frame = level1_frame(x, 0.5, dedup=False)
     code = code_section(frame)
     assert code[0] == 0xFF
     for n in range(len(code)):
@@ -305,7 +305,7 @@ def assert_flips_raise_and_resealed_ones_raise_or_decode(frame, x):
 
 def test_every_byte_flip_of_a_radix_frame_raises_and_resealed_ones_raise_or_decode():
     x, _ = integer_rows(17, n=16, dim=8)
-    frame = v2_level1(x, 0.5, dedup=False)
+    frame = level1_frame(x, 0.5, dedup=False)
     assert code_section(frame)[0] == 0xFF
     assert_flips_raise_and_resealed_ones_raise_or_decode(frame, x)
 
@@ -323,7 +323,7 @@ def _golden(name):
     return torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
 
 
-@pytest.mark.parametrize("name", ["v2_f32_1d_2seg", "v2_f32_rel003_level1_3seg"])
+@pytest.mark.parametrize("name", ["f32_1d_2seg", "f32_rel003_level1_3seg"])
 def test_block_packed_goldens_from_before_radix_decode_exactly_as_their_radix_successors(name):
     old, new = _golden(name + "_before_radix"), _golden(name)
     old_segs = hvd_lossy.frame_info(old)["segments"]
@@ -335,8 +335,8 @@ def test_block_packed_goldens_from_before_radix_decode_exactly_as_their_radix_su
 
 
 def test_radix_goldens_report_their_radix_and_group_in_frame_info():
-    segs = hvd_lossy.frame_info(_golden("v2_f32_radix_level1_2seg"))["segments"]
+    segs = hvd_lossy.frame_info(_golden("f32_radix_level1_2seg"))["segments"]
     assert [(s["radix"], s["radix_group"]) for s in segs] == [(17, 4), (11, 8)]
-    segs = hvd_lossy.frame_info(_golden("v2_f32_radix_dither_2seg"))["segments"]
+    segs = hvd_lossy.frame_info(_golden("f32_radix_dither_2seg"))["segments"]
     assert [(s["radix"], s["radix_group"]) for s in segs] == [(19, 4), (11, 8)]
     assert all(s["dither_seed"] is not None for s in segs)

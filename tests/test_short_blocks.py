@@ -10,7 +10,7 @@ import torch
 import hvd_lossy
 from tests._format_ref import block_packed, level1_section, short_packed
 from tests.test_radix import (assert_flips_raise_and_resealed_ones_raise_or_decode, code_section,
-                              sealed_frame, v2_level1)
+                              sealed_frame, level1_frame)
 
 
 def scaled_codes(n_blocks, seed, widest=6):
@@ -33,7 +33,7 @@ def level2_decoded(x):
 @pytest.mark.parametrize("rows", [1, 2, 3, 31, 64, 65, 1000])
 def test_codes_of_changing_scale_are_in_short_blocks_the_bytes_frame_h_describes(rows):
     x, z = scaled_codes(rows, seed=rows)
-    frame = v2_level1(x, 0.5, dedup=False)
+    frame = level1_frame(x, 0.5, dedup=False)
     seg = hvd_lossy.frame_info(frame)["segments"][0]
     kind, section = level1_section(z.tolist())
     assert code_section(frame) == section and seg["short_blocks"] == (kind == "short")
@@ -58,7 +58,7 @@ def test_a_short_section_of_any_length_pads_its_last_block_and_nibble_with_zeros
 def test_short_blocks_are_chosen_only_when_smaller_than_block_and_radix_packing():
     # uniform 4-bit codes: a nibble a 16 costs what a byte a 32 does, plus the mark: block packing
     z = np.arange(64 * 32) % 16
-    frame = v2_level1(torch.from_numpy(np.where(z % 2 == 0, z // 2, -(z + 1) // 2)
+    frame = level1_frame(torch.from_numpy(np.where(z % 2 == 0, z // 2, -(z + 1) // 2)
                                        .astype(np.float32).reshape(64, 32)), 0.5, dedup=False)
     seg = hvd_lossy.frame_info(frame)["segments"][0]
     assert not seg["short_blocks"] and seg["radix"] is None
@@ -66,7 +66,7 @@ def test_short_blocks_are_chosen_only_when_smaller_than_block_and_radix_packing(
     # uniform codes below 17 over long sections: radix packing
     rng = np.random.default_rng(0)
     z = rng.integers(0, 17, size=64 * 32)
-    frame = v2_level1(torch.from_numpy(np.where(z % 2 == 0, z // 2, -(z + 1) // 2)
+    frame = level1_frame(torch.from_numpy(np.where(z % 2 == 0, z // 2, -(z + 1) // 2)
                                        .astype(np.float32).reshape(64, 32)), 0.5, dedup=False)
     seg = hvd_lossy.frame_info(frame)["segments"][0]
     assert seg["radix"] == 17 and not seg["short_blocks"]
@@ -75,7 +75,7 @@ def test_short_blocks_are_chosen_only_when_smaller_than_block_and_radix_packing(
 def test_codes_of_2_pow_15_or_more_are_never_in_short_blocks():
     x, z = scaled_codes(64, seed=3)
     x[5, 3] = 2 ** 14  # zigzag 2^15: 16 bits in one block, the rest as narrow as before
-    frame = v2_level1(x, 0.5, dedup=False)
+    frame = level1_frame(x, 0.5, dedup=False)
     seg = hvd_lossy.frame_info(frame)["segments"][0]
     assert not seg["short_blocks"]
     assert torch.equal(hvd_lossy.decompress(frame), x)
@@ -122,7 +122,7 @@ def test_a_segment_too_large_for_one_thread_codes_and_decodes_alike_on_many():
         frames = []
         for threads in (1, 2, 4):
             hvd_lossy.set_num_threads(threads)
-            frames.append(v2_level1(x, 0.5, dedup=False))
+            frames.append(level1_frame(x, 0.5, dedup=False))
             assert torch.equal(hvd_lossy.decompress(frames[0]), x)
     finally:
         hvd_lossy.set_num_threads(old)
@@ -152,7 +152,7 @@ def test_a_section_of_other_than_its_blocks_bytes_raises():
 
 def test_every_truncation_of_a_short_section_raises():
     x, _ = scaled_codes(8, seed=1)
-    frame = v2_level1(x, 0.5, dedup=False)
+    frame = level1_frame(x, 0.5, dedup=False)
     code = code_section(frame)
     assert code[0] == 0xFD
     for n in range(len(code)):
@@ -163,7 +163,7 @@ def test_every_truncation_of_a_short_section_raises():
 
 def test_every_byte_flip_of_a_short_frame_raises_and_resealed_ones_raise_or_decode():
     x, _ = scaled_codes(8, seed=2)
-    frame = v2_level1(x, 0.5, dedup=False)
+    frame = level1_frame(x, 0.5, dedup=False)
     assert code_section(frame)[0] == 0xFD
     assert_flips_raise_and_resealed_ones_raise_or_decode(frame, x)
 
@@ -182,12 +182,12 @@ def _golden(name):
 
 
 def test_short_goldens_report_short_blocks_in_frame_info():
-    for name in ("v2_f32_short_level1_2seg", "v2_f32_short_dither_2seg"):
+    for name in ("f32_short_level1_2seg", "f32_short_dither_2seg"):
         segs = hvd_lossy.frame_info(_golden(name))["segments"]
         assert all(s["short_blocks"] and s["radix"] is None for s in segs), name
 
 
-@pytest.mark.parametrize("name", ["v2_f32_1d_2seg", "v2_bf16_specials_lossless_mix"])
+@pytest.mark.parametrize("name", ["f32_1d_2seg", "bf16_specials_lossless_mix"])
 def test_goldens_from_before_short_blocks_decode_exactly_as_their_successors(name):
     old, new = _golden(name + "_before_short"), _golden(name)
     old_segs = hvd_lossy.frame_info(old)["segments"]
@@ -203,7 +203,7 @@ def test_goldens_from_before_short_blocks_decode_exactly_as_their_successors(nam
 def test_device_frames_with_short_blocks_decode_on_the_device_and_level1_codes_there():
     from hvd_lossy import _codec
     x, _ = scaled_codes(8, seed=6)
-    info = hvd_lossy.frame_info(v2_level1(x, 0.5, dedup=False))
+    info = hvd_lossy.frame_info(level1_frame(x, 0.5, dedup=False))
     assert info["segments"][0]["short_blocks"]
     assert not _codec._host_decoded(info)  # the CUDA decoder reads short-block sections
     assert _codec._on_device_encoder(-1, 1)  # level 1 without dither: the CUDA encoder

@@ -10,7 +10,7 @@
 #include "arguments.h"
 #include "errors.h"
 #include "frame.h"
-#include "frame_v2.h"
+#include "frame_io.h"
 
 namespace hl {
 
@@ -37,7 +37,7 @@ enum {
 // are the send buffer. out_cap must be at least max_grouped_bytes(rows, trailing, groups,
 // prefix_bytes). Each frame's bytes are written once, in place. Returns one size a piece: its
 // segment (descriptor and payload), the first piece of each group also counting the frame's
-// header, so each group's sizes add up to its frame. ext (at most HL_V2_MAX_EXT bytes): the
+// header, so each group's sizes add up to its frame. ext (at most HL_FRAME_MAX_EXT bytes): the
 // transport's extension (frame.h) in every group's frame, an empty group then getting a frame
 // of no segments; *group_bytes gets each group's frame size. With stats, also fills
 // HL_STATS_PER_PIECE doubles a piece (HL_STAT_*).
@@ -110,10 +110,10 @@ std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buf
                                              void* out, uint64_t out_bytes, int threads,
                                              std::vector<uint8_t>* mismatched = nullptr);
 
-// A frame of a buffer of back-to-back frames, its header and descriptors validated (parse_v2).
+// A frame of a buffer of back-to-back frames, its header and descriptors validated (parse_frame).
 struct ParsedFrame {
   uint64_t offset = 0;
-  FrameV2 frame;
+  FrameView frame;
   std::vector<int64_t> shape;  // frame.shape()
 };
 

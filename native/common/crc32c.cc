@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "frame_v2_codec.h"  // the table and the piecewise combination, shared with CUDA
+#include "frame_fields.h"  // the table and the piecewise combination, shared with CUDA
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <nmmintrin.h>

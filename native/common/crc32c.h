@@ -10,7 +10,7 @@ namespace hl {
 
 uint32_t crc32c(const uint8_t* p, uint64_t n);
 uint32_t crc32c_portable(const uint8_t* p, uint64_t n);
-// crc32c() computed as the CUDA codec does (frame_v2_codec.h): the CRC of every `piece` bytes
+// crc32c() computed as the CUDA codec does (frame_fields.h): the CRC of every `piece` bytes
 // from a zero register, each shifted past the bytes after it, XORed in reverse order. For tests.
 uint32_t crc32c_in_pieces(const uint8_t* p, uint64_t n, uint64_t piece);
 // Whether crc32c() runs on the hardware instruction.

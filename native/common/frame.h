@@ -53,11 +53,11 @@
 //   uint32 crc32c                   CRC32C (Castagnoli, reflected, init/final ~0) of bytes
 //                                   [7, total): everything after this field
 //   varint total_bytes              the whole frame
-//   uint8  info                     bits 0-1 dtype, bits 2-5 ndim (0..8), bit 6 HL_V2_EXT,
-//                                   bit 7 HL_V2_SEEDED
-//   uint24 seed                     only with HL_V2_SEEDED: segment k's dither seed is
+//   uint8  info                     bits 0-1 dtype, bits 2-5 ndim (0..8), bit 6 HL_FRAME_EXT,
+//                                   bit 7 HL_FRAME_SEEDED
+//   uint24 seed                     only with HL_FRAME_SEEDED: segment k's dither seed is
 //                                   (seed + k) mod 2^24
-//   varint ext_bytes, ext[ext_bytes]  only with HL_V2_EXT (1 <= ext_bytes <= HL_V2_MAX_EXT):
+//   varint ext_bytes, ext[ext_bytes]  only with HL_FRAME_EXT (1 <= ext_bytes <= HL_FRAME_MAX_EXT):
 //                                   the transport's extension, bytes the codec neither makes
 //                                   nor reads but the CRC covers. hvd_lossy's all-to-all puts
 //                                   its protocol fields there (sender, settings digest, status;
@@ -118,7 +118,7 @@
 // a time. (A section of up to S values, n <= S * g, is one span: code i * G + j.) A decoder
 // rejects a value >= K^g and a nonzero padding digit. The encoder (CPU and CUDA alike) takes
 // K = largest code + 1, g = radix_group(K, n)
-// (frame_v2_codec.h: the g minimizing the section's worst-case bytes), and stores the section
+// (frame_fields.h: the g minimizing the section's worst-case bytes), and stores the section
 // only when it is the smallest packing (level1_packing, after the short-block section), in
 // segments coded at level 1 (a level-2 segment's packed fallback stays block packed); lossless
 // segments never have one.
@@ -137,7 +137,7 @@
 //                                   bit j of code 16 * b + i (the last block padded with zeros)
 // A decoder rejects a nonzero padding nibble and a section of any other length than
 // 1 + ceil(nb / 2) + 2 * (sum of the widths). The encoder (CPU and CUDA alike, with
-// level1_packing in frame_v2_codec.h and the size rules and writers of level1_sections.h)
+// level1_packing in frame_fields.h and the size rules and writers of level1_sections.h)
 // sizes block packing, radix packing and short blocks and stores the smallest, in segments
 // coded at level 1 (a level-2 segment's packed fallback stays block packed); lossless segments
 // never have one.
@@ -174,13 +174,13 @@ enum HlMode : uint8_t { HL_MODE_ABS = 0, HL_MODE_REL = 1 };
 
 #define HL_DITHER_SEEDS (1u << 24) // dither seeds are 24-bit
 
-#define HL_V2_VERSION 2
-#define HL_V2_PREFIX 7          // magic, version and CRC32C
-#define HL_V2_SEEDED 0x80       // info bit: a dither seed follows
-#define HL_V2_EXT 0x40          // info bit: a transport extension follows (the seed)
-#define HL_V2_MAX_EXT 127       // bytes of an extension at most (its length is one byte)
-#define HL_V2_MAX_HEADER 256    // frame header without descriptors, worst case (extension too)
-#define HL_V2_MAX_SEGMENT 48    // one descriptor, worst case
+#define HL_FRAME_VERSION 2
+#define HL_FRAME_PREFIX 7          // magic, version and CRC32C
+#define HL_FRAME_SEEDED 0x80       // info bit: a dither seed follows
+#define HL_FRAME_EXT 0x40          // info bit: a transport extension follows (the seed)
+#define HL_FRAME_MAX_EXT 127       // bytes of an extension at most (its length is one byte)
+#define HL_FRAME_MAX_HEADER 256    // frame header without descriptors, worst case (extension too)
+#define HL_FRAME_MAX_SEGMENT 48    // one descriptor, worst case
 #define HL_SEG_LEVEL2 0x01      // code section is compact rANS (else block packing)
 #define HL_SEG_LOSSLESS 0x02    // raw bits, no bound stored
 #define HL_SEG_MAP 0x04         // duplicate rows dropped: a map section and n_unique
@@ -213,12 +213,12 @@ HL_HD uint64_t hl_packed_max_bytes(uint64_t n) {
 // segment packs at most elem_bytes*8 <= 32 bits a value, plus the map (absent without
 // duplicates).
 HL_HD uint64_t hl_max_segment_bytes(uint64_t n_rows, uint64_t row_len) {
-  return HL_V2_MAX_SEGMENT + hl_packed_max_bytes(n_rows) + hl_packed_max_bytes(n_rows * row_len);
+  return HL_FRAME_MAX_SEGMENT + hl_packed_max_bytes(n_rows) + hl_packed_max_bytes(n_rows * row_len);
 }
 
 // Upper bound of a frame of one segment of n_rows x row_len elements (any ndim).
 HL_HD uint64_t hl_max_frame_bytes(uint64_t n_rows, uint64_t row_len) {
-  return HL_V2_MAX_HEADER + hl_max_segment_bytes(n_rows, row_len);
+  return HL_FRAME_MAX_HEADER + hl_max_segment_bytes(n_rows, row_len);
 }
 
 // The bound a segment stores for a wanted absolute bound: the largest float32 with the low

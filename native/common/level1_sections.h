@@ -8,7 +8,7 @@
 #pragma once
 
 #include "codec_common.h"
-#include "frame_v2_codec.h"
+#include "frame_fields.h"
 
 #ifdef __cplusplus
 namespace hl {
@@ -82,19 +82,19 @@ HL_HD uint16_t short_plane(const uint32_t* v, uint64_t count, uint32_t j) {
 
 // ---- the segment around the code section --------------------------------------------------
 
-// One outlier record of a v2 segment: the position in pos_bytes, then the raw bits in
+// One outlier record of a segment: the position in pos_bytes, then the raw bits in
 // elem_bytes, both little-endian. Returns its end.
-HL_HD uint8_t* v2_put_outlier(uint8_t* w, uint64_t pos, uint32_t raw, uint8_t pos_bytes,
+HL_HD uint8_t* put_outlier(uint8_t* w, uint64_t pos, uint32_t raw, uint8_t pos_bytes,
                               uint64_t elem_bytes) {
   w = put_fixed_le(w, pos, pos_bytes);
   return put_fixed_le(w, raw, (int)elem_bytes);
 }
-HL_HD uint64_t v2_outlier_record_bytes(uint64_t n_codes, uint8_t dtype) {
-  return v2_pos_bytes(n_codes) + hl_elem_bytes(dtype);
+HL_HD uint64_t outlier_record_bytes(uint64_t n_codes, uint8_t dtype) {
+  return outlier_pos_bytes(n_codes) + hl_elem_bytes(dtype);
 }
 
 // The descriptor flags (HL_SEG_*) of a segment.
-HL_HD uint8_t v2_segment_flags(bool level2, bool lossless, bool identity, uint64_t n_outliers,
+HL_HD uint8_t segment_flags(bool level2, bool lossless, bool identity, uint64_t n_outliers,
                                bool rel, bool dither, bool map_rans, bool map_buckets) {
   return (uint8_t)((level2 ? HL_SEG_LEVEL2 : 0) | (lossless ? HL_SEG_LOSSLESS : 0) |
                    (identity ? 0 : HL_SEG_MAP) | (n_outliers ? HL_SEG_OUTLIERS : 0) |

@@ -69,7 +69,7 @@ inline void check_groups(const std::vector<int64_t>& groups, size_t n_pieces) {
 
 // Worst case of the grouped layout of c's pieces: every prefix and frame header, every segment.
 inline uint64_t grouped_bound(const Pieces& c, size_t n_groups, uint64_t prefix_bytes) {
-  return n_groups * (prefix_bytes + HL_V2_MAX_HEADER) + c.max_segments;
+  return n_groups * (prefix_bytes + HL_FRAME_MAX_HEADER) + c.max_segments;
 }
 
 // compress_into's plan, the same for the CPU and CUDA encoders: the pieces, with the groups, the
@@ -81,9 +81,9 @@ inline Pieces plan_grouped(const CompressParams& p, const std::vector<int64_t>& 
                            const std::string& ext, uint64_t out_cap) {
   Pieces c = plan_pieces(p, rows, trailing, error_bounds);
   check_groups(groups, rows.size());
-  if (ext.size() > HL_V2_MAX_EXT)
+  if (ext.size() > HL_FRAME_MAX_EXT)
     throw ArgumentError("a frame extension of " + std::to_string(ext.size()) +
-                        " bytes, at most " + std::to_string(HL_V2_MAX_EXT) + " fit");
+                        " bytes, at most " + std::to_string(HL_FRAME_MAX_EXT) + " fit");
   const uint64_t need = grouped_bound(c, groups.size(), prefix_bytes);
   if (need > out_cap)
     throw ArgumentError("output buffer holds " + std::to_string(out_cap) +

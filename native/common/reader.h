@@ -1,4 +1,4 @@
-// The host's bounds-checked reader of a frame's bytes: every parser (frame_v2.cc's header and
+// The host's bounds-checked reader of a frame's bytes: every parser (frame_io.cc's header and
 // descriptors, the rANS sections, the bucketed map) reads through it, so a truncated or
 // corrupted field always surfaces as a FrameError that names it.
 #pragma once

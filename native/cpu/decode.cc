@@ -11,7 +11,7 @@
 #include "codec.h"
 #include "codec_common.h"
 #include "scratch.h"
-#include "frame_v2.h"
+#include "frame_io.h"
 #include "kernels_cpu.h"
 #include "map_buckets.h"
 #include "pack.h"
@@ -168,7 +168,7 @@ uint64_t decoded_bytes(const SegmentView& v) {
 // is its header's, refused when past avail.
 ParsedFrame next_frame(const uint8_t* frame, uint64_t avail) {
   ParsedFrame f;
-  f.frame = parse_v2(frame, v2_frame_bytes(frame, avail));
+  f.frame = parse_frame(frame, checked_frame_bytes(frame, avail));
   f.shape = f.frame.shape();
   return f;
 }
@@ -205,9 +205,9 @@ void run_jobs(const std::vector<Job>& jobs, std::vector<std::string>* errors, in
 }
 
 // Jobs for the segments of a parsed frame, elements from out on, once its CRC is verified.
-void add_jobs(const uint8_t* frame, const FrameV2& f, uint8_t* out, size_t owner,
+void add_jobs(const uint8_t* frame, const FrameView& f, uint8_t* out, size_t owner,
               std::vector<Job>* jobs) {
-  verify_v2(f, frame);
+  verify_frame(f, frame);
   uint64_t at = 0;
   for (const SegmentView& s : f.segs) {
     jobs->push_back(Job{s, out + at, owner});
@@ -277,8 +277,8 @@ std::string plan_source(const uint8_t* buffer, const DecodeSource& src, size_t i
 void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out_bytes,
                     int threads) {
   threads = resolve_threads(threads);
-  const FrameV2 f = parse_v2(frame, size);
-  verify_v2(f, frame);
+  const FrameView f = parse_frame(frame, size);
+  verify_frame(f, frame);
   const uint64_t need = f.decoded_bytes();
   if (out_bytes != need)
     throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
@@ -372,7 +372,7 @@ void decompress_frames_cpu(const uint8_t* buffer, const std::vector<ParsedFrame>
   // Checksums first: a corrupted header must not make us allocate what it claims.
   for (size_t k = 0; k < n; ++k) {
     try {
-      verify_v2(frames[k].frame, buffer + frames[k].offset);
+      verify_frame(frames[k].frame, buffer + frames[k].offset);
     } catch (const FrameError& e) {
       errors[k] = e.what();
     }

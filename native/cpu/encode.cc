@@ -9,7 +9,7 @@
 
 #include "codec.h"
 #include "encode_stages.h"
-#include "frame_v2.h"
+#include "frame_io.h"
 #include "level1_sections.h"
 #include "parallel.h"
 #include "pieces.h"
@@ -87,8 +87,8 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
 SegmentDesc segment_desc(const Prepared& f, uint8_t mode, uint8_t dtype) {
   const Sections& s = f.s;
   SegmentDesc d;
-  // the CUDA encoder's descriptors take their flags from the same function (common/v2_frames.h)
-  d.flags = v2_segment_flags(s.level == 2, f.lossless, s.n_unique == f.n_rows,
+  // the CUDA encoder's descriptors take their flags from the same function (common/device_frames.h)
+  d.flags = segment_flags(s.level == 2, f.lossless, s.n_unique == f.n_rows,
                              s.outliers.size(), mode == HL_MODE_REL, f.dithered, s.map_rans,
                              s.map_buckets);
   d.map_bytes = s.map.size();
@@ -98,7 +98,7 @@ SegmentDesc segment_desc(const Prepared& f, uint8_t mode, uint8_t dtype) {
   d.n_outliers = s.outliers.size();
   d.code_bytes = f.code_bytes();
   d.payload_bytes = d.map_bytes + d.code_bytes +
-                    d.n_outliers * v2_outlier_record_bytes(s.n_unique * f.row_len, dtype);
+                    d.n_outliers * outlier_record_bytes(s.n_unique * f.row_len, dtype);
   return d;
 }
 
@@ -109,7 +109,7 @@ uint8_t* write_payload(const Prepared& f, uint64_t elem_bytes, uint8_t* w) {
   w += s.map.size();
   if (!s.code.empty()) memcpy(w, s.code.data(), s.code.size());
   w += s.code.size();
-  const uint8_t pb = v2_pos_bytes(s.n_unique * f.row_len);
+  const uint8_t pb = outlier_pos_bytes(s.n_unique * f.row_len);
   for (const Outlier& o : s.outliers) {
     memcpy(w, &o.pos, pb);  // little-endian: the low bytes
     memcpy(w + pb, &o.raw, elem_bytes);
@@ -200,7 +200,7 @@ std::vector<uint64_t> build_and_place(const void* input, const CompressParams& p
   for (size_t i = 0; i < n; ++i) descs[i] = segment_desc(frames[i], p.mode, p.dtype);
   struct Group {
     size_t first, count;
-    HeadV2 head;
+    FrameHead head;
     uint64_t at = 0, total = 0, header = 0;
   };
   std::vector<Group> gs;
@@ -210,7 +210,7 @@ std::vector<uint64_t> build_and_place(const void* input, const CompressParams& p
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const int64_t g = groups[gi];
     w += prefix_bytes;
-    Group grp{first, (size_t)g, HeadV2()};
+    Group grp{first, (size_t)g, FrameHead()};
     first += (uint64_t)g;
     if (g == 0 && ext.empty()) continue;  // an empty group sends no frame
     grp.head.dtype = p.dtype;
@@ -228,7 +228,7 @@ std::vector<uint64_t> build_and_place(const void* input, const CompressParams& p
     grp.head.seed = grp.head.seeded ? c.params[grp.first].dither_seed : 0;
     const std::vector<SegmentDesc> mine(descs.begin() + grp.first,
                                         descs.begin() + grp.first + grp.count);
-    grp.total = v2_frame_size(grp.head, mine, &grp.header);
+    grp.total = frame_size(grp.head, mine, &grp.header);
     grp.at = w;
     w += grp.total;
     if (group_bytes) (*group_bytes)[gi] = grp.total;
@@ -242,13 +242,13 @@ std::vector<uint64_t> build_and_place(const void* input, const CompressParams& p
     const Group& g = gs[k];
     const std::vector<SegmentDesc> mine(descs.begin() + g.first, descs.begin() + g.first + g.count);
     uint8_t* frame = out + g.at;
-    uint8_t* pw = v2_write_head(g.head, mine, g.total, frame);
+    uint8_t* pw = write_frame_head(g.head, mine, g.total, frame);
     for (size_t i = g.first; i < g.first + g.count; ++i) {
       pw = write_payload(frames[i], eb, pw);
       frames[i] = Prepared();
     }
-    if (pw != frame + g.total) throw CodecError("v2 frame layout is inconsistent");
-    v2_seal(frame, g.total);
+    if (pw != frame + g.total) throw CodecError("frame layout is inconsistent");
+    seal_frame(frame, g.total);
   });
   return sizes;
 }

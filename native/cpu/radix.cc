@@ -2,13 +2,13 @@
 // AVX-512, AVX2 and the baseline (target_clones), which the compiler vectorizes. The digit split
 // is written with intrinsics (AVX-512 16 values a step, AVX2 8), since the compiler widens
 // radix_div's 32 x 32 -> 64-bit products to 64-bit lanes (8 values a step at best); all paths
-// compute radix_div exactly (frame_v2_codec.h) and write the same digits.
+// compute radix_div exactly (frame_fields.h) and write the same digits.
 #include "radix.h"
 
 #include <atomic>
 #include <string>
 
-#include "frame_v2_codec.h"
+#include "frame_fields.h"
 #include "level1_sections.h"
 #include "kernels_cpu.h"
 
@@ -31,7 +31,7 @@
 namespace hl {
 namespace {
 
-// Values a step of the loops below handles, the format's span (frame_v2_codec.h): 8 KiB of
+// Values a step of the loops below handles, the format's span (frame_fields.h): 8 KiB of
 // values and 8 KiB of digits stay in L1.
 constexpr uint64_t kSpan = HL_RADIX_SPAN;
 

@@ -1,7 +1,7 @@
 // Radix-packed level-1 code sections on the host (frame.h "Radix section"): the encoder's plan
 // and writer, and a decoder that unpacks the values and splits their digits a chunk at a time
 // (through unpack_blocks_to), so no array of all codes is made. The rule for g and the division
-// by K are in frame_v2_codec.h, shared with the CUDA decoder.
+// by K are in frame_fields.h, shared with the CUDA decoder.
 #pragma once
 
 #include <stdint.h>

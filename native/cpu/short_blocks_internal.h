@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "frame_v2_codec.h"
+#include "frame_fields.h"
 #include "kernels_cpu.h"
 #include "level1_sections.h"
 #include "pack_avx2.h"

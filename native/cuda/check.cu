@@ -1,6 +1,6 @@
 // Checks of device frames before anything is allocated for them: CRC32C on the device,
 // verify_cuda (codec.h), and the size and CRC rules the decoder applies to its host copy. The
-// CRC is frame_v2_codec.h's piecewise form: every thread takes pieces of kCrcPiece bytes, runs
+// CRC is frame_fields.h's piecewise form: every thread takes pieces of kCrcPiece bytes, runs
 // the byte-at-a-time table from a zero register, shifts the result past the bytes that follow
 // the piece and XORs it into its share; the shares meet in one word, and the host finishes the
 // CRC with the same shared function the CPU tests exercise (crc32c_in_pieces).
@@ -9,8 +9,8 @@
 #include <algorithm>
 
 #include "codec_cuda.cuh"
-#include "frame_v2.h"
-#include "frame_v2_codec.h"
+#include "frame_io.h"
+#include "frame_fields.h"
 
 namespace hl {
 namespace gpu {
@@ -49,7 +49,7 @@ void crc_mismatch(uint32_t computed, uint32_t stored) {
 }
 
 void check_frame_size(uint64_t size) {
-  if (size <= HL_V2_PREFIX) v2_frame_bytes(nullptr, size);  // too short to hold a byte of it
+  if (size <= HL_FRAME_PREFIX) checked_frame_bytes(nullptr, size);  // too short to hold a byte of it
 }
 
 uint32_t stored_crc(const uint8_t* head, uint64_t head_len, uint64_t size) {
@@ -58,7 +58,7 @@ uint32_t stored_crc(const uint8_t* head, uint64_t head_len, uint64_t size) {
   // The CRC covers everything after its own field and the size is all it needs; the segments
   // are parsed (and may announce their sizes) only once it holds. The full parser names what is
   // wrong with a head that is not a frame's.
-  if (!v2_peek_total(head, head_len, &total, &stored)) v2_frame_bytes(head, head_len);
+  if (!peek_frame_total(head, head_len, &total, &stored)) checked_frame_bytes(head, head_len);
   if (total != size)
     throw FrameError("frame is truncated or has trailing bytes: " + std::to_string(size) +
                      " bytes, its header says " + std::to_string(total));
@@ -99,11 +99,11 @@ void verify_cuda(const uint8_t* frame_dev, uint64_t size, void* stream_v) {
   check_frame_size(size);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
   DeviceScope scope(frame_dev, "the frame");
-  uint8_t head[HL_V2_PREFIX + 10];  // the prefix and the total's varint
+  uint8_t head[HL_FRAME_PREFIX + 10];  // the prefix and the total's varint
   const uint64_t head_len = std::min<uint64_t>(size, sizeof(head));
   memcpy(head, fetch(frame_dev, head_len, stream), head_len);
   const uint32_t stored = stored_crc(head, head_len, size);
-  const uint32_t crc = crc32c_dev(frame_dev + HL_V2_PREFIX, size - HL_V2_PREFIX, stream);
+  const uint32_t crc = crc32c_dev(frame_dev + HL_FRAME_PREFIX, size - HL_FRAME_PREFIX, stream);
   if (crc != stored) crc_mismatch(crc, stored);
 }
 

@@ -13,7 +13,7 @@
 #include "codec.h"
 #include "codec_common.h"
 #include "codec_cuda.h"
-#include "v2_frames.h"
+#include "device_frames.h"
 
 namespace hl {
 namespace gpu {
@@ -139,7 +139,7 @@ std::vector<SegmentResult> encode_segments(const std::vector<SegmentJob>& segs,
 
 // ---- checks (check.cu) -----------------------------------------------------------------------
 
-// XORs the piece terms (frame_v2_codec.h) of the n device bytes at p_dev into *terms_dev, on
+// XORs the piece terms (frame_fields.h) of the n device bytes at p_dev into *terms_dev, on
 // the stream; crc32c_finish(terms, n) is their CRC32C.
 void crc32c_terms_dev(const uint8_t* p_dev, uint64_t n, uint32_t* terms_dev, cudaStream_t stream);
 // CRC32C of n device bytes.
@@ -150,7 +150,7 @@ void check_frame_size(uint64_t size);
 // The CRC32C a frame of `size` bytes stores, from its first head_len bytes; FrameError unless
 // they are a frame's and its total is `size`.
 uint32_t stored_crc(const uint8_t* head, uint64_t head_len, uint64_t size);
-// FrameError naming both CRCs, as verify_v2 (frame_v2.h) does.
+// FrameError naming both CRCs, as verify_frame (frame_io.h) does.
 [[noreturn]] void crc_mismatch(uint32_t computed, uint32_t stored);
 
 }  // namespace gpu

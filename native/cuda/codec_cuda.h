@@ -41,7 +41,7 @@ void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uin
                      void* stream, bool verify_checksum = true);
 // Verifies a device frame before the caller allocates anything for it: its first bytes (the
 // size and the CRC32C) are copied to the host, then the CRC32C over the whole frame is
-// computed on the device (frame_v2_codec.h's piecewise form). Device memory used: a few bytes of
+// computed on the device (frame_fields.h's piecewise form). Device memory used: a few bytes of
 // state. Throws FrameError naming the fault.
 void verify_cuda(const uint8_t* frame_dev, uint64_t size, void* stream);
 // CRC32C of n device bytes at p_dev, computed on the device (tests and verify_cuda).

@@ -1,6 +1,6 @@
 // CUDA decoder of frames (frame.h). The frame is copied to the host once, its size and
 // CRC32C checked there before anything is parsed from it (check.cu's rules), and parsed there
-// (parse_v2; block-packed maps announce their length only through their width bytes, in the
+// (parse_frame; block-packed maps announce their length only through their width bytes, in the
 // payload); the compact rANS tables, escapes and stream sizes are read there too (rans_layout,
 // as the CPU decoder reads them). The device gets each section's layout and decodes every
 // segment: block-packed, radix and short-block codes, packed or rANS-coded maps, rANS streams,
@@ -16,7 +16,7 @@
 
 #include "codec_cuda_device.cuh"
 #include "crc32c.h"
-#include "frame_v2.h"
+#include "frame_io.h"
 #include "level1_sections.h"
 #include "rans.h"
 
@@ -305,7 +305,7 @@ __global__ void rans_finish_kernel(const uint8_t* sec, uint64_t n, const uint8_t
 
 // Outlier records must be in range and strictly increasing (so no two threads write one
 // element); fp16/bf16 raw bits must fit 16 bits. A record is pos_bytes of position then
-// raw_bytes of raw bits, little-endian (v2_pos_bytes and the element's bytes).
+// raw_bytes of raw bits, little-endian (outlier_pos_bytes and the element's bytes).
 template <int DT>
 __global__ void scatter_outliers_kernel(const uint8_t* rec, uint64_t n_out, uint64_t nu,
                                         uint32_t pos_bytes, uint32_t raw_bytes,
@@ -423,7 +423,7 @@ void unpack_short_section(const uint8_t* sec, uint64_t len, uint64_t n, uint32_t
          kThreads, stream, sec, len, n, s.width, s.word_off, s.ds, err, sink);
 }
 
-void plan_decode_scratch(const FrameV2& f, const std::vector<SegmentPlan>& plans, Workspace* ws,
+void plan_decode_scratch(const FrameView& f, const std::vector<SegmentPlan>& plans, Workspace* ws,
                          DecodeScratch* x) {
   uint64_t nb = 0, ns = 0, uniq = 0, sym = 0, map_rows = 0, rans_rows = 0, esc = 0;
   for (const SegmentPlan& p : plans) {
@@ -487,7 +487,7 @@ constexpr size_t kRansStateOffset = offsetof(DecodeState, esc_off);
 template <typename Sink>
 void enqueue_rans(const uint8_t* sec_dev, const RansLayout& L, uint64_t n, Sink sink,
                   const DecodeScratch& s, DecodeState* ds, cudaStream_t stream) {
-  const uint64_t ns = hl_div_up(n, HL_RANS_CHUNK);  // >= 1: parse_v2 rejects empty level 2
+  const uint64_t ns = hl_div_up(n, HL_RANS_CHUNK);  // >= 1: parse_frame rejects empty level 2
   DecodeState h;
   memset(&h, 0, sizeof(h));
   h.esc_off = 0;  // the escapes go to their own buffer, as 4-byte values
@@ -537,12 +537,12 @@ void enqueue_segment(const SegmentPlan& p, const uint8_t* host_frame, const uint
   s.ds = ds;
   raw_t* u = identity ? out : reinterpret_cast<raw_t*>(s.uniq);
   const CodeSink<DT> sink{u, 2.0 * v.eb_abs, v.lossless};
-  if (v.level == 1 && v.radix_k) {  // parse_v2 read and checked its head: lossy, nu >= 1
+  if (v.level == 1 && v.radix_k) {  // parse_frame read and checked its head: lossy, nu >= 1
     const uint64_t G = hl_div_up(nu, v.radix_g);
     const RadixSink<CodeSink<DT>> radix{sink, nu, G, v.radix_g, radix_div_of(v.radix_k)};
     unpack_section(on_device(v.code) + v.radix_head, v.code_bytes - v.radix_head, G,
                    kErrCodeSection, radix, s, stream);
-  } else if (v.level == 1 && v.short_blocks) {  // parse_v2 saw the mark: lossy, nu >= 1
+  } else if (v.level == 1 && v.short_blocks) {  // parse_frame saw the mark: lossy, nu >= 1
     unpack_short_section(on_device(v.code), v.code_bytes, nu, kErrCodeSection, sink, s, stream);
   } else if (v.level == 1) {
     unpack_section(on_device(v.code), v.code_bytes, nu, kErrCodeSection, sink, s, stream);
@@ -609,11 +609,11 @@ void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uin
   memcpy(host.data(), fetch(frame_dev, size, stream), size);
   if (verify_checksum) {  // on the copy, before anything is parsed from it
     const uint32_t stored = stored_crc(host.data(), size, size);
-    const uint32_t crc = crc32c(host.data() + HL_V2_PREFIX, size - HL_V2_PREFIX);
+    const uint32_t crc = crc32c(host.data() + HL_FRAME_PREFIX, size - HL_FRAME_PREFIX);
     if (crc != stored) crc_mismatch(crc, stored);
   }
 
-  const FrameV2 f = parse_v2(host.data(), size);
+  const FrameView f = parse_frame(host.data(), size);
   std::vector<SegmentPlan> plans(f.segs.size());
   uint64_t at = 0;
   for (size_t k = 0; k < f.segs.size(); ++k) {

@@ -26,7 +26,7 @@ __global__ void decide_kernel(EncodeState* st, uint64_t n_rows, uint64_t row_len
   const uint64_t n_out = n_rows ? out_off[n_rows - 1] + out_count[n_rows - 1] : 0;
   st->n_outliers = n_out;
   st->outlier_off = st->code_off + st->code_bytes;
-  st->total = st->outlier_off + v2_outlier_record_bytes(st->n_codes, dtype) * n_out;
+  st->total = st->outlier_off + outlier_record_bytes(st->n_codes, dtype) * n_out;
   st->fallback = !st->lossless &&
                  lossy_exceeds_bound(n_rows, row_len, st->map_bytes, st->code_bytes, n_out);
 }
@@ -44,7 +44,7 @@ __global__ void write_outliers_kernel(const EncodeState* st, const typename Elem
   const uint64_t nu = st->n_unique;
   const double step = st->step, inv_step = st->inv_step, eb = st->eb_abs;
   uint8_t* rec = payload + st->outlier_off;
-  const uint8_t pos_bytes = v2_pos_bytes(nu * d);
+  const uint8_t pos_bytes = outlier_pos_bytes(nu * d);
   const uint64_t rec_bytes = pos_bytes + sizeof(raw_t);
   HL_WARP_STRIDE(u, n_rows) {
     if (u >= nu) break;
@@ -62,7 +62,7 @@ __global__ void write_outliers_kernel(const EncodeState* st, const typename Elem
       }
       const uint32_t b = __ballot_sync(kFull, out);
       if (out)
-        v2_put_outlier(rec + rec_bytes * (k + __popc(b & ((1u << lane_id()) - 1))), u * d + i,
+        put_outlier(rec + rec_bytes * (k + __popc(b & ((1u << lane_id()) - 1))), u * d + i,
                        raw, pos_bytes, sizeof(raw_t));
       k += __popc(b);
     }

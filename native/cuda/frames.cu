@@ -1,9 +1,9 @@
 // The CUDA encoder's frames (frame.h) and its entry points (codec.h). The segments are coded on
 // the device (encode_segments, encode_stages.cuh) into worst-case slots; once their sizes are
 // on the host (the one wait), the header and descriptors are written on the host by the
-// functions the CPU encoder writes them with (frame_v2.h: v2_frame_size, v2_write_head, the
+// functions the CPU encoder writes them with (frame_io.h: frame_size, write_frame_head, the
 // extension included), copied in front of the payloads, which move to their final places device
-// to device, and each frame's CRC32C is taken and stored on the device (frame_v2_codec.h's
+// to device, and each frame's CRC32C is taken and stored on the device (frame_fields.h's
 // piecewise form). So the bytes around the segments are the CPU encoder's by construction, and
 // the segments' bytes follow the same rules (level1_sections.h).
 //
@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "codec_cuda.cuh"
-#include "frame_v2.h"
+#include "frame_io.h"
 #include "level1_sections.h"
 #include "pieces.h"
-#include "v2_frames.h"
+#include "device_frames.h"
 
 namespace hl {
 namespace gpu {
@@ -26,7 +26,7 @@ namespace {
 __global__ void crc_seal_kernel(uint8_t* frame, uint64_t total, const uint32_t* terms) {
   uint32_t x2k[64];
   crc32c_x2k_table(x2k);
-  put_fixed_le(frame + 3, crc32c_finish(*terms, total - HL_V2_PREFIX, x2k), 4);
+  put_fixed_le(frame + 3, crc32c_finish(*terms, total - HL_FRAME_PREFIX, x2k), 4);
 }
 
 // A stream-ordered allocation freed with the scope, also when an exception leaves it.
@@ -81,10 +81,10 @@ Layout encode_frames(const uint8_t* in_dev, const Pieces& c, const std::vector<i
     // The device found the bound overflowing: the rule again on its range throws the CPU
     // encoder's ArgumentError.
     if (r.bound_overflow) absolute_bound(c.params[i], r.lo, r.hi);
-    descs[i] = v2_desc_of(r, c.params[i].mode, c.shapes[i]);
+    descs[i] = descriptor_of(r, c.params[i].mode, c.shapes[i]);
   }
   const FramesPlan plan =
-      plan_v2_frames(descs, c.shapes, groups, prefix_bytes, ext, empty_trailing, dtype);
+      plan_device_frames(descs, c.shapes, groups, prefix_bytes, ext, empty_trailing, dtype);
   fits(plan.end);
 
   // Every frame's header and descriptors (an empty group's whole frame, sealed) go to the device
@@ -99,7 +99,7 @@ Layout encode_frames(const uint8_t* in_dev, const Pieces& c, const std::vector<i
   std::vector<uint64_t> payload_bytes(n);
   for (size_t i = 0; i < n; ++i) payload_bytes[i] = res[i].payload_bytes;
   uint32_t* term = terms.as<uint32_t>();
-  assemble_v2_frames(
+  assemble_device_frames(
       plan, payload_bytes,
       [&](size_t, uint64_t at, uint64_t head_at, uint64_t len) {
         HL_CUDA_CHECK(cudaMemcpyAsync(out_dev + at, heads_dev.as<uint8_t>() + head_at, len,
@@ -110,7 +110,7 @@ Layout encode_frames(const uint8_t* in_dev, const Pieces& c, const std::vector<i
                                       cudaMemcpyDeviceToDevice, stream));
       },
       [&](size_t k, uint64_t at, uint64_t total) {
-        crc32c_terms_dev(out_dev + at + HL_V2_PREFIX, total - HL_V2_PREFIX, term + k, stream);
+        crc32c_terms_dev(out_dev + at + HL_FRAME_PREFIX, total - HL_FRAME_PREFIX, term + k, stream);
         launch("crc_seal", crc_seal_kernel, 1, 1, stream, out_dev + at, total, term + k);
       });
   Layout lay;

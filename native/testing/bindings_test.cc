@@ -1,15 +1,15 @@
 // _hl_test: the test-only hooks into the native codec, a pybind11 module apart from hvd_lossy._C
 // that the tests build (tests/_hooks.py, CMake option HVD_LOSSY_TEST_HOOKS) and the wheel never
 // ships: CRC32C as both codecs compute it, the radix rule and division, and the CUDA encoder's
-// level-1 sections and frame assembly run serially on the host (level1_ref.h, v2_frames.h).
+// level-1 sections and frame assembly run serially on the host (level1_ref.h, device_frames.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "bindings_util.h"
-#include "frame_v2.h"
+#include "frame_io.h"
 #include "crc32c.h"
 #include "level1_ref.h"
-#include "v2_frames.h"
+#include "device_frames.h"
 
 namespace py = pybind11;
 
@@ -45,22 +45,22 @@ py::tuple segment_payload_hd(const std::vector<uint32_t>& map, std::vector<uint3
   const std::vector<uint8_t> code =
       hl::l1ref::code_section(codes.data(), codes.size(), lossy_level1, &packing);
   out.append(reinterpret_cast<const char*>(code.data()), code.size());
-  const uint8_t pb = hl::v2_pos_bytes(codes.size());
+  const uint8_t pb = hl::outlier_pos_bytes(codes.size());
   const uint64_t eb = hl_elem_bytes((uint8_t)dtype);
   for (const auto& o : outliers) {
     uint8_t rec[16];
-    const uint8_t* end = hl::v2_put_outlier(rec, o.first, o.second, pb, eb);
+    const uint8_t* end = hl::put_outlier(rec, o.first, o.second, pb, eb);
     out.append(reinterpret_cast<const char*>(rec), end - rec);
   }
   return py::make_tuple(py::bytes(out), packing, code.size());
 }
 
-// The CUDA encoder's frame assembly (v2_frames.h) on the host: the segments of the CPU
+// The CUDA encoder's frame assembly (device_frames.h) on the host: the segments of the CPU
 // encoder's compress_into layout at `buffer` (level 1, no dither) taken apart into what an
 // encoder finds of each (SegmentFound) and their payloads, then planned, headed, assembled and
 // sealed (CRC32C in the device's 1 KiB pieces) again into a buffer of 0xab bytes. Returns
 // (layout bytes, sizes, group bytes) for the tests to compare with the CPU encoder's.
-py::tuple v2_frames_hd(const std::string& buffer, const std::vector<int64_t>& rows,
+py::tuple device_frames_hd(const std::string& buffer, const std::vector<int64_t>& rows,
                        const std::vector<int64_t>& trailing, const std::vector<int64_t>& groups,
                        uint64_t prefix_bytes, const std::string& ext, int mode, int dtype) {
   const uint8_t* buf = reinterpret_cast<const uint8_t*>(buffer.data());
@@ -79,11 +79,11 @@ py::tuple v2_frames_hd(const std::string& buffer, const std::vector<int64_t>& ro
     at += prefix_bytes;
     if (g == 0 && ext.empty()) continue;
     if (at > buffer.size()) throw hl::ArgumentError("buffer ends before a group's frame");
-    const hl::FrameV2 f = hl::parse_v2(buf + at, hl::v2_frame_bytes(buf + at, buffer.size() - at));
+    const hl::FrameView f = hl::parse_frame(buf + at, hl::checked_frame_bytes(buf + at, buffer.size() - at));
     if ((int64_t)f.segs.size() != g) throw hl::ArgumentError("a frame of another group size");
     for (const hl::SegmentView& v : f.segs) {
       if (v.level != 1 || v.dithered)
-        throw hl::ArgumentError("v2_frames_hd takes level-1 undithered segments");
+        throw hl::ArgumentError("device_frames_hd takes level-1 undithered segments");
       hl::SegmentFound r;
       r.lossless = v.lossless;
       r.identity = v.identity;
@@ -94,7 +94,7 @@ py::tuple v2_frames_hd(const std::string& buffer, const std::vector<int64_t>& ro
       r.code_bytes = v.code_bytes;
       r.payload_bytes = v.map_bytes + v.code_bytes + v.outlier_bytes;
       if (seg >= shapes.size()) throw hl::ArgumentError("more segments than rows");
-      descs.push_back(hl::v2_desc_of(r, (uint8_t)mode, shapes[seg++]));
+      descs.push_back(hl::descriptor_of(r, (uint8_t)mode, shapes[seg++]));
       payload.push_back(r.identity ? v.code : v.map);
       payload_bytes.push_back(r.payload_bytes);
     }
@@ -102,10 +102,10 @@ py::tuple v2_frames_hd(const std::string& buffer, const std::vector<int64_t>& ro
   }
   if (seg != shapes.size()) throw hl::ArgumentError("fewer segments than rows");
   const hl::FramesPlan plan =
-      hl::plan_v2_frames(descs, shapes, groups, prefix_bytes, ext, trailing, (uint8_t)dtype);
+      hl::plan_device_frames(descs, shapes, groups, prefix_bytes, ext, trailing, (uint8_t)dtype);
   std::string out(plan.end, '\xab');
   uint8_t* o = reinterpret_cast<uint8_t*>(&out[0]);
-  hl::assemble_v2_frames(
+  hl::assemble_device_frames(
       plan, payload_bytes,
       [&](size_t, uint64_t to, uint64_t head_at, uint64_t len) {
         memcpy(o + to, plan.heads.data() + head_at, len);
@@ -113,7 +113,7 @@ py::tuple v2_frames_hd(const std::string& buffer, const std::vector<int64_t>& ro
       [&](size_t i, uint64_t to, uint64_t len) { memcpy(o + to, payload[i], len); },
       [&](size_t, uint64_t to, uint64_t total) {
         hl::put_fixed_le(o + to + 3,
-                         hl::crc32c_in_pieces(o + to + HL_V2_PREFIX, total - HL_V2_PREFIX, 1024),
+                         hl::crc32c_in_pieces(o + to + HL_FRAME_PREFIX, total - HL_FRAME_PREFIX, 1024),
                          4);
       });
   return py::make_tuple(py::bytes(out), plan.sizes, plan.group_bytes);
@@ -150,7 +150,7 @@ PYBIND11_MODULE(_hl_test, m) {
         py::arg("data"), py::arg("size"), py::arg("piece"),
         "CRC32C the way the CUDA codec computes it: pieces of `piece` bytes combined (tests).");
 
-  // The radix rule and division every codec shares (frame_v2_codec.h), for the tests.
+  // The radix rule and division every codec shares (frame_fields.h), for the tests.
   m.def("radix_group",
         [](uint32_t k, uint64_t n) {
           if (!hl::radix_k_ok(k))
@@ -178,14 +178,14 @@ PYBIND11_MODULE(_hl_test, m) {
 
   m.def("segment_payload_hd", &segment_payload_hd, py::arg("map"), py::arg("codes"),
         py::arg("outliers"), py::arg("dtype"), py::arg("lossy_level1"),
-        "(payload bytes, Level1Packing, code section bytes) of a v2 segment from its row map "
+        "(payload bytes, Level1Packing, code section bytes) of a segment from its row map "
         "(empty: none), its unique rows' codes and its (position, raw bits) outliers, written by "
         "the functions the CUDA encoder runs (level1_sections.h), serially on the host.");
-  m.def("v2_frames_hd", &v2_frames_hd, py::arg("buffer"), py::arg("rows"), py::arg("trailing"),
+  m.def("device_frames_hd", &device_frames_hd, py::arg("buffer"), py::arg("rows"), py::arg("trailing"),
         py::arg("groups"), py::arg("prefix_bytes"), py::arg("extension"), py::arg("mode"),
         py::arg("dtype"),
         "The CPU encoder's compress_into layout taken apart and put together again by the CUDA "
-        "encoder's host side (v2_frames.h): (layout bytes, sizes, group bytes).");
+        "encoder's host side (device_frames.h): (layout bytes, sizes, group bytes).");
   m.attr("PACK_BLOCK") = (int)hl::HL_PACK_BLOCK;
   m.attr("PACK_RADIX") = (int)hl::HL_PACK_RADIX;
   m.attr("PACK_SHORT") = (int)hl::HL_PACK_SHORT;

@@ -1,4 +1,4 @@
-"""Inputs of the golden frames (tests/golden/*.bin, their cases in cases_v2.py).
+"""Inputs of the golden frames (tests/golden/*.bin, their cases in frame_cases.py).
 
 Inputs are computed from closed formulas, not a random generator, so they are the same with any
 torch version.

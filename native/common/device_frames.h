@@ -3,7 +3,7 @@
 // CPU encoder's segments with it and compares with the CPU encoder's frames). Given what the device
 // found of each segment (SegmentFound), it makes the descriptors, lays out compress_into's
 // groups ([prefix][frame]..., as build_and_place in cpu/encode.cc) and writes every frame's
-// header and descriptors with frame_v2.h's writer, an empty group's whole frame sealed.
+// header and descriptors with frame_io.h's writer, an empty group's whole frame sealed.
 #pragma once
 
 #include <stdint.h>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "codec.h"
-#include "frame_v2.h"
+#include "frame_io.h"
 #include "level1_sections.h"
 
 namespace hl {
@@ -26,10 +26,10 @@ struct SegmentFound {
 
 // The descriptor of a level-1, undithered segment of the given shape (segment_desc in
 // cpu/encode.cc for what the CUDA encoder writes).
-inline SegmentDesc v2_desc_of(const SegmentFound& r, uint8_t mode,
+inline SegmentDesc descriptor_of(const SegmentFound& r, uint8_t mode,
                               const std::vector<int64_t>& shape) {
   SegmentDesc d;
-  d.flags = v2_segment_flags(false, r.lossless, r.identity, r.n_outliers, mode == HL_MODE_REL,
+  d.flags = segment_flags(false, r.lossless, r.identity, r.n_outliers, mode == HL_MODE_REL,
                              false, false, false);
   d.rows = shape.empty() ? 1 : (uint64_t)shape[0];
   d.bound = r.lossless ? 0 : r.bound;
@@ -60,7 +60,7 @@ struct FramesPlan {
 // The layout of compress_into for segments of these descriptors and shapes: groups[g]
 // consecutive segments a frame, prefix_bytes before each group, ext in every frame (then an
 // empty group has a frame of no segments, of 1 + empty_trailing.size() dims).
-inline FramesPlan plan_v2_frames(const std::vector<SegmentDesc>& descs,
+inline FramesPlan plan_device_frames(const std::vector<SegmentDesc>& descs,
                                  const std::vector<std::vector<int64_t>>& shapes,
                                  const std::vector<int64_t>& groups, uint64_t prefix_bytes,
                                  const std::string& ext,
@@ -68,7 +68,7 @@ inline FramesPlan plan_v2_frames(const std::vector<SegmentDesc>& descs,
   FramesPlan plan;
   plan.sizes.assign(descs.size(), 0);
   plan.group_bytes.assign(groups.size(), 0);
-  std::vector<HeadV2> heads;
+  std::vector<FrameHead> heads;
   uint64_t w = 0;
   size_t first = 0;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
@@ -79,7 +79,7 @@ inline FramesPlan plan_v2_frames(const std::vector<SegmentDesc>& descs,
     f.count = g;
     first += g;
     if (g == 0 && ext.empty()) continue;  // an empty group sends no frame
-    HeadV2 h;
+    FrameHead h;
     h.dtype = dtype;
     h.ext = ext;
     if (g == 0) {
@@ -92,7 +92,7 @@ inline FramesPlan plan_v2_frames(const std::vector<SegmentDesc>& descs,
     }
     const std::vector<SegmentDesc> mine(descs.begin() + f.first, descs.begin() + f.first + g);
     uint64_t header = 0;
-    f.total = v2_frame_size(h, mine, &header);
+    f.total = frame_size(h, mine, &header);
     f.head_len = header;
     for (const SegmentDesc& d : mine) f.head_len += d.descriptor_bytes();
     if (g == 0) f.head_len = f.total;
@@ -106,9 +106,9 @@ inline FramesPlan plan_v2_frames(const std::vector<SegmentDesc>& descs,
     plan.heads.resize(plan.heads.size() + f.head_len);
     uint8_t* out = plan.heads.data() + f.head_at;
     if (g == 0) {
-      v2_write_empty(h, out);
-    } else if ((uint64_t)(v2_write_head(h, mine, f.total, out) - out) != f.head_len) {
-      throw CodecError("v2 frame header size is inconsistent");
+      write_empty_frame(h, out);
+    } else if ((uint64_t)(write_frame_head(h, mine, f.total, out) - out) != f.head_len) {
+      throw CodecError("frame header size is inconsistent");
     }
     plan.frames.push_back(f);
   }
@@ -122,7 +122,7 @@ inline FramesPlan plan_v2_frames(const std::vector<SegmentDesc>& descs,
 // place (an empty frame came sealed). The CUDA encoder passes device copies and its CRC kernels,
 // the host check memcpy and the same CRC pieces.
 template <class CopyHead, class CopyPayload, class Seal>
-void assemble_v2_frames(const FramesPlan& plan, const std::vector<uint64_t>& payload_bytes,
+void assemble_device_frames(const FramesPlan& plan, const std::vector<uint64_t>& payload_bytes,
                         CopyHead copy_head, CopyPayload copy_payload, Seal seal) {
   for (size_t k = 0; k < plan.frames.size(); ++k) {
     const FramePlan& f = plan.frames[k];
@@ -133,7 +133,7 @@ void assemble_v2_frames(const FramesPlan& plan, const std::vector<uint64_t>& pay
       if (payload_bytes[i]) copy_payload(i, f.at + at, payload_bytes[i]);
       at += payload_bytes[i];
     }
-    if (at != f.total) throw CodecError("v2 frame layout is inconsistent");
+    if (at != f.total) throw CodecError("frame layout is inconsistent");
     seal(k, f.at, f.total);
   }
 }

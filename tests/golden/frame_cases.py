@@ -2,7 +2,7 @@
 several row segments with their own bounds, as the all-to-all sends a destination.
 
 Inputs come from the closed formulas of cases.py. Regenerate only for a deliberate format
-change: python tests/golden/cases_v2.py --write
+change: python tests/golden/frame_cases.py --write
 """
 import sys
 
@@ -33,69 +33,69 @@ def scaled_rows(rows=128, dim=16):
 
 
 # name: (make the tensor, rows a segment, compress_chunks keyword arguments)
-CASES_V2 = {
-    "v2_f32_rel003_level2_3seg": (lambda: lookups(), [40, 32, 24],
+FRAME_CASES = {
+    "f32_rel003_level2_3seg": (lambda: lookups(), [40, 32, 24],
                                   dict(error_bounds=[0.03, 0.01, 0.05], mode="rel", level=2)),
-    "v2_f32_rel003_level1_3seg": (lambda: lookups(), [40, 32, 24],
+    "f32_rel003_level1_3seg": (lambda: lookups(), [40, 32, 24],
                                   dict(error_bounds=0.03, mode="rel", level=1)),
-    "v2_f16_abs001_dither_2seg": (lambda: lookups(dtype=torch.float16), [50, 46],
+    "f16_abs001_dither_2seg": (lambda: lookups(dtype=torch.float16), [50, 46],
                                   dict(error_bounds=0.001, mode="abs", level=2, dither=77)),
-    "v2_bf16_specials_lossless_mix": (lambda: specials(torch.bfloat16), [3, 5],
+    "bf16_specials_lossless_mix": (lambda: specials(torch.bfloat16), [3, 5],
                                       dict(error_bounds=[0.0, 0.05], mode="rel", level=1)),
-    "v2_f32_coded_map_level2": (lambda: hot_lookups(), [300, 300],
+    "f32_coded_map_level2": (lambda: hot_lookups(), [300, 300],
                                 dict(error_bounds=0.03, mode="rel", level=2)),
-    "v2_f32_bucketed_map_level2": (lambda: skewed_lookups(), [256, 256],
+    "f32_bucketed_map_level2": (lambda: skewed_lookups(), [256, 256],
                                    dict(error_bounds=0.03, mode="rel", level=2)),
-    "v2_f32_1d_2seg": (lambda: lookups(rows=1, dim=100).reshape(-1), [60, 40],
+    "f32_1d_2seg": (lambda: lookups(rows=1, dim=100).reshape(-1), [60, 40],
                        dict(error_bounds=0.03, mode="rel", level=1)),
     # Radix-packed level-1 codes (frame.h "Radix section"): K = 17 in groups of 4 and K = 11 in
     # groups of 8 behind a packed map; dithered (no dedup) K = 19 and 11.
-    "v2_f32_radix_level1_2seg": (lambda: lookups(rows=128, dim=32), [64, 64],
+    "f32_radix_level1_2seg": (lambda: lookups(rows=128, dim=32), [64, 64],
                                  dict(error_bounds=[0.03, 0.05], mode="rel", level=1)),
-    "v2_f32_radix_dither_2seg": (lambda: lookups(rows=128, dim=32), [64, 64],
+    "f32_radix_dither_2seg": (lambda: lookups(rows=128, dim=32), [64, 64],
                                  dict(error_bounds=[0.03, 0.05], mode="rel", level=1, dither=5)),
     # Short-block level-1 codes (frame.h "Short-block section"), deduplicated and dithered.
-    "v2_f32_short_level1_2seg": (lambda: scaled_rows(), [64, 64],
+    "f32_short_level1_2seg": (lambda: scaled_rows(), [64, 64],
                                  dict(error_bounds=[0.01, 0.003], mode="rel", level=1)),
-    "v2_f32_short_dither_2seg": (lambda: scaled_rows(), [64, 64],
+    "f32_short_dither_2seg": (lambda: scaled_rows(), [64, 64],
                                  dict(error_bounds=[0.01, 0.003], mode="rel", level=1, dither=9)),
     # A destination's chunk of the alltoall: the protocol's extension in the frame header
     # (hvd_lossy/chunk_header.py: flags PENDING, grank 3, settings 0x5EED1234, pending 10, 1, 7).
-    "v2_ext_f32_rel003_level2_3seg": (lambda: lookups(), [40, 32, 24],
+    "ext_f32_rel003_level2_3seg": (lambda: lookups(), [40, 32, 24],
                                       dict(error_bounds=[0.03, 0.01, 0.05], mode="rel", level=2,
                                            extension=bytes.fromhex("02063412ed5e14020e"))),
 }
 
 # Frames an earlier encoder wrote, which decoders keep reading: the rows of
-# v2_f32_coded_map_level2 as written before bucketed maps (the same map, plain coded).
-LEGACY_V2 = {
-    "v2_f32_coded_map_level2_before_buckets": CASES_V2["v2_f32_coded_map_level2"],
-    # ... and of v2_f16_abs001_dither_2seg before shared rANS tables (a table a segment)
-    "v2_f16_abs001_dither_2seg_before_shared_table": CASES_V2["v2_f16_abs001_dither_2seg"],
+# f32_coded_map_level2 as written before bucketed maps (the same map, plain coded).
+LEGACY_CASES = {
+    "f32_coded_map_level2_before_buckets": FRAME_CASES["f32_coded_map_level2"],
+    # ... and of f16_abs001_dither_2seg before shared rANS tables (a table a segment)
+    "f16_abs001_dither_2seg_before_shared_table": FRAME_CASES["f16_abs001_dither_2seg"],
     # ... and of the level-1 cases before radix packing (their codes block packed)
-    "v2_f32_1d_2seg_before_radix": CASES_V2["v2_f32_1d_2seg"],
-    "v2_f32_rel003_level1_3seg_before_radix": CASES_V2["v2_f32_rel003_level1_3seg"],
+    "f32_1d_2seg_before_radix": FRAME_CASES["f32_1d_2seg"],
+    "f32_rel003_level1_3seg_before_radix": FRAME_CASES["f32_rel003_level1_3seg"],
     # ... and before short blocks (a radix section and block packing, now short blocks)
-    "v2_f32_1d_2seg_before_short": CASES_V2["v2_f32_1d_2seg"],
-    "v2_bf16_specials_lossless_mix_before_short": CASES_V2["v2_bf16_specials_lossless_mix"],
+    "f32_1d_2seg_before_short": FRAME_CASES["f32_1d_2seg"],
+    "bf16_specials_lossless_mix_before_short": FRAME_CASES["bf16_specials_lossless_mix"],
 }
 
 # Chunks of no segments: (dtype, trailing, extension). A failure (flags FAILED: grank 1,
 # settings 0, status 3, a 2^40, b -5, dtype -1) and the own/empty chunk of a 3-d tensor.
-EMPTY_V2 = {
-    "v2_ext_empty_failure": (torch.float32, [], bytes.fromhex("010200000000068080808080400901")),
-    "v2_ext_empty_bf16_3d": (torch.bfloat16, [26, 32], bytes.fromhex("0000ffffff7f")),
+EMPTY_FRAME = {
+    "ext_empty_failure": (torch.float32, [], bytes.fromhex("010200000000068080808080400901")),
+    "ext_empty_bf16_3d": (torch.bfloat16, [26, 32], bytes.fromhex("0000ffffff7f")),
 }
 
 
 def encode(name):
     import hvd_lossy
 
-    if name in EMPTY_V2:
-        dtype, trailing, ext = EMPTY_V2[name]
+    if name in EMPTY_FRAME:
+        dtype, trailing, ext = EMPTY_FRAME[name]
         return torch.frombuffer(bytearray(hvd_lossy._codec.empty_frame(dtype, trailing, ext)),
                                 dtype=torch.uint8)
-    make, rows, kwargs = CASES_V2[name]
+    make, rows, kwargs = FRAME_CASES[name]
     kwargs = dict(kwargs)
     ext = kwargs.pop("extension", None)
     if ext is None:
@@ -110,7 +110,7 @@ def encode(name):
 
 
 def write():
-    for name in list(CASES_V2) + list(EMPTY_V2):
+    for name in list(FRAME_CASES) + list(EMPTY_FRAME):
         frame = encode(name)
         (HERE / f"{name}.bin").write_bytes(frame.numpy().tobytes())
         print(name, frame.numel(), "bytes")

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "errors.h"
-#include "frame_v2_codec.h"  // varints, descriptors, CRC32C: shared with the CUDA codec
+#include "frame_fields.h"  // varints, descriptors, CRC32C: shared with the CUDA codec
 
 namespace hl {
 
@@ -42,8 +42,8 @@ struct SegmentView {
   uint64_t bytes = 0;  // its descriptor and payload
 };
 
-// A parsed v2 frame: header fields and its segments, every size validated (not the CRC).
-struct FrameV2 {
+// A parsed frame: header fields and its segments, every size validated (not the CRC).
+struct FrameView {
   uint64_t total_bytes = 0;
   uint32_t crc = 0;
   uint8_t dtype = 0;
@@ -51,7 +51,7 @@ struct FrameV2 {
   std::vector<int64_t> trailing;  // dims after dim 0
   bool seeded = false;
   uint32_t seed = 0;
-  const uint8_t* ext = nullptr;  // the transport's extension (HL_V2_EXT), null when absent
+  const uint8_t* ext = nullptr;  // the transport's extension (HL_FRAME_EXT), null when absent
   uint64_t ext_bytes = 0;
   uint64_t rows = 0;  // sum of the segments' dim0
   uint64_t header_bytes = 0;  // through the n_segments field, the extension included
@@ -61,19 +61,19 @@ struct FrameV2 {
   uint64_t decoded_bytes() const;
 };
 
-inline bool is_v2(const uint8_t* p, uint64_t n) {
-  return n >= 3 && p[0] == 'H' && p[1] == 'V' && p[2] == HL_V2_VERSION;
+inline bool is_frame(const uint8_t* p, uint64_t n) {
+  return n >= 3 && p[0] == 'H' && p[1] == 'V' && p[2] == HL_FRAME_VERSION;
 }
 
-// Size of the v2 frame at p, from its total_bytes; FrameError unless it fits in avail.
-uint64_t v2_frame_bytes(const uint8_t* p, uint64_t avail);
+// Size of the frame at p, from its total_bytes; FrameError unless it fits in avail.
+uint64_t checked_frame_bytes(const uint8_t* p, uint64_t avail);
 
 // Validates the header, every descriptor and every section size of the frame of exactly size
 // bytes. Throws FrameError. Allocates only after a size is checked against the bytes present.
-FrameV2 parse_v2(const uint8_t* frame, uint64_t size);
+FrameView parse_frame(const uint8_t* frame, uint64_t size);
 
 // CRC32C of the frame against its header. Throws FrameError.
-void verify_v2(const FrameV2& f, const uint8_t* frame);
+void verify_frame(const FrameView& f, const uint8_t* frame);
 
 // ---- writing ------------------------------------------------------------------------------
 
@@ -88,30 +88,30 @@ struct SegmentDesc {
   uint64_t descriptor_bytes() const;
 };
 
-struct HeadV2 {
+struct FrameHead {
   uint8_t dtype = 0;
   int ndim = 0;
   std::vector<int64_t> trailing;
   bool seeded = false;
   uint32_t seed = 0;
-  // The transport's extension (HL_V2_EXT; empty: none, at most HL_V2_MAX_EXT bytes): the
+  // The transport's extension (HL_FRAME_EXT; empty: none, at most HL_FRAME_MAX_EXT bytes): the
   // protocol fields of hvd_lossy's all-to-all. Any writer (CPU or CUDA) sets it before
-  // v2_frame_size; v2_frame_size and v2_write_head count and write it, v2_seal covers it.
+  // frame_size; frame_size and write_frame_head count and write it, seal_frame covers it.
   std::string ext;
 };
 
 // Total size of the frame, and where the header ends (before the descriptors). ArgumentError
-// for an extension longer than HL_V2_MAX_EXT.
-uint64_t v2_frame_size(const HeadV2& h, const std::vector<SegmentDesc>& segs,
+// for an extension longer than HL_FRAME_MAX_EXT.
+uint64_t frame_size(const FrameHead& h, const std::vector<SegmentDesc>& segs,
                        uint64_t* header_bytes);
 // Writes the header and descriptors of a frame of `total` bytes at out; returns where the
 // first payload goes.
-uint8_t* v2_write_head(const HeadV2& h, const std::vector<SegmentDesc>& segs, uint64_t total,
+uint8_t* write_frame_head(const FrameHead& h, const std::vector<SegmentDesc>& segs, uint64_t total,
                        uint8_t* out);
 // Stores the CRC32C of the written frame.
-void v2_seal(uint8_t* frame, uint64_t total);
+void seal_frame(uint8_t* frame, uint64_t total);
 // A whole sealed frame of no segments (a destination that gets no rows, or a header that
-// travels alone) at out, v2_frame_size(h, {}, nullptr) bytes; returns its size.
-uint64_t v2_write_empty(const HeadV2& h, uint8_t* out);
+// travels alone) at out, frame_size(h, {}, nullptr) bytes; returns its size.
+uint64_t write_empty_frame(const FrameHead& h, uint8_t* out);
 
 }  // namespace hl

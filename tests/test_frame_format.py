@@ -14,7 +14,7 @@ from tests._format_ref import varint
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "golden"))
 from cases import HERE, lookups, specials  # noqa: E402
-from cases_v2 import CASES_V2, LEGACY_V2, encode  # noqa: E402
+from frame_cases import FRAME_CASES, LEGACY_CASES, encode  # noqa: E402
 
 
 def golden(name):
@@ -45,14 +45,14 @@ def assert_within_segment_bounds(x, y, info, rows):
         assert torch.equal(xs[inf], ys[inf])
 
 
-@pytest.mark.parametrize("name", sorted(CASES_V2))
-def test_encoder_reproduces_v2_golden_frame(name):
-    assert torch.equal(encode(name), golden(name)), f"{name}: v2 frame bytes changed"
+@pytest.mark.parametrize("name", sorted(FRAME_CASES))
+def test_encoder_reproduces_golden_frame(name):
+    assert torch.equal(encode(name), golden(name)), f"{name}: frame bytes changed"
 
 
-@pytest.mark.parametrize("name", sorted(CASES_V2) + sorted(LEGACY_V2))
-def test_v2_golden_frame_decodes_every_segment_within_its_bound(name):
-    make, rows, _kwargs = {**CASES_V2, **LEGACY_V2}[name]
+@pytest.mark.parametrize("name", sorted(FRAME_CASES) + sorted(LEGACY_CASES))
+def test_golden_frame_decodes_every_segment_within_its_bound(name):
+    make, rows, _kwargs = {**FRAME_CASES, **LEGACY_CASES}[name]
     x = make()
     frame = golden(name)
     info = hvd_lossy.frame_info(frame)
@@ -63,7 +63,7 @@ def test_v2_golden_frame_decodes_every_segment_within_its_bound(name):
 
 
 def test_v2_header_is_magic_version_crc32c_then_varints():
-    frame = golden("v2_f32_rel003_level2_3seg").numpy().tobytes()
+    frame = golden("f32_rel003_level2_3seg").numpy().tobytes()
     assert frame[:3] == b"HV\x02"
     (crc,) = struct.unpack_from("<I", frame, 3)
     assert crc == crc32c(frame[7:])
@@ -76,20 +76,20 @@ def test_v2_header_is_magic_version_crc32c_then_varints():
 
 
 def test_segments_keep_their_own_bound_mode_and_dither_seed():
-    info = hvd_lossy.frame_info(golden("v2_f32_rel003_level2_3seg"))
+    info = hvd_lossy.frame_info(golden("f32_rel003_level2_3seg"))
     x = lookups()
     for seg, xs, rel in zip(info["segments"], segments_of(x, [40, 32, 24]), [0.03, 0.01, 0.05]):
         want = rel * (xs.max() - xs.min()).item()
         assert seg["mode"] == "rel" and seg["level"] in (1, 2)  # 2 only where it is smaller
         assert want * (1 - 2 ** -15) <= seg["eb_abs"] <= want  # rounded down to 24 bits
-    dithered = hvd_lossy.frame_info(golden("v2_f16_abs001_dither_2seg"))["segments"]
+    dithered = hvd_lossy.frame_info(golden("f16_abs001_dither_2seg"))["segments"]
     assert [s["dither_seed"] for s in dithered] == [77, 78]
-    mixed = hvd_lossy.frame_info(golden("v2_bf16_specials_lossless_mix"))["segments"]
+    mixed = hvd_lossy.frame_info(golden("bf16_specials_lossless_mix"))["segments"]
     assert mixed[0]["lossless"] and not mixed[1]["lossless"]
 
 
 def test_hot_repeated_rows_get_an_entropy_coded_map_smaller_than_block_packing():
-    info = hvd_lossy.frame_info(golden("v2_f32_coded_map_level2"))
+    info = hvd_lossy.frame_info(golden("f32_coded_map_level2"))
     for seg in info["segments"]:
         assert seg["map_coded"] and 1 < seg["n_unique"] < seg["rows"]
         width = (seg["n_unique"] - 1).bit_length()
@@ -98,13 +98,13 @@ def test_hot_repeated_rows_get_an_entropy_coded_map_smaller_than_block_packing()
 
 
 def test_many_distinct_skewed_repeats_get_a_bucketed_map_smaller_than_the_plain_coded_one():
-    for seg in hvd_lossy.frame_info(golden("v2_f32_bucketed_map_level2"))["segments"]:
+    for seg in hvd_lossy.frame_info(golden("f32_bucketed_map_level2"))["segments"]:
         assert seg["map_coded"] and seg["map_bucketed"] and 32 < seg["n_unique"] < seg["rows"]
         width = (seg["n_unique"] - 1).bit_length()
         assert seg["map_bytes"] < (seg["rows"] + 31) // 32 * (1 + 4 * width)
     # the frame the encoder wrote before bucketed maps: its coded map is larger, same rows
-    old = golden("v2_f32_coded_map_level2_before_buckets")
-    new = golden("v2_f32_coded_map_level2")
+    old = golden("f32_coded_map_level2_before_buckets")
+    new = golden("f32_coded_map_level2")
     old_maps = [s["map_bytes"] for s in hvd_lossy.frame_info(old)["segments"]]
     new_maps = [s["map_bytes"] for s in hvd_lossy.frame_info(new)["segments"]]
     assert sum(new_maps) < sum(old_maps)
@@ -136,7 +136,7 @@ def test_random_segments_decode_within_bounds_with_specials(dtype, level):
 
 
 def test_every_corrupted_byte_or_truncation_raises_frame_error():
-    frame = golden("v2_bf16_specials_lossless_mix").numpy().tobytes()
+    frame = golden("bf16_specials_lossless_mix").numpy().tobytes()
     for i in range(len(frame)):
         bad = bytearray(frame)
         bad[i] ^= 0x5A
@@ -274,8 +274,8 @@ def _code_tables(frame):
 
 
 def test_small_segments_of_one_distribution_share_one_table_the_first_carries():
-    new = golden("v2_f16_abs001_dither_2seg")
-    old = golden("v2_f16_abs001_dither_2seg_before_shared_table")
+    new = golden("f16_abs001_dither_2seg")
+    old = golden("f16_abs001_dither_2seg_before_shared_table")
     assert _code_tables(new) == [True, False] and _code_tables(old) == [True, True]
     assert new.numel() < old.numel()
     # the same bounds and seeds, so the same decoded values
@@ -283,12 +283,12 @@ def test_small_segments_of_one_distribution_share_one_table_the_first_carries():
 
 
 def test_segments_of_different_bounds_keep_their_own_tables_where_sharing_costs_more():
-    assert _code_tables(golden("v2_f32_rel003_level2_3seg")) == [True, True]  # one is level 1
+    assert _code_tables(golden("f32_rel003_level2_3seg")) == [True, True]  # one is level 1
 
 
 def test_a_section_borrowing_a_table_with_none_before_it_is_refused():
     # the dithered golden with its first (table-carrying) segment's w byte zeroed, resealed
-    frame = bytearray(golden("v2_f16_abs001_dither_2seg").numpy().tobytes())
+    frame = bytearray(golden("f16_abs001_dither_2seg").numpy().tobytes())
     info = hvd_lossy.frame_info(torch.frombuffer(bytearray(frame), dtype=torch.uint8))
     at = info["header_bytes"] + sum(s["segment_bytes"] - s["map_bytes"] - s["code_bytes"]
                                     - s["outlier_bytes"] for s in info["segments"])

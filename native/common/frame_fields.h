@@ -1,7 +1,7 @@
 // The bytes of frames (frame.h) that the CPU and CUDA codecs must write and read alike, beside
 // varint.h's varints: fixed-width little-endian fields, the info byte, the segment descriptor,
 // the width of an outlier position, and CRC32C. Everything here is HL_HD (host and device) and allocation
-// free, so the CPU build (frame_v2.cc, crc32c.cc, and the tests through them) runs the very
+// free, so the CPU build (frame_io.cc, crc32c.cc, and the tests through them) runs the very
 // functions the CUDA codec runs.
 //
 // CRC32C in pieces: the CRC is linear over GF(2), so a frame can be checksummed by many threads
@@ -29,12 +29,12 @@ HL_HD uint64_t get_fixed_le(const uint8_t* p, int bytes) {
   return v;
 }
 
-HL_HD uint8_t v2_info_byte(uint8_t dtype, int ndim, bool seeded) {
-  return (uint8_t)(dtype | (ndim << 2) | (seeded ? HL_V2_SEEDED : 0));
+HL_HD uint8_t frame_info_byte(uint8_t dtype, int ndim, bool seeded) {
+  return (uint8_t)(dtype | (ndim << 2) | (seeded ? HL_FRAME_SEEDED : 0));
 }
 
 // Bytes of an outlier position in a segment of n_codes codes.
-HL_HD uint8_t v2_pos_bytes(uint64_t n_codes) {
+HL_HD uint8_t outlier_pos_bytes(uint64_t n_codes) {
   uint8_t b = 1;
   for (uint64_t m = n_codes > 0 ? n_codes - 1 : 0; m > 0xff; m >>= 8) ++b;
   return b;
@@ -42,7 +42,7 @@ HL_HD uint8_t v2_pos_bytes(uint64_t n_codes) {
 
 // ---- the segment descriptor (frame.h "descriptor[n_segments]") ----------------------------
 
-HL_HD uint64_t v2_descriptor_bytes(uint8_t flags, uint64_t rows, uint64_t n_unique,
+HL_HD uint64_t segment_descriptor_bytes(uint8_t flags, uint64_t rows, uint64_t n_unique,
                                    uint64_t map_bytes, uint64_t n_outliers, uint64_t code_bytes) {
   uint64_t n = 1 + varint_bytes(rows) + varint_bytes(code_bytes);
   if (!(flags & HL_SEG_LOSSLESS)) n += 3;
@@ -52,8 +52,8 @@ HL_HD uint64_t v2_descriptor_bytes(uint8_t flags, uint64_t rows, uint64_t n_uniq
   return n;
 }
 
-// Writes a descriptor at w; returns its end (v2_descriptor_bytes past w).
-HL_HD uint8_t* v2_put_descriptor(uint8_t* w, uint8_t flags, uint64_t rows, uint32_t bound,
+// Writes a descriptor at w; returns its end (segment_descriptor_bytes past w).
+HL_HD uint8_t* put_descriptor(uint8_t* w, uint8_t flags, uint64_t rows, uint32_t bound,
                                  uint64_t n_unique, uint64_t map_bytes, uint64_t n_outliers,
                                  uint64_t code_bytes) {
   *w++ = flags;
@@ -200,15 +200,15 @@ HL_HD int level1_packing(uint64_t block_bytes, uint64_t radix_bytes, uint64_t sh
 }
 
 // The frame's size and CRC from its first bytes (the prefix and the total's varint: at most
-// HL_V2_PREFIX + 10 bytes), without reading further. Returns false when they are not there or
-// not a v2 frame; a caller then has the full parser (parse_v2) name the fault.
-HL_HD bool v2_peek_total(const uint8_t* p, uint64_t avail, uint64_t* total, uint32_t* crc) {
-  if (avail < HL_V2_PREFIX + 1 || p[0] != 'H' || p[1] != 'V' || p[2] != HL_V2_VERSION) return false;
+// HL_FRAME_PREFIX + 10 bytes), without reading further. Returns false when they are not there or
+// not a frame; a caller then has the full parser (parse_frame) name the fault.
+HL_HD bool peek_frame_total(const uint8_t* p, uint64_t avail, uint64_t* total, uint32_t* crc) {
+  if (avail < HL_FRAME_PREFIX + 1 || p[0] != 'H' || p[1] != 'V' || p[2] != HL_FRAME_VERSION) return false;
   uint64_t used = 0;
-  if (get_varint(p + HL_V2_PREFIX, avail - HL_V2_PREFIX, total, &used) != HL_VARINT_OK)
+  if (get_varint(p + HL_FRAME_PREFIX, avail - HL_FRAME_PREFIX, total, &used) != HL_VARINT_OK)
     return false;
   *crc = (uint32_t)get_fixed_le(p + 3, 4);
-  return *total >= HL_V2_PREFIX + used;
+  return *total >= HL_FRAME_PREFIX + used;
 }
 
 // ---- CRC32C (Castagnoli, reflected, init and final xor ~0) ---------------------------------

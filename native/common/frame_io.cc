@@ -1,5 +1,5 @@
 // Frame headers and descriptors (frame.h): layout, writing and validation.
-#include "frame_v2.h"
+#include "frame_io.h"
 
 #include <stdio.h>
 
@@ -23,7 +23,7 @@ std::string radix_fault(const uint8_t* code, uint64_t len) {
 
 }  // namespace
 
-std::vector<int64_t> FrameV2::shape() const {
+std::vector<int64_t> FrameView::shape() const {
   std::vector<int64_t> s;
   if (ndim == 0) return s;
   s.push_back((int64_t)rows);
@@ -31,7 +31,7 @@ std::vector<int64_t> FrameV2::shape() const {
   return s;
 }
 
-uint64_t FrameV2::decoded_bytes() const {
+uint64_t FrameView::decoded_bytes() const {
   uint64_t n = 0;
   for (const SegmentView& s : segs) n += s.n_rows * s.row_len;
   return n * hl_elem_bytes(dtype);
@@ -40,21 +40,21 @@ uint64_t FrameV2::decoded_bytes() const {
 namespace {
 // Why the bytes at p (n of them) do not start a frame: too few, or not "HV" and version 2.
 [[noreturn]] void not_a_frame(const uint8_t* p, uint64_t n) {
-  if (n < HL_V2_PREFIX + 1)
+  if (n < HL_FRAME_PREFIX + 1)
     throw FrameError("frame is truncated: " + num(n) + " bytes, a frame has at least " +
-                     num(HL_V2_PREFIX + 1));
+                     num(HL_FRAME_PREFIX + 1));
   char buf[128];
   snprintf(buf, sizeof(buf),
            "not an hvd_lossy frame: it starts %02x %02x %02x, expected 48 56 02 (\"HV\", "
-           "version %d)", p[0], p[1], p[2], HL_V2_VERSION);
+           "version %d)", p[0], p[1], p[2], HL_FRAME_VERSION);
   throw FrameError(buf);
 }
 }  // namespace
 
-uint64_t v2_frame_bytes(const uint8_t* p, uint64_t avail) {
+uint64_t checked_frame_bytes(const uint8_t* p, uint64_t avail) {
   Reader in(p, avail, "frame");
-  if (avail < HL_V2_PREFIX + 1 || !is_v2(p, avail)) not_a_frame(p, avail);
-  in.skip(HL_V2_PREFIX);
+  if (avail < HL_FRAME_PREFIX + 1 || !is_frame(p, avail)) not_a_frame(p, avail);
+  in.skip(HL_FRAME_PREFIX);
   const uint64_t total = in.varint("total size");
   if (total > avail || total < in.pos())
     throw FrameError("frame is truncated: its header says " + num(total) + " bytes, " +
@@ -62,9 +62,9 @@ uint64_t v2_frame_bytes(const uint8_t* p, uint64_t avail) {
   return total;
 }
 
-FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
-  if (size < HL_V2_PREFIX + 1 || !is_v2(frame, size)) not_a_frame(frame, size);
-  FrameV2 f;
+FrameView parse_frame(const uint8_t* frame, uint64_t size) {
+  if (size < HL_FRAME_PREFIX + 1 || !is_frame(frame, size)) not_a_frame(frame, size);
+  FrameView f;
   Reader in(frame, size, "frame");
   in.skip(3);
   f.crc = in.fixed(4, "checksum");
@@ -75,18 +75,18 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
   const uint32_t info = in.fixed(1, "info byte");
   f.dtype = info & 3;
   f.ndim = (info >> 2) & 15;
-  f.seeded = info & HL_V2_SEEDED;
+  f.seeded = info & HL_FRAME_SEEDED;
   if (f.dtype > HL_BFLOAT16 || f.ndim > HL_MAX_NDIM) {
     char buf[80];
     snprintf(buf, sizeof(buf), "frame is corrupted: info byte 0x%02x", info);
     throw FrameError(buf);
   }
   if (f.seeded) f.seed = in.fixed(3, "dither seed");
-  if (info & HL_V2_EXT) {
+  if (info & HL_FRAME_EXT) {
     f.ext_bytes = in.varint("extension size");
-    if (f.ext_bytes == 0 || f.ext_bytes > HL_V2_MAX_EXT || f.ext_bytes > in.remaining())
+    if (f.ext_bytes == 0 || f.ext_bytes > HL_FRAME_MAX_EXT || f.ext_bytes > in.remaining())
       throw FrameError("frame is corrupted: an extension of " + num(f.ext_bytes) + " bytes, " +
-                       num(in.remaining()) + " left (1 to " + num(HL_V2_MAX_EXT) + " expected)");
+                       num(in.remaining()) + " left (1 to " + num(HL_FRAME_MAX_EXT) + " expected)");
     f.ext = frame + in.pos();
     in.skip(f.ext_bytes);
   }
@@ -251,7 +251,7 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
         table_bytes = s.code_bytes;
       }
     }
-    s.pos_bytes = v2_pos_bytes(n_codes);
+    s.pos_bytes = outlier_pos_bytes(n_codes);
     if (s.n_outliers > n_codes) throw fail(num(s.n_outliers) + " outliers");
     s.outlier_bytes = s.n_outliers * (s.pos_bytes + eb);
     if (s.outlier_bytes > in.remaining()) throw fail("truncated outlier section");
@@ -264,8 +264,8 @@ FrameV2 parse_v2(const uint8_t* frame, uint64_t size) {
   return f;
 }
 
-void verify_v2(const FrameV2& f, const uint8_t* frame) {
-  const uint32_t crc = crc32c(frame + HL_V2_PREFIX, f.total_bytes - HL_V2_PREFIX);
+void verify_frame(const FrameView& f, const uint8_t* frame) {
+  const uint32_t crc = crc32c(frame + HL_FRAME_PREFIX, f.total_bytes - HL_FRAME_PREFIX);
   if (crc != f.crc) {
     char buf[128];
     snprintf(buf, sizeof(buf), "frame is corrupted: checksum (CRC32C) 0x%08x, its header says 0x%08x", crc,
@@ -275,14 +275,14 @@ void verify_v2(const FrameV2& f, const uint8_t* frame) {
 }
 
 uint64_t SegmentDesc::descriptor_bytes() const {
-  return v2_descriptor_bytes(flags, rows, n_unique, map_bytes, n_outliers, code_bytes);
+  return segment_descriptor_bytes(flags, rows, n_unique, map_bytes, n_outliers, code_bytes);
 }
 
 namespace {
-uint64_t head_body_bytes(const HeadV2& h, size_t n_segs) {
-  if (h.ext.size() > HL_V2_MAX_EXT)
+uint64_t head_body_bytes(const FrameHead& h, size_t n_segs) {
+  if (h.ext.size() > HL_FRAME_MAX_EXT)
     throw ArgumentError("a frame extension of " + num(h.ext.size()) + " bytes, at most " +
-                        num(HL_V2_MAX_EXT) + " fit");
+                        num(HL_FRAME_MAX_EXT) + " fit");
   uint64_t n = 1 + (h.seeded ? 3 : 0) + varint_bytes(n_segs);
   if (!h.ext.empty()) n += varint_bytes(h.ext.size()) + h.ext.size();
   for (int64_t d : h.trailing) n += varint_bytes((uint64_t)d);
@@ -290,25 +290,25 @@ uint64_t head_body_bytes(const HeadV2& h, size_t n_segs) {
 }
 }  // namespace
 
-uint64_t v2_frame_size(const HeadV2& h, const std::vector<SegmentDesc>& segs,
+uint64_t frame_size(const FrameHead& h, const std::vector<SegmentDesc>& segs,
                        uint64_t* header_bytes) {
   uint64_t body = head_body_bytes(h, segs.size());
   for (const SegmentDesc& s : segs) body += s.descriptor_bytes() + s.payload_bytes;
   uint64_t len = 1;  // the total's own varint counts in the total
-  while (varint_bytes(HL_V2_PREFIX + len + body) > len) ++len;
-  if (header_bytes) *header_bytes = HL_V2_PREFIX + len + head_body_bytes(h, segs.size());
-  return HL_V2_PREFIX + len + body;
+  while (varint_bytes(HL_FRAME_PREFIX + len + body) > len) ++len;
+  if (header_bytes) *header_bytes = HL_FRAME_PREFIX + len + head_body_bytes(h, segs.size());
+  return HL_FRAME_PREFIX + len + body;
 }
 
-uint8_t* v2_write_head(const HeadV2& h, const std::vector<SegmentDesc>& segs, uint64_t total,
+uint8_t* write_frame_head(const FrameHead& h, const std::vector<SegmentDesc>& segs, uint64_t total,
                        uint8_t* out) {
   uint8_t* w = out;
   *w++ = 'H';
   *w++ = 'V';
-  *w++ = HL_V2_VERSION;
+  *w++ = HL_FRAME_VERSION;
   w = put_fixed_le(w, 0, 4);  // the CRC, once the payloads are written
   w = put_varint(w, total);
-  *w++ = (uint8_t)(v2_info_byte(h.dtype, h.ndim, h.seeded) | (h.ext.empty() ? 0 : HL_V2_EXT));
+  *w++ = (uint8_t)(frame_info_byte(h.dtype, h.ndim, h.seeded) | (h.ext.empty() ? 0 : HL_FRAME_EXT));
   if (h.seeded) w = put_fixed_le(w, h.seed, 3);
   if (!h.ext.empty()) {
     w = put_varint(w, h.ext.size());
@@ -318,20 +318,20 @@ uint8_t* v2_write_head(const HeadV2& h, const std::vector<SegmentDesc>& segs, ui
   for (int64_t d : h.trailing) w = put_varint(w, (uint64_t)d);
   w = put_varint(w, segs.size());
   for (const SegmentDesc& s : segs)
-    w = v2_put_descriptor(w, s.flags, s.rows, s.bound, s.n_unique, s.map_bytes, s.n_outliers,
+    w = put_descriptor(w, s.flags, s.rows, s.bound, s.n_unique, s.map_bytes, s.n_outliers,
                           s.code_bytes);
   return w;
 }
 
-void v2_seal(uint8_t* frame, uint64_t total) {
-  put_fixed_le(frame + 3, crc32c(frame + HL_V2_PREFIX, total - HL_V2_PREFIX), 4);
+void seal_frame(uint8_t* frame, uint64_t total) {
+  put_fixed_le(frame + 3, crc32c(frame + HL_FRAME_PREFIX, total - HL_FRAME_PREFIX), 4);
 }
 
-uint64_t v2_write_empty(const HeadV2& h, uint8_t* out) {
+uint64_t write_empty_frame(const FrameHead& h, uint8_t* out) {
   const std::vector<SegmentDesc> none;
-  const uint64_t total = v2_frame_size(h, none, nullptr);
-  v2_write_head(h, none, total, out);
-  v2_seal(out, total);
+  const uint64_t total = frame_size(h, none, nullptr);
+  write_frame_head(h, none, total, out);
+  seal_frame(out, total);
   return total;
 }
 

@@ -1,14 +1,14 @@
 // libFuzzer harness for the format-2 decoder (native only, no Python).
 //
-// Contract under test: whatever the bytes, hl::parse_v2, hl::decompress_cpu and
+// Contract under test: whatever the bytes, hl::parse_frame, hl::decompress_cpu and
 // hl::decompress_into_cpu either decode or throw hl::FrameError / hl::ArgumentError (or report
 // a source's failure); they never read or write out of bounds, hit undefined behaviour, hang or
 // throw anything else, and the two decoders agree.
 //
 // Built twice from this file (see fuzz/run.sh):
-//   fuzz_decode_v2          the bytes are decoded as they are (mostly tests the header and CRC).
-//   fuzz_decode_v2_patched  -DHL_FUZZ_PATCH=1: the input is the frame's body (everything after
-//                           total_bytes; a seed that is a whole v2 frame has its prefix dropped)
+//   fuzz_decode_frame          the bytes are decoded as they are (mostly tests the header and CRC).
+//   fuzz_decode_frame_patched  -DHL_FUZZ_PATCH=1: the input is the frame's body (everything after
+//                           total_bytes; a seed that is a whole frame has its prefix dropped)
 //                           and the harness puts the magic, the correct total and CRC32C in
 //                           front, so mutations reach the descriptor, map, rANS and outlier
 //                           parsers.
@@ -22,7 +22,7 @@
 
 #include "codec.h"
 #include "crc32c.h"
-#include "frame_v2.h"
+#include "frame_io.h"
 
 #ifndef HL_FUZZ_PATCH
 #define HL_FUZZ_PATCH 0
@@ -35,23 +35,23 @@ constexpr uint64_t kMaxOutputBytes = 64ull << 20;
 // A whole frame around `body`, as the encoder seals it.
 std::vector<uint8_t> seal(const uint8_t* body, size_t n) {
   uint64_t len = 1;
-  while (hl::varint_bytes(HL_V2_PREFIX + len + n) > len) ++len;
-  const uint64_t total = HL_V2_PREFIX + len + n;
+  while (hl::varint_bytes(HL_FRAME_PREFIX + len + n) > len) ++len;
+  const uint64_t total = HL_FRAME_PREFIX + len + n;
   std::vector<uint8_t> f(total);
   f[0] = 'H';
   f[1] = 'V';
-  f[2] = HL_V2_VERSION;
-  uint8_t* w = hl::put_varint(f.data() + HL_V2_PREFIX, total);
+  f[2] = HL_FRAME_VERSION;
+  uint8_t* w = hl::put_varint(f.data() + HL_FRAME_PREFIX, total);
   if (n) memcpy(w, body, n);
-  const uint32_t crc = hl::crc32c(f.data() + HL_V2_PREFIX, total - HL_V2_PREFIX);
+  const uint32_t crc = hl::crc32c(f.data() + HL_FRAME_PREFIX, total - HL_FRAME_PREFIX);
   memcpy(f.data() + 3, &crc, 4);
   return f;
 }
 
 void decode(const uint8_t* data, uint64_t size) {
-  hl::FrameV2 f;
+  hl::FrameView f;
   try {
-    f = hl::parse_v2(data, size);
+    f = hl::parse_frame(data, size);
   } catch (const hl::FrameError&) {
     return;
   }
@@ -85,8 +85,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> frame;
   if (HL_FUZZ_PATCH) {
     size_t skip = 0;
-    if (hl::is_v2(data, size) && size > HL_V2_PREFIX) {
-      skip = HL_V2_PREFIX;
+    if (hl::is_frame(data, size) && size > HL_FRAME_PREFIX) {
+      skip = HL_FRAME_PREFIX;
       while (skip < size && (data[skip] & 0x80)) ++skip;
       skip = skip < size ? skip + 1 : size;
     }

@@ -1,4 +1,4 @@
-"""The frame's byte functions the CPU and CUDA codecs share (native/frame_v2_codec.h), run here
+"""The frame's byte functions the CPU and CUDA codecs share (native/frame_fields.h), run here
 through the CPU build: the piecewise CRC32C the CUDA decoder computes, and the varint and
 descriptor rules the v2 parser and writer take from the same header."""
 import random
