@@ -1,36 +1,38 @@
 """`auto=True`: compress an all-to-all only where it pays, decided alike on every rank.
 
 Whether compressing pays depends on the link, the cores and the message size, so it is
-measured, not guessed. Each compressor with `auto=True` keeps, per process set, a *slot*:
+measured, not guessed. What is measured is each call's *exchange cost*: the time the calling
+thread spends in it (compressing and launching, then waiting and decoding; work the caller
+overlaps between launch and wait is not counted), with the gradient all-to-all of an autograd
+alltoall added to the forward call it belongs to. That cost is far steadier than a training
+step's time: the step's compute noise (+-15% on a loaded machine) is left out, and the ranks'
+skew too, by taking a call's cost as its *cheapest rank's*: the rank that arrived last waited
+only for the bytes, so its cost is compress + transfer + decode with no waiting for peers.
 
-  probe    after WARMUP untimed lossy calls, PROBE_CALLS calls alternate lossy and plain
-           (the backend's own alltoall), and each rank times every call as the interval until the
-           slot's next call: a whole training iteration when the slot is called once a step.
-           That counts what the call costs where it is spent (compress, blocked communication,
-           decode) and also what it costs the rest of the step: on cores shared with the
-           training, a plain call's bytes cost the kernel's TCP stack time that a call-only
-           timer never sees. (The gradient slot of the autograd alltoall alternates in step
-           with the forward one, so probed iterations are all-lossy or all-plain.);
-  agree    the ranks allgather, in the background, their size bucket and median times (one
-           tiny allgather, launched at a fixed call number and read LAG calls later,
-           so nobody waits for it). Every rank applies the same rule to the same rows: lossy
-           when the slowest rank's lossy median beats the slowest plain median (by HYSTERESIS
-           when that means switching, for the same sizes), else plain. A rank without times
-           for its current size sends everyone back to probing;
-  decided  the decision holds until the next agreement, AGREE_EVERY calls later; every REFRESH
-           calls, the call before an agreement runs the losing mode once, so the decision
-           follows a link or a load that changes.
+Each compressor with `auto=True` keeps, per process set, a *slot*:
 
-The gradient all-to-all of an autograd alltoall is not timed on its own: its interval to its
-next call would hold the next step's forward call, of the other mode while probing, so its plain
-and lossy medians would come out alike and its decision a coin toss (seen at 0.1 Gbit/s: the
-gradients sent plain at 4x the iteration). Its compressor *follows* the forward one (`pair`): each
-gradient call takes the mode of the forward compressor's latest call on that group, so every
-iteration is all-lossy or all-plain and the forward slot's times decide for both.
+  warm-up  the first WARMUP calls are lossy and not counted (allocation, the codec's caches);
+  probe    then the calls alternate plain and lossy. Every PROBE_CALLS calls the ranks
+           allgather, in the background, their size bucket and the costs of the latest calls of
+           each mode (one tiny allgather, read LAG calls later, so nobody waits for it). Every
+           rank applies the same rule to the same rows (`_rule`): with per-call costs as the
+           cheapest rank's, a mode wins once its costs are all below the other's (SEPARATE calls
+           each; a clear case is decided after a few calls, so a short run pays little for
+           probing, and a close one costs little per probed call) or, after MAX_PROBE calls of
+           each, by the lower median. A tie goes to plain: auto never pays for a gain it
+           cannot see. A rank without costs for its current size sends everyone back to
+           probing;
+  decided  the decision holds until the next agreement, AGREE_EVERY calls later, which keeps it
+           unless the other mode's median is HYSTERESIS better; every REFRESH calls the losing
+           mode runs twice, so the decision follows a link or a load that changes.
+
+The gradient all-to-all of an autograd alltoall *follows* the forward one (`pair`): each
+gradient call takes the mode of the forward compressor's latest call on that group, so an
+iteration is all-lossy or all-plain, and its cost is added to that forward call's.
 
 Since every input of the rule is agreed, all ranks take the same path on every call: a plain
 call on one rank never meets a framed call on another. A rank whose message size leaves its
-bucket forgets its times, and the next agreement sends everyone back to probing.
+bucket forgets its costs, and the next agreement sends everyone back to probing.
 """
 import collections
 import itertools
@@ -38,20 +40,23 @@ import math
 import statistics
 import time
 import weakref
-from collections import deque
 
 import torch
 
 from hvd_lossy.backend import as_backend
 from hvd_lossy.collective import remote_bytes
 
-WARMUP = 2        # first calls: lossy, untimed (allocation, caches and the first steps' noise)
-PROBE_CALLS = 8   # 4 lossy, 4 plain
-LAG = 4           # calls between launching an agreement and reading it
+WARMUP = 1        # first calls: lossy, not counted (allocation, caches)
+PROBE_CALLS = 4   # calls between agreements while probing: 2 plain, 2 lossy
+LAG = 1           # calls between launching an agreement and reading it
+SEPARATE = 2      # calls of each mode whose costs, all below the other's, decide
+MAX_PROBE = 8     # calls of each mode after which the medians decide
 AGREE_EVERY = 16  # calls between agreements once decided
 REFRESH = 200     # calls between runs of the losing mode, to see whether it still loses
-HYSTERESIS = 0.05  # a decided slot switches only for a 5% better median
-KEEP = 16         # timings kept per mode
+HYSTERESIS = 0.05  # a decided slot switches only for a 5% lower median
+KEEP = MAX_PROBE  # costs kept per mode
+# Calls by which a slot whose sizes stay has decided: the last probe agreement is read then.
+DECIDED_WITHIN = WARMUP + 2 * MAX_PROBE + PROBE_CALLS + LAG
 LOSSY, PLAIN = "lossy", "plain"
 
 _numbers = collections.defaultdict(itertools.count)  # per process set: slots made so far
@@ -63,12 +68,32 @@ def _bucket(nbytes):
     return -1 if nbytes <= 0 else int(math.floor(2 * math.log2(nbytes)))
 
 
+def _rule(decision, plain, lossy):
+    """The agreed mode from the calls' costs of each mode (lists, seconds, the cheapest rank's
+    per call), or None to go on probing."""
+    if decision is None:
+        if len(plain) < SEPARATE or len(lossy) < SEPARATE:
+            return None
+        if max(lossy) < min(plain):
+            return LOSSY
+        if max(plain) <= min(lossy):
+            return PLAIN
+        if min(len(plain), len(lossy)) < MAX_PROBE:
+            return None
+        return LOSSY if statistics.median(lossy) < statistics.median(plain) else PLAIN
+    p, q = statistics.median(plain), statistics.median(lossy)
+    if decision == LOSSY:
+        return PLAIN if p < q * (1 - HYSTERESIS) else LOSSY
+    return LOSSY if q < p * (1 - HYSTERESIS) else PLAIN
+
+
 class _Slot:
     def __init__(self, number, compressor, backend):
         self.number, self.backend = number, backend
         self.label = repr(compressor)
         self.calls = 0
-        self.times = {LOSSY: deque(maxlen=KEEP), PLAIN: deque(maxlen=KEEP)}
+        self.modes = {}           # call number -> mode, of the calls counted
+        self.costs = {}           # call number -> exchange cost so far (seconds)
         self.local_bucket = None
         self.buckets = None       # agreed: every rank's size bucket at the last decision
         self.decision = None      # agreed: LOSSY, PLAIN, or None while probing
@@ -78,92 +103,120 @@ class _Slot:
         self.refresh_at = -1
         self.pending = None       # (the backend's Work, call number at which to read it)
         self.counts = {LOSSY: 0, PLAIN: 0}
-        self.last = None          # (start, mode) of the previous call
         self.last_mode = None     # the mode of the latest call, warm-up included
         self.leader = None        # a follower's: the forward compressor's slot (weakref)
 
     def choose(self, nbytes):
-        """The mode of the next call: the same on every rank of the process set."""
+        """(the mode of the next call, the same on every rank of the process set, and a
+        function the call reports its cost to)."""
         if self.leader is not None:
             leader = self.leader()
             mode = LOSSY if leader is None or leader.last_mode is None else leader.last_mode
             self.calls += 1
             self.counts[mode] += 1
-            return mode
-        now = time.perf_counter()
-        if self.last is not None:  # the previous call's interval, in its own size bucket
-            self.times[self.last[1]].append(now - self.last[0])
+            k = None if leader is None else leader.calls - 1
+            return mode, (lambda s: leader.add_cost(k, s)) if leader is not None else _ignore
         k = self.calls
         self.calls += 1
         bucket = _bucket(nbytes)
-        if bucket != self.local_bucket:  # other sizes: the times so far say nothing of them
+        if bucket != self.local_bucket:  # other sizes: the costs so far say nothing of them
             self.local_bucket = bucket
-            for t in self.times.values():
-                t.clear()
+            self.modes.clear()
+            self.costs.clear()
         if self.pending is not None and k >= self.pending[1]:
             rows = self.pending[0].wait().tolist()
             self.pending = None
             self._apply(rows, k)
         if k == self.next_agreement:
             self._launch_agreement(k)
-        if self.decision is None:
-            mode = LOSSY if k < self.probe_from or (k - self.probe_from) % 2 == 0 else PLAIN
-        elif k == self.refresh_at:
+        if k < WARMUP:
+            mode = LOSSY
+        elif self.decision is None:
+            mode = PLAIN if (k - self.probe_from) % 2 == 0 else LOSSY
+        elif k in (self.refresh_at, self.refresh_at + 1):
             mode = PLAIN if self.decision == LOSSY else LOSSY
         else:
             mode = self.decision
         self.counts[mode] += 1
-        self.last = (now, mode) if k >= WARMUP else None
         self.last_mode = mode
-        return mode
+        if k < WARMUP:
+            return mode, _ignore
+        self.modes[k] = mode
+        self.costs[k] = math.nan  # until the call finishes
+        return mode, lambda s: self.add_cost(k, s, own=True)
+
+    def add_cost(self, k, seconds, own=False):
+        """Adds to call k's cost: its own time (own) or its gradient call's."""
+        if k in self.costs:
+            c = self.costs[k]
+            self.costs[k] = seconds + (0.0 if own and math.isnan(c) else c)
+
+    def _latest(self, mode, before):
+        calls = [k for k, m in self.modes.items() if m == mode and k < before]
+        return sorted(calls)[-KEEP:]
 
     def _launch_agreement(self, k):
-        def median(mode):
-            t = self.times[mode]
-            return statistics.median(t) if t else math.nan
-        row = torch.tensor([[float(self.local_bucket), median(PLAIN), median(LOSSY)]],
-                           dtype=torch.float64)
+        # The calls are agreed (every rank took the same modes), so every rank names the same
+        # ones; their costs are complete: the previous call and its gradient finished before
+        # this one started.
+        row = [float(self.local_bucket)]
+        for mode in (PLAIN, LOSSY):
+            calls = self._latest(mode, k)
+            row += [float(len(calls))] + [self.costs[c] for c in calls] + [math.nan] * (KEEP - len(calls))
+        for old in [c for c in self.modes if c < k - 4 * REFRESH]:  # bounded bookkeeping
+            del self.modes[old], self.costs[old]
         work = self.backend.allgather_async(
-            row, f"hvd_lossy.auto.{self.backend.key}.{self.number}.{k}", same_shape=True)
+            torch.tensor([row], dtype=torch.float64),
+            f"hvd_lossy.auto.{self.backend.key}.{self.number}.{k}", same_shape=True)
         self.pending = (work, k + LAG)
         self.next_agreement = -1  # set again once this one is read
 
     def _apply(self, rows, k):
         buckets = sorted({r[0] for r in rows})
-        if any(math.isnan(r[1]) or math.isnan(r[2]) for r in rows):
-            # a rank has no times for its current size (it changed): measure again
+        costs = {}
+        for i, mode in enumerate((PLAIN, LOSSY)):
+            at = 1 + i * (KEEP + 1)
+            n = {int(r[at]) for r in rows}
+            if len(n) != 1:  # a rank's costs were cleared (its size changed): measure again
+                costs = None
+                break
+            # a call's cost: its cheapest rank's; a call not finished on some rank is left out
+            per_call = ([r[at + 1 + j] for r in rows] for j in range(n.pop()))
+            costs[mode] = [min(c) for c in per_call if not any(map(math.isnan, c))]
+        if costs is None or (self.decision is not None and not (costs[PLAIN] and costs[LOSSY])):
             self.decision, self.buckets, self.probe_from = None, None, k
             self.next_agreement = k + PROBE_CALLS
             self.agreed = None
             return
-        plain = max(r[1] for r in rows)
-        lossy = max(r[2] for r in rows)
-        if self.decision is None or self.buckets != buckets:
-            better = LOSSY if lossy < plain else PLAIN
-        elif self.decision == LOSSY:
-            better = PLAIN if plain < lossy * (1 - HYSTERESIS) else LOSSY
-        else:
-            better = LOSSY if lossy < plain * (1 - HYSTERESIS) else PLAIN
+        if self.buckets != buckets:
+            self.decision = None
+        better = _rule(self.decision, costs[PLAIN], costs[LOSSY])
+        if better is None:  # still probing
+            self.next_agreement = k + PROBE_CALLS
+            return
         self.decision, self.buckets = better, buckets
-        self.agreed = {"plain_ms": plain * 1e3, "lossy_ms": lossy * 1e3}
+        self.agreed = {"plain_ms": statistics.median(costs[PLAIN]) * 1e3,
+                       "lossy_ms": statistics.median(costs[LOSSY]) * 1e3}
         self.next_agreement = k + AGREE_EVERY
         if self.refresh_at < k:
-            self.refresh_at = k + REFRESH - 1
+            self.refresh_at = k + REFRESH - 2
 
     def report(self):
         key = self.backend.key
         leader = self.leader() if self.leader is not None else None
+        base = {"compressor": self.label, "process_set": key if isinstance(key, int) else repr(key),
+                "calls": self.calls}
+        counts = {"lossy_calls": self.counts[LOSSY], "plain_calls": self.counts[PLAIN]}
         if leader is not None:
-            return {"compressor": self.label, "process_set": key if isinstance(key, int) else repr(key),
-                    "calls": self.calls, "follows": leader.label,
-                    "decision": leader.decision or "probing",
-                    "lossy_calls": self.counts[LOSSY], "plain_calls": self.counts[PLAIN]}
-        return {"compressor": self.label, "process_set": key if isinstance(key, int) else repr(key),
-                "calls": self.calls, "decision": self.decision or "probing",
+            return {**base, "follows": leader.label, "decision": leader.decision or "probing", **counts}
+        return {**base, "decision": self.decision or "probing",
                 "message_bytes": None if self.buckets is None else
                 [round(2 ** (b / 2)) for b in self.buckets],
-                "lossy_calls": self.counts[LOSSY], "plain_calls": self.counts[PLAIN],
-                **(self.agreed or {})}
+                **counts, **(self.agreed or {})}
+
+
+def _ignore(_seconds):
+    pass
 
 
 def pair(forward, gradient):
@@ -194,9 +247,32 @@ def slot(compressor, group):
 
 
 def start(tensor, splits, backend, compressor, start_lossy, start_plain):
-    """Starts one alltoall of an auto compressor by the mode its slot agrees on."""
+    """Starts one alltoall of an auto compressor by the mode its slot agrees on; the returned
+    handle reports the call's exchange cost to the slot when it finishes."""
+    t0 = time.perf_counter()
     nbytes, _local = remote_bytes(tensor, splits, backend)
-    return start_lossy() if slot(compressor, backend).choose(nbytes) == LOSSY else start_plain()
+    mode, report_cost = slot(compressor, backend).choose(nbytes)
+    handle = start_lossy() if mode == LOSSY else start_plain()
+    return _Timed(handle, time.perf_counter() - t0, report_cost)
+
+
+class _Timed:
+    """A started call (any of the backends' handles: everything else passes through) whose
+    first wait() reports the call's exchange cost: its start plus its wait."""
+
+    def __init__(self, handle, launched, report_cost):
+        self._handle, self._launched, self._report = handle, launched, report_cost
+
+    def wait(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        result = self._handle.wait(*args, **kwargs)
+        if self._report is not None:
+            self._report(self._launched + time.perf_counter() - t0)
+            self._report = None
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
 
 
 def settle(key):

@@ -13,6 +13,9 @@ Each launch runs both workers to pay the start-up (torch + Horovod) once.
 """
 import re
 
+import itertools
+import types
+
 import pytest
 import torch
 
@@ -204,42 +207,96 @@ class _FakeSet:
     process_set_id = 0
 
 
-def _decided_slot(plain_s, lossy_s):
+class _OneRank:
+    """A backend of one rank whose allgather is done at once: the slot's agreements in-process."""
+    key = 0
+
+    def allgather_async(self, row, name, same_shape):
+        return types.SimpleNamespace(wait=lambda: row)
+
+
+def _drive(slot, cost_of, calls, nbytes=1 << 20):
+    """Runs `calls` calls through an auto slot, each costing cost_of(mode) seconds; their modes."""
+    modes = []
+    for _ in range(calls):
+        mode, report = slot.choose(nbytes)
+        report(cost_of(mode))
+        modes.append(mode)
+    return modes
+
+
+def test_auto_rule_decides_a_clear_case_after_a_few_calls_and_a_close_one_by_medians():
     from hvd_lossy import auto
-    s = auto._Slot(0, "c", _FakeSet())
-    s._apply([[10.0, plain_s, lossy_s], [12.0, plain_s / 2, lossy_s / 2]], k=10)
-    return s
+    assert auto._rule(None, [2.0], [1.0]) is None  # one call each says nothing yet
+    assert auto._rule(None, [2.0, 2.1], [1.0, 1.1]) == auto.LOSSY  # every lossy cost below plain's
+    assert auto._rule(None, [1.0, 1.1], [2.0, 2.1]) == auto.PLAIN
+    assert auto._rule(None, [1.0, 2.0], [1.5, 1.6]) is None  # overlapping: probe on
+    n = auto.MAX_PROBE
+    assert auto._rule(None, [1.2, 2.0] * (n // 2), [1.4, 1.6] * (n // 2)) == auto.LOSSY  # medians
+    assert auto._rule(None, [1.0] * n, [1.0] * n) == auto.PLAIN  # a tie: nothing to gain
+    # decided: the other mode must be HYSTERESIS better
+    assert auto._rule(auto.LOSSY, [0.98], [1.0]) == auto.LOSSY
+    assert auto._rule(auto.LOSSY, [0.9], [1.0]) == auto.PLAIN
+    assert auto._rule(auto.PLAIN, [1.0], [0.9]) == auto.LOSSY
 
 
-def test_auto_rule_takes_the_slowest_ranks_faster_mode_with_hysteresis():
-    from hvd_lossy import auto
-    assert _decided_slot(2e-3, 1e-3).decision == auto.LOSSY
-    assert _decided_slot(1e-3, 2e-3).decision == auto.PLAIN
-    s = _decided_slot(1e-3, 0.99e-3)  # lossy by 1%
-    assert s.decision == auto.LOSSY and s.agreed == {"plain_ms": 1.0, "lossy_ms": 0.99}
-    s._apply([[10.0, 0.98e-3, 1e-3], [12.0, 0.4e-3, 0.4e-3]], k=26)  # plain by 2%: kept
-    assert s.decision == auto.LOSSY
-    s._apply([[10.0, 0.9e-3, 1e-3], [12.0, 0.4e-3, 0.4e-3]], k=42)  # plain by 10%: switch
-    assert s.decision == auto.PLAIN and s.next_agreement == 42 + auto.AGREE_EVERY
-
-
-def test_auto_rule_measures_again_when_any_rank_lacks_times():
+def test_auto_takes_each_calls_cheapest_rank_and_leaves_out_unfinished_calls():
+    """The rank that arrived last waited only for the bytes: a call's cost is its cheapest
+    rank's, so one rank's compute noise (its peers' waiting) does not decide."""
     import math
 
     from hvd_lossy import auto
-    s = _decided_slot(2e-3, 1e-3)
-    s._apply([[10.0, 2e-3, 1e-3], [14.0, math.nan, 1e-3]], k=26)
-    assert s.decision is None and s.probe_from == 26
-    assert s.next_agreement == 26 + auto.PROBE_CALLS
-    s.calls = 26
-    modes = [s.choose(1000) for _ in range(26, 30)]
-    assert modes == [auto.LOSSY, auto.PLAIN, auto.LOSSY, auto.PLAIN]
+    s = auto._Slot(0, "c", _OneRank())
+    k = auto.KEEP
+    pad = [math.nan] * (k - 2)
+    rank0 = [20.0, 2, 1.0, 1.1, *pad, 2, 9.0, 9.0, *pad]      # lossy looks slow here (it waited)
+    rank1 = [20.0, 2, 5.0, math.nan, *pad, 2, 0.5, 0.6, *pad]  # ... and cheap here
+    s._apply([rank0, rank1], k=10)
+    assert s.decision is None  # plain's second call unfinished on rank 1: one call left
+    rank1[3] = 5.0
+    s._apply([rank0, rank1], k=14)
+    assert s.decision == auto.LOSSY and s.agreed == {"plain_ms": 1050.0, "lossy_ms": 550.0}
+    assert s.next_agreement == 14 + auto.AGREE_EVERY
 
 
-def test_auto_gradient_compressor_follows_the_forward_calls_mode():
+def test_auto_measures_again_when_any_rank_lacks_costs_for_its_size():
+    from hvd_lossy import auto
+    s = auto._Slot(0, "c", _OneRank())
+    assert set(_drive(s, {auto.LOSSY: 1e-3, auto.PLAIN: 5e-3}.get, 12)) == {auto.LOSSY, auto.PLAIN}
+    assert s.decision == auto.LOSSY
+    k = auto.KEEP
+    s._apply([[20.0, 2, 1.0, 1.0] + [0.0] * (k - 2) + [2, 0.1, 0.1] + [0.0] * (k - 2),
+              [22.0, 0] + [0.0] * k + [0] + [0.0] * k], k=26)  # rank 1's size changed
+    assert s.decision is None and s.probe_from == 26 and s.next_agreement == 26 + auto.PROBE_CALLS
+
+
+@pytest.mark.parametrize("plain_s, lossy_s, want", [(5e-3, 1e-3, "lossy"), (1e-3, 1.5e-3, "plain")],
+                         ids=["slow link", "fast link"])
+def test_auto_pays_little_for_probing_a_clear_case(plain_s, lossy_s, want):
+    """A short run (30 calls) decides within a few calls, and the losing mode runs at most
+    three times after the warm-up."""
+    from hvd_lossy import auto
+    s = auto._Slot(0, "c", _OneRank())
+    modes = _drive(s, {auto.LOSSY: lossy_s, auto.PLAIN: plain_s}.get, 30)
+    assert s.decision == want
+    losing = auto.PLAIN if want == auto.LOSSY else auto.LOSSY
+    assert modes[auto.WARMUP:].count(losing) <= 3, modes
+    assert modes[-20:] == [want] * 20
+
+
+def test_auto_decides_a_close_case_within_its_probe_limit():
+    from hvd_lossy import auto
+    s = auto._Slot(0, "c", _OneRank())
+    noisy = itertools.cycle([1.0, 1.3, 0.8, 1.2])
+    _drive(s, lambda mode: next(noisy) * (1e-3 if mode == auto.LOSSY else 1.02e-3),
+           auto.WARMUP + 2 * auto.MAX_PROBE + auto.PROBE_CALLS + auto.LAG)
+    assert s.decision in (auto.LOSSY, auto.PLAIN)
+
+
+def test_auto_gradient_compressor_follows_the_forward_calls_mode_and_adds_its_cost():
     """The autograd alltoall's gradient compressor takes the mode of the forward compressor's
-    latest call (auto.pair), so every probed iteration is all-lossy or all-plain: timed on its
-    own, the gradient slot's intervals mix both modes and its decision is noise."""
+    latest call (auto.pair), so every probed iteration is all-lossy or all-plain, and its cost
+    counts for that forward call."""
     from hvd_lossy import auto
     from hvd_lossy.compression import Compression
     fwd = Compression.lossy(0.03, backward=0.02, auto=True)
@@ -247,13 +304,17 @@ def test_auto_gradient_compressor_follows_the_forward_calls_mode():
     assert bwd is not fwd and bwd.auto
     lead, follow = auto.slot(fwd, _FakeSet()), auto.slot(bwd, _FakeSet())
     lead.choose(1000)  # a forward call without a backward one (evaluation): the counts part
-    pairs = [(lead.choose(1000), follow.choose(1000)) for _ in range(auto.WARMUP + auto.PROBE_CALLS - 1)]
+    pairs = []
+    for _ in range(auto.PROBE_CALLS):
+        (f, report_f), (g, report_g) = lead.choose(1000), follow.choose(1000)
+        report_f(1.0)
+        report_g(0.5)
+        pairs.append((f, g))
     assert all(f == g for f, g in pairs), pairs
     assert {f for f, _g in pairs} == {auto.LOSSY, auto.PLAIN}  # the probe alternates both
-    lead.decision, lead.refresh_at, lead.next_agreement = auto.PLAIN, -1, 10**9  # as agreed
-    assert (lead.choose(1000), follow.choose(1000)) == (auto.PLAIN, auto.PLAIN)
+    assert [lead.costs[k] for k in sorted(lead.costs)] == [1.5] * auto.PROBE_CALLS
     report = follow.report()
-    assert report["follows"] == lead.label and report["decision"] == auto.PLAIN
+    assert report["follows"] == lead.label and report["lossy_calls"] + report["plain_calls"] == auto.PROBE_CALLS
     same = Compression.lossy(0.03, backward="same", dither=False, auto=True)
     assert auto.pair(same, same.for_backward()) is same  # one compressor, one slot
 

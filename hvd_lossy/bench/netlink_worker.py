@@ -103,9 +103,8 @@ def run_size(hvd, ids, cards, size, modes, iters, repeat, back_to_back=False):
         else:
             calls[mode] = lambda comp=comp: hvd.alltoall(x, splits, compression=comp)
         # warm-up: Horovod's response cache, the codec's buffers, and auto's probing (an auto
-        # compressor times both paths on its first calls and agrees on one LAG calls later)
-        warmups[mode] = 1 + (auto.WARMUP + auto.PROBE_CALLS + auto.LAG
-                             if getattr(comp, "auto", False) else 0)
+        # compressor measures both paths on its first calls and has agreed on one by DECIDED_WITHIN)
+        warmups[mode] = 1 + (auto.DECIDED_WITHIN if getattr(comp, "auto", False) else 0)
     rows = []
     for rep in range(repeat):
         for mode in list(calls):

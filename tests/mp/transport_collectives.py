@@ -289,15 +289,15 @@ def test_auto_decides_alike_on_every_rank_and_stays_within_bound():
     from hvd_lossy import auto
     c = hvd.Compression.lossy(EB, auto=True)
     # rank 0 sends 4x more rows: another size bucket, and still one decision
-    mine = run_auto(c, auto.WARMUP + auto.PROBE_CALLS + auto.LAG + 6, lambda i, s: 16 if s == 0 else 4, 110)
+    mine = run_auto(c, auto.DECIDED_WITHIN + 2, lambda i, s: 16 if s == 0 else 4, 110)
     assert mine["decision"] in ("lossy", "plain") and len(mine["message_bytes"]) == 2, mine
-    assert mine["lossy_calls"] >= auto.PROBE_CALLS // 2 and mine["plain_calls"] >= auto.PROBE_CALLS // 2
+    assert mine["lossy_calls"] >= auto.SEPARATE and mine["plain_calls"] >= auto.SEPARATE
 
 
 def test_auto_measures_again_when_a_rank_changes_its_message_size():
     from hvd_lossy import auto
     c = hvd.Compression.lossy(EB, auto=True)
-    first = auto.WARMUP + auto.PROBE_CALLS + auto.LAG + 1  # decided by then
+    first = auto.DECIDED_WITHIN  # decided by then
     rows_of = lambda i, s: 32 if (s == N - 1 and i >= first) else 4  # noqa: E731
     mine = run_auto(c, first + auto.AGREE_EVERY + auto.LAG, rows_of, 130)
     assert mine["decision"] == "probing", mine
