@@ -170,25 +170,21 @@ def bench_threads(x, rows, eb, repeat, level=1):
     return result
 
 
-def distinct_share(rows, table_rows):
-    """The share of distinct rows in a realistic batch of `rows` rows from a table of
-    `table_rows` (it depends on the ids only, so a batch of dim 1 tells it cheaply)."""
-    x = realistic_lookups(4 * rows, dim=1, table_rows=table_rows)
-    return len(torch.unique(x, dim=0)) / rows
+def distinct_share(rows, table_rows, zipf):
+    """The share of distinct rows in a realistic batch of `rows` rows (it depends on the ids
+    only, so a batch of dim 1 tells it cheaply)."""
+    x = realistic_lookups(4 * rows, dim=1, table_rows=table_rows, zipf=zipf)
+    return len(torch.unique(x)) / rows
 
 
-def table_rows_for(rows, share):
-    """The table size whose realistic batch of `rows` rows has about `share` of them distinct
-    (a bisection: a bigger table spreads the Zipf draws over more ids)."""
-    lo, hi = 1, 1
-    while distinct_share(rows, hi) < share and hi < 1 << 40:
-        lo, hi = hi, hi * 4
-    for _ in range(40):
-        if hi - lo <= max(1, lo // 200):
-            break
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if distinct_share(rows, mid) < share else (lo, mid)
-    return hi
+def zipf_for(rows, table_rows, share):
+    """The Zipf exponent whose realistic batch of `rows` rows has about `share` of them distinct
+    (a bisection: a flatter law spreads the draws over more ids)."""
+    lo, hi = 0.0, 4.0
+    for _ in range(16):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if distinct_share(rows, table_rows, mid) < share else (mid, hi)
+    return (lo + hi) / 2
 
 
 def workloads(realistic_mb, names, table_rows, dims=None, distinct=None):
@@ -199,8 +195,10 @@ def workloads(realistic_mb, names, table_rows, dims=None, distinct=None):
         for dim in dims or [128]:
             rows = max(1, (realistic_mb << 20) // (4 * dim))
             for share in distinct or [None]:
-                n = table_rows if share is None else table_rows_for(rows, share)
-                x = realistic_lookups(realistic_mb << 20, dim=dim, table_rows=n)
+                # a table of 4 ids a row leaves room for up to ~88% distinct
+                n = table_rows if share is None else max(table_rows, 4 * rows)
+                zipf = 1.04 if share is None else zipf_for(rows, n, share)
+                x = realistic_lookups(realistic_mb << 20, dim=dim, table_rows=n, zipf=zipf)
                 label = f"d{dim}" + ("" if share is None else f" {round(share * 100)}%")
                 made[f"realistic {label}"] = (x, [x.shape[0]])
     elif "realistic" in names:
