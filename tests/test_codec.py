@@ -680,7 +680,7 @@ def test_codec_benchmark_reports_speeds_beside_the_fp16_cast_and_thread_scaling(
     results = json.loads(out.read_text())
     runs = {(r["workload"], r["method"]): r for r in results["runs"]}
     assert set(runs) == {(w, m) for w in ("realistic", "criteo")
-                         for m in ("L1", "L1 no dedup", "L1 no dedup dither")}
+                         for m in ("L1", "L1 dither", "L1 no dedup", "L1 no dedup dither")}
     for r in runs.values():
         assert r["max_error_over_bound"] <= 1
         assert r["compress_vs_cast"] == pytest.approx(r["compress_GBps"] / r["fp16_cast_GBps"])
@@ -697,6 +697,37 @@ def test_codec_benchmark_reports_speeds_beside_the_fp16_cast_and_thread_scaling(
     # every figure travels with the kernel path that produced it and the CPU's SIMD flags
     assert results["cpu"]["simd_level"] == hvd_lossy._C.simd_level()
     assert isinstance(results["cpu"]["simd_flags"], list)
+
+
+def test_codec_benchmark_measures_each_dim_and_distinct_share_against_the_cast_into(tmp_path):
+    import json
+
+    from hvd_lossy.bench import codec as bench
+
+    out = tmp_path / "codec.json"
+    assert bench.main(["--quick", "--workloads", "realistic", "--dims", "32", "128",
+                       "--distinct", "0.30", "0.55", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    runs = {(r["workload"], r["method"]): r for r in results["runs"]}
+    names = [f"realistic d{d} {s}%" for d in (32, 128) for s in (30, 55)]
+    assert {w for w, _ in runs} == set(names)
+    for name, share in zip(names, (0.30, 0.55) * 2):
+        assert runs[(name, "L1")]["distinct_row_fraction"] == pytest.approx(share, abs=0.03)
+        for method in ("L1", "L1 dither"):
+            r = runs[(name, method)]
+            assert r["max_error_over_bound"] <= 1
+            assert r["compress_vs_cast_into"] == pytest.approx(r["compress_GBps"]
+                                                               / r["fp16_cast_into_GBps"])
+    assert results["cpu"]["simd_level"] == hvd_lossy._C.simd_level()
+
+
+def test_a_distinct_share_outside_0_to_1_is_refused():
+    from hvd_lossy.bench import codec as bench
+
+    for bad in ("0", "1.5"):
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--distinct", bad])
+        assert e.value.code == 2
 
 
 def test_a_forked_child_compresses_and_decodes_on_its_own_threads(tmp_path):

@@ -170,9 +170,38 @@ def bench_threads(x, rows, eb, repeat, level=1):
     return result
 
 
-def workloads(realistic_mb, names, table_rows):
+def distinct_share(rows, table_rows, zipf):
+    """The share of distinct rows in a realistic batch of `rows` rows (it depends on the ids
+    only, so a batch of dim 1 tells it cheaply)."""
+    x = realistic_lookups(4 * rows, dim=1, table_rows=table_rows, zipf=zipf)
+    return len(torch.unique(x)) / rows
+
+
+def zipf_for(rows, table_rows, share):
+    """The Zipf exponent whose realistic batch of `rows` rows has about `share` of them distinct
+    (a bisection: a flatter law spreads the draws over more ids)."""
+    lo, hi = 0.0, 4.0
+    for _ in range(16):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if distinct_share(rows, table_rows, mid) < share else (mid, hi)
+    return (lo + hi) / 2
+
+
+def workloads(realistic_mb, names, table_rows, dims=None, distinct=None):
+    """The data sets by name; with `dims` or `distinct` the realistic set once per dim and
+    distinct share (named e.g. realistic d32 30%)."""
     made = {}
-    if "realistic" in names:
+    if "realistic" in names and (dims or distinct):
+        for dim in dims or [128]:
+            rows = max(1, (realistic_mb << 20) // (4 * dim))
+            for share in distinct or [None]:
+                # a table of 4 ids a row leaves room for up to ~88% distinct
+                n = table_rows if share is None else max(table_rows, 4 * rows)
+                zipf = 1.04 if share is None else zipf_for(rows, n, share)
+                x = realistic_lookups(realistic_mb << 20, dim=dim, table_rows=n, zipf=zipf)
+                label = f"d{dim}" + ("" if share is None else f" {round(share * 100)}%")
+                made[f"realistic {label}"] = (x, [x.shape[0]])
+    elif "realistic" in names:
         x = realistic_lookups(realistic_mb << 20, dim=128, table_rows=table_rows)
         made["realistic"] = (x, [x.shape[0]])
     if "criteo" in names:
@@ -206,27 +235,27 @@ def print_fresh(r):
 
 
 def print_table(results):
-    print(f"{'workload':10} {'method':16} {'ratio':>7} {'comp':>7} {'dec new':>8} {'dec into':>9} "
+    print(f"{'workload':16} {'method':16} {'ratio':>7} {'comp':>7} {'dec new':>8} {'dec into':>9} "
           f"{'fp16':>6} {'back':>6} {'comp/cast':>9} {'new/cast':>8} {'into/cast':>9} {'err/eb':>6}")
     for r in results["runs"]:
-        print(f"{r['workload']:10} {r['method']:16} {r['ratio']:7.2f} {r['compress_GBps']:7.3f} "
+        print(f"{r['workload']:16} {r['method']:16} {r['ratio']:7.2f} {r['compress_GBps']:7.3f} "
               f"{r['decompress_new_GBps']:8.3f} {r['decompress_into_GBps']:9.3f} "
               f"{r['fp16_cast_GBps']:6.2f} {r['fp16_back_GBps']:6.2f} {r['compress_vs_cast']:9.3f} "
               f"{r['decompress_new_vs_cast']:8.3f} {r['decompress_into_vs_cast']:9.3f} "
               f"{r['max_error_over_bound']:6.3f}")
     print("(GB/s on one thread; x/cast: the codec's speed over the fp16 cast's in the same rounds;\n"
           " the cast allocates its result: x.half(), half.float())")
-    print(f"\n{'workload':10} {'method':16} {'cast into':>9} {'back into':>9} {'comp/into':>9} "
+    print(f"\n{'workload':16} {'method':16} {'cast into':>9} {'back into':>9} {'comp/into':>9} "
           f"{'dec into/back into':>18}")
     for r in results["runs"]:
-        print(f"{r['workload']:10} {r['method']:16} {r['fp16_cast_into_GBps']:9.2f} "
+        print(f"{r['workload']:16} {r['method']:16} {r['fp16_cast_into_GBps']:9.2f} "
               f"{r['fp16_back_into_GBps']:9.2f} {r['compress_vs_cast_into']:9.3f} "
               f"{r['decompress_into_vs_cast_into']:18.3f}")
     print("(the cast into reused tensors, copy_(): no allocation, no page faults)")
-    print(f"\n{'workload':10} {'call':20} {'comp 1t':>8} {'comp 2t':>8} {'x':>5} {'new 1t':>7} "
+    print(f"\n{'workload':16} {'call':20} {'comp 1t':>8} {'comp 2t':>8} {'x':>5} {'new 1t':>7} "
           f"{'new 2t':>7} {'x':>5} {'into 1t':>8} {'into 2t':>8} {'x':>5}")
     for r in results["threads"]:
-        print(f"{r['workload']:10} {r['method']:20} {r['compress_GBps_1t']:8.3f} "
+        print(f"{r['workload']:16} {r['method']:20} {r['compress_GBps_1t']:8.3f} "
               f"{r['compress_GBps_2t']:8.3f} {r['compress_speedup_2t']:5.2f} "
               f"{r['decompress_new_GBps_1t']:7.3f} {r['decompress_new_GBps_2t']:7.3f} "
               f"{r['decompress_new_speedup_2t']:5.2f} {r['decompress_into_GBps_1t']:8.3f} "
@@ -245,6 +274,11 @@ def main(argv=None):
                         help="size of the realistic and synthetic sets, MB")
     parser.add_argument("--table-rows", type=_cli.number(1, kind=int), default=1_000_000,
                         help="rows of the realistic set's table (1,000,000: ~30%% of 64 MB distinct)")
+    parser.add_argument("--dims", type=_cli.number(1, kind=int), nargs="+",
+                        help="row widths of the realistic set, one set each (default: 128)")
+    parser.add_argument("--distinct", type=_cli.number(0, 1, low_open=True), nargs="+",
+                        help="shares of distinct rows of the realistic set (e.g. 0.30 0.55), one "
+                             "set each; the table size is chosen to match (default: --table-rows)")
     parser.add_argument("--repeat", type=_cli.number(1, kind=int), default=7,
                         help="timed runs of each measurement (the median is reported)")
     parser.add_argument("--quick", action="store_true",
@@ -262,15 +296,17 @@ def main(argv=None):
                "repeat": args.repeat, "load_average_before": os.getloadavg(), "runs": [],
                "threads": []}
     results["table_rows"] = args.table_rows
-    for name, (x, rows) in workloads(args.realistic_mb, args.workloads, args.table_rows).items():
+    for name, (x, rows) in workloads(args.realistic_mb, args.workloads, args.table_rows,
+                                            args.dims, args.distinct).items():
         configs = [dict(level=lv) for lv in args.levels]
-        configs += [dict(level=1, dedup=False), dict(level=1, dedup=False, dither=1)]
+        configs += [dict(level=1, dither=1), dict(level=1, dedup=False),
+                    dict(level=1, dedup=False, dither=1)]
         for cfg in configs:
             r = bench_method(x, rows, args.error_bound, repeat=args.repeat, **cfg)
-            if name == "realistic" and cfg == configs[0]:
+            if name.startswith("realistic") and cfg == configs[0]:
                 r["distinct_row_fraction"] = len(torch.unique(x, dim=0)) / x.shape[0]
             results["runs"].append({"workload": name, **r})
-        if name == "realistic" and hasattr(_codec, "output_cache_bytes"):  # not on older builds
+        if name.startswith("realistic") and "fresh_memory" not in results and hasattr(_codec, "output_cache_bytes"):  # not on older builds
             results["fresh_memory"] = {"workload": name, **bench_fresh_memory(x, args.error_bound,
                                                                                args.repeat)}
         split = rows if len(rows) > 1 else pieces(x.shape[0], 52)
