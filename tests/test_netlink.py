@@ -165,6 +165,31 @@ def test_dlrm_speedup_is_against_uncompressed_at_the_same_rate_and_ranks():
     assert auto["status"] == "failed" and auto["error"] == "train.py: error: boom" and auto["speedup"] is None
 
 
+def test_the_ceiling_is_the_baselines_step_on_the_unlimited_link_over_its_step_at_the_rate():
+    runs = [_run(1.0, "uncompressed", 0.4), _run(1.0, "lossy", 0.25), _run(10.0, "uncompressed", 0.12),
+            _run(None, "uncompressed", 0.1), _run(None, "lossy", 0.11), _run(1.0, "lossy", 0.5, ranks=3)]
+    got = {(r["bandwidth_gbit"], r["mode"], r["ranks"]): r for r in netlink.summarise_dlrm(runs)}
+    assert got[(1.0, "lossy", 2)]["ceiling"] == pytest.approx(4.0)  # free communication: 0.4 -> 0.1
+    assert got[(1.0, "uncompressed", 2)]["ceiling"] == pytest.approx(4.0)
+    assert got[(10.0, "uncompressed", 2)]["ceiling"] == pytest.approx(1.2)
+    assert got[(None, "lossy", 2)]["ceiling"] == pytest.approx(1.0)
+    assert got[(1.0, "lossy", 3)]["ceiling"] is None  # no baseline with 3 ranks
+
+
+def test_user_script_runs_are_summarised_beside_the_examples_without_auc():
+    runs = [dict(_run(1.0, m, t), setting=netlink.USER_SETTING, auc=None) for m, t in
+            (("uncompressed", 0.3), ("lossy", 0.1))]
+    for r in runs:
+        del r["a2a_bytes_sent"], r["compression_ratio"]
+    got = {r["mode"]: r for r in netlink.summarise_dlrm(runs + [_run(1.0, "uncompressed", 0.9)])}
+    assert got["lossy"]["speedup"] == pytest.approx(3.0)  # against the user script's own plain run
+    assert got["lossy"]["auc"] is None and got["lossy"]["auc_delta"] is None
+    assert "user-d128" in netlink.dlrm_table(netlink.summarise_dlrm(runs))
+    opts = netlink.parse(["--parts", "user", "--user-modes", "uncompressed,auto"])
+    assert opts.parts == ["user"] and opts.user_modes == ["uncompressed", "auto"]
+    assert set(netlink.USER_MODES) == {"uncompressed", "fp16", "lossy", "auto"}
+
+
 def test_alltoall_summary_takes_the_median_round_and_keeps_failures_with_their_error():
     rows = [{"bandwidth_gbit": 1.0, "ranks": 2, "mode": m, "bytes": 1 << 20, "ms_per_call": t,
              "link_bytes_per_call": w, "status": "ok"} for m, t, w in

@@ -14,7 +14,14 @@ qdisc). At each rate, in one run, it measures
   b) the DLRM example's median step time (after warm-up steps) and AUC for uncompressed
      (--plain-horovod), fp16, lossy, adaptive and auto, at each --ranks, on Criteo-scale synthetic
      data at --embedding-dim 128 --batch-size 1024 and at the example's README defaults;
-  c) the bytes that really crossed the link: the loopback's tx_bytes delta per run.
+  c) with --parts user: the same step time for benchmarks/user_dlrm.py, a training loop written
+     against plain horovod.torch as a user would (README, "Port your script"), dim 128, global
+     batch 1024, 21 tables, switched only by its import line and `compression=`;
+  d) the bytes that really crossed the link: the loopback's tx_bytes delta per run.
+
+Where the unlimited link is measured too, every training record carries its `ceiling`: the
+baseline's step on the unlimited link over its step at this rate, the speedup that free
+communication would give.
 
 Within a rate the modes take turns, --repeat rounds, so noise hits all of them alike. Every run
 gets the same Horovod settings (--cycle-time, --fusion-mb; recorded). A mode that fails (e.g.
@@ -42,6 +49,7 @@ from hvd_lossy.bench import _cli, machine
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "dlrm" / "train.py"
+USER = REPO / "benchmarks" / "user_dlrm.py"
 
 DEFAULT_RATES = [1.0, 10.0, 25.0, 100.0, None]  # Gbit/s; None: no qdisc ("unlimited")
 # Token bucket of the recipe measured in benchmarks/RESULTS.md: a burst of 512 KiB keeps short
@@ -63,6 +71,11 @@ DLRM_MODES = {
     "auto": ["--compression", "lossy", "--error-bound", "0.03", "--auto"],
 }
 DLRM_BASELINE = "uncompressed"
+# user_dlrm.py's modes, named as the example's so that one summary serves both.
+USER_MODES = {"uncompressed": ["--mode", "plain"], "fp16": ["--mode", "fp16"],
+              "lossy": ["--mode", "lossy", "--error-bound", "0.03"],
+              "auto": ["--mode", "auto", "--error-bound", "0.03"]}
+USER_SETTING = "user-d128"
 README_BATCH = 128  # the example's default --batch-size
 
 
@@ -95,9 +108,11 @@ COMMON_TRAIN = ["--no-progress", "--eval-points", "0", "--seed", "0"]
 FIELDS = {
     "dlrm": "per (bandwidth_gbit, ranks, setting, mode): iter_seconds_median = median over rounds of "
             "each run's median step (rank 0, warm-up steps left out); speedup = uncompressed's / this; "
+            "ceiling = uncompressed's on the unlimited link / uncompressed's at this rate; "
             "auc = mean over rounds; wire_bytes = median tx_bytes delta of the namespace's lo over a "
             "whole run (all ranks, every collective, start-up and evaluation included); "
-            "a2a_bytes_sent = the example's own all-to-all count; status ok|failed (+ error)",
+            "a2a_bytes_sent = the example's own all-to-all count; status ok|failed (+ error); "
+            f"setting {USER_SETTING}: benchmarks/user_dlrm.py (no AUC, no a2a counts)",
     "alltoall": "per (bandwidth_gbit, ranks, mode, bytes): bytes = the message each rank hands to the "
                 "all-to-all (its own chunk included); ms_per_call = median over rounds of the slowest "
                 "rank's median call; wire_bytes = tx_bytes of lo per call (all ranks, headers and "
@@ -336,11 +351,32 @@ def run_dlrm(ns, rate, ranks, setting, mode, rep, opts, workdir):
                 train_seconds=m["train_seconds"])
 
 
+def run_user(ns, rate, ranks, mode, rep, opts, workdir):
+    """One run of the user-style script: a record in the schema of run_dlrm's."""
+    out = workdir / f"user_{rate}_{ranks}_{mode}_{rep}.json"
+    args = ["--dim", "128", "--global-batch", str(batch_for(1024, ranks)), "--steps", str(opts.steps),
+            *USER_MODES[mode]]
+    run = run_in(ns, ranks, [sys.executable, str(USER), *args, "--json", str(out)], opts, opts.timeout)
+    rec = {"bandwidth_gbit": rate, "ranks": ranks, "setting": USER_SETTING, "mode": mode, "repeat": rep,
+           "train_args": args, "wire_bytes": run["wire_bytes"], "wall_seconds": run["seconds"]}
+    if run["rc"] != 0 or not out.exists():
+        return dict(rec, status="failed", error=error_of(run["output"], run["rc"]))
+    m = json.loads(out.read_text())
+    steps = m["step_seconds"]
+    warm = min(opts.warmup, len(steps) - 1)
+    return dict(rec, status="ok", iter_seconds_median=statistics.median(steps[warm:]), warmup_steps=warm,
+                steps=len(steps), auc=None, auto=(m.get("report") or {}).get("auto"))
+
+
 # ---------------------------------------------------------------- summaries
 
 
 def _median(xs):
     return statistics.median(xs) if xs else None
+
+
+def _mean(xs):
+    return statistics.fmean(xs) if xs else None
 
 
 def _grouped(rows, keys):
@@ -374,10 +410,10 @@ def summarise_dlrm(runs):
         rec = {"bandwidth_gbit": rate, "ranks": ranks, "setting": setting, "mode": mode,
                "runs": len(rs), "ok_runs": len(ok), "status": "ok" if ok else "failed",
                "iter_seconds_median": _median([r["iter_seconds_median"] for r in ok]),
-               "auc": statistics.fmean([r["auc"] for r in ok]) if ok else None,
+               "auc": _mean([r["auc"] for r in ok if r.get("auc") is not None]),
                "wire_bytes": _median([r["wire_bytes"] for r in ok]),
-               "a2a_bytes_sent": _median([r["a2a_bytes_sent"] for r in ok]),
-               "compression_ratio": _median([r["compression_ratio"] for r in ok]),
+               "a2a_bytes_sent": _median([r["a2a_bytes_sent"] for r in ok if "a2a_bytes_sent" in r]),
+               "compression_ratio": _median([r["compression_ratio"] for r in ok if "compression_ratio" in r]),
                "train_args": rs[0]["train_args"]}
         if not ok:
             rec["error"] = rs[0]["error"]
@@ -387,6 +423,10 @@ def summarise_dlrm(runs):
     for rec, base in zip(out, bases):
         rec["auc_delta"] = (rec["auc"] - base["auc"]) if base and base["auc"] is not None and \
             rec["auc"] is not None else None
+        free = next((b for b in out if b["mode"] == DLRM_BASELINE and b["bandwidth_gbit"] is None
+                     and b["ranks"] == rec["ranks"] and b["setting"] == rec["setting"]), None)
+        t_free, t_here = free and free["iter_seconds_median"], base and base["iter_seconds_median"]
+        rec["ceiling"] = t_here / t_free if t_free and t_here else None
     return out
 
 
@@ -419,11 +459,12 @@ def _fmt(x, spec, none="-"):
 
 def dlrm_table(records):
     lines = [f"{'link':>12} {'ranks':>5} {'setting':>12} {'mode':>12} {'ms/step':>9} {'speedup':>8} "
-             f"{'AUC':>7} {'dAUC':>8} {'link MB':>9} {'a2a ratio':>9}"]
+             f"{'ceiling':>8} {'AUC':>7} {'dAUC':>8} {'link MB':>9} {'a2a ratio':>9}"]
     for r in records:
         row = (f"{rate_label(r['bandwidth_gbit']):>12} {r['ranks']:>5} {r['setting']:>12} {r['mode']:>12} "
                f"{_fmt(r['iter_seconds_median'] and 1e3 * r['iter_seconds_median'], '9.1f'):>9} "
                f"{_fmt(r['speedup'], '7.2f') + ('x' if r['speedup'] else ''):>8} "
+               f"{_fmt(r['ceiling'], '7.2f') + ('x' if r['ceiling'] else ''):>8} "
                f"{_fmt(r['auc'], '.4f'):>7} {_fmt(r['auc_delta'], '+.4f'):>8} "
                f"{_fmt(r['wire_bytes'] and r['wire_bytes'] / 1e6, '9.1f'):>9} "
                f"{_fmt(r['compression_ratio'], '8.1f') + ('x' if r['compression_ratio'] else ''):>9}")
@@ -532,12 +573,15 @@ def parser():
     p.add_argument("--ranks", type=lambda s: [int(v) for v in s.split(",")], default=None,
                    help="rank counts, comma-separated (default 2,3; more than 2 oversubscribes 2 cores)")
     p.add_argument("--repeat", type=int, default=None, help="rounds of every mode at each rate (default 3)")
-    p.add_argument("--parts", type=_choices(["alltoall", "dlrm"]), default=["alltoall", "dlrm"],
-                   help="what to measure (default alltoall,dlrm)")
+    p.add_argument("--parts", type=_choices(["alltoall", "dlrm", "user"]), default=["alltoall", "dlrm"],
+                   help="what to measure: alltoall, dlrm (the example), user (benchmarks/user_dlrm.py) "
+                        "(default alltoall,dlrm)")
     p.add_argument("--a2a-modes", type=_choices(A2A_MODES), default=A2A_MODES,
                    help="all-to-all modes (default %s)" % ",".join(A2A_MODES))
     p.add_argument("--dlrm-modes", type=_choices(DLRM_MODES), default=list(DLRM_MODES),
                    help="DLRM modes (default %s; speedups are against %s)" % (",".join(DLRM_MODES), DLRM_BASELINE))
+    p.add_argument("--user-modes", type=_choices(USER_MODES), default=list(USER_MODES),
+                   help="modes of the user script (default %s)" % ",".join(USER_MODES))
     p.add_argument("--settings", type=_choices(SETTINGS), default=None,
                    help="DLRM settings (default criteo-d128,readme)")
     p.add_argument("--sizes", type=lambda s: [float(v) for v in s.split(",")], default=None,
@@ -585,9 +629,9 @@ def parse(argv):
         parser().error(f"--warmup must be >= 0, got {opts.warmup}")
     if any(n < 2 for n in opts.ranks):
         parser().error(f"--ranks must be >= 2 (an all-to-all needs a peer), got {opts.ranks}")
-    if "dlrm" in opts.parts and not TRAIN.exists():
-        parser().error(f"the DLRM part needs the example at {TRAIN} (a source checkout); "
-                       f"use --parts alltoall")
+    for part, script in (("dlrm", TRAIN), ("user", USER)):
+        if part in opts.parts and not script.exists():
+            parser().error(f"the {part} part needs {script} (a source checkout); use --parts alltoall")
     return opts
 
 
@@ -603,6 +647,7 @@ def meta(opts, argv):
                         "inherited": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}},
             "rates_gbit": opts.rates, "ranks": opts.ranks, "repeat": opts.repeat, "warmup_steps": opts.warmup,
             "dlrm_modes": {m: DLRM_MODES[m] for m in opts.dlrm_modes}, "a2a_modes": opts.a2a_modes,
+            "user_modes": {m: USER_MODES[m] for m in opts.user_modes},
             "train_args": opts.train_args,
             "fields": FIELDS}
 
@@ -618,6 +663,14 @@ def measure(ns, opts, log=print):
                 if "alltoall" in opts.parts:
                     log(f"[{rate_label(rate)}, {ranks} ranks] all-to-all: {', '.join(opts.a2a_modes)}")
                     a2a += run_alltoall(ns, rate, ranks, opts, work)
+                for rep in range(opts.repeat if "user" in opts.parts else 0):
+                    for mode in opts.user_modes:
+                        rec = run_user(ns, rate, ranks, mode, rep, opts, work)
+                        log(f"[{rate_label(rate)}, {ranks} ranks] {USER_SETTING} {mode} #{rep}: " + (
+                            f"{1e3 * rec['iter_seconds_median']:.1f} ms/step, "
+                            f"{rec['wire_bytes'] / 1e6:.1f} MB on the link" if rec["status"] == "ok"
+                            else f"FAILED: {rec['error']}"))
+                        dlrm.append(rec)
                 if "dlrm" not in opts.parts:
                     continue
                 for setting in opts.settings:
