@@ -142,7 +142,8 @@ def _run(rate, mode, t, auc=0.7, wire=100, status="ok", ranks=2):
     rec = {"bandwidth_gbit": rate, "ranks": ranks, "setting": "s", "mode": mode, "train_args": [],
            "wire_bytes": wire, "status": status}
     if status == "ok":
-        rec.update(iter_seconds_median=t, auc=auc, a2a_bytes_sent=wire, compression_ratio=1.0)
+        rec.update(iter_seconds_median=t, steps_seconds_total=t and 10 * t, auc=auc, a2a_bytes_sent=wire,
+                   compression_ratio=1.0)
     else:
         rec["error"] = "train.py: error: boom"
     return rec
@@ -174,6 +175,14 @@ def test_the_ceiling_is_the_baselines_step_on_the_unlimited_link_over_its_step_a
     assert got[(10.0, "uncompressed", 2)]["ceiling"] == pytest.approx(1.2)
     assert got[(None, "lossy", 2)]["ceiling"] == pytest.approx(1.0)
     assert got[(1.0, "lossy", 3)]["ceiling"] is None  # no baseline with 3 ranks
+
+
+def test_the_total_speedup_counts_every_step_so_probing_costs_show():
+    runs = [_run(None, "uncompressed", 0.1), _run(None, "auto", 0.1)]
+    runs[1]["steps_seconds_total"] = 1.25  # the median step ties, but probing cost 0.25 s in all
+    got = {r["mode"]: r for r in netlink.summarise_dlrm(runs)}
+    assert got["auto"]["speedup"] == pytest.approx(1.0)
+    assert got["auto"]["speedup_total"] == pytest.approx(0.8)
 
 
 def test_user_script_runs_are_summarised_beside_the_examples_without_auc():
