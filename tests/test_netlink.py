@@ -117,6 +117,8 @@ def test_quick_fills_only_what_was_not_given_and_flags_after_dashes_go_to_train(
     full = netlink.parse([])
     assert full.rates == [1.0, 10.0, 25.0, 100.0, None] and full.ranks == [2, 3]
     assert full.settings == ["criteo-d128", "readme"]
+    assert full.dlrm_modes == netlink.DEFAULT_DLRM_MODES and "lossy-overlap" not in full.dlrm_modes
+    assert "--overlap" in netlink.DLRM_MODES["lossy-overlap"]  # asked for by name
 
 
 def test_batches_are_the_nearest_multiple_of_the_ranks_so_3_ranks_can_train():
