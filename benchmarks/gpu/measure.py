@@ -164,8 +164,34 @@ def measure_step(res, args, dtype, dither):
     name = "step %s%s" % (str(dtype).replace("torch.", ""), " dithered" if dither else "")
     res.item(name, identical=identical, worst=worst, raw_bytes=raw, frame_bytes=total,
              ratio=raw / total, compress_us=t_c, decompress_us=t_d, pieces=len(rows),
-             frames=DESTINATIONS, bound_rel=bound, dither_seed=seed)
+             frames=DESTINATIONS, bound_rel=bound, dither_seed=seed,
+             launches=count_launches(args, {
+                 "compress": lambda: compress(x, out),
+                 "decompress": lambda: hvd_lossy.decompress_chunks(buffer, frame_bytes)}))
     return t_c, t_d
+
+
+def count_launches(args, calls):
+    """Kernel launches and device copies of one call of each, from torch's profiler (CUPTI):
+    what one launch set per call (issue 25 part 3) would bring to a handful. None on the CPU,
+    or where the profiler fails (the timings do not depend on it)."""
+    if args.device != "cuda":
+        return None
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        out = {}
+        for name, fn in calls.items():
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            names = [e.name.lower() for e in prof.events()]  # device activity only
+            copies = sum("memcpy" in n for n in names)
+            sets = sum("memset" in n for n in names)
+            out[name] = {"kernels": len(names) - copies - sets, "memcpy": copies, "memset": sets}
+        return out
+    except Exception as e:  # noqa: BLE001 - a diagnostic, never a reason to lose the numbers
+        return {"error": "%s: %s" % (type(e).__name__, e)}
 
 
 def measure_tensor(res, args, mb, name):

@@ -16,6 +16,7 @@
 
 #include "codec_cuda_device.cuh"
 #include "crc32c.h"
+#include "elements.h"
 #include "frame_io.h"
 #include "level1_sections.h"
 #include "rans.h"
