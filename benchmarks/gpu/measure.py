@@ -11,7 +11,9 @@ items before it), with the keys of the earlier GPU issue:
 and the detail behind them under "items". GB/s count uncompressed bytes. "step" is one rank's
 DLRM exchange: 26 tables x 8 destinations x 256 rows x dim 128 as one compress_grouped call
 (8 frames of 26 segments, the layout hvd_lossy's all-to-all sends) and the decode of the 8
-frames; fp32 is the headline, fp16 and the dithered gradient recipe are beside it. A dry run on
+frames; fp32 is the headline, fp16 and the dithered gradient recipe (on the device, and on a GPU
+also through the host codec as before, HVD_LOSSY_HOST_DITHER=1) are beside it, each with the
+kernels and copies one call makes. A dry run on
 the CPU writes the same keys with "device": "cpu": those are no GPU figures.
 """
 import argparse
@@ -129,7 +131,19 @@ def step_lookups(dtype, seed):
     return torch.cat(parts).to(dtype)
 
 
-def measure_step(res, args, dtype, dither):
+def measure_step(res, args, dtype, dither, host_dither=False):
+    """One rank's DLRM exchange: compress_grouped of the 208 pieces into 8 frames, then
+    decompress_chunks of them; host_dither: with HVD_LOSSY_HOST_DITHER=1, the host path the
+    device dither replaces (the same bytes, for comparison)."""
+    if host_dither:
+        os.environ[hvd_lossy._codec.HOST_DITHER_VARIABLE] = "1"
+    try:
+        return _measure_step(res, args, dtype, dither, host_dither)
+    finally:
+        os.environ.pop(hvd_lossy._codec.HOST_DITHER_VARIABLE, None)
+
+
+def _measure_step(res, args, dtype, dither, host_dither):
     rows = [ROWS] * (TABLES * DESTINATIONS)
     groups = [TABLES] * DESTINATIONS
     x_cpu = step_lookups(dtype, 1)
@@ -161,7 +175,8 @@ def measure_step(res, args, dtype, dither):
     t_d = timed_us(lambda: hvd_lossy.decompress_chunks(buffer, frame_bytes), args.device,
                    args.warmup, args.repeat)
     raw = x.numel() * x.element_size()
-    name = "step %s%s" % (str(dtype).replace("torch.", ""), " dithered" if dither else "")
+    name = "step %s%s%s" % (str(dtype).replace("torch.", ""), " dithered" if dither else "",
+                            " on the host" if host_dither else "")
     res.item(name, identical=identical, worst=worst, raw_bytes=raw, frame_bytes=total,
              ratio=raw / total, compress_us=t_c, decompress_us=t_d, pieces=len(rows),
              frames=DESTINATIONS, bound_rel=bound, dither_seed=seed,
@@ -236,6 +251,8 @@ def main(argv=None):
     res.set(step_compress_us=step_c, step_decompress_us=step_d)
     measure_step(res, args, torch.float16, dither=False)
     measure_step(res, args, torch.float32, dither=True)  # the gradient recipe, on the device
+    if args.device == "cuda":  # ... and as before issue 25: through the CPU codec
+        measure_step(res, args, torch.float32, dither=True, host_dither=True)
     _, _, _, rt = measure_tensor(res, args, 1, "1MB")
     res.set(roundtrip_us_1MB=rt)
     raw, t_c, t_d, _ = measure_tensor(res, args, args.big_mb, "%dMB" % args.big_mb)
