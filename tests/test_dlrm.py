@@ -633,6 +633,17 @@ def test_train_with_device_cuda_and_no_gpu_exits_2_with_one_line(tmp_path):
                                                          torch.version.cuda or "none"))
 
 
+def test_local_backend_under_a_launcher_of_several_processes_is_a_usage_error(monkeypatch):
+    for name in cli.SIZE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    args = cli.parser().parse_args(["--backend", "local"])
+    cli.check_device(args)  # one process, no launcher
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    with pytest.raises(cli.UsageError, match="--backend local is one process, but the launcher started 2"):
+        cli.check_device(args)
+    cli.check_device(cli.parser().parse_args(["--backend", "horovod"]))
+
+
 def test_local_rank_comes_from_the_backend_else_the_launchers_environment(monkeypatch):
     import backend
     for name in backend.LOCAL_RANK_VARIABLES:

@@ -26,6 +26,8 @@ DEVICES = ("cpu", "cuda")
 # What mpirun and horovodrun set in each rank's environment: the rank is known before hvd.init(),
 # so argument errors (which come first) are printed once.
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK")
+# ... and the number of processes they started (torchrun's WORLD_SIZE too).
+SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_SIZE", "WORLD_SIZE")
 
 
 class UsageError(ValueError):
@@ -47,6 +49,14 @@ def _backward(text):
     except ValueError:
         raise argparse.ArgumentTypeError(
             "expected 'same', 'none', 'fp16' or a number, got %r" % text) from None
+
+
+def launcher_size():
+    """Processes the launcher started (1 without one)."""
+    for name in SIZE_VARIABLES:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 1
 
 
 def launcher_rank():
@@ -200,8 +210,13 @@ def parser():
 
 
 def check_device(args):
-    """Raises UsageError when --device names a device this process cannot use (checked before
-    any collective library starts, which with NCCL would fail less clearly)."""
+    """Raises UsageError when --device names a device this process cannot use, or --backend
+    local runs under a launcher of several processes (checked before any collective library
+    starts, which would fail less clearly)."""
+    if args.backend == "local" and launcher_size() > 1:
+        # each process would train alone as rank 0 of 1, none of them the run asked for
+        raise UsageError("--backend local is one process, but the launcher started %d; use "
+                         "--backend horovod or torch" % launcher_size())
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: torch %s sees no CUDA device (torch.cuda.is_available() "
                          "is False; built for CUDA %s); use --device cpu"
