@@ -173,7 +173,8 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
             instead of rounding every |x| < eb to 0, at the same bound; the seed travels in the
             frame. Turns dedup off.
         The frame's bound is the requested one rounded down to 24 bits. Device tensors are coded
-        by the CUDA encoder at level 1 without dither, else on the CPU (the same bytes).
+        by the CUDA encoder at level 1, dithered or not, and on the CPU at level 2 (the same
+        bytes either way).
 
     Returns:
         A 1-D ``torch.uint8`` tensor on the input's device. Every finite element decodes within
@@ -195,7 +196,7 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
     cap = max_grouped_bytes([shape[0] if shape else 1], shape[1:], [1], 0)
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
     size = _C.compress_cuda(src.data_ptr(), code, shape, eb, m, bool(dedup), out.data_ptr(), cap,
-                            _stream(src))
+                            _stream(src), seed)
     return out[:size].clone() if size < cap // 2 else out[:size]
 
 
@@ -247,17 +248,28 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
     sizes, _ = _C.compress_into_cuda(src.data_ptr() if src.numel() else 0, code, rows, trailing,
                                      ebs, m, bool(dedup), [len(rows)], 0, out.data_ptr(), cap,
-                                     _stream(src), b"")
+                                     _stream(src), b"", seed)
     total = sum(sizes)
     buffer = out[:total].clone() if total < cap // 2 else out[:total]
     return buffer, [total]
 
 
+# Set to "1", dithered device tensors and frames are coded on the host by the CPU codec, as
+# before the CUDA dither kernels (the same bytes): the reference a GPU run compares the device
+# path with (benchmarks/gpu/run.sh). Read at each call.
+HOST_DITHER_VARIABLE = "HVD_LOSSY_HOST_DITHER"
+
+
+def _host_dither():
+    return os.environ.get(HOST_DITHER_VARIABLE) == "1"
+
+
 def _on_device_encoder(seed, level):
-    """Whether the CUDA encoder (native/cuda/) codes a device tensor itself: at level 1 without
-    dither. The rest is coded on the host by the CPU encoder, which writes the bytes the CUDA one
-    would (the same format rules)."""
-    return seed < 0 and level == 1
+    """Whether the CUDA encoder (native/cuda/) codes a device tensor itself: at level 1, dithered
+    or not (unless HVD_LOSSY_HOST_DITHER=1 sends dithered ones to the host). Level 2 is coded on
+    the host by the CPU encoder, which writes the bytes the CUDA one would (the same format
+    rules)."""
+    return level == 1 and (seed < 0 or not _host_dither())
 
 
 def _as_frame_bytes(frame):
@@ -364,9 +376,11 @@ def _decompress_checked(frame, out, max_output_bytes, verified):
 
 
 def _host_decoded(info):
-    """Frames the CUDA decoder does not read, decoded on the host: those with dithered segments
-    or bucketed row maps (level 2)."""
-    return any(seg["dither_seed"] is not None or seg["map_bucketed"] for seg in info["segments"])
+    """Frames the CUDA decoder does not read, decoded on the host: those with bucketed row maps
+    (level 2), and with HVD_LOSSY_HOST_DITHER=1 those with dithered segments."""
+    host_dither = _host_dither()
+    return any(seg["map_bucketed"] or (host_dither and seg["dither_seed"] is not None)
+               for seg in info["segments"])
 
 
 def split_frames(buffer):
@@ -490,8 +504,8 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
 
     Arguments:
         tensor: tensor as for :func:`compress_chunks`; dim 0 is cut into pieces of ``rows``
-            rows. A CUDA tensor is coded by the CUDA encoder (level 1, no dither, no stats);
-            otherwise it is copied to the host and coded by the CPU encoder, and the
+            rows. A CUDA tensor is coded by the CUDA encoder (level 1, dithered or not, no
+            stats); otherwise it is copied to the host and coded by the CPU encoder, and the
             frames are copied into ``out`` (the same bytes either way).
         error_bounds: one bound per piece.
         out: 1-D ``torch.uint8`` tensor on the tensor's device with at least
@@ -536,7 +550,7 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
                 src.data_ptr() if src.numel() else 0, code, [int(r) for r in rows],
                 list(src.shape[1:]), [_check_bound(e) for e in error_bounds], _mode_code(mode),
                 bool(dedup), [int(g) for g in groups], int(prefix_bytes), out.data_ptr() + offset,
-                out.numel() - offset, _stream(src), ext)
+                out.numel() - offset, _stream(src), ext, seed)
             return (list(sizes), list(group_bytes)) if ext else list(sizes)
         return _compress_grouped_on_host(src, rows, error_bounds, groups, prefix_bytes, out,
                                          offset, mode, level, dedup, dither, extension,

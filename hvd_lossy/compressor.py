@@ -13,7 +13,10 @@ is imported; hvd_lossy.compression, the user's `Compression` namespace, imports 
 import json
 import numbers
 
-from horovod.torch.compression import Compressor, FP16Compressor, NoneCompressor
+try:
+    from horovod.torch.compression import Compressor, FP16Compressor, NoneCompressor
+except ImportError:  # no Horovod: torch.distributed users, one process (_base_compressors.py)
+    from hvd_lossy._base_compressors import Compressor, FP16Compressor, NoneCompressor
 
 import hvd_lossy
 from hvd_lossy import check_error_bound

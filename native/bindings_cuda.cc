@@ -20,22 +20,23 @@ using hl::py_util::ptr;
 void register_cuda(py::module_& m) {
   m.def("compress_cuda",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, double eb, int mode,
-           bool dedup, uintptr_t out, uint64_t out_cap, uintptr_t stream) {
-          return hl::compress_cuda(ptr<const void>(in), params(dtype, mode, 1, dedup, eb), shape,
+           bool dedup, uintptr_t out, uint64_t out_cap, uintptr_t stream, int64_t dither_seed) {
+          return hl::compress_cuda(ptr<const void>(in),
+                                   params(dtype, mode, 1, dedup, eb, dither_seed), shape,
                                    ptr<uint8_t>(out), out_cap, ptr<void>(stream));
         },
         py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("error_bound"),
         py::arg("mode"), py::arg("dedup"), py::arg("out"), py::arg("out_cap"), py::arg("stream"),
-        py::call_guard<py::gil_scoped_release>(),
-        "CUDA compress at level 1 without dither: one device tensor into a frame of one "
-        "segment on the device; returns its size.");
+        py::arg("dither_seed") = -1, py::call_guard<py::gil_scoped_release>(),
+        "CUDA compress at level 1 (dither_seed -1: no dither): one device tensor into a frame "
+        "of one segment on the device; returns its size.");
 
   m.def("compress_into_cuda",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
            bool dedup, const std::vector<int64_t>& groups, uint64_t prefix_bytes, uintptr_t out,
-           uint64_t out_cap, uintptr_t stream, const std::string& ext) {
-          hl::CompressParams p = params(dtype, mode, 1, dedup, 0.0);
+           uint64_t out_cap, uintptr_t stream, const std::string& ext, int64_t dither_seed) {
+          hl::CompressParams p = params(dtype, mode, 1, dedup, 0.0, dither_seed);
           std::vector<uint64_t> group_bytes;
           std::vector<uint64_t> sizes =
               hl::compress_into_cuda(ptr<const void>(in), p, rows, trailing, ebs, groups,
@@ -46,9 +47,11 @@ void register_cuda(py::module_& m) {
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
         py::arg("error_bounds"), py::arg("mode"), py::arg("dedup"), py::arg("groups"),
         py::arg("prefix_bytes"), py::arg("out"), py::arg("out_cap"), py::arg("stream"),
-        py::arg("extension"), py::call_guard<py::gil_scoped_release>(),
-        "CUDA compress_into at level 1 without dither: one frame a group in device memory, "
-        "laid out as the CPU's; returns (sizes a piece, frame bytes a group).");
+        py::arg("extension"), py::arg("dither_seed") = -1,
+        py::call_guard<py::gil_scoped_release>(),
+        "CUDA compress_into at level 1 (dither_seed: piece 0's, piece i's is + i; -1: no "
+        "dither): one frame a group in device memory, laid out as the CPU's; returns (sizes a "
+        "piece, frame bytes a group).");
 
   m.def("decompress_cuda",
         [](uintptr_t frame, uint64_t size, uintptr_t out, uint64_t out_bytes, uintptr_t stream,

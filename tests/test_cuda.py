@@ -1,5 +1,5 @@
 """Specification of the CUDA codec: device tensors' frames are the CPU codec's byte for byte
-(coded on the device at level 1 without dither, on the host otherwise), each side decodes the
+(coded on the device at level 1, on the host at level 2), each side decodes the
 other's frames, the bound holds on every element, and bad frames raise ValueError before any
 device memory is sized from them. tests/test_cuda_encoder.py holds the encoder's own paths.
 

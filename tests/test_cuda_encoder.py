@@ -123,14 +123,39 @@ def test_grouped_layout_with_prefix_and_extension_matches_and_keeps_the_prefixes
     assert torch.equal(out[0][0], out[1][0])
 
 
-@pytest.mark.parametrize("level,dither", [(2, None), (1, 5), (2, 9)])
-def test_level2_and_dithered_device_frames_are_coded_on_the_host_with_the_same_bytes(level, dither):
+@pytest.mark.parametrize("level,dither", [(2, None), (2, 9)])
+def test_level2_device_frames_are_coded_on_the_host_with_the_same_bytes(level, dither):
     x = rng_tensor(300, 16, 5, "normal")
     cpu, sizes = hvd_lossy.compress_chunks(x, [100, 200], 0.02, level=level, dither=dither)
     dev, dev_sizes = hvd_lossy.compress_chunks(x.cuda(), [100, 200], 0.02, level=level,
                                                dither=dither)
     assert_same(cpu, dev, f"level {level} dither {dither}")
     assert sizes == dev_sizes
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["rel", "abs"])
+def test_dithered_device_frames_are_the_cpus_and_decode_as_the_cpu_decodes(kind, dtype, mode,
+                                                                          monkeypatch):
+    monkeypatch.delenv("HVD_LOSSY_HOST_DITHER", raising=False)
+    x = rng_tensor(301, 24, 17, kind).to(dtype)
+    rows, ebs = [0, 1, 150, 1, 149], [0.02, 0.01, 0.0, 0.05, 1e-3]
+    if mode == "abs":
+        ebs = [e * 4 for e in ebs]
+    cpu, sizes = hvd_lossy.compress_chunks(x, rows, ebs, mode=mode, level=1, dither=77)
+    dev, dev_sizes = hvd_lossy.compress_chunks(x.cuda(), rows, ebs, mode=mode, level=1, dither=77)
+    assert_same(cpu, dev, f"dithered {kind} {dtype} {mode}")
+    assert sizes == dev_sizes
+    assert any(s["dither_seed"] is not None for s in hvd_lossy.frame_info(cpu)["segments"])
+    want = hvd_lossy.decompress(cpu)
+    assert torch.equal(bits(hvd_lossy.decompress(dev)), bits(want))  # the CUDA decoder
+    assert torch.equal(bits(hvd_lossy.decompress(cpu.cuda())), bits(want))
+    # the host path, kept for comparison, writes and reads the same bytes
+    monkeypatch.setenv("HVD_LOSSY_HOST_DITHER", "1")
+    host, _ = hvd_lossy.compress_chunks(x.cuda(), rows, ebs, mode=mode, level=1, dither=77)
+    assert_same(cpu, host, "host dither")
+    assert torch.equal(bits(hvd_lossy.decompress(host)), bits(want))
 
 
 def test_cuda_encoder_reports_a_bound_overflow_like_the_cpu():

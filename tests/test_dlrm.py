@@ -579,3 +579,119 @@ def test_auto_reaches_the_forward_and_gradient_compressors(frames):
         cli.check(args, 2)
         compressor, _ = comm.make_compression(args, [0, 1] * 13, 0, 2, [10] * 26, total_steps=10)
         assert compressor.auto is auto and compressor.for_backward().auto is auto, (frames, auto)
+
+
+# ---------------------------------------------------------------- --device, --backend local
+
+
+def _train_metrics(tmp_path, name, *flags, horovod_importable=True):
+    """Runs train.py in a fresh interpreter (no launcher) and returns its metrics. Without
+    horovod_importable, `import horovod` fails in it, as on a GPU machine without Horovod."""
+    import subprocess
+    out = tmp_path / name
+    block = "" if horovod_importable else "sys.modules['horovod'] = None; "
+    code = ("import runpy, sys; %ssys.argv = ['train.py'] + sys.argv[1:]; "
+            "runpy.run_path(%r, run_name='__main__')" % (block, os.path.join(DLRM, "train.py")))
+    proc = subprocess.run([sys.executable, "-c", code, "--steps", "3", "--eval-points", "0",
+                           "--no-progress", "--max-eval-rows", "256", "--metrics-out", str(out),
+                           *flags], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_device_is_cpu_unless_asked_and_an_unknown_one_is_refused_by_name(capsys):
+    assert cli.parser().parse_args([]).device == "cpu"
+    assert cli.parser().parse_args(["--device", "cuda"]).device == "cuda"
+    with pytest.raises(SystemExit) as e:
+        cli.parser().parse_args(["--device", "tpu"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--device" in err and "'tpu'" in err and "'cuda'" in err
+
+
+def test_device_cuda_without_cuda_is_a_usage_error_naming_it(monkeypatch):
+    args = cli.parser().parse_args(["--device", "cuda"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(cli.UsageError, match=r"--device cuda: torch .* sees no CUDA device.*use --device cpu"):
+        cli.check_device(args)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cli.check_device(args)  # accepted where torch sees a GPU
+    cli.check_device(cli.parser().parse_args(["--device", "cpu"]))
+
+
+def test_train_with_device_cuda_and_no_gpu_exits_2_with_one_line(tmp_path):
+    import subprocess
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: --device cuda is valid here")
+    proc = subprocess.run([sys.executable, os.path.join(DLRM, "train.py"), "--backend", "local",
+                           "--device", "cuda", "--steps", "1"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == ("train.py: error: --device cuda: torch %s sees no CUDA device "
+                                   "(torch.cuda.is_available() is False; built for CUDA %s); "
+                                   "use --device cpu" % (torch.__version__,
+                                                         torch.version.cuda or "none"))
+
+
+def test_local_backend_under_a_launcher_of_several_processes_is_a_usage_error(monkeypatch):
+    for name in cli.SIZE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    args = cli.parser().parse_args(["--backend", "local"])
+    cli.check_device(args)  # one process, no launcher
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    with pytest.raises(cli.UsageError, match="--backend local is one process, but the launcher started 2"):
+        cli.check_device(args)
+    cli.check_device(cli.parser().parse_args(["--backend", "horovod"]))
+
+
+def test_local_rank_comes_from_the_backend_else_the_launchers_environment(monkeypatch):
+    import backend
+    for name in backend.LOCAL_RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(backend.hvd, "_impl", None)
+    assert backend.local_rank() == 0
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3")
+    assert backend.local_rank() == 3
+    monkeypatch.setenv("LOCAL_RANK", "5")  # torchrun's name is trusted first
+    assert backend.local_rank() == 5
+
+    class Horovod:
+        def local_rank(self):
+            return 1
+    monkeypatch.setattr(backend.hvd, "_impl", Horovod())
+    assert backend.local_rank() == 1
+
+
+def test_one_rank_alltoall_hands_back_the_rank_its_own_chunk_and_refuses_other_splits():
+    import backend
+    lossy = backend._LocalLossy()
+    x = torch.randn(6, 4, requires_grad=True)
+    out, recv = lossy.alltoall(x, torch.tensor([6], dtype=torch.int32),
+                               compression=lossy.Compression.lossy(0.5))
+    assert torch.equal(out, x) and out is not x and recv.tolist() == [6]
+    out.sum().backward()  # autograd runs through it, as through Horovod's
+    assert torch.equal(x.grad, torch.ones_like(x))
+    with pytest.raises(ValueError, match=r"one rank sends all 6 rows to itself, got splits \[3, 3\]"):
+        lossy.alltoall(x, [3, 3])
+
+
+def test_device_cpu_trains_as_before_in_one_process_without_horovod(tmp_path):
+    before = _train_metrics(tmp_path, "before.json", "--backend", "local")
+    cpu = _train_metrics(tmp_path, "cpu.json", "--backend", "local", "--device", "cpu",
+                         "--compression", "lossy", horovod_importable=False)
+    assert before["device"] == cpu["device"] == "cpu" and cpu["steps"] == 3
+    # one rank keeps its chunk: the lossy run is the plain run's numbers, bit for bit
+    assert cpu["loss_curve"] == before["loss_curve"]
+    assert (cpu["auc"], cpu["logloss"]) == (before["auc"], before["logloss"])
+
+
+@pytest.mark.mpi
+def test_one_process_local_run_is_the_one_rank_horovod_run(tmp_path):
+    from tests._launch import run_mpi
+    run_mpi("examples/dlrm/train.py", np=1, timeout=180, args=[
+        "--steps", "3", "--eval-points", "0", "--no-progress", "--max-eval-rows", "256",
+        "--device", "cpu", "--metrics-out", tmp_path / "hvd.json"])
+    horovod = json.loads((tmp_path / "hvd.json").read_text())
+    local = _train_metrics(tmp_path, "local.json", "--backend", "local")
+    assert local["loss_curve"] == horovod["loss_curve"] and local["world"] == horovod["world"] == 1
+    assert local["data_checksum"] == horovod["data_checksum"]

@@ -200,11 +200,20 @@ def test_goldens_from_before_short_blocks_decode_exactly_as_their_successors(nam
 
 # ---- CUDA: the device paths, chosen on the host ---------------------------------------------
 
-def test_device_frames_with_short_blocks_decode_on_the_device_and_level1_codes_there():
+def test_device_frames_with_short_blocks_decode_on_the_device_and_level1_codes_there(monkeypatch):
     from hvd_lossy import _codec
+    monkeypatch.delenv(_codec.HOST_DITHER_VARIABLE, raising=False)
     x, _ = scaled_codes(8, seed=6)
     info = hvd_lossy.frame_info(level1_frame(x, 0.5, dedup=False))
     assert info["segments"][0]["short_blocks"]
     assert not _codec._host_decoded(info)  # the CUDA decoder reads short-block sections
-    assert _codec._on_device_encoder(-1, 1)  # level 1 without dither: the CUDA encoder
-    assert not _codec._on_device_encoder(-1, 2) and not _codec._on_device_encoder(5, 1)
+    dithered = hvd_lossy.frame_info(hvd_lossy.compress(x, 0.5, mode="abs", dither=5))
+    assert dithered["segments"][0]["dither_seed"] == 5
+    assert not _codec._host_decoded(dithered)  # ... and dithered ones
+    # level 1, dithered or not: the CUDA encoder; level 2: the CPU encoder through a host copy
+    assert _codec._on_device_encoder(-1, 1) and _codec._on_device_encoder(5, 1)
+    assert not _codec._on_device_encoder(-1, 2) and not _codec._on_device_encoder(5, 2)
+    # HVD_LOSSY_HOST_DITHER=1: dithered tensors and frames take the host codec, as before
+    monkeypatch.setenv(_codec.HOST_DITHER_VARIABLE, "1")
+    assert not _codec._on_device_encoder(5, 1) and _codec._on_device_encoder(-1, 1)
+    assert _codec._host_decoded(dithered) and not _codec._host_decoded(info)

@@ -39,7 +39,8 @@ def load(folder, rank, world, args, dense_arch, tables, dense_opt, emb_opt):
     if not os.path.isfile(path):
         raise cli.UsageError("--resume %s: no %s (a checkpoint is written by --save)"
                              % (folder, os.path.basename(path)))
-    state = torch.load(path, weights_only=False)
+    # on the host: load_state_dict copies into the parameters wherever they live (--device)
+    state = torch.load(path, weights_only=False, map_location="cpu")
     if state["world"] != world:
         raise cli.UsageError("--resume %s was saved by %d ranks, this run has %d (the tables are "
                              "sharded per rank)" % (folder, state["world"], world))

@@ -5,6 +5,8 @@ import argparse
 import os
 import sys
 
+import torch
+
 import data
 from hvd_lossy.adaptive.policies import POLICIES
 from hvd_lossy.adaptive.schedules import SCHEDULES
@@ -19,9 +21,13 @@ DEFAULT_GRAD_BOUND = 0.02
 DEFAULT_BATCH = 128
 # Flags that only the adaptive controller reads; given with another --compression they are refused.
 ADAPTIVE_ONLY = ("policy", "schedule", "schedule_iters", "interval", "grad_base")
+# Where the model and the exchange live (--device).
+DEVICES = ("cpu", "cuda")
 # What mpirun and horovodrun set in each rank's environment: the rank is known before hvd.init(),
 # so argument errors (which come first) are printed once.
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK")
+# ... and the number of processes they started (torchrun's WORLD_SIZE too).
+SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_SIZE", "WORLD_SIZE")
 
 
 class UsageError(ValueError):
@@ -43,6 +49,14 @@ def _backward(text):
     except ValueError:
         raise argparse.ArgumentTypeError(
             "expected 'same', 'none', 'fp16' or a number, got %r" % text) from None
+
+
+def launcher_size():
+    """Processes the launcher started (1 without one)."""
+    for name in SIZE_VARIABLES:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 1
 
 
 def launcher_rank():
@@ -116,6 +130,10 @@ def parser():
                    help="optimizer of the dense part and of the embeddings")
     m.add_argument("--seed", type=int, default=0, help="fixes the initial model and the data order")
     m.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    m.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="where tables, MLPs, batches and the exchange live: cpu, or cuda (rank "
+                        "on GPU local_rank of its node; Horovod's alltoall then carries device "
+                        "frames, and --backend torch runs on NCCL)")
 
     c = p.add_argument_group("all-to-all compression")
     c.add_argument("--compression", choices=["none", "fp16", "lossy", "adaptive"], default="none",
@@ -166,9 +184,11 @@ def parser():
                    help="use the library's own all-to-all directly: horovod.torch.alltoall, or "
                         "torch.distributed.all_to_all_single with --backend torch (reference for "
                         "--compression none)")
-    c.add_argument("--backend", choices=["horovod", "torch"], default="horovod",
-                   help="collectives: horovod (launch with mpirun) or torch.distributed with gloo "
-                        "(launch with torchrun); the same model, data and frames")
+    c.add_argument("--backend", choices=["horovod", "torch", "local"], default="horovod",
+                   help="collectives: horovod (launch with mpirun), torch.distributed with gloo, "
+                        "NCCL with --device cuda (launch with torchrun), or local: one process "
+                        "without either (a rank's own chunk is never coded, so nothing is "
+                        "compressed); the same model, data and frames")
 
     o = p.add_argument_group("output")
     o.add_argument("--label", default=None, help="name of this run in the metrics (default: --compression)")
@@ -187,6 +207,20 @@ def parser():
     o.add_argument("--no-progress", action="store_true",
                    help="no progress bar (there is one only when stderr is a terminal)")
     return p
+
+
+def check_device(args):
+    """Raises UsageError when --device names a device this process cannot use, or --backend
+    local runs under a launcher of several processes (checked before any collective library
+    starts, which would fail less clearly)."""
+    if args.backend == "local" and launcher_size() > 1:
+        # each process would train alone as rank 0 of 1, none of them the run asked for
+        raise UsageError("--backend local is one process, but the launcher started %d; use "
+                         "--backend horovod or torch" % launcher_size())
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch %s sees no CUDA device (torch.cuda.is_available() "
+                         "is False; built for CUDA %s); use --device cpu"
+                         % (torch.__version__, torch.version.cuda or "none"))
 
 
 def check(args, world):

@@ -104,6 +104,8 @@ class EmbeddingExchange:
         recv = _GradClock.apply(recv, self.clock, "bwd_start")
         parts = torch.split(recv, [len(tables) * b for tables in self.by_source])
         stacked = torch.cat([p.reshape(-1, b, dim) for p in parts])  # (T, b, D), source-major
+        if self.restore.device != stacked.device:  # once: the order moves to the lookups' device
+            self.restore = self.restore.to(stacked.device)
         return stacked.index_select(0, self.restore).transpose(0, 1)
 
     def backward_seconds(self):

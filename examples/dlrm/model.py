@@ -101,5 +101,5 @@ class LocalTables(nn.Module):
             single id is the lookup itself).
         """
         if not self.owned:
-            return torch.zeros((0, ids.shape[0], self.dim))
+            return torch.zeros((0, ids.shape[0], self.dim), device=ids.device)
         return torch.stack([emb(ids[:, t]) for t, emb in zip(self.owned, self.tables)])

@@ -43,15 +43,17 @@ from model import DenseArch, LocalTables  # noqa: E402
 warnings.filterwarnings("ignore", message="Sparse invariant checks")
 
 
-def build_model(args, source, rank, world):
-    """Dense part (same init on every rank), local tables, their optimizers and the exchange."""
+def build_model(args, source, rank, world, device=torch.device("cpu")):
+    """Dense part (same init on every rank), local tables, their optimizers and the exchange,
+    on `device` (initialised on the host first, so every device starts from the same model)."""
     dim = args.embedding_dim
     owners = sharding.place_tables([n * dim for n in source.cardinalities], world)
     owned = sharding.tables_of(owners, rank)
     torch.manual_seed(args.seed)
-    dense_arch = DenseArch(data.N_DENSE, data.N_SPARSE, dim, args.bottom_mlp, args.top_mlp)
+    dense_arch = DenseArch(data.N_DENSE, data.N_SPARSE, dim, args.bottom_mlp,
+                           args.top_mlp).to(device)
     hvd.broadcast_parameters(dense_arch.state_dict(), root_rank=0)
-    tables = LocalTables(source.cardinalities, owned, dim, args.seed)
+    tables = LocalTables(source.cardinalities, owned, dim, args.seed).to(device)
     opt_cls = torch.optim.Adagrad if args.optimizer == "adagrad" else torch.optim.SGD
     # op=Sum: each rank's loss is already divided by the global batch (see the module docstring).
     dense_opt = hvd.DistributedOptimizer(opt_cls(dense_arch.parameters(), lr=args.lr),
@@ -75,21 +77,50 @@ def forward(batch, ex, dense_arch, tables, b, overlap=False):
     return dense_arch.forward_top(bottom, emb), lookups
 
 
-def evaluate(source, ex, link, dense_arch, tables, rank, world, limit=None):
+def use_device(args):
+    """The torch.device of --device: cuda is this rank's GPU, number local_rank of its node,
+    made current so that NCCL, Horovod and hvd_lossy's codec all work there."""
+    if args.device != "cuda":
+        return torch.device("cpu")
+    n = torch.cuda.device_count()
+    local = backend.local_rank()
+    if local >= n:
+        raise cli.UsageError("--device cuda: local rank %d but this node has %d GPU(s); start at "
+                             "most %d ranks a node" % (local, n, n))
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local)
+
+
+def on_device(batch, device):
+    """The batch's tensors on `device` (the host copies are what the data checksum reads)."""
+    if device.type == "cpu":
+        return batch
+    return tuple(t.to(device, non_blocking=True) for t in batch)
+
+
+def settle(device):
+    """Waits for the device's queued work, so that a step's wall time is the step's."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def evaluate(source, ex, link, dense_arch, tables, rank, world, limit=None,
+             device=torch.device("cpu")):
     """auc/logloss/accuracy over the held-out rows (or their first `limit`), gathered across ranks."""
     b = source.batch_size // world
     logits, labels = [], []
     dense_arch.eval()
     with torch.no_grad(), link.evaluating():
         for batch in sources.eval_batches(source, rank, world, limit):
+            batch = on_device(batch, device)
             out, _ = forward(batch, ex, dense_arch, tables, b)
             valid = batch[3]
             logits.append(out[valid])
             labels.append(batch[2][valid])
     dense_arch.train()
     # allgather concatenates in rank order; the order of rows does not matter to the metrics.
-    all_logits = hvd.allgather(torch.cat(logits).double(), name="eval.logits").numpy()
-    all_labels = hvd.allgather(torch.cat(labels).double(), name="eval.labels").numpy()
+    all_logits = hvd.allgather(torch.cat(logits).double(), name="eval.logits").cpu().numpy()
+    all_labels = hvd.allgather(torch.cat(labels).double(), name="eval.labels").cpu().numpy()
     return metrics.evaluate(all_labels, all_logits)
 
 
@@ -97,12 +128,14 @@ def train(args):
     rank, world = hvd.rank(), hvd.size()
     cli.check(args, world)
     torch.set_num_threads(args.threads)
+    device = use_device(args)
     source, notes = sources.build(args, world)
     if rank == 0:
         for line in notes:
             print("data: %s" % line, flush=True)
     cli.check_source(source, args)
-    owners, owned, dense_arch, tables, dense_opt, emb_opt = build_model(args, source, rank, world)
+    owners, owned, dense_arch, tables, dense_opt, emb_opt = build_model(args, source, rank, world,
+                                                                        device)
     total = args.steps if args.steps else args.epochs * source.steps_per_epoch
     link = comm.Link(args, owners, rank, world, source.cardinalities, total)
     ex = EmbeddingExchange(owners, rank, world, link.alltoall, lambda t: hvd.allgather(t, name="ids"),
@@ -135,6 +168,7 @@ def train(args):
             batch = source.batch(epoch, k, rank, world)
             for t in batch:
                 checksum.update(t.numpy().tobytes())
+            batch = on_device(batch, device)
             t0 = time.perf_counter()
             starts.append(t0 - t_start)
             link.begin_step()
@@ -149,6 +183,7 @@ def train(args):
             if emb_opt:
                 emb_opt.step()
             link.step(step + 1)
+            settle(device)
             iter_s.append(time.perf_counter() - t0)
             splits.append(link.step_split(iter_s[-1], ex))
             global_loss = hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item()
@@ -158,7 +193,7 @@ def train(args):
             bar.set_postfix(loss="%.4f" % global_loss)
             log.step(step, global_loss)
             if step in eval_at:
-                ev = evaluate(source, ex, link, dense_arch, tables, rank, world, curve_rows)
+                ev = evaluate(source, ex, link, dense_arch, tables, rank, world, curve_rows, device)
                 evals.append(dict(ev, step=step))
         if step >= total:
             break
@@ -167,11 +202,11 @@ def train(args):
         checkpoint.save(args.save, rank, world, step, args, dense_arch, tables, dense_opt, emb_opt)
     bar.close()
     wire = link.totals()
-    final = evaluate(source, ex, link, dense_arch, tables, rank, world)
+    final = evaluate(source, ex, link, dense_arch, tables, rank, world, device=device)
     digests = hvd.allgather_object(checksum.hexdigest(), name="checksum")
     result = dict(
         final, label=args.label or args.compression, steps=step,
-        epochs_run=step / source.steps_per_epoch, world=world,
+        epochs_run=step / source.steps_per_epoch, world=world, device=str(device),
         batch_size=args.batch_size, train_seconds=train_seconds,
         iter_seconds_median=statistics.median(iter_s), iter_seconds=iter_s,
         # a step's start on this rank's clock: the period between starts is the whole iteration
@@ -259,7 +294,13 @@ def summary_line(r):
 
 def main(argv=None):
     args = cli.parser().parse_args(argv)
-    backend.use(args.backend)
+    try:
+        cli.check_device(args)
+    except cli.UsageError as e:  # before any collective library starts: one line, status 2
+        if cli.launcher_rank() == 0:
+            print("train.py: error: %s" % e, file=sys.stderr)
+        sys.exit(2)
+    backend.use(args.backend, args.device)
     hvd.init()
     try:
         result = train(args)

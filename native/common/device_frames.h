@@ -22,15 +22,17 @@ struct SegmentFound {
   uint64_t payload_bytes = 0, n_unique = 0, n_outliers = 0, map_bytes = 0, code_bytes = 0;
   uint32_t bound = 0;  // hl_bound_code, 0 when lossless
   bool lossless = false, identity = true;
+  bool dithered = false;  // subtractive dither (lossy only) with the piece's seed
+  uint32_t seed = 0;      // the piece's dither seed (CompressParams::dither_seed of pieces.h)
 };
 
-// The descriptor of a level-1, undithered segment of the given shape (segment_desc in
-// cpu/encode.cc for what the CUDA encoder writes).
+// The descriptor of a level-1 segment of the given shape (segment_desc in cpu/encode.cc for
+// what the CUDA encoder writes).
 inline SegmentDesc descriptor_of(const SegmentFound& r, uint8_t mode,
                               const std::vector<int64_t>& shape) {
   SegmentDesc d;
   d.flags = segment_flags(false, r.lossless, r.identity, r.n_outliers, mode == HL_MODE_REL,
-                             false, false, false);
+                             r.dithered && !r.lossless, false, false);
   d.rows = shape.empty() ? 1 : (uint64_t)shape[0];
   d.bound = r.lossless ? 0 : r.bound;
   d.n_unique = r.n_unique;
@@ -59,12 +61,15 @@ struct FramesPlan {
 
 // The layout of compress_into for segments of these descriptors and shapes: groups[g]
 // consecutive segments a frame, prefix_bytes before each group, ext in every frame (then an
-// empty group has a frame of no segments, of 1 + empty_trailing.size() dims).
+// empty group has a frame of no segments, of 1 + empty_trailing.size() dims). seeds: each
+// piece's dither seed (empty when none is dithered); a frame with a dithered segment carries
+// its first piece's seed, as cpu/encode.cc writes it (segment k's is that + k).
 inline FramesPlan plan_device_frames(const std::vector<SegmentDesc>& descs,
                                  const std::vector<std::vector<int64_t>>& shapes,
                                  const std::vector<int64_t>& groups, uint64_t prefix_bytes,
                                  const std::string& ext,
-                                 const std::vector<int64_t>& empty_trailing, uint8_t dtype) {
+                                 const std::vector<int64_t>& empty_trailing, uint8_t dtype,
+                                 const std::vector<uint32_t>& seeds = {}) {
   FramesPlan plan;
   plan.sizes.assign(descs.size(), 0);
   plan.group_bytes.assign(groups.size(), 0);
@@ -91,6 +96,12 @@ inline FramesPlan plan_device_frames(const std::vector<SegmentDesc>& descs,
       if (h.ndim > 1) h.trailing.assign(s0.begin() + 1, s0.end());
     }
     const std::vector<SegmentDesc> mine(descs.begin() + f.first, descs.begin() + f.first + g);
+    for (const SegmentDesc& d : mine) h.seeded |= (d.flags & HL_SEG_DITHER) != 0;
+    if (h.seeded) {
+      if (f.first >= seeds.size())
+        throw ArgumentError("a dithered segment but no seed for piece " + std::to_string(f.first));
+      h.seed = seeds[f.first];
+    }
     uint64_t header = 0;
     f.total = frame_size(h, mine, &header);
     f.head_len = header;

@@ -17,8 +17,8 @@ namespace hl {
 
 // compress_into_cpu on the device (cuda/frames.cu): the same layout, sizes and bytes, every
 // group's frame written into out_dev (capacity out_cap, at least max_grouped_bytes(rows,
-// trailing, groups, prefix_bytes)) and sealed on the device. Level 1 without dither only
-// (ArgumentError otherwise: the CPU encoder codes those; hvd_lossy's Python layer copies such
+// trailing, groups, prefix_bytes)) and sealed on the device. Level 1 only, dithered or not
+// (ArgumentError otherwise: the CPU encoder codes level 2; hvd_lossy's Python layer copies such
 // tensors to the host). No statistics.
 std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressParams& p,
                                          const std::vector<int64_t>& rows,
@@ -29,14 +29,14 @@ std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressPa
                                          void* stream, const std::string& ext = std::string(),
                                          std::vector<uint64_t>* group_bytes = nullptr);
 // One tensor of any shape (0-d included) as a frame of one segment, as compress_cpu writes it;
-// returns its size. Level 1 without dither only, as compress_into_cuda.
+// returns its size. Level 1 only, as compress_into_cuda.
 uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
                        const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
                        void* stream);
 // Decodes a frame into out_dev (out_bytes, exactly what it decodes to): the frame is copied to
 // the host, its size and CRC32C verified there before it is parsed, and the segments decode on
 // the device. verify_checksum false: verify_cuda has already checked it. Throws FrameError, or
-// ArgumentError for dithered segments and bucketed row maps (no CUDA decoder yet).
+// ArgumentError for bucketed row maps (no CUDA decoder yet).
 void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uint64_t out_bytes,
                      void* stream, bool verify_checksum = true);
 // Verifies a device frame before the caller allocates anything for it: its first bytes (the

@@ -16,6 +16,7 @@
 
 #include "codec_cuda_device.cuh"
 #include "crc32c.h"
+#include "elements.h"
 #include "frame_io.h"
 #include "level1_sections.h"
 #include "rans.h"
@@ -81,17 +82,18 @@ __global__ void section_size_kernel(uint64_t nb, uint64_t len, const uint64_t* w
 }
 
 // Receives unpacked codes: dequantizes into the unique rows (or checks and stores raw bits).
+// Code i is element i of the unique rows; a dithered segment has no map, so it is also element
+// i of the segment, the index its dither offset hashes (element_value, elements.h).
 template <int DT>
 struct CodeSink {
   typename Elem<DT>::raw_t* u;
-  double step;
-  bool lossless;
+  ElementRule rule;
   __device__ void operator()(uint64_t i, uint32_t v, DecodeState* ds) const {
-    if (lossless) {
+    if (rule.lossless) {
       if (sizeof(typename Elem<DT>::raw_t) == 2 && v > 0xffffu) flag(ds, kErrLosslessRange);
       u[i] = (typename Elem<DT>::raw_t)v;
     } else {
-      u[i] = reconstruct<DT>(unzigzag(v), step);
+      u[i] = element_value<DT>(rule, v, i);
     }
   }
 };
@@ -536,7 +538,7 @@ void enqueue_segment(const SegmentPlan& p, const uint8_t* host_frame, const uint
   DecodeScratch s = x;
   s.ds = ds;
   raw_t* u = identity ? out : reinterpret_cast<raw_t*>(s.uniq);
-  const CodeSink<DT> sink{u, 2.0 * v.eb_abs, v.lossless};
+  const CodeSink<DT> sink{u, element_rule(v.eb_abs, v.lossless, v.dithered, v.seed)};
   if (v.level == 1 && v.radix_k) {  // parse_frame read and checked its head: lossy, nu >= 1
     const uint64_t G = hl_div_up(nu, v.radix_g);
     const RadixSink<CodeSink<DT>> radix{sink, nu, G, v.radix_g, radix_div_of(v.radix_k)};
@@ -619,9 +621,6 @@ void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uin
   for (size_t k = 0; k < f.segs.size(); ++k) {
     SegmentPlan& p = plans[k];
     p.v = f.segs[k];
-    if (p.v.dithered)
-      throw ArgumentError("dithered frames have no CUDA decoder yet: decode them on the CPU "
-                          "(hvd_lossy.decompress does this for device frames)");
     if (p.v.map_buckets)
       throw ArgumentError("bucketed row maps have no CUDA decoder yet: decode them on the CPU "
                           "(hvd_lossy.decompress does this for device frames)");

@@ -16,7 +16,7 @@ struct DeviceResult {
   uint32_t fallback;
   uint32_t error;
   uint64_t n_unique, n_outliers, map_bytes, code_bytes;
-  uint32_t bound, lossless, identity;
+  uint32_t bound, lossless, identity, dithered;
   double lo, hi;  // the finite range (rel mode)
 };
 
@@ -32,7 +32,8 @@ __global__ void decide_kernel(EncodeState* st, uint64_t n_rows, uint64_t row_len
 }
 
 // Outlier records in position order, one warp a unique row. The outlier test is repeated on
-// the raw value (the codes were zeroed); it is the same pure function as in quantize_kernel.
+// the raw value (the codes were zeroed); it is the same pure function as in quantize_kernel,
+// at the element's index in the segment (a dithered segment has no map: row u is row u).
 template <int DT>
 __global__ void write_outliers_kernel(const EncodeState* st, const typename Elem<DT>::raw_t* x,
                                       const uint32_t* first, uint64_t n_rows, uint64_t d,
@@ -42,7 +43,7 @@ __global__ void write_outliers_kernel(const EncodeState* st, const typename Elem
   if (st->lossless || st->fallback) return;
   const bool identity = st->identity;
   const uint64_t nu = st->n_unique;
-  const double step = st->step, inv_step = st->inv_step, eb = st->eb_abs;
+  const ElementRule rule = rule_of(st);
   uint8_t* rec = payload + st->outlier_off;
   const uint8_t pos_bytes = outlier_pos_bytes(nu * d);
   const uint64_t rec_bytes = pos_bytes + sizeof(raw_t);
@@ -57,8 +58,7 @@ __global__ void write_outliers_kernel(const EncodeState* st, const typename Elem
       uint32_t raw = 0;
       if (i < d) {
         raw = x[r * d + i];
-        uint32_t z;
-        out = !quantize<DT>((raw_t)raw, inv_step, step, eb, &z);
+        out = element_code<DT>(rule, (raw_t)raw, r * d + i) == kOutlierMark;
       }
       const uint32_t b = __ballot_sync(kFull, out);
       if (out)
@@ -80,6 +80,7 @@ __global__ void finish_kernel(const EncodeState* st, DeviceResult* result) {
   result->bound = st->bound;
   result->lossless = st->lossless;
   result->identity = st->identity;
+  result->dithered = st->dithered;
   result->lo = from_order_key(st->lo_key);
   result->hi = from_order_key(st->hi_key);
 }
@@ -157,6 +158,8 @@ EncodeJob make_job(const SegmentJob& g) {
   j.dtype = g.p.dtype;
   j.mode = g.p.mode;
   j.dedup = g.p.dedup;
+  j.dither = g.p.dither;
+  j.seed = g.p.dither_seed;
   j.eb = g.p.error_bound;
   shape_to_rows(g.shape, &j.n_rows, &j.row_len);
   j.payload_dev = g.payload_dev;
@@ -213,6 +216,8 @@ std::vector<SegmentResult> encode_segments(const std::vector<SegmentJob>& segs,
     o.bound = r.lossless ? 0 : r.bound;
     o.lossless = r.lossless != 0;
     o.identity = r.identity != 0;
+    o.dithered = r.dithered != 0;
+    o.seed = jobs[i].seed;
     o.bound_overflow = r.error != 0;
     o.lo = r.lo;
     o.hi = r.hi;

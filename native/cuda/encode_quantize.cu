@@ -39,7 +39,7 @@ __global__ void finite_range_kernel(const typename Elem<DT>::raw_t* x, uint64_t 
 // the 24 bits the frame stores (the codes use exactly the stored bound, as the CPU encoder's
 // do), and the lossless decision.
 __global__ void prepare_kernel(EncodeState* st, double eb_param, bool rel, bool ranged,
-                               bool force_lossless) {
+                               bool force_lossless, bool dither, uint32_t seed) {
   double lo = 0, hi = 0;
   if (ranged) {
     lo = from_order_key(st->lo_key);
@@ -52,29 +52,26 @@ __global__ void prepare_kernel(EncodeState* st, double eb_param, bool rel, bool 
   }
   st->bound = hl_bound_code(eb);
   eb = hl_bound_of_code(st->bound);
+  const ElementRule r = element_rule(eb, force_lossless, dither, seed);
   st->eb_abs = eb;
   st->step = 2.0 * eb;
   st->inv_step = 1.0 / st->step;
-  st->lossless = force_lossless || eb == 0;
+  st->lossless = r.lossless;
+  st->dithered = r.dithered;
+  st->seed = seed;
 }
 
-// Codes (zigzag, or kOutlierMark) and row outlier flags exactly as quantize_all; raw bits when
-// lossless. row_outlier must be zeroed.
+// Codes (zigzag, or kOutlierMark) and row outlier flags exactly as quantize_all, element i
+// offset by its dither when the segment is dithered; raw bits when lossless (element_code of
+// elements.h). row_outlier must be zeroed.
 template <int DT>
 __global__ void quantize_kernel(const typename Elem<DT>::raw_t* x, uint64_t n, uint64_t row_len,
                                 const EncodeState* st, uint32_t* codes, uint8_t* row_outlier) {
-  const bool lossless = st->lossless;
-  const double step = st->step, inv_step = st->inv_step, eb = st->eb_abs;
+  const ElementRule rule = rule_of(st);
   HL_GRID_STRIDE(i, n) {
-    const typename Elem<DT>::raw_t raw = x[i];
-    if (lossless) {
-      codes[i] = raw;
-      continue;
-    }
-    uint32_t z;
-    bool ok = quantize<DT>(raw, inv_step, step, eb, &z);
-    codes[i] = ok ? z : kOutlierMark;
-    if (!ok) row_outlier[i / row_len] = 1;
+    const uint32_t z = element_code<DT>(rule, x[i], i);
+    codes[i] = z;
+    if (!rule.lossless && z == kOutlierMark) row_outlier[i / row_len] = 1;
   }
 }
 
@@ -94,7 +91,7 @@ void enqueue_quantize(const EncodeJob& j, const EncodeScratch& s, EncodeState* s
     if (ranged)
       launch("finite_range", finite_range_kernel<DT>, elem_grid, kThreads, stream, x, n, st);
     launch("prepare", prepare_kernel, 1, 1, stream, st, j.eb, j.mode == HL_MODE_REL, ranged,
-           force_lossless);
+           force_lossless, j.dither, j.seed);
     if (j.n_rows) HL_CUDA_CHECK(cudaMemsetAsync(s.row_outlier, 0, j.n_rows, stream));
     launch("quantize", quantize_kernel<DT>, elem_grid, kThreads, stream, x, n, j.row_len, st,
            s.codes, s.row_outlier);

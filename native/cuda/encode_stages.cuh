@@ -22,6 +22,7 @@
 #pragma once
 
 #include "codec_cuda_device.cuh"
+#include "elements.h"
 #include "level1_sections.h"
 
 namespace hl {
@@ -32,6 +33,8 @@ struct alignas(16) EncodeState {
   unsigned long long lo_key, hi_key;  // finite range, order_key encoded
   double eb_abs, step, inv_step;
   uint32_t lossless;  // codes are raw bits
+  uint32_t dithered;  // subtractive dither with `seed` (lossy segments only)
+  uint32_t seed;
   uint32_t error;     // kEncodeBoundOverflow
   uint32_t identity;  // no map section
   uint32_t fallback;  // lossy segment too large: encode again lossless
@@ -46,6 +49,18 @@ struct alignas(16) EncodeState {
   uint32_t* ucodes;  // codes of the unique rows: the quantized codes themselves, or gathered
 };
 
+// The per-element rule (elements.h) of the segment whose bound prepare has set.
+__device__ inline ElementRule rule_of(const EncodeState* st) {
+  ElementRule r;
+  r.step = st->step;
+  r.inv_step = st->inv_step;
+  r.eb_abs = st->eb_abs;
+  r.seed = st->seed;
+  r.lossless = st->lossless;
+  r.dithered = st->dithered;
+  return r;
+}
+
 constexpr uint32_t kEncodeBoundOverflow = 1;
 
 // One segment to encode: a tensor of n_rows x row_len elements.
@@ -53,13 +68,16 @@ struct EncodeJob {
   const void* x_dev;
   uint8_t dtype, mode;
   bool dedup;
+  bool dither;     // subtractive dither with `seed` (turns dedup off, as on the CPU)
+  uint32_t seed;
   double eb;
   uint64_t n_rows, row_len;
   uint8_t* payload_dev;  // room for segment_slot_bytes
 
   uint64_t n() const { return n_rows * row_len; }
   // Map entries are uint32; the CPU codec has the same limit in practice (4 billion rows).
-  bool dedups() const { return dedup_applies(dedup, n_rows, row_len); }
+  // Dithered rows never repeat (each element has its own offset): no dedup, as cpu/encode.cc.
+  bool dedups() const { return dedup_applies(dedup && !dither, n_rows, row_len); }
   // radix values (g >= 2: at most half the codes) and short blocks of the code section
   uint64_t max_values() const { return hl_div_up(n(), 2); }
   uint64_t max_short_blocks() const { return short_n_blocks(n()); }

@@ -7,8 +7,9 @@
 // piecewise form). So the bytes around the segments are the CPU encoder's by construction, and
 // the segments' bytes follow the same rules (level1_sections.h).
 //
-// Level 2 and dither have no device encoder: the entry points refuse them, and hvd_lossy's
-// Python layer (_codec.py) then codes on the host with the CPU encoder (the same bytes).
+// Level 2 has no device encoder: the entry points refuse it, and hvd_lossy's Python layer
+// (_codec.py) then codes on the host with the CPU encoder (the same bytes). Dithered pieces
+// are coded here (elements.h: the per-element rule both codecs share).
 #include <string>
 #include <vector>
 
@@ -45,9 +46,8 @@ struct PoolBuffer {
 
 void check_device_params(const CompressParams& p) {
   check_params(p);
-  if (p.level != 1 || p.dither)
-    throw ArgumentError("the CUDA encoder codes level 1 without dither, got level " +
-                        std::to_string(p.level) + (p.dither ? " with dither" : "") +
+  if (p.level != 1)
+    throw ArgumentError("the CUDA encoder codes level 1, got level " + std::to_string(p.level) +
                         ": compress on the CPU (hvd_lossy does this for device tensors)");
 }
 
@@ -76,7 +76,9 @@ Layout encode_frames(const uint8_t* in_dev, const Pieces& c, const std::vector<i
                scratch.as<uint8_t>() + slot[i]};
   const std::vector<SegmentResult> res = encode_segments(jobs, stream);
   std::vector<SegmentDesc> descs(n);
+  std::vector<uint32_t> seeds(n);
   for (size_t i = 0; i < n; ++i) {
+    seeds[i] = c.params[i].dither_seed;
     const SegmentResult& r = res[i];
     // The device found the bound overflowing: the rule again on its range throws the CPU
     // encoder's ArgumentError.
@@ -84,7 +86,7 @@ Layout encode_frames(const uint8_t* in_dev, const Pieces& c, const std::vector<i
     descs[i] = descriptor_of(r, c.params[i].mode, c.shapes[i]);
   }
   const FramesPlan plan =
-      plan_device_frames(descs, c.shapes, groups, prefix_bytes, ext, empty_trailing, dtype);
+      plan_device_frames(descs, c.shapes, groups, prefix_bytes, ext, empty_trailing, dtype, seeds);
   fits(plan.end);
 
   // Every frame's header and descriptors (an empty group's whole frame, sealed) go to the device

@@ -2,6 +2,10 @@
 // that the tests build (tests/_hooks.py, CMake option HVD_LOSSY_TEST_HOOKS) and the wheel never
 // ships: CRC32C as both codecs compute it, the radix rule and division, and the CUDA encoder's
 // level-1 sections and frame assembly run serially on the host (level1_ref.h, device_frames.h).
+#include <string.h>
+
+#include <type_traits>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -10,6 +14,7 @@
 #include "crc32c.h"
 #include "level1_ref.h"
 #include "device_frames.h"
+#include "elements.h"
 
 namespace py = pybind11;
 
@@ -71,6 +76,7 @@ py::tuple device_frames_hd(const std::string& buffer, const std::vector<int64_t>
     shapes.push_back(s);
   }
   std::vector<hl::SegmentDesc> descs;
+  std::vector<uint32_t> seeds;
   std::vector<const uint8_t*> payload;
   std::vector<uint64_t> payload_bytes;
   uint64_t at = 0;
@@ -82,11 +88,15 @@ py::tuple device_frames_hd(const std::string& buffer, const std::vector<int64_t>
     const hl::FrameView f = hl::parse_frame(buf + at, hl::checked_frame_bytes(buf + at, buffer.size() - at));
     if ((int64_t)f.segs.size() != g) throw hl::ArgumentError("a frame of another group size");
     for (const hl::SegmentView& v : f.segs) {
-      if (v.level != 1 || v.dithered)
-        throw hl::ArgumentError("device_frames_hd takes level-1 undithered segments");
+      if (v.level != 1)
+        throw hl::ArgumentError("device_frames_hd takes level-1 segments");
       hl::SegmentFound r;
       r.lossless = v.lossless;
       r.identity = v.identity;
+      r.dithered = v.dithered;
+      // the piece's seed as the CUDA encoder has it (pieces.h: consecutive from the call's),
+      // dithered or not
+      seeds.push_back(f.seeded ? (uint32_t)((f.seed + (&v - f.segs.data())) % HL_DITHER_SEEDS) : 0);
       r.bound = r.lossless ? 0 : hl_bound_code(v.eb_abs);
       r.n_unique = v.n_unique;
       r.n_outliers = v.n_outliers;
@@ -102,7 +112,8 @@ py::tuple device_frames_hd(const std::string& buffer, const std::vector<int64_t>
   }
   if (seg != shapes.size()) throw hl::ArgumentError("fewer segments than rows");
   const hl::FramesPlan plan =
-      hl::plan_device_frames(descs, shapes, groups, prefix_bytes, ext, trailing, (uint8_t)dtype);
+      hl::plan_device_frames(descs, shapes, groups, prefix_bytes, ext, trailing, (uint8_t)dtype,
+                             seeds);
   std::string out(plan.end, '\xab');
   uint8_t* o = reinterpret_cast<uint8_t*>(&out[0]);
   hl::assemble_device_frames(
@@ -117,6 +128,66 @@ py::tuple device_frames_hd(const std::string& buffer, const std::vector<int64_t>
                          4);
       });
   return py::make_tuple(py::bytes(out), plan.sizes, plan.group_bytes);
+}
+
+template <class F>
+void with_host_dtype(int dtype, F f) {
+  switch (dtype) {
+    case HL_FLOAT32: return f(std::integral_constant<int, HL_FLOAT32>());
+    case HL_FLOAT16: return f(std::integral_constant<int, HL_FLOAT16>());
+    case HL_BFLOAT16: return f(std::integral_constant<int, HL_BFLOAT16>());
+  }
+  throw hl::ArgumentError("dtype code " + std::to_string(dtype) +
+                          ", expected 0 (float32), 1 (float16) or 2 (bfloat16)");
+}
+
+// elements.h on a segment's raw elements, one call an element as the CUDA encoder's threads
+// make them: quantize_kernel's code of element i (kOutlierMark at an outlier) and
+// write_outliers_kernel's (position, raw bits) records in position order. Returns (codes,
+// outliers, whether the rule dithers).
+py::tuple element_codes_hd(const std::string& raw, int dtype, double eb_abs, bool lossless,
+                           bool dither, uint32_t seed) {
+  const hl::ElementRule rule = hl::element_rule(eb_abs, lossless, dither, seed);
+  std::vector<uint32_t> codes;
+  std::vector<std::pair<uint64_t, uint32_t>> outliers;
+  with_host_dtype(dtype, [&](auto dt) {
+    constexpr int DT = decltype(dt)::value;
+    typedef typename hl::Elem<DT>::raw_t raw_t;
+    const uint64_t n = raw.size() / sizeof(raw_t);
+    codes.resize(n);
+    for (uint64_t i = 0; i < n; ++i) {
+      raw_t x;
+      memcpy(&x, raw.data() + i * sizeof(raw_t), sizeof(raw_t));
+      codes[i] = hl::element_code<DT>(rule, x, i);
+      if (!rule.lossless && codes[i] == hl::kOutlierMark) outliers.emplace_back(i, (uint32_t)x);
+    }
+  });
+  return py::make_tuple(codes, outliers, rule.dithered);
+}
+
+// The CUDA decoder's values of a segment without a map: CodeSink's element_value (or the raw
+// bits when lossless) for every code, then scatter_outliers_kernel's records. Returns the
+// elements' raw bytes.
+py::bytes element_values_hd(const std::vector<uint32_t>& codes,
+                            const std::vector<std::pair<uint64_t, uint32_t>>& outliers, int dtype,
+                            double eb_abs, bool lossless, bool dither, uint32_t seed) {
+  const hl::ElementRule rule = hl::element_rule(eb_abs, lossless, dither, seed);
+  std::string out;
+  with_host_dtype(dtype, [&](auto dt) {
+    constexpr int DT = decltype(dt)::value;
+    typedef typename hl::Elem<DT>::raw_t raw_t;
+    std::vector<raw_t> v(codes.size());
+    for (uint64_t i = 0; i < codes.size(); ++i)
+      v[i] = rule.lossless ? (raw_t)codes[i] : hl::element_value<DT>(rule, codes[i], i);
+    for (const auto& o : outliers) {
+      if (o.first >= v.size())
+        throw hl::ArgumentError("outlier at " + std::to_string(o.first) + ", past the " +
+                                std::to_string(v.size()) + " elements");
+      v[o.first] = (raw_t)o.second;
+    }
+    out.assign(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(raw_t));
+  });
+  return py::bytes(out);
 }
 
 }  // namespace
@@ -186,6 +257,16 @@ PYBIND11_MODULE(_hl_test, m) {
         py::arg("dtype"),
         "The CPU encoder's compress_into layout taken apart and put together again by the CUDA "
         "encoder's host side (device_frames.h): (layout bytes, sizes, group bytes).");
+  m.def("element_codes_hd", &element_codes_hd, py::arg("raw"), py::arg("dtype"),
+        py::arg("eb_abs"), py::arg("lossless"), py::arg("dither"), py::arg("seed"),
+        "(codes, outliers, dithered) of a segment's raw elements by elements.h's element_code, "
+        "one call an element as the CUDA encoder's threads make them.");
+  m.def("element_values_hd", &element_values_hd, py::arg("codes"), py::arg("outliers"),
+        py::arg("dtype"), py::arg("eb_abs"), py::arg("lossless"), py::arg("dither"),
+        py::arg("seed"),
+        "Raw bytes of a map-less segment decoded by elements.h's element_value, one call a "
+        "code, then its outliers scattered, as the CUDA decoder does.");
+  m.attr("OUTLIER_MARK") = hl::kOutlierMark;
   m.attr("PACK_BLOCK") = (int)hl::HL_PACK_BLOCK;
   m.attr("PACK_RADIX") = (int)hl::HL_PACK_RADIX;
   m.attr("PACK_SHORT") = (int)hl::HL_PACK_SHORT;
