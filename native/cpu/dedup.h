@@ -61,10 +61,16 @@ class Numbering {
   template <class Row>
   void prefetch_candidate(uint64_t r, Row row, const uint32_t* map) const {
     const uint64_t h = hashes_[r];
-    const uint64_t e = slots_[h & (cap_ - 1)];
-    if (e != kEmpty && (e & kTag) == (h & kTag)) {
-      row(e & ~kTag);
-      __builtin_prefetch(&map[e & ~kTag]);
+    // A third or more of the home slots hold another row at this load: follow the probe a few
+    // slots (mostly the same cache line) as add() will.
+    for (uint64_t k = 0, s = h & (cap_ - 1); k < kProbeAhead; ++k, s = (s + 1) & (cap_ - 1)) {
+      const uint64_t e = slots_[s];
+      if (e == kEmpty) return;
+      if ((e & kTag) == (h & kTag)) {
+        row(e & ~kTag);
+        __builtin_prefetch(&map[e & ~kTag]);
+        return;
+      }
     }
   }
 
@@ -82,7 +88,7 @@ class Numbering {
   std::vector<uint64_t> first;
 
  private:
-  static constexpr uint64_t kSlotAhead = 24, kRowAhead = 12;
+  static constexpr uint64_t kSlotAhead = 24, kRowAhead = 12, kProbeAhead = 4;
   static constexpr uint64_t kEmpty = ~0ull, kTag = 0xffffffff00000000ull;
 
   void resize(uint64_t cap) {
