@@ -350,6 +350,28 @@ def test_decompress_into_a_given_tensor_reuses_it():
         hvd_lossy.decompress(frame, out=torch.empty(8, 64).t())
 
 
+def test_decompress_into_matches_the_frame_natively_and_writes_nothing_on_a_mismatch():
+    """decompress(frame, out=) matches the frame's dtype and shape against out in its one native
+    call (_C.decompress_as): a mismatch of either decodes nothing and raises the Python path's
+    message; a corrupted frame raises FrameError; 0-row and 16-bit frames decode as before."""
+    x = torch.randn(64, 8)
+    frame = hvd_lossy.compress(x, 0.01)
+    for wrong in (torch.full((8, 64), 7.0), torch.full((64, 8), 7.0, dtype=torch.float16),
+                  torch.full((64, 4, 2), 7.0), torch.full((512,), 7.0)):
+        with pytest.raises(ValueError, match="out must be a contiguous torch.float32 tensor"):
+            hvd_lossy.decompress(frame, out=wrong)
+        assert bool((wrong == 7).all())
+    bad = frame.clone()
+    bad[-1] ^= 1
+    with pytest.raises(FrameError):
+        hvd_lossy.decompress(bad, out=torch.empty(64, 8))
+    for y in (torch.randn(0, 8), torch.randn(5, 3).to(torch.bfloat16), torch.randn(7).half()):
+        f = hvd_lossy.compress(y, 0.01)
+        out = torch.empty_like(y)
+        assert hvd_lossy.decompress(f, out=out) is out
+        assert torch.equal(out, hvd_lossy.decompress(f))
+
+
 # ---- subtractive dither ---------------------------------------------------------------------
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
