@@ -340,6 +340,14 @@ def decompress(frame, out=None, max_output_bytes=None):
         # One native call: header, checksum (before anything is allocated: a corrupted header
         # could ask for terabytes), the limit, memory, decode.
         return _decode_new(frame, [frame.numel()], max_output_bytes)[0]
+    if (not frame.is_cuda and isinstance(out, torch.Tensor) and not out.is_cuda
+            and out.dtype in _DTYPE_CODES and out.is_contiguous()):
+        # One native call too: the header is matched against out there, not parsed into a
+        # dict first; a mismatch decodes nothing and goes on below for its message.
+        if _C.decompress_as(frame.data_ptr(), frame.numel(), _DTYPE_CODES[out.dtype],
+                            list(out.shape), out.data_ptr(), out.numel() * out.element_size(),
+                            _threads):
+            return out
     return _decompress_checked(frame, out, max_output_bytes, verified=False)
 
 

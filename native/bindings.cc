@@ -230,6 +230,17 @@ PYBIND11_MODULE(_C, m) {
         py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>(),
         "Decodes a frame into a buffer of out_bytes.");
 
+  m.def("decompress_as",
+        [](uintptr_t frame, uint64_t size, int dtype, const std::vector<int64_t>& shape,
+           uintptr_t out, uint64_t out_bytes, int threads) {
+          return hl::decompress_as_cpu(ptr<const uint8_t>(frame), size, (uint8_t)dtype, shape,
+                                       ptr<void>(out), out_bytes, threads);
+        },
+        py::arg("frame"), py::arg("size"), py::arg("dtype"), py::arg("shape"), py::arg("out"),
+        py::arg("out_bytes"), py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>(),
+        "Decodes a frame into a buffer of out_bytes when it holds that dtype code and shape; "
+        "False, decoding nothing, when it does not.");
+
   m.def("compress_into",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,

@@ -295,6 +295,49 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
     assert len(runs[0]) > 1 and runs[0][1:] == runs[1][1:] == runs[2][1:]
 
 
+def test_dither_kernels_match_the_scalar_rule_at_every_element_index(tmp_path):
+    """The vector dither generators (eight lanes of 32-bit hashing, the high half of the element
+    index mixed once per call) against hl::dither_unit element by element, encode and decode, on
+    every kernel path: at index 0, and where runs of 4, 8 and 16 elements cross 2^32 and 2^33,
+    which only a segment of more than 2^32 elements reaches."""
+    import os
+    import subprocess
+    import sys
+
+    from tests._hooks import OUT
+
+    script = tmp_path / "dither.py"
+    script.write_text(
+        "import math, random, sys\n"
+        f"sys.path.insert(0, {str(OUT)!r})\n"
+        "import _hl_test, hvd_lossy\n"
+        "rng = random.Random(5)\n"
+        "x = [rng.gauss(0, 1) for _ in range(45)]\n"
+        "x[3], x[9], x[20], x[30] = math.nan, math.inf, 1e30, -1e-30\n"
+        "out = [hvd_lossy._C.simd_level()]\n"
+        "for first in (0, 2**32 - 45, 2**32 - 9, 2**32 - 8, 2**32 - 5, 2**32 - 1, 2**32,\n"
+        "              2**33 - 3, 2**40 + 7):\n"
+        "    for seed in (0, 11, 2**24 - 1):\n"
+        "        z, z_ref, y, y_ref = _hl_test.dithered_f32(x, first, seed, 0.01)\n"
+        "        assert z == z_ref, (first, seed, z, z_ref)\n"
+        "        assert [float(v).hex() for v in y] == [float(v).hex() for v in y_ref], (first, seed)\n"
+        "        assert 0xffffffff in z and len(set(z)) > 10\n"
+        "        out.append((z, [float(v).hex() for v in y]))\n"
+        "print(repr(out))\n")
+
+    def run(**flags):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_LOSSY_NO_")}
+        env.update(flags)
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return eval(done.stdout)
+
+    runs = [run(), run(HVD_LOSSY_NO_AVX512="1"), run(HVD_LOSSY_NO_AVX2="1")]
+    assert runs[2][0] == 0 and runs[1][0] <= 1 and runs[0][0] >= runs[1][0]
+    assert runs[0][1:] == runs[1][1:] == runs[2][1:]
+
+
 def test_decompress_into_a_given_tensor_reuses_it():
     x = torch.randn(64, 8)
     frame = hvd_lossy.compress(x, 0.01)
@@ -305,6 +348,28 @@ def test_decompress_into_a_given_tensor_reuses_it():
         hvd_lossy.decompress(frame, out=torch.empty(8, 64))
     with pytest.raises(ValueError, match="non-contiguous"):
         hvd_lossy.decompress(frame, out=torch.empty(8, 64).t())
+
+
+def test_decompress_into_matches_the_frame_natively_and_writes_nothing_on_a_mismatch():
+    """decompress(frame, out=) matches the frame's dtype and shape against out in its one native
+    call (_C.decompress_as): a mismatch of either decodes nothing and raises the Python path's
+    message; a corrupted frame raises FrameError; 0-row and 16-bit frames decode as before."""
+    x = torch.randn(64, 8)
+    frame = hvd_lossy.compress(x, 0.01)
+    for wrong in (torch.full((8, 64), 7.0), torch.full((64, 8), 7.0, dtype=torch.float16),
+                  torch.full((64, 4, 2), 7.0), torch.full((512,), 7.0)):
+        with pytest.raises(ValueError, match="out must be a contiguous torch.float32 tensor"):
+            hvd_lossy.decompress(frame, out=wrong)
+        assert bool((wrong == 7).all())
+    bad = frame.clone()
+    bad[-1] ^= 1
+    with pytest.raises(FrameError):
+        hvd_lossy.decompress(bad, out=torch.empty(64, 8))
+    for y in (torch.randn(0, 8), torch.randn(5, 3).to(torch.bfloat16), torch.randn(7).half()):
+        f = hvd_lossy.compress(y, 0.01)
+        out = torch.empty_like(y)
+        assert hvd_lossy.decompress(f, out=out) is out
+        assert torch.equal(out, hvd_lossy.decompress(f))
 
 
 # ---- subtractive dither ---------------------------------------------------------------------

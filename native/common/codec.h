@@ -87,6 +87,13 @@ uint64_t max_grouped_bytes(const std::vector<int64_t>& rows, const std::vector<i
 void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out_bytes,
                     int threads);
 
+// decompress_cpu into a tensor of dtype and shape that the caller expects: false, decoding
+// nothing, when the frame holds another dtype or shape (the caller then explains the mismatch).
+// The one native call of Python's decompress(frame, out=): no header parsed in Python first.
+bool decompress_as_cpu(const uint8_t* frame, uint64_t size, uint8_t dtype,
+                       const std::vector<int64_t>& shape, void* out, uint64_t out_bytes,
+                       int threads);
+
 // Where one sender's frames lie in a receive buffer: bytes [offset, offset + length), back to
 // back, decoding to `rows` rows (dim-0 entries) in total.
 struct DecodeSource {

@@ -274,10 +274,11 @@ std::string plan_source(const uint8_t* buffer, const DecodeSource& src, size_t i
 
 }  // namespace
 
-void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out_bytes,
-                    int threads) {
+namespace {
+
+void decode_frame(const uint8_t* frame, const FrameView& f, void* out, uint64_t out_bytes,
+                  int threads) {
   threads = resolve_threads(threads);
-  const FrameView f = parse_frame(frame, size);
   verify_frame(f, frame);
   const uint64_t need = f.decoded_bytes();
   if (out_bytes != need)
@@ -288,6 +289,22 @@ void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out
   std::vector<std::string> errors(1);
   run_jobs(jobs, &errors, threads);
   if (!errors[0].empty()) throw FrameError(errors[0]);
+}
+
+}  // namespace
+
+void decompress_cpu(const uint8_t* frame, uint64_t size, void* out, uint64_t out_bytes,
+                    int threads) {
+  decode_frame(frame, parse_frame(frame, size), out, out_bytes, threads);
+}
+
+bool decompress_as_cpu(const uint8_t* frame, uint64_t size, uint8_t dtype,
+                       const std::vector<int64_t>& shape, void* out, uint64_t out_bytes,
+                       int threads) {
+  const FrameView f = parse_frame(frame, size);
+  if (f.dtype != dtype || f.shape() != shape) return false;
+  decode_frame(frame, f, out, out_bytes, threads);
+  return true;
 }
 
 std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buffer_len,

@@ -188,26 +188,56 @@ __attribute__((target("avx2"))) void range_f32_avx2(const float* x, uint64_t n, 
   *hi_out = th;
 }
 
-// Dither offsets (hl::dither_unit(seed, first + k) * step) of four consecutive elements, with
-// the scalar arithmetic: the 24 hashed bits convert to double exactly, then one multiply.
-// Returns false when the four indices cross a 2^32 boundary (the caller goes scalar).
-__attribute__((target("avx2"))) inline bool dither4(uint32_t seed, uint64_t first, __m256d step,
-                                                    __m256d* u) {
+// The high half of the element index enters the dither hash through one mix32 that is the same
+// for 2^32 elements in a row: computed again only when that half changes.
+struct DitherInner {
+  uint32_t seed;
+  uint64_t high = ~0ull;
+  uint32_t inner = 0;
+  uint32_t of(uint64_t first) {
+    if ((first >> 32) != high) {
+      high = first >> 32;
+      inner = mix32((uint32_t)high ^ (seed * 0x9e3779b9u));
+    }
+    return inner;
+  }
+};
+
+// hl::dither_unit's 24 hashed bits of eight consecutive elements (low index half lo, lo + 7
+// below 2^32), eight 32-bit lanes at once; the AVX2 and AVX-512 generators share it.
+__attribute__((target("avx2"))) inline __m256i dither_bits8(uint32_t lo, uint32_t inner) {
+  __m256i h = _mm256_xor_si256(
+      _mm256_add_epi32(_mm256_set1_epi32((int)lo), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+      _mm256_set1_epi32((int)inner));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x85ebca6bu));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0xc2b2ae35u));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  return _mm256_srli_epi32(h, 8);
+}
+
+// Dither offsets (hl::dither_unit(seed, first + k) * step) of four elements from their hashed
+// bits, with the scalar arithmetic: the 24 bits convert to double exactly, then one multiply.
+__attribute__((target("avx2"))) inline __m256d dither_offsets4(__m128i bits, __m256d step) {
+  const __m256d unit = _mm256_sub_pd(
+      _mm256_mul_pd(_mm256_add_pd(_mm256_cvtepi32_pd(bits), _mm256_set1_pd(0.5)),
+                    _mm256_set1_pd(1.0 / 16777216.0)),
+      _mm256_set1_pd(0.5));
+  return _mm256_mul_pd(unit, step);
+}
+
+// The offsets of eight consecutive elements as two vectors of four: the hash eight lanes wide
+// (half the integer work a lane of four-wide hashing, and the high half's mix32 once per call
+// rather than once per four elements). Returns false when the eight indices cross a 2^32
+// boundary (the caller goes scalar).
+__attribute__((target("avx2"))) inline bool dither8_avx2(DitherInner& di, uint64_t first,
+                                                         __m256d step, __m256d* u0, __m256d* u1) {
   const uint32_t lo = (uint32_t)first;
-  if (lo > 0xfffffffcu) return false;
-  const uint32_t inner = mix32((uint32_t)(first >> 32) ^ (seed * 0x9e3779b9u));
-  __m128i h = _mm_xor_si128(_mm_add_epi32(_mm_set1_epi32((int)lo), _mm_setr_epi32(0, 1, 2, 3)),
-                            _mm_set1_epi32((int)inner));
-  h = _mm_xor_si128(h, _mm_srli_epi32(h, 16));
-  h = _mm_mullo_epi32(h, _mm_set1_epi32((int)0x85ebca6bu));
-  h = _mm_xor_si128(h, _mm_srli_epi32(h, 13));
-  h = _mm_mullo_epi32(h, _mm_set1_epi32((int)0xc2b2ae35u));
-  h = _mm_xor_si128(h, _mm_srli_epi32(h, 16));
-  __m256d unit = _mm256_cvtepi32_pd(_mm_srli_epi32(h, 8));
-  unit = _mm256_sub_pd(_mm256_mul_pd(_mm256_add_pd(unit, _mm256_set1_pd(0.5)),
-                                     _mm256_set1_pd(1.0 / 16777216.0)),
-                       _mm256_set1_pd(0.5));
-  *u = _mm256_mul_pd(unit, step);
+  if (lo > 0xfffffff8u) return false;
+  const __m256i bits = dither_bits8(lo, di.of(first));
+  *u0 = dither_offsets4(_mm256_castsi256_si128(bits), step);
+  *u1 = dither_offsets4(_mm256_extracti128_si256(bits, 1), step);
   return true;
 }
 
@@ -241,6 +271,7 @@ __attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const ui
                                                        uint8_t* row_outlier, uint64_t* hashes) {
   const __m256d inv = _mm256_set1_pd(qp.inv_step), step = _mm256_set1_pd(qp.step),
                 eb = _mm256_set1_pd(qp.eb_abs);
+  DitherInner di{qp.seed};
   for (uint64_t r = 0; r < rows; ++r) {
     prefetch_gathered(xs, idx, r, rows, d * 4);
     const float* x = xs + (idx ? idx[r] : r) * d;
@@ -248,9 +279,11 @@ __attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const ui
     int miss = 0;
     uint64_t i = 0;
     if (qp.dither) {  // dithered frames are never deduplicated: idx is null, row r is element r*d
-      __m256d u;
-      for (; i + 4 <= d && dither4(qp.seed, qp.first + r * d + i, step, &u); i += 4)
-        miss |= quantize4_f32(x + i, inv, step, eb, u, z + i);
+      __m256d u0, u1;
+      for (; i + 8 <= d && dither8_avx2(di, qp.first + r * d + i, step, &u0, &u1); i += 8) {
+        miss |= quantize4_f32(x + i, inv, step, eb, u0, z + i);
+        miss |= quantize4_f32(x + i + 4, inv, step, eb, u1, z + i + 4);
+      }
     } else {
       const __m256d zero = _mm256_setzero_pd();
       for (; i + 4 <= d; i += 4) miss |= quantize4_f32(x + i, inv, step, eb, zero, z + i);
@@ -287,15 +320,19 @@ __attribute__((target("avx2"))) void dequantize_dithered_f32_avx2(const uint32_t
                                                                   double step, uint32_t seed,
                                                                   uint64_t first, float* out) {
   const __m256d st = _mm256_set1_pd(step);
-  const __m128i one = _mm_set1_epi32(1);
+  const __m256i one = _mm256_set1_epi32(1);
   uint64_t i = 0;
-  __m256d u;
-  for (; i + 4 <= n && dither4(seed, first + i, st, &u); i += 4) {
-    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(z + i));
-    __m128i q = _mm_xor_si128(_mm_srli_epi32(c, 1),
-                              _mm_sub_epi32(_mm_setzero_si128(), _mm_and_si128(c, one)));
-    __m256d v = _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(q), st), u);
-    _mm_storeu_ps(out + i, _mm256_cvtpd_ps(v));
+  __m256d u0, u1;
+  DitherInner di{seed};
+  for (; i + 8 <= n && dither8_avx2(di, first + i, st, &u0, &u1); i += 8) {
+    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + i));
+    __m256i q = _mm256_xor_si256(_mm256_srli_epi32(c, 1),
+                                 _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(c, one)));
+    __m128 a = _mm256_cvtpd_ps(
+        _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(q)), st), u0));
+    __m128 b = _mm256_cvtpd_ps(
+        _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(q, 1)), st), u1));
+    _mm256_storeu_ps(out + i, _mm256_set_m128(b, a));
   }
   dequantize_dithered_impl<HL_FLOAT32>(z + i, n - i, step, seed, first + i, out + i);
 }
@@ -323,36 +360,12 @@ HL_AVX512 void range_f32_avx512(const float* x, uint64_t n, double* lo_out, doub
   *hi_out = h > th ? h : th;
 }
 
-// Dither offsets of eight consecutive elements (dither4, eight wide). False when the indices
-// cross a 2^32 boundary.
-// The high half of the element index enters the hash through one mix32 that is the same for
-// 2^32 elements in a row: computed again only when that half changes.
-struct DitherInner {
-  uint32_t seed;
-  uint64_t high = ~0ull;
-  uint32_t inner = 0;
-  uint32_t of(uint64_t first) {
-    if ((first >> 32) != high) {
-      high = first >> 32;
-      inner = mix32((uint32_t)high ^ (seed * 0x9e3779b9u));
-    }
-    return inner;
-  }
-};
-
+// Dither offsets of eight consecutive elements (dither8_avx2 in one vector). False when the
+// indices cross a 2^32 boundary.
 HL_AVX512 inline bool dither8(DitherInner& di, uint64_t first, __m512d step, __m512d* u) {
   const uint32_t lo = (uint32_t)first;
   if (lo > 0xfffffff8u) return false;
-  const uint32_t inner = di.of(first);
-  __m256i h = _mm256_xor_si256(
-      _mm256_add_epi32(_mm256_set1_epi32((int)lo), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
-      _mm256_set1_epi32((int)inner));
-  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-  h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x85ebca6bu));
-  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
-  h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0xc2b2ae35u));
-  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-  __m512d unit = _mm512_cvtepi32_pd(_mm256_srli_epi32(h, 8));
+  __m512d unit = _mm512_cvtepi32_pd(dither_bits8(lo, di.of(first)));
   unit = _mm512_sub_pd(_mm512_mul_pd(_mm512_add_pd(unit, _mm512_set1_pd(0.5)),
                                      _mm512_set1_pd(1.0 / 16777216.0)),
                        _mm512_set1_pd(0.5));

@@ -9,6 +9,10 @@
 #include <map>
 #include <new>
 
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
 namespace hl {
 
 // Scratch memory kept per thread between calls. Fresh megabytes from the allocator arrive as
@@ -27,8 +31,7 @@ class ScratchPool {
       pool.blocks.erase(it);
       return p;
     }
-    *got = bytes;
-    return ::operator new(bytes);
+    return fresh(bytes, got);
   }
   static void put(void* p, size_t bytes) {
     Pool& pool = instance();
@@ -37,18 +40,50 @@ class ScratchPool {
     while (pool.cached > kPoolBytes) {  // drop the largest blocks first
       auto last = std::prev(pool.blocks.end());
       pool.cached -= last->first;
-      ::operator delete(last->second);
+      release(last->second, last->first);
       pool.blocks.erase(last);
     }
   }
 
  private:
   static constexpr size_t kPoolBytes = size_t(256) << 20;
+  // Blocks from 2 MiB on are mapped on their own, on 2 MiB boundaries, with MADV_HUGEPAGE
+  // (as output_blocks.cc's): the dedup table, the unique rows and codes are read at random, and
+  // with 4 KiB pages most of those reads also miss the TLB. A block's size says how it came.
+  static constexpr size_t kHuge = size_t(2) << 20;
+  static void* fresh(size_t bytes, size_t* got) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (bytes >= kHuge) {
+      const size_t cap = (bytes + kHuge - 1) / kHuge * kHuge;
+      void* p = mmap(nullptr, cap + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      const uintptr_t start = ((uintptr_t)p + kHuge - 1) / kHuge * kHuge;
+      const size_t head = start - (uintptr_t)p;
+      if (head) munmap(p, head);
+      munmap((void*)(start + cap), kHuge - head);
+      madvise((void*)start, cap, MADV_HUGEPAGE);  // advice only: without THP, 4 KiB pages
+      *got = cap;
+      return (void*)start;
+    }
+#endif
+    *got = bytes;
+    return ::operator new(bytes);
+  }
+  static void release(void* p, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (bytes >= kHuge) {
+      munmap(p, bytes);
+      return;
+    }
+#endif
+    ::operator delete(p);
+  }
   struct Pool {
     std::multimap<size_t, void*> blocks;
     size_t cached = 0;
     ~Pool() {
-      for (auto& b : blocks) ::operator delete(b.second);
+      for (auto& b : blocks) release(b.second, b.first);
     }
   };
   static Pool& instance() {
