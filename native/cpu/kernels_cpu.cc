@@ -241,28 +241,31 @@ __attribute__((target("avx2"))) inline bool dither8_avx2(DitherInner& di, uint64
   return true;
 }
 
-// Four elements: zigzag codes (or the outlier mark) and a mask of misses. Codes x - u and
-// reconstructs q * step + u (hl::quantize); plain frames pass u = 0, which changes no bit.
-__attribute__((target("avx2"))) inline int quantize4_f32(const float* x, __m256d inv, __m256d step,
-                                                         __m256d eb, __m256d u, uint32_t* z) {
+// Four elements: zigzag codes (or the outlier mark) and the lanes that miss (all ones). Codes
+// x - u and reconstructs q * step + u (hl::quantize); plain frames pass u = 0, which changes no
+// bit. The miss mask is built from the complements of hl::quantize's tests (NLE_UQ is true for
+// NaN, as !(a <= b) is), so a code is its zigzag or'ed with the mask, and a row's misses are
+// or'ed into one vector: one movemask a row rather than one a vector.
+__attribute__((target("avx2"))) inline __m256d quantize4_f32(const float* x, __m256d inv,
+                                                             __m256d step, __m256d eb, __m256d u,
+                                                             uint32_t* z) {
   const __m256d abs_mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll));
   const __m256d qmax = _mm256_set1_pd(HL_QMAX);
   const __m256d magic = _mm256_set1_pd(6755399441055744.0);
   __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x));
   __m256d s = _mm256_mul_pd(_mm256_sub_pd(v, u), inv);
-  __m256d in_range = _mm256_cmp_pd(_mm256_and_pd(s, abs_mask), qmax, _CMP_LE_OQ);
-  __m256d r = _mm256_sub_pd(_mm256_add_pd(_mm256_and_pd(s, in_range), magic), magic);
+  __m256d out_of_range = _mm256_cmp_pd(_mm256_and_pd(s, abs_mask), qmax, _CMP_NLE_UQ);
+  __m256d r = _mm256_sub_pd(_mm256_add_pd(_mm256_andnot_pd(out_of_range, s), magic), magic);
   __m128i q = _mm256_cvttpd_epi32(r);
   __m256d back = _mm256_cvtps_pd(
       _mm256_cvtpd_ps(_mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(q), step), u)));
   __m256d err = _mm256_and_pd(_mm256_sub_pd(v, back), abs_mask);
-  __m256d ok = _mm256_and_pd(in_range, _mm256_cmp_pd(err, eb, _CMP_LE_OQ));
-  __m128i ok32 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
-      _mm256_castpd_si256(ok), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
+  __m256d bad = _mm256_or_pd(out_of_range, _mm256_cmp_pd(err, eb, _CMP_NLE_UQ));
+  __m128i bad32 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
+      _mm256_castpd_si256(bad), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
   __m128i zig = _mm_xor_si128(_mm_slli_epi32(q, 1), _mm_srai_epi32(q, 31));
-  __m128i code = _mm_or_si128(_mm_and_si128(ok32, zig), _mm_andnot_si128(ok32, _mm_set1_epi32(-1)));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(z), code);
-  return _mm256_movemask_pd(ok) ^ 0xf;
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(z), _mm_or_si128(zig, bad32));
+  return bad;
 }
 
 __attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const uint64_t* idx,
@@ -276,18 +279,20 @@ __attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const ui
     prefetch_gathered(xs, idx, r, rows, d * 4);
     const float* x = xs + (idx ? idx[r] : r) * d;
     uint32_t* z = codes + r * d;
-    int miss = 0;
+    __m256d bad = _mm256_setzero_pd();
     uint64_t i = 0;
     if (qp.dither) {  // dithered frames are never deduplicated: idx is null, row r is element r*d
       __m256d u0, u1;
       for (; i + 8 <= d && dither8_avx2(di, qp.first + r * d + i, step, &u0, &u1); i += 8) {
-        miss |= quantize4_f32(x + i, inv, step, eb, u0, z + i);
-        miss |= quantize4_f32(x + i + 4, inv, step, eb, u1, z + i + 4);
+        bad = _mm256_or_pd(bad, quantize4_f32(x + i, inv, step, eb, u0, z + i));
+        bad = _mm256_or_pd(bad, quantize4_f32(x + i + 4, inv, step, eb, u1, z + i + 4));
       }
     } else {
       const __m256d zero = _mm256_setzero_pd();
-      for (; i + 4 <= d; i += 4) miss |= quantize4_f32(x + i, inv, step, eb, zero, z + i);
+      for (; i + 4 <= d; i += 4)
+        bad = _mm256_or_pd(bad, quantize4_f32(x + i, inv, step, eb, zero, z + i));
     }
+    const int miss = _mm256_movemask_pd(bad);
     uint8_t tail = 0;
     if (i < d) {
       QuantParams rest = qp;
