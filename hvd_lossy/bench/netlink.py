@@ -335,42 +335,51 @@ def run_alltoall(ns, rate, ranks, opts, workdir):
     return [dict(base, **r) for r in json.loads(out.read_text())["results"]]
 
 
-def run_dlrm(ns, rate, ranks, setting, mode, rep, opts, workdir):
-    """One training run: its record (failed ones carry the error instead of numbers)."""
-    metrics = workdir / f"dlrm_{rate}_{ranks}_{setting}_{mode}_{rep}.json"
-    args = SETTINGS[setting](opts, ranks) + DLRM_MODES[mode] + COMMON_TRAIN + opts.train_args
-    argv = [sys.executable, str(TRAIN), *args, "--label", mode, "--metrics-out", str(metrics)]
+def _train(ns, rate, ranks, setting, mode, rep, opts, argv, args, out):
+    """Launches one training run that writes its JSON to `out`: (its record, that JSON), the
+    JSON None for a failed run, whose record then carries the error instead of numbers."""
     run = run_in(ns, ranks, argv, opts, opts.timeout)
     rec = {"bandwidth_gbit": rate, "ranks": ranks, "setting": setting, "mode": mode, "repeat": rep,
            "train_args": args, "wire_bytes": run["wire_bytes"], "wall_seconds": run["seconds"]}
-    if run["rc"] != 0 or not metrics.exists():
-        return dict(rec, status="failed", error=error_of(run["output"], run["rc"]))
-    m = json.loads(metrics.read_text())
-    steps = m["iter_seconds"]
-    warm = min(opts.warmup, len(steps) - 1)  # at least one step is left to take the median of
+    if run["rc"] != 0 or not out.exists():
+        return dict(rec, status="failed", error=error_of(run["output"], run["rc"])), None
+    return rec, json.loads(out.read_text())
+
+
+def _step_fields(steps, warmup):
+    warm = min(warmup, len(steps) - 1)  # at least one step is left to take the median of
+    return dict(status="ok", iter_seconds_median=statistics.median(steps[warm:]), warmup_steps=warm,
+                steps_seconds_total=sum(steps))
+
+
+def run_dlrm(ns, rate, ranks, setting, mode, rep, opts, workdir):
+    """One training run of the example: its record."""
+    metrics = workdir / f"dlrm_{rate}_{ranks}_{setting}_{mode}_{rep}.json"
+    args = SETTINGS[setting](opts, ranks) + DLRM_MODES[mode] + COMMON_TRAIN + opts.train_args
+    argv = [sys.executable, str(TRAIN), *args, "--label", mode, "--metrics-out", str(metrics)]
+    rec, m = _train(ns, rate, ranks, setting, mode, rep, opts, argv, args, metrics)
+    if m is None:
+        return rec
     if opts.keep_metrics:
         metrics.rename(opts.keep_metrics / metrics.name)
-    return dict(rec, status="ok", iter_seconds_median=statistics.median(steps[warm:]), warmup_steps=warm,
-                steps_seconds_total=sum(steps), steps=m["steps"], auc=m["auc"], logloss=m["logloss"], a2a_bytes_sent=m["a2a_bytes_sent"],
+    return dict(rec, **_step_fields(m["iter_seconds"], opts.warmup), steps=m["steps"], auc=m["auc"],
+                logloss=m["logloss"], a2a_bytes_sent=m["a2a_bytes_sent"],
                 a2a_bytes_plain=m["a2a_bytes_plain"], compression_ratio=m["compression_ratio"],
                 train_seconds=m["train_seconds"])
 
 
 def run_user(ns, rate, ranks, mode, rep, opts, workdir):
-    """One run of the user-style script: a record in the schema of run_dlrm's."""
+    """One run of the user-style script: a record in the schema of run_dlrm's (no AUC; auto's
+    report when it ran auto)."""
     out = workdir / f"user_{rate}_{ranks}_{mode}_{rep}.json"
     args = ["--dim", "128", "--global-batch", str(batch_for(1024, ranks)), "--steps", str(opts.steps),
             *USER_MODES[mode]]
-    run = run_in(ns, ranks, [sys.executable, str(USER), *args, "--json", str(out)], opts, opts.timeout)
-    rec = {"bandwidth_gbit": rate, "ranks": ranks, "setting": USER_SETTING, "mode": mode, "repeat": rep,
-           "train_args": args, "wire_bytes": run["wire_bytes"], "wall_seconds": run["seconds"]}
-    if run["rc"] != 0 or not out.exists():
-        return dict(rec, status="failed", error=error_of(run["output"], run["rc"]))
-    m = json.loads(out.read_text())
-    steps = m["step_seconds"]
-    warm = min(opts.warmup, len(steps) - 1)
-    return dict(rec, status="ok", iter_seconds_median=statistics.median(steps[warm:]), warmup_steps=warm,
-                steps_seconds_total=sum(steps), steps=len(steps), auc=None, auto=(m.get("report") or {}).get("auto"))
+    argv = [sys.executable, str(USER), *args, "--json", str(out)]
+    rec, m = _train(ns, rate, ranks, USER_SETTING, mode, rep, opts, argv, args, out)
+    if m is None:
+        return rec
+    return dict(rec, **_step_fields(m["step_seconds"], opts.warmup), steps=len(m["step_seconds"]),
+                auc=None, auto=(m.get("report") or {}).get("auto"))
 
 
 # ---------------------------------------------------------------- summaries
