@@ -21,13 +21,14 @@ import json
 import os
 import pathlib
 import platform
-import statistics
 import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
+import gpu_check  # noqa: E402
 import torch  # noqa: E402
 
 import hvd_lossy  # noqa: E402
@@ -53,26 +54,9 @@ def parse_args(argv):
 
 
 def timed_us(fn, device, warmup, repeat):
-    """Median microseconds of fn(): CUDA events around it on the current stream, or the wall
-    clock on the CPU."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    if device == "cuda":
-        torch.cuda.synchronize()
-        for _ in range(repeat):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-    else:
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
+    """Median microseconds of fn(): gpu_check's timer (CUDA events on the current stream, or the
+    wall clock on the CPU)."""
+    return gpu_check.timed(fn, device, warmup, repeat) * 1e6
 
 
 def worst_over_bound(x, y, eb_abs):
