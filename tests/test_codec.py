@@ -338,6 +338,58 @@ def test_dither_kernels_match_the_scalar_rule_at_every_element_index(tmp_path):
     assert runs[0][1:] == runs[1][1:] == runs[2][1:]
 
 
+def test_float32_kernels_match_the_scalar_rule_at_the_edges_of_single_precision(tmp_path):
+    """The AVX2 quantizer decides in single precision where it is sure and in double where an
+    element lies near a rounding edge (quantize_f32_fast.h): codes, outliers and decodes must
+    be the scalar rule's on every kernel path, for elements placed at the edges themselves
+    (ties and a few ulps either side of k + 1/2 steps, |x / step| around 2^12, subnormals, NaN,
+    +-Inf) and at steps inside and outside [2^-100, 2^100], with and without dither."""
+    import os
+    import subprocess
+    import sys
+
+    from tests._hooks import OUT
+
+    script = tmp_path / "edges.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(OUT)!r})\n"
+        "import numpy as np, _hl_test, hvd_lossy\n"
+        "rng = np.random.default_rng(3)\n"
+        "out = [hvd_lossy._C.simd_level()]\n"
+        "near = np.array([0, 1e-9, 2**-12, 2**-10, 2**-9, 2**-8.5, 2**-8, 1e-3, 0.01])\n"
+        "near = np.concatenate([near, -near])\n"
+        "checked = 0\n"
+        "for eb in (0.03, 1e-4, 3e-7, 2.0**-102, 2.0**-99, 2.0**98, 2.0**101, 1e-30, 1e30):\n"
+        "    step = 2 * eb\n"
+        "    k = rng.integers(-5000, 5000, 4000).astype(np.float64)\n"
+        "    edges = (k + 0.5 + rng.choice(near, k.size)) * step\n"
+        "    spread = rng.standard_normal(4000) * step * 10.0 ** rng.uniform(-1, 4, 4000)\n"
+        "    x = np.concatenate([edges, spread]).astype(np.float32)\n"
+        "    x[:8] = [np.nan, np.inf, -np.inf, 1e-45, -1e-40, 0.0, -0.0, 3.4e38]\n"
+        "    x = x[rng.permutation(x.size)].tolist()\n"
+        "    for dither, first, seed in ((False, 0, 0), (True, 0, 7), (True, 2**32 - 4001, 2**24 - 1)):\n"
+        "        z, z_ref, y, y_ref = _hl_test.quantized_f32(x, eb, dither, first, seed)\n"
+        "        assert z == z_ref, (eb, dither, [(a, b, c) for a, b, c in zip(x, z, z_ref) if b != c][:5])\n"
+        "        assert [float(v).hex() for v in y] == [float(v).hex() for v in y_ref], (eb, dither)\n"
+        "        checked += len(z)\n"
+        "        out.append(hash(tuple(z)))\n"
+        "print(repr([checked] + out))\n")
+
+    def run(**flags):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_LOSSY_NO_")}
+        env.update(flags)
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return eval(done.stdout)
+
+    runs = [run(), run(HVD_LOSSY_NO_AVX512="1"), run(HVD_LOSSY_NO_AVX2="1")]
+    assert runs[0][0] == 9 * 3 * 8000
+    assert runs[2][1] == 0 and runs[1][1] <= 1 and runs[0][1] >= runs[1][1]
+    assert runs[0][2:] == runs[1][2:] == runs[2][2:]
+
+
 def test_decompress_into_a_given_tensor_reuses_it():
     x = torch.randn(64, 8)
     frame = hvd_lossy.compress(x, 0.01)

@@ -8,6 +8,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_AVX2_PATH)
 #include <immintrin.h>
+#include "quantize_f32_fast.h"
 #define HL_HAVE_AVX2_PATH 1
 // GCC 12's AVX-512 intrinsics fill unused lanes from self-initialised _mm512_undefined_*()
 // values and then warn about them in every caller: not our variables, so not our warnings.
@@ -273,7 +274,8 @@ __attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const ui
                                                        const QuantParams& qp, uint32_t* codes,
                                                        uint8_t* row_outlier, uint64_t* hashes) {
   const __m256d inv = _mm256_set1_pd(qp.inv_step), step = _mm256_set1_pd(qp.step),
-                eb = _mm256_set1_pd(qp.eb_abs);
+                eb = _mm256_set1_pd(qp.eb_abs), zero = _mm256_setzero_pd();
+  const FastF32 fast = fast_f32(qp.step, qp.inv_step);
   DitherInner di{qp.seed};
   for (uint64_t r = 0; r < rows; ++r) {
     prefetch_gathered(xs, idx, r, rows, d * 4);
@@ -282,13 +284,23 @@ __attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const ui
     __m256d bad = _mm256_setzero_pd();
     uint64_t i = 0;
     if (qp.dither) {  // dithered frames are never deduplicated: idx is null, row r is element r*d
-      __m256d u0, u1;
-      for (; i + 8 <= d && dither8_avx2(di, qp.first + r * d + i, step, &u0, &u1); i += 8) {
+      for (; i + 8 <= d; i += 8) {
+        const uint64_t e = qp.first + r * d + i;
+        if ((uint32_t)e > 0xfffffff8u) break;  // the eight indices cross 2^32: scalar tail
+        const __m256i bits = dither_bits8((uint32_t)e, di.of(e));
+        if (fast.on && quantize8_fast<true>(x + i, fast, bits, z + i)) continue;
+        const __m256d u0 = dither_offsets4(_mm256_castsi256_si128(bits), step);
+        const __m256d u1 = dither_offsets4(_mm256_extracti128_si256(bits, 1), step);
         bad = _mm256_or_pd(bad, quantize4_f32(x + i, inv, step, eb, u0, z + i));
         bad = _mm256_or_pd(bad, quantize4_f32(x + i + 4, inv, step, eb, u1, z + i + 4));
       }
     } else {
-      const __m256d zero = _mm256_setzero_pd();
+      const __m256i none = _mm256_setzero_si256();
+      for (; i + 8 <= d; i += 8) {
+        if (fast.on && quantize8_fast<false>(x + i, fast, none, z + i)) continue;
+        bad = _mm256_or_pd(bad, quantize4_f32(x + i, inv, step, eb, zero, z + i));
+        bad = _mm256_or_pd(bad, quantize4_f32(x + i + 4, inv, step, eb, zero, z + i + 4));
+      }
       for (; i + 4 <= d; i += 4)
         bad = _mm256_or_pd(bad, quantize4_f32(x + i, inv, step, eb, zero, z + i));
     }

@@ -191,6 +191,39 @@ py::bytes element_values_hd(const std::vector<uint32_t>& codes,
   return py::bytes(out);
 }
 
+// One row through the float32 kernels and through the scalar rule (quantized_f32 below).
+py::tuple quantized_f32(const std::vector<float>& x, double eb_abs, bool dither, uint64_t first,
+                        uint32_t seed) {
+  const uint64_t n = x.size();
+  hl::cpu::QuantParams qp;
+  qp.step = 2.0 * eb_abs;
+  qp.inv_step = 1.0 / qp.step;
+  qp.eb_abs = eb_abs;
+  qp.dither = dither;
+  qp.seed = seed;
+  qp.first = first;
+  std::vector<uint32_t> z(n), z_ref(n), codes(n);
+  uint8_t miss = 0;
+  hl::cpu::quantize_rows(HL_FLOAT32, x.data(), nullptr, 1, n, qp, z.data(), &miss, nullptr);
+  auto offset = [&](uint64_t i) { return dither ? hl::dither_unit(seed, first + i) * qp.step : 0.0; };
+  for (uint64_t i = 0; i < n; ++i) {
+    if (!hl::quantize<HL_FLOAT32>(hl::f32_bits(x[i]), qp.inv_step, qp.step, eb_abs, &z_ref[i],
+                                  offset(i)))
+      z_ref[i] = hl::kOutlierMark;
+    codes[i] = z_ref[i] == hl::kOutlierMark ? 0 : z_ref[i];
+  }
+  std::vector<float> y(n), y_ref(n);
+  if (dither)
+    hl::cpu::dequantize_dithered(HL_FLOAT32, codes.data(), n, qp.step, seed, first, y.data());
+  else
+    hl::cpu::dequantize(HL_FLOAT32, codes.data(), n, qp.step, y.data());
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint32_t bits = hl::reconstruct<HL_FLOAT32>(hl::unzigzag(codes[i]), qp.step, offset(i));
+    memcpy(&y_ref[i], &bits, 4);
+  }
+  return py::make_tuple(z, z_ref, y, y_ref);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_hl_test, m) {
@@ -248,39 +281,19 @@ PYBIND11_MODULE(_hl_test, m) {
         py::arg("k"), py::arg("values"),
         "(v // k, v % k) of each uint32 value, as the radix decoders compute them.");
 
-  // The dithered float32 kernels (cpu::quantize_rows, cpu::dequantize_dithered, whichever
-  // simd_level runs) at any element index, beside hl::quantize and hl::reconstruct with
-  // hl::dither_unit element by element: the vector generators must agree with the scalar rule
-  // at the 2^32 boundaries of the index too, which no tensor a test can build reaches.
+  // The float32 kernels (cpu::quantize_rows, cpu::dequantize(_dithered), whichever simd_level
+  // runs) on one row, beside hl::quantize and hl::reconstruct element by element: the vector
+  // lanes (single precision where they are sure, hl::dither_unit's generator) must agree with
+  // the scalar rule everywhere, the dither's 2^32 boundaries of the index included, which no
+  // tensor a test can build reaches.
+  m.def("quantized_f32",
+        [](const std::vector<float>& x, double eb_abs, bool dither, uint64_t first,
+           uint32_t seed) { return quantized_f32(x, eb_abs, dither, first, seed); },
+        py::arg("x"), py::arg("eb_abs"), py::arg("dither") = false, py::arg("first") = 0,
+        py::arg("seed") = 0, "(codes, reference codes, decoded, reference decoded) of one row.");
   m.def("dithered_f32",
         [](const std::vector<float>& x, uint64_t first, uint32_t seed, double eb_abs) {
-          const uint64_t n = x.size();
-          hl::cpu::QuantParams qp;
-          qp.step = 2.0 * eb_abs;
-          qp.inv_step = 1.0 / qp.step;
-          qp.eb_abs = eb_abs;
-          qp.dither = true;
-          qp.seed = seed;
-          qp.first = first;
-          std::vector<uint32_t> z(n), z_ref(n);
-          uint8_t miss = 0;
-          hl::cpu::quantize_rows(HL_FLOAT32, x.data(), nullptr, 1, n, qp, z.data(), &miss, nullptr);
-          std::vector<uint32_t> codes(n);
-          for (uint64_t i = 0; i < n; ++i) {
-            const double u = hl::dither_unit(seed, first + i) * qp.step;
-            if (!hl::quantize<HL_FLOAT32>(hl::f32_bits(x[i]), qp.inv_step, qp.step, eb_abs,
-                                          &z_ref[i], u))
-              z_ref[i] = hl::kOutlierMark;
-            codes[i] = z_ref[i] == hl::kOutlierMark ? 0 : z_ref[i];
-          }
-          std::vector<float> y(n), y_ref(n);
-          hl::cpu::dequantize_dithered(HL_FLOAT32, codes.data(), n, qp.step, seed, first, y.data());
-          for (uint64_t i = 0; i < n; ++i) {
-            const uint32_t bits = hl::reconstruct<HL_FLOAT32>(
-                hl::unzigzag(codes[i]), qp.step, hl::dither_unit(seed, first + i) * qp.step);
-            memcpy(&y_ref[i], &bits, 4);
-          }
-          return py::make_tuple(z, z_ref, y, y_ref);
+          return quantized_f32(x, eb_abs, true, first, seed);
         },
         py::arg("x"), py::arg("first"), py::arg("seed"), py::arg("eb_abs"),
         "(kernel codes, reference codes, kernel decode, reference decode) of dithered float32 "

@@ -1,0 +1,73 @@
+// Single-precision lanes for the AVX2 float32 quantizer (kernels_cpu.cc): eight elements a
+// vector, twice the lanes of the double-precision kernel and none of its conversions, for the
+// elements whose decision single precision cannot get wrong. The double kernel stays the
+// definition (hl::quantize); a group of eight with any lane near an edge is redone by it, so the
+// codes, the outliers and the frame are the same bits on every path.
+//
+// Why single precision decides exactly where it says it is sure (step in [2^-100, 2^100], so no
+// intermediate is subnormal or overflows in a way that matters; t* = (x - u) / step exactly):
+// - The offset: u = (k + 1/2) * 2^-24 * step for the 24 hashed bits less 2^23, k (hl::dither_unit).
+//   k + 1/2 is exact in float (|k| <= 2^23), so u_f differs from the double u by at most two
+//   float roundings of |u| < step / 2: under 2^-24 * step.
+// - The scaled value: s_f = fl(fl(x - u_f) * fl(1 / step)) is within 2^-10 of t* whenever
+//   |s_f| <= L = 2^12: three roundings of 2^-24 * |s_f| (2^-11 in all), one of 2^-24 * |x - u_f|
+//   / step (2^-12), and the offset's 2^-24. The double kernel's t is within 2^-39 of t*.
+// - So when |s_f - round(s_f)| <= 1/2 - 2^-9, the double t lies strictly within 1/2 of the same
+//   integer r: rint(t) = r, and |t| <= L + 1 is in range.
+// - And the bound holds with room: |x - u - r * step| <= (1/2 - 2^-9 + 2^-10) * step, the
+//   decoder's rounding to float adds at most 2^-24 * (L + 1) * step < 2^-11 * step, so the error
+//   stays below step / 2 = eb_abs. A sure lane is never an outlier.
+// NaN and +-Inf fail |s_f| <= L and go to the double kernel, which stores them as outliers.
+#pragma once
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+namespace hl {
+namespace cpu {
+namespace {
+
+struct FastF32 {
+  bool on = false;  // step within [2^-100, 2^100]
+  __m256 inv, scale, limit, edge;
+};
+
+__attribute__((target("avx2"))) inline FastF32 fast_f32(double step, double inv_step) {
+  FastF32 f;
+  f.on = step >= 0x1p-100 && step <= 0x1p100;
+  f.inv = _mm256_set1_ps((float)inv_step);
+  f.scale = _mm256_set1_ps((float)step * 0x1p-24f);  // a power-of-two scaling: exact
+  f.limit = _mm256_set1_ps(4096.0f);
+  f.edge = _mm256_set1_ps(0.5f - 0x1p-9f);
+  return f;
+}
+
+// Zigzag codes of eight elements (x - u when `bits` carries dither_bits8's 24-bit hashes, else
+// x) into z; false when some lane is near an edge and the group must go to the double kernel
+// (z then holds nothing of use).
+template <bool Dither>
+__attribute__((target("avx2"))) inline bool quantize8_fast(const float* x, const FastF32& f,
+                                                           __m256i bits, uint32_t* z) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 v = _mm256_loadu_ps(x);
+  if (Dither) {
+    const __m256 k = _mm256_cvtepi32_ps(_mm256_sub_epi32(bits, _mm256_set1_epi32(1 << 23)));
+    v = _mm256_sub_ps(v, _mm256_mul_ps(_mm256_add_ps(k, _mm256_set1_ps(0.5f)), f.scale));
+  }
+  const __m256 s = _mm256_mul_ps(v, f.inv);
+  const __m256 r = _mm256_round_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 frac = _mm256_and_ps(_mm256_sub_ps(s, r), abs_mask);
+  // ordered compares: false for NaN
+  const __m256 sure = _mm256_and_ps(_mm256_cmp_ps(_mm256_and_ps(s, abs_mask), f.limit, _CMP_LE_OQ),
+                                    _mm256_cmp_ps(frac, f.edge, _CMP_LE_OQ));
+  if (_mm256_movemask_ps(sure) != 0xff) return false;
+  const __m256i q = _mm256_cvtps_epi32(r);
+  const __m256i zig = _mm256_xor_si256(_mm256_slli_epi32(q, 1), _mm256_srai_epi32(q, 31));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(z), zig);
+  return true;
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace hl
