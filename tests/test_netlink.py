@@ -309,6 +309,10 @@ def test_quick_run_writes_the_documented_json_and_png(tmp_path):
     assert base["wire_bytes"] > 6 * 2 * 256 * 26 * 16 * 4 / 2
     auto = dlrm["auto"]  # until hvd_lossy has auto=True this fails, with the reason, alone
     assert (auto["status"] == "ok" and auto["speedup"] > 0) or "auto" in auto["error"]
+    if auto["status"] == "ok":  # every run records its slots' decisions, the baseline none
+        runs = {r["mode"]: r for r in report["dlrm_runs"]}
+        assert runs["auto"]["auto"] and all("decision" in s for s in runs["auto"]["auto"])
+        assert runs["uncompressed"]["auto"] is None
     a2a = {(r["mode"], r["bytes"]): r for r in report["alltoall"]}
     assert {m for m, _ in a2a} == set(netlink.A2A_MODES)
     big = max(b for _, b in a2a if b)

@@ -353,7 +353,8 @@ def _step_fields(steps, warmup):
 
 
 def run_dlrm(ns, rate, ranks, setting, mode, rep, opts, workdir):
-    """One training run of the example: its record."""
+    """One training run of the example: its record (auto's report when it ran auto, as
+    run_user's)."""
     metrics = workdir / f"dlrm_{rate}_{ranks}_{setting}_{mode}_{rep}.json"
     args = SETTINGS[setting](opts, ranks) + DLRM_MODES[mode] + COMMON_TRAIN + opts.train_args
     argv = [sys.executable, str(TRAIN), *args, "--label", mode, "--metrics-out", str(metrics)]
@@ -365,7 +366,7 @@ def run_dlrm(ns, rate, ranks, setting, mode, rep, opts, workdir):
     return dict(rec, **_step_fields(m["iter_seconds"], opts.warmup), steps=m["steps"], auc=m["auc"],
                 logloss=m["logloss"], a2a_bytes_sent=m["a2a_bytes_sent"],
                 a2a_bytes_plain=m["a2a_bytes_plain"], compression_ratio=m["compression_ratio"],
-                train_seconds=m["train_seconds"])
+                train_seconds=m["train_seconds"], auto=m.get("auto") or None)
 
 
 def run_user(ns, rate, ranks, mode, rep, opts, workdir):
