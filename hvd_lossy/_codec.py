@@ -149,6 +149,34 @@ def _check_dither(dither):
     return dither
 
 
+def check_ids(ids, tensor):
+    """The one rule for row ids (compress_chunks, compress_grouped and the collectives'
+    ``ids=``): an int64 tensor of one key per row of a 2-D ``tensor`` (rows, dim), on any
+    device. Returns them; raises TypeError or ValueError naming what was given and what was
+    expected."""
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"ids must be an int64 torch.Tensor with one key per row, got "
+                        f"{type(ids).__name__}")
+    if ids.dtype != torch.int64:
+        raise TypeError(f"ids must be an int64 tensor, got {ids.dtype}")
+    if tensor.dim() != 2:
+        raise ValueError(f"ids need a 2-D tensor (rows, dim), got one of shape "
+                         f"{tuple(tensor.shape)}")
+    if tuple(ids.shape) != (tensor.shape[0],):
+        raise ValueError(f"ids must have shape ({tensor.shape[0]},), one key per row, got "
+                         f"{tuple(ids.shape)}")
+    return ids
+
+
+def _host_ids(ids):
+    """Checked ids as the CPU encoder reads them: contiguous on the CPU (None stays None)."""
+    return None if ids is None else ids.to("cpu").contiguous()
+
+
+def _ids_address(host_ids):
+    return 0 if host_ids is None or not host_ids.numel() else host_ids.data_ptr()
+
+
 def max_frame_bytes(rows, row_len, ndim):
     """Worst-case size in bytes of the frame of a tensor of ``ndim`` (0..8) dimensions with
     ``rows`` rows of ``row_len`` elements (the frame's header holds up to 8 dimensions)."""
@@ -200,7 +228,8 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
     return out[:size].clone() if size < cap // 2 else out[:size]
 
 
-def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True, dither=None):
+def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True, dither=None,
+                    ids=None):
     """Compresses consecutive pieces of dim 0 into ONE frame whose segments they are, each with
     its own bound, in one native call.
 
@@ -210,6 +239,11 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
         error_bounds: one bound for all pieces, or a list with one per piece.
         mode, level, dedup: as for :func:`compress`.
         dither: None, or the seed of piece 0; piece i uses ``(dither + i) % 2**24``.
+        ids: None, or an int64 tensor of one key per row of a 2-D tensor: rows of a piece with
+            equal keys are stored once, found without hashing rows (faster); each such row's
+            bits are still compared with its key's first row, so wrong keys cost speed, never
+            the bound, and the frame is the same bytes as without ids. The CUDA encoder does
+            not use them (it finds the same duplicates by content).
         Device tensors: as for :func:`compress`.
 
     Returns:
@@ -234,14 +268,16 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
         ebs = [_check_bound(e) for e in error_bounds]
     else:
         ebs = [_check_bound(error_bounds)] * len(rows)
+    keys = None if ids is None else check_ids(ids, tensor)
     if tensor.is_cuda and not _on_device_encoder(seed, lv):
-        buffer, sizes = compress_chunks(tensor.cpu(), rows, ebs, mode, level, dedup, dither)
+        buffer, sizes = compress_chunks(tensor.cpu(), rows, ebs, mode, level, dedup, dither, keys)
         return buffer.to(tensor.device), sizes
     src = tensor.contiguous()
     trailing = list(src.shape[1:])
     if not src.is_cuda:  # the frame built first, then written once into memory of its size
+        keys = _host_ids(keys)
         block, _ = _C.compress_many_new(src.data_ptr(), code, rows, trailing, ebs, m, lv,
-                                        bool(dedup), _threads, seed)
+                                        bool(dedup), _threads, seed, _ids_address(keys))
         return torch.from_numpy(block), [block.size]
     # ONE frame of all the pieces: compress_into of one group
     cap = max_grouped_bytes(rows, trailing, [len(rows)], 0)
@@ -502,7 +538,7 @@ def output_cache_bytes():
 
 
 def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offset=0, mode="rel",
-                     level=1, dedup=True, dither=None, extension=None, stats=None):
+                     level=1, dedup=True, dither=None, extension=None, stats=None, ids=None):
     """Compresses pieces of dim 0 of a tensor straight into a send buffer, in groups.
 
     The bytes written at ``out[offset:]`` are ``[prefix][frame of group 0][prefix][frame of
@@ -519,7 +555,7 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
         out: 1-D ``torch.uint8`` tensor on the tensor's device with at least
             :func:`max_grouped_bytes` bytes after ``offset``.
         mode, level, dedup: as for :func:`compress`; dither: None, or the seed of piece 0 (piece
-            i uses ``(dither + i) % 2**24``).
+            i uses ``(dither + i) % 2**24``); ids: as for :func:`compress_chunks`.
         stats: None, or a C-contiguous float64 numpy array of shape (len(rows),
             STATS_PER_PIECE) that the codec fills with what it learnt of each piece while coding
             it, at no extra pass: columns STAT_MIN and STAT_MAX, the finite value range, and
@@ -550,6 +586,7 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
                          f"{_C.MAX_EXTENSION_BYTES} bytes, got an empty one")
     if src.device != out.device:
         raise ValueError(f"out must be on the tensor's device {src.device}, got {out.device}")
+    keys = None if ids is None else check_ids(ids, src)
     if src.is_cuda:
         _check_device(src)
         lv = _check_level(level)
@@ -562,26 +599,28 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
             return (list(sizes), list(group_bytes)) if ext else list(sizes)
         return _compress_grouped_on_host(src, rows, error_bounds, groups, prefix_bytes, out,
                                          offset, mode, level, dedup, dither, extension,
-                                         stats)
+                                         stats, keys)
+    keys = _host_ids(keys)
     sizes = list(_C.compress_into(src.data_ptr() if src.numel() else 0, code,
                                   [int(r) for r in rows], list(src.shape[1:]),
                                   [_check_bound(e) for e in error_bounds], _mode_code(mode),
                                   _check_level(level), bool(dedup), [int(g) for g in groups],
                                   int(prefix_bytes), out.data_ptr() + offset,
-                                  out.numel() - offset, _threads, seed, ext, 0 if stats is None else stats.ctypes.data))
+                                  out.numel() - offset, _threads, seed, ext,
+                                  0 if stats is None else stats.ctypes.data, _ids_address(keys)))
     if not ext:
         return sizes
     return sizes[:len(sizes) - len(groups)], sizes[len(sizes) - len(groups):]
 
 
 def _compress_grouped_on_host(tensor, rows, error_bounds, groups, prefix_bytes, out, offset,
-                              mode, level, dedup, dither, extension, stats):
+                              mode, level, dedup, dither, extension, stats, ids):
     """compress_grouped of a device tensor by the CPU encoder (level 2, dither or stats: no
     device encoder writes those), each group's frame then copied into ``out`` so
     that the prefixes stay as the caller left them."""
     host = torch.empty(out.numel() - offset, dtype=torch.uint8)
     got = compress_grouped(tensor.cpu(), rows, error_bounds, groups, prefix_bytes, host, 0, mode,
-                           level, dedup, dither, extension, stats)
+                           level, dedup, dither, extension, stats, ids)
     sizes, group_bytes = got if extension is not None else (got, None)
     if group_bytes is None:
         group_bytes, k = [], 0

@@ -9,8 +9,10 @@ row_len]`), and the receiver decodes table-major and copies each chunk back into
 interleaved layout once. How many tables a received chunk holds is read from its frame
 (one segment per table), so the receiver needs no layout of its own.
 """
+import torch
+
 import hvd_lossy
-from hvd_lossy.alltoall import Alltoall, split_list
+from hvd_lossy.alltoall import Alltoall, checked_ids, split_list
 from hvd_lossy.collective import new_output
 from hvd_lossy.compressor import LossyCompressor
 from hvd_lossy.protocol import GRANK, ROWS, _LocalError
@@ -49,8 +51,8 @@ class SingleAlltoall(Alltoall):
     tables of each received chunk (row_len layout only)."""
 
     def __init__(self, output, input, output_split_sizes, input_split_sizes, compressor, backend,
-                 tables=None):
-        super().__init__(input, input_split_sizes, None, compressor, backend)
+                 tables=None, ids=None):
+        super().__init__(input, input_split_sizes, None, compressor, backend, ids)
         self._input, self.output, self.out_splits = input, output, output_split_sizes
         self.row_len = getattr(compressor, "row_len", None)
         if tables is not None and self.row_len is not None and type(compressor) is LossyCompressor:
@@ -97,18 +99,15 @@ class SingleAlltoall(Alltoall):
     def arrange(self, tensor, plan):
         if self.row_len is None:
             return tensor
-        tables, chunks, lo = [], [], 0
+        tables = []
         for dest, rows in enumerate(self.rows_to):
             pieces = [p[1] for p in plan if p[0] == dest]
-            k = len(pieces) if rows else 0
             if rows and any(r != pieces[0] for r in pieces):
                 raise _bad(f"row_len layout: the frames for rank {dest} have rows {pieces}; "
                            "interleaved tables need one frame per table, all of equal rows")
-            tables.append(k)
-            if rows:
-                chunks.append(tensor[lo:lo + rows].view(rows // k, k, self.row_len).transpose(0, 1))
-            lo += rows
+            tables.append(len(pieces) if rows else 0)
         self.send_tables = tables
+        chunks = self._table_major(tensor)
         if not chunks:
             return tensor
         flat = new_output(tuple(tensor.shape), tensor.dtype, tensor.device)
@@ -118,6 +117,36 @@ class SingleAlltoall(Alltoall):
             flat[at:at + n].view(c.shape).copy_(c)
             at += n
         return flat
+
+    def _table_major(self, t):
+        """Views `[tables_d, rows_d, ...]` of each non-empty chunk of `t` (`[N, ...]`: chunk d,
+        `[rows_d, tables_d x ...]`, is rows_d x tables_d entries of dim 0)."""
+        chunks, lo = [], 0
+        for n, k in zip(self.rows_to, self.send_tables):
+            if n:
+                chunks.append(t[lo:lo + n].view(n // k, k, *t.shape[1:]).transpose(0, 1))
+            lo += n
+        return chunks
+
+    def keys(self, tensor):
+        if self.ids is None or self.row_len is None:
+            return super().keys(tensor)
+        ids, n = self.ids, tensor.shape[0]
+        kinds = {k for n_d, k in zip(self.rows_to, self.send_tables) if n_d}
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2 and len(kinds) <= 1:
+            k = kinds.pop() if kinds else ids.shape[1]
+            if tuple(ids.shape) != (n // max(k, 1), k):
+                raise _bad(f"ids must have shape ({n // max(k, 1)}, {k}): one key per row and "
+                           f"table of the [rows, tables x {self.row_len}] input, got "
+                           f"{tuple(ids.shape)}")
+            ids = ids.reshape(-1)
+        elif isinstance(ids, torch.Tensor) and ids.dim() != 1:
+            raise _bad(f"ids must be 1-D, one key per {self.row_len} elements of the input "
+                       f"({n}), when the chunks hold different numbers of tables "
+                       f"{self.send_tables}; got shape {tuple(ids.shape)}")
+        keys = checked_ids(ids, tensor)
+        chunks = self._table_major(keys.reshape(-1, 1))
+        return torch.cat([c.reshape(-1) for c in chunks]) if chunks else keys
 
     def output_for(self, shape, dtype):
         if self.row_len is not None:

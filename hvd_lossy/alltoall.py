@@ -53,6 +53,14 @@ def split_list(splits, rows, size):
     return values
 
 
+def checked_ids(ids, tensor):
+    """ids by the codec's rule (hvd_lossy._codec.check_ids), a failure told to every rank."""
+    try:
+        return hvd_lossy._codec.check_ids(ids, tensor)
+    except (TypeError, ValueError) as e:
+        raise _LocalError(9, detail=str(e)) from e
+
+
 def _check_plan(plan, rows_to):
     per_dest, last = [0] * len(rows_to), 0
     for dest, rows, _eb in plan:
@@ -71,9 +79,9 @@ class Alltoall(LossyCall):
     splits)."""
     op = "alltoall"
 
-    def __init__(self, tensor, splits, name, compressor, backend):
+    def __init__(self, tensor, splits, name, compressor, backend, ids=None):
         super().__init__(tensor, compressor, name, backend)
-        self.splits = splits
+        self.splits, self.ids = splits, ids
         self.split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
         self.rows_to = [0] * self.size
         self.late_failure = None
@@ -85,13 +93,15 @@ class Alltoall(LossyCall):
         self.plan = plan = c.plan(rows_to)
         _check_plan(plan, rows_to)
         self.tensor = tensor = self.arrange(tensor, plan)
+        keys = self.keys(tensor)
         lo = sum(rows_to[:me])
         hi = lo + rows_to[me]
         self.local_rows = (lo, hi)
         seed = c.next_dither_seed(self.grank, self.backend.global_size(),
                                   sum(1 for dest, _r, _e in plan if dest != me))
         # The ranks before this one, then the ones after it: the own chunk is copied, not coded.
-        parts = [(range(me + 1), tensor[:lo]), (range(me + 1, self.size), tensor[hi:])]
+        parts = [(range(me + 1), tensor[:lo], None if keys is None else keys[:lo]),
+                 (range(me + 1, self.size), tensor[hi:], None if keys is None else keys[hi:])]
         self.want_stats = c.wants_codec_stats() and self.device.type == "cpu"
         self.piece_stats = []
         send, sizes = self._pack_frames(parts, seed)
@@ -114,6 +124,11 @@ class Alltoall(LossyCall):
                                         "takes [rows, dim] tensors and segments=<tables>")
         return tensor
 
+    def keys(self, tensor):
+        """The ids of the arranged tensor's rows, one a row (None without ids); a subclass that
+        reorders rows in `arrange` reorders the ids alike."""
+        return None if self.ids is None else checked_ids(self.ids, tensor)
+
     def _pieces(self, dests):
         return [p for p in self.plan if p[0] in dests and p[0] != self.me]
 
@@ -125,21 +140,21 @@ class Alltoall(LossyCall):
         ext = chunk_header.extension(header(self.tensor, None, 0, 0, self.pending, self.grank,
                                             self.settings))
         meta = chunk_header.block_bytes(ext)
-        plans = [self._pieces(dests) for dests, _rows in parts]
+        plans = [self._pieces(dests) for dests, _rows, _ids in parts]
         groups = [[sum(1 for p in pieces if p[0] == d) for d in dests]
-                  for (dests, _rows), pieces in zip(parts, plans)]
+                  for (dests, _rows, _ids), pieces in zip(parts, plans)]
         cap = sum(hvd_lossy.max_grouped_bytes([p[1] for p in pieces], trailing, g, 0)
                   for pieces, g in zip(plans, groups))
         send = torch.empty(cap, dtype=torch.uint8, device=self.device)
         sizes, offset, chunk_bytes = [], 0, []
-        for (dests, rows), pieces, g in zip(parts, plans, groups):
+        for (dests, rows, ids), pieces, g in zip(parts, plans, groups):
             stats = (np.empty((len(pieces), hvd_lossy.STATS_PER_PIECE)) if self.want_stats
                      else None)
             try:
                 got, frames = hvd_lossy.compress_grouped(
                     rows.detach(), [p[1] for p in pieces], [p[2] for p in pieces], g,
                     0, send, offset, mode=c.mode, level=c.level, dedup=c.dedup,
-                    dither=seed, extension=ext, stats=stats)
+                    dither=seed, extension=ext, stats=stats, ids=ids)
             except Exception as e:
                 raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
             if seed is not None:
@@ -242,20 +257,22 @@ def _plain_start(tensor, splits, name, compression, backend):
         payload, splits, name), local_bytes=remote_bytes(tensor, splits, backend)[1])
 
 
-def start(tensor, splits=None, name=None, compression=NoneCompressor, process_set=None):
+def start(tensor, splits=None, name=None, compression=NoneCompressor, process_set=None,
+          ids=None):
     """Starts an alltoall with any compressor; returns a Handle whose wait() gives
     (output, received_splits). process_set: a Horovod ProcessSet (None: all ranks) or an
-    hvd_lossy.backend backend."""
+    hvd_lossy.backend backend. ids: one int64 key per row for a lossy compressor's dedup
+    (hvd_lossy.compress_chunks); the plain paths do not use them."""
     backend = as_backend(process_set)
     if compression is None:
         compression = NoneCompressor
     if is_lossy(compression) and compression.auto:
         return _auto.start(
             tensor, splits, backend, compression,
-            lambda: Alltoall(tensor, splits, name, compression, backend).start(),
+            lambda: Alltoall(tensor, splits, name, compression, backend, ids).start(),
             lambda: start(tensor, splits, name, NoneCompressor, backend))
     if is_lossy(compression):
-        return Alltoall(tensor, splits, name, compression, backend).start()
+        return Alltoall(tensor, splits, name, compression, backend, ids).start()
     if compression is NoneCompressor and getattr(tensor, "dtype", None) == torch.bfloat16:
         return Alltoall(tensor, splits, name, LOSSLESS, backend).start()
     return _plain_start(tensor, splits, name, compression, backend)

@@ -109,7 +109,7 @@ def _remote_bytes(input, splits, backend):
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
-                      async_op=False, compression=Compression.none):
+                      async_op=False, compression=Compression.none, ids=None):
     """As torch.distributed.all_to_all_single, plus `compression`.
 
     Splits `input` along dim 0 by `input_split_sizes` (None: evenly), sends piece d to rank d
@@ -126,6 +126,12 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
             the tables of each chunk come from the compressor's `tables`/`segments`, those of
             each received chunk from its frames.
         async_op: True returns a Work whose wait() completes the call.
+        ids: None, or int64 keys (embedding ids) of the rows, for a lossy compressor's dedup
+            (as hvd_lossy.torch.alltoall's): shape (rows,) for a [rows, dim] input; with
+            `row_len` one key per row and table, shape [rows, tables] (tables: the same in
+            every chunk; else 1-D, one key per row_len elements, in the input's order). The
+            frames are the same bytes with or without them; wrong ids cost speed, never the
+            bound. Compression.none/fp16 do not use them.
 
     Returns:
         None, or with async_op=True a Work with wait() and is_completed(). A lossy call never
@@ -135,13 +141,13 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         their next lossy call on the group.
     """
     return _start(output, input, output_split_sizes, input_split_sizes, group, async_op,
-                  compression)
+                  compression, ids=ids)
 
 
 def _start(output, input, output_split_sizes, input_split_sizes, group, async_op, compression,
-           tables=None, calls=None):
+           tables=None, calls=None, ids=None):
     """all_to_all_single; `tables` gives a row_len layout's tables per destination (the autograd
-    form's gradient), `calls` collects the lossy call objects started."""
+    form's gradient), `calls` collects the lossy call objects started, `ids` as there."""
     compression = NoneCompressor if compression is None else compression
     backend = _backend(group)
     if not is_lossy(compression):
@@ -153,7 +159,7 @@ def _start(output, input, output_split_sizes, input_split_sizes, group, async_op
 
     def lossy():
         call = _SingleAlltoall(output, input, output_split_sizes, input_split_sizes, compression,
-                               backend, tables)
+                               backend, tables, ids)
         if calls is not None:
             calls.append(call)
         return _started(call.start())
@@ -226,11 +232,12 @@ class _DifferentiableWork(Work):
 
 
 def all_to_all_single_autograd(input, output_split_sizes=None, input_split_sizes=None, group=None,
-                               async_op=False, compression=Compression.none):
+                               async_op=False, compression=Compression.none, ids=None):
     """all_to_all_single as part of the autograd graph: returns a new output whose gradient
     travels back by an all_to_all_single with the splits reversed, compressed by the
     compressor's `backward` setting (for_backward()). The gradient of a row_len layout keeps
-    each rank's tables (learnt from the frames the forward received).
+    each rank's tables (learnt from the frames the forward received). `ids` (as for
+    all_to_all_single) serve the forward exchange only.
 
     Returns:
         the output tensor; with async_op=True a Work whose wait() returns it.
@@ -238,7 +245,7 @@ def all_to_all_single_autograd(input, output_split_sizes=None, input_split_sizes
     output = _output_like(input, output_split_sizes, compression)
     calls = []
     started = _start(output, input.detach(), output_split_sizes, input_split_sizes, group, True,
-                     compression, calls=calls)
+                     compression, calls=calls, ids=ids)
     splits = (None if output_split_sizes is None else list(output_split_sizes),
               None if input_split_sizes is None else list(input_split_sizes))
 

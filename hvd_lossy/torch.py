@@ -115,7 +115,7 @@ class _Alltoall(_torch.autograd.Function):
 
 
 def alltoall(tensor, splits=None, name=None, compression=Compression.none,
-             process_set=global_process_set):
+             process_set=global_process_set, ids=None):
     """Scatters slices of dim 0 of `tensor` to all ranks and gathers the slices sent here.
 
     As horovod.torch.alltoall, plus `compression`. With a lossy compressor every rank's slices
@@ -131,6 +131,12 @@ def alltoall(tensor, splits=None, name=None, compression=Compression.none,
         compression: Compression.none (exactly Horovod's alltoall), Compression.fp16, or a
                      LossyCompressor (Compression.lossy(error_bound, ...)).
         process_set: process set to limit the operation to; default all ranks.
+        ids: None, or an int64 tensor of shape (rows,): the key (embedding id) of each row of
+             a 2-D `tensor`, meaningful within its segment (table). A lossy compressor then
+             finds duplicate rows by their ids instead of hashing every row, which is faster;
+             the frames are the same bytes, and wrong ids cost speed, never the bound (each
+             duplicate's bits are checked against its id's first row). Bad ids raise RankError
+             on every rank. The gradient all-to-all and Compression.none/fp16 do not use them.
 
     Returns:
         1) the gathered tensor (each element within the frame's absolute bound of what its
@@ -138,7 +144,7 @@ def alltoall(tensor, splits=None, name=None, compression=Compression.none,
         2) if `splits` was given: the rows received from each rank, as a tensor.
     """
     compression, process_set = _fix_args(compression, process_set)
-    started = _a2a.start(_detached(tensor), splits, name, compression, process_set)
+    started = _a2a.start(_detached(tensor), splits, name, compression, process_set, ids)
     output, received = _Alltoall.apply(tensor, started, compression, process_set)
     return output if splits is None else (output, received)
 
@@ -180,10 +186,11 @@ class _DifferentiableHandle(_Handle):
 
 
 def alltoall_async(tensor, splits=None, name=None, compression=Compression.none,
-                   process_set=global_process_set, differentiable=False):
+                   process_set=global_process_set, differentiable=False, ids=None):
     """Starts alltoall(). As Horovod's alltoall_async, without gradient tracking by default.
 
     Arguments:
+        ids: as for alltoall().
         differentiable: True makes synchronize() return an output that is part of `tensor`'s
             autograd graph: backward sends its gradient back with the splits reversed,
             compressed by the compressor's for_backward(), exactly as alltoall() does. This is
@@ -198,9 +205,9 @@ def alltoall_async(tensor, splits=None, name=None, compression=Compression.none,
     """
     compression, process_set = _fix_args(compression, process_set)
     if differentiable:
-        started = _a2a.start(_detached(tensor), splits, name, compression, process_set)
+        started = _a2a.start(_detached(tensor), splits, name, compression, process_set, ids)
         return _DifferentiableHandle(tensor, started, compression, process_set)
-    return _expose(_a2a.start(tensor, splits, name, compression, process_set))
+    return _expose(_a2a.start(tensor, splits, name, compression, process_set, ids))
 
 
 class _Allgather(_torch.autograd.Function):

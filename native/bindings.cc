@@ -246,12 +246,14 @@ PYBIND11_MODULE(_C, m) {
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
            int level, bool dedup, const std::vector<int64_t>& groups, uint64_t prefix_bytes,
            uintptr_t out, uint64_t out_cap, int threads, int64_t dither_seed,
-           const std::string& ext, uintptr_t stats) {
+           const std::string& ext, uintptr_t stats, uintptr_t ids) {
           std::vector<uint64_t> group_bytes;
+          hl::CompressParams p = params(dtype, mode, level, dedup, 0.0, dither_seed);
+          p.ids = ptr<const int64_t>(ids);
           std::vector<uint64_t> sizes = hl::compress_into_cpu(
-              ptr<const void>(in), params(dtype, mode, level, dedup, 0.0, dither_seed),
-              rows, trailing, ebs, groups, prefix_bytes, ptr<uint8_t>(out), out_cap, threads, ext,
-              ext.empty() ? nullptr : &group_bytes, ptr<double>(stats));
+              ptr<const void>(in), p, rows, trailing, ebs, groups, prefix_bytes,
+              ptr<uint8_t>(out), out_cap, threads, ext, ext.empty() ? nullptr : &group_bytes,
+              ptr<double>(stats));
           sizes.insert(sizes.end(), group_bytes.begin(), group_bytes.end());
           return sizes;
         },
@@ -259,7 +261,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
         py::arg("groups"), py::arg("prefix_bytes"), py::arg("out"), py::arg("out_cap"),
         py::arg("threads") = 0, py::arg("dither_seed") = -1,
-        py::arg("extension") = std::string(), py::arg("stats") = 0,
+        py::arg("extension") = std::string(), py::arg("stats") = 0, py::arg("ids") = 0,
         py::call_guard<py::gil_scoped_release>(),
         "compress_many with the pieces in groups, one frame a group, prefix_bytes left untouched "
         "before each group: out holds [prefix][frame of group 0][prefix][frame of group 1]... "
@@ -267,7 +269,10 @@ PYBIND11_MODULE(_C, m) {
         "frame header); with an extension every group's frame, an empty group's too, carries "
         "it, and the sizes are followed by each group's frame size. "
         "stats, when not 0, is the address of STATS_PER_PIECE doubles a piece the codec fills "
-        "with what it learnt (STAT_MIN, STAT_MAX, STAT_UNIQUE; NaN where not computed).");
+        "with what it learnt (STAT_MIN, STAT_MAX, STAT_UNIQUE; NaN where not computed). "
+        "ids, when not 0, is the address of one int64 key per row of dim 0 (pieces of shape "
+        "(rows, row_len) only): rows of a piece with equal keys are duplicates once their "
+        "bits are confirmed equal (the same frames, found without hashing rows).");
   m.attr("STATS_PER_PIECE") = (int)hl::HL_STATS_PER_PIECE;
   m.attr("STAT_MIN") = (int)hl::HL_STAT_MIN;
   m.attr("STAT_MAX") = (int)hl::HL_STAT_MAX;
@@ -340,8 +345,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("compress_many_new",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
-           int level, bool dedup, int threads, int64_t dither_seed) {
-          const hl::CompressParams p = params(dtype, mode, level, dedup, 0.0, dither_seed);
+           int level, bool dedup, int threads, int64_t dither_seed, uintptr_t ids) {
+          hl::CompressParams p = params(dtype, mode, level, dedup, 0.0, dither_seed);
+          p.ids = ptr<const int64_t>(ids);
           auto done = with_new_block([&](const std::function<uint8_t*(uint64_t)>& alloc) {
             return hl::compress_alloc_cpu(ptr<const void>(in), p, rows, trailing, ebs, alloc,
                                           threads);
@@ -350,8 +356,9 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
         py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
-        py::arg("threads") = 0, py::arg("dither_seed") = -1,
-        "compress_many into new memory of exactly the frame's size: (uint8 array, sizes).");
+        py::arg("threads") = 0, py::arg("dither_seed") = -1, py::arg("ids") = 0,
+        "compress_many into new memory of exactly the frame's size: (uint8 array, sizes); "
+        "ids as for compress_into.");
 
   m.def("empty_block",
         [](uint64_t bytes) { return block_array(hl::acquire_output(bytes), bytes); },

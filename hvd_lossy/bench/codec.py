@@ -20,6 +20,10 @@ set, decoding into new memory three ways: the codec's cached blocks, its fresh h
 of one frame of 52 segments, and decoding it), for the criteo chunks and for the realistic batch
 cut into 52. Frames are format 2, every piece of a call a segment of one frame, as the
 all-to-all sends a destination.
+With --ids only the realistic sets run, compressed on one thread with and without the rows'
+ids (the ids the batch was drawn with) in the same rounds: duplicates found by content (every
+row hashed) against by id (each repeated id's row compared with its first); the frames must be
+the same bytes.
 Throughput counts the uncompressed bytes (GB = 1e9 bytes).
 """
 import json
@@ -112,6 +116,35 @@ def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None):
             "max_error_over_bound": worst}
 
 
+def bench_ids(x, ids, eb, level, repeat):
+    """One frame of the whole batch on one thread, duplicates found by content and by `ids`, in
+    the same rounds; the two frames must be the same bytes."""
+    hvd_lossy.set_num_threads(1)
+    torch.set_num_threads(1)
+    rows = [x.shape[0]]
+    by_content = lambda: hvd_lossy.compress_chunks(x, rows, eb, level=level)[0]  # noqa: E731
+    by_id = lambda: hvd_lossy.compress_chunks(x, rows, eb, level=level, ids=ids)[0]  # noqa: E731
+    frame = by_content()
+    if not torch.equal(frame, by_id()):
+        raise AssertionError("the frames with and without ids differ")
+    t_content, t_id = paired_medians([by_content, by_id], repeat)
+    raw = x.numel() * x.element_size()
+    return {"method": f"L{level}", "rows": x.shape[0], "distinct_ids": len(torch.unique(ids)),
+            "ratio": raw / frame.numel(), "compress_content_GBps": raw / t_content / 1e9,
+            "compress_ids_GBps": raw / t_id / 1e9, "ids_speedup": t_content / t_id}
+
+
+def print_ids(results):
+    print(f"{'workload':16} {'method':6} {'rows':>9} {'distinct':>9} {'ratio':>7} "
+          f"{'content':>8} {'ids':>8} {'x':>6}")
+    for r in results["ids"]:
+        print(f"{r['workload']:16} {r['method']:6} {r['rows']:9d} {r['distinct_ids']:9d} "
+              f"{r['ratio']:7.2f} {r['compress_content_GBps']:8.3f} {r['compress_ids_GBps']:8.3f} "
+              f"{r['ids_speedup']:6.2f}")
+    print("(compress GB/s on one thread, duplicates found by content and by id; x: ids' speed-up;\n"
+          " the frames are the same bytes)")
+
+
 def bench_fresh_memory(x, eb, repeat):
     """What decoding into new memory costs, three ways, in the same rounds: the codec's own
     blocks reused from its cache (the default), its fresh blocks on transparent huge pages
@@ -188,8 +221,9 @@ def zipf_for(rows, table_rows, share):
 
 
 def workloads(realistic_mb, names, table_rows, dims=None, distinct=None):
-    """The data sets by name; with `dims` or `distinct` the realistic set once per dim and
-    distinct share (named e.g. realistic d32 30%)."""
+    """The data sets by name, each (tensor, rows of its pieces, ids of its rows or None); with
+    `dims` or `distinct` the realistic set once per dim and distinct share (named e.g.
+    realistic d32 30%)."""
     made = {}
     if "realistic" in names and (dims or distinct):
         for dim in dims or [128]:
@@ -198,18 +232,20 @@ def workloads(realistic_mb, names, table_rows, dims=None, distinct=None):
                 # a table of 4 ids a row leaves room for up to ~88% distinct
                 n = table_rows if share is None else max(table_rows, 4 * rows)
                 zipf = 1.04 if share is None else zipf_for(rows, n, share)
-                x = realistic_lookups(realistic_mb << 20, dim=dim, table_rows=n, zipf=zipf)
+                x, ids = realistic_lookups(realistic_mb << 20, dim=dim, table_rows=n, zipf=zipf,
+                                           with_ids=True)
                 label = f"d{dim}" + ("" if share is None else f" {round(share * 100)}%")
-                made[f"realistic {label}"] = (x, [x.shape[0]])
+                made[f"realistic {label}"] = (x, [x.shape[0]], ids)
     elif "realistic" in names:
-        x = realistic_lookups(realistic_mb << 20, dim=128, table_rows=table_rows)
-        made["realistic"] = (x, [x.shape[0]])
+        x, ids = realistic_lookups(realistic_mb << 20, dim=128, table_rows=table_rows,
+                                   with_ids=True)
+        made["realistic"] = (x, [x.shape[0]], ids)
     if "criteo" in names:
         tables = criteo_batch_lookups(batch=2048, dim=32)
-        made["criteo"] = (torch.cat(tables), [1024] * (2 * len(tables)))
+        made["criteo"] = (torch.cat(tables), [1024] * (2 * len(tables)), None)
     if "synthetic" in names:
         x = synthetic_lookups(realistic_mb << 20, dim=32)
-        made["synthetic"] = (x, [x.shape[0]])
+        made["synthetic"] = (x, [x.shape[0]], None)
     return made
 
 
@@ -284,20 +320,30 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run for tests: 4 MB sets (a 20,000-row table, again ~30%% "
                              "distinct), 1 repeat, level 1 only")
+    parser.add_argument("--ids", action="store_true",
+                        help="only the realistic sets, compressed with and without their rows' "
+                             "ids side by side (duplicates found by id or by content)")
     parser.add_argument("--json", default="benchmarks/out/codec.json", help="where to write results")
     args = parser.parse_args(argv)
     if args.quick:
         args.realistic_mb, args.table_rows, args.repeat, args.levels = 4, 20_000, 1, [1]
+    if args.ids:
+        args.workloads = ["realistic"]
 
     results = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(),
                "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                "cpu": machine.describe(),
                "torch": torch.__version__, "error_bound_rel": args.error_bound,
                "repeat": args.repeat, "load_average_before": os.getloadavg(), "runs": [],
-               "threads": []}
+               "threads": [], "ids": []}
     results["table_rows"] = args.table_rows
-    for name, (x, rows) in workloads(args.realistic_mb, args.workloads, args.table_rows,
-                                            args.dims, args.distinct).items():
+    for name, (x, rows, ids) in workloads(args.realistic_mb, args.workloads, args.table_rows,
+                                          args.dims, args.distinct).items():
+        if args.ids:
+            for level in args.levels:
+                results["ids"].append({"workload": name, **bench_ids(x, ids, args.error_bound,
+                                                                     level, args.repeat)})
+            continue
         configs = [dict(level=lv) for lv in args.levels]
         configs += [dict(level=1, dither=1), dict(level=1, dedup=False),
                     dict(level=1, dedup=False, dither=1)]
@@ -315,7 +361,10 @@ def main(argv=None):
     hvd_lossy.set_num_threads(0)
     torch.set_num_threads(os.cpu_count() or 1)
     results["load_average_after"] = os.getloadavg()
-    print_table(results)
+    if args.ids:
+        print_ids(results)
+    else:
+        print_table(results)
     if "fresh_memory" in results:
         print_fresh(results["fresh_memory"])
     print(machine.summary(results["cpu"]))

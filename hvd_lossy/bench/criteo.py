@@ -72,13 +72,15 @@ def synthetic_lookups(total_bytes, dim=32, seed=0, zipf=1.1, max_rows=100_000):
     return torch.cat(parts)
 
 
-def realistic_lookups(total_bytes, dim=128, table_rows=1_000_000, zipf=1.04, seed=0):
+def realistic_lookups(total_bytes, dim=128, table_rows=1_000_000, zipf=1.04, seed=0,
+                      with_ids=False):
     """A float32 batch of about `total_bytes` that duplicates like real lookups: ids drawn from a
     Zipf law (exponent `zipf`, ranks scattered over the table) into one table of `table_rows`
     rows with DLRM's init (uniform in +-sqrt(1/n)). With the defaults and 64 MB at dim 128 about
     30% of the rows are distinct (the measured share in DLRM batches), in random order, so a
     repeated row's first occurrence is far away in memory. Only the looked-up rows of the table
-    are drawn, so the table itself costs no memory. Shape (rows, dim)."""
+    are drawn, so the table itself costs no memory. Shape (rows, dim); with `with_ids` the pair
+    (lookups, ids), ids the int64 key of each row (equal keys, equal rows)."""
     rng = np.random.default_rng(seed)
     rows = max(1, total_bytes // (4 * dim))
     ranks = np.arange(1, table_rows + 1, dtype=np.float64)
@@ -89,4 +91,5 @@ def realistic_lookups(total_bytes, dim=128, table_rows=1_000_000, zipf=1.04, see
     g = torch.Generator().manual_seed(seed)
     bound = (1.0 / table_rows) ** 0.5
     table = (torch.rand(len(distinct), dim, generator=g) * 2 - 1) * bound
-    return table[torch.from_numpy(inverse.astype(np.int64))]
+    keys = torch.from_numpy(inverse.astype(np.int64))
+    return (table[keys], keys) if with_ids else table[keys]

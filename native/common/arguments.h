@@ -25,6 +25,11 @@ struct CompressParams {
   // Take each piece's finite value range even when its bound does not need it, for the
   // statistics compress_into_cpu hands back (the adaptive controller's, read at no extra pass).
   bool want_range = false;
+  // The caller's key of each row (dim 0), or null: rows of a piece with equal keys are taken
+  // as duplicates without comparing hashes (the CPU encoder still checks their bits; the CUDA
+  // encoder ignores them). Only for pieces of shape (rows, row_len), where a row is an entry
+  // of dim 0; plan_pieces points each piece at its own keys.
+  const int64_t* ids = nullptr;
 };
 
 // The absolute bound of a segment whose finite values span [lo, hi] (lo > hi when none are

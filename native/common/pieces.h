@@ -23,17 +23,22 @@ struct Pieces {
 };
 
 // The pieces of dim 0 of rows[i] rows each and trailing dims: error_bounds[i] (when given)
-// overrides p.error_bound, piece i's dither seed is p.dither_seed + i (mod HL_DITHER_SEEDS).
+// overrides p.error_bound, piece i's dither seed is p.dither_seed + i (mod HL_DITHER_SEEDS),
+// its ids (when p.ids) start at its first row.
 // Throws ArgumentError for a bad argument.
 inline Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& rows,
                           const std::vector<int64_t>& trailing,
                           const std::vector<double>& error_bounds) {
   const size_t n = rows.size();
   const uint64_t row_elems = check_chunk_args(p, n, trailing, error_bounds);
+  if (p.ids && trailing.size() != 1)
+    throw ArgumentError("ids need pieces of shape (rows, row_len), got pieces of " +
+                        std::to_string(trailing.size() + 1) + " dimensions");
   Pieces c;
   c.params.assign(n, p);
   c.shapes.resize(n);
   c.in_off.assign(n + 1, 0);
+  uint64_t first_row = 0;
   for (size_t i = 0; i < n; ++i) {
     if (rows[i] < 0)
       throw ArgumentError("chunk " + std::to_string(i) + " has " + std::to_string(rows[i]) +
@@ -43,6 +48,8 @@ inline Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& r
       check_params(c.params[i]);
     }
     c.params[i].dither_seed = (uint32_t)((p.dither_seed + i) % HL_DITHER_SEEDS);
+    if (p.ids) c.params[i].ids = p.ids + first_row;
+    first_row += (uint64_t)rows[i];
     c.shapes[i].push_back(rows[i]);
     c.shapes[i].insert(c.shapes[i].end(), trailing.begin(), trailing.end());
     uint64_t r, len;

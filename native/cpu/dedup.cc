@@ -1,4 +1,5 @@
-// Encoder stage 1: a piece's finite value range and its rows repeated bit for bit, in one pass.
+// Encoder stage 1: a piece's finite value range and its rows repeated bit for bit, in one pass
+// (found by content, or from the caller's ids and confirmed).
 #include <math.h>
 #include <string.h>
 
@@ -73,12 +74,83 @@ DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads
   return out;
 }
 
+template <int DT>
+DistinctRows distinct_rows_by_id(const Tensor<DT>& t, const int64_t* ids, bool need_range,
+                                 int threads, double* lo, double* hi) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  const uint64_t rows = t.n_rows, d = t.row_len, row_bytes = d * sizeof(raw_t);
+  // Classes of equal ids, numbered by first occurrence; a row is hashed by its id alone.
+  Buffer<uint64_t> keys(rows);
+  for (uint64_t r = 0; r < rows; ++r) keys[r] = mix64((uint64_t)ids[r]);
+  DistinctRows out;
+  out.map = Buffer<uint32_t>(rows);  // row -> id class, until renumbered below
+  Numbering num(keys.data());
+  num.add_range(0, rows, [&](uint64_t a, uint64_t b) { return ids[a] == ids[b]; },
+                [&](uint64_t f) { __builtin_prefetch(&ids[f]); }, out.map.data());
+  const std::vector<uint64_t>& first = num.first;
+
+  // The ids are a claim: a row joins its class only when its bits equal those of the class's
+  // first row, else it is a distinct row of its own. The range, when needed, is taken over the
+  // same rows while they are in cache (blocks of 64 KiB).
+  Buffer<uint8_t> alone(rows);
+  constexpr uint64_t kRowAhead = 8;
+  const int nt = std::min(rows * d > 65536 ? threads : 1, 64);
+  double lo_t[64], hi_t[64];
+  std::fill(lo_t, lo_t + 64, INFINITY);  // also for threads OpenMP does not start
+  std::fill(hi_t, hi_t + 64, -INFINITY);
+#pragma omp parallel num_threads(nt)
+  {
+    const int k = omp_get_thread_num_safe();
+    uint64_t a, e;
+    split_range(rows, k, omp_get_num_threads_safe(), &a, &e);
+    const uint64_t block = std::max<uint64_t>(1, (64u << 10) / row_bytes);
+    for (uint64_t b0 = a; b0 < e; b0 += block) {
+      const uint64_t b1 = std::min(e, b0 + block);
+      if (need_range) {
+        double l, h;
+        cpu::finite_range(DT, t.x + b0 * d, (b1 - b0) * d, &l, &h);
+        lo_t[k] = std::min(lo_t[k], l);
+        hi_t[k] = std::max(hi_t[k], h);
+      }
+      for (uint64_t r = b0; r < b1; ++r) {
+        // a repeated id's first row lies anywhere before: fetch it some rows ahead
+        if (r + kRowAhead < e) prefetch_row(t.x + first[out.map[r + kRowAhead]] * d, row_bytes);
+        const uint64_t f = first[out.map[r]];
+        alone[r] = f != r && memcmp(t.x + f * d, t.x + r * d, row_bytes) != 0;
+      }
+    }
+  }
+  if (need_range) {
+    *lo = *std::min_element(lo_t, lo_t + nt);
+    *hi = *std::max_element(hi_t, hi_t + nt);
+  }
+
+  // Distinct rows (each class's first row, and every row alone) numbered in row order, as
+  // distinct_raw_rows numbers them: quantize.cc's merging then gives the same frame.
+  std::vector<uint32_t> index_of_class(first.size());
+  out.first.reserve(first.size());
+  for (uint64_t r = 0; r < rows; ++r) {
+    const uint32_t c = out.map[r];
+    if (first[c] == r || alone[r]) {
+      if (first[c] == r) index_of_class[c] = (uint32_t)out.first.size();
+      out.map[r] = (uint32_t)out.first.size();
+      out.first.push_back(r);
+    } else {
+      out.map[r] = index_of_class[c];
+    }
+  }
+  return out;
+}
+
 template void finite_range<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, int, double*, double*);
 template void finite_range<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, int, double*, double*);
 template void finite_range<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, int, double*, double*);
 template DistinctRows distinct_raw_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, bool, int, double*, double*);
 template DistinctRows distinct_raw_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, bool, int, double*, double*);
 template DistinctRows distinct_raw_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, bool, int, double*, double*);
+template DistinctRows distinct_rows_by_id<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, const int64_t*, bool, int, double*, double*);
+template DistinctRows distinct_rows_by_id<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, const int64_t*, bool, int, double*, double*);
+template DistinctRows distinct_rows_by_id<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, const int64_t*, bool, int, double*, double*);
 
 }  // namespace enc
 }  // namespace hl

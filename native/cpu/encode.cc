@@ -48,7 +48,9 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   const bool dedup = dedup_applies(p.dedup && !p.dither, t.n_rows, t.row_len);
   double lo = 0, hi = 0;
   DistinctRows distinct;
-  if (dedup)
+  if (dedup && p.ids)
+    distinct = enc::distinct_rows_by_id(t, p.ids, need_range, threads, &lo, &hi);
+  else if (dedup)
     distinct = enc::distinct_raw_rows(t, need_range, threads, &lo, &hi);
   else if (need_range)
     enc::finite_range(t, threads, &lo, &hi);

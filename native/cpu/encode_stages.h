@@ -56,6 +56,15 @@ template <int DT>
 DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads, double* lo,
                                double* hi);
 
+// The same from the caller's ids (one a row): rows with an id seen before in the piece are
+// taken as that id's first row without hashing, once memcmp confirms their bits, so ids that
+// lie cost speed, never the bound (a row that differs is a distinct row of its own). The
+// result equals distinct_raw_rows' up to rows repeated under different ids, which code_rows'
+// merging of equal codes joins again: the frame is the same bytes.
+template <int DT>
+DistinctRows distinct_rows_by_id(const Tensor<DT>& t, const int64_t* ids, bool need_range,
+                                 int threads, double* lo, double* hi);
+
 // ---- quantize.cc --------------------------------------------------------------------------
 
 // Subtractive dither of a frame (frame.h); on only for lossy frames, which then skip dedup.

@@ -1,7 +1,8 @@
 // _hl_test: the test-only hooks into the native codec, a pybind11 module apart from hvd_lossy._C
 // that the tests build (tests/_hooks.py, CMake option HVD_LOSSY_TEST_HOOKS) and the wheel never
-// ships: CRC32C as both codecs compute it, the radix rule and division, and the CUDA encoder's
-// level-1 sections and frame assembly run serially on the host (level1_ref.h, device_frames.h).
+// ships: CRC32C as both codecs compute it, the radix rule and division, the CPU encoder's rows
+// numbered by id (dedup.cc), and the CUDA encoder's level-1 sections and frame assembly run
+// serially on the host (level1_ref.h, device_frames.h).
 #include <string.h>
 
 #include <type_traits>
@@ -15,6 +16,7 @@
 #include "level1_ref.h"
 #include "device_frames.h"
 #include "elements.h"
+#include "encode_stages.h"
 #include "kernels_cpu.h"
 
 namespace py = pybind11;
@@ -224,6 +226,20 @@ py::tuple quantized_f32(const std::vector<float>& x, double eb_abs, bool dither,
   return py::make_tuple(z, z_ref, y, y_ref);
 }
 
+// The encoder's first stage with ids (dedup.cc) on float32 rows: (map, first), each row's
+// distinct row and each distinct row's first row, before code_rows merges equal codes.
+py::tuple distinct_rows_by_id_f32(uintptr_t rows, uint64_t n_rows, uint64_t row_len,
+                                  uintptr_t ids) {
+  const hl::enc::Tensor<HL_FLOAT32> t{ptr<const uint32_t>(rows), n_rows, row_len};
+  double lo, hi;
+  hl::enc::DistinctRows d;
+  {
+    py::gil_scoped_release free;
+    d = hl::enc::distinct_rows_by_id(t, ptr<const int64_t>(ids), true, 1, &lo, &hi);
+  }
+  return py::make_tuple(std::vector<uint32_t>(d.map.data(), d.map.data() + n_rows), d.first);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_hl_test, m) {
@@ -241,6 +257,9 @@ PYBIND11_MODULE(_hl_test, m) {
     }
   });
 
+  m.def("distinct_rows_by_id_f32", &distinct_rows_by_id_f32, py::arg("rows"), py::arg("n_rows"),
+        py::arg("row_len"), py::arg("ids"),
+        "dedup.cc's rows numbered by id (addresses of float32 rows and int64 ids): (map, first).");
   m.def("crc32c",
         [](uintptr_t p, uint64_t n, bool portable) {
           return portable ? hl::crc32c_portable(ptr<const uint8_t>(p), n)

@@ -13,10 +13,15 @@ R, N = hvd.rank(), hvd.size()
 def lookups(src, case, rows, trailing=(4,), dtype=torch.float32):
     """Rows drawn from a small table, so duplicates occur as in embedding lookups.
     A function of (src, case, rows) only: any rank can rebuild any rank's input."""
+    return lookups_and_ids(src, case, rows, trailing, dtype)[0]
+
+
+def lookups_and_ids(src, case, rows, trailing=(4,), dtype=torch.float32):
+    """lookups() and the table ids its rows were drawn with (int64, one a row)."""
     g = torch.Generator().manual_seed(7919 * case + src)
     table = torch.rand((16, *trailing), generator=g, dtype=torch.float64) * 2 - 1
     ids = torch.randint(0, 16, (rows,), generator=g)
-    return table[ids].to(dtype)
+    return table[ids].to(dtype), ids
 
 
 def uneven_splits(src, case, n):

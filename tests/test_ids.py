@@ -1,0 +1,150 @@
+"""Rows' ids (`ids=`): duplicates found by the caller's keys instead of by hashing every row.
+
+  - The frames are the bytes of content dedup, for every dtype, level and bound (lossless
+    too), and for ids that lie: ids change the speed, never the frame.
+  - Ids that lie (one id for rows that differ, NaN and Inf rows among them, rows one ulp apart)
+    still decode within the bound on every element: the encoder compares each claimed
+    duplicate's bits with its id's first row and codes a row that differs as its own.
+  - The first stage numbers rows by id (the test hook): rows equal in bits under two ids stay
+    apart there, which the second stage (equal codes) joins again.
+  - Bad ids raise naming the value and what was expected; in a collective, on every rank
+    (tests/mp/transport_ids.py under mpirun, tests/mp/dist_ids.py under torchrun).
+"""
+import _hl_test  # the test-only native hooks (tests/_hooks.py)
+import pytest
+import torch
+
+import hvd_lossy
+from tests._launch import run_mpi
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def drawn(rows=600, dim=16, table_rows=40, seed=0, dtype=torch.float32):
+    """Lookups of a small table (rows 5 and 7 equal in bits under their two ids) and their ids."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(table_rows, dim, generator=g)
+    table[7] = table[5]
+    ids = torch.randint(0, table_rows, (rows,), generator=g)
+    return table[ids].to(dtype), ids
+
+
+def lies(ids, kind):
+    if kind == "truth":
+        return ids
+    if kind == "one id":
+        return torch.zeros_like(ids)
+    return torch.randint(0, 7, ids.shape, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("level,eb,mode", [(1, 0.03, "rel"), (2, 0.03, "rel"), (1, 0.0, "rel"),
+                                           (1, 0.25, "abs")])
+@pytest.mark.parametrize("kind", ["truth", "one id", "random ids"])
+def test_frames_with_ids_are_the_bytes_of_content_dedup(dtype, level, eb, mode, kind):
+    x, ids = drawn(dtype=dtype)
+    rows = [100, 0, 250, 250]  # pieces, each its own segment and its own ids' scope
+    by_content, sizes = hvd_lossy.compress_chunks(x, rows, eb, mode=mode, level=level)
+    by_id, _ = hvd_lossy.compress_chunks(x, rows, eb, mode=mode, level=level, ids=lies(ids, kind))
+    assert torch.equal(by_id, by_content)
+    assert hvd_lossy.frame_info(by_id)["segments"][0]["n_unique"] < 100  # duplicates were found
+    out = torch.empty(sum(rows), 16, dtype=dtype)
+    cap = hvd_lossy.max_grouped_bytes(rows, [16], [2, 2], 4)
+    grouped = torch.zeros(cap, dtype=torch.uint8)
+    got = hvd_lossy.compress_grouped(x, rows, [eb] * 4, [2, 2], 4, grouped, mode=mode,
+                                     level=level, ids=lies(ids, kind))
+    plain = torch.zeros(cap, dtype=torch.uint8)
+    assert got == hvd_lossy.compress_grouped(x, rows, [eb] * 4, [2, 2], 4, plain, mode=mode,
+                                             level=level)
+    assert torch.equal(grouped, plain)
+    assert torch.equal(hvd_lossy.decompress(by_id, out=out), hvd_lossy.decompress(by_content))
+
+
+def liars(dtype):
+    """Rows under one id that differ: a row, the same with its last element one ulp up, -0.0
+    for 0.0, NaN rows of two payloads, +-Inf, and true duplicates among them."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(12, 9, generator=g).to(dtype)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    x[1] = x[0]
+    x[1].view(bits)[-1] += 1  # one ulp apart
+    x[2] = 0.0
+    x[3] = -0.0
+    x[4] = float("nan")
+    x[5].view(bits)[:] = -1  # a NaN of another payload
+    x[6, 2], x[6, 5] = float("inf"), float("-inf")
+    x[7] = x[0]
+    x[8] = x[6]
+    return x, torch.zeros(12, dtype=torch.int64)
+
+
+def within_bound(decoded, x, eb_abs):
+    """Every finite element within eb_abs in float64; NaN where NaN was, Inf kept exactly."""
+    nan, inf = torch.isnan(x), torch.isinf(x)
+    assert torch.equal(torch.isnan(decoded), nan)
+    assert torch.equal(decoded[inf], x[inf])
+    fin = torch.isfinite(x)
+    err = (decoded[fin].double() - x[fin].double()).abs().max().item()
+    assert err <= eb_abs, f"error {err} > bound {eb_abs}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("eb", [0.03, 1e-4, 0.0])
+def test_lying_ids_hold_the_bound_on_every_element(dtype, eb):
+    x, ids = liars(dtype)
+    frame, _ = hvd_lossy.compress_chunks(x, [12], eb, ids=ids)
+    seg = hvd_lossy.frame_info(frame)["segments"][0]
+    decoded = hvd_lossy.decompress(frame)
+    within_bound(decoded, x, seg["eb_abs"])
+    if eb == 0.0:
+        assert torch.equal(decoded.view(torch.uint8), x.view(torch.uint8)), "lossless is bit exact"
+    assert seg["n_unique"] >= 8  # rows 7 and 8 repeat rows 0 and 6; the rest are their own
+
+
+def test_first_stage_numbers_rows_by_id_and_keeps_rows_that_differ_apart():
+    a, b, c = torch.randn(3, 8, generator=torch.Generator().manual_seed(5))
+    x = torch.stack([a, a, b, c, a, b, a])
+    ids = torch.tensor([5, 5, 7, 5, 9, 7, 5])
+    got_map, got_first = _hl_test.distinct_rows_by_id_f32(x.data_ptr(), 7, 8, ids.data_ptr())
+    # id 5: rows 0, 1, 6 (row 3 claims it but differs: a row of its own); id 7: rows 2, 5;
+    # id 9: row 4, equal in bits to id 5's row but apart at this stage
+    assert (got_map, got_first) == ([0, 0, 1, 2, 3, 1, 0], [0, 2, 3, 4])
+
+
+@pytest.mark.parametrize("ids,error,named", [
+    ([0] * 600, TypeError, "ids must be an int64 torch.Tensor with one key per row, got list"),
+    (torch.zeros(600, dtype=torch.int32), TypeError, "ids must be an int64 tensor, got torch.int32"),
+    (torch.zeros(599, dtype=torch.int64), ValueError, "ids must have shape (600,), one key per "
+                                                      "row, got (599,)"),
+    (torch.zeros(600, 1, dtype=torch.int64), ValueError, "ids must have shape (600,), one key "
+                                                         "per row, got (600, 1)"),
+])
+def test_bad_ids_raise_naming_the_value_and_what_was_expected(ids, error, named):
+    x, _ = drawn()
+    with pytest.raises(error) as e:
+        hvd_lossy.compress_chunks(x, [600], 0.03, ids=ids)
+    assert named in str(e.value)
+    out = torch.zeros(hvd_lossy.max_grouped_bytes([600], [16], [1], 0), dtype=torch.uint8)
+    with pytest.raises(error) as e:
+        hvd_lossy.compress_grouped(x, [600], [0.03], [1], 0, out, ids=ids)
+    assert named in str(e.value)
+
+
+def test_ids_need_rows_of_a_2d_tensor():
+    x, ids = drawn()
+    with pytest.raises(ValueError, match=r"ids need a 2-D tensor \(rows, dim\), got one of shape "
+                                         r"\(600, 4, 4\)"):
+        hvd_lossy.compress_chunks(x.view(600, 4, 4), [600], 0.03, ids=ids)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np", [2, 3])
+def test_alltoall_with_ids_under_mpirun_delivers_within_bound_and_bad_ids_raise_everywhere(np):
+    output = run_mpi("tests/mp/transport_run.py", np=np, args=["ids"], timeout=120)
+    assert all(f"rank {r}: " in output for r in range(np)) and "cases passed" in output, output
+
+
+@pytest.mark.mpi
+def test_all_to_all_single_with_ids_under_torchrun_in_the_row_len_layout():
+    output = run_mpi("tests/mp/dist_run.py", np=2, args=["ids"], launcher="torchrun", timeout=120)
+    assert all(f"rank {r}: " in output for r in range(2)) and "cases passed" in output, output
