@@ -4,6 +4,7 @@ within that table's bound and exactly as without ids, for ids that lie too; the 
 takes them (its gradient does not); bad ids on one rank raise RankError on every rank. Run by
 tests/test_ids.py."""
 import torch
+from codec_calls import CodecCalls
 from dist_util import N, R, cases_of, max_error, rel_bound, run_cases
 
 import hvd_lossy.distributed as dist
@@ -33,7 +34,9 @@ def test_row_len_layout_with_ids_keeps_each_tables_bound_and_the_output_of_no_id
     x, ids = dlrm_rows(R)
     flat = x.reshape(-1).contiguous()
     lossy = C.lossy(0.01, row_len=DIM, tables=K)
-    out = exchange(flat, lossy, ids)
+    with CodecCalls() as codec:
+        out = exchange(flat, lossy, ids)
+    codec.assert_ids_match_rows()  # rearranged table-major with their rows
     assert torch.equal(out, exchange(flat, lossy)), "ids changed the output"
     got = out.view(N, BATCH, K, DIM)
     for src in range(N):

@@ -4,6 +4,7 @@ for rows that differ, NaN and Inf among them); the output is the output without 
 (the frames are the same bytes), for Compression.lossy and Compression.adaptive, sync, async
 and autograd; bad ids on one rank raise RankError on every rank. Run by tests/test_ids.py."""
 import torch
+from codec_calls import CodecCalls
 from transport_errors import BAD, expect_rank_error
 from transport_util import (N, R, abs_bound, assert_within, cases_of, lookups_and_ids,
                             pieces_for, run_cases, uneven_splits)
@@ -20,7 +21,9 @@ def test_alltoall_with_ids_delivers_every_element_within_bound_and_as_without_id
         splits = uneven_splits(R, 50 + case, N)
         x, ids = lookups_and_ids(R, 50 + case, sum(splits), (6,), dtype)
         lossy = hvd.Compression.lossy(EB, level=level)
-        out, got = hvd.alltoall(x, splits, compression=lossy, ids=ids)
+        with CodecCalls() as codec:
+            out, got = hvd.alltoall(x, splits, compression=lossy, ids=ids)
+        codec.assert_ids_match_rows()
         plain_ids, _ = hvd.alltoall(x, splits, compression=lossy)
         assert torch.equal(out, plain_ids), f"{dtype} L{level}: ids changed the output"
         at = 0
@@ -89,7 +92,9 @@ def test_adaptive_compression_takes_ids_and_sends_the_same_output():
     per = 5  # rows of each table for each destination
     x, ids = lookups_and_ids(R, 70, len(mine) * per * N, (6,))
     splits = [len(mine) * per] * N
-    with_ids, _ = hvd.alltoall(x, splits, compression=comp, ids=ids)
+    with CodecCalls() as codec:
+        with_ids, _ = hvd.alltoall(x, splits, compression=comp, ids=ids)
+    codec.assert_ids_match_rows()
     without, _ = hvd.alltoall(x, splits, compression=comp)
     assert torch.equal(with_ids, without)
     controller.step()
