@@ -362,6 +362,39 @@ def test_exchange_gives_each_rank_all_tables_for_its_rows_in_global_order(world)
         assert torch.equal(results[r], want[r * b:(r + 1) * b])
 
 
+def test_exchange_sends_each_rows_id_beside_it_with_send_ids():
+    cards = [17, 5, 40, 9, 23, 11, 8]
+    dim, b, world, rank = 3, 4, 2, 1
+    owners = sharding.place_tables(cards, world)
+    rng = np.random.default_rng(0)
+    ids = torch.from_numpy(np.stack([rng.integers(0, c, b * world) for c in cards], 1))
+    tables = LocalTables(cards, sharding.tables_of(owners, rank), dim, seed=1)
+    sent = {}
+
+    def start(tensor, splits, **kwargs):
+        sent.update(tensor=tensor.detach(), **kwargs)
+        return lambda: (tensor, splits)
+    for send_ids in (False, True):  # the last: with ids
+        sent.clear()
+        ex = EmbeddingExchange(owners, rank, world, None, lambda t: t, alltoall_start=start,
+                               send_ids=send_ids)
+        with torch.no_grad():
+            ex.start(tables(ids), b, ids)
+        assert ("ids" in sent) == send_ids
+    local = sharding.tables_of(owners, rank)
+    # sent row i: destination i // (n_local b), table (i // b) % n_local: that table's row of its id
+    for i, (row, key) in enumerate(zip(sent["tensor"], sent["ids"].tolist())):
+        table = (i // b) % len(local)
+        assert torch.equal(row, tables.tables[table].weight[key].detach()), i
+
+
+def test_ids_apply_only_to_compressors_that_code():
+    with pytest.raises(cli.UsageError, match="--ids applies to --compression lossy or adaptive, "
+                                             "got --compression none"):
+        cli.check(cli.parser().parse_args(["--ids"]), 2)
+    cli.check(cli.parser().parse_args(["--compression", "lossy", "--ids"]), 2)
+
+
 # ---------------------------------------------------------------- per-table lossy frames
 
 

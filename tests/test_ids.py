@@ -163,3 +163,22 @@ def test_alltoall_with_ids_under_mpirun_delivers_within_bound_and_bad_ids_raise_
 def test_all_to_all_single_with_ids_under_torchrun_in_the_row_len_layout():
     output = run_mpi("tests/mp/dist_run.py", np=2, args=["ids"], launcher="torchrun", timeout=120)
     assert all(f"rank {r}: " in output for r in range(2)) and "cases passed" in output, output
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("launcher,extra", [("mpirun", ["--overlap"]),
+                                            ("torchrun", ["--backend", "torch"])])
+def test_dlrm_example_with_ids_trains_exactly_as_without(tmp_path, launcher, extra):
+    # The frames are the same bytes with and without ids, so the model is the same step by step.
+    import json
+    runs = {}
+    for label, flags in (("content", []), ("ids", ["--ids"])):
+        path = tmp_path / f"{label}.json"
+        run_mpi("examples/dlrm/train.py", np=2, launcher=launcher, timeout=180,
+                args=["--compression", "lossy", "--steps", "4", "--batch-size", "256",
+                      "--eval-points", "0", "--no-progress", "--metrics-out", path, *extra,
+                      *flags])
+        runs[label] = json.loads(path.read_text())
+    for key in ("auc", "logloss", "loss_curve", "a2a_bytes_plain", "a2a_bytes_sent",
+                "data_checksum"):
+        assert runs["ids"][key] == runs["content"][key], key

@@ -177,6 +177,10 @@ def parser():
                    help="start the lookups' all-to-all asynchronously and run the bottom MLP while "
                         "it travels (hvd_lossy alltoall_async(differentiable=True); not with "
                         "--plain-horovod, whose async all-to-all has no autograd)")
+    c.add_argument("--ids", action="store_true",
+                   help="lossy/adaptive: hand the all-to-all each lookup's id (ids=), so the "
+                        "codec finds duplicate rows by id instead of hashing every row (the same "
+                        "frames; training lookups only)")
     c.add_argument("--eval-compression", choices=["none", "same"], default="none",
                    help="evaluation lookups: uncompressed (default; measures the trained model) or "
                         "through the training compressor")
@@ -271,6 +275,9 @@ def check(args, world):
                          "got --compression %s" % args.compression)
     if args.auto and args.compression not in ("lossy", "adaptive"):
         raise UsageError("--auto applies to --compression lossy or adaptive, got --compression %s"
+                         % args.compression)
+    if args.ids and args.compression not in ("lossy", "adaptive"):
+        raise UsageError("--ids applies to --compression lossy or adaptive, got --compression %s"
                          % args.compression)
     if args.plain_horovod and args.overlap:
         raise UsageError("--overlap needs hvd_lossy's differentiable alltoall_async; "

@@ -96,9 +96,10 @@ class Link:
         self._evaluating = False
         self._plain_bytes = 0
 
-    def alltoall(self, tensor, splits):
+    def alltoall(self, tensor, splits, **ids):
         """(output, received_splits), autograd through the call (the backward all-to-all sends
-        the gradients back, compressed per the compressor's backward setting)."""
+        the gradients back, compressed per the compressor's backward setting). `ids=` (the
+        rows' ids, --ids) goes to hvd_lossy's alltoall; --plain-horovod drops it."""
         name = "emb.a2a"  # one name: Horovod caches responses by name, and calls never overlap
         if self.plain:
             out = hvd.alltoall(tensor, splits=splits, name=name)
@@ -110,12 +111,13 @@ class Link:
             compression = self.compression
             if self._evaluating and self.args.eval_compression == "none":
                 compression = self._lossy.Compression.none
-            out = self._lossy.alltoall(tensor, splits=splits, name=name, compression=compression)
+            out = self._lossy.alltoall(tensor, splits=splits, name=name, compression=compression,
+                                       **ids)
         if self._mark is not None and self._fwd is None:
             self._fwd = self._snapshot()
         return out
 
-    def alltoall_start(self, tensor, splits):
+    def alltoall_start(self, tensor, splits, **ids):
         """alltoall() started now and finished by calling the returned wait(): a differentiable
         hvd_lossy alltoall_async, so the caller can compute while the lookups travel. Plain
         Horovod's async alltoall has no autograd: there it runs at once."""
@@ -123,7 +125,8 @@ class Link:
             result = self.alltoall(tensor, splits)
             return lambda: result
         handle = self._lossy.alltoall_async(tensor, splits=splits, name="emb.a2a",
-                                            compression=self.compression, differentiable=True)
+                                            compression=self.compression, differentiable=True,
+                                            **ids)
 
         def wait():
             out = self._lossy.synchronize(handle)

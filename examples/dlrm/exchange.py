@@ -10,7 +10,9 @@ tables. Per step:
   4. the receiver gets from each source s that source's tables for its own slice and reorders
      them to (b, T, D) in global table order.
 Autograd runs through the all-to-all, so backward sends each lookup's gradient back to its owner
-with the reverse all-to-all (compressed with the compressor's backward setting).
+with the reverse all-to-all (compressed with the compressor's backward setting). With send_ids
+(--ids) the lookups' ids travel to the codec beside them, in the same order (`ids=`: duplicates
+found by id rather than by hashing rows).
 
 The table-major layout matters to the adaptive compressor: one destination's chunk is n_local
 consecutive pieces of b rows, one per table, so it can pick an error bound per table.
@@ -43,14 +45,18 @@ class EmbeddingExchange:
     Arguments:
         owners: owner rank of each table (sharding.place_tables).
         rank, world: this rank and the number of ranks.
-        alltoall: callable(tensor, splits) -> (output, received_splits) with autograd, e.g. a
-            closure over hvd_lossy.torch.alltoall with a compressor, or horovod.torch.alltoall.
+        alltoall: callable(tensor, splits, ids=None) -> (output, received_splits) with
+            autograd, e.g. a closure over hvd_lossy.torch.alltoall with a compressor, or
+            horovod.torch.alltoall (called without ids unless send_ids).
         allgather: callable(tensor) -> tensor concatenated over ranks in rank order.
-        alltoall_start: optional callable(tensor, splits) -> wait, where wait() gives what
-            alltoall gives; started before and waited for after other work (start/finish).
+        alltoall_start: optional callable(tensor, splits, ids=None) -> wait, where wait() gives
+            what alltoall gives; started before and waited for after other work (start/finish).
+        send_ids: hand the alltoall the id of each row it sends (`ids=`).
     """
 
-    def __init__(self, owners, rank, world, alltoall, allgather, alltoall_start=None):
+    def __init__(self, owners, rank, world, alltoall, allgather, alltoall_start=None,
+                 send_ids=False):
+        self.send_ids = send_ids
         self.owners, self.rank, self.world = list(owners), rank, world
         self.alltoall, self.allgather = alltoall, allgather
         self.alltoall_start = alltoall_start or self._start_now
@@ -61,27 +67,29 @@ class EmbeddingExchange:
         self.restore = torch.tensor([recv_order.index(t) for t in range(len(owners))])
         self.clock = {}
 
-    def _start_now(self, tensor, splits):
+    def _start_now(self, tensor, splits, **ids):
         """Default alltoall_start: the synchronous alltoall, its result handed out by wait()."""
-        result = self.alltoall(tensor, splits)
+        result = self.alltoall(tensor, splits, **ids)
         return lambda: result
 
     def gather_ids(self, local_ids):
         """(b, T) local ids -> (B, T) ids of the global batch, rank slices in rank order."""
         return self.allgather(local_ids)
 
-    def exchange(self, lookups, b):
+    def exchange(self, lookups, b, ids=None):
         """Forward all-to-all of the owned tables' lookups.
 
         Arguments:
             lookups: (n_local, B, D) lookups of the owned tables for the global batch.
             b: rows per rank (B / world).
+            ids: (B, T) ids of the global batch (gather_ids), whose owned tables' columns the
+                lookups are; sent beside them with send_ids, else unused.
         Returns:
             (b, T, D) lookups of all tables for this rank's slice, global table order.
         """
-        return self.finish(self.start(lookups, b))
+        return self.finish(self.start(lookups, b, ids))
 
-    def start(self, lookups, b):
+    def start(self, lookups, b, ids=None):
         """exchange() in two halves, to overlap the all-to-all with other work (the bottom
         MLP): start() sends, finish(pending) waits and returns what exchange() returns."""
         n_local, big_b, dim = lookups.shape
@@ -91,8 +99,12 @@ class EmbeddingExchange:
         send = lookups.reshape(n_local, self.world, b, dim).transpose(0, 1).reshape(-1, dim)
         send = _GradClock.apply(send, self.clock, "bwd_end")
         splits = torch.tensor([n_local * b] * self.world, dtype=torch.int32)
+        keys = {}
+        if self.send_ids and ids is not None:  # the same order as the rows: (B, n_local) -> send's
+            owned = ids[:, self.local].t().reshape(n_local, self.world, b)
+            keys["ids"] = owned.transpose(0, 1).reshape(-1)
         t0 = time.perf_counter()
-        wait = self.alltoall_start(send, splits)
+        wait = self.alltoall_start(send, splits, **keys)
         self.clock["fwd_s"] = time.perf_counter() - t0
         return wait, b, dim
 

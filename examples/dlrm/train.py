@@ -66,13 +66,14 @@ def forward(batch, ex, dense_arch, tables, b, overlap=False):
     """(logits of this rank's slice, the owned tables' lookups for the global batch). With
     overlap, the bottom MLP runs while the lookups' all-to-all is in flight."""
     dense, sparse, _ = batch[:3]
-    lookups = tables(ex.gather_ids(sparse))
+    ids = ex.gather_ids(sparse)
+    lookups = tables(ids)
     if overlap:
-        pending = ex.start(lookups, b)
+        pending = ex.start(lookups, b, ids)
         bottom = dense_arch.forward_bottom(dense)
         emb = ex.finish(pending)
     else:
-        emb = ex.exchange(lookups, b)
+        emb = ex.exchange(lookups, b, ids)
         bottom = dense_arch.forward_bottom(dense)
     return dense_arch.forward_top(bottom, emb), lookups
 
@@ -139,7 +140,7 @@ def train(args):
     total = args.steps if args.steps else args.epochs * source.steps_per_epoch
     link = comm.Link(args, owners, rank, world, source.cardinalities, total)
     ex = EmbeddingExchange(owners, rank, world, link.alltoall, lambda t: hvd.allgather(t, name="ids"),
-                           alltoall_start=link.alltoall_start)
+                           alltoall_start=link.alltoall_start, send_ids=args.ids)
     b = args.batch_size // world
 
     eval_at = _eval_steps(total, args.eval_points)
