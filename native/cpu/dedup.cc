@@ -79,54 +79,50 @@ DistinctRows distinct_rows_by_id(const Tensor<DT>& t, const int64_t* ids, bool n
                                  int threads, double* lo, double* hi) {
   typedef typename Elem<DT>::raw_t raw_t;
   const uint64_t rows = t.n_rows, d = t.row_len, row_bytes = d * sizeof(raw_t);
-  // Classes of equal ids, numbered by first occurrence; a row is hashed by its id alone.
-  Buffer<uint64_t> keys(rows);
+  Buffer<uint64_t> keys(rows);  // a row hashes as its id: no row is read to number it
   for (uint64_t r = 0; r < rows; ++r) keys[r] = mix64((uint64_t)ids[r]);
   DistinctRows out;
-  out.map = Buffer<uint32_t>(rows);  // row -> id class, until renumbered below
-  Numbering num(keys.data());
-  num.add_range(0, rows, [&](uint64_t a, uint64_t b) { return ids[a] == ids[b]; },
-                [&](uint64_t f) { __builtin_prefetch(&ids[f]); }, out.map.data());
-  const std::vector<uint64_t>& first = num.first;
-
-  // The ids are a claim: a row joins its class only when its bits equal those of the class's
-  // first row, else it is a distinct row of its own. The range, when needed, is taken over the
-  // same rows while they are in cache (blocks of 64 KiB).
+  out.map = Buffer<uint32_t>(rows);  // row -> class of its id, numbered by first occurrence
   Buffer<uint8_t> alone(rows);
-  constexpr uint64_t kRowAhead = 8;
-  const int nt = std::min(rows * d > 65536 ? threads : 1, 64);
-  double lo_t[64], hi_t[64];
-  std::fill(lo_t, lo_t + 64, INFINITY);  // also for threads OpenMP does not start
-  std::fill(hi_t, hi_t + 64, -INFINITY);
-#pragma omp parallel num_threads(nt)
-  {
-    const int k = omp_get_thread_num_safe();
-    uint64_t a, e;
-    split_range(rows, k, omp_get_num_threads_safe(), &a, &e);
-    const uint64_t block = std::max<uint64_t>(1, (64u << 10) / row_bytes);
-    for (uint64_t b0 = a; b0 < e; b0 += block) {
-      const uint64_t b1 = std::min(e, b0 + block);
-      if (need_range) {
-        double l, h;
-        cpu::finite_range(DT, t.x + b0 * d, (b1 - b0) * d, &l, &h);
-        lo_t[k] = std::min(lo_t[k], l);
-        hi_t[k] = std::max(hi_t[k], h);
-      }
-      for (uint64_t r = b0; r < b1; ++r) {
-        // a repeated id's first row lies anywhere before: fetch it some rows ahead
-        if (r + kRowAhead < e) prefetch_row(t.x + first[out.map[r + kRowAhead]] * d, row_bytes);
-        const uint64_t f = first[out.map[r]];
-        alone[r] = f != r && memcmp(t.x + f * d, t.x + r * d, row_bytes) != 0;
-      }
+  std::fill(alone.data(), alone.data() + rows, 0);
+  bool any_alone = false;
+  Numbering num(keys.data());
+  // Row b claims the id of a, the first row of its class: it joins the class, and its bits are
+  // compared with a's, once. The ids are only a claim: a row that differs is marked to be a
+  // distinct row of its own below.
+  auto same_id = [&](uint64_t a, uint64_t b) {
+    if (ids[a] != ids[b]) return false;
+    if (memcmp(t.x + a * d, t.x + b * d, row_bytes) != 0) alone[b] = any_alone = true;
+    return true;
+  };
+  auto fetch = [&](uint64_t f) {
+    __builtin_prefetch(&ids[f]);
+    prefetch_row(t.x + f * d, row_bytes);
+  };
+  // Blocks of rows, as distinct_raw_rows takes them: the range while they are in cache.
+  const uint64_t block = std::max<uint64_t>(1, (256u << 10) / std::max<uint64_t>(row_bytes, 1));
+  double lo_all = INFINITY, hi_all = -INFINITY;
+  for (uint64_t b0 = 0; b0 < rows; b0 += block) {
+    const uint64_t b1 = std::min(rows, b0 + block);
+    if (need_range) {
+      double l, h;
+      finite_range(Tensor<DT>{t.x + b0 * d, b1 - b0, d}, threads, &l, &h);
+      lo_all = std::min(lo_all, l);
+      hi_all = std::max(hi_all, h);
     }
+    num.add_range(b0, b1, same_id, fetch, out.map.data());
   }
   if (need_range) {
-    *lo = *std::min_element(lo_t, lo_t + nt);
-    *hi = *std::max_element(hi_t, hi_t + nt);
+    *lo = lo_all;
+    *hi = hi_all;
   }
-
-  // Distinct rows (each class's first row, and every row alone) numbered in row order, as
-  // distinct_raw_rows numbers them: quantize.cc's merging then gives the same frame.
+  if (!any_alone) {  // the classes are the distinct rows, in the order distinct_raw_rows gives
+    out.first = std::move(num.first);
+    return out;
+  }
+  // Distinct rows (each class's first row, and every row alone) renumbered in row order, as
+  // distinct_raw_rows numbers them: code_rows' merging then gives the same frame.
+  const std::vector<uint64_t>& first = num.first;
   std::vector<uint32_t> index_of_class(first.size());
   out.first.reserve(first.size());
   for (uint64_t r = 0; r < rows; ++r) {
