@@ -130,8 +130,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
             (as hvd_lossy.torch.alltoall's): shape (rows,) for a [rows, dim] input; with
             `row_len` one key per row and table, shape [rows, tables] (tables: the same in
             every chunk; else 1-D, one key per row_len elements, in the input's order). The
-            frames are the same bytes with or without them; wrong ids cost speed, never the
-            bound. Compression.none/fp16 do not use them.
+            frames are the same bytes with or without them (at a bound > 0); wrong ids cost
+            speed, never the bound. Compression.none/fp16 do not use them.
 
     Returns:
         None, or with async_op=True a Work with wait() and is_completed(). A lossy call never

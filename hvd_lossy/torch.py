@@ -134,9 +134,9 @@ def alltoall(tensor, splits=None, name=None, compression=Compression.none,
         ids: None, or an int64 tensor of shape (rows,): the key (embedding id) of each row of
              a 2-D `tensor`, meaningful within its segment (table). A lossy compressor then
              finds duplicate rows by their ids instead of hashing every row, which is faster;
-             the frames are the same bytes, and wrong ids cost speed, never the bound (each
-             duplicate's bits are checked against its id's first row). Bad ids raise RankError
-             on every rank. The gradient all-to-all and Compression.none/fp16 do not use them.
+             the frames are the same bytes (at a bound > 0), and wrong ids cost speed, never the
+             bound (each duplicate's bits are checked against its id's first row). Bad ids
+             raise RankError on every rank. The gradient all-to-all and Compression.none/fp16 do not use them.
 
     Returns:
         1) the gathered tensor (each element within the frame's absolute bound of what its

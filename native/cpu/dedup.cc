@@ -76,64 +76,75 @@ DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads
 
 template <int DT>
 DistinctRows distinct_rows_by_id(const Tensor<DT>& t, const int64_t* ids, bool need_range,
-                                 int threads, double* lo, double* hi) {
+                                 double* lo, double* hi) {
   typedef typename Elem<DT>::raw_t raw_t;
   const uint64_t rows = t.n_rows, d = t.row_len, row_bytes = d * sizeof(raw_t);
   Buffer<uint64_t> keys(rows);  // a row hashes as its id: no row is read to number it
   for (uint64_t r = 0; r < rows; ++r) keys[r] = mix64((uint64_t)ids[r]);
   DistinctRows out;
   out.map = Buffer<uint32_t>(rows);  // row -> class of its id, numbered by first occurrence
-  Buffer<uint8_t> alone(rows);
-  std::fill(alone.data(), alone.data() + rows, 0);
-  bool any_alone = false;
+  Buffer<uint8_t> repeat(rows);      // the row repeats its class's first row bit for bit
+  std::fill(repeat.data(), repeat.data() + rows, 0);
+  bool lied = false;
   Numbering num(keys.data());
   // Row b claims the id of a, the first row of its class: it joins the class, and its bits are
-  // compared with a's, once. The ids are only a claim: a row that differs is marked to be a
-  // distinct row of its own below.
+  // compared with a's, once. The ids are only a claim: a row that differs becomes a distinct
+  // row of its own below.
   auto same_id = [&](uint64_t a, uint64_t b) {
     if (ids[a] != ids[b]) return false;
-    if (memcmp(t.x + a * d, t.x + b * d, row_bytes) != 0) alone[b] = any_alone = true;
+    repeat[b] = memcmp(t.x + a * d, t.x + b * d, row_bytes) == 0;
+    lied |= !repeat[b];
     return true;
   };
   auto fetch = [&](uint64_t f) {
     __builtin_prefetch(&ids[f]);
     prefetch_row(t.x + f * d, row_bytes);
   };
-  // Blocks of rows, as distinct_raw_rows takes them: the range while they are in cache.
+  // Blocks of rows, as distinct_raw_rows takes them; the range from the rows that are no
+  // repeat (a repeat has its first row's values), a run at a time, while they are in cache.
   const uint64_t block = std::max<uint64_t>(1, (256u << 10) / std::max<uint64_t>(row_bytes, 1));
   double lo_all = INFINITY, hi_all = -INFINITY;
+  auto take_range = [&](uint64_t r0, uint64_t r1) {
+    if (r0 == r1) return;
+    double l, h;
+    cpu::finite_range(DT, t.x + r0 * d, (r1 - r0) * d, &l, &h);
+    lo_all = std::min(lo_all, l);
+    hi_all = std::max(hi_all, h);
+  };
   for (uint64_t b0 = 0; b0 < rows; b0 += block) {
     const uint64_t b1 = std::min(rows, b0 + block);
-    if (need_range) {
-      double l, h;
-      finite_range(Tensor<DT>{t.x + b0 * d, b1 - b0, d}, threads, &l, &h);
-      lo_all = std::min(lo_all, l);
-      hi_all = std::max(hi_all, h);
-    }
     num.add_range(b0, b1, same_id, fetch, out.map.data());
+    if (!need_range) continue;
+    uint64_t run = b0;
+    for (uint64_t r = b0; r < b1; ++r)
+      if (repeat[r]) {
+        take_range(run, r);
+        run = r + 1;
+      }
+    take_range(run, b1);
   }
   if (need_range) {
     *lo = lo_all;
     *hi = hi_all;
   }
-  if (!any_alone) {  // the classes are the distinct rows, in the order distinct_raw_rows gives
+  if (!lied) {  // the classes are the distinct rows, in the order distinct_raw_rows gives
     out.first = std::move(num.first);
     return out;
   }
-  // Distinct rows (each class's first row, and every row alone) renumbered in row order, as
-  // distinct_raw_rows numbers them: code_rows' merging then gives the same frame.
+  // Distinct rows (the rows that are no repeat) renumbered in row order, as distinct_raw_rows
+  // numbers them: code_rows' merging then gives the same frame.
   const std::vector<uint64_t>& first = num.first;
   std::vector<uint32_t> index_of_class(first.size());
   out.first.reserve(first.size());
   for (uint64_t r = 0; r < rows; ++r) {
     const uint32_t c = out.map[r];
-    if (first[c] == r || alone[r]) {
-      if (first[c] == r) index_of_class[c] = (uint32_t)out.first.size();
-      out.map[r] = (uint32_t)out.first.size();
-      out.first.push_back(r);
-    } else {
+    if (repeat[r]) {
       out.map[r] = index_of_class[c];
+      continue;
     }
+    if (first[c] == r) index_of_class[c] = (uint32_t)out.first.size();
+    out.map[r] = (uint32_t)out.first.size();
+    out.first.push_back(r);
   }
   return out;
 }
@@ -144,9 +155,9 @@ template void finite_range<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, int, double*
 template DistinctRows distinct_raw_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, bool, int, double*, double*);
 template DistinctRows distinct_raw_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, bool, int, double*, double*);
 template DistinctRows distinct_raw_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, bool, int, double*, double*);
-template DistinctRows distinct_rows_by_id<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, const int64_t*, bool, int, double*, double*);
-template DistinctRows distinct_rows_by_id<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, const int64_t*, bool, int, double*, double*);
-template DistinctRows distinct_rows_by_id<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, const int64_t*, bool, int, double*, double*);
+template DistinctRows distinct_rows_by_id<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, const int64_t*, bool, double*, double*);
+template DistinctRows distinct_rows_by_id<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, const int64_t*, bool, double*, double*);
+template DistinctRows distinct_rows_by_id<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, const int64_t*, bool, double*, double*);
 
 }  // namespace enc
 }  // namespace hl

@@ -49,7 +49,7 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   double lo = 0, hi = 0;
   DistinctRows distinct;
   if (dedup && p.ids)
-    distinct = enc::distinct_rows_by_id(t, p.ids, need_range, threads, &lo, &hi);
+    distinct = enc::distinct_rows_by_id(t, p.ids, need_range, &lo, &hi);
   else if (dedup)
     distinct = enc::distinct_raw_rows(t, need_range, threads, &lo, &hi);
   else if (need_range)

@@ -60,10 +60,12 @@ DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads
 // taken as that id's first row without hashing, once memcmp confirms their bits, so ids that
 // lie cost speed, never the bound (a row that differs is a distinct row of its own). The
 // result equals distinct_raw_rows' up to rows repeated under different ids, which code_rows'
-// merging of equal codes joins again: the frame is the same bytes.
+// merging of equal codes joins again in lossy frames: the frame is the same bytes. One thread:
+// what is left is the serial part of distinct_raw_rows (its numbering and comparisons), whose
+// parallel part (hashing every row) it skips; the range comes from the distinct rows alone.
 template <int DT>
 DistinctRows distinct_rows_by_id(const Tensor<DT>& t, const int64_t* ids, bool need_range,
-                                 int threads, double* lo, double* hi);
+                                 double* lo, double* hi);
 
 // ---- quantize.cc --------------------------------------------------------------------------
 

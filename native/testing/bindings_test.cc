@@ -235,7 +235,7 @@ py::tuple distinct_rows_by_id_f32(uintptr_t rows, uint64_t n_rows, uint64_t row_
   hl::enc::DistinctRows d;
   {
     py::gil_scoped_release free;
-    d = hl::enc::distinct_rows_by_id(t, ptr<const int64_t>(ids), true, 1, &lo, &hi);
+    d = hl::enc::distinct_rows_by_id(t, ptr<const int64_t>(ids), true, &lo, &hi);
   }
   return py::make_tuple(std::vector<uint32_t>(d.map.data(), d.map.data() + n_rows), d.first);
 }
