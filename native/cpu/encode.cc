@@ -47,11 +47,7 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   // Dithered rows never repeat (each element has its own offset), so dither skips dedup.
   const bool dedup = dedup_applies(p.dedup && !p.dither, t.n_rows, t.row_len);
   double lo = 0, hi = 0;
-  DistinctRows distinct;
-  if (dedup)
-    distinct = enc::distinct_raw_rows(t, need_range, threads, &lo, &hi);
-  else if (need_range)
-    enc::finite_range(t, threads, &lo, &hi);
+  if (need_range) enc::finite_range(t, threads, &lo, &hi);
   // The frame stores 24 bits of the bound: code with exactly that, rounded down, value.
   const uint32_t bound = hl_bound_code(absolute_bound(p, lo, hi));
   const double eb_abs = hl_bound_of_code(bound);
@@ -61,8 +57,16 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   dither.seed = p.dither_seed;
   Prepared f;
   {
-    Coded coded = enc::code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads);
-    distinct = DistinctRows();  // back to the pool before the sections take theirs
+    // Lossy rows are deduplicated by their codes; lossless ones (codes are the raw bits) by
+    // their bytes, hashed and compared in place.
+    Coded coded;
+    if (dedup && !lossless) {
+      coded = enc::code_distinct_rows(t, eb_abs, threads);
+    } else {
+      DistinctRows distinct;
+      if (dedup) distinct = enc::distinct_raw_rows(t, false, threads, &lo, &hi);
+      coded = enc::code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads);
+    }
     f.s = enc::build_sections(t, coded, lossless, p.level, threads);
   }
   const Sections& s = f.s;
