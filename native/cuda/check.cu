@@ -75,7 +75,8 @@ __global__ void seal_frames_kernel(uint8_t* out, const FrameSeal* seals, uint64_
                                    const uint32_t* terms) {
   uint32_t x2k[64];
   crc32c_x2k_table(x2k);
-  HL_GRID_STRIDE(k, n) {
+  for (uint64_t k = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+       k += (uint64_t)gridDim.x * blockDim.x) {
     const FrameSeal f = seals[k];
     put_fixed_le(out + f.at + 3, crc32c_finish(terms[k], f.total - HL_FRAME_PREFIX, x2k), 4);
   }
