@@ -195,7 +195,9 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
     # a frame of one segment, bounded as compress_into bounds one piece
     cap = max_grouped_bytes([shape[0] if shape else 1], shape[1:], [1], 0)
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
-    scratch = _device_scratch(_C.compress_cuda_scratch(code, shape, m, bool(dedup), seed), src)
+    with torch.cuda.device(src.device):  # the scratch size is the device's (cub's queries)
+        need = _C.compress_cuda_scratch(code, shape, m, bool(dedup), seed)
+    scratch = _device_scratch(need, src)
     size = _C.compress_cuda(src.data_ptr(), code, shape, eb, m, bool(dedup), out.data_ptr(), cap,
                             _stream(src), seed, scratch.data_ptr(), scratch.numel())
     return out[:size].clone() if size < cap // 2 else out[:size]
@@ -213,8 +215,10 @@ def _compress_into_cuda(src, code, rows, ebs, m, dedup, groups, prefix_bytes, ou
     """_C.compress_into_cuda of the contiguous device tensor src (its pieces coded in one batch)
     with scratch from PyTorch's allocator: (sizes a piece, frame bytes a group)."""
     trailing = list(src.shape[1:])
-    scratch = _device_scratch(_C.compress_into_cuda_scratch(code, rows, trailing, ebs, m,
-                                                            bool(dedup), len(groups), seed), src)
+    with torch.cuda.device(src.device):  # the scratch size is the device's (cub's queries)
+        need = _C.compress_into_cuda_scratch(code, rows, trailing, ebs, m, bool(dedup),
+                                             len(groups), seed)
+    scratch = _device_scratch(need, src)
     return _C.compress_into_cuda(src.data_ptr() if src.numel() else 0, code, rows, trailing, ebs,
                                  m, bool(dedup), groups, prefix_bytes, out_ptr, cap, _stream(src),
                                  ext, seed, scratch.data_ptr(), scratch.numel())

@@ -61,16 +61,16 @@ struct PinnedBuffer {
 };
 thread_local PinnedBuffer t_staging;
 
-// The pinned buffer of this thread's uploads and the event of its last copy: a pageable
-// host-to-device copy would wait for the caller's whole stream first, this waits (rarely) only
-// for the previous upload out of the same buffer.
+// The pinned buffer of this thread's uploads to a device and the event of its last copy (an
+// event belongs to one device): a pageable host-to-device copy would wait for the caller's
+// whole stream first, this waits (rarely) only for the previous upload out of the same buffer.
 struct UploadBuffer : PinnedBuffer {
   cudaEvent_t done = nullptr;
   ~UploadBuffer() {
     if (done) cudaEventDestroy(done);
   }
 };
-thread_local UploadBuffer t_upload;
+thread_local std::map<int, UploadBuffer> t_uploads;
 
 // Grows buf to hold `bytes` (its contents are not kept).
 void reserve_pinned(PinnedBuffer* buf, uint64_t bytes) {
@@ -112,13 +112,15 @@ void Workspace::allocate() {
 
 void upload(void* dst_dev, const void* src, uint64_t bytes, cudaStream_t stream) {
   if (bytes == 0) return;
-  if (!t_upload.done)
-    HL_CUDA_CHECK(cudaEventCreateWithFlags(&t_upload.done, cudaEventDisableTiming));
-  HL_CUDA_CHECK(cudaEventSynchronize(t_upload.done));  // the buffer's previous copy
-  reserve_pinned(&t_upload, bytes);
-  memcpy(t_upload.p, src, bytes);
-  HL_CUDA_CHECK(cudaMemcpyAsync(dst_dev, t_upload.p, bytes, cudaMemcpyHostToDevice, stream));
-  HL_CUDA_CHECK(cudaEventRecord(t_upload.done, stream));
+  int device;
+  HL_CUDA_CHECK(cudaGetDevice(&device));
+  UploadBuffer& up = t_uploads[device];
+  if (!up.done) HL_CUDA_CHECK(cudaEventCreateWithFlags(&up.done, cudaEventDisableTiming));
+  HL_CUDA_CHECK(cudaEventSynchronize(up.done));  // the buffer's previous copy
+  reserve_pinned(&up, bytes);
+  memcpy(up.p, src, bytes);
+  HL_CUDA_CHECK(cudaMemcpyAsync(dst_dev, up.p, bytes, cudaMemcpyHostToDevice, stream));
+  HL_CUDA_CHECK(cudaEventRecord(up.done, stream));
 }
 
 const void* fetch(const void* src_dev, uint64_t bytes, cudaStream_t stream) {
