@@ -10,16 +10,6 @@ namespace hl {
 namespace gpu {
 namespace {
 
-// What the host reads back per piece.
-struct DeviceResult {
-  uint64_t total;  // the payload
-  uint32_t fallback;
-  uint32_t error;
-  uint64_t n_unique, n_outliers, map_bytes, code_bytes;
-  uint32_t bound, lossless, identity, dithered;
-  double lo, hi;  // the finite range (rel mode)
-};
-
 __global__ void decide_kernel(Batch b, const uint64_t* out_count, const uint64_t* out_off) {
   HL_EACH_PIECE
   decide_piece(st, e, b.dtype, scan_total(out_off, out_count, e.row_base, e.n_rows));
@@ -62,27 +52,14 @@ __global__ void write_outliers_kernel(Batch b, uint64_t bpp, const uint32_t* fir
   }
 }
 
-__global__ void finish_kernel(Batch b, DeviceResult* results) {
+__global__ void finish_kernel(Batch b, PieceResult* results) {
   HL_EACH_PIECE
   (void)e;
-  DeviceResult* result = results + p;
-  result->total = st->fallback ? 0 : st->total;
-  result->fallback = st->fallback;
-  result->error = st->error;
-  result->n_unique = st->n_unique;
-  result->n_outliers = st->n_outliers;
-  result->map_bytes = st->map_bytes;
-  result->code_bytes = st->code_bytes;
-  result->bound = st->bound;
-  result->lossless = st->lossless;
-  result->identity = st->identity;
-  result->dithered = st->dithered;
-  result->lo = from_order_key(st->lo_key);
-  result->hi = from_order_key(st->hi_key);
+  results[p] = piece_result(*st, from_order_key(st->lo_key), from_order_key(st->hi_key));
 }
 
 void enqueue_batch(const BatchPlan& plan, const Batch& b, const EncodeScratch& s,
-                   DeviceResult* results, cudaStream_t stream) {
+                   PieceResult* results, cudaStream_t stream) {
   enqueue_quantize(plan, b, s, stream);
   enqueue_dedup(plan, b, s, stream);
   enqueue_sections(plan, b, s, stream);
@@ -96,18 +73,9 @@ void enqueue_batch(const BatchPlan& plan, const Batch& b, const EncodeScratch& s
   launch_each_piece("finish", finish_kernel, b, stream, results);
 }
 
-SegmentResult result_of(const DeviceResult& r, uint32_t seed) {
+SegmentResult result_of(const PieceResult& r, uint32_t seed) {
   SegmentResult o;
-  o.payload_bytes = r.total;
-  o.n_unique = r.n_unique;
-  o.n_outliers = r.n_outliers;
-  o.map_bytes = r.map_bytes;
-  o.code_bytes = r.code_bytes;
-  o.bound = r.lossless ? 0 : r.bound;
-  o.lossless = r.lossless != 0;
-  o.identity = r.identity != 0;
-  o.dithered = r.dithered != 0;
-  o.seed = seed;
+  static_cast<SegmentFound&>(o) = found_of(r, seed);
   o.bound_overflow = r.error != 0;
   o.lo = r.lo;
   o.hi = r.hi;
@@ -155,7 +123,7 @@ void EncodeBuffers::reserve(const BatchPlan& plan, Workspace* ws) {
   ws->reserve(&slots, t.slots);
   ws->reserve(&pieces, n);
   ws->reserve(&states, n);
-  ws->reserve(&results, n * sizeof(DeviceResult));
+  ws->reserve(&results, n * sizeof(PieceResult));
   ws->reserve(&s.codes, t.elems);
   ws->reserve(&s.gathered, plan.any_dedup ? t.elems : 0);
   ws->reserve(&s.row_outlier, t.rows);
@@ -182,11 +150,11 @@ std::vector<SegmentResult> encode_batch(BatchPlan& plan, const EncodeBuffers& bu
   const size_t n = table.size();
   if (n == 0) return {};
   Batch b{buf.pieces, buf.states, n, x_dev, buf.slots, dtype};
-  DeviceResult* results = reinterpret_cast<DeviceResult*>(buf.results);
+  PieceResult* results = buf.results;
   upload(buf.pieces, table.data(), n * sizeof(DevicePiece), stream);
   enqueue_batch(plan, b, buf.scratch, results, stream);
-  std::vector<DeviceResult> res(n);
-  memcpy(res.data(), fetch(results, n * sizeof(DeviceResult), stream), n * sizeof(DeviceResult));
+  std::vector<PieceResult> res(n);
+  memcpy(res.data(), fetch(results, n * sizeof(PieceResult), stream), n * sizeof(PieceResult));
   // The rare second round: only the pieces that fell back, lossless, with the same launches.
   bool again = false;
   for (size_t i = 0; i < n; ++i) {
@@ -198,8 +166,8 @@ std::vector<SegmentResult> encode_batch(BatchPlan& plan, const EncodeBuffers& bu
   if (again) {
     upload(buf.pieces, table.data(), n * sizeof(DevicePiece), stream);
     enqueue_batch(plan, b, buf.scratch, results, stream);
-    memcpy(res.data(), fetch(results, n * sizeof(DeviceResult), stream),
-           n * sizeof(DeviceResult));
+    memcpy(res.data(), fetch(results, n * sizeof(PieceResult), stream),
+           n * sizeof(PieceResult));
   }
   std::vector<SegmentResult> out(n);
   for (size_t i = 0; i < n; ++i) {

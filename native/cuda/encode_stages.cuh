@@ -119,7 +119,7 @@ struct EncodeBuffers {
   uint8_t* slots;
   DevicePiece* pieces;
   EncodeState* states;
-  uint8_t* results;  // DeviceResult (encode.cu) a piece
+  PieceResult* results;
   EncodeScratch scratch;
   void reserve(const BatchPlan& plan, Workspace* ws);
 };

@@ -19,6 +19,7 @@
 
 #include "crc32c.h"
 #include "device_frames.h"
+#include "level1_ref.h"
 #include "piece_table.h"
 
 namespace hl {
@@ -45,16 +46,11 @@ void each_piece(const PieceTable& t, F f) {
     if (t.pieces[p].active) f(p);
 }
 
-// cub's device-wide exclusive sum and inclusive max.
+// cub's device-wide exclusive sum.
 template <typename T>
 std::vector<T> exclusive_sum(const std::vector<T>& in) {
-  std::vector<T> out(in.size());
-  T s = 0;
-  for (size_t i = 0; i < in.size(); ++i) {
-    out[i] = s;
-    s += in[i];
-  }
-  return out;
+  T total;
+  return l1ref::exclusive_scan(in, &total);
 }
 
 template <int DT>
@@ -389,20 +385,10 @@ std::string encode_frames(const typename Elem<DT>::raw_t* x, const Pieces& c, bo
   for (size_t i = 0; i < n; ++i) {
     const EncodeState& s = b.st[i];
     if (s.error) absolute_bound(c.params[i], b.range[i].first, b.range[i].second);  // throws
-    SegmentFound r;
-    r.payload_bytes = s.total;
-    r.n_unique = s.n_unique;
-    r.n_outliers = s.n_outliers;
-    r.map_bytes = s.map_bytes;
-    r.code_bytes = s.code_bytes;
-    r.bound = s.lossless ? 0 : s.bound;
-    r.lossless = s.lossless;
-    r.identity = s.identity;
-    r.dithered = s.dithered;
-    r.seed = c.params[i].dither_seed;
+    const SegmentFound r = found_of(piece_result(s, 0, 0), c.params[i].dither_seed);
     seeds[i] = r.seed;
     descs[i] = descriptor_of(r, c.params[i].mode, c.shapes[i]);
-    payload_bytes[i] = s.total;
+    payload_bytes[i] = r.payload_bytes;
     slot[i] = b.t.pieces[i].slot;
   }
   const FramesPlan plan = plan_device_frames(descs, c.shapes, groups, prefix_bytes, ext, trailing,
