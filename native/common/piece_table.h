@@ -212,50 +212,34 @@ HL_HD void decide_piece(EncodeState* st, const DevicePiece& e, uint8_t dtype, ui
                  lossy_exceeds_bound(e.n_rows, e.row_len, st->map_bytes, st->code_bytes, n_out);
 }
 
-// What the host reads back of a piece once the batch is done: the descriptor's fields and the
-// payload's size (0 when the piece fell back), the finite range where it was taken.
+// What the host reads back of a piece once the batch is done: what the encoder found (the
+// descriptor's fields and the payload's size, 0 when the piece fell back; the seed is the
+// host's), whether it fell back or its bound overflowed, and the finite range where it was
+// taken.
 struct PieceResult {
-  uint64_t total;
-  uint64_t n_unique, n_outliers, map_bytes, code_bytes;
-  uint32_t fallback, error, bound, lossless, identity, dithered;
+  SegmentFound found;
+  uint32_t fallback, error;
   double lo, hi;
 };
 HL_HD PieceResult piece_result(const EncodeState& st, double lo, double hi) {
   PieceResult r;
-  r.total = st.fallback ? 0 : st.total;
-  r.n_unique = st.n_unique;
-  r.n_outliers = st.n_outliers;
-  r.map_bytes = st.map_bytes;
-  r.code_bytes = st.code_bytes;
+  r.found.payload_bytes = st.fallback ? 0 : st.total;
+  r.found.n_unique = st.n_unique;
+  r.found.n_outliers = st.n_outliers;
+  r.found.map_bytes = st.map_bytes;
+  r.found.code_bytes = st.code_bytes;
+  r.found.bound = st.lossless ? 0 : st.bound;
+  r.found.lossless = st.lossless;
+  r.found.identity = st.identity;
+  r.found.dithered = st.dithered;
   r.fallback = st.fallback;
   r.error = st.error;
-  r.bound = st.bound;
-  r.lossless = st.lossless;
-  r.identity = st.identity;
-  r.dithered = st.dithered;
   r.lo = lo;
   r.hi = hi;
   return r;
 }
 
 // ---- the table on the host ------------------------------------------------------------------
-
-// What an encoder found of the piece of dither seed `seed` (device_frames.h's descriptor_of
-// makes its descriptor).
-inline SegmentFound found_of(const PieceResult& r, uint32_t seed) {
-  SegmentFound o;
-  o.payload_bytes = r.total;
-  o.n_unique = r.n_unique;
-  o.n_outliers = r.n_outliers;
-  o.map_bytes = r.map_bytes;
-  o.code_bytes = r.code_bytes;
-  o.bound = r.lossless ? 0 : r.bound;
-  o.lossless = r.lossless != 0;
-  o.identity = r.identity != 0;
-  o.dithered = r.dithered != 0;
-  o.seed = seed;
-  return o;
-}
 
 // The table of a call's pieces and the sizes of the concatenated arrays its bases index.
 struct PieceTable {

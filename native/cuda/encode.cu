@@ -75,7 +75,8 @@ void enqueue_batch(const BatchPlan& plan, const Batch& b, const EncodeScratch& s
 
 SegmentResult result_of(const PieceResult& r, uint32_t seed) {
   SegmentResult o;
-  static_cast<SegmentFound&>(o) = found_of(r, seed);
+  static_cast<SegmentFound&>(o) = r.found;
+  o.seed = seed;
   o.bound_overflow = r.error != 0;
   o.lo = r.lo;
   o.hi = r.hi;

@@ -385,8 +385,8 @@ std::string encode_frames(const typename Elem<DT>::raw_t* x, const Pieces& c, bo
   for (size_t i = 0; i < n; ++i) {
     const EncodeState& s = b.st[i];
     if (s.error) absolute_bound(c.params[i], b.range[i].first, b.range[i].second);  // throws
-    const SegmentFound r = found_of(piece_result(s, 0, 0), c.params[i].dither_seed);
-    seeds[i] = r.seed;
+    SegmentFound r = piece_result(s, 0, 0).found;
+    r.seed = seeds[i] = c.params[i].dither_seed;
     descs[i] = descriptor_of(r, c.params[i].mode, c.shapes[i]);
     payload_bytes[i] = r.payload_bytes;
     slot[i] = b.t.pieces[i].slot;
