@@ -58,10 +58,7 @@ struct DevicePiece {
 // byte.
 struct alignas(16) EncodeState {
   unsigned long long lo_key, hi_key;  // finite range, order_key encoded (device atomics)
-  double eb_abs, step, inv_step;
-  uint32_t lossless;  // codes are raw bits
-  uint32_t dithered;  // subtractive dither with `seed` (lossy pieces only)
-  uint32_t seed;
+  ElementRule rule;  // what every element is coded with (lossless: raw bits; dither)
   uint32_t error;     // kEncodeBoundOverflow
   uint32_t identity;  // no map section
   uint32_t fallback;  // lossy piece too large: encode again lossless
@@ -77,18 +74,6 @@ struct alignas(16) EncodeState {
 };
 
 constexpr uint32_t kEncodeBoundOverflow = 1;
-
-// The per-element rule (elements.h) of a piece whose bound prepare_piece has set.
-HL_HD ElementRule rule_of(const EncodeState& st) {
-  ElementRule r;
-  r.step = st.step;
-  r.inv_step = st.inv_step;
-  r.eb_abs = st.eb_abs;
-  r.seed = st.seed;
-  r.lossless = st.lossless;
-  r.dithered = st.dithered;
-  return r;
-}
 
 // ---- the table's index arithmetic -----------------------------------------------------------
 
@@ -153,13 +138,7 @@ HL_HD void prepare_piece(EncodeState* st, const DevicePiece& e, double lo, doubl
   }
   st->bound = hl_bound_code(eb);
   eb = hl_bound_of_code(st->bound);
-  const ElementRule r = element_rule(eb, e.force_lossless, e.dither, e.seed);
-  st->eb_abs = eb;
-  st->step = 2.0 * eb;
-  st->inv_step = 1.0 / st->step;
-  st->lossless = r.lossless;
-  st->dithered = r.dithered;
-  st->seed = e.seed;
+  st->rule = element_rule(eb, e.force_lossless, e.dither, e.seed);
 }
 
 // Applies dedup_pays to the distinct rows found and fixes which codes are stored: the
@@ -183,7 +162,7 @@ HL_HD void rows_layout(EncodeState* st, const DevicePiece& e, uint32_t* codes,
 HL_HD void radix_plan(EncodeState* st) {
   const uint64_t n = st->n_codes;
   st->radix_G = 0;
-  if (st->lossless || !radix_applies(n, st->max_code)) return;
+  if (st->rule.lossless || !radix_applies(n, st->max_code)) return;
   const uint32_t k = st->max_code + 1, g = radix_group(k, n);
   st->radix_k = k;
   st->radix_g = g;
@@ -196,8 +175,8 @@ HL_HD void radix_plan(EncodeState* st) {
 HL_HD void choose_packing(EncodeState* st, uint64_t short_widths) {
   const uint64_t n = st->n_codes;
   uint64_t radix = 0, shorts = 0;
-  if (!st->lossless && st->radix_G) radix = st->radix_head + st->radix_vals_bytes;
-  if (!st->lossless && short_applies(n, st->max_code)) shorts = short_section_bytes(n, short_widths);
+  if (!st->rule.lossless && st->radix_G) radix = st->radix_head + st->radix_vals_bytes;
+  if (!st->rule.lossless && short_applies(n, st->max_code)) shorts = short_section_bytes(n, short_widths);
   st->packing = (uint32_t)level1_packing(st->code_bytes, radix, shorts);
   if (st->packing == HL_PACK_RADIX) st->code_bytes = radix;
   if (st->packing == HL_PACK_SHORT) st->code_bytes = shorts;
@@ -208,7 +187,7 @@ HL_HD void decide_piece(EncodeState* st, const DevicePiece& e, uint8_t dtype, ui
   st->n_outliers = n_out;
   st->outlier_off = st->code_off + st->code_bytes;
   st->total = st->outlier_off + outlier_record_bytes(st->n_codes, dtype) * n_out;
-  st->fallback = !st->lossless &&
+  st->fallback = !st->rule.lossless &&
                  lossy_exceeds_bound(e.n_rows, e.row_len, st->map_bytes, st->code_bytes, n_out);
 }
 
@@ -228,10 +207,10 @@ HL_HD PieceResult piece_result(const EncodeState& st, double lo, double hi) {
   r.found.n_outliers = st.n_outliers;
   r.found.map_bytes = st.map_bytes;
   r.found.code_bytes = st.code_bytes;
-  r.found.bound = st.lossless ? 0 : st.bound;
-  r.found.lossless = st.lossless;
+  r.found.bound = st.rule.lossless ? 0 : st.bound;
+  r.found.lossless = st.rule.lossless;
   r.found.identity = st.identity;
-  r.found.dithered = st.dithered;
+  r.found.dithered = st.rule.dithered;
   r.fallback = st.fallback;
   r.error = st.error;
   r.lo = lo;

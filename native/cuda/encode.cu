@@ -23,11 +23,11 @@ __global__ void write_outliers_kernel(Batch b, uint64_t bpp, const uint32_t* fir
                                       const uint64_t* out_count, const uint64_t* out_off) {
   typedef typename Elem<DT>::raw_t raw_t;
   HL_PIECE_OF_BLOCK
-  if (st->lossless || st->fallback || !st->n_outliers) return;
+  if (st->rule.lossless || st->fallback || !st->n_outliers) return;
   const raw_t* x = static_cast<const raw_t*>(b.x) + e.in_off;
   const bool identity = st->identity;
   const uint64_t nu = st->n_unique, d = e.row_len, base = e.row_base;
-  const ElementRule rule = rule_of(*st);
+  const ElementRule rule = st->rule;
   uint8_t* rec = b.slots + e.slot + st->outlier_off;
   const uint8_t pos_bytes = outlier_pos_bytes(nu * d);
   const uint64_t rec_bytes = pos_bytes + sizeof(raw_t);

@@ -28,7 +28,7 @@ __global__ void row_hash_kernel(Batch b, uint64_t bpp, const uint32_t* codes, ui
   }
   const auto* x = static_cast<const typename Elem<DT>::raw_t*>(b.x) + e.in_off;
   const uint32_t* c = codes + e.elem_base;
-  const bool lossy = !st->lossless;
+  const bool lossy = !st->rule.lossless;
   HL_PIECE_WARP_STRIDE(g, hl_div_up(n_rows, kHashRows)) {
     uint32_t h[kHashRows];
     for (int k = 0; k < kHashRows; ++k) h[k] = 0;
@@ -99,7 +99,7 @@ __global__ void first_occurrence_kernel(Batch b, uint64_t bpp, const uint32_t* c
   }
   const auto* x = static_cast<const typename Elem<DT>::raw_t*>(b.x) + e.in_off;
   const uint32_t* c = codes + e.elem_base;
-  const bool lossy = !st->lossless;
+  const bool lossy = !st->rule.lossless;
   HL_PIECE_WARP_STRIDE(p, e.n_rows) {
     const uint32_t r = rows_sorted[base + p];
     uint32_t first = r;
@@ -155,7 +155,7 @@ __global__ void gather_unique_kernel(Batch b, uint64_t bpp, const uint32_t* code
 __global__ void count_outliers_kernel(Batch b, uint64_t bpp, const uint8_t* row_outlier,
                                       const uint32_t* first, uint64_t* count) {
   HL_PIECE_OF_BLOCK
-  const bool lossless = st->lossless, identity = st->identity;
+  const bool lossless = st->rule.lossless, identity = st->identity;
   const uint64_t nu = st->n_unique, d = e.row_len, base = e.row_base;
   uint32_t* uc = st->ucodes;
   HL_PIECE_WARP_STRIDE(u, e.n_rows) {

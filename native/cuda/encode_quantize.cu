@@ -57,7 +57,7 @@ __global__ void quantize_kernel(Batch b, uint64_t bpp, uint32_t* codes, uint8_t*
   const auto* x = static_cast<const typename Elem<DT>::raw_t*>(b.x) + e.in_off;
   uint32_t* c = codes + e.elem_base;
   uint8_t* ro = row_outlier + e.row_base;
-  const ElementRule rule = rule_of(*st);
+  const ElementRule rule = st->rule;
   HL_PIECE_STRIDE(i, e.n()) {
     const uint32_t z = element_code<DT>(rule, x[i], i);
     c[i] = z;

@@ -115,7 +115,7 @@ __global__ void radix_values_kernel(Batch b, uint64_t bpp, uint32_t* values) {
 __global__ void short_widths_kernel(Batch b, uint64_t bpp, uint64_t* width) {
   HL_PIECE_OF_BLOCK
   const uint64_t n = st->n_codes, nb = short_n_blocks(n);
-  if (st->lossless || !short_applies(n, st->max_code)) return;
+  if (st->rule.lossless || !short_applies(n, st->max_code)) return;
   HL_PIECE_WARP_STRIDE(w, hl_div_up(nb, 2)) {
     const uint64_t blk = 2 * w + (lane_id() >> 4);
     const uint64_t i = blk * HL_SHORT_BLOCK + (lane_id() & 15);
@@ -130,7 +130,7 @@ __global__ void choose_packing_kernel(Batch b, const uint64_t* short_width,
                                       const uint64_t* short_off) {
   HL_EACH_PIECE
   const uint64_t n = st->n_codes;
-  const bool shorts = !st->lossless && short_applies(n, st->max_code);
+  const bool shorts = !st->rule.lossless && short_applies(n, st->max_code);
   choose_packing(st, shorts ? scan_total(short_off, short_width, e.sblock_base, short_n_blocks(n))
                             : 0);
   if (st->packing == HL_PACK_RADIX)

@@ -103,7 +103,7 @@ struct Batch {
     std::fill(row_outlier.begin(), row_outlier.end(), 0);
     each_item(t, kThreads, [&](uint64_t p) { return t.pieces[p].n(); }, [&](uint64_t p, uint64_t i) {
       const DevicePiece& e = t.pieces[p];
-      const ElementRule rule = rule_of(st[p]);
+      const ElementRule rule = st[p].rule;
       const uint32_t z = element_code<DT>(rule, xp(p)[i], i);
       codes[e.elem_base + i] = z;
       if (!rule.lossless && z == kOutlierMark) row_outlier[e.row_base + i / e.row_len] = 1;
@@ -113,7 +113,7 @@ struct Batch {
   bool rows_equal(uint64_t p, uint64_t a, uint64_t b) const {
     const DevicePiece& e = t.pieces[p];
     const uint32_t* c = codes.data() + e.elem_base;
-    const bool lossy = !st[p].lossless;
+    const bool lossy = !st[p].rule.lossless;
     for (uint64_t i = 0; i < e.row_len; ++i) {
       const uint32_t ca = c[a * e.row_len + i], cb = c[b * e.row_len + i];
       if (ca != cb) return false;
@@ -132,7 +132,7 @@ struct Batch {
         uint32_t h = 0;
         for (uint64_t i = 0; e.dedups && i < e.row_len; ++i)
           h += row_hash_term(codes[e.elem_base + r * e.row_len + i],
-                             (uint32_t)xp(p)[r * e.row_len + i], i, !st[p].lossless);
+                             (uint32_t)xp(p)[r * e.row_len + i], i, !st[p].rule.lossless);
         keys[e.row_base + r] = dedup_key(p, e.dedups ? row_hash_key(h, e.row_len) : 0);
         rows[e.row_base + r] = (uint32_t)r;
       });
@@ -190,7 +190,7 @@ struct Batch {
       const DevicePiece& e = t.pieces[p];
       const EncodeState& s = st[p];
       uint64_t c = 0;
-      if (!s.lossless && u < s.n_unique &&
+      if (!s.rule.lossless && u < s.n_unique &&
           row_outlier[e.row_base + (s.identity ? u : first[e.row_base + u])])
         for (uint64_t i = 0; i < e.row_len; ++i) {
           uint32_t& z = s.ucodes[u * e.row_len + i];
@@ -275,7 +275,7 @@ struct Batch {
         &rwidth, radix_vals, radix_count, &DevicePiece::rblock_base,
         [&](uint64_t p) { return &st[p].radix_vals_bytes; }, false, [](uint64_t) {});
     auto shorts = [&](uint64_t p) {
-      return !st[p].lossless && short_applies(st[p].n_codes, st[p].max_code);
+      return !st[p].rule.lossless && short_applies(st[p].n_codes, st[p].max_code);
     };
     each_item(t, kWarps, [&](uint64_t p) { return shorts(p) ? short_n_blocks(st[p].n_codes) : 0; },
               [&](uint64_t p, uint64_t blk) {
@@ -332,7 +332,7 @@ struct Batch {
     });
     auto rows_with = [&](uint64_t p) {
       const EncodeState& s = st[p];
-      return s.lossless || s.fallback || !s.n_outliers ? 0 : s.n_unique;
+      return s.rule.lossless || s.fallback || !s.n_outliers ? 0 : s.n_unique;
     };
     each_item(t, kWarps, rows_with, [&](uint64_t p, uint64_t u) {
       const DevicePiece& e = t.pieces[p];
@@ -344,7 +344,7 @@ struct Batch {
       uint64_t k = scan_local(out_off.data(), e.row_base, u);
       for (uint64_t i = 0; i < d; ++i) {
         const raw_t raw = xp(p)[r * d + i];
-        if (element_code<DT>(rule_of(s), raw, r * d + i) == kOutlierMark)
+        if (element_code<DT>(s.rule, raw, r * d + i) == kOutlierMark)
           put_outlier(payload(p) + s.outlier_off + rec_bytes * k++, u * d + i, raw, pos_bytes,
                       sizeof(raw_t));
       }
