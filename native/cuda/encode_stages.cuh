@@ -73,7 +73,7 @@ BatchPlan batch_plan(PieceTable table);
 inline uint64_t piece_blocks(uint64_t items, uint64_t items_per_block, uint64_t n_pieces) {
   const uint64_t g = grid_for(items, items_per_block);
   const uint64_t cap = n_pieces ? (16 * kMaxGrid) / n_pieces : 1;
-  return g < cap ? g : (cap ? cap : 1);
+  return g == 0 ? 0 : g < cap ? g : (cap ? cap : 1);
 }
 
 // Launches a stage kernel(Batch, bpp, args...) over bpp blocks for every piece: one launch for
