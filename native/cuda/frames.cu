@@ -95,7 +95,7 @@ void assemble_frames(const FramesPlan& frames, const std::vector<uint64_t>& payl
 // left before each group, as compress_into_cpu lays them out). empty_trailing: the trailing
 // dims of an empty group's frame (it gets one only with an extension). fits(total) throws when
 // the layout's `total` bytes do not fit the caller's buffer. scratch: the caller's device
-// memory for the call (null: the pool's), at least encode_scratch_bytes.
+// memory for the call (null: the pool's), at least scratch_bytes_of(c, dedup, groups.size()).
 template <typename Fits>
 Layout encode_frames(const uint8_t* in_dev, const Pieces& c, bool dedup,
                      const std::vector<int64_t>& groups, uint64_t prefix_bytes,
