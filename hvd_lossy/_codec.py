@@ -223,9 +223,33 @@ def compress(tensor, error_bound, mode="rel", level=1, dedup=True, dither=None):
     # a frame of one segment, bounded as compress_into bounds one piece
     cap = max_grouped_bytes([shape[0] if shape else 1], shape[1:], [1], 0)
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
+    with torch.cuda.device(src.device):  # the scratch size is the device's (cub's queries)
+        need = _C.compress_cuda_scratch(code, shape, m, bool(dedup), seed)
+    scratch = _device_scratch(need, src)
     size = _C.compress_cuda(src.data_ptr(), code, shape, eb, m, bool(dedup), out.data_ptr(), cap,
-                            _stream(src), seed)
+                            _stream(src), seed, scratch.data_ptr(), scratch.numel())
     return out[:size].clone() if size < cap // 2 else out[:size]
+
+
+def _device_scratch(nbytes, like):
+    """Device scratch of a CUDA codec call from PyTorch's caching allocator, on ``like``'s
+    device: freed when the call returns, it goes back to the cache in the order of the current
+    stream, which the codec works on, so later work reuses it safely."""
+    return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=like.device)
+
+
+def _compress_into_cuda(src, code, rows, ebs, m, dedup, groups, prefix_bytes, out_ptr, cap, ext,
+                        seed):
+    """_C.compress_into_cuda of the contiguous device tensor src (its pieces coded in one batch)
+    with scratch from PyTorch's allocator: (sizes a piece, frame bytes a group)."""
+    trailing = list(src.shape[1:])
+    with torch.cuda.device(src.device):  # the scratch size is the device's (cub's queries)
+        need = _C.compress_into_cuda_scratch(code, rows, trailing, ebs, m, bool(dedup),
+                                             len(groups), seed)
+    scratch = _device_scratch(need, src)
+    return _C.compress_into_cuda(src.data_ptr() if src.numel() else 0, code, rows, trailing, ebs,
+                                 m, bool(dedup), groups, prefix_bytes, out_ptr, cap, _stream(src),
+                                 ext, seed, scratch.data_ptr(), scratch.numel())
 
 
 def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True, dither=None,
@@ -283,9 +307,8 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
     # ONE frame of all the pieces: compress_into of one group
     cap = max_grouped_bytes(rows, trailing, [len(rows)], 0)
     out = torch.empty(cap, dtype=torch.uint8, device=src.device)
-    sizes, _ = _C.compress_into_cuda(src.data_ptr() if src.numel() else 0, code, rows, trailing,
-                                     ebs, m, bool(dedup), [len(rows)], 0, out.data_ptr(), cap,
-                                     _stream(src), b"", seed)
+    sizes, _ = _compress_into_cuda(src, code, rows, ebs, m, dedup, [len(rows)], 0,
+                                   out.data_ptr(), cap, b"", seed)
     total = sum(sizes)
     buffer = out[:total].clone() if total < cap // 2 else out[:total]
     return buffer, [total]
@@ -592,11 +615,10 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
         _check_device(src)
         lv = _check_level(level)
         if stats is None and _on_device_encoder(seed, lv):
-            sizes, group_bytes = _C.compress_into_cuda(
-                src.data_ptr() if src.numel() else 0, code, [int(r) for r in rows],
-                list(src.shape[1:]), [_check_bound(e) for e in error_bounds], _mode_code(mode),
-                bool(dedup), [int(g) for g in groups], int(prefix_bytes), out.data_ptr() + offset,
-                out.numel() - offset, _stream(src), ext, seed)
+            sizes, group_bytes = _compress_into_cuda(
+                src, code, [int(r) for r in rows], [_check_bound(e) for e in error_bounds],
+                _mode_code(mode), dedup, [int(g) for g in groups], int(prefix_bytes),
+                out.data_ptr() + offset, out.numel() - offset, ext, seed)
             return (list(sizes), list(group_bytes)) if ext else list(sizes)
         return _compress_grouped_on_host(src, rows, error_bounds, groups, prefix_bytes, out,
                                          offset, mode, level, dedup, dither, extension,

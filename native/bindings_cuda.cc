@@ -20,38 +20,64 @@ using hl::py_util::ptr;
 void register_cuda(py::module_& m) {
   m.def("compress_cuda",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, double eb, int mode,
-           bool dedup, uintptr_t out, uint64_t out_cap, uintptr_t stream, int64_t dither_seed) {
+           bool dedup, uintptr_t out, uint64_t out_cap, uintptr_t stream, int64_t dither_seed,
+           uintptr_t scratch, uint64_t scratch_bytes) {
           return hl::compress_cuda(ptr<const void>(in),
                                    params(dtype, mode, 1, dedup, eb, dither_seed), shape,
-                                   ptr<uint8_t>(out), out_cap, ptr<void>(stream));
+                                   ptr<uint8_t>(out), out_cap, ptr<void>(stream),
+                                   ptr<void>(scratch), scratch_bytes);
         },
         py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("error_bound"),
         py::arg("mode"), py::arg("dedup"), py::arg("out"), py::arg("out_cap"), py::arg("stream"),
-        py::arg("dither_seed") = -1, py::call_guard<py::gil_scoped_release>(),
+        py::arg("dither_seed") = -1, py::arg("scratch") = 0, py::arg("scratch_bytes") = 0,
+        py::call_guard<py::gil_scoped_release>(),
         "CUDA compress at level 1 (dither_seed -1: no dither): one device tensor into a frame "
-        "of one segment on the device; returns its size.");
+        "of one segment on the device; returns its size. scratch: device memory of at least "
+        "compress_cuda_scratch bytes (0: the codec's own pool).");
+
+  m.def("compress_cuda_scratch",
+        [](int dtype, const std::vector<int64_t>& shape, int mode, bool dedup,
+           int64_t dither_seed) {
+          return hl::compress_cuda_scratch(params(dtype, mode, 1, dedup, 0.0, dither_seed), shape);
+        },
+        py::arg("dtype"), py::arg("shape"), py::arg("mode"), py::arg("dedup"),
+        py::arg("dither_seed") = -1,
+        "Bytes of device scratch a compress_cuda call of these arguments needs.");
 
   m.def("compress_into_cuda",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
            bool dedup, const std::vector<int64_t>& groups, uint64_t prefix_bytes, uintptr_t out,
-           uint64_t out_cap, uintptr_t stream, const std::string& ext, int64_t dither_seed) {
+           uint64_t out_cap, uintptr_t stream, const std::string& ext, int64_t dither_seed,
+           uintptr_t scratch, uint64_t scratch_bytes) {
           hl::CompressParams p = params(dtype, mode, 1, dedup, 0.0, dither_seed);
           std::vector<uint64_t> group_bytes;
           std::vector<uint64_t> sizes =
               hl::compress_into_cuda(ptr<const void>(in), p, rows, trailing, ebs, groups,
                                      prefix_bytes, ptr<uint8_t>(out), out_cap, ptr<void>(stream),
-                                     ext, &group_bytes);
+                                     ext, &group_bytes, ptr<void>(scratch), scratch_bytes);
           return std::make_pair(sizes, group_bytes);
         },
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
         py::arg("error_bounds"), py::arg("mode"), py::arg("dedup"), py::arg("groups"),
         py::arg("prefix_bytes"), py::arg("out"), py::arg("out_cap"), py::arg("stream"),
-        py::arg("extension"), py::arg("dither_seed") = -1,
-        py::call_guard<py::gil_scoped_release>(),
+        py::arg("extension"), py::arg("dither_seed") = -1, py::arg("scratch") = 0,
+        py::arg("scratch_bytes") = 0, py::call_guard<py::gil_scoped_release>(),
         "CUDA compress_into at level 1 (dither_seed: piece 0's, piece i's is + i; -1: no "
-        "dither): one frame a group in device memory, laid out as the CPU's; returns (sizes a "
-        "piece, frame bytes a group).");
+        "dither): one frame a group in device memory, laid out as the CPU's, every piece coded "
+        "by one set of launches; returns (sizes a piece, frame bytes a group). scratch: device "
+        "memory of at least compress_into_cuda_scratch bytes (0: the codec's own pool).");
+
+  m.def("compress_into_cuda_scratch",
+        [](int dtype, const std::vector<int64_t>& rows, const std::vector<int64_t>& trailing,
+           const std::vector<double>& ebs, int mode, bool dedup, size_t n_groups,
+           int64_t dither_seed) {
+          return hl::compress_into_cuda_scratch(params(dtype, mode, 1, dedup, 0.0, dither_seed),
+                                                rows, trailing, ebs, n_groups);
+        },
+        py::arg("dtype"), py::arg("rows"), py::arg("trailing"), py::arg("error_bounds"),
+        py::arg("mode"), py::arg("dedup"), py::arg("n_groups"), py::arg("dither_seed") = -1,
+        "Bytes of device scratch a compress_into_cuda call of these arguments needs.");
 
   m.def("decompress_cuda",
         [](uintptr_t frame, uint64_t size, uintptr_t out, uint64_t out_bytes, uintptr_t stream,

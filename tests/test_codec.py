@@ -120,6 +120,62 @@ def test_duplicate_rows_are_stored_once():
     assert torch.equal(hvd_lossy.decompress(frame), hvd_lossy.decompress(no_dedup))
 
 
+def _code_classes(x, eb):
+    """The rows a lossy frame stores, by frame.h's rule written again in numpy: each element's
+    zigzag code (or the outlier mark) at step 2 * eb, rows equal when their codes are and their
+    outliers' raw bits too; returns each row's class, numbered by first occurrence."""
+    import numpy as np
+
+    v = x.numpy().astype(np.float64)
+    step = 2 * eb
+    t = v * (1 / step)
+    with np.errstate(invalid="ignore"):
+        in_range = np.abs(t) <= 2.0**30 - 1
+        q = np.rint(np.where(in_range, t, 0))
+        back = (q * step).astype(np.float32).astype(np.float64)
+        ok = in_range & (np.abs(v - back) <= eb)
+    raw = x.numpy().view(np.uint32)
+    codes = np.where(ok, q, 2.0**31)  # the mark: no code is 2^31
+    keys = [tuple(codes[r].tolist()) + tuple(raw[r][~ok[r]].tolist()) for r in range(len(v))]
+    first = {}
+    return [first.setdefault(k, len(first)) for k in keys]
+
+
+@pytest.mark.parametrize("distinct", [0.05, 0.45, 0.7, 1.0])
+def test_dedup_stores_one_row_a_code_class_in_order_of_first_occurrence(distinct):
+    """Rows are merged exactly when their codes agree and their outliers are the same bits:
+    repeats bit for bit (hot lookups), rows that differ below the step, rows that differ only
+    in an outlier's value (kept apart), codes above a byte (compared at full width); at shares
+    of distinct rows below and above one half (the dedup table's first size) and with none
+    repeated."""
+    g = torch.Generator().manual_seed(int(distinct * 100))
+    eb = 2.0**-6
+    n = 3000
+    table = torch.randn(int(n * distinct) + 1, 24, generator=g) * 0.05
+    table[::7] *= 200  # codes above a byte
+    table[::11, 3] = float("nan")
+    ids = torch.randint(0, len(table), (n,), generator=g) if distinct < 1 else torch.arange(n)
+    x = table[ids % len(table)].clone()
+    x[::13] += eb / 8  # differ in bits, mostly not in codes
+    x[::17, 3] = float("inf")  # an outlier of another value
+    classes = _code_classes(x, eb)
+    frame = hvd_lossy.compress(x, eb, mode="abs", level=1)
+    info = hvd_lossy.frame_info(frame)
+    n_classes = max(classes) + 1
+    assert info["n_unique"] in (n_classes, n)  # n: dedup did not pay, every row stored
+    if distinct < 1:
+        assert info["n_unique"] == n_classes
+    y = hvd_lossy.decompress(frame)
+    first_of = {}
+    for r, c in enumerate(classes):  # a class decodes as its first row does
+        f = first_of.setdefault(c, r)
+        assert torch.equal(y[r].view(torch.int32), y[f].view(torch.int32)), (r, f)
+    err = (y - x).abs()
+    finite = torch.isfinite(x)
+    assert bool((err[finite] <= eb).all())
+    assert torch.equal(y[~finite].view(torch.int32), x[~finite].view(torch.int32))
+
+
 def test_rows_differing_only_in_an_outlier_value_are_not_merged():
     x = torch.zeros(4, 8)
     x[:, 0] = torch.linspace(-1, 1, 4)

@@ -238,3 +238,55 @@ def test_a_device_frame_of_no_segments_decodes_to_no_rows():
     out = torch.empty(0, 16, device="cuda")
     assert hvd_lossy.decompress(frame.cuda(), out=out).shape == (0, 16)
     assert hvd_lossy.decompress(frame.cuda()).shape == (0, 16)
+
+
+def device_activity(fn):
+    """(kernels, memcpys, memsets) one call of fn puts on the device, from torch's profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name.lower() for e in prof.events()]
+    copies = sum("memcpy" in n for n in names)
+    sets = sum("memset" in n for n in names)
+    return len(names) - copies - sets, copies, sets
+
+
+@pytest.mark.parametrize("dither", [None, 99])
+def test_a_grouped_call_launches_the_same_kernels_for_8_pieces_as_for_208(dither):
+    """One launch set per call (native/common/piece_table.h): the pieces share every launch, so
+    the device work of a call does not grow with its pieces."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(208 * 64, 32, generator=g)[torch.randint(0, 208 * 64, (208 * 64,), generator=g)]
+    x = x.cuda()
+
+    def call(pieces):
+        rows, groups = [208 * 64 // pieces] * pieces, [pieces // 8] * 8
+        out = torch.empty(hvd_lossy.max_grouped_bytes(rows, [32], groups, 0), dtype=torch.uint8,
+                          device="cuda")
+        return lambda: hvd_lossy.compress_grouped(x, rows, [0.01] * pieces, groups, 0, out,
+                                                  mode="rel", level=1, dither=dither)
+
+    few, many = device_activity(call(8)), device_activity(call(208))
+    assert few == many, (few, many)
+    kernels, copies, _sets = many
+    assert copies <= 3, many  # the table and the heads up, the results down
+
+
+def test_batched_pieces_of_every_size_match_the_cpu_frames():
+    """Pieces of 0, 1 and many rows in one call, next to each other in the device table, each
+    coded as the CPU codes it alone in its frame."""
+    rows = [0, 1, 300, 2, 0, 1000, 33]
+    x = rng_tensor(sum(rows), 24, 8, "scaled")
+    x[5, 3] = float("nan")
+    x[400, 0] = float("inf")
+    groups = [2, 3, 2]
+    ebs = [0.01, 0.0, 0.03, 1e-4, 0.02, 0.02, 0.5]
+    cap = hvd_lossy.max_grouped_bytes(rows, [24], groups, 2)
+    out_cpu = torch.zeros(cap, dtype=torch.uint8)
+    out_dev = torch.zeros(cap, dtype=torch.uint8, device="cuda")
+    want = hvd_lossy.compress_grouped(x, rows, ebs, groups, 2, out_cpu, mode="abs")
+    got = hvd_lossy.compress_grouped(x.cuda(), rows, ebs, groups, 2, out_dev, mode="abs")
+    assert got == want
+    assert_same(out_cpu, out_dev, "batched grouped layout")

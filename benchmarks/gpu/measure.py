@@ -10,8 +10,8 @@ items before it), with the keys of the earlier GPU issue:
   step_decompress_us, byte_identical_to_cpu, bound_ok, copy_GBps, fp16_cast_GBps
 and the detail behind them under "items". GB/s count uncompressed bytes. "step" is one rank's
 DLRM exchange: 26 tables x 8 destinations x 256 rows x dim 128 as one compress_grouped call
-(8 frames of 26 segments, the layout hvd_lossy's all-to-all sends) and the decode of the 8
-frames; fp32 is the headline, fp16 and the dithered gradient recipe (on the device, and on a GPU
+(8 frames of 26 segments, the layout hvd_lossy's all-to-all sends; the CUDA encoder codes its
+208 pieces in one batch, one launch a stage) and the decode of the 8 frames; fp32 is the headline, fp16 and the dithered gradient recipe (on the device, and on a GPU
 also through the host codec as before, HVD_LOSSY_HOST_DITHER=1) are beside it, each with the
 kernels and copies one call makes. A dry run on
 the CPU writes the same keys with "device": "cpu": those are no GPU figures.
@@ -166,14 +166,18 @@ def _measure_step(res, args, dtype, dither, host_dither):
              frames=DESTINATIONS, bound_rel=bound, dither_seed=seed,
              launches=count_launches(args, {
                  "compress": lambda: compress(x, out),
+                 "compress as 8 pieces": lambda: hvd_lossy.compress_grouped(
+                     x, [TABLES * ROWS] * DESTINATIONS, [bound] * DESTINATIONS,
+                     [1] * DESTINATIONS, 0, out, 0, mode="rel", level=1, dither=seed),
                  "decompress": lambda: hvd_lossy.decompress_chunks(buffer, frame_bytes)}))
     return t_c, t_d
 
 
 def count_launches(args, calls):
     """Kernel launches and device copies of one call of each, from torch's profiler (CUPTI):
-    what one launch set per call (issue 25 part 3) would bring to a handful. None on the CPU,
-    or where the profiler fails (the timings do not depend on it)."""
+    with one launch set per call (issue 25 part 3, the encoder) a compress of the 208 pieces
+    launches what one of 8 pieces does. None on the CPU, or where the profiler fails (the
+    timings do not depend on it)."""
     if args.device != "cuda":
         return None
     try:

@@ -7,14 +7,16 @@
 # It needs python (torch with CUDA), cmake, ninja, pybind11 and nvcc; no Horovod, no MPI, no
 # network. Stages, each logged to $OUT/<stage>.log, its status in $OUT/stages.txt:
 #   build     cmake + ninja for sm_90 into hvd_lossy/ (and build/cuda_selftest)          <= 150 s
-#   measure   benchmarks/gpu/measure.py: the DLRM step's exchange (fp32, fp16, dithered), 1 MB
-#             and 64 MB tensors, copy and fp16-cast bandwidth, every frame against the CPU
-#             codec's bytes and every decode against the bound -> $OUT/gpu_issue25.json  <= 80 s
+#   measure   benchmarks/gpu/measure.py: the DLRM step's exchange (fp32, fp16, dithered: its
+#             208 pieces coded in one batch, step_compress_us / step_decompress_us, and the
+#             launches of a call of 208 pieces beside one of 8), 1 MB and 64 MB tensors, copy
+#             and fp16-cast bandwidth, every frame against the CPU codec's bytes and every
+#             decode against the bound -> $OUT/gpu_issue25.json                          <= 80 s
 #   dlrm      one training step of examples/dlrm on the GPU (--backend local --device cuda),
 #             and again with --compression lossy (one rank codes nothing: the code path) <= 40 s
 #   selftest  build/cuda_selftest 400: random frames (dither included) against the CPU    <= 35 s
 #   tests     pytest tests/test_cuda.py tests/test_cuda_encoder.py tests/test_device_elements.py
-#                                                                                         <= 90 s
+#             tests/test_device_batch.py                                                  <= 90 s
 #   sanitize  compute-sanitizer memcheck over a small selftest (20 cases, 20 tampered)   <= 60 s
 # Worst case 455 s of stages if every one hits its timeout; expected about 4-5 minutes.
 # Exit status 0 when every stage passed; the JSON is written whatever happens after measure.
@@ -75,7 +77,8 @@ stage dlrm 40 bash -c "
       --max-eval-rows 256 --no-progress --compression lossy --metrics-out '$OUT/dlrm_step_lossy.json'"
 stage selftest 35 build/cuda_selftest 400
 stage tests 90 $PY -m pytest -q -p no:cacheprovider --maxfail=10 --tb=short \
-  tests/test_cuda.py tests/test_cuda_encoder.py tests/test_device_elements.py
+  tests/test_cuda.py tests/test_cuda_encoder.py tests/test_device_elements.py \
+  tests/test_device_batch.py
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 stage sanitize 60 "$SANITIZER" --tool memcheck --error-exitcode 9 build/cuda_selftest 20 2 10
 

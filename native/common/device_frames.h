@@ -127,26 +127,47 @@ inline FramesPlan plan_device_frames(const std::vector<SegmentDesc>& descs,
   return plan;
 }
 
-// Puts the frames of the plan together: copy_head(k, at, head_at, len) copies frame k's head
-// (plan.heads[head_at, head_at + len)) to byte `at` of the output, copy_payload(i, at, len)
-// segment i's payload there, and seal(k, at, total) stores frame k's CRC32C once its bytes are in
-// place (an empty frame came sealed). The CUDA encoder passes device copies and its CRC kernels,
-// the host check memcpy and the same CRC pieces.
-template <class CopyHead, class CopyPayload, class Seal>
-void assemble_device_frames(const FramesPlan& plan, const std::vector<uint64_t>& payload_bytes,
-                        CopyHead copy_head, CopyPayload copy_payload, Seal seal) {
-  for (size_t k = 0; k < plan.frames.size(); ++k) {
-    const FramePlan& f = plan.frames[k];
-    copy_head(k, f.at, f.head_at, f.head_len);
+// The moves that put the plan's frames together, for one pass over all of them (the CUDA
+// encoder uploads the list once and one kernel runs every copy, one CRC launch and one seal
+// launch take every frame): each frame's head from plan.heads, then its segments' payloads from
+// their slots, back to back behind the descriptors; then frame k's CRC32C over seals[k] once
+// its bytes are in place (an empty frame comes sealed in its head and has no seal).
+struct FrameCopy {
+  uint64_t src;        // offset in plan.heads (from_heads) or in the payload slots
+  uint64_t dst, len;   // in the output
+  uint64_t from_heads;
+};
+struct FrameSeal {
+  uint64_t at, total;  // the frame's offset in the output and its size
+};
+struct FrameMoves {
+  std::vector<FrameCopy> copies;
+  std::vector<FrameSeal> seals;
+};
+
+// slot[i]: where segment i's payload (payload_bytes[i]) lies among the slots.
+inline FrameMoves frame_moves(const FramesPlan& plan, const std::vector<uint64_t>& payload_bytes,
+                              const std::vector<uint64_t>& slot) {
+  FrameMoves m;
+  for (const FramePlan& f : plan.frames) {
+    m.copies.push_back({f.head_at, f.at, f.head_len, 1});
     if (f.count == 0) continue;
-    uint64_t at = f.head_len;  // the payloads follow the descriptors back to back
+    uint64_t at = f.head_len;
     for (size_t i = f.first; i < f.first + f.count; ++i) {
-      if (payload_bytes[i]) copy_payload(i, f.at + at, payload_bytes[i]);
+      if (payload_bytes[i]) m.copies.push_back({slot[i], f.at + at, payload_bytes[i], 0});
       at += payload_bytes[i];
     }
     if (at != f.total) throw CodecError("frame layout is inconsistent");
-    seal(k, f.at, f.total);
+    m.seals.push_back({f.at, f.total});
   }
+  return m;
+}
+
+// Worst case of a plan's heads for n_pieces segments in n_groups frames: each frame's header and
+// extension (HL_FRAME_MAX_HEADER) and each segment's descriptor (a flags byte, a 3-byte bound
+// and at most five 10-byte varints).
+inline uint64_t max_heads_bytes(uint64_t n_pieces, uint64_t n_groups) {
+  return n_groups * HL_FRAME_MAX_HEADER + n_pieces * 54;
 }
 
 }  // namespace hl

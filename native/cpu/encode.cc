@@ -47,11 +47,12 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   // Dithered rows never repeat (each element has its own offset), so dither skips dedup.
   const bool dedup = dedup_applies(p.dedup && !p.dither, t.n_rows, t.row_len);
   double lo = 0, hi = 0;
-  DistinctRows distinct;
-  if (dedup && p.ids)
-    distinct = enc::distinct_rows_by_id(t, p.ids, need_range, &lo, &hi);
-  else if (dedup)
-    distinct = enc::distinct_raw_rows(t, need_range, threads, &lo, &hi);
+  // With the caller's ids, the rows they claim repeated are found without quantizing them
+  // (each one's bits compared with its id's first row), and the range from the rest.
+  DistinctRows by_id;
+  const bool use_ids = dedup && p.ids;
+  if (use_ids)
+    by_id = enc::distinct_rows_by_id(t, p.ids, need_range, &lo, &hi);
   else if (need_range)
     enc::finite_range(t, threads, &lo, &hi);
   // The frame stores 24 bits of the bound: code with exactly that, rounded down, value.
@@ -63,8 +64,20 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   dither.seed = p.dither_seed;
   Prepared f;
   {
-    Coded coded = enc::code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads);
-    distinct = DistinctRows();  // back to the pool before the sections take theirs
+    // The distinct rows found by id are quantized (code_rows merges those that share codes:
+    // the same frame); otherwise lossy rows are deduplicated by their codes, lossless ones
+    // (codes are the raw bits) by their bytes, hashed and compared in place.
+    Coded coded;
+    if (use_ids) {
+      coded = enc::code_rows(t, &by_id, lossless, eb_abs, dither, threads);
+      by_id = DistinctRows();  // back to the pool before the sections take theirs
+    } else if (dedup && !lossless) {
+      coded = enc::code_distinct_rows(t, eb_abs, threads);
+    } else {
+      DistinctRows distinct;
+      if (dedup) distinct = enc::distinct_raw_rows(t, false, threads, &lo, &hi);
+      coded = enc::code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads);
+    }
     f.s = enc::build_sections(t, coded, lossless, p.level, threads);
   }
   const Sections& s = f.s;

@@ -93,6 +93,15 @@ template <int DT>
 Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, double eb_abs,
                 const Dither& dither, int threads);
 
+// Lossy frames with dedup: every row quantized, a block at a time, and numbered by its codes
+// (and its outliers' raw bits) while the block is still in cache, against the unique rows'
+// codes kept as bytes where they fit one (hot rows' codes are small). One streaming pass over
+// the tensor, and a repeated row is compared with a compact copy rather than with its first
+// occurrence somewhere in the tensor. The frames are code_rows's: the same unique rows in the
+// same order.
+template <int DT>
+Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads);
+
 // ---- sections.cc --------------------------------------------------------------------------
 
 struct Outlier {

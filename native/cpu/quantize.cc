@@ -131,9 +131,222 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
   return c;
 }
 
+namespace {
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
+#define HL_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define HL_CLONES
+#endif
+
+// Marks each row wide when a code needs more than a byte (or it has an outlier) and writes the
+// other rows' codes as bytes; folds the mark into bit 32 of the row's hash, the table's tag, so
+// that only rows of one kind are ever compared.
+HL_CLONES void narrow_rows(const uint32_t* z, const uint8_t* outlier, uint64_t rows, uint64_t d,
+                           uint8_t* wide, uint8_t* bytes, uint64_t* hash) {
+  for (uint64_t i = 0; i < rows; ++i) {
+    const uint32_t* c = z + i * d;
+    uint32_t any = 0;
+    for (uint64_t k = 0; k < d; ++k) any |= c[k];
+    wide[i] = (uint8_t)((any >> 8) != 0 || outlier[i]);
+    hash[i] = (hash[i] & ~(1ull << 32)) | ((uint64_t)wide[i] << 32);
+    if (wide[i]) continue;
+    uint8_t* b = bytes + i * d;
+    for (uint64_t k = 0; k < d; ++k) b[k] = (uint8_t)c[k];
+  }
+}
+
+// The rows of code_distinct_rows's current block: their codes, outlier flags and hashes (from
+// the quantizer), and narrow_rows's marks and bytes, the form unique rows are compared in.
+struct Block {
+  Buffer<uint32_t> z;
+  Buffer<uint8_t> outlier, wide, bytes;
+  Buffer<uint64_t> hash;
+  Buffer<uint32_t> cand;  // CodeTable::candidate of each row
+  Block(uint64_t rows, uint64_t d)
+      : z(rows * d), outlier(rows), wide(rows), bytes(rows * d), hash(rows), cand(rows) {}
+};
+
+// Unique rows numbered by first occurrence of their codes (and outliers' raw bits) in an
+// open-addressing table of (hash high half | unique index): the index leads straight to the
+// unique row's compact codes, which a repeated row is compared with.
+class CodeTable {
+ public:
+  // Sized for `expected` unique rows, so that a tensor with as many does not rehash on the way.
+  CodeTable(const Buffer<uint64_t>& uhash, uint64_t expected) : uhash_(uhash) {
+    uint64_t cap = 1024;
+    while (cap < 2 * expected) cap *= 2;
+    resize(cap);
+  }
+
+  // The slot holding a unique row whose hash is h, or the empty slot to put it in, with `same`
+  // deciding between rows of equal hash; *found says which.
+  template <class Same>
+  uint64_t find(uint64_t h, Same same, bool* found) const {
+    for (uint64_t s = h & (cap_ - 1);; s = (s + 1) & (cap_ - 1)) {
+      const uint64_t e = slots_[s];
+      if (e == kEmpty) {
+        *found = false;
+        return s;
+      }
+      if ((e & kTag) == (h & kTag) && same((uint32_t)e)) {
+        *found = true;
+        return s;
+      }
+    }
+  }
+  uint32_t at(uint64_t s) const { return (uint32_t)slots_[s]; }
+
+  void put(uint64_t s, uint64_t h, uint32_t u) {
+    slots_[s] = (h & kTag) | u;
+    if (2 * (uint64_t)(u + 1) > cap_) grow(u + 1);  // keep the load under one half
+  }
+
+  // The unique row find(h, ...) would most likely return: the first whose tag matches along
+  // h's probe, or kNone. A hint only, for probing a block's rows all at once (their loads
+  // overlap, where find's wait on each other's compares); find decides.
+  static constexpr uint32_t kNone = 0xffffffffu;
+  void prefetch_slot(uint64_t h) const { __builtin_prefetch(&slots_[h & (cap_ - 1)]); }
+  uint32_t candidate(uint64_t h) const {
+    for (uint64_t s = h & (cap_ - 1);; s = (s + 1) & (cap_ - 1)) {
+      const uint64_t e = slots_[s];
+      if (e == kEmpty) return kNone;
+      if ((e & kTag) == (h & kTag)) return (uint32_t)e;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~0ull, kTag = 0xffffffff00000000ull;
+
+  void resize(uint64_t cap) {
+    cap_ = cap;
+    slots_ = Buffer<uint64_t>(cap);
+    std::fill(slots_.data(), slots_.data() + cap, kEmpty);
+  }
+  void grow(uint32_t n) {
+    resize(2 * cap_);
+    for (uint32_t u = 0; u < n; ++u) {
+      uint64_t t = uhash_[u] & (cap_ - 1);
+      while (slots_[t] != kEmpty) t = (t + 1) & (cap_ - 1);
+      slots_[t] = (uhash_[u] & kTag) | u;
+    }
+  }
+
+  const Buffer<uint64_t>& uhash_;
+  Buffer<uint64_t> slots_;
+  uint64_t cap_ = 0;
+};
+
+}  // namespace
+
+template <int DT>
+Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  const uint64_t rows = t.n_rows, d = t.row_len;
+  // Unique rows in order of first occurrence: codes, codes as bytes (narrow rows), outlier
+  // flag, hash (its tag bit 32 says wide), first row. Sized for the worst case; only what is used is touched.
+  Buffer<uint32_t> ucodes(rows * d);
+  Buffer<uint8_t> ubytes(rows * d), uout(rows);
+  Buffer<uint64_t> uhash(rows);
+  std::vector<uint64_t> source;
+  Buffer<uint32_t> map(rows);
+  CodeTable table(uhash, rows);
+  uint32_t n = 0;
+
+  // Blocks of rows small enough for their codes to stay in L2 between quantizing and numbering
+  // (larger with more threads, which quantize a block together).
+  const uint64_t block_codes = threads > 1 ? (uint64_t)threads << 17 : 1u << 15;
+  const uint64_t block = std::max<uint64_t>(1, block_codes / std::max<uint64_t>(d, 1));
+  Block b(std::min(block, rows), d);
+  for (uint64_t b0 = 0; b0 < rows; b0 += block) {
+    const uint64_t nb = std::min(block, rows - b0);
+    code_rows_into(Tensor<DT>{t.x + b0 * d, nb, d}, nullptr, nb, false, eb_abs, Dither(),
+                   threads, b.z.data(), b.outlier.data(), b.hash.data());
+    narrow_rows(b.z.data(), b.outlier.data(), nb, d, b.wide.data(), b.bytes.data(),
+                b.hash.data());
+    auto same = [&](uint64_t i, uint32_t u) {  // the tags matched: both rows wide, or neither
+      if (!b.wide[i]) return memcmp(&ubytes[(uint64_t)u * d], &b.bytes[i * d], d) == 0;
+      const uint32_t* zi = &b.z[i * d];
+      if (memcmp(&ucodes[(uint64_t)u * d], zi, d * 4) != 0) return false;
+      if (!b.outlier[i]) return true;
+      // The mark alone says nothing of the value: outliers must match bit for bit.
+      const raw_t* xu = t.x + source[u] * d;
+      const raw_t* xi = t.x + (b0 + i) * d;
+      for (uint64_t k = 0; k < d; ++k)
+        if (zi[k] == kOutlierMark && xu[k] != xi[k]) return false;
+      return true;
+    };
+    // Every row's candidate first, its compact codes fetched while the other rows probe: the
+    // compares below then read cached rows. Only a row with no candidate (new, or first seen
+    // in this block) or a false one (a tag collision) probes again.
+    for (uint64_t i = 0; i < nb; ++i) {
+      if (i + 16 < nb) table.prefetch_slot(b.hash[i + 16]);  // the probe's branches would
+      const uint32_t u = table.candidate(b.hash[i]);          // serialize its misses
+      b.cand[i] = u;
+      if (u == CodeTable::kNone) continue;
+      if (b.wide[i])
+        prefetch_row(&ucodes[(uint64_t)u * d], d * 4);
+      else
+        prefetch_row(&ubytes[(uint64_t)u * d], d);
+    }
+    for (uint64_t i = 0; i < nb; ++i) {
+      // The table holds one unique row a content: a candidate that is the same row is the one
+      // find would return.
+      if (b.cand[i] != CodeTable::kNone && same(i, b.cand[i])) {
+        map[b0 + i] = b.cand[i];
+        continue;
+      }
+      const uint64_t h = b.hash[i];
+      bool found;
+      const uint64_t s = table.find(h, [&](uint32_t u) { return same(i, u); }, &found);
+      if (found) {
+        map[b0 + i] = table.at(s);
+        continue;
+      }
+      const uint32_t u = n++;
+      memcpy(&ucodes[(uint64_t)u * d], &b.z[i * d], d * 4);
+      if (!b.wide[i]) memcpy(&ubytes[(uint64_t)u * d], &b.bytes[i * d], d);
+      uout[u] = b.outlier[i];
+      uhash[u] = h;
+      source.push_back(b0 + i);
+      map[b0 + i] = u;
+      table.put(s, h, u);
+    }
+  }
+
+  Coded c;
+  if (!dedup_pays(rows, n, d)) {  // store every row: expand the unique rows back to all rows
+    c.n_unique = rows;
+    if (n == rows) {
+      c.codes = std::move(ucodes);
+      c.row_outlier = std::move(uout);
+      return c;
+    }
+    c.codes = Buffer<uint32_t>(rows * d);
+    c.row_outlier = Buffer<uint8_t>(rows);
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * d > 65536)
+    for (int64_t r = 0; r < (int64_t)rows; ++r) {
+      memcpy(&c.codes[r * d], &ucodes[(uint64_t)map[r] * d], d * 4);
+      c.row_outlier[r] = uout[map[r]];
+    }
+    return c;
+  }
+  c.n_unique = n;
+  c.codes = std::move(ucodes);
+  c.row_outlier = std::move(uout);
+  if (n < rows) {
+    c.source = std::move(source);
+    c.map = std::move(map);
+  }
+  return c;
+}
+
 template Coded code_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, DistinctRows*, bool, double, const Dither&, int);
 template Coded code_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, DistinctRows*, bool, double, const Dither&, int);
 template Coded code_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, DistinctRows*, bool, double, const Dither&, int);
+template Coded code_distinct_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, double, int);
+template Coded code_distinct_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, double, int);
+template Coded code_distinct_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, double, int);
 
 }  // namespace enc
 }  // namespace hl

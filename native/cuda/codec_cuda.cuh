@@ -74,11 +74,14 @@ class DeviceScope {
 };
 
 // One device allocation per call, carved into named pieces: reserve() each piece with its
-// element count, allocate() once (stream-ordered, from a per-device caching pool), and the
-// destructor frees it in stream order. Pieces are 256-byte aligned.
+// element count, allocate() once, and the destructor frees it in stream order. The memory is
+// the caller's when it gives some (hvd_lossy passes a tensor from PyTorch's caching allocator,
+// sized by a first call that only reserves: bytes()), else it comes stream-ordered from a
+// per-device caching pool. Pieces are 256-byte aligned.
 class Workspace {
  public:
-  explicit Workspace(cudaStream_t stream) : stream_(stream) {}
+  explicit Workspace(cudaStream_t stream, void* given = nullptr, uint64_t given_bytes = 0)
+      : stream_(stream), given_(given), given_bytes_(given_bytes) {}
   ~Workspace();
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
@@ -95,6 +98,7 @@ class Workspace {
     bytes_ += (bytes + 255) & ~(uint64_t)255;
   }
   void allocate();
+  uint64_t bytes() const { return bytes_; }
 
  private:
   struct Piece {
@@ -105,10 +109,17 @@ class Workspace {
   std::vector<Piece> pieces_;
   uint64_t bytes_ = 0;
   void* base_ = nullptr;
+  void* given_ = nullptr;
+  uint64_t given_bytes_ = 0;
+  bool owned_ = false;
 };
 
 // Allocates `bytes` in stream order from the device's caching pool (freed with cudaFreeAsync).
 void* pool_alloc(uint64_t bytes, cudaStream_t stream);
+
+// Copies `bytes` at src to the device in stream order through this thread's pinned upload
+// buffer: returns without waiting for the stream (only, rarely, for the buffer's previous copy).
+void upload(void* dst_dev, const void* src, uint64_t bytes, cudaStream_t stream);
 
 // Copies `bytes` from the device into this thread's pinned staging buffer and waits for the
 // stream: the one blocking point of each entry point. Returns the staging buffer.
@@ -116,32 +127,25 @@ const void* fetch(const void* src_dev, uint64_t bytes, cudaStream_t stream);
 
 // ---- segments (encode.cu), framed by frames.cu ----------------------------------------------
 
-// One segment for the device encoder: a tensor of `shape` at x_dev coded with p (level 1, no
-// dither: the host codec writes the others), its payload (map, code, outliers) written at
-// payload_dev, which has room for segment_slot_bytes(shape).
-struct SegmentJob {
-  const void* x_dev;
-  CompressParams p;
-  std::vector<int64_t> shape;
-  uint8_t* payload_dev;
-};
 // What the device found of a segment (the descriptor's fields and the payload's size), and
 // whether a relative bound times the finite range [lo, hi] overflowed a double.
 struct SegmentResult : SegmentFound {
   bool bound_overflow = false;
   double lo = 0, hi = 0;
 };
-uint64_t segment_slot_bytes(const std::vector<int64_t>& shape);
-// Enqueues every segment on the stream and returns once their results are on the host (one
-// device-to-host copy, two when a lossy segment had to be coded again lossless).
-std::vector<SegmentResult> encode_segments(const std::vector<SegmentJob>& segs,
-                                           cudaStream_t stream);
 
 // ---- checks (check.cu) -----------------------------------------------------------------------
 
-// XORs the piece terms (frame_fields.h) of the n device bytes at p_dev into *terms_dev, on
-// the stream; crc32c_finish(terms, n) is their CRC32C.
-void crc32c_terms_dev(const uint8_t* p_dev, uint64_t n, uint32_t* terms_dev, cudaStream_t stream);
+// Runs the n moves at copies_dev (device_frames.h's frame_moves; the longest is `longest`
+// bytes) from the heads or the payload slots into the output, one launch.
+void copy_moves_dev(const FrameCopy* copies_dev, uint64_t n, uint64_t longest,
+                    const uint8_t* heads_dev, const uint8_t* slots_dev, uint8_t* out_dev,
+                    cudaStream_t stream);
+// Takes the CRC32C of the n frames at seals_dev (the largest `largest` bytes) in the output and
+// stores it in each, one launch for the terms (frame_fields.h's piecewise form: terms_dev holds
+// n words) and one for the seals.
+void seal_frames_dev(uint8_t* out_dev, const FrameSeal* seals_dev, uint64_t n, uint64_t largest,
+                     uint32_t* terms_dev, cudaStream_t stream);
 // CRC32C of n device bytes.
 uint32_t crc32c_dev(const uint8_t* p_dev, uint64_t n, cudaStream_t stream);
 // FrameError ("truncated", as the CPU decoder says) for fewer bytes than any frame has, before

@@ -3,7 +3,10 @@
 // device memory except `rows`, `trailing`, `error_bounds`, `groups`, `shape` and the returned
 // sizes. `stream` is a cudaStream_t. The functions enqueue their work on the stream; they return
 // once the frame sizes are known on the host (one device-to-host copy of the sizes), never
-// syncing the device.
+// syncing the device. The encoders code every piece of a call with one set of launches
+// (native/common/piece_table.h); their device scratch is the caller's (scratch_dev, at least the
+// bytes *_scratch says; hvd_lossy takes it from PyTorch's caching allocator) or, when
+// scratch_dev is null, comes from the codec's own stream-ordered pool.
 #pragma once
 
 #include <stdint.h>
@@ -27,12 +30,19 @@ std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressPa
                                          const std::vector<int64_t>& groups,
                                          uint64_t prefix_bytes, uint8_t* out_dev, uint64_t out_cap,
                                          void* stream, const std::string& ext = std::string(),
-                                         std::vector<uint64_t>* group_bytes = nullptr);
+                                         std::vector<uint64_t>* group_bytes = nullptr,
+                                         void* scratch_dev = nullptr, uint64_t scratch_bytes = 0);
+// Device scratch of a compress_into_cuda call of these arguments and n_groups groups (bytes).
+uint64_t compress_into_cuda_scratch(const CompressParams& p, const std::vector<int64_t>& rows,
+                                    const std::vector<int64_t>& trailing,
+                                    const std::vector<double>& error_bounds, size_t n_groups);
 // One tensor of any shape (0-d included) as a frame of one segment, as compress_cpu writes it;
 // returns its size. Level 1 only, as compress_into_cuda.
 uint64_t compress_cuda(const void* input_dev, const CompressParams& p,
                        const std::vector<int64_t>& shape, uint8_t* out_dev, uint64_t out_cap,
-                       void* stream);
+                       void* stream, void* scratch_dev = nullptr, uint64_t scratch_bytes = 0);
+// Device scratch of a compress_cuda call (bytes).
+uint64_t compress_cuda_scratch(const CompressParams& p, const std::vector<int64_t>& shape);
 // Decodes a frame into out_dev (out_bytes, exactly what it decodes to): the frame is copied to
 // the host, its size and CRC32C verified there before it is parsed, and the segments decode on
 // the device. verify_checksum false: verify_cuda has already checked it. Throws FrameError, or

@@ -69,19 +69,21 @@ struct MaxOp {
 
 // ---- the cub calls (each also asked for its scratch size with a null pointer) ----------------
 
-inline cudaError_t cub_sort_pairs(void* tmp, size_t& bytes, const uint32_t* keys_in, uint32_t* keys_out,
-                           const uint32_t* vals_in, uint32_t* vals_out, uint64_t n,
-                           cudaStream_t s) {
+// Keys sort on their low end_bit bits (dedup_key_bits); the sort is stable.
+inline cudaError_t cub_sort_pairs(void* tmp, size_t& bytes, const uint64_t* keys_in,
+                                  uint64_t* keys_out, const uint32_t* vals_in, uint32_t* vals_out,
+                                  uint64_t n, int end_bit, cudaStream_t s) {
   return cub::DeviceRadixSort::SortPairs(tmp, bytes, keys_in, keys_out, vals_in, vals_out,
-                                         (int64_t)n, 0, 32, s);
+                                         (int64_t)n, 0, end_bit, s);
 }
 template <typename T>
 cudaError_t cub_exclusive_sum(void* tmp, size_t& bytes, const T* in, T* out, uint64_t n,
                               cudaStream_t s) {
   return cub::DeviceScan::ExclusiveSum(tmp, bytes, in, out, (int64_t)n, s);
 }
-inline cudaError_t cub_prefix_max(void* tmp, size_t& bytes, const uint32_t* in, uint32_t* out,
-                           uint64_t n, cudaStream_t s) {
+template <typename T>
+cudaError_t cub_prefix_max(void* tmp, size_t& bytes, const T* in, T* out, uint64_t n,
+                           cudaStream_t s) {
   return cub::DeviceScan::InclusiveScan(tmp, bytes, in, out, MaxOp(), (int64_t)n, s);
 }
 

@@ -456,7 +456,7 @@ void plan_decode_scratch(const FrameView& f, const std::vector<SegmentPlan>& pla
   });
   if (map_rows)
     cub_need(&cub_bytes, [&](void* t, size_t& b) {
-      return cub_prefix_max(t, b, nullptr, nullptr, map_rows, 0);
+      return cub_prefix_max<uint32_t>(t, b, nullptr, nullptr, map_rows, 0);
     });
   if (rans_rows)
     cub_need(&cub_bytes, [&](void* t, size_t& b) {

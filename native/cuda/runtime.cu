@@ -1,6 +1,8 @@
 // The CUDA codec's host runtime: the device scope of a call, the per-device caching pool that
 // every Workspace draws from in stream order, and the pinned staging buffer of the few
 // device-to-host copies (codec_cuda.cuh).
+#include <string.h>
+
 #include <map>
 #include <mutex>
 
@@ -59,6 +61,28 @@ struct PinnedBuffer {
 };
 thread_local PinnedBuffer t_staging;
 
+// The pinned buffer of this thread's uploads to a device and the event of its last copy (an
+// event belongs to one device): a pageable host-to-device copy would wait for the caller's
+// whole stream first, this waits (rarely) only for the previous upload out of the same buffer.
+struct UploadBuffer : PinnedBuffer {
+  cudaEvent_t done = nullptr;
+  ~UploadBuffer() {
+    if (done) cudaEventDestroy(done);
+  }
+};
+thread_local std::map<int, UploadBuffer> t_uploads;
+
+// Grows buf to hold `bytes` (its contents are not kept).
+void reserve_pinned(PinnedBuffer* buf, uint64_t bytes) {
+  if (buf->cap >= bytes) return;
+  if (buf->p) HL_CUDA_CHECK(cudaFreeHost(buf->p));
+  buf->p = nullptr;
+  buf->cap = 0;
+  const uint64_t cap = bytes < 4096 ? 4096 : bytes;
+  HL_CUDA_CHECK(cudaMallocHost(&buf->p, cap));
+  buf->cap = cap;
+}
+
 }  // namespace
 
 void* pool_alloc(uint64_t bytes, cudaStream_t stream) {
@@ -70,23 +94,37 @@ void* pool_alloc(uint64_t bytes, cudaStream_t stream) {
 }
 
 Workspace::~Workspace() {
-  if (base_) cudaFreeAsync(base_, stream_);
+  if (base_ && owned_) cudaFreeAsync(base_, stream_);
 }
 
 void Workspace::allocate() {
-  base_ = pool_alloc(bytes_, stream_);
+  if (given_) {
+    if (given_bytes_ < bytes_)
+      throw ArgumentError("scratch of " + std::to_string(given_bytes_) +
+                          " bytes, the call needs " + std::to_string(bytes_));
+    base_ = given_;
+  } else {
+    base_ = pool_alloc(bytes_, stream_);
+    owned_ = true;
+  }
   for (const Piece& p : pieces_) *p.target = static_cast<uint8_t*>(base_) + p.offset;
 }
 
+void upload(void* dst_dev, const void* src, uint64_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+  int device;
+  HL_CUDA_CHECK(cudaGetDevice(&device));
+  UploadBuffer& up = t_uploads[device];
+  if (!up.done) HL_CUDA_CHECK(cudaEventCreateWithFlags(&up.done, cudaEventDisableTiming));
+  HL_CUDA_CHECK(cudaEventSynchronize(up.done));  // the buffer's previous copy
+  reserve_pinned(&up, bytes);
+  memcpy(up.p, src, bytes);
+  HL_CUDA_CHECK(cudaMemcpyAsync(dst_dev, up.p, bytes, cudaMemcpyHostToDevice, stream));
+  HL_CUDA_CHECK(cudaEventRecord(up.done, stream));
+}
+
 const void* fetch(const void* src_dev, uint64_t bytes, cudaStream_t stream) {
-  if (t_staging.cap < bytes) {
-    if (t_staging.p) HL_CUDA_CHECK(cudaFreeHost(t_staging.p));
-    t_staging.p = nullptr;
-    t_staging.cap = 0;
-    uint64_t cap = bytes < 4096 ? 4096 : bytes;
-    HL_CUDA_CHECK(cudaMallocHost(&t_staging.p, cap));
-    t_staging.cap = cap;
-  }
+  reserve_pinned(&t_staging, bytes);
   HL_CUDA_CHECK(cudaMemcpyAsync(t_staging.p, src_dev, bytes, cudaMemcpyDeviceToHost, stream));
   HL_CUDA_CHECK(cudaStreamSynchronize(stream));
   return t_staging.p;

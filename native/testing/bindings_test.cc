@@ -13,6 +13,7 @@
 #include "bindings_util.h"
 #include "frame_io.h"
 #include "crc32c.h"
+#include "batch_ref.h"
 #include "level1_ref.h"
 #include "device_frames.h"
 #include "elements.h"
@@ -117,19 +118,23 @@ py::tuple device_frames_hd(const std::string& buffer, const std::vector<int64_t>
   const hl::FramesPlan plan =
       hl::plan_device_frames(descs, shapes, groups, prefix_bytes, ext, trailing, (uint8_t)dtype,
                              seeds);
+  // The payloads back to back as the slots the moves read them from.
+  std::string slots;
+  std::vector<uint64_t> slot;
+  for (size_t i = 0; i < payload.size(); ++i) {
+    slot.push_back(slots.size());
+    slots.append(reinterpret_cast<const char*>(payload[i]), payload_bytes[i]);
+  }
   std::string out(plan.end, '\xab');
   uint8_t* o = reinterpret_cast<uint8_t*>(&out[0]);
-  hl::assemble_device_frames(
-      plan, payload_bytes,
-      [&](size_t, uint64_t to, uint64_t head_at, uint64_t len) {
-        memcpy(o + to, plan.heads.data() + head_at, len);
-      },
-      [&](size_t i, uint64_t to, uint64_t len) { memcpy(o + to, payload[i], len); },
-      [&](size_t, uint64_t to, uint64_t total) {
-        hl::put_fixed_le(o + to + 3,
-                         hl::crc32c_in_pieces(o + to + HL_FRAME_PREFIX, total - HL_FRAME_PREFIX, 1024),
-                         4);
-      });
+  const hl::FrameMoves m = hl::frame_moves(plan, payload_bytes, slot);
+  for (const hl::FrameCopy& c : m.copies)
+    memcpy(o + c.dst, c.from_heads ? plan.heads.data() + c.src : (const uint8_t*)slots.data() + c.src,
+           c.len);
+  for (const hl::FrameSeal& f : m.seals)
+    hl::put_fixed_le(o + f.at + 3,
+                     hl::crc32c_in_pieces(o + f.at + HL_FRAME_PREFIX, f.total - HL_FRAME_PREFIX, 1024),
+                     4);
   return py::make_tuple(py::bytes(out), plan.sizes, plan.group_bytes);
 }
 
@@ -224,6 +229,33 @@ py::tuple quantized_f32(const std::vector<float>& x, double eb_abs, bool dither,
     memcpy(&y_ref[i], &bits, 4);
   }
   return py::make_tuple(z, z_ref, y, y_ref);
+}
+
+// The CUDA encoder's batch emulated on the host (batch_ref.h) over compress_into's pieces
+// (level 1): (layout bytes, sizes a piece, bytes a group), gaps 0xab.
+py::tuple compress_into_batched_hd(const std::string& raw, int dtype,
+                                   const std::vector<int64_t>& rows,
+                                   const std::vector<int64_t>& trailing,
+                                   const std::vector<double>& ebs, int mode, bool dedup,
+                                   const std::vector<int64_t>& groups, uint64_t prefix_bytes,
+                                   const std::string& ext, int64_t dither_seed) {
+  const hl::CompressParams p = hl::py_util::params(dtype, mode, 1, dedup, 0.0, dither_seed);
+  const hl::Pieces c = hl::plan_grouped(p, rows, trailing, ebs, groups, prefix_bytes, ext,
+                                        UINT64_MAX);
+  const uint64_t need = c.in_off.back() * hl_elem_bytes((uint8_t)dtype);
+  if (raw.size() != need)
+    throw hl::ArgumentError("input of " + std::to_string(raw.size()) + " bytes, the pieces need " +
+                            std::to_string(need));
+  std::string out;
+  std::vector<uint64_t> sizes, group_bytes;
+  with_host_dtype(dtype, [&](auto dt) {
+    constexpr int DT = decltype(dt)::value;
+    std::vector<typename hl::Elem<DT>::raw_t> x(c.in_off.back());
+    memcpy(x.data(), raw.data(), raw.size());
+    out = hl::batchref::encode_frames<DT>(x.data(), c, dedup, groups, prefix_bytes, ext, trailing,
+                                          &sizes, &group_bytes);
+  });
+  return py::make_tuple(py::bytes(out), sizes, group_bytes);
 }
 
 // The encoder's first stage with ids (dedup.cc) on float32 rows: (map, first), each row's
@@ -337,6 +369,14 @@ PYBIND11_MODULE(_hl_test, m) {
         py::arg("seed"),
         "Raw bytes of a map-less segment decoded by elements.h's element_value, one call a "
         "code, then its outliers scattered, as the CUDA decoder does.");
+  m.def("compress_into_batched_hd", &compress_into_batched_hd, py::arg("raw"), py::arg("dtype"),
+        py::arg("rows"), py::arg("trailing"), py::arg("error_bounds"), py::arg("mode"),
+        py::arg("dedup"), py::arg("groups"), py::arg("prefix_bytes"), py::arg("extension"),
+        py::arg("dither_seed"),
+        "compress_into's layout (level 1) by the CUDA encoder's batch emulated on the host: one "
+        "table of pieces, call-wide scans and sort, the per-piece and per-item functions the "
+        "kernels run, the frames put together by the device's move list: (layout bytes, sizes "
+        "a piece, bytes a group).");
   m.attr("OUTLIER_MARK") = hl::kOutlierMark;
   m.attr("PACK_BLOCK") = (int)hl::HL_PACK_BLOCK;
   m.attr("PACK_RADIX") = (int)hl::HL_PACK_RADIX;

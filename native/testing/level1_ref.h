@@ -14,9 +14,10 @@
 namespace hl {
 namespace l1ref {
 
-inline std::vector<uint64_t> exclusive_scan(const std::vector<uint64_t>& w, uint64_t* total) {
-  std::vector<uint64_t> off(w.size());
-  uint64_t s = 0;
+template <typename T>
+std::vector<T> exclusive_scan(const std::vector<T>& w, T* total) {
+  std::vector<T> off(w.size());
+  T s = 0;
   for (size_t i = 0; i < w.size(); ++i) {
     off[i] = s;
     s += w[i];
