@@ -114,14 +114,30 @@ HL_HD uint32_t section_block_size(const DeviceSection& s) {
   return s.kind == kSecShort ? HL_SHORT_BLOCK : HL_BLOCK;
 }
 
-// Digit i of radix value v (g digits of base K, the lowest first: frame.h "Radix section"),
-// with what is left above it in *rest. The top digit is what is left after g - 1 splits.
-HL_HD uint32_t radix_digit(uint32_t v, uint32_t g, uint32_t i, RadixDiv div, bool* bad) {
-  for (uint32_t k = 0; k < i; ++k) v = radix_div(v, div);
-  if (i + 1 < g) return v - radix_div(v, div) * div.k;
-  if (v >= div.k) *bad = true;
-  return v;
+// The digits of radix value j of section c (n codes; frame.h "Radix section": g digits of base
+// K, the lowest first, digit i the code radix_code_of(G, g, j, i)) handed to sink(pos, digit).
+// Digits past the n codes must be 0 and what is left after g - 1 splits (the top digit) below
+// K; anything else sets kSegCodeSection in *err.
+template <class Sink>
+HL_HD void radix_digits(const DeviceSection& c, uint64_t n, uint64_t j, uint32_t v,
+                        uint32_t* err, Sink& sink) {
+  const RadixDiv div = radix_div_of(c.radix_k);
+  for (uint32_t i = 0; i < c.radix_g; ++i) {
+    const bool top = i + 1 == c.radix_g;
+    const uint32_t q = top ? 0 : radix_div(v, div), d = top ? v : v - q * div.k;
+    const uint64_t pos = radix_code_of(c.n_values, c.radix_g, j, i);
+    if ((top && d >= div.k) || (pos >= n && d))
+      *err |= kSegCodeSection;
+    else if (pos < n)
+      sink(pos, d);
+    v = q;
+  }
 }
+
+// Map entry m of segment s keyed for one prefix max over the call's whole map array: a
+// segment's keys are above every earlier segment's, so the running max restarts at each
+// segment and its low 32 bits are the segment's own running max.
+HL_HD uint64_t map_key(uint64_t s, uint32_t m) { return (s << 32) | m; }
 
 // What a code (or raw bits, lossless) of unique-row element i decodes to.
 template <int DT>
@@ -144,13 +160,13 @@ HL_HD bool outlier_record(const uint8_t* rec, uint64_t k, uint8_t pos_bytes, int
   return *pos < n_codes && ordered && (elem_bytes == 4 || *raw <= 0xffffu);
 }
 
-// Whether map entry r is valid given the largest entry before it (prefix_max_before, unused for
-// r = 0) and, for the last row, the largest overall: rows are numbered by first occurrence.
-HL_HD bool map_entry_ok(uint32_t m, uint64_t r, uint64_t n_rows, uint64_t n_unique,
-                        uint32_t prefix_max_before, uint32_t prefix_max_here) {
-  const uint64_t allowed = r ? (uint64_t)prefix_max_before + 1 : 0;
+// Whether map entry r of a segment is valid, from the keyed running max (map_key) pm of its
+// entries: rows are numbered by first occurrence, and the largest entry is n_unique - 1.
+HL_HD bool map_entry_ok(const uint64_t* pm, uint64_t r, uint32_t m, uint64_t n_rows,
+                        uint64_t n_unique) {
+  const uint64_t allowed = r ? (pm[r - 1] & 0xffffffffu) + 1 : 0;
   if (m > allowed || m >= n_unique) return false;
-  return r + 1 != n_rows || (uint64_t)prefix_max_here + 1 == n_unique;
+  return r + 1 != n_rows || (pm[r] & 0xffffffffu) + 1 == n_unique;
 }
 
 // ---- the table, built on the host from the parsed frames ---------------------------------
@@ -233,6 +249,45 @@ inline void append_frame(SegmentTable* t, const FrameView& f, const uint8_t* bas
     t->out_elems += v.n_rows * v.row_len;
     t->segs.push_back(s);
   }
+}
+
+// The frames of sizes[i] bytes back to back in buf, parsed and their CRC32C checked (verify)
+// into one table; their dtype in *dtype. FrameError for a bad frame, ArgumentError for sizes
+// past the buffer, frames of different dtypes or a segment without a batched decoder.
+inline SegmentTable segment_table(const uint8_t* buf, uint64_t len, const uint64_t* sizes,
+                                  uint64_t n_frames, bool verify, uint8_t* dtype) {
+  SegmentTable t;
+  uint64_t at = 0;
+  for (uint64_t i = 0; i < n_frames; ++i) {
+    if (sizes[i] > len - at)
+      throw ArgumentError("frame " + std::to_string(i) + " of " + std::to_string(sizes[i]) +
+                          " bytes runs past the buffer's " + std::to_string(len) + " bytes");
+    const FrameView f = parse_frame(buf + at, sizes[i]);
+    if (verify) verify_frame(f, buf + at);
+    if (i == 0) *dtype = f.dtype;
+    if (f.dtype != *dtype)
+      throw ArgumentError("frame " + std::to_string(i) + " has dtype " + std::to_string(f.dtype) +
+                          ", expected the first frame's " + std::to_string(*dtype));
+    append_frame(&t, f, buf, i);
+    at += sizes[i];
+  }
+  return t;
+}
+
+// The FrameError of the first error bit set in segment k (the CPU decoder's order).
+[[noreturn]] inline void raise_segment_error(uint32_t err, const DeviceSegment& s, uint64_t k) {
+  std::string what = "the row map does not number rows by first occurrence";
+  if (err & kSegCodeSection)
+    what = "the code section's blocks do not match its " + std::to_string(s.code.bytes) +
+           " bytes";
+  else if (err & kSegLosslessRange)
+    what = "a lossless code exceeds the dtype's bits";
+  else if (err & kSegOutlier)
+    what = "an outlier is out of order or out of range (" + std::to_string(s.n_codes()) +
+           " elements)";
+  else if (err & kSegMapSection)
+    what = "the row map's blocks do not match its " + std::to_string(s.map.bytes) + " bytes";
+  throw FrameError("frame is corrupted: " + what + " (segment " + std::to_string(k) + ")");
 }
 
 }  // namespace hl

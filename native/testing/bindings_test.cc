@@ -260,7 +260,7 @@ py::tuple compress_into_batched_hd(const std::string& raw, int dtype,
 py::bytes decompress_batched_hd(const std::string& buffer, const std::vector<uint64_t>& sizes) {
   const uint8_t* buf = reinterpret_cast<const uint8_t*>(buffer.data());
   uint8_t dtype = 0;
-  const hl::SegmentTable t = hl::decoderef::parse_frames(buf, buffer.size(), sizes, &dtype);
+  const hl::SegmentTable t = hl::segment_table(buf, buffer.size(), sizes.data(), sizes.size(), true, &dtype);
   std::string out;
   with_host_dtype(dtype, [&](auto dt) {
     hl::decoderef::Decode<decltype(dt)::value> d(t, buf);

@@ -4,8 +4,8 @@
 // thread or a warp an item, strided): the widths of every section's blocks, one call-wide scan
 // of them read back with scan_local, the size checks (a thread a section), the unpacking (a
 // warp a block, a lane a value) into the codes' values, radix digits or map entries, the
-// outlier records, the map checks over a prefix max that restarts at every segment (a scan by
-// segment key) and the row gather. A stage skips a segment whose error word is set, as a
+// outlier records, the map checks over one running max of the call's keyed map entries
+// (map_key: it restarts at every segment) and the row gather. A stage skips a segment whose error word is set, as a
 // kernel's block_stopped does. Slow; the tests compare its output with the CPU decoder's.
 #pragma once
 
@@ -34,22 +34,6 @@ void each_item(const SegmentTable& t, uint64_t per_block, Count count, F f) {
   }
 }
 
-// The FrameError of the first error bit set in segment k.
-[[noreturn]] inline void raise_segment_error(uint32_t err, const DeviceSegment& s, uint64_t k) {
-  std::string what = "the row map does not number rows by first occurrence";
-  if (err & kSegCodeSection)
-    what = "the code section's blocks do not match its " + std::to_string(s.code.bytes) +
-           " bytes";
-  else if (err & kSegLosslessRange)
-    what = "a lossless code exceeds the dtype's bits";
-  else if (err & kSegOutlier)
-    what = "an outlier is out of order or out of range (" + std::to_string(s.n_codes()) +
-           " elements)";
-  else if (err & kSegMapSection)
-    what = "the row map's blocks do not match its " + std::to_string(s.map.bytes) + " bytes";
-  throw FrameError("frame is corrupted: " + what + " (segment " + std::to_string(k) + ")");
-}
-
 template <int DT>
 struct Decode {
   typedef typename Elem<DT>::raw_t raw_t;
@@ -57,11 +41,13 @@ struct Decode {
   const uint8_t* buf;
   std::vector<raw_t> out, uniq;
   std::vector<uint64_t> width, word_off;
-  std::vector<uint32_t> map, prefix_max, err;
+  std::vector<uint32_t> map, err;
+  std::vector<uint64_t> keyed, prefix_max;
 
   Decode(const SegmentTable& table, const uint8_t* b)
       : t(table), buf(b), out(t.out_elems), uniq(t.uniq_elems), width(t.n_blocks),
-        map(t.map_entries), prefix_max(t.map_entries), err(t.segs.size(), 0) {}
+        map(t.map_entries), err(t.segs.size(), 0), keyed(t.map_entries),
+        prefix_max(t.map_entries) {}
 
   const DeviceSection& section(uint64_t s, bool is_map) const {
     return is_map ? t.segs[s].map : t.segs[s].code;
@@ -74,23 +60,11 @@ struct Decode {
   // Code i of segment s (or its map entry) as the sinks of the unpack kernel store it.
   void store(uint64_t s, bool is_map, uint64_t i, uint32_t v) {
     const DeviceSegment& g = t.segs[s];
-    if (is_map)
+    if (is_map) {
       map[g.map_base + i] = v;
-    else
+      keyed[g.map_base + i] = map_key(s, v);
+    } else {
       codes_of(s)[i] = code_value<DT>(g.rule, v, i, &err[s]);
-  }
-  void store_radix(uint64_t s, uint64_t j, uint32_t v) {
-    const DeviceSection& c = t.segs[s].code;
-    const uint64_t n = t.segs[s].n_codes();
-    const RadixDiv div = radix_div_of(c.radix_k);
-    for (uint32_t i = 0; i < c.radix_g; ++i) {
-      bool bad = false;
-      const uint32_t d = radix_digit(v, c.radix_g, i, div, &bad);
-      const uint64_t pos = radix_code_of(c.n_values, c.radix_g, j, i);
-      if (bad || (pos >= n && d))
-        err[s] |= kSegCodeSection;
-      else if (pos < n)
-        store(s, false, pos, d);
     }
   }
 
@@ -120,8 +94,9 @@ struct Decode {
         const uint64_t j = b * size + lane;
         if (j >= c.n_values) break;
         const uint32_t v = section_value(c, buf + c.off, off, w, lane);
+        auto code = [&](uint64_t pos, uint32_t d) { store(s, false, pos, d); };
         if (c.kind == kSecRadix)
-          store_radix(s, j, v);
+          radix_digits(c, t.segs[s].n_codes(), j, v, &err[s], code);
         else
           store(s, is_map, j, v);
       }
@@ -143,20 +118,16 @@ struct Decode {
               });
   }
 
-  // cub's inclusive max scan by segment key over the call's map array.
+  // One running max (cub's) over the call's keyed map entries, then a thread an entry.
   void check_maps() {
-    for (uint64_t s = 0; s < t.segs.size(); ++s) {
-      const DeviceSegment& g = t.segs[s];
-      uint32_t m = 0;
-      for (uint64_t r = 0; r < (g.identity ? 0 : g.n_rows); ++r)
-        prefix_max[g.map_base + r] = m = std::max(m, map[g.map_base + r]);
-    }
+    uint64_t m = 0;
+    for (uint64_t e = 0; e < keyed.size(); ++e) prefix_max[e] = m = std::max(m, keyed[e]);
     auto rows = [&](uint64_t s) { return t.segs[s].identity ? 0 : t.segs[s].n_rows; };
     each_item(t, batchref::kThreads, rows, [&](uint64_t s, uint64_t r) {
       if (err[s]) return;
       const DeviceSegment& g = t.segs[s];
-      const uint32_t* pm = prefix_max.data() + g.map_base;
-      if (!map_entry_ok(map[g.map_base + r], r, g.n_rows, g.n_unique, r ? pm[r - 1] : 0, pm[r]))
+      if (!map_entry_ok(prefix_max.data() + g.map_base, r, map[g.map_base + r], g.n_rows,
+                        g.n_unique))
         err[s] |= kSegMapEntry;
     });
   }
@@ -182,29 +153,6 @@ struct Decode {
       if (err[s]) raise_segment_error(err[s], t.segs[s], s);
   }
 };
-
-// The frames of sizes[i] bytes back to back in buf, parsed (headers only, CRC32C checked) into
-// one table; their dtype in *dtype. FrameError for a bad frame, ArgumentError for frames of
-// different dtypes or a segment without a batched decoder.
-inline SegmentTable parse_frames(const uint8_t* buf, uint64_t len,
-                                 const std::vector<uint64_t>& sizes, uint8_t* dtype) {
-  SegmentTable t;
-  uint64_t at = 0;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i] > len - at)
-      throw ArgumentError("frame " + std::to_string(i) + " of " + std::to_string(sizes[i]) +
-                          " bytes runs past the buffer's " + std::to_string(len) + " bytes");
-    const FrameView f = parse_frame(buf + at, sizes[i]);
-    verify_frame(f, buf + at);
-    if (i == 0) *dtype = f.dtype;
-    if (f.dtype != *dtype)
-      throw ArgumentError("frame " + std::to_string(i) + " has dtype " + std::to_string(f.dtype) +
-                          ", expected the first frame's " + std::to_string(*dtype));
-    append_frame(&t, f, buf, i);
-    at += sizes[i];
-  }
-  return t;
-}
 
 }  // namespace decoderef
 }  // namespace hl
