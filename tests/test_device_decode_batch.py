@@ -14,10 +14,9 @@ import torch
 
 import hvd_lossy
 import _hl_test  # the test-only native hooks (tests/_hooks.py)
+from tests.test_device_batch import D, INT_VIEW, rows_for
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
-D = 10
 
 # Frames of a call: the rows of each segment of each frame, and the segments' bounds (abs mode;
 # "rel" scales them by each frame's range). 0 is lossless.
@@ -28,27 +27,6 @@ CALLS = {
     "frames of no rows between others": [([0], [0.1]), ([40, 3], [1e-4, 0.3]), ([0, 0], [0.1, 0.1]),
                                          ([90], [0.0])],
 }
-
-
-def rows_for(n_rows, seed, dtype, specials, spread=10.0):
-    """Rows with duplicates (a few distinct rows repeated), per-row scales from 1e-3 to `spread`
-    (spread None: the integers -1, 0, 1, whose codes at a bound of 0.5 are radix packed), and
-    NaN, +-Inf and an out-of-range value where specials."""
-    g = torch.Generator().manual_seed(seed)
-    distinct = max(1, n_rows // 3)
-    if spread is None:
-        base = torch.randint(-1, 2, (distinct, D), generator=g).float()
-    else:
-        scale = torch.logspace(-3, np.log10(spread), distinct, dtype=torch.float64)[:, None]
-        base = (torch.randn(distinct, D, generator=g, dtype=torch.float64) * scale).float()
-    x = base[torch.randint(0, distinct, (n_rows,), generator=g)].clone()
-    if specials and x.numel():
-        flat = x.view(-1)
-        big = 6e4 if dtype == torch.float16 else 3e9
-        for at, v in ((0, float("nan")), (7, float("inf")), (-1, -float("inf")),
-                      (len(flat) // 2, big)):
-            flat[at % len(flat)] = v
-    return x.to(dtype)
 
 
 def encode_call(frames, dtype, mode, dedup, dither, level=1, seed=0, spread=10.0):
@@ -151,16 +129,24 @@ def resealed(frame):
     return frame[:3] + c.to_bytes(4, "little") + frame[7:]
 
 
-def test_a_code_section_whose_widths_do_not_add_up_raises_frame_error():
+def a_frame_with_a_wrong_width():
+    """(frame, sizes, its code section's bytes): a block-packed frame whose first block's width
+    is one less than written, its CRC32C made valid again."""
     buffer, sizes = encode_call([([64], [1e-5])], torch.float32, "abs", False, None, seed=5)
     info = hvd_lossy.frame_info(torch.frombuffer(bytearray(buffer), dtype=torch.uint8))
     assert packings(buffer, sizes) == {"block"}
-    width_at = sizes[0] - info["outlier_bytes"] - info["code_bytes"]  # the first block's width
+    width_at = sizes[0] - info["outlier_bytes"] - info["code_bytes"]
     bad = bytearray(buffer)
-    bad[width_at] = (bad[width_at] - 1) & 0xFF
+    assert bad[width_at] > 0
+    bad[width_at] -= 1
+    return resealed(bytes(bad)), sizes, info["code_bytes"]
+
+
+def test_a_code_section_whose_widths_do_not_add_up_raises_frame_error():
+    frame, sizes, code_bytes = a_frame_with_a_wrong_width()
     with pytest.raises(hvd_lossy.FrameError, match="the code section's blocks do not match its "
-                                                   f"{info['code_bytes']} bytes .segment 0."):
-        _hl_test.decompress_batched_hd(resealed(bytes(bad)), sizes)
+                                                   f"{code_bytes} bytes .segment 0."):
+        _hl_test.decompress_batched_hd(frame, sizes)
 
 
 def test_frames_running_past_the_buffer_are_refused():
@@ -168,3 +154,37 @@ def test_frames_running_past_the_buffer_are_refused():
     with pytest.raises(ValueError, match=f"frame 0 of {sizes[0] + 1} bytes runs past the "
                                          f"buffer's {len(buffer)} bytes"):
         _hl_test.decompress_batched_hd(buffer, [sizes[0] + 1])
+
+
+def device_batched(buffer, sizes):
+    """The frames decoded on the device by _C.decompress_batched_cuda, their raw bits."""
+    from hvd_lossy import _C
+    frames = torch.frombuffer(bytearray(buffer), dtype=torch.uint8)
+    starts = np.cumsum([0] + sizes)
+    n = sum(hvd_lossy.frame_info(frames[a:b])["raw_bytes"] for a, b in zip(starts, starts[1:]))
+    frames = frames.cuda()
+    out = torch.empty(n, dtype=torch.uint8, device="cuda")
+    _C.decompress_batched_cuda(frames.data_ptr(), frames.numel(), sizes, out.data_ptr(),
+                               out.numel(), torch.cuda.current_stream().cuda_stream)
+    return out.cpu().numpy().tobytes()
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or
+                                not hasattr(hvd_lossy._C, "decompress_batched_cuda"),
+                                reason="needs a CUDA device and the CUDA build")
+
+
+@needs_cuda
+@pytest.mark.parametrize("name,dtype,mode,dither,dedup", CASES[::5],
+                         ids=lambda v: str(v).replace("torch.", ""))
+def test_device_batched_decoder_reads_cpu_frames_bit_for_bit(name, dtype, mode, dither, dedup):
+    buffer, sizes = encode_call(CALLS[name], dtype, mode, dedup, dither, seed=len(name))
+    assert device_batched(buffer, sizes) == cpu_decoded(buffer, sizes)
+
+
+@needs_cuda
+def test_device_batched_decoder_names_a_corrupt_code_section():
+    frame, sizes, code_bytes = a_frame_with_a_wrong_width()
+    with pytest.raises(hvd_lossy.FrameError, match="the code section's blocks do not match its "
+                                                   f"{code_bytes} bytes .segment 0."):
+        device_batched(frame, sizes)
