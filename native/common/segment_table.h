@@ -25,13 +25,14 @@
 namespace hl {
 
 // Error bits of a segment, in the order the CPU decoder checks them (the first set one is
-// reported, with the CPU parser's wording, by the host).
+// reported by raise_segment_error). Both CUDA decoders set them (kSegEntropy: decode.cu's rANS).
 enum SegmentError : uint32_t {
   kSegCodeSection = 1u << 0,
-  kSegLosslessRange = 1u << 1,
-  kSegOutlier = 1u << 2,
-  kSegMapSection = 1u << 3,
-  kSegMapEntry = 1u << 4,
+  kSegEntropy = 1u << 1,
+  kSegLosslessRange = 1u << 2,
+  kSegOutlier = 1u << 3,
+  kSegMapSection = 1u << 4,
+  kSegMapEntry = 1u << 5,
 };
 
 // How a section's codes are laid out (frame.h): block packing, a radix head then block
@@ -274,20 +275,25 @@ inline SegmentTable segment_table(const uint8_t* buf, uint64_t len, const uint64
   return t;
 }
 
-// The FrameError of the first error bit set in segment k (the CPU decoder's order).
-[[noreturn]] inline void raise_segment_error(uint32_t err, const DeviceSegment& s, uint64_t k) {
+// The FrameError of the first error bit set in segment k, whose sections have these sizes.
+[[noreturn]] inline void raise_segment_error(uint32_t err, uint64_t k, uint64_t code_bytes,
+                                             uint64_t n_codes, uint64_t map_bytes) {
   std::string what = "the row map does not number rows by first occurrence";
   if (err & kSegCodeSection)
-    what = "the code section's blocks do not match its " + std::to_string(s.code.bytes) +
-           " bytes";
+    what = "the code section's blocks do not match its " + std::to_string(code_bytes) + " bytes";
+  else if (err & kSegEntropy)
+    what = "an entropy-coded stream does not decode";
   else if (err & kSegLosslessRange)
     what = "a lossless code exceeds the dtype's bits";
   else if (err & kSegOutlier)
-    what = "an outlier is out of order or out of range (" + std::to_string(s.n_codes()) +
+    what = "an outlier is out of order or out of range (" + std::to_string(n_codes) +
            " elements)";
   else if (err & kSegMapSection)
-    what = "the row map's blocks do not match its " + std::to_string(s.map.bytes) + " bytes";
+    what = "the row map's blocks do not match its " + std::to_string(map_bytes) + " bytes";
   throw FrameError("frame is corrupted: " + what + " (segment " + std::to_string(k) + ")");
+}
+inline void raise_segment_error(uint32_t err, uint64_t k, const DeviceSegment& s) {
+  raise_segment_error(err, k, s.code.bytes, s.n_codes(), s.map.bytes);
 }
 
 }  // namespace hl
