@@ -104,8 +104,9 @@ def test_batched_decoder_matches_the_cpu_decoder_on_random_calls(seed):
         frames.append(([int(r) for r in rng.choice([0, 1, 2, 5, 33, 70], size=n)],
                        [float(b) for b in rng.choice([0.0, 1e-4, 0.01, 0.2], size=n)]))
     dither = None if seed % 3 else int(rng.integers(0, 2 ** 24 - 100))
+    spread = [10.0, None, 1.0][seed % 3]  # block-packed, radix and short-block codes
     buffer, sizes = encode_call(frames, DTYPES[seed % 3], "rel" if seed % 2 else "abs",
-                                bool(seed % 4), dither, seed=seed, spread=[10.0, None, 1.0][seed % 3])
+                                bool(seed % 4), dither, seed=seed, spread=spread)
     assert_decodes_as_the_cpu(buffer, sizes)
 
 

@@ -1,12 +1,13 @@
-// The batched CUDA decoder's decomposition (segment_table.h) emulated on the host, for the
-// tests: the frames of a received buffer parsed into one table of segments, then each stage
-// one pass over every segment the way its grid would visit it (a few blocks a segment, a
-// thread or a warp an item, strided): the widths of every section's blocks, one call-wide scan
-// of them read back with scan_local, the size checks (a thread a section), the unpacking (a
-// warp a block, a lane a value) into the codes' values, radix digits or map entries, the
-// outlier records, the map checks over one running max of the call's keyed map entries
-// (map_key: it restarts at every segment) and the row gather. A stage skips a segment whose error word is set, as a
-// kernel's block_stopped does. Slow; the tests compare its output with the CPU decoder's.
+// The batched CUDA decoder's decomposition (segment_table.h, cuda/decode_batch.cu) emulated
+// on the host, for the tests: the frames of a received buffer parsed into one table of
+// segments, then each stage one pass over every owner (a segment, or a segment's code or map
+// section) the way its grid would visit it (a few blocks an owner, a thread or a warp an item,
+// strided): the widths of every section's blocks, one call-wide scan of them read back with
+// scan_local, the size checks (a thread a section), the unpacking (a warp a block, a lane a
+// value) into the codes' values, radix digits or map entries, the outlier records, the map
+// checks over one running max of the call's keyed map entries (map_key: it restarts at every
+// segment) and the row gather. A stage skips a segment flagged before it (the kernels'
+// segment_stopped). Slow; the tests compare its output with the CPU decoder's.
 #pragma once
 
 #include <string.h>
@@ -21,16 +22,17 @@
 namespace hl {
 namespace decoderef {
 
-// f(segment, item) for every item < count(segment), in the order of a grid of
-// batchref::kBlocks blocks a segment of `per_block` items each.
+// f(owner, item) for every item < count(owner) of n_owners owners (segments, or sections:
+// 2 s + 0 the code, 2 s + 1 the map of segment s), in the order of a grid of batchref::kBlocks
+// blocks an owner of `per_block` items each.
 template <class Count, class F>
-void each_item(const SegmentTable& t, uint64_t per_block, Count count, F f) {
+void each_item(uint64_t n_owners, uint64_t per_block, Count count, F f) {
   using batchref::kBlocks;
-  for (uint64_t s = 0; s < t.segs.size(); ++s) {
-    const uint64_t n = count(s);
+  for (uint64_t o = 0; o < n_owners; ++o) {
+    const uint64_t n = count(o);
     for (uint64_t blk = 0; blk < kBlocks; ++blk)
       for (uint64_t th = 0; th < per_block; ++th)
-        for (uint64_t i = blk * per_block + th; i < n; i += kBlocks * per_block) f(s, i);
+        for (uint64_t i = blk * per_block + th; i < n; i += kBlocks * per_block) f(o, i);
   }
 }
 
@@ -68,25 +70,32 @@ struct Decode {
     }
   }
 
-  // The code sections and maps of every segment: widths, the call's scan, sizes, values.
-  void unpack(bool is_map) {
-    const uint32_t bit = is_map ? kSegMapSection : kSegCodeSection;
-    auto blocks = [&](uint64_t s) { return section(s, is_map).n_blocks(); };
-    each_item(t, batchref::kThreads, blocks, [&](uint64_t s, uint64_t b) {
-      const DeviceSection& c = section(s, is_map);
-      width[c.block_base + b] = section_width(c, buf + c.off, b, bit, &err[s]);
+  // The code sections and maps of every segment, each stage over both at once: widths, the
+  // call's scan, sizes, values.
+  void unpack() {
+    const uint64_t n_sections = 2 * t.segs.size();
+    auto section_of = [&](uint64_t sec) -> const DeviceSection& {
+      return section(sec >> 1, sec & 1);
+    };
+    auto bit_of = [](uint64_t sec) { return sec & 1 ? kSegMapSection : kSegCodeSection; };
+    auto blocks = [&](uint64_t sec) { return section_of(sec).n_blocks(); };
+    each_item(n_sections, batchref::kThreads, blocks, [&](uint64_t sec, uint64_t b) {
+      const DeviceSection& c = section_of(sec);
+      width[c.block_base + b] = section_width(c, buf + c.off, b, bit_of(sec), &err[sec >> 1]);
     });
     word_off = batchref::exclusive_sum(width);
-    for (uint64_t s = 0; s < t.segs.size(); ++s) {
-      const DeviceSection& c = section(s, is_map);
+    for (uint64_t sec = 0; sec < n_sections; ++sec) {
+      const DeviceSection& c = section_of(sec);
       const uint64_t nb = c.n_blocks(), last = c.block_base + nb - 1;
       if (nb && !section_size_ok(c, buf + c.off, scan_local(word_off.data(), c.block_base, nb - 1),
                                  width[last]))
-        err[s] |= bit;
+        err[sec >> 1] |= bit_of(sec);
     }
-    each_item(t, batchref::kWarps, blocks, [&](uint64_t s, uint64_t b) {
-      if (err[s]) return;
-      const DeviceSection& c = section(s, is_map);
+    const std::vector<uint32_t> stopped = err;  // as each block reads it at the kernel's start
+    each_item(n_sections, batchref::kWarps, blocks, [&](uint64_t sec, uint64_t b) {
+      const uint64_t s = sec >> 1;
+      if (stopped[s]) return;
+      const DeviceSection& c = section_of(sec);
       const uint64_t off = scan_local(word_off.data(), c.block_base, b);
       const uint32_t w = (uint32_t)width[c.block_base + b];
       const uint32_t size = section_block_size(c);
@@ -98,13 +107,13 @@ struct Decode {
         if (c.kind == kSecRadix)
           radix_digits(c, t.segs[s].n_codes(), j, v, &err[s], code);
         else
-          store(s, is_map, j, v);
+          store(s, sec & 1, j, v);
       }
     });
   }
 
   void scatter_outliers() {
-    each_item(t, batchref::kThreads, [&](uint64_t s) { return t.segs[s].n_outliers; },
+    each_item(t.segs.size(), batchref::kThreads, [&](uint64_t s) { return t.segs[s].n_outliers; },
               [&](uint64_t s, uint64_t k) {
                 if (err[s]) return;
                 const DeviceSegment& g = t.segs[s];
@@ -123,7 +132,7 @@ struct Decode {
     uint64_t m = 0;
     for (uint64_t e = 0; e < keyed.size(); ++e) prefix_max[e] = m = std::max(m, keyed[e]);
     auto rows = [&](uint64_t s) { return t.segs[s].identity ? 0 : t.segs[s].n_rows; };
-    each_item(t, batchref::kThreads, rows, [&](uint64_t s, uint64_t r) {
+    each_item(t.segs.size(), batchref::kThreads, rows, [&](uint64_t s, uint64_t r) {
       if (err[s]) return;
       const DeviceSegment& g = t.segs[s];
       if (!map_entry_ok(prefix_max.data() + g.map_base, r, map[g.map_base + r], g.n_rows,
@@ -134,7 +143,7 @@ struct Decode {
 
   void gather_rows() {
     auto rows = [&](uint64_t s) { return t.segs[s].identity ? 0 : t.segs[s].n_rows; };
-    each_item(t, batchref::kWarps, rows, [&](uint64_t s, uint64_t r) {
+    each_item(t.segs.size(), batchref::kWarps, rows, [&](uint64_t s, uint64_t r) {
       if (err[s]) return;
       const DeviceSegment& g = t.segs[s];
       const uint64_t m = map[g.map_base + r], d = g.row_len;
@@ -144,9 +153,8 @@ struct Decode {
   }
 
   void run() {
-    unpack(false);
+    unpack();
     scatter_outliers();
-    unpack(true);
     check_maps();
     gather_rows();
     for (uint64_t s = 0; s < t.segs.size(); ++s)
