@@ -146,8 +146,33 @@ def a_frame_with_a_wrong_width():
 def test_a_code_section_whose_widths_do_not_add_up_raises_frame_error():
     frame, sizes, code_bytes = a_frame_with_a_wrong_width()
     with pytest.raises(hvd_lossy.FrameError, match="the code section's blocks do not match its "
-                                                   f"{code_bytes} bytes .segment 0."):
+                                                   f"{code_bytes} bytes .frame 0, segment 0."):
         _hl_test.decompress_batched_hd(frame, sizes)
+
+
+def test_a_row_map_not_numbered_by_first_occurrence_raises_frame_error_naming_its_frame():
+    buffer, sizes = encode_call([([30], [0.01]), ([200, 64], [0.01, 0.01])], torch.float32, "abs",
+                                True, None, seed=11)
+    second = bytearray(buffer[sizes[0]:])
+    info = hvd_lossy.frame_info(torch.frombuffer(second, dtype=torch.uint8))
+    seg = info["segments"][0]
+    assert seg["n_unique"] < seg["n_rows"] and not seg["map_coded"] and not seg["map_bucketed"]
+    # the payloads (map, code, outliers a segment) follow all descriptors, back to back; the map
+    # opens segment 0's: its block widths, then the planes. Bit 0 of a block's top plane is the
+    # top bit of the block's entry 0, which must be 0
+    payloads = sum(g["map_bytes"] + g["code_bytes"] + g["outlier_bytes"] for g in info["segments"])
+    map_at = len(second) - payloads
+    width = second[map_at]
+    assert width > 0
+    at = map_at + (seg["n_rows"] + 31) // 32 + 4 * (width - 1)
+    assert at < map_at + seg["map_bytes"]
+    second[at] ^= 1
+    bad = buffer[:sizes[0]] + resealed(bytes(second))
+    with pytest.raises(hvd_lossy.FrameError):
+        cpu_decoded(bad, sizes)
+    with pytest.raises(hvd_lossy.FrameError, match="the row map does not number rows by first "
+                                                   "occurrence .frame 1, segment 0."):
+        _hl_test.decompress_batched_hd(bad, sizes)
 
 
 def test_frames_running_past_the_buffer_are_refused():
@@ -187,5 +212,5 @@ def test_device_batched_decoder_reads_cpu_frames_bit_for_bit(name, dtype, mode, 
 def test_device_batched_decoder_names_a_corrupt_code_section():
     frame, sizes, code_bytes = a_frame_with_a_wrong_width()
     with pytest.raises(hvd_lossy.FrameError, match="the code section's blocks do not match its "
-                                                   f"{code_bytes} bytes .segment 0."):
+                                                   f"{code_bytes} bytes .frame 0, segment 0."):
         device_batched(frame, sizes)

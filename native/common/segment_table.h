@@ -184,6 +184,7 @@ inline std::string batch_unsupported(const SegmentView& v) {
 // The call's table and the lengths of its scratch arrays.
 struct SegmentTable {
   std::vector<DeviceSegment> segs;
+  std::vector<std::string> names;  // "frame f, segment j" a segment, for the errors
   uint64_t n_blocks = 0, uniq_elems = 0, map_entries = 0, out_elems = 0;
 };
 
@@ -249,6 +250,7 @@ inline void append_frame(SegmentTable* t, const FrameView& f, const uint8_t* bas
     s.out_elem = t->out_elems;
     t->out_elems += v.n_rows * v.row_len;
     t->segs.push_back(s);
+    t->names.push_back("frame " + std::to_string(frame_index) + ", segment " + std::to_string(k));
   }
 }
 
@@ -275,9 +277,11 @@ inline SegmentTable segment_table(const uint8_t* buf, uint64_t len, const uint64
   return t;
 }
 
-// The FrameError of the first error bit set in segment k, whose sections have these sizes.
-[[noreturn]] inline void raise_segment_error(uint32_t err, uint64_t k, uint64_t code_bytes,
-                                             uint64_t n_codes, uint64_t map_bytes) {
+// The FrameError of the first error bit set in a segment (named: "segment k", or "frame f,
+// segment k" in a batch), whose sections have these sizes.
+[[noreturn]] inline void raise_segment_error(uint32_t err, const std::string& segment,
+                                             uint64_t code_bytes, uint64_t n_codes,
+                                             uint64_t map_bytes) {
   std::string what = "the row map does not number rows by first occurrence";
   if (err & kSegCodeSection)
     what = "the code section's blocks do not match its " + std::to_string(code_bytes) + " bytes";
@@ -290,10 +294,12 @@ inline SegmentTable segment_table(const uint8_t* buf, uint64_t len, const uint64
            " elements)";
   else if (err & kSegMapSection)
     what = "the row map's blocks do not match its " + std::to_string(map_bytes) + " bytes";
-  throw FrameError("frame is corrupted: " + what + " (segment " + std::to_string(k) + ")");
+  throw FrameError("frame is corrupted: " + what + " (" + segment + ")");
 }
-inline void raise_segment_error(uint32_t err, uint64_t k, const DeviceSegment& s) {
-  raise_segment_error(err, k, s.code.bytes, s.n_codes(), s.map.bytes);
+// ... of segment k of the table.
+[[noreturn]] inline void raise_segment_error(uint32_t err, const SegmentTable& t, uint64_t k) {
+  const DeviceSegment& s = t.segs[k];
+  raise_segment_error(err, t.names[k], s.code.bytes, s.n_codes(), s.map.bytes);
 }
 
 }  // namespace hl

@@ -626,7 +626,7 @@ void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uin
   memcpy(errors.data(), fetch(x.errors, errors.size() * 4, stream), errors.size() * 4);
   for (size_t k = 0; k < errors.size(); ++k)
     if (errors[k])
-      raise_segment_error(errors[k], k, plans[k].v.code_bytes,
+      raise_segment_error(errors[k], "segment " + std::to_string(k), plans[k].v.code_bytes,
                           plans[k].v.n_unique * plans[k].v.row_len, plans[k].v.map_bytes);
 }
 

@@ -274,7 +274,7 @@ void decompress_batched_cuda(const uint8_t* buf_dev, uint64_t len, const uint64_
   std::vector<uint32_t> err(n);
   memcpy(err.data(), fetch(err_dev, n * sizeof(uint32_t), stream), n * sizeof(uint32_t));
   for (uint64_t k = 0; k < n; ++k)
-    if (err[k]) raise_segment_error(err[k], k, t.segs[k]);
+    if (err[k]) raise_segment_error(err[k], t, k);
 }
 
 }  // namespace hl

@@ -158,7 +158,7 @@ struct Decode {
     check_maps();
     gather_rows();
     for (uint64_t s = 0; s < t.segs.size(); ++s)
-      if (err[s]) raise_segment_error(err[s], s, t.segs[s]);
+      if (err[s]) raise_segment_error(err[s], t, s);
   }
 };
 
