@@ -90,6 +90,21 @@ void register_cuda(py::module_& m) {
         "CUDA decompress: a device frame into a device buffer of out_bytes; raises FrameError "
         "(ValueError) for a corrupted frame. verify=False: verify_cuda already checked it.");
 
+  m.def("decompress_batched_cuda",
+        [](uintptr_t buffer, uint64_t size, const std::vector<uint64_t>& sizes, uintptr_t out,
+           uint64_t out_bytes, uintptr_t stream, bool verify) {
+          hl::decompress_batched_cuda(ptr<const uint8_t>(buffer), size, sizes.data(),
+                                      sizes.size(), ptr<void>(out), out_bytes, ptr<void>(stream),
+                                      verify);
+        },
+        py::arg("buffer"), py::arg("size"), py::arg("sizes"), py::arg("out"),
+        py::arg("out_bytes"), py::arg("stream"), py::arg("verify") = true,
+        py::call_guard<py::gil_scoped_release>(),
+        "CUDA decompress of back-to-back level-1 frames (of these sizes) with one launch set "
+        "for all their segments, into one device buffer of out_bytes (the frames' tensors "
+        "after one another); raises FrameError (ValueError) for a corrupted frame, ValueError "
+        "for a level-2 segment or an entropy-coded or bucketed map. Not yet run on a GPU.");
+
   m.def("verify_cuda",
         [](uintptr_t frame, uint64_t size, uintptr_t stream) {
           hl::verify_cuda(ptr<const uint8_t>(frame), size, ptr<void>(stream));

@@ -174,6 +174,22 @@ std::string compare_decoders(const std::vector<uint8_t>& frame, uint64_t out_byt
   } catch (const std::exception& e) {
     gpu_err = e.what();
   }
+  // The batched decoder (decode_batch.cu) on the same frame, where it takes the frame's
+  // segments (level 1 with block-packed maps): it must accept and reject as the CPU does.
+  std::string batch_err;
+  Dev b(out_bytes);
+  const uint64_t size = frame.size();
+  try {
+    hl::decompress_batched_cuda(f.p, size, &size, 1, b.p, out_bytes, nullptr);
+  } catch (const std::exception& e) {
+    batch_err = e.what();
+  }
+  if (batch_err.find("no batched device decoder") == std::string::npos) {
+    if (cpu_err.empty() != batch_err.empty())
+      return "CPU decoder says \"" + (cpu_err.empty() ? "ok" : cpu_err) +
+             "\", batched CUDA decoder says \"" + (batch_err.empty() ? "ok" : batch_err) + "\"";
+    if (cpu_err.empty() && b.get(out_bytes) != cpu) return "batched decoder's tensors differ";
+  }
   if (cpu_err.empty() && gpu_err.find("no CUDA decoder yet") != std::string::npos) {
     ++g_host_only;
     return "";

@@ -29,13 +29,17 @@ LAYOUTS = {
 }
 
 
-def rows_for(n_rows, seed, dtype, specials):
-    """Rows with duplicates (a few distinct rows repeated), per-row scales from 1e-3 to 10, and
+def rows_for(n_rows, seed, dtype, specials, spread=10.0):
+    """Rows with duplicates (a few distinct rows repeated), per-row scales from 1e-3 to `spread`
+    (spread None: the integers -1, 0, 1, whose codes at a bound of 0.5 are radix packed), and
     NaN, +-Inf and an out-of-range value where specials."""
     g = torch.Generator().manual_seed(seed)
     distinct = max(1, n_rows // 3)
-    scale = torch.logspace(-3, 1, distinct, dtype=torch.float64)[:, None]
-    base = (torch.randn(distinct, D, generator=g, dtype=torch.float64) * scale).float()
+    if spread is None:
+        base = torch.randint(-1, 2, (distinct, D), generator=g).float()
+    else:
+        scale = torch.logspace(-3, np.log10(spread), distinct, dtype=torch.float64)[:, None]
+        base = (torch.randn(distinct, D, generator=g, dtype=torch.float64) * scale).float()
     x = base[torch.randint(0, distinct, (n_rows,), generator=g)].clone()
     if specials and x.numel():
         flat = x.view(-1)

@@ -16,7 +16,8 @@
 #             and again with --compression lossy (one rank codes nothing: the code path) <= 40 s
 #   selftest  build/cuda_selftest 400: random frames (dither included) against the CPU    <= 35 s
 #   tests     pytest tests/test_cuda.py tests/test_cuda_encoder.py tests/test_device_elements.py
-#             tests/test_device_batch.py                                                  <= 90 s
+#             tests/test_device_batch.py tests/test_device_decode_batch.py (the batched
+#             decoder's first run: _C.decompress_batched_cuda against the CPU decoder)   <= 90 s
 #   sanitize  compute-sanitizer memcheck over a small selftest (20 cases, 20 tampered)   <= 60 s
 # Worst case 455 s of stages if every one hits its timeout; expected about 4-5 minutes.
 # Exit status 0 when every stage passed; the JSON is written whatever happens after measure.
@@ -78,7 +79,7 @@ stage dlrm 40 bash -c "
 stage selftest 35 build/cuda_selftest 400
 stage tests 90 $PY -m pytest -q -p no:cacheprovider --maxfail=10 --tb=short \
   tests/test_cuda.py tests/test_cuda_encoder.py tests/test_device_elements.py \
-  tests/test_device_batch.py
+  tests/test_device_batch.py tests/test_device_decode_batch.py
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 stage sanitize 60 "$SANITIZER" --tool memcheck --error-exitcode 9 build/cuda_selftest 20 2 10
 

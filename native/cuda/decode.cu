@@ -20,23 +20,14 @@
 #include "frame_io.h"
 #include "level1_sections.h"
 #include "rans.h"
+#include "segment_table.h"  // the segments' error bits and their FrameError
 
 namespace hl {
 namespace gpu {
 namespace {
 
-// Error bits, in the order the CPU decoder checks (the first set one is reported).
-enum DecodeError : uint32_t {
-  kErrCodeSection = 1u << 0,
-  kErrEntropy = 1u << 1,
-  kErrLosslessRange = 1u << 2,
-  kErrOutlier = 1u << 3,
-  kErrMapSection = 1u << 4,
-  kErrMapEntry = 1u << 5,
-};
-
 struct alignas(16) DecodeState {
-  uint32_t error;                     // DecodeError bits
+  uint32_t error;                     // SegmentError bits (segment_table.h)
   uint64_t esc_off, data_off, n_esc;  // level 2: offsets in the escapes and the code section
   uint32_t freq[256];
   uint32_t cum[257];
@@ -90,7 +81,7 @@ struct CodeSink {
   ElementRule rule;
   __device__ void operator()(uint64_t i, uint32_t v, DecodeState* ds) const {
     if (rule.lossless) {
-      if (sizeof(typename Elem<DT>::raw_t) == 2 && v > 0xffffu) flag(ds, kErrLosslessRange);
+      if (sizeof(typename Elem<DT>::raw_t) == 2 && v > 0xffffu) flag(ds, kSegLosslessRange);
       u[i] = (typename Elem<DT>::raw_t)v;
     } else {
       u[i] = element_value<DT>(rule, v, i);
@@ -114,12 +105,12 @@ struct RadixSink {
       if (pos < n)
         inner(pos, d, ds);
       else if (d)
-        flag(ds, kErrCodeSection);
+        flag(ds, kSegCodeSection);
       v = q;
     }
     const uint64_t pos = radix_code_of(G, g, j, g - 1);
     if (v >= div.k || (pos >= n && v))
-      flag(ds, kErrCodeSection);
+      flag(ds, kSegCodeSection);
     else if (pos < n)
       inner(pos, v, ds);
   }
@@ -250,7 +241,7 @@ __global__ void rans_decode_kernel(const uint8_t* sec, uint64_t n, const uint64_
         }
       }
       if (!bad && (x != HL_RANS_L || p != end)) bad = true;
-      if (bad) flag(ds, kErrEntropy);
+      if (bad) flag(ds, kSegEntropy);
       esc_count[k] = esc;
     }
     __syncthreads();
@@ -264,7 +255,7 @@ __global__ void rans_decode_kernel(const uint8_t* sec, uint64_t n, const uint64_
 __global__ void rans_escape_total_kernel(uint64_t ns, const uint64_t* esc_count,
                                          const uint64_t* esc_off, DecodeState* ds) {
   if (ds->error) return;
-  if (esc_off[ns - 1] + esc_count[ns - 1] != ds->n_esc) flag(ds, kErrEntropy);
+  if (esc_off[ns - 1] + esc_count[ns - 1] != ds->n_esc) flag(ds, kSegEntropy);
 }
 
 // One block a stream: escapes resolved in order (block scan), then the codes go to the sink.
@@ -293,9 +284,9 @@ __global__ void rans_finish_kernel(const uint8_t* sec, uint64_t n, const uint8_t
       if (v == HL_RANS_ESC) {
         if (g < n_esc) {
           v = (uint32_t)get_le(esc + 4 * g, 4);
-          if (v < HL_RANS_ESC) flag(ds, kErrEntropy);
+          if (v < HL_RANS_ESC) flag(ds, kSegEntropy);
         } else {
-          flag(ds, kErrEntropy);
+          flag(ds, kSegEntropy);
         }
         ++g;
       }
@@ -320,7 +311,7 @@ __global__ void scatter_outliers_kernel(const uint8_t* rec, uint64_t n_out, uint
     const bool ordered = k == 0 || pos > get_le(rec + size * (k - 1), (int)pos_bytes);
     if (pos >= nu || !ordered ||
         (sizeof(typename Elem<DT>::raw_t) == 2 && raw > 0xffffu)) {
-      flag(ds, kErrOutlier);
+      flag(ds, kSegOutlier);
       continue;
     }
     u[pos] = (typename Elem<DT>::raw_t)raw;
@@ -334,8 +325,8 @@ __global__ void check_map_kernel(const uint32_t* map, const uint32_t* prefix_max
   if (ds->error) return;
   HL_GRID_STRIDE(r, n_rows) {
     const uint64_t allowed = r ? (uint64_t)prefix_max[r - 1] + 1 : 0;
-    if (map[r] > allowed || map[r] >= n_unique) flag(ds, kErrMapEntry);
-    if (r == n_rows - 1 && (uint64_t)prefix_max[r] + 1 != n_unique) flag(ds, kErrMapEntry);
+    if (map[r] > allowed || map[r] >= n_unique) flag(ds, kSegMapEntry);
+    if (r == n_rows - 1 && (uint64_t)prefix_max[r] + 1 != n_unique) flag(ds, kSegMapEntry);
   }
 }
 
@@ -543,11 +534,11 @@ void enqueue_segment(const SegmentPlan& p, const uint8_t* host_frame, const uint
     const uint64_t G = hl_div_up(nu, v.radix_g);
     const RadixSink<CodeSink<DT>> radix{sink, nu, G, v.radix_g, radix_div_of(v.radix_k)};
     unpack_section(on_device(v.code) + v.radix_head, v.code_bytes - v.radix_head, G,
-                   kErrCodeSection, radix, s, stream);
+                   kSegCodeSection, radix, s, stream);
   } else if (v.level == 1 && v.short_blocks) {  // parse_frame saw the mark: lossy, nu >= 1
-    unpack_short_section(on_device(v.code), v.code_bytes, nu, kErrCodeSection, sink, s, stream);
+    unpack_short_section(on_device(v.code), v.code_bytes, nu, kSegCodeSection, sink, s, stream);
   } else if (v.level == 1) {
-    unpack_section(on_device(v.code), v.code_bytes, nu, kErrCodeSection, sink, s, stream);
+    unpack_section(on_device(v.code), v.code_bytes, nu, kSegCodeSection, sink, s, stream);
   } else {
     enqueue_rans(on_device(v.code), p.code, nu, sink, x, ds, stream);
   }
@@ -565,7 +556,7 @@ void enqueue_segment(const SegmentPlan& p, const uint8_t* host_frame, const uint
     launch("map_from_symbols", map_from_symbols_kernel, grid_for(R, kThreads), kThreads, stream,
            s.map, x.new_before, R, ds);
   } else {
-    unpack_section(on_device(v.map), v.map_bytes, R, kErrMapSection, MapSink{s.map}, s, stream);
+    unpack_section(on_device(v.map), v.map_bytes, R, kSegMapSection, MapSink{s.map}, s, stream);
   }
   cub_run("prefix max of the row map", s.cub, [&](void* t, size_t& b) {
     return cub_prefix_max(t, b, s.map, s.prefix_max, R, stream);
@@ -574,24 +565,6 @@ void enqueue_segment(const SegmentPlan& p, const uint8_t* host_frame, const uint
          s.prefix_max, R, v.n_unique, ds);
   launch("gather_rows", gather_rows_kernel<DT>, grid_for(R, kWarpsPerBlock), kThreads, stream, u,
          s.map, R, d, v.n_unique, out, ds);
-}
-
-// The FrameError of the first error bit set in segment k.
-[[noreturn]] void raise_segment_error(uint32_t err, const SegmentView& v, uint64_t k) {
-  std::string what = "the row map does not number rows by first occurrence";
-  if (err & kErrCodeSection)
-    what = "the code section's blocks do not match its " + std::to_string(v.code_bytes) +
-           " bytes";
-  else if (err & kErrEntropy)
-    what = "an entropy-coded stream does not decode";
-  else if (err & kErrLosslessRange)
-    what = "a lossless code exceeds the dtype's bits";
-  else if (err & kErrOutlier)
-    what = "an outlier is out of order or out of range (" +
-           std::to_string(v.n_unique * v.row_len) + " elements)";
-  else if (err & kErrMapSection)
-    what = "the row map's blocks do not match its " + std::to_string(v.map_bytes) + " bytes";
-  throw FrameError("frame is corrupted: " + what + " (segment " + std::to_string(k) + ")");
 }
 
 }  // namespace
@@ -652,7 +625,9 @@ void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uin
   std::vector<uint32_t> errors(plans.size());
   memcpy(errors.data(), fetch(x.errors, errors.size() * 4, stream), errors.size() * 4);
   for (size_t k = 0; k < errors.size(); ++k)
-    if (errors[k]) raise_segment_error(errors[k], plans[k].v, k);
+    if (errors[k])
+      raise_segment_error(errors[k], "segment " + std::to_string(k), plans[k].v.code_bytes,
+                          plans[k].v.n_unique * plans[k].v.row_len, plans[k].v.map_bytes);
 }
 
 }  // namespace hl

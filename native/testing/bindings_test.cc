@@ -14,6 +14,7 @@
 #include "frame_io.h"
 #include "crc32c.h"
 #include "batch_ref.h"
+#include "decode_batch_ref.h"
 #include "level1_ref.h"
 #include "device_frames.h"
 #include "elements.h"
@@ -272,6 +273,19 @@ py::tuple distinct_rows_by_id_f32(uintptr_t rows, uint64_t n_rows, uint64_t row_
   return py::make_tuple(std::vector<uint32_t>(d.map.data(), d.map.data() + n_rows), d.first);
 }
 
+py::bytes decompress_batched_hd(const std::string& buffer, const std::vector<uint64_t>& sizes) {
+  const uint8_t* buf = reinterpret_cast<const uint8_t*>(buffer.data());
+  uint8_t dtype = 0;
+  const hl::SegmentTable t = hl::segment_table(buf, buffer.size(), sizes.data(), sizes.size(), true, &dtype);
+  std::string out;
+  with_host_dtype(dtype, [&](auto dt) {
+    hl::decoderef::Decode<decltype(dt)::value> d(t, buf);
+    d.run();
+    out.assign(reinterpret_cast<const char*>(d.out.data()), d.out.size() * sizeof(d.out[0]));
+  });
+  return py::bytes(out);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_hl_test, m) {
@@ -369,6 +383,10 @@ PYBIND11_MODULE(_hl_test, m) {
         py::arg("seed"),
         "Raw bytes of a map-less segment decoded by elements.h's element_value, one call a "
         "code, then its outliers scattered, as the CUDA decoder does.");
+  m.def("decompress_batched_hd", &decompress_batched_hd, py::arg("buffer"), py::arg("sizes"),
+        "the frames of sizes[i] bytes back to back in buffer decoded by the host emulation of "
+        "the batched CUDA decoder (native/testing/decode_batch_ref.h): their raw bits, "
+        "concatenated");
   m.def("compress_into_batched_hd", &compress_into_batched_hd, py::arg("raw"), py::arg("dtype"),
         py::arg("rows"), py::arg("trailing"), py::arg("error_bounds"), py::arg("mode"),
         py::arg("dedup"), py::arg("groups"), py::arg("prefix_bytes"), py::arg("extension"),
