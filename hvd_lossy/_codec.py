@@ -514,9 +514,10 @@ def _decode_new(buffer, sizes, max_output_bytes=None):
     if trailing is not None and parts:
         # Pieces of one tensor lie back to back: one typed view and one split cut them all.
         typed = base.view(_CODE_DTYPES[parts[0][0]])
-        if trailing:
-            typed = typed.view(-1, *trailing)
-        return list(typed.split([shape[0] for _, shape, _ in parts]))
+        rows = [shape[0] for _, shape, _ in parts]
+        if trailing:  # the rows given, not -1: no rows and a 0 among the trailing dims cannot be inferred
+            typed = typed.view(sum(rows), *trailing)
+        return list(typed.split(rows))
     typed, tensors = {}, []  # one typed view of the block per dtype: two ops a piece, not three
     for code, shape, offset in parts:
         dtype = _CODE_DTYPES[code]
