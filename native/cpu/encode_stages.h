@@ -1,7 +1,8 @@
 // The CPU encoder's stages, in the order a segment goes through them (encode.cc runs them):
-// the value range and the rows repeated bit for bit (dedup.cc), quantization and the rows that
-// share codes (quantize.cc), the map, code and outlier sections and the level-2 coding of a
-// frame's small segments together (sections.cc). Each stage is instantiated for the three
+// the value range and, for lossless frames and rows with ids, the rows repeated bit for bit
+// (dedup.cc); quantization and the rows that share codes, which for lossy frames without ids
+// is the whole dedup (quantize.cc); the map, code and outlier sections and the level-2 coding of
+// a frame's small segments together (sections.cc). Each stage is instantiated for the three
 // dtypes of frame.h.
 #pragma once
 

@@ -1,5 +1,6 @@
 // Encoder stage 2: quantization (or raw bits) of the rows a piece stores, and the merging of
-// rows that differ in bits but share codes.
+// rows that share codes: after dedup.cc's rows repeated bit for bit, or, for lossy frames
+// without ids, as the only dedup (code_distinct_rows).
 #include <math.h>
 #include <string.h>
 
