@@ -160,6 +160,13 @@ def test_dedup_stores_one_row_a_code_class_in_order_of_first_occurrence(distinct
     x[::17, 3] = float("inf")  # an outlier of another value
     classes = _code_classes(x, eb)
     frame = hvd_lossy.compress(x, eb, mode="abs", level=1)
+    before = hvd_lossy.get_num_threads()
+    try:  # a block's rows are quantized by several threads, then numbered in order: same frame
+        for n in (1, 2):
+            hvd_lossy.set_num_threads(n)
+            assert torch.equal(hvd_lossy.compress(x, eb, mode="abs", level=1), frame), n
+    finally:
+        hvd_lossy.set_num_threads(before)
     info = hvd_lossy.frame_info(frame)
     n_classes = max(classes) + 1
     assert info["n_unique"] in (n_classes, n)  # n: dedup did not pay, every row stored
