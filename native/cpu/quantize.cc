@@ -44,12 +44,36 @@ void code_rows_into(const Tensor<DT>& t, const uint64_t* idx, uint64_t rows, boo
   }
 }
 
+// Rows whose codes are equal are one unique row only if their outliers are the same bits too:
+// the mark alone says nothing of the value.
+template <typename raw_t>
+bool outliers_match(const uint32_t* codes, const raw_t* xa, const raw_t* xb, uint64_t d) {
+  for (uint64_t i = 0; i < d; ++i)
+    if (codes[i] == kOutlierMark && xa[i] != xb[i]) return false;
+  return true;
+}
+
+// The Coded of every row (dedup does not pay): each row's codes and outlier flag copied from
+// its unique row (map), outlier flags only for lossy codes (outlier not null).
+Coded every_row(const uint32_t* codes, const uint8_t* outlier, const uint32_t* map,
+                uint64_t rows, uint64_t d, int threads) {
+  Coded c;
+  c.n_unique = rows;
+  c.codes = Buffer<uint32_t>(rows * d);
+  c.row_outlier = Buffer<uint8_t>(outlier ? rows : 0);
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * d > 65536)
+  for (int64_t r = 0; r < (int64_t)rows; ++r) {
+    memcpy(&c.codes[r * d], &codes[(uint64_t)map[r] * d], d * 4);
+    if (outlier) c.row_outlier[r] = outlier[map[r]];
+  }
+  return c;
+}
+
 }  // namespace
 
 template <int DT>
 Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, double eb_abs,
                 const Dither& dither, int threads) {
-  typedef typename Elem<DT>::raw_t raw_t;
   const uint64_t rows = t.n_rows, d = t.row_len;
   Coded c;
   if (!distinct) {
@@ -78,13 +102,7 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
     map2 = Buffer<uint32_t>(n1);
     auto same = [&](uint64_t a, uint64_t b) {
       if (memcmp(&codes1[a * d], &codes1[b * d], d * 4) != 0) return false;
-      if (!out1[a]) return true;
-      // The mark alone says nothing of the value: outliers must match bit for bit.
-      const raw_t* xa = t.x + first1[a] * d;
-      const raw_t* xb = t.x + first1[b] * d;
-      for (uint64_t i = 0; i < d; ++i)
-        if (codes1[a * d + i] == kOutlierMark && xa[i] != xb[i]) return false;
-      return true;
+      return !out1[a] || outliers_match(&codes1[a * d], t.x + first1[a] * d, t.x + first1[b] * d, d);
     };
     auto row = [&](uint64_t f) { prefetch_row(&codes1[f * d], d * 4); };
     n2 = number_rows(n1, h2.data(), same, row, map2.data(), &first2);
@@ -100,14 +118,8 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
       return c;
     }
     // Store every row: expand the distinct rows' codes back to all rows.
-    c.codes = Buffer<uint32_t>(rows * d);
-    c.row_outlier = Buffer<uint8_t>(lossless ? 0 : rows);
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * d > 65536)
-    for (int64_t r = 0; r < (int64_t)rows; ++r) {
-      memcpy(&c.codes[r * d], &codes1[(uint64_t)map1[r] * d], d * 4);
-      if (!lossless) c.row_outlier[r] = out1[map1[r]];
-    }
-    return c;
+    return every_row(codes1.data(), lossless ? nullptr : out1.data(), map1.data(), rows, d,
+                     threads);
   }
   c.n_unique = n2;
   c.source.resize(n2);
@@ -242,10 +254,10 @@ class CodeTable {
 
 template <int DT>
 Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
-  typedef typename Elem<DT>::raw_t raw_t;
   const uint64_t rows = t.n_rows, d = t.row_len;
   // Unique rows in order of first occurrence: codes, codes as bytes (narrow rows), outlier
-  // flag, hash (its tag bit 32 says wide), first row. Sized for the worst case; only what is used is touched.
+  // flag, hash (its tag bit 32 says wide), first row. Sized for the worst case; only what is
+  // used is touched.
   Buffer<uint32_t> ucodes(rows * d);
   Buffer<uint8_t> ubytes(rows * d), uout(rows);
   Buffer<uint64_t> uhash(rows);
@@ -269,13 +281,7 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
       if (!b.wide[i]) return memcmp(&ubytes[(uint64_t)u * d], &b.bytes[i * d], d) == 0;
       const uint32_t* zi = &b.z[i * d];
       if (memcmp(&ucodes[(uint64_t)u * d], zi, d * 4) != 0) return false;
-      if (!b.outlier[i]) return true;
-      // The mark alone says nothing of the value: outliers must match bit for bit.
-      const raw_t* xu = t.x + source[u] * d;
-      const raw_t* xi = t.x + (b0 + i) * d;
-      for (uint64_t k = 0; k < d; ++k)
-        if (zi[k] == kOutlierMark && xu[k] != xi[k]) return false;
-      return true;
+      return !b.outlier[i] || outliers_match(zi, t.x + source[u] * d, t.x + (b0 + i) * d, d);
     };
     // Every row's candidate first, its compact codes fetched while the other rows probe: the
     // compares below then read cached rows. Only a row with no candidate (new, or first seen
@@ -315,23 +321,9 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
     }
   }
 
+  if (!dedup_pays(rows, n, d) && n < rows)  // store every row: expand the unique rows back
+    return every_row(ucodes.data(), uout.data(), map.data(), rows, d, threads);
   Coded c;
-  if (!dedup_pays(rows, n, d)) {  // store every row: expand the unique rows back to all rows
-    c.n_unique = rows;
-    if (n == rows) {
-      c.codes = std::move(ucodes);
-      c.row_outlier = std::move(uout);
-      return c;
-    }
-    c.codes = Buffer<uint32_t>(rows * d);
-    c.row_outlier = Buffer<uint8_t>(rows);
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * d > 65536)
-    for (int64_t r = 0; r < (int64_t)rows; ++r) {
-      memcpy(&c.codes[r * d], &ucodes[(uint64_t)map[r] * d], d * 4);
-      c.row_outlier[r] = uout[map[r]];
-    }
-    return c;
-  }
   c.n_unique = n;
   c.codes = std::move(ucodes);
   c.row_outlier = std::move(uout);
