@@ -6,6 +6,7 @@ batch, and one differentiable `hvd.alltoall` sends each rank its slice; gradient
 through it. Modes change only the import line and `compression=`:
 
   plain   import horovod.torch as hvd; hvd.alltoall(lookups, splits)
+  none    import hvd_lossy.torch as hvd; hvd.alltoall(lookups, splits): the drop-in's own cost
   fp16    the same, casting: hvd.alltoall(lookups.half(), splits) then .float()
   lossy   import hvd_lossy.torch as hvd; compression=hvd.Compression.lossy(0.03, segments=...)
   auto    ... Compression.lossy(0.03, ..., auto=True)
@@ -30,7 +31,7 @@ KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 835
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--mode", choices=["plain", "fp16", "lossy", "auto"], default="plain")
+    p.add_argument("--mode", choices=["plain", "none", "fp16", "lossy", "auto"], default="plain")
     p.add_argument("--steps", type=int, default=112)
     p.add_argument("--tables", type=int, default=21)
     p.add_argument("--dim", type=int, default=128)
