@@ -65,9 +65,12 @@ uint64_t checked_frame_bytes(const uint8_t* p, uint64_t avail) {
 }
 
 namespace {
+void parse_descriptors(Reader& in, FrameView& f, uint64_t n_segs, uint64_t slab,
+                       uint64_t row_len);
+
 // The header and descriptors of a frame of `size` bytes whose first `avail` are at frame (in
-// reads them), into f. False when the descriptors may run past avail: *need (at most size)
-// bytes hold them whatever they say.
+// reads them), into f. False when the descriptors run past avail: *need (at most size) bytes
+// hold them whatever they say.
 bool parse_head(const uint8_t* frame, uint64_t avail, uint64_t size, Reader& in, FrameView& f,
                 uint64_t* need) {
   in.skip(3);
@@ -115,7 +118,25 @@ bool parse_head(const uint8_t* frame, uint64_t avail, uint64_t size, Reader& in,
     throw FrameError("frame is corrupted: a 0-d frame with " + num(n_segs) + " segments");
   // a descriptor at its longest: flags, the bound and five varints of 10 bytes
   *need = std::min(size, in.pos() + n_segs * (1 + 3 + 5 * 10));
-  if (*need > avail) return false;
+  if (*need <= avail) {
+    parse_descriptors(in, f, n_segs, slab, row_len);
+    return true;
+  }
+  try {  // they usually end well before their bound; if not, they are asked for
+    parse_descriptors(in, f, n_segs, slab, row_len);
+    *need = in.pos();
+    return true;
+  } catch (const FrameError&) {
+    f.segs.clear();
+    f.rows = 0;
+    return false;
+  }
+}
+
+// The n_segs descriptors at in, of segments of `slab` rows a dim-0 entry and row_len elements
+// a row, into f.segs (and f.rows).
+void parse_descriptors(Reader& in, FrameView& f, uint64_t n_segs, uint64_t slab,
+                       uint64_t row_len) {
   f.segs.resize(n_segs);
   for (uint64_t k = 0; k < n_segs; ++k) {
     SegmentView& s = f.segs[k];
@@ -189,7 +210,6 @@ bool parse_head(const uint8_t* frame, uint64_t avail, uint64_t size, Reader& in,
     s.code_bytes = in.varint("segment code size");
     s.bytes = in.pos() - at;
   }
-  return true;
 }
 }  // namespace
 
