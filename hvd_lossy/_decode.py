@@ -76,18 +76,18 @@ def prefixes(buffer, chunks, limits):
 
 def frame_heads(buffer, chunks, prefix_bytes=PREFIX_BYTES):
     """The Head of the frame filling each (offset, length) chunk of ``buffer``, or the
-    FrameError's message (str), read from bounded prefixes: one copy to the host, and a second
-    for the chunks whose descriptors may run past ``prefix_bytes``. No payload byte is copied
-    and no checksum checked (decoding checks it)."""
+    FrameError's message (str), read from bounded prefixes: one copy to the host, and another
+    for the chunks whose descriptors may run past ``prefix_bytes`` (two more when it is below
+    the 256 bytes of the longest header). No payload byte is copied and no checksum checked
+    (decoding checks it)."""
     chunks = [(int(o), int(n)) for o, n in chunks]
     heads = _codec.frame_heads(*prefixes(buffer, chunks, [prefix_bytes] * len(chunks)))
-    longer = [i for i, h in enumerate(heads) if type(h) is int]
-    if longer:
+    for _ in range(2):  # the header's bound, then the descriptors' (each at most the chunk)
+        longer = [i for i, h in enumerate(heads) if type(h) is int]
+        if not longer:
+            break
         host, places = prefixes(buffer, [chunks[i] for i in longer], [heads[i] for i in longer])
         for i, head in zip(longer, _codec.frame_heads(host, places)):
-            if type(head) is int:
-                raise AssertionError(f"chunk {i}'s descriptors need {head} bytes after "
-                                     f"{heads[i]} were copied")
             heads[i] = head
     return [h if isinstance(h, str) else Head(*h) for h in heads]
 
@@ -121,6 +121,23 @@ def _batched(buffer, frames, indices, out):
         named = _NAMED_FRAME.findall(str(e))
         k = int(named[-1]) if named and int(named[-1]) < len(indices) else 0
         raise FrameRefusal(indices[k], str(e), error=type(e)) from e
+
+
+def place_chunks(chunks, heads, first_rows, row_elems):
+    """The frames decode_into takes for chunks (offset, bytes, rows) whose rows go to rows
+    first_rows[i] on of an output of row_elems elements a row: (frames, the chunks' indices
+    they are). Chunks of no rows write nothing and are left out; a frame with other rows than
+    its chunk announced is a FrameRefusal (mismatch)."""
+    frames, taken = [], []
+    for i, ((offset, nbytes, rows), head) in enumerate(zip(chunks, heads)):
+        if not rows:
+            continue
+        if not isinstance(head, str) and head.rows != rows:
+            raise FrameRefusal(i, f"frame holds {head.rows} rows, its header announced {rows}",
+                               mismatch=True)
+        frames.append((int(offset), int(nbytes), int(first_rows[i]) * int(row_elems)))
+        taken.append(i)
+    return frames, taken
 
 
 def decode_into(buffer, frames, heads, out, trailing=None):

@@ -74,21 +74,14 @@ def decode_chunks(recv, chunks, out, origins, first_rows=None, heads=None):
         first_rows = [sum(rows for _o, _n, rows in chunks[:i]) for i in range(len(chunks))]
     if heads is None:
         heads = _decode.frame_heads(recv, [(offset, nbytes) for offset, nbytes, _r in chunks])
-    row_elems = out[0].numel() if out.shape[0] else 0
-    frames, taken = [], []
-    for i, ((offset, nbytes, rows), head) in enumerate(zip(chunks, heads)):
-        if not rows:  # a frame of no rows writes nothing
-            continue
-        if not isinstance(head, str) and head.rows != rows:
-            raise _LocalError(11, origins[i], detail=f"frame holds {head.rows} rows, its header "
-                                                     f"announced {rows}")
-        frames.append((offset, nbytes, first_rows[i] * row_elems))
-        taken.append(i)
+    taken = range(len(chunks))
     try:
+        frames, taken = _decode.place_chunks(chunks, heads, first_rows,
+                                             out[0].numel() if out.shape[0] else 0)
         _decode.decode_into(recv, frames, [heads[i] for i in taken], out, trailing=out.shape[1:])
     except _decode.FrameRefusal as e:
-        origin = origins[taken[e.index]]
-        raise _LocalError(11 if e.mismatch else 10, origin, detail=str(e)) from e
+        raise _LocalError(11 if e.mismatch else 10, origins[taken[e.index]],
+                          detail=str(e)) from e
 
 
 def remote_bytes(tensor, splits, backend):
