@@ -312,14 +312,17 @@ FrameView parse_frame(const uint8_t* frame, uint64_t size) {
   return f;
 }
 
-void verify_frame(const FrameView& f, const uint8_t* frame) {
-  const uint32_t crc = crc32c(frame + HL_FRAME_PREFIX, f.total_bytes - HL_FRAME_PREFIX);
-  if (crc != f.crc) {
+void check_crc(uint32_t computed, uint32_t stored) {
+  if (computed != stored) {
     char buf[128];
-    snprintf(buf, sizeof(buf), "frame is corrupted: checksum (CRC32C) 0x%08x, its header says 0x%08x", crc,
-             f.crc);
+    snprintf(buf, sizeof(buf), "frame is corrupted: checksum (CRC32C) 0x%08x, its header says 0x%08x",
+             computed, stored);
     throw FrameError(buf);
   }
+}
+
+void verify_frame(const FrameView& f, const uint8_t* frame) {
+  check_crc(crc32c(frame + HL_FRAME_PREFIX, f.total_bytes - HL_FRAME_PREFIX), f.crc);
 }
 
 uint64_t SegmentDesc::descriptor_bytes() const {

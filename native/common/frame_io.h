@@ -81,6 +81,8 @@ FrameView parse_frame_head(const uint8_t* frame, uint64_t avail, uint64_t size, 
 
 // CRC32C of the frame against its header. Throws FrameError.
 void verify_frame(const FrameView& f, const uint8_t* frame);
+// FrameError naming both when a frame's computed CRC32C is not the one its header stores.
+void check_crc(uint32_t computed, uint32_t stored);
 
 // ---- writing ------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "frame_io.h"
+#include "frame_walk.h"  // FramePlace
 
 namespace hl {
 
@@ -256,52 +257,29 @@ inline void append_frame(SegmentTable* t, const FrameView& f, const uint8_t* bas
   }
 }
 
-// Where a frame of a call lies in the received buffer and where its rows go: the receive
-// path decodes every sender's frame straight into its rows of one output (an all-to-all's
-// own rows, copied, lie between), skipping frames it reads otherwise.
-struct FramePlace {
-  static constexpr uint64_t kFollows = ~0ull;  // out_elem: where the frame before it ends
-  uint64_t offset = 0, size = 0;               // bytes in the buffer
-  uint64_t out_elem = kFollows;                // its first element in the output
-};
-
-// Frames of these sizes back to back, decoding one after another into the output.
-inline std::vector<FramePlace> back_to_back(const uint64_t* sizes, uint64_t n_frames) {
-  std::vector<FramePlace> places(n_frames);
-  uint64_t at = 0;
-  for (uint64_t i = 0; i < n_frames; ++i) {
-    places[i].offset = at;
-    places[i].size = sizes[i];
-    at += sizes[i];
-  }
-  return places;
-}
-
-// The frames at places[i] in buf (len bytes), parsed and their CRC32C checked (verify) into
-// one table; their dtype in *dtype. Their outputs must come in order without overlapping: the
-// table's out_elems is where the last one ends. FrameError for a bad frame (its text ends
-// "(frame i)" where the parser does not name the segment), ArgumentError for a frame past the
-// buffer, outputs out of order, frames of different dtypes or a segment without a batched
-// decoder.
-inline SegmentTable segment_table(const uint8_t* buf, uint64_t len,
-                                  const std::vector<FramePlace>& places, bool verify,
+// The frames at places[i] of a buffer of len bytes, parsed from its image (frame_walk.h: the
+// prefixes and walked bytes at their offsets; or the buffer itself) into one table, their
+// CRC32C checked against crcs[i] (computed over the buffer; null: not checked); their dtype in
+// *dtype. Their outputs must come in order without overlapping: the table's out_elems is
+// where the last one ends. FrameError for a bad frame (its text ends "(frame i)" where the
+// parser does not name the segment), ArgumentError for a frame past the buffer, outputs out of
+// order, frames of different dtypes or a segment without a batched decoder.
+inline SegmentTable segment_table(const uint8_t* image, uint64_t len,
+                                  const std::vector<FramePlace>& places, const uint32_t* crcs,
                                   uint8_t* dtype) {
+  check_places(places, len);
   SegmentTable t;
   for (uint64_t i = 0; i < places.size(); ++i) {
     const FramePlace& p = places[i];
     const std::string name = "frame " + std::to_string(i);
-    if (p.offset > len || p.size > len - p.offset)
-      throw ArgumentError(name + " of " + std::to_string(p.size) + " bytes at " +
-                          std::to_string(p.offset) + " runs past the buffer's " +
-                          std::to_string(len) + " bytes");
     if (p.out_elem != FramePlace::kFollows && p.out_elem < t.out_elems)
       throw ArgumentError(name + "'s output starts at element " + std::to_string(p.out_elem) +
                           ", expected at least " + std::to_string(t.out_elems) +
                           " (where the frame before it ends)");
     FrameView f;
     try {
-      f = parse_frame(buf + p.offset, p.size);
-      if (verify) verify_frame(f, buf + p.offset);
+      f = parse_frame(image + p.offset, p.size);
+      if (crcs) check_crc(crcs[i], f.crc);
     } catch (const FrameError& e) {
       throw FrameError(std::string(e.what()) + " (" + name + ")");
     }
@@ -310,7 +288,7 @@ inline SegmentTable segment_table(const uint8_t* buf, uint64_t len,
       throw ArgumentError(name + " has dtype " + std::to_string(f.dtype) +
                           ", expected the first frame's " + std::to_string(*dtype));
     if (p.out_elem != FramePlace::kFollows) t.out_elems = p.out_elem;
-    append_frame(&t, f, buf, i);
+    append_frame(&t, f, image, i);
   }
   return t;
 }

@@ -280,7 +280,7 @@ py::bytes decompress_batched_hd(const std::string& buffer,
                                 const std::vector<hl::FramePlace>& places) {
   const uint8_t* buf = reinterpret_cast<const uint8_t*>(buffer.data());
   uint8_t dtype = 0;
-  const hl::SegmentTable t = hl::segment_table(buf, buffer.size(), places, true, &dtype);
+  const hl::SegmentTable t = hl::decoderef::walked_table(buf, buffer.size(), places, &dtype);
   std::string out;
   with_host_dtype(dtype, [&](auto dt) {
     hl::decoderef::Decode<decltype(dt)::value> d(t, buf);
