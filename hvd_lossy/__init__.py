@@ -23,8 +23,6 @@ from ._codec import (
     compress,
     compress_chunks,
     compress_grouped,
-    decompress,
-    decompress_chunks,
     decompress_into,
     frame_info,
     get_num_threads,
@@ -34,8 +32,8 @@ from ._codec import (
     piece_stats,
     set_max_output_bytes,
     set_num_threads,
-    split_frames,
 )
+from ._decode import decompress, decompress_chunks, split_frames
 
 __version__ = "0.1.0"
 

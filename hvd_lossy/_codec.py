@@ -378,129 +378,65 @@ def frame_info(frame):
     return info
 
 
-def decompress(frame, out=None, max_output_bytes=None):
-    """Decodes a frame into a tensor of its original dtype and shape, on the frame's device.
-
-    Arguments:
-        frame: a 1-D torch.uint8 tensor holding one frame.
-        out: optional contiguous tensor of the frame's dtype and shape on the frame's device to
-            decode into. Without it a CPU frame decodes into memory the codec owns and reuses
-            once nothing references it (see :func:`set_output_cache_bytes`).
-        max_output_bytes: refuse (FrameError) a frame announcing more output bytes; None: the
-            limit of :func:`set_max_output_bytes`. Without ``out`` nothing is allocated first.
-
-    Returns:
-        The decoded tensor (``out`` when given).
-
-    Raises:
-        FrameError (a ValueError) if the frame is truncated, corrupted or not an hvd_lossy frame.
-    """
-    frame = _as_frame_bytes(frame)
-    if out is None and not frame.is_cuda:
+def decompress_host(frame, out=None, max_output_bytes=None):
+    """hvd_lossy.decompress of a CPU frame (hvd_lossy._decode has the device path)."""
+    if out is None:
         # One native call: header, checksum (before anything is allocated: a corrupted header
         # could ask for terabytes), the limit, memory, decode.
         return _decode_new(frame, [frame.numel()], max_output_bytes)[0]
-    if (not frame.is_cuda and isinstance(out, torch.Tensor) and not out.is_cuda
-            and out.dtype in _DTYPE_CODES and out.is_contiguous()):
+    if (isinstance(out, torch.Tensor) and not out.is_cuda and out.dtype in _DTYPE_CODES
+            and out.is_contiguous()):
         # One native call too: the header is matched against out there, not parsed into a
         # dict first; a mismatch decodes nothing and goes on below for its message.
         if _C.decompress_as(frame.data_ptr(), frame.numel(), _DTYPE_CODES[out.dtype],
                             list(out.shape), out.data_ptr(), out.numel() * out.element_size(),
                             _threads):
             return out
-    return _decompress_checked(frame, out, max_output_bytes, verified=False)
-
-
-def _verify_device_frame(frame):
-    """A device frame's checksum, verified on the device before anything is sized from its
-    header (the CPU decoder keeps the same order)."""
-    _check_device(frame)
-    _C.verify_cuda(frame.data_ptr(), frame.numel(), _stream(frame))
-
-
-def _decompress_checked(frame, out, max_output_bytes, verified):
-    if frame.is_cuda and not verified:
-        _verify_device_frame(frame)
     info = frame_info(frame)
-    if out is None:
-        check_output_bytes(info["raw_bytes"], max_output_bytes)
-        out = torch.empty(info["shape"], dtype=info["dtype"], device=frame.device)
-    elif not isinstance(out, torch.Tensor):
+    check_out(out, info["dtype"], info["shape"], frame.device)
+    _C.decompress(frame.data_ptr(), frame.numel(), out.data_ptr(),
+                  out.numel() * out.element_size(), _threads)
+    return out
+
+
+def check_out(out, dtype, shape, device):
+    """That ``out`` can take a decoded frame of this dtype and shape on this device."""
+    if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-    elif (out.dtype != info["dtype"] or tuple(out.shape) != info["shape"]
-          or out.device != frame.device or not out.is_contiguous()):
-        raise ValueError(f"out must be a contiguous {info['dtype']} tensor of shape {info['shape']} "
-                         f"on {frame.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
+    if (out.dtype != dtype or tuple(out.shape) != tuple(shape) or out.device != device
+            or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {dtype} tensor of shape {tuple(shape)} "
+                         f"on {device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
                          f"{'' if out.is_contiguous() else ' (non-contiguous)'}")
-    nbytes = out.numel() * out.element_size()
-    if frame.is_cuda and _host_decoded(info):
-        out.copy_(decompress(frame.cpu()))
-    elif frame.is_cuda:
-        _C.decompress_cuda(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _stream(frame),
-                           verify=False)
-    else:
-        _C.decompress(frame.data_ptr(), frame.numel(), out.data_ptr(), nbytes, _threads)
-    return out
 
 
-def _host_decoded(info):
-    """Frames the CUDA decoder does not read, decoded on the host: those with bucketed row maps
-    (level 2), and with HVD_LOSSY_HOST_DITHER=1 those with dithered segments."""
-    host_dither = _host_dither()
-    return any(seg["map_bucketed"] or (host_dither and seg["dither_seed"] is not None)
-               for seg in info["segments"])
+def frame_bytes(address, avail):
+    """The size of the frame at host ``address`` from its header (FrameError unless it fits
+    in ``avail`` bytes)."""
+    return _C.frame_bytes(address, avail)
 
 
-def split_frames(buffer):
-    """Sizes of the back-to-back frames in ``buffer`` (frames are self-delimiting)."""
-    buffer = _as_frame_bytes(buffer)
-    host = buffer.cpu() if buffer.is_cuda else buffer
-    sizes, offset, total = [], 0, host.numel()
-    base = host.data_ptr()
-    while offset < total:
-        size = _C.frame_bytes(base + offset, total - offset)
-        sizes.append(size)
-        offset += size
-    return sizes
+def frame_heads(host, chunks):
+    """_C.frame_heads of the (offset, bytes present, chunk bytes) chunks of the CPU uint8
+    tensor ``host``: a tuple, an int (the bytes its descriptors need) or a str each."""
+    return _C.frame_heads(host.data_ptr() if host.numel() else 0, host.numel(),
+                          [(int(o), int(a), int(n)) for o, a, n in chunks])
 
 
-def decompress_chunks(buffer, sizes=None, max_output_bytes=None):
-    """Decodes back-to-back frames (as made by :func:`compress_chunks`) into a list of tensors.
+def decompress_batched_cuda(buffer, frames, out):
+    """The device frames (offset, bytes, first element of out) of ``buffer`` decoded into the
+    contiguous device tensor ``out`` by one launch set of the batched CUDA decoder (level 1,
+    block-packed maps), on the current stream; their checksums checked."""
+    _C.decompress_batched_cuda(buffer.data_ptr(), buffer.numel(), frames,
+                               out.data_ptr() if out.numel() else 0,
+                               out.numel() * out.element_size(), _stream(buffer))
 
-    Arguments:
-        buffer: 1-D ``torch.uint8`` tensor of frames.
-        sizes: their sizes in bytes; None walks the frames by the sizes in their headers.
-        max_output_bytes: refuse (FrameError) frames announcing more output bytes in all; None:
-            the limit of :func:`set_max_output_bytes`.
 
-    On the CPU this is one native call (headers and checksums verified first, then one block of
-    memory for all pieces, then every frame decoded, threaded across frames); the pieces are
-    views of that block (see :func:`set_output_cache_bytes`).
-    """
-    buffer = _as_frame_bytes(buffer)
-    limit = _output_limit(max_output_bytes)
-    if sizes is None and not buffer.is_cuda:
-        # the native call walks the frames by their headers
-        return _decode_new(buffer, None, limit)
-    if sizes is None:
-        sizes = split_frames(buffer)
-    sizes = [int(s) for s in sizes]
-    if sum(sizes) != buffer.numel():
-        raise ValueError(f"frame sizes sum to {sum(sizes)} but the buffer holds {buffer.numel()} bytes")
-    if not buffer.is_cuda:
-        return _decode_new(buffer, sizes, limit)
-    out, offset, announced = [], 0, 0
-    for s in sizes:  # every checksum, then what the headers announce, then memory
-        frame = buffer[offset:offset + s]
-        _verify_device_frame(frame)
-        announced += frame_info(frame)["raw_bytes"]
-        offset += s
-    check_output_bytes(announced, limit, "the frames")
-    offset = 0
-    for s in sizes:
-        out.append(_decompress_checked(buffer[offset:offset + s], None, limit, verified=True))
-        offset += s
-    return out
+def decompress_cuda(frame, out):
+    """One device frame decoded into the contiguous device tensor ``out`` (exactly its
+    values) by the per-frame CUDA decoder (level 2 and coded maps), its checksum checked."""
+    _C.decompress_cuda(frame.data_ptr(), frame.numel(), out.data_ptr() if out.numel() else 0,
+                       out.numel() * out.element_size(), _stream(frame))
 
 
 def _decode_new(buffer, sizes, max_output_bytes=None):

@@ -184,7 +184,8 @@ class SingleAlltoall(Alltoall):
             elif not h[ROWS]:
                 tables.append(0)
             else:
-                k = len(hvd_lossy.frame_info(recv[offset:offset + n])["segments"])
+                k = (self.heads[src].segments if recv.is_cuda  # read from its prefix
+                     else len(hvd_lossy.frame_info(recv[offset:offset + n])["segments"]))
                 if h[ROWS] % k:
                     raise _LocalError(11, h[GRANK], detail=f"{h[ROWS]} rows in {k} segments: not "
                                                            "one segment per table of equal rows")

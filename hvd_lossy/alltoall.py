@@ -211,7 +211,8 @@ class Alltoall(LossyCall):
         return recv, recv_splits.tolist()
 
     def headers(self, recv, counts):
-        headers = chunk_header.parse_chunks(recv, counts)
+        self.heads = chunk_header.heads_of(recv, counts)
+        headers = chunk_header.parse_chunks(recv, counts, heads=self.heads)
         # The own chunk's rows never crossed a link (its frame has no segments).
         headers[self.me][ROWS] = self.rows_to[self.me]
         self.record.recv_wire_bytes = recv.numel()
@@ -232,11 +233,17 @@ class Alltoall(LossyCall):
         me = self.me
         lo, hi = self.local_rows
         out[starts[me]:starts[me + 1]].copy_(self.tensor[lo:hi].detach())
-        for sources in (range(me), range(me + 1, self.size)):
-            if sources:
-                decode_chunks(recv, [(offsets[s], counts[s], rows[s]) for s in sources],
-                              out[starts[sources[0]]:starts[sources[-1] + 1]],
-                              [headers[s][GRANK] for s in sources])
+        if out.device.type == "cpu":  # one native call each side of the own rows
+            for sources in (range(me), range(me + 1, self.size)):
+                if sources:
+                    decode_chunks(recv, [(offsets[s], counts[s], rows[s]) for s in sources],
+                                  out[starts[sources[0]]:starts[sources[-1] + 1]],
+                                  [headers[s][GRANK] for s in sources])
+        else:  # every sender's frame in one batched decode, around the own rows
+            sources = [s for s in range(self.size) if s != me]
+            decode_chunks(recv, [(offsets[s], counts[s], rows[s]) for s in sources], out,
+                          [headers[s][GRANK] for s in sources], [starts[s] for s in sources],
+                          [self.heads[s] for s in sources])
         self.received = torch.tensor(rows, dtype=self.split_dtype)
         return out
 

@@ -23,7 +23,7 @@ frame as it lays them out (hvd_lossy.compress_grouped(extension=...)).
 """
 import torch
 
-from hvd_lossy import _bytes, _codec
+from hvd_lossy import _bytes, _codec, _decode
 from hvd_lossy.protocol import (GRANK, HEADER_FIELDS, LOSSY_DTYPES, MAX_NDIM, PAYLOAD, ROWS, _A,
                                 _B, _DIMS, _DTYPE, _LocalError, _NDIM, _PENDING, _PENDING_A,
                                 _PENDING_SEQ, _SETTINGS, _STATUS)
@@ -70,7 +70,7 @@ def fields_of(head, source):
     rank `source`."""
     if isinstance(head, str):
         raise _LocalError(10, source, detail=head)
-    dtype, ndim, trailing, rows, total, _hlen, ext = head
+    dtype, ndim, trailing, rows, total, _hlen, ext = head[:7]
     if ext is None:
         raise _LocalError(10, source, detail="a frame without the protocol's extension")
     r = _bytes.ByteReader(ext, what="a frame extension")
@@ -110,22 +110,33 @@ def offsets_of(counts):
     return offsets
 
 
-def parse_chunks(recv, counts, verify=False):
-    """Header fields of every sender's chunk in the uint8 tensor `recv` (chunk s: counts[s]
-    bytes, back to back), each one frame with the protocol's extension. `verify` also checks
-    every frame's CRC32C, so that a verdict read from the headers is never one a corrupted
-    chunk made up (decoding checks it anyway). _LocalError 10 names the first sender whose
-    chunk is not such a frame."""
+def heads_of(recv, counts, verify=False):
+    """The frame head of every sender's chunk in the uint8 tensor `recv` (chunk s: counts[s]
+    bytes, back to back), or a str saying why it is not a frame. A device buffer's chunks are
+    read from bounded prefixes (hvd_lossy._decode.frame_heads: header and descriptors, one
+    copy to the host); `verify` checks every CRC32C, which takes the whole buffer on the host."""
     chunks = list(zip(offsets_of(counts), counts))
-    return [fields_of(head, s)
-            for s, head in enumerate(_codec.chunk_heads(_host(recv), chunks, verify=verify))]
+    if recv.device.type == "cpu" or verify:
+        return _codec.chunk_heads(_host(recv), chunks, verify=verify)
+    return _decode.frame_heads(recv, chunks)
+
+
+def parse_chunks(recv, counts, verify=False, heads=None):
+    """Header fields of every sender's chunk in the uint8 tensor `recv` (chunk s: counts[s]
+    bytes, back to back), each one frame with the protocol's extension, from `heads`
+    (heads_of's; None: read them). `verify` also checks every frame's CRC32C, so that a
+    verdict read from the headers is never one a corrupted chunk made up (decoding checks it
+    anyway). _LocalError 10 names the first sender whose chunk is not such a frame."""
+    if heads is None:
+        heads = heads_of(recv, counts, verify)
+    return [fields_of(head, s) for s, head in enumerate(heads)]
 
 
 def split_chunks(recv, size):
     """The byte counts of the `size` frames back to back in `recv` (an allgather's result:
     one frame a rank, the sizes from their headers)."""
     try:
-        counts = _codec.split_frames(recv)
+        counts = _decode.split_frames(recv)
     except _codec.FrameError as e:
         raise _LocalError(10, -1, detail=f"the frames received do not split: {e}") from None
     if len(counts) != size:

@@ -22,6 +22,7 @@ import time
 import torch
 
 import hvd_lossy
+from hvd_lossy import _decode
 from hvd_lossy import stats as _stats
 from hvd_lossy.compressor import NoneCompressor
 from hvd_lossy.protocol import (GRANK, ROWS, Handle, _LocalError, base_name, begin_call,
@@ -56,25 +57,31 @@ def check_announced_output(headers, dtype, trailing):
                                                    f"({hvd_lossy.max_output_bytes()})")
 
 
-def decode_chunks(recv, chunks, out, origins):
+def decode_chunks(recv, chunks, out, origins, first_rows=None, heads=None):
     """Decodes chunks `(offset, bytes, rows)` of the uint8 tensor `recv`, each one frame whose
     header announced its rows of `out`'s dtype and row shape (the verdict read them), into
     consecutive rows of `out`; origins[i]: the global rank that sent chunk i. On the CPU one
-    native call, threaded across frames."""
+    native call, threaded across frames. On a device every chunk's frame goes to one batched
+    decode (hvd_lossy._decode.decode_into), chunk i at row first_rows[i] of `out` (None:
+    consecutive from row 0), read with `heads` (chunk_header.heads_of's; None: read here)."""
     if out.device.type == "cpu":
         errors = hvd_lossy.decompress_into(recv, chunks, out)
         for origin, error in zip(origins, errors):
             if error is not None:
                 raise _LocalError(11 if error.mismatch else 10, origin, detail=error)
         return
-    row = 0
-    for (offset, nbytes, rows), origin in zip(chunks, origins):
-        if rows:
-            try:
-                hvd_lossy.decompress(recv[offset:offset + nbytes], out=out[row:row + rows])
-            except Exception as e:
-                raise _LocalError(10, origin, detail=f"{type(e).__name__}: {e}") from e
-        row += rows
+    if first_rows is None:
+        first_rows = [sum(rows for _o, _n, rows in chunks[:i]) for i in range(len(chunks))]
+    if heads is None:
+        heads = _decode.frame_heads(recv, [(offset, nbytes) for offset, nbytes, _r in chunks])
+    taken = range(len(chunks))
+    try:
+        frames, taken = _decode.place_chunks(chunks, heads, first_rows,
+                                             out[0].numel() if out.shape[0] else 0)
+        _decode.decode_into(recv, frames, [heads[i] for i in taken], out, trailing=out.shape[1:])
+    except _decode.FrameRefusal as e:
+        raise _LocalError(11 if e.mismatch else 10, origins[taken[e.index]],
+                          detail=str(e)) from e
 
 
 def remote_bytes(tensor, splits, backend):

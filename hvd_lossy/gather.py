@@ -83,7 +83,8 @@ class Allgather(LossyCall):
         """Every rank's header, from its frame in the result (frame after frame)."""
         self.counts = chunk_header.split_chunks(recv, self.size)
         self.record.recv_wire_bytes = recv.numel()
-        return chunk_header.parse_chunks(recv, self.counts)
+        self.heads = chunk_header.heads_of(recv, self.counts)
+        return chunk_header.parse_chunks(recv, self.counts, heads=self.heads)
 
     def verify_headers(self, recv, counts):
         chunk_header.parse_chunks(recv, self.counts, verify=True)
@@ -94,7 +95,7 @@ class Allgather(LossyCall):
         check_announced_output(headers, dtype, trailing)
         out = new_output((sum(rows), *trailing), dtype, self.device)
         decode_chunks(recv, list(zip(chunk_header.offsets_of(self.counts), self.counts, rows)),
-                      out, [h[GRANK] for h in headers])
+                      out, [h[GRANK] for h in headers], heads=self.heads)
         return out
 
 

@@ -1,5 +1,7 @@
 // pybind11 module hvd_lossy._C: converts arguments, releases the GIL, calls the codec. Tensors
 // cross as raw data pointers (torch's data_ptr()), so the module needs no torch headers.
+#include <tuple>
+
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -11,6 +13,7 @@
 #include "output_blocks.h"
 #include "pack.h"
 #include "parallel.h"
+#include "segment_table.h"  // batch_unsupported
 
 namespace py = pybind11;
 
@@ -117,6 +120,29 @@ py::object chunk_head(const uint8_t* buffer, uint64_t offset, uint64_t length, b
                          : py::object(py::none());
   return py::make_tuple((int)f.dtype, f.ndim, f.trailing, f.rows, f.total_bytes, f.header_bytes,
                         ext);
+}
+
+// What the device receive path reads of a frame of `size` bytes from its first `avail` bytes
+// at p (parse_frame_head): (dtype code, ndim, trailing, rows, frame bytes, header bytes,
+// extension or None, why the batched device decoder cannot read it ("" when it can), whether
+// a row map is bucketed, whether a segment is dithered, its segments); or, when the descriptors may lie past
+// avail, the bytes that hold them (an int).
+py::object frame_head(const uint8_t* p, uint64_t avail, uint64_t size) {
+  uint64_t need = 0;
+  const hl::FrameView f = hl::parse_frame_head(p, avail, size, &need);
+  if (need > avail) return py::int_(need);
+  std::string refusal;
+  bool bucketed = false, dithered = false;
+  for (size_t k = 0; k < f.segs.size(); ++k) {
+    const std::string why = hl::batch_unsupported(f.segs[k]);
+    if (refusal.empty() && !why.empty()) refusal = "segment " + std::to_string(k) + ": " + why;
+    bucketed |= f.segs[k].map_buckets;
+    dithered |= f.segs[k].dithered;
+  }
+  py::object ext = f.ext ? py::object(py::bytes(reinterpret_cast<const char*>(f.ext), f.ext_bytes))
+                         : py::object(py::none());
+  return py::make_tuple((int)f.dtype, f.ndim, f.trailing, f.rows, f.total_bytes, f.header_bytes,
+                        ext, refusal, bucketed, dithered, f.segs.size());
 }
 
 // Whether every frame is (r_k, *trailing) of one dtype, with rows of at least one element (the
@@ -404,6 +430,36 @@ PYBIND11_MODULE(_C, m) {
         "For each (offset, length) chunk of buffer: the frame filling it exactly, as (dtype "
         "code, ndim, trailing, rows, frame bytes, header bytes, extension bytes or None), its "
         "CRC32C verified when verify; or the FrameError's message (str) when it is not one.");
+
+  m.def("frame_heads",
+        [](uintptr_t buffer, uint64_t buffer_len,
+           const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& chunks) {
+          const uint8_t* buf = ptr<const uint8_t>(buffer);
+          py::list out;
+          for (size_t i = 0; i < chunks.size(); ++i) {
+            const auto [offset, avail, size] = chunks[i];
+            if (offset > buffer_len || avail > buffer_len - offset || avail > size)
+              throw hl::ArgumentError("chunk " + std::to_string(i) + " has bytes [" +
+                                      std::to_string(offset) + ", +" + std::to_string(avail) +
+                                      ") of its " + std::to_string(size) +
+                                      ", expected them within the buffer's " +
+                                      std::to_string(buffer_len) + " and the chunk");
+            try {
+              out.append(frame_head(buf + offset, avail, size));
+            } catch (const hl::FrameError& e) {
+              out.append(py::str(e.what()));
+            }
+          }
+          return out;
+        },
+        py::arg("buffer"), py::arg("buffer_len"), py::arg("chunks"),
+        "For each (offset, bytes present, chunk bytes) chunk of buffer, whose first bytes (a "
+        "prefix of a device buffer's chunk copied to the host) lie at offset: the header and "
+        "descriptors of the frame filling the chunk, as (dtype code, ndim, trailing, rows, "
+        "frame bytes, header bytes, extension bytes or None, why the batched device decoder "
+        "cannot read it or '', bucketed row map, dithered segment, segments); or the bytes its "
+        "descriptors may need (int) when more than present; or the FrameError's message "
+        "(str). The payloads are not read (nor the CRC32C).");
 
   m.def("empty_frame",
         [](int dtype, const std::vector<int64_t>& trailing, const std::string& ext) {

@@ -5,6 +5,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <tuple>
+
 #include "bindings_util.h"
 #include "codec_cuda.h"
 
@@ -91,19 +93,23 @@ void register_cuda(py::module_& m) {
         "(ValueError) for a corrupted frame. verify=False: verify_cuda already checked it.");
 
   m.def("decompress_batched_cuda",
-        [](uintptr_t buffer, uint64_t size, const std::vector<uint64_t>& sizes, uintptr_t out,
+        [](uintptr_t buffer, uint64_t size,
+           const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& frames, uintptr_t out,
            uint64_t out_bytes, uintptr_t stream, bool verify) {
-          hl::decompress_batched_cuda(ptr<const uint8_t>(buffer), size, sizes.data(),
-                                      sizes.size(), ptr<void>(out), out_bytes, ptr<void>(stream),
-                                      verify);
+          std::vector<hl::FramePlace> places(frames.size());
+          for (size_t i = 0; i < frames.size(); ++i)
+            places[i] = {std::get<0>(frames[i]), std::get<1>(frames[i]), std::get<2>(frames[i])};
+          hl::decompress_batched_cuda(ptr<const uint8_t>(buffer), size, places, ptr<void>(out),
+                                      out_bytes, ptr<void>(stream), verify);
         },
-        py::arg("buffer"), py::arg("size"), py::arg("sizes"), py::arg("out"),
+        py::arg("buffer"), py::arg("size"), py::arg("frames"), py::arg("out"),
         py::arg("out_bytes"), py::arg("stream"), py::arg("verify") = true,
         py::call_guard<py::gil_scoped_release>(),
-        "CUDA decompress of back-to-back level-1 frames (of these sizes) with one launch set "
-        "for all their segments, into one device buffer of out_bytes (the frames' tensors "
-        "after one another); raises FrameError (ValueError) for a corrupted frame, ValueError "
-        "for a level-2 segment or an entropy-coded or bucketed map. Not yet run on a GPU.");
+        "CUDA decompress of level-1 frames, each (offset, bytes, first output element) of the "
+        "device buffer, with one launch set for all their segments, into one device buffer of "
+        "out_bytes (outputs in order, not overlapping); raises FrameError (ValueError) for a "
+        "corrupted frame, naming it, ValueError for a level-2 segment or an entropy-coded or "
+        "bucketed map. Not yet run on a GPU.");
 
   m.def("verify_cuda",
         [](uintptr_t frame, uint64_t size, uintptr_t stream) {

@@ -180,7 +180,7 @@ std::string compare_decoders(const std::vector<uint8_t>& frame, uint64_t out_byt
   Dev b(out_bytes);
   const uint64_t size = frame.size();
   try {
-    hl::decompress_batched_cuda(f.p, size, &size, 1, b.p, out_bytes, nullptr);
+    hl::decompress_batched_cuda(f.p, size, hl::back_to_back(&size, 1), b.p, out_bytes, nullptr);
   } catch (const std::exception& e) {
     batch_err = e.what();
   }

@@ -177,7 +177,7 @@ def test_a_row_map_not_numbered_by_first_occurrence_raises_frame_error_naming_it
 
 def test_frames_running_past_the_buffer_are_refused():
     buffer, sizes = encode_call([([4], [0.1])], torch.float32, "abs", True, None)
-    with pytest.raises(ValueError, match=f"frame 0 of {sizes[0] + 1} bytes runs past the "
+    with pytest.raises(ValueError, match=f"frame 0 of {sizes[0] + 1} bytes at 0 runs past the "
                                          f"buffer's {len(buffer)} bytes"):
         _hl_test.decompress_batched_hd(buffer, [sizes[0] + 1])
 

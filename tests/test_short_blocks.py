@@ -201,19 +201,24 @@ def test_goldens_from_before_short_blocks_decode_exactly_as_their_successors(nam
 # ---- CUDA: the device paths, chosen on the host ---------------------------------------------
 
 def test_device_frames_with_short_blocks_decode_on_the_device_and_level1_codes_there(monkeypatch):
-    from hvd_lossy import _codec
+    from hvd_lossy import _codec, _decode
     monkeypatch.delenv(_codec.HOST_DITHER_VARIABLE, raising=False)
+
+    def way(frame):  # the decoder a device frame of these bytes goes to
+        (head,) = _decode.frame_heads(frame, [(0, frame.numel())])
+        return _decode.route(head)
+
     x, _ = scaled_codes(8, seed=6)
-    info = hvd_lossy.frame_info(level1_frame(x, 0.5, dedup=False))
-    assert info["segments"][0]["short_blocks"]
-    assert not _codec._host_decoded(info)  # the CUDA decoder reads short-block sections
-    dithered = hvd_lossy.frame_info(hvd_lossy.compress(x, 0.5, mode="abs", dither=5))
-    assert dithered["segments"][0]["dither_seed"] == 5
-    assert not _codec._host_decoded(dithered)  # ... and dithered ones
+    frame = level1_frame(x, 0.5, dedup=False)
+    assert hvd_lossy.frame_info(frame)["segments"][0]["short_blocks"]
+    assert way(frame) == "batched"  # the batched CUDA decoder reads short-block sections
+    dithered = hvd_lossy.compress(x, 0.5, mode="abs", dither=5)
+    assert hvd_lossy.frame_info(dithered)["segments"][0]["dither_seed"] == 5
+    assert way(dithered) == "batched"  # ... and dithered ones
     # level 1, dithered or not: the CUDA encoder; level 2: the CPU encoder through a host copy
     assert _codec._on_device_encoder(-1, 1) and _codec._on_device_encoder(5, 1)
     assert not _codec._on_device_encoder(-1, 2) and not _codec._on_device_encoder(5, 2)
     # HVD_LOSSY_HOST_DITHER=1: dithered tensors and frames take the host codec, as before
     monkeypatch.setenv(_codec.HOST_DITHER_VARIABLE, "1")
     assert not _codec._on_device_encoder(5, 1) and _codec._on_device_encoder(-1, 1)
-    assert _codec._host_decoded(dithered) and not _codec._host_decoded(info)
+    assert way(dithered) == "host" and way(frame) == "batched"

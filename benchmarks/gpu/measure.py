@@ -11,7 +11,10 @@ items before it), with the keys of the earlier GPU issue:
 and the detail behind them under "items". GB/s count uncompressed bytes. "step" is one rank's
 DLRM exchange: 26 tables x 8 destinations x 256 rows x dim 128 as one compress_grouped call
 (8 frames of 26 segments, the layout hvd_lossy's all-to-all sends; the CUDA encoder codes its
-208 pieces in one batch, one launch a stage) and the decode of the 8 frames; fp32 is the headline, fp16 and the dithered gradient recipe (on the device, and on a GPU
+208 pieces in one batch, one launch a stage) and the decode of the 8 frames (decompress_chunks,
+the step_decompress_us key, and "receive_us": the all-to-all's receive path into one output;
+both read the frames' headers from bounded prefixes and decode every frame with one call of the
+batched decoder); fp32 is the headline, fp16 and the dithered gradient recipe (on the device, and on a GPU
 also through the host codec as before, HVD_LOSSY_HOST_DITHER=1) are beside it, each with the
 kernels and copies one call makes. A dry run on
 the CPU writes the same keys with "device": "cpu": those are no GPU figures.
@@ -155,22 +158,41 @@ def _measure_step(res, args, dtype, dither, host_dither):
         for t, seg in enumerate(infos["segments"]):
             a, b = t * ROWS, (t + 1) * ROWS
             worst = max(worst, worst_over_bound(src[a:b], frame_out[a:b].cpu(), seg["eb_abs"]))
+    received = torch.empty(x.shape, dtype=dtype, device=args.device)
+    exchange_receive(buffer, frame_bytes, received)
+    identical = identical and torch.equal(received.cpu().view(torch.uint8),
+                                          torch.cat(decoded).cpu().view(torch.uint8))
     t_c = timed_us(lambda: compress(x, out), args.device, args.warmup, args.repeat)
     t_d = timed_us(lambda: hvd_lossy.decompress_chunks(buffer, frame_bytes), args.device,
+                   args.warmup, args.repeat)
+    t_r = timed_us(lambda: exchange_receive(buffer, frame_bytes, received), args.device,
                    args.warmup, args.repeat)
     raw = x.numel() * x.element_size()
     name = "step %s%s%s" % (str(dtype).replace("torch.", ""), " dithered" if dither else "",
                             " on the host" if host_dither else "")
     res.item(name, identical=identical, worst=worst, raw_bytes=raw, frame_bytes=total,
-             ratio=raw / total, compress_us=t_c, decompress_us=t_d, pieces=len(rows),
+             ratio=raw / total, compress_us=t_c, decompress_us=t_d, receive_us=t_r,
+             pieces=len(rows),
              frames=DESTINATIONS, bound_rel=bound, dither_seed=seed,
              launches=count_launches(args, {
                  "compress": lambda: compress(x, out),
                  "compress as 8 pieces": lambda: hvd_lossy.compress_grouped(
                      x, [TABLES * ROWS] * DESTINATIONS, [bound] * DESTINATIONS,
                      [1] * DESTINATIONS, 0, out, 0, mode="rel", level=1, dither=seed),
-                 "decompress": lambda: hvd_lossy.decompress_chunks(buffer, frame_bytes)}))
+                 "decompress": lambda: hvd_lossy.decompress_chunks(buffer, frame_bytes),
+                 "receive": lambda: exchange_receive(buffer, frame_bytes, received)}))
     return t_c, t_d
+
+
+def exchange_receive(buffer, frame_bytes, out):
+    """What hvd_lossy's all-to-all does with its received buffer of one frame a sender (the
+    collective without the network): the frames' heads read from bounded prefixes, then every
+    sender's rows decoded into one output, on a device by one batched decode
+    (hvd_lossy.collective.decode_chunks)."""
+    from hvd_lossy.collective import decode_chunks
+    offsets = [sum(frame_bytes[:d]) for d in range(len(frame_bytes))]
+    decode_chunks(buffer, [(o, n, TABLES * ROWS) for o, n in zip(offsets, frame_bytes)], out,
+                  list(range(len(frame_bytes))))
 
 
 def count_launches(args, calls):

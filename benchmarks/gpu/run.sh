@@ -8,16 +8,18 @@
 # network. Stages, each logged to $OUT/<stage>.log, its status in $OUT/stages.txt:
 #   build     cmake + ninja for sm_90 into hvd_lossy/ (and build/cuda_selftest)          <= 150 s
 #   measure   benchmarks/gpu/measure.py: the DLRM step's exchange (fp32, fp16, dithered: its
-#             208 pieces coded in one batch, step_compress_us / step_decompress_us, and the
-#             launches of a call of 208 pieces beside one of 8), 1 MB and 64 MB tensors, copy
+#             208 pieces coded in one batch, step_compress_us / step_decompress_us, the 8 frames
+#             decoded by one batched call, and receive_us, the all-to-all's receive path into one
+#             output; the launches and copies of each call), 1 MB and 64 MB tensors, copy
 #             and fp16-cast bandwidth, every frame against the CPU codec's bytes and every
 #             decode against the bound -> $OUT/gpu_issue25.json                          <= 80 s
 #   dlrm      one training step of examples/dlrm on the GPU (--backend local --device cuda),
 #             and again with --compression lossy (one rank codes nothing: the code path) <= 40 s
 #   selftest  build/cuda_selftest 400: random frames (dither included) against the CPU    <= 35 s
 #   tests     pytest tests/test_cuda.py tests/test_cuda_encoder.py tests/test_device_elements.py
-#             tests/test_device_batch.py tests/test_device_decode_batch.py (the batched
-#             decoder's first run: _C.decompress_batched_cuda against the CPU decoder)   <= 90 s
+#             tests/test_device_batch.py tests/test_device_decode_batch.py
+#             tests/test_device_receive.py (the batched decoder's first run, alone and wired
+#             into the receive path, against the CPU decoder)                           <= 90 s
 #   sanitize  compute-sanitizer memcheck over a small selftest (20 cases, 20 tampered)   <= 60 s
 # Worst case 455 s of stages if every one hits its timeout; expected about 4-5 minutes.
 # Exit status 0 when every stage passed; the JSON is written whatever happens after measure.
@@ -79,7 +81,7 @@ stage dlrm 40 bash -c "
 stage selftest 35 build/cuda_selftest 400
 stage tests 90 $PY -m pytest -q -p no:cacheprovider --maxfail=10 --tb=short \
   tests/test_cuda.py tests/test_cuda_encoder.py tests/test_device_elements.py \
-  tests/test_device_batch.py tests/test_device_decode_batch.py
+  tests/test_device_batch.py tests/test_device_decode_batch.py tests/test_device_receive.py
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 stage sanitize 60 "$SANITIZER" --tool memcheck --error-exitcode 9 build/cuda_selftest 20 2 10
 

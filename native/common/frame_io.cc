@@ -3,6 +3,8 @@
 
 #include <stdio.h>
 
+#include <algorithm>
+
 #include "codec_common.h"
 #include "crc32c.h"
 #include "reader.h"
@@ -62,10 +64,15 @@ uint64_t checked_frame_bytes(const uint8_t* p, uint64_t avail) {
   return total;
 }
 
-FrameView parse_frame(const uint8_t* frame, uint64_t size) {
-  if (size < HL_FRAME_PREFIX + 1 || !is_frame(frame, size)) not_a_frame(frame, size);
-  FrameView f;
-  Reader in(frame, size, "frame");
+namespace {
+void parse_descriptors(Reader& in, FrameView& f, uint64_t n_segs, uint64_t slab,
+                       uint64_t row_len);
+
+// The header and descriptors of a frame of `size` bytes whose first `avail` are at frame (in
+// reads them), into f. False when the descriptors run past avail: *need (at most size) bytes
+// hold them whatever they say.
+bool parse_head(const uint8_t* frame, uint64_t avail, uint64_t size, Reader& in, FrameView& f,
+                uint64_t* need) {
   in.skip(3);
   f.crc = in.fixed(4, "checksum");
   f.total_bytes = in.varint("total size");
@@ -104,13 +111,33 @@ FrameView parse_frame(const uint8_t* frame, uint64_t size) {
   }
   const uint64_t n_segs = in.varint("segment count");
   f.header_bytes = in.pos();
-  if (n_segs > in.remaining() / 3)  // a descriptor has at least 3 bytes
+  if (n_segs > (size - in.pos()) / 3)  // a descriptor has at least 3 bytes
     throw FrameError("frame is corrupted: " + num(n_segs) + " segments in " + num(size) +
                      " bytes");
   if (f.ndim == 0 && n_segs != 1)
     throw FrameError("frame is corrupted: a 0-d frame with " + num(n_segs) + " segments");
+  // a descriptor at its longest: flags, the bound and five varints of 10 bytes
+  *need = std::min(size, in.pos() + n_segs * (1 + 3 + 5 * 10));
+  if (*need <= avail) {
+    parse_descriptors(in, f, n_segs, slab, row_len);
+    return true;
+  }
+  try {  // they usually end well before their bound; if not, they are asked for
+    parse_descriptors(in, f, n_segs, slab, row_len);
+    *need = in.pos();
+    return true;
+  } catch (const FrameError&) {
+    f.segs.clear();
+    f.rows = 0;
+    return false;
+  }
+}
+
+// The n_segs descriptors at in, of segments of `slab` rows a dim-0 entry and row_len elements
+// a row, into f.segs (and f.rows).
+void parse_descriptors(Reader& in, FrameView& f, uint64_t n_segs, uint64_t slab,
+                       uint64_t row_len) {
   f.segs.resize(n_segs);
-  const uint64_t eb = hl_elem_bytes(f.dtype);
   for (uint64_t k = 0; k < n_segs; ++k) {
     SegmentView& s = f.segs[k];
     const uint64_t at = in.pos();
@@ -183,6 +210,27 @@ FrameView parse_frame(const uint8_t* frame, uint64_t size) {
     s.code_bytes = in.varint("segment code size");
     s.bytes = in.pos() - at;
   }
+}
+}  // namespace
+
+FrameView parse_frame_head(const uint8_t* frame, uint64_t avail, uint64_t size, uint64_t* need) {
+  FrameView f;
+  *need = std::min<uint64_t>(size, HL_FRAME_MAX_HEADER);  // the header before the descriptors
+  if (avail > size) avail = size;
+  if (avail < *need) return f;
+  if (avail < HL_FRAME_PREFIX + 1 || !is_frame(frame, avail)) not_a_frame(frame, avail);
+  Reader in(frame, avail, "frame");
+  parse_head(frame, avail, size, in, f, need);
+  return f;
+}
+
+FrameView parse_frame(const uint8_t* frame, uint64_t size) {
+  if (size < HL_FRAME_PREFIX + 1 || !is_frame(frame, size)) not_a_frame(frame, size);
+  FrameView f;
+  Reader in(frame, size, "frame");
+  uint64_t need = 0;
+  parse_head(frame, size, size, in, f, &need);
+  const uint64_t n_segs = f.segs.size(), eb = hl_elem_bytes(f.dtype);
   // Payloads: every size against the bytes left before anything is read or allocated.
   const uint8_t* table = nullptr;  // the last level-2 code section with its own table
   uint64_t table_bytes = 0;
@@ -264,14 +312,17 @@ FrameView parse_frame(const uint8_t* frame, uint64_t size) {
   return f;
 }
 
-void verify_frame(const FrameView& f, const uint8_t* frame) {
-  const uint32_t crc = crc32c(frame + HL_FRAME_PREFIX, f.total_bytes - HL_FRAME_PREFIX);
-  if (crc != f.crc) {
+void check_crc(uint32_t computed, uint32_t stored) {
+  if (computed != stored) {
     char buf[128];
-    snprintf(buf, sizeof(buf), "frame is corrupted: checksum (CRC32C) 0x%08x, its header says 0x%08x", crc,
-             f.crc);
+    snprintf(buf, sizeof(buf), "frame is corrupted: checksum (CRC32C) 0x%08x, its header says 0x%08x",
+             computed, stored);
     throw FrameError(buf);
   }
+}
+
+void verify_frame(const FrameView& f, const uint8_t* frame) {
+  check_crc(crc32c(frame + HL_FRAME_PREFIX, f.total_bytes - HL_FRAME_PREFIX), f.crc);
 }
 
 uint64_t SegmentDesc::descriptor_bytes() const {

@@ -72,8 +72,17 @@ uint64_t checked_frame_bytes(const uint8_t* p, uint64_t avail);
 // bytes. Throws FrameError. Allocates only after a size is checked against the bytes present.
 FrameView parse_frame(const uint8_t* frame, uint64_t size);
 
+// The header and descriptors of a frame of `size` bytes of which only the first `avail` are at
+// frame (a device frame's prefix copied to the host): parse_frame's checks of them, none of the
+// payloads (no section pointers or map sizes, no radix or short-block marks). *need is the
+// bytes that hold them whatever they say; when it exceeds avail the view is empty and the
+// caller copies *need bytes and asks again. Throws FrameError.
+FrameView parse_frame_head(const uint8_t* frame, uint64_t avail, uint64_t size, uint64_t* need);
+
 // CRC32C of the frame against its header. Throws FrameError.
 void verify_frame(const FrameView& f, const uint8_t* frame);
+// FrameError naming both when a frame's computed CRC32C is not the one its header stores.
+void check_crc(uint32_t computed, uint32_t stored);
 
 // ---- writing ------------------------------------------------------------------------------
 

@@ -15,12 +15,14 @@
 
 #include "elements.h"
 #include "frame_fields.h"
+#include "level1_sections.h"  // the section sizes
 
 #ifdef __cplusplus
 #include <string>
 #include <vector>
 
 #include "frame_io.h"
+#include "frame_walk.h"  // FramePlace
 
 namespace hl {
 
@@ -199,8 +201,9 @@ inline void check_widths_fit(const DeviceSection& s, const char* what) {
 }
 
 // Appends the segments of the parsed frame f (frame frame_index of the received buffer at base,
-// into which f's pointers point). ArgumentError naming the segment and the frame when one has
-// no batched decoder (batch_unsupported).
+// into which f's pointers point), its rows from element t->out_elems of the output on.
+// ArgumentError naming the segment and the frame when one has no batched decoder
+// (batch_unsupported).
 inline void append_frame(SegmentTable* t, const FrameView& f, const uint8_t* base,
                          uint64_t frame_index) {
   for (size_t k = 0; k < f.segs.size(); ++k) {
@@ -254,25 +257,38 @@ inline void append_frame(SegmentTable* t, const FrameView& f, const uint8_t* bas
   }
 }
 
-// The frames of sizes[i] bytes back to back in buf, parsed and their CRC32C checked (verify)
-// into one table; their dtype in *dtype. FrameError for a bad frame, ArgumentError for sizes
-// past the buffer, frames of different dtypes or a segment without a batched decoder.
-inline SegmentTable segment_table(const uint8_t* buf, uint64_t len, const uint64_t* sizes,
-                                  uint64_t n_frames, bool verify, uint8_t* dtype) {
+// The frames at places[i] of a buffer of len bytes, parsed from its image (frame_walk.h: the
+// prefixes and walked bytes at their offsets; or the buffer itself) into one table, their
+// CRC32C checked against crcs[i] (computed over the buffer; null: not checked); their dtype in
+// *dtype. Their outputs must come in order without overlapping: the table's out_elems is
+// where the last one ends. FrameError for a bad frame (its text ends "(frame i)" where the
+// parser does not name the segment), ArgumentError for a frame past the buffer, outputs out of
+// order, frames of different dtypes or a segment without a batched decoder.
+inline SegmentTable segment_table(const uint8_t* image, uint64_t len,
+                                  const std::vector<FramePlace>& places, const uint32_t* crcs,
+                                  uint8_t* dtype) {
+  check_places(places, len);
   SegmentTable t;
-  uint64_t at = 0;
-  for (uint64_t i = 0; i < n_frames; ++i) {
-    if (sizes[i] > len - at)
-      throw ArgumentError("frame " + std::to_string(i) + " of " + std::to_string(sizes[i]) +
-                          " bytes runs past the buffer's " + std::to_string(len) + " bytes");
-    const FrameView f = parse_frame(buf + at, sizes[i]);
-    if (verify) verify_frame(f, buf + at);
+  for (uint64_t i = 0; i < places.size(); ++i) {
+    const FramePlace& p = places[i];
+    const std::string name = "frame " + std::to_string(i);
+    if (p.out_elem != FramePlace::kFollows && p.out_elem < t.out_elems)
+      throw ArgumentError(name + "'s output starts at element " + std::to_string(p.out_elem) +
+                          ", expected at least " + std::to_string(t.out_elems) +
+                          " (where the frame before it ends)");
+    FrameView f;
+    try {
+      f = parse_frame(image + p.offset, p.size);
+      if (crcs) check_crc(crcs[i], f.crc);
+    } catch (const FrameError& e) {
+      throw FrameError(std::string(e.what()) + " (" + name + ")");
+    }
     if (i == 0) *dtype = f.dtype;
     if (f.dtype != *dtype)
-      throw ArgumentError("frame " + std::to_string(i) + " has dtype " + std::to_string(f.dtype) +
+      throw ArgumentError(name + " has dtype " + std::to_string(f.dtype) +
                           ", expected the first frame's " + std::to_string(*dtype));
-    append_frame(&t, f, buf, i);
-    at += sizes[i];
+    if (p.out_elem != FramePlace::kFollows) t.out_elems = p.out_elem;
+    append_frame(&t, f, image, i);
   }
   return t;
 }

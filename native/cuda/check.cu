@@ -107,14 +107,6 @@ __global__ void copy_moves_kernel(const FrameCopy* copies, uint64_t bpp, const u
 
 }  // namespace
 
-void crc_mismatch(uint32_t computed, uint32_t stored) {
-  char buf[128];
-  snprintf(buf, sizeof(buf),
-           "frame is corrupted: checksum (CRC32C) 0x%08x, its header says 0x%08x", computed,
-           stored);
-  throw FrameError(buf);
-}
-
 void check_frame_size(uint64_t size) {
   if (size <= HL_FRAME_PREFIX) checked_frame_bytes(nullptr, size);  // too short to hold a byte of it
 }
@@ -141,13 +133,18 @@ void copy_moves_dev(const FrameCopy* copies_dev, uint64_t n, uint64_t longest,
          slots_dev, out_dev);
 }
 
-void seal_frames_dev(uint8_t* out_dev, const FrameSeal* seals_dev, uint64_t n, uint64_t largest,
-                     uint32_t* terms_dev, cudaStream_t stream) {
+void frame_terms_dev(const uint8_t* buf_dev, const FrameSeal* seals_dev, uint64_t n,
+                     uint64_t largest, uint32_t* terms_dev, cudaStream_t stream) {
   uint64_t bpp = grid_for(hl_div_up(largest, kCrcPiece), kThreads);
   bpp = std::max<uint64_t>(1, std::min<uint64_t>(bpp, 16 * kMaxGrid / std::max<uint64_t>(n, 1)));
   HL_CUDA_CHECK(cudaMemsetAsync(terms_dev, 0, n * sizeof(uint32_t), stream));
-  launch("crc32c_frames", crc32c_frames_kernel, bpp * n, kThreads, stream, out_dev, seals_dev,
+  launch("crc32c_frames", crc32c_frames_kernel, bpp * n, kThreads, stream, buf_dev, seals_dev,
          bpp, terms_dev);
+}
+
+void seal_frames_dev(uint8_t* out_dev, const FrameSeal* seals_dev, uint64_t n, uint64_t largest,
+                     uint32_t* terms_dev, cudaStream_t stream) {
+  frame_terms_dev(out_dev, seals_dev, n, largest, terms_dev, stream);
   launch("seal_frames", seal_frames_kernel, grid_for(n, kThreads), kThreads, stream, out_dev,
          seals_dev, n, terms_dev);
 }
@@ -186,7 +183,7 @@ void verify_cuda(const uint8_t* frame_dev, uint64_t size, void* stream_v) {
   memcpy(head, fetch(frame_dev, head_len, stream), head_len);
   const uint32_t stored = stored_crc(head, head_len, size);
   const uint32_t crc = crc32c_dev(frame_dev + HL_FRAME_PREFIX, size - HL_FRAME_PREFIX, stream);
-  if (crc != stored) crc_mismatch(crc, stored);
+  check_crc(crc, stored);
 }
 
 }  // namespace hl

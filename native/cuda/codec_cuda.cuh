@@ -146,6 +146,11 @@ void copy_moves_dev(const FrameCopy* copies_dev, uint64_t n, uint64_t longest,
 // n words) and one for the seals.
 void seal_frames_dev(uint8_t* out_dev, const FrameSeal* seals_dev, uint64_t n, uint64_t largest,
                      uint32_t* terms_dev, cudaStream_t stream);
+// The piecewise CRC32C terms (frame_fields.h) of the n frames at seals_dev (the largest
+// `largest` bytes) of the buffer into terms_dev, one launch: crc32c_finish(terms[k], total - 7)
+// is frame k's CRC32C.
+void frame_terms_dev(const uint8_t* buf_dev, const FrameSeal* seals_dev, uint64_t n,
+                     uint64_t largest, uint32_t* terms_dev, cudaStream_t stream);
 // CRC32C of n device bytes.
 uint32_t crc32c_dev(const uint8_t* p_dev, uint64_t n, cudaStream_t stream);
 // FrameError ("truncated", as the CPU decoder says) for fewer bytes than any frame has, before
@@ -154,8 +159,6 @@ void check_frame_size(uint64_t size);
 // The CRC32C a frame of `size` bytes stores, from its first head_len bytes; FrameError unless
 // they are a frame's and its total is `size`.
 uint32_t stored_crc(const uint8_t* head, uint64_t head_len, uint64_t size);
-// FrameError naming both CRCs, as verify_frame (frame_io.h) does.
-[[noreturn]] void crc_mismatch(uint32_t computed, uint32_t stored);
 
 }  // namespace gpu
 }  // namespace hl

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "codec.h"
+#include "segment_table.h"  // FramePlace
 
 namespace hl {
 
@@ -49,16 +50,16 @@ uint64_t compress_cuda_scratch(const CompressParams& p, const std::vector<int64_
 // ArgumentError for bucketed row maps (no CUDA decoder yet).
 void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uint64_t out_bytes,
                      void* stream, bool verify_checksum = true);
-// Decodes the n_frames frames of sizes[i] bytes back to back at buf_dev (len bytes) into
-// out_dev (out_bytes, exactly what they decode to, frame after frame) with one launch set for
-// all their segments (decode_batch.cu): the buffer is copied to the host once and parsed there
-// (CRC32C checked unless verify_checksum is false), the payloads are read on the device. Level 1
-// with block-packed maps only: ArgumentError naming the first segment of level 2 or with an
-// entropy-coded or bucketed map (decompress_cuda reads those). Throws FrameError. Compiled, not
-// yet run on a GPU, and not yet called by hvd_lossy.
-void decompress_batched_cuda(const uint8_t* buf_dev, uint64_t len, const uint64_t* sizes,
-                             uint64_t n_frames, void* out_dev, uint64_t out_bytes, void* stream,
-                             bool verify_checksum = true);
+// Decodes the frames at places[i] of buf_dev (len bytes; segment_table.h) into out_dev
+// (out_bytes, at least where the last frame's output ends), each from its out_elem on, with
+// one launch set for all their segments (decode_batch.cu): the buffer is copied to the host
+// once and parsed there (CRC32C checked unless verify_checksum is false), the payloads are
+// read on the device. Level 1 with block-packed maps only: ArgumentError naming the first
+// segment of level 2 or with an entropy-coded or bucketed map (decompress_cuda reads those).
+// Throws FrameError naming the frame. Compiled, not yet run on a GPU.
+void decompress_batched_cuda(const uint8_t* buf_dev, uint64_t len,
+                             const std::vector<FramePlace>& places, void* out_dev,
+                             uint64_t out_bytes, void* stream, bool verify_checksum = true);
 // Verifies a device frame before the caller allocates anything for it: its first bytes (the
 // size and the CRC32C) are copied to the host, then the CRC32C over the whole frame is
 // computed on the device (frame_fields.h's piecewise form). Device memory used: a few bytes of

@@ -585,7 +585,7 @@ void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uin
   if (verify_checksum) {  // on the copy, before anything is parsed from it
     const uint32_t stored = stored_crc(host.data(), size, size);
     const uint32_t crc = crc32c(host.data() + HL_FRAME_PREFIX, size - HL_FRAME_PREFIX);
-    if (crc != stored) crc_mismatch(crc, stored);
+    check_crc(crc, stored);
   }
 
   const FrameView f = parse_frame(host.data(), size);

@@ -6,13 +6,14 @@
 // stages: the widths of every section's blocks, one device-wide scan of them, the section
 // sizes, the unpacking (a warp a block, a lane a value) into values, radix digits or map
 // entries, the outliers, one running max of the keyed map entries, the map checks and the row
-// gather; then one copy of the error words back. Compiled for sm_90, NOT YET RUN ON A GPU, and
-// not yet what hvd_lossy calls (decompress_cuda still is).
+// gather; then one copy of the error words back. Compiled for sm_90, NOT YET RUN ON A GPU;
+// hvd_lossy's device receive path calls it (hvd_lossy/_decode.py).
 //
-// The parse stays on the host: parse_frame needs a block-packed map's width bytes and the code
-// sections' marks and radix heads, which lie in the payload, so the call copies the buffer to
-// the host once (not once a frame) to parse and check it. A device parse of the heads would
-// remove that copy (benchmarks/GPU.md).
+// The parse is the host's (parse_frame: its checks and messages), but no payload comes to the
+// host: the frames' prefixes (header and descriptors) come in one copy, a walk on the device
+// (frame_walk.h, a thread a frame) finds the few payload bytes the parser reads (block-packed
+// maps' widths, code sections' marks and radix heads) and takes every frame's CRC32C, and one
+// copy brings those back; the host parses the image they make.
 #include <string.h>
 
 #include <algorithm>
@@ -20,6 +21,8 @@
 #include <vector>
 
 #include "codec_cuda_device.cuh"
+#include "device_frames.h"  // FrameCopy, FrameSeal
+#include "frame_walk.h"
 #include "piece_table.h"  // piece_of_block
 #include "segment_table.h"
 
@@ -179,6 +182,118 @@ __global__ void gather_kernel(Table t, uint64_t bpp, Sinks<DT> out) {
   }
 }
 
+// ---- the parse without the payloads (frame_walk.h) -------------------------------------------
+
+// A thread a frame: its segments' sizes copied to where the walk writes, then the walk.
+__global__ void walk_kernel(const uint8_t* buf, const WalkFrame* frames, uint64_t n,
+                            const WalkSegment* segs_in, WalkSegment* segs, uint8_t* widths,
+                            uint8_t* heads) {
+  HL_GRID_STRIDE(i, n) {
+    const WalkFrame w = frames[i];
+    for (uint64_t k = 0; k < w.n_segs; ++k) segs[w.first_seg + k] = segs_in[w.first_seg + k];
+    walk_frame(buf + w.offset, w, segs, widths, heads);
+  }
+}
+
+// The (offset, bytes) reads of the buffer back to back in host memory: one gather launch and
+// one copy (read_heads' fetch). Valid until the next fetch.
+const uint8_t* gather_reads(const uint8_t* buf_dev,
+                            const std::vector<std::pair<uint64_t, uint64_t>>& reads,
+                            cudaStream_t stream) {
+  std::vector<FrameCopy> copies;
+  uint64_t at = 0, longest = 0;
+  for (const auto& r : reads) {
+    copies.push_back({r.first, at, r.second, 0});
+    at += r.second;
+    longest = std::max(longest, r.second);
+  }
+  if (at == 0) return nullptr;
+  Workspace ws(stream);
+  FrameCopy* copies_dev;
+  uint8_t* staging;
+  ws.reserve(&copies_dev, copies.size());
+  ws.reserve(&staging, at);
+  ws.allocate();
+  upload(copies_dev, copies.data(), copies.size() * sizeof(FrameCopy), stream);
+  copy_moves_dev(copies_dev, copies.size(), longest, nullptr, buf_dev, staging, stream);
+  return static_cast<const uint8_t*>(fetch(staging, at, stream));
+}
+
+// Byte offsets of consecutive arrays in one allocation, each 16-byte aligned.
+uint64_t next_array(uint64_t* at, uint64_t bytes) {
+  const uint64_t here = *at;
+  *at += (bytes + 15) & ~(uint64_t)15;
+  return here;
+}
+
+// The table of the frames at places of the device buffer (frame_walk.h): their heads from
+// prefixes (a round or two of one gather and one copy), then one upload, the walk and every
+// frame's CRC32C terms (two launches) and one copy of what they found; the table is parsed
+// from the image of prefixes and walked bytes. No payload comes to the host.
+SegmentTable walked_table(const uint8_t* buf_dev, uint64_t len,
+                          const std::vector<FramePlace>& places, bool verify, uint8_t* dtype,
+                          cudaStream_t stream) {
+  check_places(places, len);
+  BufferImage image(len);
+  const std::vector<FrameView> heads = read_heads(
+      places, &image, [&](const std::vector<std::pair<uint64_t, uint64_t>>& reads) {
+        return gather_reads(buf_dev, reads, stream);
+      });
+  const uint64_t nf = places.size();
+  if (nf == 0) return SegmentTable();
+  std::vector<uint64_t> offsets(nf), sizes(nf);
+  std::vector<FrameSeal> seals(nf);
+  uint64_t largest = 0;
+  for (uint64_t i = 0; i < nf; ++i) {
+    offsets[i] = places[i].offset;
+    sizes[i] = places[i].size;
+    seals[i] = {places[i].offset, places[i].size};
+    largest = std::max(largest, places[i].size);
+  }
+  Walk w = walk_plan(heads, offsets, sizes);
+  const uint64_t ns = w.segs.size();
+  uint64_t in_bytes = 0, out_bytes = 0;  // the upload and the results, each one array
+  const uint64_t in_frames = next_array(&in_bytes, nf * sizeof(WalkFrame));
+  const uint64_t in_seals = next_array(&in_bytes, nf * sizeof(FrameSeal));
+  const uint64_t in_segs = next_array(&in_bytes, ns * sizeof(WalkSegment));
+  const uint64_t out_segs = next_array(&out_bytes, ns * sizeof(WalkSegment));
+  const uint64_t out_widths = next_array(&out_bytes, w.width_bytes);
+  const uint64_t out_heads = next_array(&out_bytes, ns * kCodeHead);
+  const uint64_t out_terms = next_array(&out_bytes, nf * sizeof(uint32_t));
+  std::vector<uint8_t> up(in_bytes);
+  memcpy(up.data() + in_frames, w.frames.data(), nf * sizeof(WalkFrame));
+  memcpy(up.data() + in_seals, seals.data(), nf * sizeof(FrameSeal));
+  memcpy(up.data() + in_segs, w.segs.data(), ns * sizeof(WalkSegment));
+  Workspace ws(stream);
+  uint8_t *in_dev, *res_dev;
+  ws.reserve(&in_dev, in_bytes);
+  ws.reserve(&res_dev, out_bytes);
+  ws.allocate();
+  upload(in_dev, up.data(), in_bytes, stream);
+  HL_CUDA_CHECK(cudaMemsetAsync(res_dev + out_heads, 0, ns * kCodeHead, stream));
+  launch("walk", walk_kernel, grid_for(nf, kThreads), kThreads, stream, buf_dev,
+         reinterpret_cast<const WalkFrame*>(in_dev + in_frames), nf,
+         reinterpret_cast<const WalkSegment*>(in_dev + in_segs),
+         reinterpret_cast<WalkSegment*>(res_dev + out_segs), res_dev + out_widths,
+         res_dev + out_heads);
+  uint32_t* terms_dev = reinterpret_cast<uint32_t*>(res_dev + out_terms);
+  if (verify)
+    frame_terms_dev(buf_dev, reinterpret_cast<const FrameSeal*>(in_dev + in_seals), nf, largest,
+                    terms_dev, stream);
+  const uint8_t* got = static_cast<const uint8_t*>(fetch(res_dev, out_bytes, stream));
+  memcpy(w.segs.data(), got + out_segs, ns * sizeof(WalkSegment));
+  image.put_walked(w, got + out_widths, got + out_heads);
+  std::vector<uint32_t> crcs(nf);
+  uint32_t x2k[64];
+  crc32c_x2k_table(x2k);
+  for (uint64_t i = 0; i < nf; ++i) {
+    uint32_t terms;
+    memcpy(&terms, got + out_terms + i * sizeof(uint32_t), sizeof(terms));
+    crcs[i] = crc32c_finish(terms, places[i].size - HL_FRAME_PREFIX, x2k);
+  }
+  return segment_table(image.data(), len, places, verify ? crcs.data() : nullptr, dtype);
+}
+
 // Blocks an owner for the largest count of items an owner has, at items_per_block (fewer when
 // there are many owners: an owner's blocks stride over its items).
 uint64_t owner_blocks(uint64_t most, uint64_t items_per_block, uint64_t owners) {
@@ -190,21 +305,18 @@ uint64_t owner_blocks(uint64_t most, uint64_t items_per_block, uint64_t owners) 
 }  // namespace
 }  // namespace gpu
 
-void decompress_batched_cuda(const uint8_t* buf_dev, uint64_t len, const uint64_t* sizes,
-                             uint64_t n_frames, void* out_dev, uint64_t out_bytes, void* stream_v,
-                             bool verify_checksum) {
+void decompress_batched_cuda(const uint8_t* buf_dev, uint64_t len,
+                             const std::vector<FramePlace>& places, void* out_dev,
+                             uint64_t out_bytes, void* stream_v, bool verify_checksum) {
   using namespace gpu;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
   DeviceScope scope(buf_dev, "the frames");
-  std::vector<uint8_t> host(len);
-  if (len) memcpy(host.data(), fetch(buf_dev, len, stream), len);
   uint8_t dtype = 0;
-  const SegmentTable t =
-      segment_table(host.data(), len, sizes, n_frames, verify_checksum, &dtype);
+  const SegmentTable t = walked_table(buf_dev, len, places, verify_checksum, &dtype, stream);
   const uint64_t need = t.out_elems * hl_elem_bytes(dtype);
-  if (out_bytes != need)
+  if (out_bytes < need)
     throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
-                        " bytes, the frames decode to " + std::to_string(need));
+                        " bytes, the frames decode to bytes up to " + std::to_string(need));
   const uint64_t n = t.segs.size();
   if (n == 0) return;
   uint64_t most_blocks = 0, most_outliers = 0, most_rows = 0;

@@ -5,6 +5,7 @@
 // serially on the host (level1_ref.h, device_frames.h).
 #include <string.h>
 
+#include <tuple>
 #include <type_traits>
 
 #include <pybind11/pybind11.h>
@@ -273,10 +274,13 @@ py::tuple distinct_rows_by_id_f32(uintptr_t rows, uint64_t n_rows, uint64_t row_
   return py::make_tuple(std::vector<uint32_t>(d.map.data(), d.map.data() + n_rows), d.first);
 }
 
-py::bytes decompress_batched_hd(const std::string& buffer, const std::vector<uint64_t>& sizes) {
+// The output of the batched decoder's emulation of the frames at places of buffer (elements
+// no frame writes stay 0).
+py::bytes decompress_batched_hd(const std::string& buffer,
+                                const std::vector<hl::FramePlace>& places) {
   const uint8_t* buf = reinterpret_cast<const uint8_t*>(buffer.data());
   uint8_t dtype = 0;
-  const hl::SegmentTable t = hl::segment_table(buf, buffer.size(), sizes.data(), sizes.size(), true, &dtype);
+  const hl::SegmentTable t = hl::decoderef::walked_table(buf, buffer.size(), places, &dtype);
   std::string out;
   with_host_dtype(dtype, [&](auto dt) {
     hl::decoderef::Decode<decltype(dt)::value> d(t, buf);
@@ -383,10 +387,26 @@ PYBIND11_MODULE(_hl_test, m) {
         py::arg("seed"),
         "Raw bytes of a map-less segment decoded by elements.h's element_value, one call a "
         "code, then its outliers scattered, as the CUDA decoder does.");
-  m.def("decompress_batched_hd", &decompress_batched_hd, py::arg("buffer"), py::arg("sizes"),
+  m.def("decompress_batched_hd",
+        [](const std::string& buffer, const std::vector<uint64_t>& sizes) {
+          return decompress_batched_hd(buffer, hl::back_to_back(sizes.data(), sizes.size()));
+        },
+        py::arg("buffer"), py::arg("sizes"),
         "the frames of sizes[i] bytes back to back in buffer decoded by the host emulation of "
         "the batched CUDA decoder (native/testing/decode_batch_ref.h): their raw bits, "
         "concatenated");
+  m.def("decompress_placed_hd",
+        [](const std::string& buffer,
+           const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& frames) {
+          std::vector<hl::FramePlace> places(frames.size());
+          for (size_t i = 0; i < frames.size(); ++i)
+            places[i] = {std::get<0>(frames[i]), std::get<1>(frames[i]), std::get<2>(frames[i])};
+          return decompress_batched_hd(buffer, places);
+        },
+        py::arg("buffer"), py::arg("frames"),
+        "decompress_batched_cuda's frames argument, (offset, bytes, first output element) a "
+        "frame, decoded by the host emulation: the output's raw bits up to where the last "
+        "frame's end (elements no frame writes are 0)");
   m.def("compress_into_batched_hd", &compress_into_batched_hd, py::arg("raw"), py::arg("dtype"),
         py::arg("rows"), py::arg("trailing"), py::arg("error_bounds"), py::arg("mode"),
         py::arg("dedup"), py::arg("groups"), py::arg("prefix_bytes"), py::arg("extension"),

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "batch_ref.h"
+#include "crc32c.h"
+#include "frame_walk.h"
 #include "segment_table.h"
 
 namespace hl {
@@ -161,6 +163,38 @@ struct Decode {
       if (err[s]) raise_segment_error(err[s], t, s);
   }
 };
+
+// The table of the frames at places of buf (len bytes) as decompress_batched_cuda builds it
+// without the payloads on the host (frame_walk.h): heads from prefixes, the walk a frame at a
+// time as its threads run it, the image of both, each frame's CRC32C (here by the host's
+// crc32c; check.cu's piecewise form is tested with the encoder), the table parsed from the
+// image.
+inline SegmentTable walked_table(const uint8_t* buf, uint64_t len,
+                                 const std::vector<FramePlace>& places, uint8_t* dtype) {
+  check_places(places, len);
+  BufferImage image(len);
+  std::vector<uint8_t> got;
+  const std::vector<FrameView> heads =
+      read_heads(places, &image, [&](const std::vector<std::pair<uint64_t, uint64_t>>& reads) {
+        got.clear();
+        for (const auto& r : reads) got.insert(got.end(), buf + r.first, buf + r.first + r.second);
+        return got.data();
+      });
+  std::vector<uint64_t> offsets, sizes;
+  for (const FramePlace& p : places) {
+    offsets.push_back(p.offset);
+    sizes.push_back(p.size);
+  }
+  Walk w = walk_plan(heads, offsets, sizes);
+  std::vector<uint8_t> widths(w.width_bytes), code_heads(w.segs.size() * kCodeHead);
+  for (const WalkFrame& f : w.frames)
+    walk_frame(buf + f.offset, f, w.segs.data(), widths.data(), code_heads.data());
+  image.put_walked(w, widths.data(), code_heads.data());
+  std::vector<uint32_t> crcs;
+  for (const FramePlace& p : places)
+    crcs.push_back(crc32c(buf + p.offset + HL_FRAME_PREFIX, p.size - HL_FRAME_PREFIX));
+  return segment_table(image.data(), len, places, crcs.data(), dtype);
+}
 
 }  // namespace decoderef
 }  // namespace hl
