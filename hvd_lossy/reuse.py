@@ -178,6 +178,33 @@ class PeerCaches:
         self.digest = zlib.crc32(struct.pack("<I", crc), self.digest)
 
 
+class ReuseState:
+    """A compressor's reuse memory on this rank: mirrors (as a sender) and caches (as a
+    receiver) per key and peer, sized from the compressor's memory cap."""
+
+    def __init__(self, memory_bytes):
+        self.memory_bytes = memory_bytes
+        self._sides = {}  # key -> (send: {peer: PeerCaches}, recv: {peer: PeerCaches})
+
+    def side(self, key, size, row_len, dtype):
+        if key not in self._sides:
+            def capacity_of(segments):
+                return capacity_for(self.memory_bytes, size, segments, row_len, dtype)
+            self._sides[key] = tuple({p: PeerCaches(capacity_of) for p in range(size)}
+                                     for _ in range(2))
+        return self._sides[key]
+
+    def reset(self, process_set):
+        """Forgets every mirror and cache of the process set: both ends of every pair do this
+        when a call raises, so they start fresh together."""
+        for key in [k for k in self._sides if k[0] == process_set]:
+            del self._sides[key]
+
+    def nbytes(self):
+        return sum(p.nbytes() for send, recv in self._sides.values()
+                   for peers in (send, recv) for p in peers.values())
+
+
 def segment_bounds(x, seg_rows, error_bounds, mode):
     """(absolute bound a segment, the same repeated a row) for segments of seg_rows rows."""
     ebs = [absolute_bound(part, eb, mode) for part, eb in zip(x.split(seg_rows), error_bounds)]

@@ -16,6 +16,7 @@ import torch
 
 import hvd_lossy
 from hvd_lossy import reuse
+from tests._launch import run_mpi
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -199,3 +200,45 @@ def test_stored_bound_is_the_bound_the_frame_codes_with():
             frame = hvd_lossy.compress(x, bound)
             assert reuse.absolute_bound(x, bound, "rel") == hvd_lossy.frame_info(frame)["eb_abs"]
     assert reuse.stored_bound(0.0) == 0.0 and reuse.stored_bound(1e300) > 3e38
+
+
+def test_without_reuse_the_header_and_the_settings_are_todays():
+    from hvd_lossy import chunk_header, protocol
+    from hvd_lossy.compression import Compression
+    plain, off = Compression.lossy(0.03), Compression.lossy(0.03, reuse=False)
+    assert set(plain.agreement()) == {"type", "error_bound", "mode", "level", "dedup", "dither",
+                                      "auto", "row_len"}
+    assert protocol.settings_digest(plain) == protocol.settings_digest(off)
+    assert "reuse" not in plain.get_config()
+    fields = protocol.header(torch.zeros(3, 4), None, 0, 0, (0, 0, 0), 5, 0x1234)
+    assert chunk_header.extension(fields) == bytes([0, 10, 0x34, 0x12, 0, 0])
+
+
+def test_a_reuse_block_travels_in_the_header_and_back():
+    from hvd_lossy import chunk_header, protocol
+    fields = protocol.header(torch.zeros(3, 4), None, 0, 0, (0, 0, 0), 1, 7)
+    block = ((0, 0xDEADBEEF, 5), (1, 0, 2), (False, True, True))
+    fields[protocol.REUSE] = block
+    frame = chunk_header.header_frame(torch.zeros(3, 4), fields)
+    parsed = chunk_header.parse_chunks(frame, [frame.numel()])[0]
+    assert parsed[protocol.REUSE] == block
+    assert chunk_header.extension(parsed) == chunk_header.extension(fields)
+
+
+def test_reuse_refuses_settings_it_cannot_keep():
+    from hvd_lossy.compression import Compression, compressor_from_config
+    with pytest.raises(ValueError, match="reuse=True needs undithered lookups"):
+        Compression.lossy(0.03, reuse=True, dither=True)
+    with pytest.raises(ValueError, match="reuse=True and auto=True"):
+        Compression.lossy(0.03, reuse=True, auto=True)
+    with pytest.raises(ValueError, match="reuse_memory must be an int >= 1"):
+        Compression.lossy(0.03, reuse=True, reuse_memory=0)
+    c = Compression.lossy(0.03, reuse=True, reuse_memory=1 << 20)
+    assert compressor_from_config(c.get_config()) == c
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np", [2, 3])
+def test_alltoall_with_reuse_under_mpirun_is_within_the_bound_and_faults_raise_everywhere(np):
+    output = run_mpi("tests/mp/transport_run.py", np=np, args=["reuse"], timeout=240)
+    assert all(f"rank {r}: " in output for r in range(np)) and "cases passed" in output, output
