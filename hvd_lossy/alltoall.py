@@ -295,6 +295,9 @@ class Alltoall(LossyCall):
             if getattr(self.compressor, "reuse", False):
                 self.compressor.reuse_state().reset(self.backend.key)
             raise
+        finally:
+            if self.reusing is not None:
+                self.reusing.done()
 
     def output_for(self, shape, dtype):
         """The tensor the received rows are decoded into (a subclass may hand its own)."""

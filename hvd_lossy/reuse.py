@@ -185,6 +185,7 @@ class ReuseState:
     def __init__(self, memory_bytes):
         self.memory_bytes = memory_bytes
         self._sides = {}  # key -> (send: {peer: PeerCaches}, recv: {peer: PeerCaches})
+        self.in_flight = set()  # keys of calls packed and not yet decoded
 
     def side(self, key, size, row_len, dtype):
         if key not in self._sides:

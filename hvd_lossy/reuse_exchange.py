@@ -30,7 +30,7 @@ import zlib
 import numpy as np
 import torch
 
-from hvd_lossy import reuse
+from hvd_lossy import _codec, reuse
 from hvd_lossy.protocol import _LocalError
 
 MAX_PEERS = 11  # the REUSE block (8 bytes and a bit a rank) must fit the 127-byte extension
@@ -69,7 +69,14 @@ class Reusing:
         self.recv_ids = checked_recv_ids(recv_ids, size)
         self.me, self.size = me, size
         key = (call.backend.key, call.name_given, str(tensor.dtype), tuple(tensor.shape[1:]))
-        self.send, self.recv = c.reuse_state().side(key, size, tensor.shape[1], tensor.dtype)
+        self.state, self.key = c.reuse_state(), key
+        if key in self.state.in_flight:
+            # Its receive side would check this call against caches the earlier call has not
+            # updated yet: every rank refuses alike (calls are collective, in one order).
+            raise _LocalError(9, detail="a reusing alltoall of this compressor and name is "
+                                        "still in flight: synchronize it before starting the "
+                                        "next, or give the calls different names")
+        self.send, self.recv = self.state.side(key, size, tensor.shape[1], tensor.dtype)
         self.x, self.keys = tensor.detach(), keys
         starts = np.cumsum([0] + call.rows_to).tolist()
         self.groups = [(starts[d], starts[d + 1]) for d in range(size)]
@@ -81,6 +88,7 @@ class Reusing:
         self.recv_check = [0 if s == me else _ids_crc(self.recv_ids[s], self.recv[s].digest)
                            for s in range(size)]
         parts = [self._predict(d, c.mode, bounds[d]) for d in range(size)]
+        self.state.in_flight.add(key)
         self.prediction = torch.cat([p for p, _h, _e, _c in parts])
         self.hit = torch.cat([h for _p, h, _e, _c in parts])
         self.eb_rows = torch.cat([e for _p, _h, e, _c in parts])
@@ -130,6 +138,9 @@ class Reusing:
                 self.send[d].store(self._ids(d), self.x_hat[a:b], self.seg_rows[d])
             self.send[d].chain(reuse.frame_crc(send[offsets[d]:offsets[d] + counts[d]]))
 
+    def done(self):
+        self.state.in_flight.discard(self.key)
+
     def tally(self):
         """(rows sent to other ranks, references, residuals): this call's reuse share."""
         mine = torch.ones_like(self.sent_hit)
@@ -140,7 +151,6 @@ class Reusing:
 
     def decode(self, recv, offsets, counts, out, starts, headers, block_of):
         """Every source's rows of `out` (decoded residuals) become X^, which the caches take."""
-        from hvd_lossy import _codec
         for s in range(self.size):
             if s == self.me:
                 continue

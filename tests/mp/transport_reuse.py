@@ -107,6 +107,31 @@ def test_without_ids_or_without_reuse_the_frames_are_todays():
     assert frames[2].numel() == frames[0].numel()
 
 
+def test_async_and_autograd_reuse_and_the_gradient_travels_as_without():
+    comp = lossy()
+    warm(comp, range(2))
+    x, ids, recv_ids = inputs(2)
+    handle = hvd.alltoall_async(x, [T * B] * N, compression=comp, ids=ids, recv_ids=recv_ids)
+    check(hvd.synchronize(handle)[0], 2)
+    leaf = inputs(3)[0].requires_grad_(True)
+    x, ids, recv_ids = inputs(3)
+    out, _ = hvd.alltoall(leaf, [T * B] * N, compression=comp, ids=ids, recv_ids=recv_ids)
+    check(out.detach(), 3)
+    (out * 2).sum().backward()  # a constant gradient: its frames are exact
+    assert torch.equal(leaf.grad, torch.full_like(leaf, 2.0))
+    warm(comp, range(4, 6))
+
+
+def test_a_second_reusing_call_in_flight_raises_on_every_rank():
+    comp = lossy()
+    x, ids, recv_ids = inputs(0)
+    first = hvd.alltoall_async(x, [T * B] * N, compression=comp, ids=ids, recv_ids=recv_ids)
+    second = hvd.alltoall_async(x, [T * B] * N, compression=comp, ids=ids, recv_ids=recv_ids)
+    check(hvd.synchronize(first)[0], 0)
+    expect_all_raise(lambda: hvd.synchronize(second), "still in flight")
+    warm(comp, range(1, 4))
+
+
 def expect_all_raise(call, *needles):
     try:
         call()
