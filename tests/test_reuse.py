@@ -242,3 +242,10 @@ def test_reuse_refuses_settings_it_cannot_keep():
 def test_alltoall_with_reuse_under_mpirun_is_within_the_bound_and_faults_raise_everywhere(np):
     output = run_mpi("tests/mp/transport_run.py", np=np, args=["reuse"], timeout=240)
     assert all(f"rank {r}: " in output for r in range(np)) and "cases passed" in output, output
+
+
+@pytest.mark.mpi
+def test_all_to_all_single_with_reuse_under_torchrun_in_the_row_len_layout():
+    output = run_mpi("tests/mp/dist_run.py", np=2, args=["reuse"], launcher="torchrun",
+                     timeout=180)
+    assert all(f"rank {r}: " in output for r in range(2)) and "cases passed" in output, output
