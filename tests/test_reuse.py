@@ -249,3 +249,22 @@ def test_all_to_all_single_with_reuse_under_torchrun_in_the_row_len_layout():
     output = run_mpi("tests/mp/dist_run.py", np=2, args=["reuse"], launcher="torchrun",
                      timeout=180)
     assert all(f"rank {r}: " in output for r in range(2)) and "cases passed" in output, output
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("launcher,extra", [("mpirun", ["--overlap"]),
+                                            ("torchrun", ["--backend", "torch"])])
+def test_dlrm_example_with_reuse_trains_and_sends_fewer_forward_bytes(tmp_path, launcher, extra):
+    import json
+    runs = {}
+    for label, flags in (("ids", ["--ids"]), ("reuse", ["--reuse"])):
+        path = tmp_path / f"{label}.json"
+        run_mpi("examples/dlrm/train.py", np=2, launcher=launcher, timeout=240,
+                args=["--compression", "lossy", "--steps", "12", "--batch-size", "256",
+                      "--eval-points", "0", "--no-progress", "--metrics-out", path, *extra,
+                      *flags])
+        runs[label] = json.loads(path.read_text())
+    assert runs["reuse"]["data_checksum"] == runs["ids"]["data_checksum"]
+    assert runs["reuse"]["a2a_bytes_plain"] == runs["ids"]["a2a_bytes_plain"]
+    assert runs["reuse"]["a2a_bytes_sent"] < runs["ids"]["a2a_bytes_sent"], runs
+    assert abs(runs["reuse"]["loss_curve"][-1] - runs["ids"]["loss_curve"][-1]) < 0.05
