@@ -246,6 +246,8 @@ class Alltoall(LossyCall):
                                                codec_stats=self.codec_stats)
             else:
                 self.compressor.after_compress(self.plan, self.frame_sizes, self.tensor)
+            if self.reusing is not None:
+                self.compressor.after_reuse(self.plan, self.reusing.shares())
         except Exception as e:
             self.late_failure = _LocalError(9, detail=f"after_compress: {type(e).__name__}: {e}")
 

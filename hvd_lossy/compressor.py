@@ -261,6 +261,10 @@ class LossyCompressor(Compressor):
         floats indexed by hvd_lossy.STAT_MIN, STAT_MAX (the frame's finite value range) and
         STAT_UNIQUE (its distinct rows), NaN where the codec did not compute it."""
 
+    def after_reuse(self, plan, shares):
+        """Hook called after `after_compress` in a reusing call: shares[i] is (rows,
+        references, residuals) of plan frame i, None for the own chunk, which is not sent."""
+
     def for_backward(self):
         """The compressor of the gradient all-to-all (which runs with the splits reversed)."""
         if self.backward is None:

@@ -141,13 +141,20 @@ class Reusing:
     def done(self):
         self.state.in_flight.discard(self.key)
 
-    def tally(self):
-        """(rows sent to other ranks, references, residuals): this call's reuse share."""
-        mine = torch.ones_like(self.sent_hit)
-        a, b = self.groups[self.me]
-        mine[a:b] = False
-        stats = reuse.tally(self.sent_hit[mine], self.x_hat[mine], self.prediction[mine])
-        return stats
+    def shares(self):
+        """(rows, references, residuals) of every plan frame, None for the own chunk's."""
+        out = []
+        for d, (a, _b) in enumerate(self.groups):
+            at = a
+            for rows in self.seg_rows[d]:
+                if d == self.me:
+                    out.append(None)
+                else:
+                    t = reuse.tally(self.sent_hit[at:at + rows], self.x_hat[at:at + rows],
+                                    self.prediction[at:at + rows])
+                    out.append((rows, t["references"], t["residuals"]))
+                at += rows
+        return out
 
     def decode(self, recv, offsets, counts, out, starts, headers, block_of):
         """Every source's rows of `out` (decoded residuals) become X^, which the caches take."""

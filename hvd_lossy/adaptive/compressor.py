@@ -243,6 +243,12 @@ class AdaptiveCompressor(LossyCompressor):
             c.record_frame(name, rows * row_bytes, size, error_bound=eb, values=values,
                            fixed_bytes=header, direction=self.direction)
 
+    def after_reuse(self, plan, shares):
+        """Each table's reuse share with the controller (its telemetry's reuse_rate)."""
+        for name, share in zip(self._tables_of(plan), shares):
+            if name is not None and share is not None and share[0]:
+                self.controller.record_reuse(name, share[0], share[1] + share[2])
+
     def for_backward(self):
         """The gradient compressor: chunk for rank r holds ``controller.tables_of(r)``.
 

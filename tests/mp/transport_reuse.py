@@ -51,14 +51,15 @@ def exchange(comp, call, **change):
     return hvd.alltoall(x, [T * B] * N, **kwargs)[0]
 
 
-def check(out, call):
-    """Every received element within the bound of its sender's value NOW."""
+def check(out, call, bounds=None):
+    """Every received element within the bound of its sender's value NOW; bounds[s][t]: the
+    rel bound of source s's table t (default EB)."""
     for s in range(N):
         want = chunk(s, R, call)[0]
         got = out[s * T * B:(s + 1) * T * B]
         for t in range(T):
             w, g = want[t * B:(t + 1) * B], got[t * B:(t + 1) * B]
-            eb = EB * float(w.max() - w.min())
+            eb = (EB if bounds is None else bounds[s][t]) * float(w.max() - w.min())
             err = float((w.double() - g.double()).abs().max())
             assert err <= eb, f"call {call}, from rank {s}, table {t}: error {err} > {eb}"
 
@@ -130,6 +131,24 @@ def test_a_second_reusing_call_in_flight_raises_on_every_rank():
     check(hvd.synchronize(first)[0], 0)
     expect_all_raise(lambda: hvd.synchronize(second), "still in flight")
     warm(comp, range(1, 4))
+
+
+def test_adaptive_compression_reuses_and_reports_a_reuse_rate_per_table():
+    from hvd_lossy.adaptive import Controller
+    from hvd_lossy.adaptive.telemetry import telemetry_record
+    controller = Controller(tables={f"t{k}": 64 for k in range(T * N)}, interval=6)
+    mine = controller.tables_of(R)
+    assert len(mine) == T  # the tables this rank sends: T a chunk, as lossy() cuts them
+    comp = hvd.Compression.adaptive(controller, tables=mine, reuse=True)
+    for call in range(6):
+        bounds = comp._bounds()  # the controller's, alike on every rank
+        check(exchange(comp, call), call,
+              [[bounds[name] for name in controller.tables_of(s)] for s in range(N)])
+        controller.step()
+    rates = {s.name: s.reuse_rate for s in controller.stats()}
+    assert all(0 < rate <= 1 for rate in rates.values()) or N == 1, rates
+    line = telemetry_record(controller)
+    assert line["tables"]["t0"]["reuse_rate"] == rates["t0"]
 
 
 def expect_all_raise(call, *needles):
