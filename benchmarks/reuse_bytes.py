@@ -128,8 +128,9 @@ def main(argv=None):
         with torch.no_grad():
             for d in range(R):
                 g = emb.grad[:, d * b:(d + 1) * b].reshape(T * b, args.dim).contiguous()
-                window["grad"] += hvd_lossy.compress_chunks(
-                    g, [b] * T, args.grad_bound, dither=(step * R + d) % hvd_lossy.DITHER_SEEDS)[1][0]
+                seed = (step * R + d) % hvd_lossy.DITHER_SEEDS
+                window["grad"] += hvd_lossy.compress_chunks(g, [b] * T, args.grad_bound,
+                                                            dither=seed)[1][0]
         lookups.backward(emb.grad)
         dense_opt.step()
         emb_opt.step()

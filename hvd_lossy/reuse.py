@@ -180,17 +180,27 @@ class PeerCaches:
 
 class ReuseState:
     """A compressor's reuse memory on this rank: mirrors (as a sender) and caches (as a
-    receiver) per key and peer, sized from the compressor's memory cap."""
+    receiver) per key (process set first) and peer. The cap holds for each process set: its
+    call sites (keys) share it equally. A new call site on a process set drops the caches of
+    the others there, which then come back smaller; every rank of the set sees the same calls
+    in the same order, so every rank does this at the same call and the ends stay in step."""
 
     def __init__(self, memory_bytes):
         self.memory_bytes = memory_bytes
         self._sides = {}  # key -> (send: {peer: PeerCaches}, recv: {peer: PeerCaches})
+        self._sites = {}  # process set -> keys seen there
         self.in_flight = set()  # keys of calls packed and not yet decoded
 
     def side(self, key, size, row_len, dtype):
+        sites = self._sites.setdefault(key[0], set())
+        if key not in sites:
+            sites.add(key)
+            self.reset(key[0])
         if key not in self._sides:
+            budget = self.memory_bytes // len(sites)
+
             def capacity_of(segments):
-                return capacity_for(self.memory_bytes, size, segments, row_len, dtype)
+                return capacity_for(budget, size, segments, row_len, dtype)
             self._sides[key] = tuple({p: PeerCaches(capacity_of) for p in range(size)}
                                      for _ in range(2))
         return self._sides[key]

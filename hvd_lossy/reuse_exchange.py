@@ -44,10 +44,11 @@ def _ids_crc(ids, seed):
 def checked_recv_ids(recv_ids, size):
     """recv_ids as a list of `size` int64 tensors (the own rank's entry is ignored)."""
     if not isinstance(recv_ids, (list, tuple)) or len(recv_ids) != size:
+        got = (f"a list of {len(recv_ids)}" if isinstance(recv_ids, (list, tuple))
+               else type(recv_ids).__name__)
         raise _LocalError(9, detail=f"recv_ids must be a list of {size} int64 tensors (one a "
                                     f"source rank, the keys of the rows it sends here), got "
-                                    f"{type(recv_ids).__name__}"
-                                    f"{f' of {len(recv_ids)}' if isinstance(recv_ids, (list, tuple)) else ''}")
+                                    f"{got}")
     for s, ids in enumerate(recv_ids):
         if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 1:
             got = (f"{ids.dtype} of shape {tuple(ids.shape)}" if isinstance(ids, torch.Tensor)

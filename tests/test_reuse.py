@@ -268,3 +268,18 @@ def test_dlrm_example_with_reuse_trains_and_sends_fewer_forward_bytes(tmp_path, 
     assert runs["reuse"]["a2a_bytes_plain"] == runs["ids"]["a2a_bytes_plain"]
     assert runs["reuse"]["a2a_bytes_sent"] < runs["ids"]["a2a_bytes_sent"], runs
     assert abs(runs["reuse"]["loss_curve"][-1] - runs["ids"]["loss_curve"][-1]) < 0.05
+
+
+def test_call_sites_of_one_process_set_share_its_cap():
+    state = reuse.ReuseState(1 << 20)
+    dim, size, segments = 8, 2, 3
+    for name in ("a", "b", "c"):
+        for p in range(size):
+            for side in state.side(("set0", name), size, dim, torch.float32):
+                side[p].predict(torch.zeros(4, dim), torch.arange(4), [2, 1, 1])
+        assert state.nbytes() <= 1 << 20
+    assert len(state._sides) == 1  # the earlier sites were dropped, to come back smaller
+    for name in ("a", "b"):
+        for side in state.side(("set0", name), size, dim, torch.float32):
+            side[0].predict(torch.zeros(4, dim), torch.arange(4), [2, 1, 1])
+    assert state.nbytes() <= 1 << 20
