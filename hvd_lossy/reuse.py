@@ -135,10 +135,11 @@ class DirectMappedCache:
 
 
 class PeerCaches:
-    """Everything one side holds for one peer: a cache a segment, made at the first call (all
-    later calls must have the same segments, row and dtype), and the chained digest of the
-    frames applied, d_{k+1} = crc32(CRC of frame k, seed d_k). The digest starts from the
-    caches' geometry, so two ends that sized them differently disagree from the first call."""
+    """Everything one side holds for one peer: a cache a segment, made at the first call with
+    rows (all later calls must have the same segments, row and dtype), and the chained digest
+    of the frames applied, d_{k+1} = crc32(CRC of frame k, seed d_k). The caches' geometry is
+    folded into the digest when they are made, so two ends that sized them differently
+    disagree from that call on."""
 
     def __init__(self, capacity_of):
         self._capacity_of = capacity_of  # segments -> slots of each segment's cache
@@ -153,7 +154,8 @@ class PeerCaches:
             self.caches = [DirectMappedCache(capacity, row_len, dtype, device)
                            for _ in range(segments)]
             self.geometry = geometry
-            self.digest = zlib.crc32(repr((capacity,) + geometry).encode())
+            # folded in, not restarted: frames of no rows may have been chained before
+            self.digest = zlib.crc32(repr((capacity,) + geometry).encode(), self.digest)
         elif geometry != self.geometry:
             raise ValueError(f"reuse caches were made for (segments, row_len, dtype) = "
                              f"{self.geometry}, this call has {geometry}; use another name "
