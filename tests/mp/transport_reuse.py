@@ -207,6 +207,25 @@ def test_a_restarted_compressor_on_one_rank_raises_on_every_rank():
     warm(comp, range(4, 8))
 
 
+def test_a_resume_on_every_rank_starts_fresh_without_an_error():
+    comp = lossy()
+    warm(comp, range(3))
+    comp = hvd.Compression.lossy(**{k: v for k, v in lossy().get_config().items()
+                                    if k not in ("id",)})  # as rebuilt from a checkpoint
+    warm(comp, range(3, 6))
+
+
+def test_missing_or_malformed_recv_ids_raise_on_every_rank():
+    comp = lossy()
+    x, ids, recv_ids = inputs(0)
+    for bad, detail in ((None, "needs recv_ids"), (recv_ids[:-1], f"a list of {N - 1}"),
+                        ([r.int() for r in recv_ids], "must be a 1-D int64 tensor")):
+        given = bad if R == N - 1 else recv_ids
+        needles = [f"rank {N - 1}"] + ([detail] if R == N - 1 else [])
+        expect_all_raise(lambda: exchange(comp, 0, recv_ids=given), *needles)
+    warm(comp, range(1, 3))
+
+
 def test_recv_ids_that_are_not_the_ids_sent_raise_on_every_rank():
     comp = lossy()
     warm(comp, range(2))
