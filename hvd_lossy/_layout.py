@@ -51,8 +51,8 @@ class SingleAlltoall(Alltoall):
     tables of each received chunk (row_len layout only)."""
 
     def __init__(self, output, input, output_split_sizes, input_split_sizes, compressor, backend,
-                 tables=None, ids=None):
-        super().__init__(input, input_split_sizes, None, compressor, backend, ids)
+                 tables=None, ids=None, recv_ids=None):
+        super().__init__(input, input_split_sizes, None, compressor, backend, ids, recv_ids)
         self._input, self.output, self.out_splits = input, output, output_split_sizes
         self.row_len = getattr(compressor, "row_len", None)
         if tables is not None and self.row_len is not None and type(compressor) is LossyCompressor:
@@ -76,7 +76,25 @@ class SingleAlltoall(Alltoall):
         rows_out = out.shape[0] if self.row_len is None else out.numel() // self.row_len
         self.expect = split_list(self._rows(self.out_splits, "output_split_sizes"), rows_out,
                                  self.size)
+        if isinstance(self.recv_ids, torch.Tensor):
+            self.recv_ids = self._recv_ids_by_source(self.recv_ids)
         return super().pack()
+
+    def _recv_ids_by_source(self, ids):
+        """A reusing call's recv_ids in the output's layout (one key a row; with row_len
+        `[rows, tables]`, the same tables from every rank) as the list the exchange takes: a
+        tensor a source, its keys in the order its frame holds the rows (table-major)."""
+        total = sum(self.expect)
+        if self.row_len is None or ids.dim() == 1:
+            if tuple(ids.shape) != (total,):
+                raise _bad(f"recv_ids must have shape ({total},), one key per row received, got "
+                           f"{tuple(ids.shape)}")
+            return list(ids.split(self.expect))
+        k = ids.shape[1] if ids.dim() == 2 else 0
+        if ids.dim() != 2 or k < 1 or ids.shape[0] * k != total or any(e % k for e in self.expect):
+            raise _bad(f"recv_ids must have shape (rows, tables) with rows x tables = {total}, "
+                       f"the same tables from every rank, got {tuple(ids.shape)}")
+        return [block.t().reshape(-1) for block in ids.split([e // k for e in self.expect])]
 
     def _rows(self, splits, what):
         if splits is None or self.row_len is None:

@@ -19,12 +19,13 @@ import torch
 import hvd_lossy
 from hvd_lossy import auto as _auto
 from hvd_lossy import chunk_header
+from hvd_lossy import reuse_exchange
 from hvd_lossy.backend import as_backend
 from hvd_lossy.collective import (LossyCall, check_announced_output, decode_chunks, new_output,
                                   plain_start, remote_bytes)
 from hvd_lossy.compressor import NoneCompressor, is_lossy
-from hvd_lossy.protocol import (GRANK, LOSSLESS, ROWS, _LocalError, check_lossy_tensor, header,
-                                like_of, per_rank_limit)
+from hvd_lossy.protocol import (GRANK, LOSSLESS, REUSE, ROWS, RankError, _LocalError,
+                                check_lossy_tensor, header, like_of, per_rank_limit)
 
 
 def split_list(splits, rows, size):
@@ -79,9 +80,10 @@ class Alltoall(LossyCall):
     splits)."""
     op = "alltoall"
 
-    def __init__(self, tensor, splits, name, compressor, backend, ids=None):
+    def __init__(self, tensor, splits, name, compressor, backend, ids=None, recv_ids=None):
         super().__init__(tensor, compressor, name, backend)
-        self.splits, self.ids = splits, ids
+        self.splits, self.ids, self.recv_ids, self.name_given = splits, ids, recv_ids, name
+        self.reusing = None  # reuse_exchange.Reusing of a call that reuses
         self.split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
         self.rows_to = [0] * self.size
         self.late_failure = None
@@ -104,7 +106,11 @@ class Alltoall(LossyCall):
                  (range(me + 1, self.size), tensor[hi:], None if keys is None else keys[hi:])]
         self.want_stats = c.wants_codec_stats() and self.device.type == "cpu"
         self.piece_stats = []
-        send, sizes = self._pack_frames(parts, seed)
+        if getattr(c, "reuse", False) and keys is not None:
+            self.want_stats = False  # a residual's range is not the table's
+            send, sizes = self._pack_reusing(keys, lo, hi)
+        else:
+            send, sizes = self._pack_frames(parts, seed)
         it = iter(sizes)
         self.frame_sizes = [None if dest == me else next(it) for dest, _r, _e in plan]
         if self.want_stats:
@@ -129,18 +135,55 @@ class Alltoall(LossyCall):
         reorders rows in `arrange` reorders the ids alike."""
         return None if self.ids is None else checked_ids(self.ids, tensor)
 
-    def _pieces(self, dests):
-        return [p for p in self.plan if p[0] in dests and p[0] != self.me]
+    def _pieces(self, dests, plan=None):
+        return [p for p in plan or self.plan if p[0] in dests and p[0] != self.me]
 
-    def _pack_frames(self, parts, seed):
+    def _pack_reusing(self, keys, lo, hi):
+        """The frames of a reusing call: residuals against each destination's mirror, at the
+        absolute bounds X's pieces get (hvd_lossy.reuse_exchange)."""
+        if self.recv_ids is None:
+            raise _LocalError(9, detail="a reusing compressor with ids needs recv_ids (the keys "
+                                        "of the rows each rank sends here): the receiver "
+                                        "predicts from its cache by them")
+        r = self.reusing = reuse_exchange.Reusing(self, keys, self.recv_ids)
+        plan = [(d, rows, eb) for (d, rows, _e), eb in zip(self.plan, r.code_bounds)]
+
+        def code(residual):
+            parts = [(range(self.me + 1), residual[:lo], keys[:lo]),
+                     (range(self.me + 1, self.size), residual[hi:], keys[hi:])]
+            send, sizes = self._pack_frames(parts, None, mode="abs", plan=plan,
+                                            block=r.block())
+            return (send, sizes), self._decoded_residuals(send, residual)
+
+        send, sizes = r.encode(code)
+        counts = self.send_splits.tolist()
+        r.after_send(send, chunk_header.offsets_of(counts), counts)
+        return send, sizes
+
+    def _decoded_residuals(self, send, like):
+        """What the peers will decode from this call's frames, rows of the own chunk zero."""
+        counts = self.send_splits.tolist()
+        offsets = chunk_header.offsets_of(counts)
+        out = torch.zeros_like(like)
+        starts = [sum(self.rows_to[:d]) for d in range(self.size + 1)]
+        for sources in (range(self.me), range(self.me + 1, self.size)):
+            if sources:
+                decode_chunks(send, [(offsets[d], counts[d], self.rows_to[d]) for d in sources],
+                              out[starts[sources[0]]:starts[sources[-1] + 1]],
+                              [self.grank] * len(sources))
+        return out
+
+    def _pack_frames(self, parts, seed, mode=None, plan=None, block=None):
         """One frame a destination straight into the send buffer, each carrying the protocol
-        fields in its header (the same for every destination)."""
+        fields in its header (the same for every destination). A reusing call passes its
+        residuals as `parts`, their absolute bounds in `plan` and its header `block`."""
         c = self.compressor
         trailing = list(self.tensor.shape[1:])
-        ext = chunk_header.extension(header(self.tensor, None, 0, 0, self.pending, self.grank,
-                                            self.settings))
+        fields = header(self.tensor, None, 0, 0, self.pending, self.grank, self.settings)
+        fields[REUSE] = block
+        ext = chunk_header.extension(fields)
         meta = chunk_header.block_bytes(ext)
-        plans = [self._pieces(dests) for dests, _rows, _ids in parts]
+        plans = [self._pieces(dests, plan) for dests, _rows, _ids in parts]
         groups = [[sum(1 for p in pieces if p[0] == d) for d in dests]
                   for (dests, _rows, _ids), pieces in zip(parts, plans)]
         cap = sum(hvd_lossy.max_grouped_bytes([p[1] for p in pieces], trailing, g, 0)
@@ -153,7 +196,7 @@ class Alltoall(LossyCall):
             try:
                 got, frames = hvd_lossy.compress_grouped(
                     rows.detach(), [p[1] for p in pieces], [p[2] for p in pieces], g,
-                    0, send, offset, mode=c.mode, level=c.level, dedup=c.dedup,
+                    0, send, offset, mode=mode or c.mode, level=c.level, dedup=c.dedup,
                     dither=seed, extension=ext, stats=stats, ids=ids)
             except Exception as e:
                 raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
@@ -203,6 +246,8 @@ class Alltoall(LossyCall):
                                                codec_stats=self.codec_stats)
             else:
                 self.compressor.after_compress(self.plan, self.frame_sizes, self.tensor)
+            if self.reusing is not None:
+                self.compressor.after_reuse(self.plan, self.reusing.shares())
         except Exception as e:
             self.late_failure = _LocalError(9, detail=f"after_compress: {type(e).__name__}: {e}")
 
@@ -244,8 +289,24 @@ class Alltoall(LossyCall):
             decode_chunks(recv, [(offsets[s], counts[s], rows[s]) for s in sources], out,
                           [headers[s][GRANK] for s in sources], [starts[s] for s in sources],
                           [self.heads[s] for s in sources])
+        if self.reusing is not None:
+            self.reusing.decode(recv, offsets, counts, out, starts, headers,
+                                lambda h: h[REUSE])
         self.received = torch.tensor(rows, dtype=self.split_dtype)
         return out
+
+    def _finish(self, work):
+        try:
+            return super()._finish(work)
+        except RankError:
+            # Every rank raises this call's error (or, for a frame only this rank could not
+            # decode, its peers raise next call): all forget their caches, to start fresh.
+            if getattr(self.compressor, "reuse", False):
+                self.compressor.reuse_state().reset(self.backend.key)
+            raise
+        finally:
+            if self.reusing is not None:
+                self.reusing.done()
 
     def output_for(self, shape, dtype):
         """The tensor the received rows are decoded into (a subclass may hand its own)."""
@@ -265,7 +326,7 @@ def _plain_start(tensor, splits, name, compression, backend):
 
 
 def start(tensor, splits=None, name=None, compression=NoneCompressor, process_set=None,
-          ids=None):
+          ids=None, recv_ids=None):
     """Starts an alltoall with any compressor; returns a Handle whose wait() gives
     (output, received_splits). process_set: a Horovod ProcessSet (None: all ranks) or an
     hvd_lossy.backend backend. ids: one int64 key per row for a lossy compressor's dedup
@@ -276,10 +337,10 @@ def start(tensor, splits=None, name=None, compression=NoneCompressor, process_se
     if is_lossy(compression) and compression.auto:
         return _auto.start(
             tensor, splits, backend, compression,
-            lambda: Alltoall(tensor, splits, name, compression, backend, ids).start(),
+            lambda: Alltoall(tensor, splits, name, compression, backend, ids, recv_ids).start(),
             lambda: start(tensor, splits, name, NoneCompressor, backend))
     if is_lossy(compression):
-        return Alltoall(tensor, splits, name, compression, backend, ids).start()
+        return Alltoall(tensor, splits, name, compression, backend, ids, recv_ids).start()
     if compression is NoneCompressor and getattr(tensor, "dtype", None) == torch.bfloat16:
         return Alltoall(tensor, splits, name, LOSSLESS, backend).start()
     return _plain_start(tensor, splits, name, compression, backend)

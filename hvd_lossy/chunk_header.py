@@ -5,13 +5,19 @@ of an allgather and of broadcast's header round) is ONE format-2 frame (frame.h)
 carries, in its extension (HL_FRAME_EXT, covered by the frame's CRC32C), what the protocol
 (hvd_lossy.protocol) says beyond what the frame already describes:
 
-    uint8   flags              bit 0 FAILED, bit 1 PENDING, bit 2 SIZED, the others zero
+    uint8   flags              bit 0 FAILED, bit 1 PENDING, bit 2 SIZED, bit 3 REUSE, the
+                               others zero
     varint  grank              the sender's global rank (zigzag)
     uint32  settings           the settings digest (protocol.settings_digest), little-endian
     FAILED:  zigzag varints status, a, b, dtype   the failure found sending (protocol codes)
     PENDING: zigzag varints code, a, call         a receive failure of an earlier call
     SIZED:   zigzag varints ndim, rows, payload   the tensor and frame bytes of a frame that
                                                   travels apart (broadcast's payload round)
+    REUSE:   varint n, then uint32 sent[n], uint32 received[n], uint8 predicts[ceil(n / 8)]
+             a reusing alltoall's check values (hvd_lossy.reuse_exchange): for each rank p of
+             the process set, the sender's for what it sends p, the receiver's for what p
+             sends it (0 for itself), and whether its frame to p predicts (bit p % 8 of byte
+             p // 8); every rank compares every pair (protocol.reuse_diverged)
 
 dtype, ndim and the trailing dims are the frame's, rows the sum of its segments' and the
 payload the frame itself, unless SIZED says otherwise. A chunk without rows (and every chunk
@@ -24,11 +30,12 @@ frame as it lays them out (hvd_lossy.compress_grouped(extension=...)).
 import torch
 
 from hvd_lossy import _bytes, _codec, _decode
-from hvd_lossy.protocol import (GRANK, HEADER_FIELDS, LOSSY_DTYPES, MAX_NDIM, PAYLOAD, ROWS, _A,
+from hvd_lossy.protocol import (GRANK, HEADER_FIELDS, LOSSY_DTYPES, MAX_NDIM, PAYLOAD, REUSE,
+                                ROWS, _A,
                                 _B, _DIMS, _DTYPE, _LocalError, _NDIM, _PENDING, _PENDING_A,
                                 _PENDING_SEQ, _SETTINGS, _STATUS)
 
-FAILED, PENDING, SIZED = 0x01, 0x02, 0x04
+FAILED, PENDING, SIZED, REUSED = 0x01, 0x02, 0x04, 0x08
 _BLOCKS = ((FAILED, (_STATUS, _A, _B, _DTYPE)), (PENDING, (_PENDING, _PENDING_A, _PENDING_SEQ)),
            (SIZED, (_NDIM, ROWS, PAYLOAD)))
 
@@ -36,14 +43,24 @@ _BLOCKS = ((FAILED, (_STATUS, _A, _B, _DTYPE)), (PENDING, (_PENDING, _PENDING_A,
 def extension(fields, sized=False):
     """The extension bytes of protocol header fields (protocol.header's list); `sized` adds
     their ndim, rows and payload (SIZED), for a frame that does not hold them itself."""
+    block = fields[REUSE] if len(fields) > REUSE else None
     flags = ((FAILED if fields[_STATUS] else 0) | (PENDING if fields[_PENDING] else 0)
-             | (SIZED if sized else 0))
+             | (SIZED if sized else 0) | (REUSED if block is not None else 0))
     out = bytearray([flags]) + _bytes.varint(int(fields[GRANK])) + _bytes.u32(
         int(fields[_SETTINGS]))
     for flag, slots in _BLOCKS:
         if flags & flag:
             for i in slots:
                 out += _bytes.varint(int(fields[i]))
+    if block is not None:
+        sent, received, predicts = block
+        out += _bytes.varint(len(sent))
+        for value in (*sent, *received):
+            out += _bytes.u32(int(value))
+        bits = bytearray((len(sent) + 7) // 8)
+        for p, on in enumerate(predicts):
+            bits[p // 8] |= (1 << (p % 8)) if on else 0
+        out += bits
     return bytes(out)
 
 
@@ -76,10 +93,11 @@ def fields_of(head, source):
     r = _bytes.ByteReader(ext, what="a frame extension")
     fields = [0] * HEADER_FIELDS
     fields[_DTYPE], fields[_NDIM], fields[ROWS], fields[PAYLOAD] = dtype, ndim, rows, total
-    fields[_DIMS:] = (list(trailing) + [-1] * MAX_NDIM)[:MAX_NDIM]
+    fields[_DIMS:_DIMS + MAX_NDIM] = (list(trailing) + [-1] * MAX_NDIM)[:MAX_NDIM]
+    fields[REUSE] = None
     try:
         flags = r.u8()
-        if flags & ~(FAILED | PENDING | SIZED):
+        if flags & ~(FAILED | PENDING | SIZED | REUSED):
             raise r.fail(f"has unknown flags {flags:#04x}")
         fields[GRANK] = r.varint()
         fields[_SETTINGS] = r.u32()
@@ -87,6 +105,8 @@ def fields_of(head, source):
             if flags & flag:
                 for i in slots:
                     fields[i] = r.varint()
+        if flags & REUSED:
+            fields[REUSE] = _reuse_block(r)
         if flags & FAILED and fields[_STATUS] == 0:
             raise r.fail("flags a failure of status 0")
         if flags & PENDING and fields[_PENDING] == 0:
@@ -96,6 +116,16 @@ def fields_of(head, source):
     except _codec.FrameError as e:
         raise _LocalError(10, source, detail=str(e)) from None
     return fields
+
+
+def _reuse_block(r):
+    n = r.varint()
+    if not 1 <= n <= 127:
+        raise r.fail(f"has a reuse block for {n} ranks")
+    sent = tuple(r.u32() for _ in range(n))
+    received = tuple(r.u32() for _ in range(n))
+    bits = [r.u8() for _ in range((n + 7) // 8)]
+    return sent, received, tuple(bool(bits[p // 8] >> (p % 8) & 1) for p in range(n))
 
 
 def _host(recv):

@@ -20,6 +20,7 @@ except ImportError:  # no Horovod: torch.distributed users, one process (_base_c
 
 import hvd_lossy
 from hvd_lossy import check_error_bound
+from hvd_lossy.reuse import DEFAULT_MEMORY_BYTES, ReuseState
 
 _MODES = ("rel", "abs")
 _LEVELS = (1, 2)
@@ -58,6 +59,20 @@ def _check_segments(segments, name):
         return [int(k) for k in segments]
     raise ValueError(f"{name} must be an int >= 1 or a list of ints >= 0 (one per destination), "
                      f"got {segments!r}")
+
+
+def _check_reuse(reuse, memory, dither, auto):
+    if not isinstance(reuse, bool):
+        raise TypeError(f"reuse must be True or False, got {reuse!r}")
+    if isinstance(memory, bool) or not isinstance(memory, numbers.Integral) or memory < 1:
+        raise ValueError(f"reuse_memory must be an int >= 1 (bytes), got {memory!r}")
+    if reuse and dither is True:
+        raise ValueError("reuse=True needs undithered lookups (dither False or 'backward'), got "
+                         "dither=True: dithered residuals never code to zero")
+    if reuse and auto:
+        raise ValueError("reuse=True and auto=True cannot be combined: a plain call in between "
+                         "would leave what the receiver holds unknown to the sender")
+    return reuse, int(memory)
 
 
 def _check_dither_setting(dither):
@@ -134,11 +149,21 @@ class LossyCompressor(Compressor):
                   message size, and re-check it as calls go on (hvd_lossy.auto). comm_stats()["auto"] reports the decisions.
                   Plain calls are Horovod's own alltoall, with Horovod's own argument checks.
                   The gradient compressor of the autograd alltoall decides on its own.
+        reuse: send what a destination already holds as a reference and what drifted as a
+                  residual, across calls (hvd_lossy.reuse, hvd_lossy.reuse_exchange). Applies to
+                  alltoall calls given `ids` (the keys of the rows sent) and `recv_ids` (those
+                  of the rows received, one tensor a source); other calls, and the gradients,
+                  are coded as without it. Every element still decodes within the bound of its
+                  CURRENT value: the bound is then also a bound on staleness (the row may be
+                  an older copy the receiver held). Needs dither off for the lookups, auto off.
+        reuse_memory: the most bytes a rank's reuse caches take, for this compressor (default
+                  256 MiB): half for the mirrors of what peers hold, half for its own caches.
     """
     codec_id = "lossy"
 
     def __init__(self, error_bound, mode="rel", level=1, backward=SAME, dedup=True, segments=1,
-                 backward_segments=None, dither=False, auto=False, row_len=None, tables=None):
+                 backward_segments=None, dither=False, auto=False, row_len=None, tables=None,
+                 reuse=False, reuse_memory=DEFAULT_MEMORY_BYTES):
         self.error_bound = check_error_bound(error_bound)
         if mode not in _MODES:
             raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
@@ -167,6 +192,14 @@ class LossyCompressor(Compressor):
             raise TypeError(f"auto must be True or False, got {auto!r}")
         self.auto = auto
         self._auto_slots = {}  # process set id -> hvd_lossy.auto's state of this compressor
+        self.reuse, self.reuse_memory = _check_reuse(reuse, reuse_memory, self.dither, auto)
+        self._reuse_state = None
+
+    def reuse_state(self):
+        """This compressor's reuse caches on this rank (hvd_lossy.reuse.ReuseState)."""
+        if self._reuse_state is None:
+            self._reuse_state = ReuseState(self.reuse_memory)
+        return self._reuse_state
 
     def next_dither_seed(self, rank=0, size=1, frames=1):
         """Dither seed of the first of the next `frames` frames this compressor compresses
@@ -228,6 +261,10 @@ class LossyCompressor(Compressor):
         floats indexed by hvd_lossy.STAT_MIN, STAT_MAX (the frame's finite value range) and
         STAT_UNIQUE (its distinct rows), NaN where the codec did not compute it."""
 
+    def after_reuse(self, plan, shares):
+        """Hook called after `after_compress` in a reusing call: shares[i] is (rows,
+        references, residuals) of plan frame i, None for the own chunk, which is not sent."""
+
     def for_backward(self):
         """The compressor of the gradient all-to-all (which runs with the splits reversed)."""
         if self.backward is None:
@@ -247,9 +284,12 @@ class LossyCompressor(Compressor):
     def agreement(self):
         """What every rank of a collective must share about this compressor (it travels as a
         digest in the protocol headers; ranks that differ raise RankError)."""
-        return {"type": type(self).__name__, "error_bound": self.error_bound, "mode": self.mode,
-                "level": self.level, "dedup": self.dedup, "dither": self.dither,
-                "auto": self.auto, "row_len": self.row_len}
+        agreed = {"type": type(self).__name__, "error_bound": self.error_bound, "mode": self.mode,
+                  "level": self.level, "dedup": self.dedup, "dither": self.dither,
+                  "auto": self.auto, "row_len": self.row_len}
+        if self.reuse:  # only then: without reuse the header bytes are today's
+            agreed["reuse_memory"] = self.reuse_memory
+        return agreed
 
     def compress(self, tensor):
         """Compresses the whole tensor into one frame.
@@ -286,6 +326,9 @@ class LossyCompressor(Compressor):
             config["auto"] = True
         if self.row_len is not None:
             config["row_len"] = self.row_len
+        if self.reuse:
+            config["reuse"] = True
+            config["reuse_memory"] = self.reuse_memory
         return config
 
     @classmethod
@@ -311,6 +354,8 @@ class LossyCompressor(Compressor):
             segments += ", auto=True"
         if self.row_len is not None:
             segments += f", row_len={self.row_len!r}"
+        if self.reuse:
+            segments += f", reuse=True, reuse_memory={self.reuse_memory!r}"
         return (f"{type(self).__name__}(error_bound={self.error_bound!r}, mode={self.mode!r}, "
                 f"level={self.level!r}, backward={backward}, dedup={self.dedup!r}{segments})")
 

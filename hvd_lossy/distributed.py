@@ -109,7 +109,7 @@ def _remote_bytes(input, splits, backend):
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
-                      async_op=False, compression=Compression.none, ids=None):
+                      async_op=False, compression=Compression.none, ids=None, recv_ids=None):
     """As torch.distributed.all_to_all_single, plus `compression`.
 
     Splits `input` along dim 0 by `input_split_sizes` (None: evenly), sends piece d to rank d
@@ -132,6 +132,11 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
             every chunk; else 1-D, one key per row_len elements, in the input's order). The
             frames are the same bytes with or without them (at a bound > 0); wrong ids cost
             speed, never the bound. Compression.none/fp16 do not use them.
+        recv_ids: with a `reuse=True` compressor and `ids`: the keys of the rows received, in
+            the output's layout (shape (rows,); with `row_len`, [rows, tables], the same
+            tables from every rank), so that rows this rank holds travel as references or
+            residuals (hvd_lossy.reuse_exchange; also a list of one tensor a source, as
+            hvd_lossy.torch.alltoall takes).
 
     Returns:
         None, or with async_op=True a Work with wait() and is_completed(). A lossy call never
@@ -141,11 +146,11 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         their next lossy call on the group.
     """
     return _start(output, input, output_split_sizes, input_split_sizes, group, async_op,
-                  compression, ids=ids)
+                  compression, ids=ids, recv_ids=recv_ids)
 
 
 def _start(output, input, output_split_sizes, input_split_sizes, group, async_op, compression,
-           tables=None, calls=None, ids=None):
+           tables=None, calls=None, ids=None, recv_ids=None):
     """all_to_all_single; `tables` gives a row_len layout's tables per destination (the autograd
     form's gradient), `calls` collects the lossy call objects started, `ids` as there."""
     compression = NoneCompressor if compression is None else compression
@@ -159,7 +164,7 @@ def _start(output, input, output_split_sizes, input_split_sizes, group, async_op
 
     def lossy():
         call = _SingleAlltoall(output, input, output_split_sizes, input_split_sizes, compression,
-                               backend, tables, ids)
+                               backend, tables, ids, recv_ids)
         if calls is not None:
             calls.append(call)
         return _started(call.start())
@@ -232,12 +237,13 @@ class _DifferentiableWork(Work):
 
 
 def all_to_all_single_autograd(input, output_split_sizes=None, input_split_sizes=None, group=None,
-                               async_op=False, compression=Compression.none, ids=None):
+                               async_op=False, compression=Compression.none, ids=None,
+                               recv_ids=None):
     """all_to_all_single as part of the autograd graph: returns a new output whose gradient
     travels back by an all_to_all_single with the splits reversed, compressed by the
     compressor's `backward` setting (for_backward()). The gradient of a row_len layout keeps
-    each rank's tables (learnt from the frames the forward received). `ids` (as for
-    all_to_all_single) serve the forward exchange only.
+    each rank's tables (learnt from the frames the forward received). `ids` and `recv_ids` (as
+    for all_to_all_single) serve the forward exchange only: gradients are never reused.
 
     Returns:
         the output tensor; with async_op=True a Work whose wait() returns it.
@@ -245,7 +251,7 @@ def all_to_all_single_autograd(input, output_split_sizes=None, input_split_sizes
     output = _output_like(input, output_split_sizes, compression)
     calls = []
     started = _start(output, input.detach(), output_split_sizes, input_split_sizes, group, True,
-                     compression, calls=calls, ids=ids)
+                     compression, calls=calls, ids=ids, recv_ids=recv_ids)
     splits = (None if output_split_sizes is None else list(output_split_sizes),
               None if input_split_sizes is None else list(input_split_sizes))
 

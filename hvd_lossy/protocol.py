@@ -29,11 +29,13 @@ MAX_NDIM = 8  # HL_MAX_NDIM of the frame format
 # (hvd_lossy.chunk_header). PENDING/PENDING_A/PENDING_SEQ report a failure this rank found
 # receiving an earlier call (code, the sender, that call's number); SETTINGS is a digest of the
 # compressor's settings (settings_digest), which the ranks must share; the trailing dims fill
-# MAX_NDIM slots, -1 padded.
+# MAX_NDIM slots, -1 padded; REUSE, after them, is None or a reusing call's check values
+# (hvd_lossy.reuse_exchange): (sent check a peer, received check a peer, predicts a peer).
 (_STATUS, _A, _B, GRANK, _DTYPE, _NDIM, ROWS, PAYLOAD, _PENDING, _PENDING_A, _PENDING_SEQ,
  _SETTINGS) = range(12)
 _DIMS = 12
-HEADER_FIELDS = _DIMS + MAX_NDIM
+REUSE = _DIMS + MAX_NDIM
+HEADER_FIELDS = REUSE + 1
 
 # Error codes. {a}/{b} travel with the code, so every rank prints the same text; "detail",
 # the local exception text, is known to the rank where it happened only.
@@ -54,8 +56,12 @@ _ERRORS = {
     13: "receiving failed unexpectedly",
     14: "{a} bytes exceed the {b} bytes one rank may send in a call (Horovod's counts are int32)",
     15: "rank {a} announced more output than max_output_bytes (hvd_lossy.set_max_output_bytes)",
+    16: "the reuse cache of rank {b} for rank {a} is not the mirror rank {a} coded against (a "
+        "frame lost or corrupted, a call skipped or made without ids, a rank or compressor "
+        "restarted, or recv_ids that are not the ids sent); every rank reset its reuse caches",
 }
-_AGREEMENT = ("dtype", "number of dims", "trailing shape", "compression settings", "dim 0")
+_AGREEMENT = ("dtype", "number of dims", "trailing shape", "compression settings", "dim 0",
+              "reuse (ids and recv_ids on some ranks only)")
 
 INT32_MAX = 2 ** 31 - 1
 
@@ -140,7 +146,7 @@ def header(tensor, failure, rows, payload, pending, grank, settings=0):
     dims = (list(tensor.shape[1:]) if is_tensor else []) + [-1] * MAX_NDIM
     ndim = tensor.dim() if is_tensor else -1
     return ([code, a, b, grank, dtype_code(tensor), ndim, int(rows), int(payload)]
-            + list(pending) + [settings] + dims[:MAX_NDIM])
+            + list(pending) + [settings] + dims[:MAX_NDIM] + [None])
 
 
 def like_of(h):
@@ -163,6 +169,24 @@ def check_headers(headers, compare_rows=False):
         if len(set(values)) > 1:
             listing = ", ".join(f"rank {h[GRANK]} has {v}" for h, v in zip(headers, values))
             return _LocalError(12, what, detail=listing, origin=-1)
+    return reuse_diverged(headers)
+
+
+def reuse_diverged(headers):
+    """For a reusing call: every pair (sender s, receiver d) must have the same check value on
+    both ends (s's mirror for d, d's cache for s); the verdict for the first that does not."""
+    blocks = [h[REUSE] for h in headers]
+    if all(b is None for b in blocks):
+        return None
+    if any(b is None for b in blocks):
+        listing = ", ".join(f"rank {h[GRANK]} {'reuses' if h[REUSE] else 'does not'}"
+                            for h in headers)
+        return _LocalError(12, 5, detail=listing, origin=-1)
+    n = len(blocks)
+    for s, bs in enumerate(blocks):
+        for d, bd in enumerate(blocks):
+            if s != d and (len(bs[0]) != n or len(bd[1]) != n or bs[0][d] != bd[1][s]):
+                return _LocalError(16, headers[s][GRANK], headers[d][GRANK], origin=-1)
     return None
 
 

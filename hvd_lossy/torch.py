@@ -115,7 +115,7 @@ class _Alltoall(_torch.autograd.Function):
 
 
 def alltoall(tensor, splits=None, name=None, compression=Compression.none,
-             process_set=global_process_set, ids=None):
+             process_set=global_process_set, ids=None, recv_ids=None):
     """Scatters slices of dim 0 of `tensor` to all ranks and gathers the slices sent here.
 
     As horovod.torch.alltoall, plus `compression`. With a lossy compressor every rank's slices
@@ -137,6 +137,12 @@ def alltoall(tensor, splits=None, name=None, compression=Compression.none,
              the frames are the same bytes (at a bound > 0), and wrong ids cost speed, never the
              bound (each duplicate's bits are checked against its id's first row). Bad ids
              raise RankError on every rank. The gradient all-to-all and Compression.none/fp16 do not use them.
+        recv_ids: with a `reuse=True` compressor (and `ids`): a list with one int64 tensor a
+             rank, the keys of the rows that rank sends here, in order (the own rank's entry is
+             ignored). Rows a rank already holds then travel as references or residuals
+             (hvd_lossy.reuse_exchange); recv_ids that are not the ids sent raise RankError
+             on every rank, as does any divergence of what the ranks hold, after which every
+             rank starts its reuse caches afresh.
 
     Returns:
         1) the gathered tensor (each element within the frame's absolute bound of what its
@@ -144,7 +150,8 @@ def alltoall(tensor, splits=None, name=None, compression=Compression.none,
         2) if `splits` was given: the rows received from each rank, as a tensor.
     """
     compression, process_set = _fix_args(compression, process_set)
-    started = _a2a.start(_detached(tensor), splits, name, compression, process_set, ids)
+    started = _a2a.start(_detached(tensor), splits, name, compression, process_set, ids,
+                         recv_ids)
     output, received = _Alltoall.apply(tensor, started, compression, process_set)
     return output if splits is None else (output, received)
 
@@ -186,11 +193,12 @@ class _DifferentiableHandle(_Handle):
 
 
 def alltoall_async(tensor, splits=None, name=None, compression=Compression.none,
-                   process_set=global_process_set, differentiable=False, ids=None):
+                   process_set=global_process_set, differentiable=False, ids=None,
+                   recv_ids=None):
     """Starts alltoall(). As Horovod's alltoall_async, without gradient tracking by default.
 
     Arguments:
-        ids: as for alltoall().
+        ids, recv_ids: as for alltoall().
         differentiable: True makes synchronize() return an output that is part of `tensor`'s
             autograd graph: backward sends its gradient back with the splits reversed,
             compressed by the compressor's for_backward(), exactly as alltoall() does. This is
@@ -205,9 +213,10 @@ def alltoall_async(tensor, splits=None, name=None, compression=Compression.none,
     """
     compression, process_set = _fix_args(compression, process_set)
     if differentiable:
-        started = _a2a.start(_detached(tensor), splits, name, compression, process_set, ids)
+        started = _a2a.start(_detached(tensor), splits, name, compression, process_set, ids,
+                             recv_ids)
         return _DifferentiableHandle(tensor, started, compression, process_set)
-    return _expose(_a2a.start(tensor, splits, name, compression, process_set, ids))
+    return _expose(_a2a.start(tensor, splits, name, compression, process_set, ids, recv_ids))
 
 
 class _Allgather(_torch.autograd.Function):

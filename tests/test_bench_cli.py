@@ -1,6 +1,7 @@
 """The benchmark commands' front ends: --help with defaults, and bad flags or values refused in
 one line with exit status 2, printed once however many ranks run them."""
 import os
+import json
 import subprocess
 import sys
 
@@ -60,3 +61,14 @@ def test_alltoall_level_3_under_mpirun_is_refused_once_by_every_rank():
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr
     assert (proc.stdout + proc.stderr).count("invalid choice: 3") == 1, proc.stdout + proc.stderr
+
+
+def test_codec_reuse_reports_the_reuse_share_and_bytes(tmp_path):
+    out = tmp_path / "reuse.json"
+    proc = bench("codec", "--reuse", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "references / residuals / fresh" in proc.stdout
+    total = json.loads(out.read_text())["reuse"]["total"]
+    assert total["references"] + total["residuals"] + total["fresh"] == total["rows"] > 0
+    assert total["references"] + total["residuals"] > 0  # hot ids come back held
+    assert 0 < total["reuse_bytes"] < total["today_bytes"]

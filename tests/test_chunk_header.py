@@ -25,7 +25,7 @@ def golden(name):
 def fields(status=0, a=0, b=0, grank=3, dtype=0, ndim=3, rows=0, payload=0,
            pending=(0, 0, 0), settings=0x5EED1234, dims=(26, 32)):
     return ([status, a, b, grank, dtype, ndim, rows, payload, *pending, settings]
-            + (list(dims) + [-1] * P.MAX_NDIM)[:P.MAX_NDIM])
+            + (list(dims) + [-1] * P.MAX_NDIM)[:P.MAX_NDIM] + [None])  # REUSE: not reusing
 
 
 def head_of(frame):
@@ -74,7 +74,7 @@ def test_frame_info_reports_the_extension_and_counts_it_in_the_header():
     fields(grank=2 ** 20, settings=0x7FFFFFFF, ndim=8, dims=(1, 2, 3, 4, 5, 6, 7)),
 ])
 def test_failure_frames_round_trip_every_protocol_field(f):
-    t = torch.zeros(0, *[d for d in f[P._DIMS:] if d >= 0])
+    t = torch.zeros(0, *[d for d in f[P._DIMS:P._DIMS + P.MAX_NDIM] if d >= 0])
     frame = C.header_frame(t, f)
     got = C.fields_of(head_of(frame), 0)
     for i in (P._STATUS, P._A, P._B, P.GRANK, P._PENDING, P._PENDING_A, P._PENDING_SEQ,

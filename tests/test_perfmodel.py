@@ -87,6 +87,21 @@ def test_bytes_of_a_compressed_all_to_all_follow_the_ratio_at_rows_a_chunk():
     assert lossy == pytest.approx(plain / 8.0)
 
 
+def test_reuse_divides_the_compressed_forward_bytes_only():
+    w, n = workload(dim=64, batch=8 * 256), network(1.0, latency_s=0.0)
+    reused = workload(dim=64, batch=8 * 256, reuse_fewer=3.0)
+    for mode in ("lossy", "adaptive"):
+        before, after = (perfmodel.step_terms(mode, x, n, CALIB) for x in (w, reused))
+        assert after["fwd_a2a"] == pytest.approx(before["fwd_a2a"] / 3.0)
+        assert after["bwd_a2a"] == before["bwd_a2a"]  # gradients are never reused
+    for mode in ("plain", "fp16"):
+        assert perfmodel.step_terms(mode, reused, n, CALIB) == perfmodel.step_terms(mode, w, n,
+                                                                                     CALIB)
+    assert perfmodel.predict("lossy", reused, n, CALIB)["ratio"][0] == pytest.approx(8.0 * 3.0)
+    with pytest.raises(ValueError, match="reuse_fewer must be a number > 0, got 0"):
+        perfmodel.step_terms("lossy", workload(reuse_fewer=0), n, CALIB)
+
+
 def test_a_shared_link_carries_every_ranks_bytes_and_a_cluster_only_the_busiest_ranks():
     w = workload(sharding="balanced")
     shared = perfmodel.step_terms("plain", w, network(1.0, link="shared", latency_s=0.0), CALIB)["fwd_a2a"]

@@ -185,19 +185,21 @@ class _TorchLossy:
         torch.distributed.all_to_all_single(recv, send)  # not the exchange: not in its statistics
         return recv.tolist()
 
-    def alltoall(self, tensor, splits, name=None, compression=None, ids=None):
+    def alltoall(self, tensor, splits, name=None, compression=None, ids=None, recv_ids=None):
         recv = self._received(splits)
         out = self.dist.all_to_all_single_autograd(
             tensor, recv, [int(s) for s in splits],
-            compression=self.Compression.none if compression is None else compression, ids=ids)
+            compression=self.Compression.none if compression is None else compression, ids=ids,
+            recv_ids=recv_ids)
         return out, torch.tensor(recv, dtype=torch.int32)
 
     def alltoall_async(self, tensor, splits, name=None, compression=None, differentiable=True,
-                       ids=None):
+                       ids=None, recv_ids=None):
         recv = self._received(splits)
         work = self.dist.all_to_all_single_autograd(
             tensor, recv, [int(s) for s in splits], async_op=True,
-            compression=self.Compression.none if compression is None else compression, ids=ids)
+            compression=self.Compression.none if compression is None else compression, ids=ids,
+            recv_ids=recv_ids)
         return work, recv
 
     def synchronize(self, handle):
@@ -257,7 +259,7 @@ class _LocalLossy:
         out["auto"] = auto.report()
         return out
 
-    def alltoall(self, tensor, splits, name=None, compression=None, ids=None):
+    def alltoall(self, tensor, splits, name=None, compression=None, ids=None, recv_ids=None):
         rows = [int(s) for s in splits]
         if rows != [tensor.shape[0]]:
             raise ValueError("one rank sends all %d rows to itself, got splits %s"
@@ -265,7 +267,7 @@ class _LocalLossy:
         return tensor.clone(), torch.tensor(rows, dtype=torch.int32)
 
     def alltoall_async(self, tensor, splits, name=None, compression=None, differentiable=True,
-                       ids=None):
+                       ids=None, recv_ids=None):
         return self.alltoall(tensor, splits)
 
     def synchronize(self, handle):

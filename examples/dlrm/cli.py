@@ -181,6 +181,10 @@ def parser():
                    help="lossy/adaptive: hand the all-to-all each lookup's id (ids=), so the "
                         "codec finds duplicate rows by id instead of hashing every row (the same "
                         "frames; training lookups only)")
+    c.add_argument("--reuse", action="store_true",
+                   help="lossy/adaptive: send lookups a rank already holds from an earlier step as "
+                        "references or residuals (reuse=True, ids= and recv_ids=; implies --ids; "
+                        "lookups only, gradients are never reused)")
     c.add_argument("--eval-compression", choices=["none", "same"], default="none",
                    help="evaluation lookups: uncompressed (default; measures the trained model) or "
                         "through the training compressor")
@@ -279,6 +283,14 @@ def check(args, world):
     if args.ids and args.compression not in ("lossy", "adaptive"):
         raise UsageError("--ids applies to --compression lossy or adaptive, got --compression %s"
                          % args.compression)
+    if args.reuse and args.compression not in ("lossy", "adaptive"):
+        raise UsageError("--reuse applies to --compression lossy or adaptive, got --compression %s"
+                         % args.compression)
+    if args.reuse and (args.auto or args.dither == "all"):
+        raise UsageError("--reuse needs undithered lookups and no --auto (a plain call in between "
+                         "would leave what each rank holds unknown to its peers)")
+    if args.reuse:
+        args.ids = True
     if args.plain_horovod and args.overlap:
         raise UsageError("--overlap needs hvd_lossy's differentiable alltoall_async; "
                          "horovod.torch.alltoall_async (--plain-horovod) has no autograd")

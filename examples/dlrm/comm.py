@@ -35,18 +35,19 @@ def make_compression(args, owners, rank, world, cardinalities, total_steps):
     backward = backward_setting(args)
     dither = {"none": False, "backward": "backward", "all": True}[args.dither]
     auto = args.auto
+    reuse = getattr(args, "reuse", False)
     if args.compression == "none":
         return Compression.none, None
     if args.compression == "fp16":
         return Compression.fp16, None
     if args.compression == "lossy" and args.lossy_frames == "destination":
         return Compression.lossy(args.error_bound, args.eb_mode, level=args.level,
-                                 backward=backward, dither=dither, auto=auto), None
+                                 backward=backward, dither=dither, auto=auto, reuse=reuse), None
     if args.compression == "lossy":
         from frames import table_compressors
         names = [[n for n, r in zip(data.TABLE_NAMES, owners) if r == k] for k in range(world)]
         return table_compressors(args.error_bound, args.eb_mode, args.level, backward, names, rank,
-                                 dither=dither, auto=auto), None
+                                 dither=dither, auto=auto, reuse=reuse), None
     from hvd_lossy.adaptive import Controller
     tables = {name: (rows, owner) for name, rows, owner in zip(data.TABLE_NAMES, cardinalities, owners)}
     # The schedule decays to 1.0 over the run and the controller re-plans ~20 times, unless told.
@@ -62,7 +63,7 @@ def make_compression(args, owners, rank, world, cardinalities, total_steps):
     controller = Controller(**kwargs)
     local = controller.tables_of(rank)
     compressor = Compression.adaptive(controller, tables=local, backward=backward, level=args.level,
-                                      dither=dither, auto=auto)
+                                      dither=dither, auto=auto, reuse=reuse)
     return compressor, controller
 
 

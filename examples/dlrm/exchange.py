@@ -52,11 +52,13 @@ class EmbeddingExchange:
         alltoall_start: optional callable(tensor, splits, ids=None) -> wait, where wait() gives
             what alltoall gives; started before and waited for after other work (start/finish).
         send_ids: hand the alltoall the id of each row it sends (`ids=`).
+        recv_ids: also hand it the ids of the rows each rank sends here (`recv_ids=`, for a
+            reusing compressor): every rank has the global batch's ids (gather_ids).
     """
 
     def __init__(self, owners, rank, world, alltoall, allgather, alltoall_start=None,
-                 send_ids=False):
-        self.send_ids = send_ids
+                 send_ids=False, recv_ids=False):
+        self.send_ids, self.recv_ids = send_ids or recv_ids, recv_ids
         self.owners, self.rank, self.world = list(owners), rank, world
         self.alltoall, self.allgather = alltoall, allgather
         self.alltoall_start = alltoall_start or self._start_now
@@ -103,6 +105,9 @@ class EmbeddingExchange:
         if self.send_ids and ids is not None:  # the same order as the rows: (B, n_local) -> send's
             owned = ids[:, self.local].t().reshape(n_local, self.world, b)
             keys["ids"] = owned.transpose(0, 1).reshape(-1)
+        if self.recv_ids and ids is not None:  # source s sends its tables' rows of my slice
+            mine = ids[self.rank * b:(self.rank + 1) * b]
+            keys["recv_ids"] = [mine[:, tables].t().reshape(-1) for tables in self.by_source]
         t0 = time.perf_counter()
         wait = self.alltoall_start(send, splits, **keys)
         self.clock["fwd_s"] = time.perf_counter() - t0

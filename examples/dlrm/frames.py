@@ -27,9 +27,10 @@ class TableBytes(LossyCompressor):
     """
 
     def __init__(self, error_bound, mode, level, layouts, backward=None, table_bytes=None, prefix="",
-                 dither=False, auto=False):
+                 dither=False, auto=False, reuse=False):
         super().__init__(error_bound, mode=mode, level=level, backward=backward,
-                         segments=[len(layout) for layout in layouts], dither=dither, auto=auto)
+                         segments=[len(layout) for layout in layouts], dither=dither, auto=auto,
+                         reuse=reuse)
         self.layouts = [list(layout) for layout in layouts]
         self.table_bytes = {} if table_bytes is None else table_bytes
         self.prefix = prefix
@@ -47,7 +48,7 @@ class TableBytes(LossyCompressor):
 
 
 def table_compressors(error_bound, mode, level, backward, names_by_rank, rank, dither=False,
-                      auto=False):
+                      auto=False, reuse=False):
     """The forward compressor of `rank` (with its gradient compressor as `backward`).
 
     Arguments:
@@ -55,6 +56,7 @@ def table_compressors(error_bound, mode, level, backward, names_by_rank, rank, d
         names_by_rank: the table names each rank owns.
         dither: as LossyCompressor's (False, True or "backward").
         auto: as LossyCompressor's (--auto), for both compressors.
+        reuse: as LossyCompressor's (--reuse), for the lookups' compressor only.
     Returns:
         a TableBytes whose `table_bytes` collects both directions.
     """
@@ -65,4 +67,4 @@ def table_compressors(error_bound, mode, level, backward, names_by_rank, rank, d
                               dither=bool(dither), auto=auto)
     world = len(names_by_rank)
     return TableBytes(error_bound, mode, level, [names_by_rank[rank]] * world, backward=backward,
-                      table_bytes=table_bytes, dither=dither is True, auto=auto)
+                      table_bytes=table_bytes, dither=dither is True, auto=auto, reuse=reuse)

@@ -140,7 +140,8 @@ def train(args):
     total = args.steps if args.steps else args.epochs * source.steps_per_epoch
     link = comm.Link(args, owners, rank, world, source.cardinalities, total)
     ex = EmbeddingExchange(owners, rank, world, link.alltoall, lambda t: hvd.allgather(t, name="ids"),
-                           alltoall_start=link.alltoall_start, send_ids=args.ids)
+                           alltoall_start=link.alltoall_start, send_ids=args.ids,
+                           recv_ids=getattr(args, "reuse", False))
     b = args.batch_size // world
 
     eval_at = _eval_steps(total, args.eval_points)

@@ -11,6 +11,7 @@ import hvd_lossy
 from hvd_lossy import check_error_bound
 from hvd_lossy.compressor import (SAME, FP16Compressor, LossyCompressor, NoneCompressor,
                                   compressor_from_config, register_codec)
+from hvd_lossy.reuse import DEFAULT_MEMORY_BYTES
 
 from . import stats as _stats
 
@@ -83,9 +84,11 @@ class AdaptiveCompressor(LossyCompressor):
     codec_id = "adaptive"
 
     def __init__(self, controller, tables, backward=TABLE, level=1, dedup=True, observe=True,
-                 bound=TABLE, direction="forward", dither=False, auto=False, row_len=None):
+                 bound=TABLE, direction="forward", dither=False, auto=False, row_len=None,
+                 reuse=False, reuse_memory=DEFAULT_MEMORY_BYTES):
         super().__init__(controller.base, mode=controller.mode, level=level, backward=None,
-                         dedup=dedup, dither=dither, auto=auto, row_len=row_len)
+                         dedup=dedup, dither=dither, auto=auto, row_len=row_len, reuse=reuse,
+                         reuse_memory=reuse_memory)
         self.controller = controller
         self.tables = self._check_tables(tables)
         self.backward = _check_backward(backward)
@@ -240,6 +243,12 @@ class AdaptiveCompressor(LossyCompressor):
             c.record_frame(name, rows * row_bytes, size, error_bound=eb, values=values,
                            fixed_bytes=header, direction=self.direction)
 
+    def after_reuse(self, plan, shares):
+        """Each table's reuse share with the controller (its telemetry's reuse_rate)."""
+        for name, share in zip(self._tables_of(plan), shares):
+            if name is not None and share is not None and share[0]:
+                self.controller.record_reuse(name, share[0], share[1] + share[2])
+
     def for_backward(self):
         """The gradient compressor: chunk for rank r holds ``controller.tables_of(r)``.
 
@@ -270,7 +279,8 @@ class AdaptiveCompressor(LossyCompressor):
         controller = self._controller_config
         return {"type": type(self).__name__, "controller": controller, "level": self.level,
                 "dedup": self.dedup, "bound": self.bound, "direction": self.direction,
-                "dither": self.dither, "auto": self.auto}
+                "dither": self.dither, "auto": self.auto,
+                **({"reuse_memory": self.reuse_memory} if self.reuse else {})}
 
     def compress(self, tensor):
         """One frame of the whole tensor at the base bound (collectives other than alltoall)."""
@@ -289,6 +299,8 @@ class AdaptiveCompressor(LossyCompressor):
                   "direction": self.direction, "dither": self.dither, "auto": self.auto}
         if self.row_len is not None:
             config["row_len"] = self.row_len
+        if self.reuse:
+            config["reuse"], config["reuse_memory"] = True, self.reuse_memory
         return config
 
     @classmethod
@@ -309,4 +321,6 @@ class AdaptiveCompressor(LossyCompressor):
                 f"backward={backward}, level={self.level!r}, dedup={self.dedup!r}, "
                 f"observe={self.observe!r}, bound={self.bound!r}, "
                 f"direction={self.direction!r}, dither={self.dither!r}, auto={self.auto!r}"
-                + ("" if self.row_len is None else f", row_len={self.row_len!r}") + ")")
+                + ("" if self.row_len is None else f", row_len={self.row_len!r}")
+                + (f", reuse=True, reuse_memory={self.reuse_memory!r}" if self.reuse else "")
+                + ")")

@@ -274,6 +274,15 @@ class Controller:
         self._rows[i, _stats.IDX["grad_values"]] += n
         self._rows[i, _stats.IDX["grad_abs_sum"]] += s
 
+    def record_reuse(self, table, rows, reused):
+        """Record that of `rows` forward rows of a table sent in a reusing call, `reused` went as
+        references or residuals (the telemetry's per-table reuse_rate)."""
+        i = self._idx(table)
+        if not self._training:
+            return
+        self._rows[i, _stats.IDX["reuse_rows"]] += rows
+        self._rows[i, _stats.IDX["reused_rows"]] += reused
+
     def record_frame(self, table, raw_bytes, frame_bytes, error_bound=None, values=None,
                      fixed_bytes=0, direction="forward"):
         """Record one compressed frame of a table (called by the compressor).

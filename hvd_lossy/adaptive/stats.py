@@ -31,6 +31,8 @@ FIELDS = (
     "enc_log2_eb",   # forward frames: sum of enc_values * log2(effective bound used)
     "bwd_raw_bytes",    # backward (gradient) frames: uncompressed bytes
     "bwd_frame_bytes",  # backward (gradient) frames: compressed bytes
+    "reuse_rows",    # forward rows sent in reusing calls (hvd_lossy.reuse_exchange)
+    "reused_rows",   # of those, sent as references or residuals against what the peer held
 )
 IDX = {name: i for i, name in enumerate(FIELDS)}
 
@@ -148,6 +150,14 @@ class TableStats:
     log2_bound: float = math.nan  # enc_values-weighted mean log2 of the effective bound used
     bwd_raw_bytes: float = 0.0
     bwd_frame_bytes: float = 0.0
+    reuse_rows: float = 0.0
+    reused_rows: float = 0.0
+
+    @property
+    def reuse_rate(self):
+        """Share of the forward rows of reusing calls that a peer already held (sent as
+        references or residuals), nan without such calls."""
+        return self.reused_rows / self.reuse_rows if self.reuse_rows > 0 else math.nan
 
     @property
     def range(self):
@@ -181,7 +191,8 @@ class TableStats:
     def to_json(self):
         """Plain dict of the stored and derived fields (nan as None, for JSON)."""
         d = dataclasses.asdict(self)
-        d.update(range=self.range, ratio=self.ratio, bits_per_value=self.bits_per_value)
+        d.update(range=self.range, ratio=self.ratio, bits_per_value=self.bits_per_value,
+                 reuse_rate=self.reuse_rate)
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                 for k, v in d.items()}
 
@@ -201,7 +212,8 @@ def row_stats(spec, row):
     if f["grad_values"] > 0:
         kw.update(grad=f["grad_abs_sum"] / f["grad_values"])
     kw.update({k: f[k] for k in ("raw_bytes", "frame_bytes", "fixed_bytes", "enc_values",
-                                 "bwd_raw_bytes", "bwd_frame_bytes")})
+                                 "bwd_raw_bytes", "bwd_frame_bytes", "reuse_rows",
+                                 "reused_rows")})
     if f["enc_values"] > 0:
         kw.update(log2_bound=f["enc_log2_eb"] / f["enc_values"])
     return TableStats(**kw)

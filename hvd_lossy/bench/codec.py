@@ -24,6 +24,9 @@ With --ids only the realistic sets run, compressed on one thread with and withou
 ids (the ids the batch was drawn with) in the same rounds: duplicates found by content (every
 row hashed) against by id (each repeated id's row compared with its first); the frames must be
 the same bytes.
+With --reuse nothing is timed: calls of drifting rows go through hvd_lossy.reuse and the share
+of rows sent as references, residuals and fresh is reported with the bytes against today's
+(hvd_lossy.bench.reuse_share).
 Throughput counts the uncompressed bytes (GB = 1e9 bytes).
 """
 import json
@@ -37,7 +40,7 @@ import torch
 
 import hvd_lossy
 from hvd_lossy import _C, _codec
-from hvd_lossy.bench import _cli, machine
+from hvd_lossy.bench import _cli, machine, reuse_share
 from hvd_lossy.bench.criteo import criteo_batch_lookups, realistic_lookups, synthetic_lookups
 
 
@@ -327,8 +330,28 @@ def main(argv=None):
     parser.add_argument("--ids", action="store_true",
                         help="only the realistic sets, compressed with and without their rows' "
                              "ids side by side (duplicates found by id or by content)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="only the reuse share: calls of drifting rows through "
+                             "hvd_lossy.reuse, references / residuals / fresh and bytes")
+    parser.add_argument("--reuse-step", type=_cli.number(0), default=0.1,
+                        help="--reuse: how far every row moves between calls, in bounds")
+    parser.add_argument("--reuse-calls", type=_cli.number(1, kind=int), default=40,
+                        help="--reuse: calls of one destination's chunk")
     parser.add_argument("--json", default="benchmarks/out/codec.json", help="where to write results")
     args = parser.parse_args(argv)
+    if args.reuse:
+        calls = 8 if args.quick else args.reuse_calls
+        result = reuse_share.measure(calls=calls, step=args.reuse_step, bound=args.error_bound,
+                                     rows=256 if args.quick else 1024)
+        reuse_share.print_share(result, args.reuse_step)
+        if args.json:
+            os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+            with open(args.json, "w") as f:
+                json.dump({"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(),
+                           "error_bound_rel": args.error_bound, "step_bounds": args.reuse_step,
+                           "reuse": result}, f, indent=2)
+            print(f"wrote {args.json}")
+        return 0
     if args.quick:
         args.realistic_mb, args.table_rows, args.repeat, args.levels = 4, 20_000, 1, [1]
     if args.ids:

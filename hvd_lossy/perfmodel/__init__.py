@@ -10,7 +10,11 @@ function:
   host        the iteration's work between two timed steps: the next batch, its checksum, the
               loss's allreduce (measured: the period between step starts less the timed step)
   ids         the allgather of the sparse ids (int64) that tells each owner what to look up
-  fwd_a2a     forward all-to-all of the lookups: bytes / link rate + one call's fixed cost
+  fwd_a2a     forward all-to-all of the lookups: bytes / link rate + one call's fixed cost;
+              with reuse (workload "reuse_fewer", --reuse-fewer: how many times fewer forward
+              bytes hvd_lossy.reuse sends, benchmarks/reuse_bytes.py measures it) lossy and
+              adaptive send that much less; its codec cost (a decode of the own frames) is
+              not modelled
   bwd_a2a     backward all-to-all of their gradients
   codec       compress + decompress of both all-to-alls (lossy/adaptive), or fp16's casts
   allreduce   the dense gradients' allreduce (ring: 2 (P-1)/P of the dense bytes a rank)
@@ -167,6 +171,11 @@ def codec_term(mode, workload, sent, received, pieces, codec):
     return cpu_seconds(codec_work(mode, sent, received, pieces, codec), workload.get("host_cores"))
 
 
+def reuse_fewer(workload):
+    """The reuse term: times fewer forward bytes of a reusing compressor (1: none)."""
+    return check_positive("reuse_fewer", workload.get("reuse_fewer", 1.0))
+
+
 def step_terms(mode, workload, network, calibration):
     """Seconds of each term (TERMS) of one training step in `mode`.
 
@@ -176,7 +185,8 @@ def step_terms(mode, workload, network, calibration):
             host_cores (None: a processor a rank), ids ("allgather" as the example, or
             "alltoall": each owner receives only its tables' ids), sharding ("table" as the
             example, or "balanced": every rank an equal share of every table's lookups),
-            optionally host_s (the host term, default 0) and codec_s (see codec_term)).
+            optionally host_s (the host term, default 0), codec_s (see codec_term) and
+            reuse_fewer (lossy/adaptive forward bytes divided by it, default 1: no reuse)).
         network: dict(bandwidth_gbit, link ("per_rank" | "shared"), latency_s (one
             collective call), efficiency (payload share of the line rate), and optionally
             allreduce_bytes_factor / allgather_bytes_factor (bytes moved over a ring's) and
@@ -214,6 +224,7 @@ def step_terms(mode, workload, network, calibration):
     else:
         curves = calibration["ratio"][mode]
         fwd_ratio, bwd_ratio = ratio_at(curves["fwd"], rows), ratio_at(curves["bwd"], rows)
+        fwd_ratio *= reuse_fewer(workload)
 
     def shrink(xs, ratio):
         return [x / ratio for x in xs]
@@ -281,7 +292,8 @@ def predict(mode, workload, network, calibration):
     seconds = sum(terms.values())
     rows = workload["batch"] // workload["ranks"]
     ratio = (1.0, 1.0) if choice == "plain" else (2.0, 2.0) if choice == "fp16" else (
-        ratio_at(calibration["ratio"][choice]["fwd"], rows), ratio_at(calibration["ratio"][choice]["bwd"], rows))
+        ratio_at(calibration["ratio"][choice]["fwd"], rows) * reuse_fewer(workload),
+        ratio_at(calibration["ratio"][choice]["bwd"], rows))
     return {"mode": mode, "seconds": seconds, "terms": terms, "dominant": dominant(terms),
             "speedup": plain / seconds, "rows_per_chunk": rows, "ratio": ratio,
             **({"auto_picks": choice} if mode == "auto" else {})}

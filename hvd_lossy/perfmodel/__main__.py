@@ -44,6 +44,10 @@ def parser():
                    help="codec rates of the calibration (default: the preset's; e.g. gpu-h200-one-launch)")
     p.add_argument("--batch", type=int, default=None, help="global batch (default: the preset's)")
     p.add_argument("--compute-ms", type=float, default=None, help="compute a step in ms (default: the preset's)")
+    p.add_argument("--reuse-fewer", type=float, default=None,
+                   help="lossy/adaptive with reuse=True: times fewer forward bytes (measured by "
+                        "benchmarks/reuse_bytes.py, e.g. 3.3 with SGD, 1.9 with Adagrad; "
+                        "default 1: no reuse)")
     p.add_argument("--calibration", type=pathlib.Path, default=CALIBRATION)
     p.add_argument("--json", type=pathlib.Path, default=None, help="also write the predictions here")
     p.add_argument("--list", action="store_true", help="list the calibration's presets and exit")
@@ -63,6 +67,8 @@ def main(argv=None):
     overrides = {}
     if args.batch:
         overrides["batch"] = args.batch
+    if args.reuse_fewer is not None:
+        overrides["reuse_fewer"] = args.reuse_fewer
     if args.compute_ms is not None:
         overrides["compute_s"] = check_positive("--compute-ms", args.compute_ms) / 1e3
     try:

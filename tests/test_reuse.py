@@ -1,0 +1,285 @@
+"""Reuse across iterations at the codec level (hvd_lossy.reuse, issue 24 part 3): a sender's
+ReuseEncoder against the mirror of what its peer holds, the peer's ReuseDecoder against its cache.
+
+  - Every decoded element is within the bound of the CURRENT value, call after call, while rows
+    drift (small steps, large steps, jumps) under repeating Zipf ids, for every dtype; NaN and
+    Inf rows, held rows that turned NaN, and ids that lie included.
+  - Mirror and cache are bit-identical after every call, and so are their digests.
+  - Held rows within the bound cost ~nothing (all-zero codes folded into one row); drifted rows
+    cost less than fresh ones.
+  - A predicted row that would reconstruct outside the bound sends its frame fresh.
+  - Collisions on a slot resolve deterministically (the last row of the call wins).
+  - The memory of a rank's caches stays under its cap, also over 10^4 calls.
+"""
+import pytest
+import torch
+
+import hvd_lossy
+from hvd_lossy import reuse
+from tests._launch import run_mpi
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def zipf_ids(g, n, table_rows, a=1.2):
+    """Ids drawn with probability ~ 1 / rank^a: a few hot ids in every call."""
+    p = 1.0 / torch.arange(1, table_rows + 1, dtype=torch.float64) ** a
+    if n == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.multinomial(p, n, replacement=True, generator=g)
+
+
+def call_rows(table, g, seg_rows, table_rows):
+    """One call's chunk: segment k looks up table k by Zipf ids."""
+    ids = torch.cat([zipf_ids(g, n, table_rows) for n in seg_rows])
+    seg = torch.repeat_interleave(torch.arange(len(seg_rows)), torch.tensor(seg_rows))
+    return table[seg, ids], ids
+
+
+def assert_within(x, x_hat, seg_rows, bound, mode="rel"):
+    for k, (xs, hs) in enumerate(zip(x.split(seg_rows), x_hat.split(seg_rows))):
+        eb = reuse.absolute_bound(xs, bound, mode)
+        finite = torch.isfinite(xs)
+        err = (xs.double() - hs.double()).abs()[finite]
+        assert err.numel() == 0 or float(err.max()) <= eb, f"segment {k}: {float(err.max())} > {eb}"
+        assert torch.equal(torch.isnan(xs), torch.isnan(hs)), f"segment {k}: NaN not kept"
+        inf = torch.isinf(xs)
+        assert torch.equal(xs[inf], hs[inf]), f"segment {k}: Inf not kept"
+
+
+def assert_same_state(enc, dec):
+    assert enc.digest == dec.digest
+    for a, b in zip(enc.peer.caches, dec.peer.caches):
+        assert torch.equal(a.tags, b.tags) and torch.equal(a.valid, b.valid)
+        assert torch.equal(a.rows.view(torch.uint8), b.rows.view(torch.uint8))  # bits, NaN too
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("step", [1e-4, 3e-3, 0.05])
+def test_every_element_is_within_the_bound_of_the_current_value_over_many_calls(dtype, step):
+    g = torch.Generator().manual_seed(0)
+    seg_rows, table_rows, dim, bound = [300, 0, 200], 500, 16, 0.03
+    table = torch.randn(len(seg_rows), table_rows, dim, generator=g)
+    enc, dec = reuse.ReuseEncoder(bound, capacity=256), reuse.ReuseDecoder(capacity=256)
+    kinds = {"references": 0, "residuals": 0, "fresh": 0}
+    for call in range(25):
+        x, ids = call_rows(table, g, seg_rows, table_rows)
+        x = x.to(dtype)
+        frame, predicted = enc.encode(x, ids, seg_rows)
+        x_hat = dec.decode(frame, ids, predicted)
+        assert x_hat.dtype == dtype
+        assert_within(x, x_hat, seg_rows, bound)
+        assert_same_state(enc, dec)
+        for k in kinds:
+            kinds[k] += enc.last[k]
+        table += step * torch.randn(table.shape, generator=g)  # every row drifts
+        table[:, call % 7] += 3.0  # and one jumps far
+    assert kinds["references"] + kinds["residuals"] > kinds["fresh"]  # hot ids come back
+    if step == 1e-4:
+        assert kinds["references"] > kinds["residuals"]
+    if step == 3e-3:
+        assert kinds["residuals"] > 0
+
+
+def test_nan_inf_rows_held_rows_turning_nan_and_lying_ids_stay_within_the_bound():
+    g = torch.Generator().manual_seed(1)
+    seg_rows, dim, bound = [64, 64], 8, 0.05
+    enc, dec = reuse.ReuseEncoder(bound, capacity=64), reuse.ReuseDecoder(capacity=64)
+    ids = torch.randint(0, 10, (128,), generator=g)
+    for call in range(12):
+        x = torch.randn(128, dim, generator=g) * 0.1 + torch.arange(128.).unsqueeze(1) / 128
+        if call % 3 == 0:
+            x[ids == 3, 0] = float("nan")  # held next call as NaN: must predict nothing
+        if call % 4 == 1:
+            x[5, 2], x[70, 1] = float("inf"), float("-inf")
+        lying = ids if call % 2 else torch.zeros_like(ids)  # one id for rows that differ
+        frame, predicted = enc.encode(x, lying, seg_rows)
+        x_hat = dec.decode(frame, lying, predicted)
+        assert_within(x, x_hat, seg_rows, bound)
+        assert_same_state(enc, dec)
+
+
+def test_held_rows_within_the_bound_cost_nearly_nothing_and_drifted_rows_less_than_fresh():
+    g = torch.Generator().manual_seed(2)
+    rows, dim = 1024, 16
+    x = torch.randn(rows, dim, generator=g)
+    ids = torch.arange(rows)
+    enc, dec = reuse.ReuseEncoder(0.03, capacity=1 << 16), reuse.ReuseDecoder(capacity=1 << 16)
+    first, _ = enc.encode(x, ids, [rows])
+    dec.decode(first, ids, True)
+    same, predicted = enc.encode(x, ids, [rows])  # every row held, unchanged
+    # every row held but the few that lost their slot to another id (direct-mapped)
+    assert predicted and enc.last["residuals"] == 0 and enc.last["references"] > 0.98 * rows
+    assert same.numel() < 0.06 * first.numel(), (same.numel(), first.numel())
+    assert_within(x, dec.decode(same, ids, predicted), [rows], 0.03)
+    eb = reuse.absolute_bound(x, 0.03, "rel")
+    drifted = x + eb * torch.randn(x.shape, generator=g)  # about a bound away
+    fresh_bytes = hvd_lossy.compress_chunks(drifted, [rows], 0.03)[0].numel()
+    residual, predicted = enc.encode(drifted, ids, [rows])
+    assert enc.last["residuals"] > 0.9 * rows
+    assert residual.numel() < 0.8 * fresh_bytes, (residual.numel(), fresh_bytes)
+    assert_within(drifted, dec.decode(residual, ids, predicted), [rows], 0.03)
+    assert_same_state(enc, dec)
+
+
+def test_a_frame_whose_predicted_rows_would_miss_the_bound_goes_fresh():
+    """A decoder that returned R^ off by twice the bound stands for any rounding that would
+    push P + R^ out: the group is re-coded with P = 0 and says so."""
+    x = torch.full((4, 2), 1.0)
+    prediction, hit = torch.full((4, 2), 0.9), torch.tensor([True, True, False, False])
+    eb_rows = torch.full((4,), 0.01, dtype=torch.float64)
+    calls = []
+
+    def code(residual, predicted):
+        calls.append(list(predicted))
+        off = 0.02 if predicted[0] else 0.0
+        return "frame", residual + off
+
+    result, x_hat, predicted = reuse.encode_with_prediction(x, prediction, hit, eb_rows,
+                                                            [(0, 4)], code)
+    assert calls == [[True], [False]] and predicted == [False]
+    assert torch.equal(x_hat, x)
+
+
+def test_rows_sharing_a_slot_resolve_to_the_last_row_of_the_call():
+    cache = reuse.DirectMappedCache(4, 2, torch.float32, "cpu")
+    ids = torch.arange(64)
+    slots = cache.slots(ids)
+    a, b = [int(i) for i in ids[slots == slots[0]][:2]]  # two ids on one slot
+    rows = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    cache.store(torch.tensor([a, b, a]), rows)
+    held, hit = cache.predict(torch.tensor([a, b]))
+    assert hit.tolist() == [True, False] and torch.equal(held[0], rows[2])
+    cache.store(torch.tensor([a, b]), rows[:2])
+    held, hit = cache.predict(torch.tensor([a, b]))
+    assert hit.tolist() == [False, True] and torch.equal(held[1], rows[1])
+
+
+def test_collisions_make_the_same_caches_on_every_run():
+    def run():
+        g = torch.Generator().manual_seed(3)
+        enc = reuse.ReuseEncoder(0.03, capacity=8)  # far fewer slots than ids
+        for _ in range(5):
+            x = torch.randn(200, 4, generator=g)
+            enc.encode(x, torch.randint(0, 1000, (200,), generator=g), [200])
+        return enc
+    a, b = run(), run()
+    assert a.digest == b.digest
+    assert torch.equal(a.peer.caches[0].rows, b.peer.caches[0].rows)
+    assert torch.equal(a.peer.caches[0].tags, b.peer.caches[0].tags)
+
+
+def test_capacity_keeps_a_ranks_mirrors_and_caches_under_the_cap():
+    cap, peers, segments, dim = 1 << 20, 4, 26, 64
+    slots = reuse.capacity_for(cap, peers, segments, dim, torch.float32)
+    one = reuse.DirectMappedCache(slots, dim, torch.float32, "cpu").nbytes()
+    assert 2 * peers * segments * one <= cap  # mirrors to every peer and caches from every one
+    assert 2 * peers * segments * (one + dim * 4 + 9) > cap  # and not much under
+
+
+def test_memory_stays_under_the_cap_over_ten_thousand_calls():
+    cap, segments, dim = 64 << 10, 2, 4
+    slots = reuse.capacity_for(cap, 1, segments, dim, torch.float32)
+    enc, dec = reuse.ReuseEncoder(0.03, capacity=slots), reuse.ReuseDecoder(capacity=slots)
+    g = torch.Generator().manual_seed(4)
+    for call in range(10_000):
+        ids = torch.randint(0, 1 << 40, (16,), generator=g)  # new ids every call
+        frame, predicted = enc.encode(torch.randn(16, dim, generator=g), ids, [8, 8])
+        dec.decode(frame, ids, predicted)
+        if call % 1000 == 0:
+            assert enc.nbytes() + dec.nbytes() <= cap
+    assert enc.nbytes() + dec.nbytes() <= cap
+    assert_same_state(enc, dec)
+
+
+def test_stored_bound_is_the_bound_the_frame_codes_with():
+    g = torch.Generator().manual_seed(5)
+    for scale in (1e-3, 1.0, 7.0, 1e6):
+        x = torch.randn(50, 8, generator=g) * scale
+        for bound in (0.01, 0.03, 0.2):
+            frame = hvd_lossy.compress(x, bound)
+            assert reuse.absolute_bound(x, bound, "rel") == hvd_lossy.frame_info(frame)["eb_abs"]
+    assert reuse.stored_bound(0.0) == 0.0 and reuse.stored_bound(1e300) > 3e38
+
+
+def test_without_reuse_the_header_and_the_settings_are_todays():
+    from hvd_lossy import chunk_header, protocol
+    from hvd_lossy.compression import Compression
+    plain, off = Compression.lossy(0.03), Compression.lossy(0.03, reuse=False)
+    assert set(plain.agreement()) == {"type", "error_bound", "mode", "level", "dedup", "dither",
+                                      "auto", "row_len"}
+    assert protocol.settings_digest(plain) == protocol.settings_digest(off)
+    assert "reuse" not in plain.get_config()
+    fields = protocol.header(torch.zeros(3, 4), None, 0, 0, (0, 0, 0), 5, 0x1234)
+    assert chunk_header.extension(fields) == bytes([0, 10, 0x34, 0x12, 0, 0])
+
+
+def test_a_reuse_block_travels_in_the_header_and_back():
+    from hvd_lossy import chunk_header, protocol
+    fields = protocol.header(torch.zeros(3, 4), None, 0, 0, (0, 0, 0), 1, 7)
+    block = ((0, 0xDEADBEEF, 5), (1, 0, 2), (False, True, True))
+    fields[protocol.REUSE] = block
+    frame = chunk_header.header_frame(torch.zeros(3, 4), fields)
+    parsed = chunk_header.parse_chunks(frame, [frame.numel()])[0]
+    assert parsed[protocol.REUSE] == block
+    assert chunk_header.extension(parsed) == chunk_header.extension(fields)
+
+
+def test_reuse_refuses_settings_it_cannot_keep():
+    from hvd_lossy.compression import Compression, compressor_from_config
+    with pytest.raises(ValueError, match="reuse=True needs undithered lookups"):
+        Compression.lossy(0.03, reuse=True, dither=True)
+    with pytest.raises(ValueError, match="reuse=True and auto=True"):
+        Compression.lossy(0.03, reuse=True, auto=True)
+    with pytest.raises(ValueError, match="reuse_memory must be an int >= 1"):
+        Compression.lossy(0.03, reuse=True, reuse_memory=0)
+    c = Compression.lossy(0.03, reuse=True, reuse_memory=1 << 20)
+    assert compressor_from_config(c.get_config()) == c
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np", [2, 3])
+def test_alltoall_with_reuse_under_mpirun_is_within_the_bound_and_faults_raise_everywhere(np):
+    output = run_mpi("tests/mp/transport_run.py", np=np, args=["reuse"], timeout=240)
+    assert all(f"rank {r}: " in output for r in range(np)) and "cases passed" in output, output
+
+
+@pytest.mark.mpi
+def test_all_to_all_single_with_reuse_under_torchrun_in_the_row_len_layout():
+    output = run_mpi("tests/mp/dist_run.py", np=2, args=["reuse"], launcher="torchrun",
+                     timeout=180)
+    assert all(f"rank {r}: " in output for r in range(2)) and "cases passed" in output, output
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("launcher,extra", [("mpirun", ["--overlap"]),
+                                            ("torchrun", ["--backend", "torch"])])
+def test_dlrm_example_with_reuse_trains_and_sends_fewer_forward_bytes(tmp_path, launcher, extra):
+    import json
+    runs = {}
+    for label, flags in (("ids", ["--ids"]), ("reuse", ["--reuse"])):
+        path = tmp_path / f"{label}.json"
+        run_mpi("examples/dlrm/train.py", np=2, launcher=launcher, timeout=240,
+                args=["--compression", "lossy", "--steps", "12", "--batch-size", "256",
+                      "--eval-points", "0", "--no-progress", "--metrics-out", path, *extra,
+                      *flags])
+        runs[label] = json.loads(path.read_text())
+    assert runs["reuse"]["data_checksum"] == runs["ids"]["data_checksum"]
+    assert runs["reuse"]["a2a_bytes_plain"] == runs["ids"]["a2a_bytes_plain"]
+    assert runs["reuse"]["a2a_bytes_sent"] < runs["ids"]["a2a_bytes_sent"], runs
+    assert abs(runs["reuse"]["loss_curve"][-1] - runs["ids"]["loss_curve"][-1]) < 0.05
+
+
+def test_call_sites_of_one_process_set_share_its_cap():
+    state = reuse.ReuseState(1 << 20)
+    dim, size, segments = 8, 2, 3
+    for name in ("a", "b", "c"):
+        for p in range(size):
+            for side in state.side(("set0", name), size, dim, torch.float32):
+                side[p].predict(torch.zeros(4, dim), torch.arange(4), [2, 1, 1])
+        assert state.nbytes() <= 1 << 20
+    assert len(state._sides) == 1  # the earlier sites were dropped, to come back smaller
+    for name in ("a", "b"):
+        for side in state.side(("set0", name), size, dim, torch.float32):
+            side[0].predict(torch.zeros(4, dim), torch.arange(4), [2, 1, 1])
+    assert state.nbytes() <= 1 << 20
