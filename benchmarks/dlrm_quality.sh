@@ -11,8 +11,9 @@
 #   SYNTHETIC_ROWS=200000 SEEDS="0 1" bash benchmarks/dlrm_quality.sh
 #
 # Environment: SYNTHETIC_ROWS (1000000; 0 skips the synthetic set), SAMPLE (1; 0 skips the
-# bundled rows), SEEDS ("0 1 2"), BATCH (2048, synthetic), EB (0.03), LEVEL (2: the codec level
-# of the -d/-g/-t configs; level 1 decodes to the same bits, faster), CONFIGS (names below),
+# bundled rows), SEEDS ("0 1 2"), BATCH (2048, synthetic), EB (0.03), OPTIMIZER (adagrad, or
+# sgd), LEVEL (2: the codec level of the -d/-g/-t configs; level 1 decodes to the same bits,
+# faster), CONFIGS (names below),
 # OUT (benchmarks/out/dlrm_quality; earlier *_s*.json there are summarised too). Summary:
 # $OUT/summary.json.
 set -euo pipefail
@@ -24,6 +25,7 @@ SAMPLE="${SAMPLE:-1}"
 SEEDS="${SEEDS:-0 1 2}"
 BATCH="${BATCH:-2048}"
 EB="${EB:-0.03}"
+OPTIMIZER="${OPTIMIZER:-adagrad}"
 CONFIGS="${CONFIGS:-none adaptive-d02 lossy-d02 adaptive-g02}"
 mkdir -p "$OUT"
 CORES="$(nproc --all)"
@@ -38,9 +40,11 @@ MPIRUN=(mpirun --oversubscribe -np 2 --mca btl self,tcp --mca btl_tcp_if_include
 # adaptive-dither: as adaptive, gradient frames dithered
 # adaptive-g0XX: adaptive lookups (paper policy, step schedule), gradients at 0.0XX, level 2
 # lossy-d0XX, adaptive-d0XX: as -g0XX with subtractive dither on the gradient frames
+# CONFIG-reuse: CONFIG with --reuse (lookups coded against what the receiver holds)
 # adaptive-t0XX: adaptive per-table gradient bounds scaled to a gradient base 0.0XX, dithered, level 2
 config_args() {
   case "$1" in
+    *-reuse) echo "$(config_args "${1%-reuse}") --reuse" ;;
     none) echo "--compression none" ;;
     lossy) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound same --dither none" ;;
     lossy-d0*) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-d0} --level ${LEVEL:-2} --dither backward" ;;
@@ -50,7 +54,7 @@ config_args() {
     adaptive-dither) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound same --dither backward" ;;
     adaptive-t0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound same --grad-base 0.0${1#*-t0} --level ${LEVEL:-2} --dither backward" ;;
     adaptive-g0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level ${LEVEL:-2} --dither none" ;;
-    *) echo "unknown config $1 (expected none, lossy, lossy-g0XX, lossy-d0XX, adaptive, adaptive-dither, adaptive-g0XX, adaptive-d0XX, adaptive-t0XX)" >&2; exit 2 ;;
+    *) echo "unknown config $1 (expected none, lossy, lossy-g0XX, lossy-d0XX, adaptive, adaptive-dither, adaptive-g0XX, adaptive-d0XX, adaptive-t0XX, each also with -reuse)" >&2; exit 2 ;;
   esac
 }
 
@@ -59,7 +63,7 @@ run() {  # run DATASET_NAME SEED CONFIG ARGS...
   local metrics="$OUT/${name}_${config}_s${seed}.json"
   echo "[$(date +%T)] $name seed $seed $config"
   # shellcheck disable=SC2046
-  "${MPIRUN[@]}" "$PY" "$ROOT/examples/dlrm/train.py" --seed "$seed" --no-progress --label "$config" \
+  "${MPIRUN[@]}" "$PY" "$ROOT/examples/dlrm/train.py" --seed "$seed" --optimizer "$OPTIMIZER" --no-progress --label "$config" \
       $(config_args "$config") --metrics-out "$metrics" "$@" 2>&1 | tail -1
 }
 
@@ -68,7 +72,7 @@ run() {  # run DATASET_NAME SEED CONFIG ARGS...
   echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "command: CONFIGS='$CONFIGS' bash benchmarks/dlrm_quality.sh"
   echo "host: $CORES cores, $(uname -srm), load $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "settings: SYNTHETIC_ROWS=$SYNTHETIC_ROWS SAMPLE=$SAMPLE SEEDS='$SEEDS' BATCH=$BATCH EB=$EB CONFIGS='$CONFIGS'"
+  echo "settings: SYNTHETIC_ROWS=$SYNTHETIC_ROWS SAMPLE=$SAMPLE SEEDS='$SEEDS' BATCH=$BATCH EB=$EB OPTIMIZER=$OPTIMIZER CONFIGS='$CONFIGS'"
 } | tee -a "$OUT/environment.txt"
 
 for seed in $SEEDS; do
