@@ -423,13 +423,31 @@ def frame_heads(host, chunks):
                           [(int(o), int(a), int(n)) for o, a, n in chunks])
 
 
+def _scratch_allocator(like):
+    """(alloc, held): alloc(nbytes) -> the address of new device scratch from PyTorch's
+    caching allocator on ``like``'s device, each tensor kept in ``held``. The batched decoder
+    learns its scratch sizes only from its host parse, inside the call, so it asks as it goes;
+    the caller keeps ``held`` until the call returns, after which the tensors go back to the
+    cache in the current stream's order, as _device_scratch's do."""
+    held = []
+
+    def alloc(nbytes):
+        held.append(_device_scratch(nbytes, like))
+        return held[-1].data_ptr()
+
+    return alloc, held
+
+
 def decompress_batched_cuda(buffer, frames, out):
     """The device frames (offset, bytes, first element of out) of ``buffer`` decoded into the
     contiguous device tensor ``out`` by one launch set of the batched CUDA decoder (level 1,
-    block-packed maps), on the current stream; their checksums checked."""
+    block-packed maps), on the current stream with scratch from PyTorch's allocator; their
+    checksums checked."""
+    alloc, held = _scratch_allocator(buffer)
     _C.decompress_batched_cuda(buffer.data_ptr(), buffer.numel(), frames,
                                out.data_ptr() if out.numel() else 0,
-                               out.numel() * out.element_size(), _stream(buffer))
+                               out.numel() * out.element_size(), _stream(buffer), True, alloc)
+    del held  # only now: the call has returned and its work is ordered on the stream
 
 
 def decompress_cuda(frame, out):

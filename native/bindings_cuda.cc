@@ -95,21 +95,31 @@ void register_cuda(py::module_& m) {
   m.def("decompress_batched_cuda",
         [](uintptr_t buffer, uint64_t size,
            const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& frames, uintptr_t out,
-           uint64_t out_bytes, uintptr_t stream, bool verify) {
+           uint64_t out_bytes, uintptr_t stream, bool verify, const py::object& alloc) {
           std::vector<hl::FramePlace> places(frames.size());
           for (size_t i = 0; i < frames.size(); ++i)
             places[i] = {std::get<0>(frames[i]), std::get<1>(frames[i]), std::get<2>(frames[i])};
+          // `alloc` is referenced, not copied: its reference count must not change without
+          // the GIL, and the argument outlives the call.
+          hl::DeviceAlloc scratch;
+          if (!alloc.is_none())
+            scratch = [&alloc](uint64_t bytes) {
+              py::gil_scoped_acquire gil;
+              return ptr<void>(alloc(bytes).cast<uintptr_t>());
+            };
           hl::decompress_batched_cuda(ptr<const uint8_t>(buffer), size, places, ptr<void>(out),
-                                      out_bytes, ptr<void>(stream), verify);
+                                      out_bytes, ptr<void>(stream), verify, scratch);
         },
         py::arg("buffer"), py::arg("size"), py::arg("frames"), py::arg("out"),
         py::arg("out_bytes"), py::arg("stream"), py::arg("verify") = true,
-        py::call_guard<py::gil_scoped_release>(),
+        py::arg("alloc") = py::none(), py::call_guard<py::gil_scoped_release>(),
         "CUDA decompress of level-1 frames, each (offset, bytes, first output element) of the "
         "device buffer, with one launch set for all their segments, into one device buffer of "
         "out_bytes (outputs in order, not overlapping); raises FrameError (ValueError) for a "
         "corrupted frame, naming it, ValueError for a level-2 segment or an entropy-coded or "
-        "bucketed map. Not yet run on a GPU.");
+        "bucketed map. alloc: a callable (bytes -> device pointer, int) for the call's device "
+        "scratch, usable in the stream's order and kept alive by the caller until the call "
+        "returns (None: the codec's own pool). Not yet run on a GPU.");
 
   m.def("verify_cuda",
         [](uintptr_t frame, uint64_t size, uintptr_t stream) {

@@ -9,6 +9,9 @@ decoder's host emulation (_hl_test.decompress_placed_hd: the table and per-item 
 kernels run) and the CPU decoder, on CPU tensors, so the Python side's sizes, offsets and
 routes are checked against the CPU decoder without a GPU; the last tests (skipped without
 one) run the same calls on the device."""
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -299,6 +302,53 @@ def test_frames_of_another_dtype_or_row_count_are_mismatches(monkeypatch):
     assert e.mismatch and e.index == 1 and "holds 7 rows, its header announced 8" in str(e)
 
 
+# ---- the batched decoder's scratch: PyTorch's allocator, alive through the call -------------
+
+class ScratchSpy:
+    """Records every scratch tensor _codec._device_scratch makes (weakly, so that holding
+    them here does not keep them alive)."""
+
+    def __init__(self, monkeypatch):
+        self.made, make = [], _codec._device_scratch
+        monkeypatch.setattr(_codec, "_device_scratch",
+                            lambda n, like: self.record(make(n, like)))
+
+    def record(self, t):
+        self.made.append(weakref.ref(t))
+        return t
+
+    def alive(self):
+        gc.collect()
+        return [r() for r in self.made if r() is not None]
+
+
+def test_the_batched_decoders_scratch_is_torchs_and_lives_until_the_call_returns(monkeypatch):
+    """The native call asks for its scratch as its host parse sizes it: every pointer the
+    Python side hands it is a tensor's, on the buffer's device, big enough, still alive when
+    the call asks for the next one and until it returns, and released after. (The native call
+    is stood in for: without a GPU, only the Python side's contract can be checked.)"""
+    spy = ScratchSpy(monkeypatch)
+    buffer, out = torch.zeros(64, dtype=torch.uint8), torch.empty(8)
+    monkeypatch.setattr(_codec, "_stream", lambda t: 1234)
+    seen = []
+
+    def native(buf, size, frames, out_ptr, out_bytes, stream, verify, alloc):
+        assert (buf, size, out_ptr, out_bytes, stream, verify) == (
+            buffer.data_ptr(), 64, out.data_ptr(), 32, 1234, True)
+        for n in (0, 300, 4096):
+            seen.append((n, alloc(n)))
+            live = spy.alive()
+            assert [t.data_ptr() for t in live] == [p for _n, p in seen], "scratch was freed"
+            for t, (n_asked, _p) in zip(live, seen):
+                assert t.device == buffer.device and t.dtype == torch.uint8
+                assert t.numel() >= n_asked
+
+    monkeypatch.setattr(_codec._C, "decompress_batched_cuda", native, raising=False)
+    _codec.decompress_batched_cuda(buffer, [(0, 64, 0)], out)
+    assert len(seen) == 3
+    assert spy.alive() == [], "scratch outlived the call"
+
+
 # ---- on a device (skipped without one) --------------------------------------------------------
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or
@@ -326,3 +376,15 @@ def test_device_decompress_chunks_and_decompress_read_every_route(name):
     o, n, _r = chunks[-1]
     got = hvd_lossy.decompress(recv[o:o + n].cuda())
     assert np.array_equal(bits(got.cpu()), bits(hvd_lossy.decompress(recv[o:o + n])))
+
+
+@needs_cuda
+def test_device_batched_decode_takes_its_scratch_from_torch(monkeypatch):
+    spy = ScratchSpy(monkeypatch)
+    recv, chunks = received(CALLS["a DLRM exchange in small"], torch.float32, seed=5)
+    sizes = [n for _o, n, _r in chunks]
+    got = hvd_lossy.decompress_chunks(recv.cuda(), sizes)
+    # the prefixes' gather, the walk and the decode: one workspace each
+    assert len(spy.made) >= 3 and spy.alive() == []
+    for g, want in zip(got, hvd_lossy.decompress_chunks(recv, sizes)):
+        assert np.array_equal(bits(g.cpu()), bits(want))

@@ -76,12 +76,15 @@ class DeviceScope {
 // One device allocation per call, carved into named pieces: reserve() each piece with its
 // element count, allocate() once, and the destructor frees it in stream order. The memory is
 // the caller's when it gives some (hvd_lossy passes a tensor from PyTorch's caching allocator,
-// sized by a first call that only reserves: bytes()), else it comes stream-ordered from a
-// per-device caching pool. Pieces are 256-byte aligned.
+// sized by a first call that only reserves: bytes()) or an allocator (the batched decoder,
+// whose sizes follow its host parse), else it comes stream-ordered from a per-device caching
+// pool. Pieces are 256-byte aligned.
 class Workspace {
  public:
   explicit Workspace(cudaStream_t stream, void* given = nullptr, uint64_t given_bytes = 0)
       : stream_(stream), given_(given), given_bytes_(given_bytes) {}
+  // Memory from the caller's allocator at allocate() (an empty one: the pool).
+  Workspace(cudaStream_t stream, const DeviceAlloc& alloc) : stream_(stream), alloc_(alloc) {}
   ~Workspace();
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
@@ -111,6 +114,7 @@ class Workspace {
   void* base_ = nullptr;
   void* given_ = nullptr;
   uint64_t given_bytes_ = 0;
+  DeviceAlloc alloc_;
   bool owned_ = false;
 };
 

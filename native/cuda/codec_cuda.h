@@ -11,6 +11,7 @@
 
 #include <stdint.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,12 @@
 #include "segment_table.h"  // FramePlace
 
 namespace hl {
+
+// Device memory of at least `bytes` from the caller, usable in the order of the call's stream
+// and kept alive by the caller until the call returns (hvd_lossy's is a tensor from PyTorch's
+// caching allocator). Used where a call's scratch sizes are known only inside it, after its
+// host parse, so the caller cannot size one buffer beforehand.
+typedef std::function<void*(uint64_t bytes)> DeviceAlloc;
 
 // compress_into_cpu on the device (cuda/frames.cu): the same layout, sizes and bytes, every
 // group's frame written into out_dev (capacity out_cap, at least max_grouped_bytes(rows,
@@ -56,10 +63,13 @@ void decompress_cuda(const uint8_t* frame_dev, uint64_t size, void* out_dev, uin
 // once and parsed there (CRC32C checked unless verify_checksum is false), the payloads are
 // read on the device. Level 1 with block-packed maps only: ArgumentError naming the first
 // segment of level 2 or with an entropy-coded or bucketed map (decompress_cuda reads those).
-// Throws FrameError naming the frame. Compiled, not yet run on a GPU.
+// Throws FrameError naming the frame. Its device scratch (a few allocations a call) comes
+// from `alloc` when given, else from the codec's own stream-ordered pool. Compiled, not yet
+// run on a GPU.
 void decompress_batched_cuda(const uint8_t* buf_dev, uint64_t len,
                              const std::vector<FramePlace>& places, void* out_dev,
-                             uint64_t out_bytes, void* stream, bool verify_checksum = true);
+                             uint64_t out_bytes, void* stream, bool verify_checksum = true,
+                             const DeviceAlloc& alloc = DeviceAlloc());
 // Verifies a device frame before the caller allocates anything for it: its first bytes (the
 // size and the CRC32C) are copied to the host, then the CRC32C over the whole frame is
 // computed on the device (frame_fields.h's piecewise form). Device memory used: a few bytes of

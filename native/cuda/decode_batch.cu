@@ -199,7 +199,7 @@ __global__ void walk_kernel(const uint8_t* buf, const WalkFrame* frames, uint64_
 // one copy (read_heads' fetch). Valid until the next fetch.
 const uint8_t* gather_reads(const uint8_t* buf_dev,
                             const std::vector<std::pair<uint64_t, uint64_t>>& reads,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, const DeviceAlloc& alloc) {
   std::vector<FrameCopy> copies;
   uint64_t at = 0, longest = 0;
   for (const auto& r : reads) {
@@ -208,7 +208,7 @@ const uint8_t* gather_reads(const uint8_t* buf_dev,
     longest = std::max(longest, r.second);
   }
   if (at == 0) return nullptr;
-  Workspace ws(stream);
+  Workspace ws(stream, alloc);
   FrameCopy* copies_dev;
   uint8_t* staging;
   ws.reserve(&copies_dev, copies.size());
@@ -232,12 +232,12 @@ uint64_t next_array(uint64_t* at, uint64_t bytes) {
 // from the image of prefixes and walked bytes. No payload comes to the host.
 SegmentTable walked_table(const uint8_t* buf_dev, uint64_t len,
                           const std::vector<FramePlace>& places, bool verify, uint8_t* dtype,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const DeviceAlloc& alloc) {
   check_places(places, len);
   BufferImage image(len);
   const std::vector<FrameView> heads = read_heads(
       places, &image, [&](const std::vector<std::pair<uint64_t, uint64_t>>& reads) {
-        return gather_reads(buf_dev, reads, stream);
+        return gather_reads(buf_dev, reads, stream, alloc);
       });
   const uint64_t nf = places.size();
   if (nf == 0) return SegmentTable();
@@ -264,7 +264,7 @@ SegmentTable walked_table(const uint8_t* buf_dev, uint64_t len,
   memcpy(up.data() + in_frames, w.frames.data(), nf * sizeof(WalkFrame));
   memcpy(up.data() + in_seals, seals.data(), nf * sizeof(FrameSeal));
   memcpy(up.data() + in_segs, w.segs.data(), ns * sizeof(WalkSegment));
-  Workspace ws(stream);
+  Workspace ws(stream, alloc);
   uint8_t *in_dev, *res_dev;
   ws.reserve(&in_dev, in_bytes);
   ws.reserve(&res_dev, out_bytes);
@@ -307,12 +307,14 @@ uint64_t owner_blocks(uint64_t most, uint64_t items_per_block, uint64_t owners) 
 
 void decompress_batched_cuda(const uint8_t* buf_dev, uint64_t len,
                              const std::vector<FramePlace>& places, void* out_dev,
-                             uint64_t out_bytes, void* stream_v, bool verify_checksum) {
+                             uint64_t out_bytes, void* stream_v, bool verify_checksum,
+                             const DeviceAlloc& alloc) {
   using namespace gpu;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
   DeviceScope scope(buf_dev, "the frames");
   uint8_t dtype = 0;
-  const SegmentTable t = walked_table(buf_dev, len, places, verify_checksum, &dtype, stream);
+  const SegmentTable t =
+      walked_table(buf_dev, len, places, verify_checksum, &dtype, stream, alloc);
   const uint64_t need = t.out_elems * hl_elem_bytes(dtype);
   if (out_bytes < need)
     throw ArgumentError("output buffer holds " + std::to_string(out_bytes) +
@@ -326,7 +328,7 @@ void decompress_batched_cuda(const uint8_t* buf_dev, uint64_t len,
     most_rows = std::max(most_rows, g.identity ? 0 : g.n_rows);
   }
 
-  Workspace ws(stream);
+  Workspace ws(stream, alloc);
   DeviceSegment* segs_dev;
   uint32_t* err_dev;
   uint64_t *width, *word_off, *keyed, *prefix_max;

@@ -1,6 +1,6 @@
 // The CUDA codec's host runtime: the device scope of a call, the per-device caching pool that
-// every Workspace draws from in stream order, and the pinned staging buffer of the few
-// device-to-host copies (codec_cuda.cuh).
+// a Workspace draws from in stream order when the caller gives neither memory nor an
+// allocator, and the pinned staging buffer of the few device-to-host copies (codec_cuda.cuh).
 #include <string.h>
 
 #include <map>
@@ -103,6 +103,14 @@ void Workspace::allocate() {
       throw ArgumentError("scratch of " + std::to_string(given_bytes_) +
                           " bytes, the call needs " + std::to_string(bytes_));
     base_ = given_;
+  } else if (alloc_) {
+    base_ = alloc_(bytes_);
+    // Pieces sit at 256-byte offsets from the base (torch allocates at 512-byte alignment).
+    if (!base_ || reinterpret_cast<uintptr_t>(base_) % 256)
+      throw ArgumentError("the scratch allocator returned " +
+                          std::to_string(reinterpret_cast<uintptr_t>(base_)) + " for " +
+                          std::to_string(bytes_) +
+                          " bytes, expected a non-null 256-byte aligned device pointer");
   } else {
     base_ = pool_alloc(bytes_, stream_);
     owned_ = true;
