@@ -1,8 +1,8 @@
 """Forward bytes of the real codec over training, today against prediction + residual (issue 24,
 part 3): what hvd_lossy.reuse sends, not an estimate.
 
-One process trains the DLRM example's model on its synthetic data (every table local, as
-benchmarks/reuse_share.py does) and every step cuts the global batch's lookups into the chunks a
+One process trains the DLRM example's model on its synthetic data (every table local) and
+every step cuts the global batch's lookups into the chunks a
 `--ranks`-rank all-to-all sends: per destination ONE frame of one segment a table (b = batch /
 ranks rows each), at rel `--bound` of each segment's range, as Compression.lossy(segments=26)
 codes it. Each chunk is coded two ways:
