@@ -12,19 +12,26 @@ only for the bytes, so its cost is compress + transfer + decode with no waiting 
 Each compressor with `auto=True` keeps, per process set, a *slot*:
 
   warm-up  the first WARMUP calls are lossy and not counted (allocation, the codec's caches);
-  probe    then the calls alternate plain and lossy. Every PROBE_CALLS calls the ranks
-           allgather, in the background, their size bucket and the costs of the latest calls of
-           each mode (one tiny allgather, read LAG calls later, so nobody waits for it). Every
-           rank applies the same rule to the same rows (`_rule`): with per-call costs as the
-           cheapest rank's, a mode wins once its costs are all below the other's (SEPARATE calls
-           each; a clear case is decided after a few calls, so a short run pays little for
-           probing, and a close one costs little per probed call) or, after MAX_PROBE calls of
-           each, by the lower median. A tie goes to plain: auto never pays for a gain it
-           cannot see. A rank without costs for its current size sends everyone back to
-           probing;
+  probe    then the calls alternate plain and lossy. After the first call of each (FIRST_LOOK),
+           then every PROBE_CALLS calls, the ranks allgather, in the background, their size
+           bucket and the costs of the latest calls of each mode (one tiny allgather, read LAG
+           calls later, so nobody waits for it). Every rank applies the same rule to the same
+           rows (`_rule`): with per-call costs as the cheapest rank's, a mode wins once its costs
+           are all below the other's (SEPARATE calls each; a clear case is decided after a few
+           calls, so a short run pays little for probing, and a close one costs little per
+           probed call) or, after MAX_PROBE calls of each, by the lower median. A tie goes to
+           plain: auto never pays for a gain it cannot see. A rank without costs for its
+           current size sends everyone back to probing;
   decided  the decision holds until the next agreement, AGREE_EVERY calls later, which keeps it
            unless the other mode's median is HYSTERESIS better; every REFRESH calls the losing
            mode runs twice, so the decision follows a link or a load that changes.
+
+Plain is also decided at the first look, after one call of each, when a lossy call's *codec
+time* alone (compressing and decoding, its call's statistics; the cheapest rank's) exceeds every
+plain call's whole cost by HYSTERESIS. The codec time is a floor of what the lossy call cost (the
+bytes still had to travel), so that needs no second sample of a noisy cost: on a link faster
+than the codec, the case where probing costs most, lossy runs once after the warm-up instead of
+twice or more.
 
 The gradient all-to-all of an autograd alltoall *follows* the forward one (`pair`): each
 gradient call takes the mode of the forward compressor's latest call on that group, so an
@@ -48,6 +55,7 @@ from hvd_lossy.collective import remote_bytes
 
 WARMUP = 1        # first calls: lossy, not counted (allocation, caches)
 PROBE_CALLS = 4   # calls between agreements while probing: 2 plain, 2 lossy
+FIRST_LOOK = 2    # probed calls before the first agreement: 1 plain, 1 lossy (the floor rule)
 LAG = 1           # calls between launching an agreement and reading it
 SEPARATE = 2      # calls of each mode whose costs, all below the other's, decide
 MAX_PROBE = 8     # calls of each mode after which the medians decide
@@ -68,10 +76,13 @@ def _bucket(nbytes):
     return -1 if nbytes <= 0 else int(math.floor(2 * math.log2(nbytes)))
 
 
-def _rule(decision, plain, lossy):
+def _rule(decision, plain, lossy, floors=()):
     """The agreed mode from the calls' costs of each mode (lists, seconds, the cheapest rank's
-    per call), or None to go on probing."""
+    per call), or None to go on probing. floors: the lossy calls' codec times (the cheapest
+    rank's), each a lower bound of that call's cost."""
     if decision is None:
+        if plain and floors and min(floors) > max(plain) * (1 + HYSTERESIS):
+            return PLAIN
         if len(plain) < SEPARATE or len(lossy) < SEPARATE:
             return None
         if max(lossy) < min(plain):
@@ -94,12 +105,13 @@ class _Slot:
         self.calls = 0
         self.modes = {}           # call number -> mode, of the calls counted
         self.costs = {}           # call number -> exchange cost so far (seconds)
+        self.floors = {}          # lossy call number -> its codec time so far (seconds)
         self.local_bucket = None
         self.buckets = None       # agreed: every rank's size bucket at the last decision
         self.decision = None      # agreed: LOSSY, PLAIN, or None while probing
         self.agreed = None        # the rule's inputs at the last agreement
         self.probe_from = WARMUP
-        self.next_agreement = WARMUP + PROBE_CALLS
+        self.next_agreement = WARMUP + FIRST_LOOK
         self.refresh_at = -1
         self.pending = None       # (the backend's Work, call number at which to read it)
         self.counts = {LOSSY: 0, PLAIN: 0}
@@ -115,7 +127,8 @@ class _Slot:
             self.calls += 1
             self.counts[mode] += 1
             k = None if leader is None else leader.calls - 1
-            return mode, (lambda s: leader.add_cost(k, s)) if leader is not None else _ignore
+            return mode, (lambda s, codec=None: leader.add_cost(k, s, codec)) \
+                if leader is not None else _ignore
         k = self.calls
         self.calls += 1
         bucket = _bucket(nbytes)
@@ -123,6 +136,7 @@ class _Slot:
             self.local_bucket = bucket
             self.modes.clear()
             self.costs.clear()
+            self.floors.clear()
         if self.pending is not None and k >= self.pending[1]:
             rows = self.pending[0].wait().tolist()
             self.pending = None
@@ -143,13 +157,18 @@ class _Slot:
             return mode, _ignore
         self.modes[k] = mode
         self.costs[k] = math.nan  # until the call finishes
-        return mode, lambda s: self.add_cost(k, s, own=True)
+        if mode == LOSSY:
+            self.floors[k] = 0.0  # a floor too low only keeps the rule from firing
+        return mode, lambda s, codec=None: self.add_cost(k, s, codec, own=True)
 
-    def add_cost(self, k, seconds, own=False):
-        """Adds to call k's cost: its own time (own) or its gradient call's."""
+    def add_cost(self, k, seconds, codec=None, own=False):
+        """Adds to call k's cost: its own time (own) or its gradient call's; and to a lossy
+        call's floor its codec time (None: not known, which leaves the floor unknown)."""
         if k in self.costs:
             c = self.costs[k]
             self.costs[k] = seconds + (0.0 if own and math.isnan(c) else c)
+        if k in self.floors:
+            self.floors[k] += math.nan if codec is None else codec
 
     def _latest(self, mode, before):
         calls = [k for k, m in self.modes.items() if m == mode and k < before]
@@ -160,11 +179,14 @@ class _Slot:
         # ones; their costs are complete: the previous call and its gradient finished before
         # this one started.
         row = [float(self.local_bucket)]
+        calls = {mode: self._latest(mode, k) for mode in (PLAIN, LOSSY)}
         for mode in (PLAIN, LOSSY):
-            calls = self._latest(mode, k)
-            row += [float(len(calls))] + [self.costs[c] for c in calls] + [math.nan] * (KEEP - len(calls))
+            row += [float(len(calls[mode]))] + [self.costs[c] for c in calls[mode]] + \
+                [math.nan] * (KEEP - len(calls[mode]))
+        row += [self.floors[c] for c in calls[LOSSY]] + [math.nan] * (KEEP - len(calls[LOSSY]))
         for old in [c for c in self.modes if c < k - 4 * REFRESH]:  # bounded bookkeeping
             del self.modes[old], self.costs[old]
+            self.floors.pop(old, None)
         work = self.backend.allgather_async(
             torch.tensor([row], dtype=torch.float64),
             f"hvd_lossy.auto.{self.backend.key}.{self.number}.{k}", same_shape=True)
@@ -173,7 +195,7 @@ class _Slot:
 
     def _apply(self, rows, k):
         buckets = sorted({r[0] for r in rows})
-        costs = {}
+        costs, floors = {}, []
         for i, mode in enumerate((PLAIN, LOSSY)):
             at = 1 + i * (KEEP + 1)
             n = {int(r[at]) for r in rows}
@@ -181,22 +203,26 @@ class _Slot:
                 costs = None
                 break
             # a call's cost: its cheapest rank's; a call not finished on some rank is left out
-            per_call = ([r[at + 1 + j] for r in rows] for j in range(n.pop()))
-            costs[mode] = [min(c) for c in per_call if not any(map(math.isnan, c))]
+            costs[mode] = _cheapest(rows, at + 1, n.pop())
+        if costs is not None:  # the lossy calls' floors follow both modes' costs
+            floors = _cheapest(rows, 1 + 2 * (KEEP + 1), int(rows[0][1 + KEEP + 1]))
         if costs is None or (self.decision is not None and not (costs[PLAIN] and costs[LOSSY])):
             self.decision, self.buckets, self.probe_from = None, None, k
-            self.next_agreement = k + PROBE_CALLS
+            self.next_agreement = k + FIRST_LOOK
             self.agreed = None
             return
         if self.buckets != buckets:
             self.decision = None
-        better = _rule(self.decision, costs[PLAIN], costs[LOSSY])
-        if better is None:  # still probing
-            self.next_agreement = k + PROBE_CALLS
+        better = _rule(self.decision, costs[PLAIN], costs[LOSSY], floors)
+        if better is None:  # still probing: after the first look, every PROBE_CALLS calls
+            first_look = k <= self.probe_from + FIRST_LOOK + LAG
+            self.next_agreement = self.probe_from + PROBE_CALLS if first_look else k + PROBE_CALLS
             return
         self.decision, self.buckets = better, buckets
         self.agreed = {"plain_ms": statistics.median(costs[PLAIN]) * 1e3,
                        "lossy_ms": statistics.median(costs[LOSSY]) * 1e3}
+        if floors:
+            self.agreed["lossy_codec_ms"] = statistics.median(floors) * 1e3
         self.next_agreement = k + AGREE_EVERY
         if self.refresh_at < k:
             self.refresh_at = k + REFRESH - 2
@@ -215,7 +241,13 @@ class _Slot:
                 **counts, **(self.agreed or {})}
 
 
-def _ignore(_seconds):
+def _cheapest(rows, at, n):
+    """Per call j < n, the smallest of the ranks' r[at + j]; calls a rank lacks are left out."""
+    per_call = ([r[at + j] for r in rows] for j in range(n))
+    return [min(c) for c in per_call if not any(map(math.isnan, c))]
+
+
+def _ignore(_seconds, _codec=None):
     pass
 
 
@@ -267,7 +299,9 @@ class _Timed:
         t0 = time.perf_counter()
         result = self._handle.wait(*args, **kwargs)
         if self._report is not None:
-            self._report(self._launched + time.perf_counter() - t0)
+            record = getattr(self._handle, "record", None)  # a lossy call's statistics
+            codec = None if record is None else record.compress_s + record.decompress_s
+            self._report(self._launched + time.perf_counter() - t0, codec)
             self._report = None
         return result
 

@@ -179,7 +179,7 @@ class LossyCall:
             t2 = time.perf_counter()
             self.after_launch()
             self.record.compress_s += time.perf_counter() - t2
-        return Handle(handle, self._finish, poll=self.poll)
+        return Handle(handle, self._finish, poll=self.poll, record=self.record)
 
     def after_launch(self):
         pass

@@ -55,8 +55,9 @@ class Work:
     """A started all_to_all_single: wait() blocks until `output` holds the result (True, as
     torch's Work.wait()) and raises RankError, on every rank, if a lossy call failed."""
 
-    def __init__(self, wait, is_completed):
+    def __init__(self, wait, is_completed, record=None):
         self._wait, self._is_completed, self._done = wait, is_completed, False
+        self.record = record  # a lossy call's statistics (protocol.Handle.record)
 
     def wait(self, timeout=None):
         if not self._done:
@@ -69,7 +70,7 @@ class Work:
 
 
 def _started(handle):
-    return Work(handle.wait, handle.poll)
+    return Work(handle.wait, handle.poll, handle.record)
 
 
 def _plain(output, input, output_split_sizes, input_split_sizes, group, async_op, backend,

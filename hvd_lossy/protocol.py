@@ -281,8 +281,11 @@ class Handle:
     """A started collective; `hvd_lossy.torch.synchronize(handle)` returns its result.
     `work`: the backend's started collective (hvd_lossy.backend.Work), which `finish` completes."""
 
-    def __init__(self, work, finish, is_plain_horovod=False, poll=None):
+    def __init__(self, work, finish, is_plain_horovod=False, poll=None, record=None):
         self._work, self._finish, self._done, self._result = work, finish, False, None
+        # the call's hvd_lossy.stats.CallStats, complete once wait() returns (a lossy call's:
+        # auto reads its codec time there)
+        self.record = record
         # True when the call is exactly Horovod's own (Compression.none): the public async API
         # then hands out Horovod's integer handle, so horovod.torch.synchronize works on it too.
         self.is_plain_horovod = is_plain_horovod

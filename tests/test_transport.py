@@ -240,6 +240,18 @@ def test_auto_rule_decides_a_clear_case_after_a_few_calls_and_a_close_one_by_med
     assert auto._rule(auto.PLAIN, [1.0], [0.9]) == auto.LOSSY
 
 
+def test_auto_rule_decides_plain_from_one_call_each_when_the_codec_alone_costs_more():
+    """A lossy call's codec time is a floor of its cost: once it exceeds every plain call's
+    whole cost (by HYSTERESIS), one call of each decides; a floor below plain's says nothing."""
+    from hvd_lossy import auto
+    assert auto._rule(None, [1.0], [3.0], floors=[1.2]) == auto.PLAIN
+    assert auto._rule(None, [1.0], [3.0], floors=[1.04]) is None  # within HYSTERESIS
+    assert auto._rule(None, [1.0, 1.3], [3.0], floors=[1.2]) is None  # a plain call cost more
+    assert auto._rule(None, [2.0], [1.0], floors=[0.5]) is None
+    assert auto._rule(None, [2.0, 2.1], [1.0, 1.1], floors=[0.5, 0.6]) == auto.LOSSY
+    assert auto._rule(None, [], [3.0], floors=[1.2]) is None  # nothing to compare with
+
+
 def test_auto_takes_each_calls_cheapest_rank_and_leaves_out_unfinished_calls():
     """The rank that arrived last waited only for the bytes: a call's cost is its cheapest
     rank's, so one rank's compute noise (its peers' waiting) does not decide."""
@@ -249,13 +261,15 @@ def test_auto_takes_each_calls_cheapest_rank_and_leaves_out_unfinished_calls():
     s = auto._Slot(0, "c", _OneRank())
     k = auto.KEEP
     pad = [math.nan] * (k - 2)
-    rank0 = [20.0, 2, 1.0, 1.1, *pad, 2, 9.0, 9.0, *pad]      # lossy looks slow here (it waited)
-    rank1 = [20.0, 2, 5.0, math.nan, *pad, 2, 0.5, 0.6, *pad]  # ... and cheap here
+    # bucket, plain calls and costs, lossy calls and costs, lossy calls' codec times
+    rank0 = [20.0, 2, 1.0, 1.1, *pad, 2, 9.0, 9.0, *pad, 0.3, 0.2, *pad]  # lossy looks slow here
+    rank1 = [20.0, 2, 5.0, math.nan, *pad, 2, 0.5, 0.6, *pad, 0.4, 0.1, *pad]  # (it waited)
     s._apply([rank0, rank1], k=10)
     assert s.decision is None  # plain's second call unfinished on rank 1: one call left
     rank1[3] = 5.0
     s._apply([rank0, rank1], k=14)
-    assert s.decision == auto.LOSSY and s.agreed == {"plain_ms": 1050.0, "lossy_ms": 550.0}
+    assert s.decision == auto.LOSSY
+    assert s.agreed == {"plain_ms": 1050.0, "lossy_ms": 550.0, "lossy_codec_ms": 200.0}
     assert s.next_agreement == 14 + auto.AGREE_EVERY
 
 
@@ -265,9 +279,9 @@ def test_auto_measures_again_when_any_rank_lacks_costs_for_its_size():
     assert set(_drive(s, {auto.LOSSY: 1e-3, auto.PLAIN: 5e-3}.get, 12)) == {auto.LOSSY, auto.PLAIN}
     assert s.decision == auto.LOSSY
     k = auto.KEEP
-    s._apply([[20.0, 2, 1.0, 1.0] + [0.0] * (k - 2) + [2, 0.1, 0.1] + [0.0] * (k - 2),
-              [22.0, 0] + [0.0] * k + [0] + [0.0] * k], k=26)  # rank 1's size changed
-    assert s.decision is None and s.probe_from == 26 and s.next_agreement == 26 + auto.PROBE_CALLS
+    s._apply([[20.0, 2, 1.0, 1.0] + [0.0] * (k - 2) + [2, 0.1, 0.1] + [0.0] * (2 * k - 2),
+              [22.0, 0] + [0.0] * k + [0] + [0.0] * 2 * k], k=26)  # rank 1's size changed
+    assert s.decision is None and s.probe_from == 26 and s.next_agreement == 26 + auto.FIRST_LOOK
 
 
 @pytest.mark.parametrize("plain_s, lossy_s, want", [(5e-3, 1e-3, "lossy"), (1e-3, 1.5e-3, "plain")],
@@ -282,6 +296,39 @@ def test_auto_pays_little_for_probing_a_clear_case(plain_s, lossy_s, want):
     losing = auto.PLAIN if want == auto.LOSSY else auto.LOSSY
     assert modes[auto.WARMUP:].count(losing) <= 3, modes
     assert modes[-20:] == [want] * 20
+
+
+def test_auto_runs_lossy_once_after_the_warm_up_when_its_codec_alone_is_slower_than_plain():
+    """On a link faster than the codec the first look decides: one probed call of each, then
+    plain from the call that reads the agreement; the gradient call's codec time counts too."""
+    from hvd_lossy import auto
+    s = auto._Slot(0, "c", _OneRank())
+    modes = []
+    for _ in range(30):
+        mode, report = s.choose(1 << 20)
+        if mode == auto.LOSSY:
+            report(3e-3, 0.7e-3)  # the forward call: cost, codec time ...
+            s.add_cost(s.calls - 1, 1e-3, 0.6e-3)  # ... and its gradient call's
+        else:
+            report(1e-3)
+        modes.append(mode)
+    assert modes[:auto.WARMUP] == [auto.LOSSY] * auto.WARMUP
+    assert modes[auto.WARMUP:].count(auto.LOSSY) == 1, modes
+    first_plain_for_good = auto.WARMUP + auto.FIRST_LOOK + auto.LAG
+    assert modes[first_plain_for_good:] == [auto.PLAIN] * (30 - first_plain_for_good), modes
+    assert s.decision == auto.PLAIN and s.agreed["lossy_codec_ms"] == pytest.approx(1.3)
+
+
+def test_auto_reads_a_lossy_calls_codec_time_from_its_statistics():
+    from hvd_lossy import auto
+    from hvd_lossy.stats import CallStats
+    got = []
+    record = CallStats(op="alltoall", compression="c", compress_s=0.25, decompress_s=0.5)
+    lossy = types.SimpleNamespace(wait=lambda: "out", record=record)
+    assert auto._Timed(lossy, 1.0, lambda s, codec: got.append(codec)).wait() == "out"
+    plain = types.SimpleNamespace(wait=lambda: "out")  # Horovod's own handle: no statistics
+    auto._Timed(plain, 1.0, lambda s, codec: got.append(codec)).wait()
+    assert got == [0.75, None]
 
 
 def test_auto_decides_a_close_case_within_its_probe_limit():
@@ -305,16 +352,16 @@ def test_auto_gradient_compressor_follows_the_forward_calls_mode_and_adds_its_co
     lead, follow = auto.slot(fwd, _FakeSet()), auto.slot(bwd, _FakeSet())
     lead.choose(1000)  # a forward call without a backward one (evaluation): the counts part
     pairs = []
-    for _ in range(auto.PROBE_CALLS):
+    for _ in range(auto.FIRST_LOOK):  # the calls before the first agreement
         (f, report_f), (g, report_g) = lead.choose(1000), follow.choose(1000)
         report_f(1.0)
         report_g(0.5)
         pairs.append((f, g))
     assert all(f == g for f, g in pairs), pairs
     assert {f for f, _g in pairs} == {auto.LOSSY, auto.PLAIN}  # the probe alternates both
-    assert [lead.costs[k] for k in sorted(lead.costs)] == [1.5] * auto.PROBE_CALLS
+    assert [lead.costs[k] for k in sorted(lead.costs)] == [1.5] * auto.FIRST_LOOK
     report = follow.report()
-    assert report["follows"] == lead.label and report["lossy_calls"] + report["plain_calls"] == auto.PROBE_CALLS
+    assert report["follows"] == lead.label and report["lossy_calls"] + report["plain_calls"] == auto.FIRST_LOOK
     same = Compression.lossy(0.03, backward="same", dither=False, auto=True)
     assert auto.pair(same, same.for_backward()) is same  # one compressor, one slot
 

@@ -291,7 +291,8 @@ def test_auto_decides_alike_on_every_rank_and_stays_within_bound():
     # rank 0 sends 4x more rows: another size bucket, and still one decision
     mine = run_auto(c, auto.DECIDED_WITHIN + 2, lambda i, s: 16 if s == 0 else 4, 110)
     assert mine["decision"] in ("lossy", "plain") and len(mine["message_bytes"]) == 2, mine
-    assert mine["lossy_calls"] >= auto.SEPARATE and mine["plain_calls"] >= auto.SEPARATE
+    assert mine["lossy_calls"] >= 1 + auto.WARMUP and mine["plain_calls"] >= 1
+    assert mine["lossy_codec_ms"] > 0  # the lossy calls' statistics reached the slot
 
 
 def test_auto_measures_again_when_a_rank_changes_its_message_size():
