@@ -92,7 +92,7 @@ class _LocalError(Exception):
     """A failure noticed on this rank, carried to the others as (code, a, b, origin)."""
 
     def __init__(self, code, a=0, b=0, detail=None, origin=None, dtype=-1):
-        super().__init__(detail or _ERRORS[code])
+        super().__init__(detail or _error_text(code, a, b, dtype))
         self.code, self.a, self.b, self.detail, self.dtype = code, int(a), int(b), detail, dtype
         self.origin = origin  # global rank; None: the rank that raised it (raise_received fills it)
 
@@ -190,15 +190,20 @@ def reuse_diverged(headers):
     return None
 
 
+def _error_text(code, a, b, dtype):
+    """The text of error `code` with its values, the same on every rank."""
+    what = _AGREEMENT[a] if code == 12 and 0 <= a < len(_AGREEMENT) else "?"
+    return _ERRORS.get(code, "error code {code}").format(a=a, b=b, code=code, what=what,
+                                                         dtype=_dtype_name(dtype))
+
+
 def _message(op, rows, local, grank):
     parts, seen, origins = [], set(), []
     for code, a, b, origin, dtype in rows:
         if code == 0 or (code, a, b, origin) in seen:
             continue
         seen.add((code, a, b, origin))
-        what = _AGREEMENT[a] if code == 12 and 0 <= a < len(_AGREEMENT) else "?"
-        text = _ERRORS.get(code, "error code {code}").format(a=a, b=b, code=code, what=what,
-                                                            dtype=_dtype_name(dtype))
+        text = _error_text(code, a, b, dtype)
         if code == 12 and local is not None and local.code == 12:
             text += f" ({local.detail})"  # every rank computed the same listing
         parts.append(text if origin < 0 else f"rank {origin}: {text}")

@@ -240,7 +240,8 @@ def test_reuse_refuses_settings_it_cannot_keep():
 @pytest.mark.mpi
 @pytest.mark.parametrize("np", [2, 3])
 def test_alltoall_with_reuse_under_mpirun_is_within_the_bound_and_faults_raise_everywhere(np):
-    output = run_mpi("tests/mp/transport_run.py", np=np, args=["reuse"], timeout=240)
+    # reuse_sets last: it adds a process set (tests/mp/transport_process_sets.py says why)
+    output = run_mpi("tests/mp/transport_run.py", np=np, args=["reuse", "reuse_sets"], timeout=240)
     assert all(f"rank {r}: " in output for r in range(np)) and "cases passed" in output, output
 
 

@@ -434,3 +434,11 @@ def test_resident_memory_stays_flat_over_lossy_alltoalls_after_warm_up():
     # the ranks' lines may run together in the launcher's output
     assert sorted(re.findall(r"rank (\d): RSS growth -?\d+ bytes over 600 calls", output)) \
         == ["0", "1"], output
+
+
+def test_a_local_error_names_its_values_as_the_message_every_rank_raises_does():
+    """The exception a rank chains under its RankError reads like the RankError's own text."""
+    from hvd_lossy.protocol import _LocalError
+    assert str(_LocalError(3, 10, 12)) == "splits sum to 10 but the tensor has 12 rows in dim 0"
+    assert str(_LocalError(16, 2, 1)).startswith("the reuse cache of rank 1 for rank 2 is not")
+    assert str(_LocalError(9, detail="ids must be int64")) == "ids must be int64"
