@@ -76,7 +76,8 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
     } else {
       DistinctRows distinct;
       if (dedup) distinct = enc::distinct_raw_rows(t, false, threads, &lo, &hi);
-      coded = enc::code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads);
+      coded = enc::code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads,
+                             p.level == 1);
     }
     f.s = enc::build_sections(t, coded, lossless, p.level, threads);
   }

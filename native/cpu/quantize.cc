@@ -11,6 +11,7 @@
 #include "encode_stages.h"
 #include "kernels_cpu.h"
 #include "parallel.h"
+#include "short_blocks.h"
 
 namespace hl {
 namespace enc {
@@ -44,6 +45,48 @@ void code_rows_into(const Tensor<DT>& t, const uint64_t* idx, uint64_t rows, boo
   }
 }
 
+// code_rows_into for every row of a lossy piece, with level1_widths taken a tile at a time right
+// after the tile is quantized, while its codes are still in L2: a separate widths pass read all
+// of them back from memory (tens of MB). Threads take whole runs of 32 rows, so every tile
+// starts on a pair of short blocks (32 codes) and the widths are the same as one pass's.
+template <int DT>
+void code_rows_with_widths(const Tensor<DT>& t, double eb_abs, const Dither& dither, int threads,
+                           Coded* c) {
+  const uint64_t rows = t.n_rows, d = t.row_len, n = rows * d;
+  c->w16 = Buffer<uint8_t>(short_n_blocks(n));
+  c->w32 = Buffer<uint8_t>(hl_div_up(n, HL_BLOCK));
+  cpu::QuantParams base;
+  base.step = 2.0 * eb_abs;
+  base.inv_step = 1.0 / base.step;
+  base.eb_abs = eb_abs;
+  base.dither = dither.on;
+  base.seed = dither.seed;
+  constexpr uint64_t kTileCodes = 1u << 15;  // 128 KiB of codes and as much input
+  const uint64_t tile = std::max<uint64_t>(1, kTileCodes / 32 / d) * 32;  // rows
+  const uint64_t units = hl_div_up(rows, 32);
+  const int nt = n > 65536 ? threads : 1;
+  uint32_t* codes = c->codes.data();
+  uint32_t m = 0;
+#pragma omp parallel num_threads(nt) reduction(max : m)
+  {
+    uint64_t ua, ub;
+    split_range(units, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &ua, &ub);
+    const uint64_t a = std::min(ua * 32, rows), b = std::min(ub * 32, rows);
+    cpu::QuantParams qp = base;
+    for (uint64_t r0 = a; r0 < b; r0 += tile) {
+      const uint64_t r1 = std::min(r0 + tile, b);
+      qp.first = r0 * d;
+      cpu::quantize_rows(DT, t.x + r0 * d, nullptr, r1 - r0, d, qp, codes + r0 * d,
+                         c->row_outlier.data() + r0, nullptr);
+      uint32_t tm;
+      level1_widths(codes + r0 * d, (r1 - r0) * d, c->w16.data() + r0 * d / HL_SHORT_BLOCK,
+                    c->w32.data() + r0 * d / HL_BLOCK, &tm, 1);
+      m = tm > m ? tm : m;
+    }
+  }
+  c->max_code = m;
+}
+
 // Rows whose codes are equal are one unique row only if their outliers are the same bits too:
 // the mark alone says nothing of the value.
 template <typename raw_t>
@@ -73,13 +116,17 @@ Coded every_row(const uint32_t* codes, const uint8_t* outlier, const uint32_t* m
 
 template <int DT>
 Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, double eb_abs,
-                const Dither& dither, int threads) {
+                const Dither& dither, int threads, bool widths) {
   const uint64_t rows = t.n_rows, d = t.row_len;
   Coded c;
   if (!distinct) {
     c.n_unique = rows;
     c.codes = Buffer<uint32_t>(rows * d);
     c.row_outlier = Buffer<uint8_t>(lossless ? 0 : rows);
+    if (widths && !lossless && rows * d > 0) {
+      code_rows_with_widths(t, eb_abs, dither, threads, &c);
+      return c;
+    }
     code_rows_into(t, nullptr, rows, lossless, eb_abs, dither, threads, c.codes.data(),
                    c.row_outlier.data(), nullptr);
     return c;
@@ -122,7 +169,7 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
                      threads);
   }
   c.n_unique = n2;
-  c.source.resize(n2);
+  c.source = Buffer<uint64_t>(n2);
   for (uint64_t u = 0; u < n2; ++u) c.source[u] = first1[distinct_of(u)];
   if (n2 < n1) {
     c.codes = Buffer<uint32_t>(n2 * d);
@@ -139,7 +186,7 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
     c.map = Buffer<uint32_t>(rows);
     for (uint64_t r = 0; r < rows; ++r) c.map[r] = unique_of(r);
   } else {
-    c.source.clear();  // every row distinct: the identity
+    c.source = Buffer<uint64_t>();  // every row distinct: the identity
   }
   return c;
 }
@@ -261,7 +308,7 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
   Buffer<uint32_t> ucodes(rows * d);
   Buffer<uint8_t> ubytes(rows * d), uout(rows);
   Buffer<uint64_t> uhash(rows);
-  std::vector<uint64_t> source;
+  Buffer<uint64_t> source(rows);
   Buffer<uint32_t> map(rows);
   CodeTable table(uhash, rows);
   uint32_t n = 0;
@@ -315,7 +362,7 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
       if (!b.wide[i]) memcpy(&ubytes[(uint64_t)u * d], &b.bytes[i * d], d);
       uout[u] = b.outlier[i];
       uhash[u] = h;
-      source.push_back(b0 + i);
+      source[u] = b0 + i;
       map[b0 + i] = u;
       table.put(s, h, u);
     }
@@ -334,9 +381,9 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
   return c;
 }
 
-template Coded code_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, DistinctRows*, bool, double, const Dither&, int);
-template Coded code_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, DistinctRows*, bool, double, const Dither&, int);
-template Coded code_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, DistinctRows*, bool, double, const Dither&, int);
+template Coded code_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, DistinctRows*, bool, double, const Dither&, int, bool);
+template Coded code_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, DistinctRows*, bool, double, const Dither&, int, bool);
+template Coded code_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, DistinctRows*, bool, double, const Dither&, int, bool);
 template Coded code_distinct_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, double, int);
 template Coded code_distinct_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, double, int);
 template Coded code_distinct_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, double, int);
