@@ -105,9 +105,10 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
 // codes kept as bytes where they fit one (hot rows' codes are small). One streaming pass over
 // the tensor, and a repeated row is compared with a compact copy rather than with its first
 // occurrence somewhere in the tensor. The frames are code_rows's: the same unique rows in the
-// same order.
+// same order. With `widths`, the unique codes come with their level-1 widths (Coded::w16),
+// taken after each block over the unique rows it added.
 template <int DT>
-Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads);
+Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool widths = false);
 
 // ---- sections.cc --------------------------------------------------------------------------
 

@@ -300,7 +300,7 @@ class CodeTable {
 }  // namespace
 
 template <int DT>
-Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
+Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool widths) {
   const uint64_t rows = t.n_rows, d = t.row_len;
   // Unique rows in order of first occurrence: codes, codes as bytes (narrow rows), outlier
   // flag, hash (its tag bit 32 says wide), first row. Sized for the worst case; only what is
@@ -312,6 +312,20 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
   Buffer<uint32_t> map(rows);
   CodeTable table(uhash, rows);
   uint32_t n = 0;
+  // Level-1 widths of the unique codes (Coded::w16), taken after each block over the pairs of
+  // short blocks its new rows completed, while they are in cache: [0, done) has them.
+  Buffer<uint8_t> w16(widths ? short_n_blocks(rows * d) : 0);
+  Buffer<uint8_t> w32(widths ? hl_div_up(rows * d, HL_BLOCK) : 0);
+  uint64_t done = 0;
+  uint32_t max_code = 0;
+  auto widths_up_to = [&](uint64_t end) {
+    if (w32.empty() || end <= done) return;
+    uint32_t m;
+    level1_widths(&ucodes[done], end - done, &w16[done / HL_SHORT_BLOCK], &w32[done / HL_BLOCK],
+                  &m, 1);
+    max_code = m > max_code ? m : max_code;
+    done = end;
+  };
 
   // Blocks of rows small enough for their codes to stay in L2 between quantizing and numbering
   // (larger with more threads, which quantize a block together).
@@ -366,12 +380,19 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
       map[b0 + i] = u;
       table.put(s, h, u);
     }
+    widths_up_to((uint64_t)n * d / (2 * HL_SHORT_BLOCK) * (2 * HL_SHORT_BLOCK));
   }
 
   if (!dedup_pays(rows, n, d) && n < rows)  // store every row: expand the unique rows back
     return every_row(ucodes.data(), uout.data(), map.data(), rows, d, threads);
+  widths_up_to((uint64_t)n * d);  // the last, partial pair
   Coded c;
   c.n_unique = n;
+  if (!w32.empty()) {
+    c.w16 = std::move(w16);
+    c.w32 = std::move(w32);
+    c.max_code = max_code;
+  }
   c.codes = std::move(ucodes);
   c.row_outlier = std::move(uout);
   if (n < rows) {
@@ -384,9 +405,9 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
 template Coded code_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, DistinctRows*, bool, double, const Dither&, int, bool);
 template Coded code_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, DistinctRows*, bool, double, const Dither&, int, bool);
 template Coded code_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, DistinctRows*, bool, double, const Dither&, int, bool);
-template Coded code_distinct_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, double, int);
-template Coded code_distinct_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, double, int);
-template Coded code_distinct_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, double, int);
+template Coded code_distinct_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, double, int, bool);
+template Coded code_distinct_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, double, int, bool);
+template Coded code_distinct_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, double, int, bool);
 
 }  // namespace enc
 }  // namespace hl
