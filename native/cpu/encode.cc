@@ -72,11 +72,12 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
       coded = enc::code_rows(t, &by_id, lossless, eb_abs, dither, threads);
       by_id = DistinctRows();  // back to the pool before the sections take theirs
     } else if (dedup && !lossless) {
-      coded = enc::code_distinct_rows(t, eb_abs, threads);
+      coded = enc::code_distinct_rows(t, eb_abs, threads, p.level == 1);
     } else {
       DistinctRows distinct;
       if (dedup) distinct = enc::distinct_raw_rows(t, false, threads, &lo, &hi);
-      coded = enc::code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads);
+      coded = enc::code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads,
+                             p.level == 1);
     }
     f.s = enc::build_sections(t, coded, lossless, p.level, threads);
   }

@@ -81,27 +81,34 @@ struct Coded {
   uint64_t n_unique = 0;
   Buffer<uint32_t> codes;        // n_unique x row_len: zigzag codes, kOutlierMark, or raw bits
   Buffer<uint8_t> row_outlier;   // per unique row (lossy frames)
-  std::vector<uint64_t> source;  // tensor row of each unique row; empty when it is the identity
+  Buffer<uint64_t> source;  // tensor row of each unique row; empty when it is the identity
   Buffer<uint32_t> map;          // tensor row -> unique row; only when n_unique < n_rows
+  // The codes' level-1 widths and largest code (short_blocks.h level1_widths), when code_rows
+  // took them while quantizing (w32 not empty); they hold as long as no code is an outlier's
+  // mark, which the sections turn into 0.
+  Buffer<uint8_t> w16, w32;
+  uint32_t max_code = 0;
 };
 
 // Quantizes and deduplicates. Rows repeated bit for bit (hot embedding lookups) are found
 // first (distinct, from distinct_raw_rows; null: no dedup), on their raw bytes, so each
 // distinct row is quantized once; rows that differ in bits but share codes are merged in a
 // second pass over the distinct rows' codes. Numbering both passes by first occurrence gives
-// the same unique order as one pass over all codes.
+// the same unique order as one pass over all codes. With `widths`, lossy codes of every row (no
+// dedup) come with their level-1 widths (Coded::w16), for level-1 frames.
 template <int DT>
 Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, double eb_abs,
-                const Dither& dither, int threads);
+                const Dither& dither, int threads, bool widths = false);
 
 // Lossy frames with dedup: every row quantized, a block at a time, and numbered by its codes
 // (and its outliers' raw bits) while the block is still in cache, against the unique rows'
 // codes kept as bytes where they fit one (hot rows' codes are small). One streaming pass over
 // the tensor, and a repeated row is compared with a compact copy rather than with its first
 // occurrence somewhere in the tensor. The frames are code_rows's: the same unique rows in the
-// same order.
+// same order. With `widths`, the unique codes come with their level-1 widths (Coded::w16),
+// taken after each block over the unique rows it added.
 template <int DT>
-Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads);
+Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool widths = false);
 
 // ---- sections.cc --------------------------------------------------------------------------
 

@@ -199,29 +199,35 @@ HL_AVX512 uint32_t block_max_avx512(const uint32_t* v) {
 
 #ifdef HL_HAVE_AVX512_PACK
 // AVX2 versions for machines without AVX-512: unpacking any width eight planes at a time,
-// packing the byte-sized case (lossy codes of a few bits, the usual one) 32 values a plane and
-// blocks over 16 bits (radix sections' values) by sign-bit masks; 9- to 16-bit blocks pack
-// with the SSE2 loop.
+// packing any width 32 values a plane (one movemask of a register of byte lanes).
 #define HL_AVX2 __attribute__((target("avx2")))
 
 HL_AVX2 void pack_block_avx2(const uint32_t* v, uint32_t w, uint8_t* out) {
-  if (w > 16) {
-    // Wide blocks (radix sections' values): bit j of 8 values is the sign bit after a shift
-    // left by 31 - j, and movemask_ps collects 8 of them; four a plane.
+  if (w > 8) {
+    // Blocks over 8 bits (radix sections' values are 17 to 32): the values' bytes regrouped so
+    // that one register holds byte k of all 32 values in value order; then each bit plane is
+    // one shift and one movemask, as for byte-sized blocks (four of each a plane before, with
+    // 32-bit lanes: a tenth of the dithered encoder's time, packing radix values).
     const __m256i* p = reinterpret_cast<const __m256i*>(v);
-    const __m256i a = _mm256_loadu_si256(p), b = _mm256_loadu_si256(p + 1),
-                  c = _mm256_loadu_si256(p + 2), d = _mm256_loadu_si256(p + 3);
-    for (uint32_t j = 0; j < w; ++j) {
-      const __m128i sh = _mm_cvtsi32_si128((int)(31 - j));
-      const uint32_t m = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_sll_epi32(a, sh))) |
-                         (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_sll_epi32(b, sh))) << 8 |
-                         (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_sll_epi32(c, sh))) << 16 |
-                         (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_sll_epi32(d, sh))) << 24;
-      store_u32(out + 4 * j, m);
-    }
+    // within each 128-bit lane, dword k of a register: byte k of its 4 values
+    const __m256i by_byte = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                             0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i a = _mm256_shuffle_epi8(_mm256_loadu_si256(p), by_byte),
+                  b = _mm256_shuffle_epi8(_mm256_loadu_si256(p + 1), by_byte),
+                  c = _mm256_shuffle_epi8(_mm256_loadu_si256(p + 2), by_byte),
+                  d = _mm256_shuffle_epi8(_mm256_loadu_si256(p + 3), by_byte);
+    const __m256i ab_lo = _mm256_unpacklo_epi32(a, b), ab_hi = _mm256_unpackhi_epi32(a, b),
+                  cd_lo = _mm256_unpacklo_epi32(c, d), cd_hi = _mm256_unpackhi_epi32(c, d);
+    // byte k of values 0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, 20-23, 28-31: into value order
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i bytes[4] = {
+        _mm256_permutevar8x32_epi32(_mm256_unpacklo_epi64(ab_lo, cd_lo), order),
+        _mm256_permutevar8x32_epi32(_mm256_unpackhi_epi64(ab_lo, cd_lo), order),
+        _mm256_permutevar8x32_epi32(_mm256_unpacklo_epi64(ab_hi, cd_hi), order),
+        _mm256_permutevar8x32_epi32(_mm256_unpackhi_epi64(ab_hi, cd_hi), order)};
+    for (uint32_t j = 0; j < w; ++j) store_u32(out + 4 * j, byte_plane_avx2(bytes[j >> 3], j & 7));
     return;
   }
-  if (w > 8) return pack_block(v, w, out);
   const __m256i bytes = bytes_of_block_avx2(v);
   for (uint32_t j = 0; j < w; ++j) store_u32(out + 4 * j, byte_plane_avx2(bytes, j));
 }

@@ -11,6 +11,7 @@
 #include "encode_stages.h"
 #include "kernels_cpu.h"
 #include "parallel.h"
+#include "short_blocks.h"
 
 namespace hl {
 namespace enc {
@@ -44,6 +45,48 @@ void code_rows_into(const Tensor<DT>& t, const uint64_t* idx, uint64_t rows, boo
   }
 }
 
+// code_rows_into for every row of a lossy piece, with level1_widths taken a tile at a time right
+// after the tile is quantized, while its codes are still in L2: a separate widths pass read all
+// of them back from memory (tens of MB). Threads take whole runs of 32 rows, so every tile
+// starts on a pair of short blocks (32 codes) and the widths are the same as one pass's.
+template <int DT>
+void code_rows_with_widths(const Tensor<DT>& t, double eb_abs, const Dither& dither, int threads,
+                           Coded* c) {
+  const uint64_t rows = t.n_rows, d = t.row_len, n = rows * d;
+  c->w16 = Buffer<uint8_t>(short_n_blocks(n));
+  c->w32 = Buffer<uint8_t>(hl_div_up(n, HL_BLOCK));
+  cpu::QuantParams base;
+  base.step = 2.0 * eb_abs;
+  base.inv_step = 1.0 / base.step;
+  base.eb_abs = eb_abs;
+  base.dither = dither.on;
+  base.seed = dither.seed;
+  constexpr uint64_t kTileCodes = 1u << 15;  // 128 KiB of codes and as much input
+  const uint64_t tile = std::max<uint64_t>(1, kTileCodes / 32 / d) * 32;  // rows
+  const uint64_t units = hl_div_up(rows, 32);
+  const int nt = n > 65536 ? threads : 1;
+  uint32_t* codes = c->codes.data();
+  uint32_t m = 0;
+#pragma omp parallel num_threads(nt) reduction(max : m)
+  {
+    uint64_t ua, ub;
+    split_range(units, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &ua, &ub);
+    const uint64_t a = std::min(ua * 32, rows), b = std::min(ub * 32, rows);
+    cpu::QuantParams qp = base;
+    for (uint64_t r0 = a; r0 < b; r0 += tile) {
+      const uint64_t r1 = std::min(r0 + tile, b);
+      qp.first = r0 * d;
+      cpu::quantize_rows(DT, t.x + r0 * d, nullptr, r1 - r0, d, qp, codes + r0 * d,
+                         c->row_outlier.data() + r0, nullptr);
+      uint32_t tm;
+      level1_widths(codes + r0 * d, (r1 - r0) * d, c->w16.data() + r0 * d / HL_SHORT_BLOCK,
+                    c->w32.data() + r0 * d / HL_BLOCK, &tm, 1);
+      m = tm > m ? tm : m;
+    }
+  }
+  c->max_code = m;
+}
+
 // Rows whose codes are equal are one unique row only if their outliers are the same bits too:
 // the mark alone says nothing of the value.
 template <typename raw_t>
@@ -73,13 +116,17 @@ Coded every_row(const uint32_t* codes, const uint8_t* outlier, const uint32_t* m
 
 template <int DT>
 Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, double eb_abs,
-                const Dither& dither, int threads) {
+                const Dither& dither, int threads, bool widths) {
   const uint64_t rows = t.n_rows, d = t.row_len;
   Coded c;
   if (!distinct) {
     c.n_unique = rows;
     c.codes = Buffer<uint32_t>(rows * d);
     c.row_outlier = Buffer<uint8_t>(lossless ? 0 : rows);
+    if (widths && !lossless && rows * d > 0) {
+      code_rows_with_widths(t, eb_abs, dither, threads, &c);
+      return c;
+    }
     code_rows_into(t, nullptr, rows, lossless, eb_abs, dither, threads, c.codes.data(),
                    c.row_outlier.data(), nullptr);
     return c;
@@ -122,7 +169,7 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
                      threads);
   }
   c.n_unique = n2;
-  c.source.resize(n2);
+  c.source = Buffer<uint64_t>(n2);
   for (uint64_t u = 0; u < n2; ++u) c.source[u] = first1[distinct_of(u)];
   if (n2 < n1) {
     c.codes = Buffer<uint32_t>(n2 * d);
@@ -139,7 +186,7 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
     c.map = Buffer<uint32_t>(rows);
     for (uint64_t r = 0; r < rows; ++r) c.map[r] = unique_of(r);
   } else {
-    c.source.clear();  // every row distinct: the identity
+    c.source = Buffer<uint64_t>();  // every row distinct: the identity
   }
   return c;
 }
@@ -253,7 +300,7 @@ class CodeTable {
 }  // namespace
 
 template <int DT>
-Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
+Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool widths) {
   const uint64_t rows = t.n_rows, d = t.row_len;
   // Unique rows in order of first occurrence: codes, codes as bytes (narrow rows), outlier
   // flag, hash (its tag bit 32 says wide), first row. Sized for the worst case; only what is
@@ -261,10 +308,24 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
   Buffer<uint32_t> ucodes(rows * d);
   Buffer<uint8_t> ubytes(rows * d), uout(rows);
   Buffer<uint64_t> uhash(rows);
-  std::vector<uint64_t> source;
+  Buffer<uint64_t> source(rows);
   Buffer<uint32_t> map(rows);
   CodeTable table(uhash, rows);
   uint32_t n = 0;
+  // Level-1 widths of the unique codes (Coded::w16), taken after each block over the pairs of
+  // short blocks its new rows completed, while they are in cache: [0, done) has them.
+  Buffer<uint8_t> w16(widths ? short_n_blocks(rows * d) : 0);
+  Buffer<uint8_t> w32(widths ? hl_div_up(rows * d, HL_BLOCK) : 0);
+  uint64_t done = 0;
+  uint32_t max_code = 0;
+  auto widths_up_to = [&](uint64_t end) {
+    if (w32.empty() || end <= done) return;
+    uint32_t m;
+    level1_widths(&ucodes[done], end - done, &w16[done / HL_SHORT_BLOCK], &w32[done / HL_BLOCK],
+                  &m, 1);
+    max_code = m > max_code ? m : max_code;
+    done = end;
+  };
 
   // Blocks of rows small enough for their codes to stay in L2 between quantizing and numbering
   // (larger with more threads, which quantize a block together).
@@ -315,16 +376,23 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
       if (!b.wide[i]) memcpy(&ubytes[(uint64_t)u * d], &b.bytes[i * d], d);
       uout[u] = b.outlier[i];
       uhash[u] = h;
-      source.push_back(b0 + i);
+      source[u] = b0 + i;
       map[b0 + i] = u;
       table.put(s, h, u);
     }
+    widths_up_to((uint64_t)n * d / (2 * HL_SHORT_BLOCK) * (2 * HL_SHORT_BLOCK));
   }
 
   if (!dedup_pays(rows, n, d) && n < rows)  // store every row: expand the unique rows back
     return every_row(ucodes.data(), uout.data(), map.data(), rows, d, threads);
+  widths_up_to((uint64_t)n * d);  // the last, partial pair
   Coded c;
   c.n_unique = n;
+  if (!w32.empty()) {
+    c.w16 = std::move(w16);
+    c.w32 = std::move(w32);
+    c.max_code = max_code;
+  }
   c.codes = std::move(ucodes);
   c.row_outlier = std::move(uout);
   if (n < rows) {
@@ -334,12 +402,12 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads) {
   return c;
 }
 
-template Coded code_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, DistinctRows*, bool, double, const Dither&, int);
-template Coded code_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, DistinctRows*, bool, double, const Dither&, int);
-template Coded code_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, DistinctRows*, bool, double, const Dither&, int);
-template Coded code_distinct_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, double, int);
-template Coded code_distinct_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, double, int);
-template Coded code_distinct_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, double, int);
+template Coded code_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, DistinctRows*, bool, double, const Dither&, int, bool);
+template Coded code_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, DistinctRows*, bool, double, const Dither&, int, bool);
+template Coded code_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, DistinctRows*, bool, double, const Dither&, int, bool);
+template Coded code_distinct_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, double, int, bool);
+template Coded code_distinct_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, double, int, bool);
+template Coded code_distinct_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, double, int, bool);
 
 }  // namespace enc
 }  // namespace hl

@@ -138,10 +138,10 @@ RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t 
   const uint64_t head = radix_head_bytes((uint32_t)k, g);
   const uint64_t nb = hl_div_up(G, HL_BLOCK);
   if (head + nb >= below_bytes) return p;  // cannot pay, whatever the values
-  std::unique_ptr<uint32_t[]> values(new uint32_t[G]);
+  Buffer<uint32_t> values(G);
   auto span_values = [&](int64_t s) {  // span s: values a.. and codes a * g.. (frame.h)
     const uint64_t a = (uint64_t)s * kSpan, count = G - a < kSpan ? G - a : kSpan;
-    uint32_t* out = values.get() + a;
+    uint32_t* out = values.data() + a;
     for (uint64_t j = 0; j < count; ++j) out[j] = 0;
     uint32_t power = 1;  // K^i < K^g < 2^32
     for (uint32_t i = 0; i < g; ++i, power *= (uint32_t)k) {  // lanes in memory order: one stream
@@ -156,9 +156,9 @@ RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t 
   } else {
     for (int64_t s = 0; s < spans; ++s) span_values(s);
   }
-  std::unique_ptr<uint8_t[]> widths(new uint8_t[nb]);
-  block_widths(values.get(), G, widths.get(), threads);
-  const uint64_t bytes = head + nb + payload_bytes(widths.get(), nb);
+  Buffer<uint8_t> widths(nb);
+  block_widths(values.data(), G, widths.data(), threads);
+  const uint64_t bytes = head + nb + payload_bytes(widths.data(), nb);
   if (bytes >= below_bytes) return p;
   p.k = (uint32_t)k;
   p.g = g;
@@ -173,7 +173,7 @@ RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t 
 void radix_write(const RadixPlan& p, uint8_t* out, int threads) {
   if (p.k == 0) throw CodecError("radix_write of a plan that does not apply");
   uint8_t* w = radix_put_head(out, p.k, p.g);
-  pack_blocks(p.values.get(), p.n_values, p.widths.get(), w, threads);
+  pack_blocks(p.values.data(), p.n_values, p.widths.data(), w, threads);
 }
 
 namespace {

@@ -6,17 +6,17 @@
 
 #include <stdint.h>
 
-#include <memory>
-
 #include "pack.h"
+#include "scratch.h"
 
 namespace hl {
 
 struct RadixPlan {
   uint32_t k = 0, g = 0;  // k = 0: radix packing does not apply or does not pay
   uint64_t n_values = 0;  // G = ceil(n / g)
-  std::unique_ptr<uint32_t[]> values;
-  std::unique_ptr<uint8_t[]> widths;  // block widths of the values
+  // From the scratch pool: fresh megabytes a call were faulted in page by page every time.
+  Buffer<uint32_t> values;
+  Buffer<uint8_t> widths;  // block widths of the values
   uint64_t head_bytes = 0;            // mark, K and g
   uint64_t bytes = 0;                 // the whole section
 };

@@ -117,6 +117,7 @@ class Buffer {
   const T* data() const { return p_; }
   T& operator[](uint64_t i) { return p_[i]; }
   const T& operator[](uint64_t i) const { return p_[i]; }
+  bool empty() const { return p_ == nullptr; }  // made with no elements
 
  private:
   void release() {

@@ -27,15 +27,25 @@ Packing plan_packing(const uint32_t* v, uint64_t n, int threads, uint32_t* max_o
   return p;
 }
 
-// The code section's plan: block packing, or for lossy level-1 codes (`level1`) the smallest of block packing, radix packing and short blocks (level1_packing).
-Packing plan_codes(const uint32_t* v, uint64_t n, bool level1, int threads) {
+// The code section's plan: block packing, or for lossy level-1 codes (`level1`) the smallest of
+// block packing, radix packing and short blocks (level1_packing). The widths come from `taken`
+// when code_rows took them (their buffers move into the plan), else from a pass over the codes.
+Packing plan_codes(const uint32_t* v, uint64_t n, bool level1, int threads,
+                   Coded* taken = nullptr) {
   if (!level1 || n == 0) return plan_packing(v, n, threads);
   Packing p;
   const uint64_t nb = hl_div_up(n, HL_BLOCK);
-  p.widths = Buffer<uint8_t>(nb);
-  Buffer<uint8_t> w16(short_n_blocks(n));
+  Buffer<uint8_t> w16;
   uint32_t max_code = 0;
-  level1_widths(v, n, w16.data(), p.widths.data(), &max_code, threads);
+  if (taken) {
+    p.widths = std::move(taken->w32);
+    w16 = std::move(taken->w16);
+    max_code = taken->max_code;
+  } else {
+    p.widths = Buffer<uint8_t>(nb);
+    w16 = Buffer<uint8_t>(short_n_blocks(n));
+    level1_widths(v, n, w16.data(), p.widths.data(), &max_code, threads);
+  }
   const uint64_t block = nb + payload_bytes(p.widths.data(), nb);
   const uint64_t shorts = short_applies(n, max_code) ? short_bytes(w16.data(), n) : 0;
   // radix_plan builds its values only when they can beat `below`: radix wins ties with short
@@ -135,7 +145,9 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
   const uint64_t n_codes = n_unique * d;
   // Radix packing and short blocks only where level 1 was asked for: level 2's choices between
   // rANS, shared tables and its packed fallback are weighed against block packing.
-  Packing plan = plan_codes(ucodes, n_codes, !lossless && level == 1, threads);
+  // Widths taken while quantizing hold unless an outlier's mark became 0 above.
+  Coded* taken = !c.w32.empty() && s.outliers.empty() ? &c : nullptr;
+  Packing plan = plan_codes(ucodes, n_codes, !lossless && level == 1, threads, taken);
   if (level == 2 && n_codes > 0 && n_codes <= kShareCodes) {
     s.deferred = std::move(c.codes);
     s.n_deferred = n_codes;
