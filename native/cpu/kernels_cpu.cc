@@ -625,13 +625,18 @@ HL_AVX512 void stream_copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
 constexpr uint64_t kExpandAhead = 8;
 
 // fill_repeats' prefetch: the source of repeat i + kExpandAhead (a random read, unless a hot
-// row), its first 1 KiB as for expand_rows.
-HL_INLINE void prefetch_repeat(const uint8_t* out, const uint32_t* src, uint64_t i,
-                               uint64_t count, uint64_t row_bytes) {
+// row) and its destination (for writing: the repeats are scattered over the output, and the
+// hardware prefetcher does not follow them), their first 1 KiB as for expand_rows.
+HL_INLINE void prefetch_repeat(const uint8_t* out, const uint32_t* row, const uint32_t* src,
+                               uint64_t i, uint64_t count, uint64_t row_bytes) {
   if (i + kExpandAhead >= count) return;
   const uint8_t* p = out + (uint64_t)src[i + kExpandAhead] * row_bytes;
+  const uint8_t* w = out + (uint64_t)row[i + kExpandAhead] * row_bytes;
   const uint64_t ahead = row_bytes < 1024 ? row_bytes : 1024;
-  for (uint64_t off = 0; off < ahead; off += 64) __builtin_prefetch(p + off);
+  for (uint64_t off = 0; off < ahead; off += 64) {
+    __builtin_prefetch(p + off);
+    __builtin_prefetch(w + off, 1);
+  }
 }
 
 #ifdef HL_HAVE_AVX2_PATH
@@ -644,7 +649,7 @@ __attribute__((target("avx2"))) void copy_repeats_avx2(uint8_t* out, const uint3
                                                        uint64_t row_bytes) {
   const uint64_t n = B ? B : row_bytes;
   for (uint64_t i = 0; i < count; ++i) {
-    prefetch_repeat(out, src, i, count, row_bytes);
+    prefetch_repeat(out, row, src, i, count, row_bytes);
     uint8_t* d = out + (uint64_t)row[i] * row_bytes;
     const uint8_t* s = out + (uint64_t)src[i] * row_bytes;
     for (uint64_t k = 0; k < n; k += 32)
@@ -656,7 +661,7 @@ __attribute__((target("avx2"))) void copy_repeats_avx2(uint8_t* out, const uint3
 HL_AVX512 void copy_repeats_stream(uint8_t* out, const uint32_t* row, const uint32_t* src,
                                    uint64_t count, uint64_t row_bytes) {
   for (uint64_t i = 0; i < count; ++i) {
-    prefetch_repeat(out, src, i, count, row_bytes);
+    prefetch_repeat(out, row, src, i, count, row_bytes);
     stream_copy(out + (uint64_t)row[i] * row_bytes, out + (uint64_t)src[i] * row_bytes,
                 row_bytes);
   }
@@ -664,14 +669,25 @@ HL_AVX512 void copy_repeats_stream(uint8_t* out, const uint32_t* row, const uint
 }
 #endif
 
+// Rows dequantize_to_rows fetches for writing ahead of the one it writes: the rows are first
+// occurrences, scattered over the output (not in any cache), and the hardware prefetcher does
+// not follow them.
+constexpr uint64_t kRowsAhead = 4;
+
 // Calls piece(k, at, len) for the runs of n consecutive unique-row elements from element first
 // on that lie in one row each: element first + k is element at of out (unique row u at row
-// dest[u] of row_len elements).
+// dest[u] of row_len elements, elem bytes each), the rows kRowsAhead ahead prefetched (their
+// first 1 KiB, as for expand_rows).
 template <typename Piece>
 HL_INLINE void by_rows(uint64_t n, uint64_t first, uint64_t row_len, const uint32_t* dest,
-                       Piece piece) {
+                       uint8_t* out, uint64_t elem, Piece piece) {
   uint64_t u = first / row_len, off = first % row_len;
+  const uint64_t last = (first + n - 1) / row_len, row_bytes = row_len * elem;
+  const uint64_t ahead = row_bytes < 1024 ? row_bytes : 1024;
   for (uint64_t k = 0; k < n; ++u, off = 0) {
+    if (u + kRowsAhead <= last)
+      for (uint64_t b = 0; b < ahead; b += 64)
+        __builtin_prefetch(out + (uint64_t)dest[u + kRowsAhead] * row_bytes + b, 1);
     const uint64_t len = row_len - off < n - k ? row_len - off : n - k;
     piece(k, (uint64_t)dest[u] * row_len + off, len);
     k += len;
@@ -716,7 +732,7 @@ HL_CLONES void fill_repeats(uint8_t* out, const uint32_t* row, const uint32_t* s
 #endif
   (void)stream;
   for (uint64_t i = 0; i < count; ++i) {
-    prefetch_repeat(out, src, i, count, row_bytes);
+    prefetch_repeat(out, row, src, i, count, row_bytes);
     memcpy(out + (uint64_t)row[i] * row_bytes, out + (uint64_t)src[i] * row_bytes, row_bytes);
   }
 }
@@ -835,30 +851,32 @@ HL_CLONES void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double s
 HL_CLONES void dequantize_to_rows(uint8_t dtype, const uint32_t* z, uint64_t n, double step,
                                   uint64_t first, uint64_t row_len, const uint32_t* dest,
                                   void* out) {
+  uint8_t* o = static_cast<uint8_t*>(out);
 #ifdef HL_HAVE_AVX2_PATH
   float* f = static_cast<float*>(out);
   uint16_t* h = static_cast<uint16_t*>(out);
   if (dtype == HL_FLOAT32 && cpu_has_avx512())
-    return by_rows(n, first, row_len, dest, [&](uint64_t k, uint64_t at, uint64_t len) {
+    return by_rows(n, first, row_len, dest, o, 4, [&](uint64_t k, uint64_t at, uint64_t len) {
       dequantize_f32_avx512(z + k, len, step, f + at);
     });
   if (dtype == HL_FLOAT16 && cpu_has_avx512())
-    return by_rows(n, first, row_len, dest, [&](uint64_t k, uint64_t at, uint64_t len) {
+    return by_rows(n, first, row_len, dest, o, 2, [&](uint64_t k, uint64_t at, uint64_t len) {
       dequantize_half_avx512<HL_FLOAT16>(z + k, len, step, 0, 0, false, h + at);
     });
   if (dtype == HL_BFLOAT16 && cpu_has_avx512())
-    return by_rows(n, first, row_len, dest, [&](uint64_t k, uint64_t at, uint64_t len) {
+    return by_rows(n, first, row_len, dest, o, 2, [&](uint64_t k, uint64_t at, uint64_t len) {
       dequantize_half_avx512<HL_BFLOAT16>(z + k, len, step, 0, 0, false, h + at);
     });
   if (dtype == HL_FLOAT32 && cpu_has_avx2())
-    return by_rows(n, first, row_len, dest, [&](uint64_t k, uint64_t at, uint64_t len) {
+    return by_rows(n, first, row_len, dest, o, 4, [&](uint64_t k, uint64_t at, uint64_t len) {
       dequantize_f32_avx2(z + k, len, step, f + at);
     });
 #endif
-#define CALL(DT)                                                                        \
-  by_rows(n, first, row_len, dest, [&](uint64_t k, uint64_t at, uint64_t len) {         \
-    dequantize_impl<DT>(z + k, len, step, static_cast<Elem<DT>::raw_t*>(out) + at);     \
-  })
+#define CALL(DT)                                                                            \
+  by_rows(n, first, row_len, dest, o, sizeof(Elem<DT>::raw_t),                              \
+          [&](uint64_t k, uint64_t at, uint64_t len) {                                      \
+            dequantize_impl<DT>(z + k, len, step, static_cast<Elem<DT>::raw_t*>(out) + at); \
+          })
   HL_DISPATCH(dtype, CALL)
 #undef CALL
 }
