@@ -27,144 +27,17 @@ namespace {
 // larger than the caches bypasses them, saving the read of each line before it is written.
 constexpr uint64_t kStreamFrom = uint64_t(8) << 20;
 
-// Writes the segment's outliers (raw elements at positions of the unique rows' elements) into
-// the unique rows at u, rows dest[0], dest[1], ... of u when dest is not null, else
-// consecutive ones. FrameError for a position out of order or range, or a float16/bfloat16
-// element wider than 16 bits.
-template <int DT>
-void put_outliers(const SegmentView& h, typename Elem<DT>::raw_t* u, const uint32_t* dest) {
-  typedef typename Elem<DT>::raw_t raw_t;
-  const uint64_t d = h.row_len, nu = h.n_unique * d;
-  const uint64_t rec = h.pos_bytes + sizeof(raw_t);
-  uint64_t prev = 0;
-  for (uint64_t k = 0; k < h.n_outliers; ++k) {
-    uint64_t pos = 0;
-    uint32_t raw = 0;
-    memcpy(&pos, h.outliers + rec * k, h.pos_bytes);  // little-endian: the low bytes
-    memcpy(&raw, h.outliers + rec * k + h.pos_bytes, sizeof(raw_t));
-    if (pos >= nu || (k > 0 && pos <= prev) || (sizeof(raw_t) == 2 && raw > 0xffffu))
-      throw FrameError("frame is corrupted: outlier " + std::to_string(k) + " at position " +
-                       std::to_string(pos) + " is out of order or out of range (" +
-                       std::to_string(nu) + " elements)");
-    u[dest ? (uint64_t)dest[pos / d] * d + pos % d : pos] = (raw_t)raw;
-    prev = pos;
-  }
-}
-
-// The segment's row map (n_rows entries, unique row of each row) into map, not yet checked
-// against n_unique and first-occurrence order. FrameError for a malformed section.
-void read_map(const SegmentView& h, uint32_t* map, int threads) {
-  if (h.map_buckets) {
-    map_buckets_decode(h.map, h.map_bytes, h.n_rows, map, threads);
-  } else if (h.map_rans) {
-    rans_decode(h.map, h.map_bytes, h.n_rows, map, threads);
-    uint64_t seen = 0;  // symbols back to entries (rans_map_encode); checked by the caller
-    for (uint64_t r = 0; r < h.n_rows; ++r) {
-      const uint32_t v = map[r];
-      map[r] = v == 0 ? (uint32_t)seen++ : v - 1;
-      if (seen > h.n_unique) break;  // the caller's check names it
-    }
-  } else {
-    unpack_blocks(h.map, h.map_bytes, h.n_rows, 32, map, "row map", threads);
-  }
-}
-
-// The plan of decode_in_place: where each unique row goes and which rows repeat which.
-struct InPlacePlan {
-  Buffer<uint32_t> mem;  // one scratch block for the three arrays below (one pool call a segment)
-  uint32_t* dest;        // unique row u is decoded into row dest[u] (its first occurrence)
-  uint32_t* rep_row;     // the repeats, rep_row[i] a copy of row rep_src[i] (count of them)
-  uint32_t* rep_src;
-  uint64_t count = 0;
-};
-
-// Reads and checks a deduplicated segment's row map into a plan. False, with nothing thrown,
-// when the section or the map is malformed: decode then reports it as it always has (after any
-// error of the code section or the outliers, which come first in the segment).
-bool plan_in_place(const SegmentView& h, int threads, InPlacePlan* p) {
-  const uint64_t rows = h.n_rows, nu = h.n_unique;
-  p->mem = Buffer<uint32_t>(2 * rows + nu + 1);
-  p->rep_src = p->mem.data();
-  p->rep_row = p->rep_src + rows;
-  p->dest = p->rep_row + rows;
-  uint32_t* map = p->rep_src;  // read in place: repeat k is written at k <= r, after map[r] is read
-  try {
-    read_map(h, map, threads);
-  } catch (const FrameError&) {
-    return false;
-  }
-  uint32_t* dest = p->dest;
-  uint64_t next = 0, k = 0;
-  // Branch-free but for the (never taken) exit: whether a row is new is random. dest[next] is
-  // written on every row and ends as the row where next is first used; dest has nu + 1 entries.
-  for (uint64_t r = 0; r < rows; ++r) {
-    const uint32_t m = map[r];
-    if (m > next || m >= nu) return false;
-    const bool fresh = m == next;
-    dest[next] = (uint32_t)r;
-    map[k] = dest[m];
-    p->rep_row[k] = (uint32_t)r;
-    k += !fresh;
-    next += fresh;
-  }
-  p->count = k;
-  return next == nu;
-}
-
-// A deduplicated level-1 segment decoded in two passes over its rows in place: each unique row
-// straight into its first occurrence, then the repeats copied from there. No array of the
-// unique rows is written and read back, and every byte of out is written once. Returns false,
-// having written nothing, when the map is malformed (see plan_in_place).
-template <int DT>
-bool decode_in_place(const SegmentView& h, void* out_v, int threads, bool stream) {
-  typedef typename Elem<DT>::raw_t raw_t;
-  InPlacePlan p;
-  if (!plan_in_place(h, threads, &p)) return false;
-  raw_t* out = static_cast<raw_t*>(out_v);
-  const uint64_t d = h.row_len, nu = h.n_unique * d;
-  struct Dequantize {
-    raw_t* out;
-    const uint32_t* dest;
-    double step;
-    uint64_t d;
-    static void run(void* ctx, uint64_t first, const uint32_t* z, uint64_t count) {
-      const Dequantize& q = *static_cast<const Dequantize*>(ctx);
-      cpu::dequantize_to_rows(DT, z, count, q.step, first, q.d, q.dest, q.out);
-    }
-  } deq{out, p.dest, 2.0 * h.eb_abs, d};
-  const ChunkSink sink{&Dequantize::run, &deq};
-  if (h.radix_k)
-    radix_unpack_to(h.code + h.radix_head, h.code_bytes - h.radix_head, nu, h.radix_k,
-                    h.radix_g, "code section", threads, sink);
-  else if (h.short_blocks)
-    short_unpack_to(h.code, h.code_bytes, nu, "code section", threads, sink);
-  else
-    unpack_blocks_to(h.code, h.code_bytes, nu, 32, "code section", threads, sink);
-  put_outliers<DT>(h, out, p.dest);
-  const uint64_t row_bytes = d * sizeof(raw_t);
-  const int nt = p.count * d > 65536 ? threads : 1;
-#pragma omp parallel num_threads(nt)
-  {
-    uint64_t a, b;
-    split_range(p.count, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
-    cpu::fill_repeats(reinterpret_cast<uint8_t*>(out), p.rep_row + a, p.rep_src + a, b - a,
-                      row_bytes, stream);
-  }
-  return true;
-}
-
 template <int DT>
 void decode(const SegmentView& h, void* out_v, int threads, bool stream) {
   typedef typename Elem<DT>::raw_t raw_t;
-  if (!h.identity && h.level == 1 && !h.lossless && !h.dithered && h.row_len > 0 &&
-      decode_in_place<DT>(h, out_v, threads, stream))
-    return;
   raw_t* out = static_cast<raw_t*>(out_v);
   const uint64_t d = h.row_len;
   const uint64_t nu = h.n_unique * d;
   const bool identity = h.identity;
   const bool lossless = h.lossless;
+  const uint8_t* map_p = h.map;
   const uint8_t* code_p = h.code;
+  const uint8_t* out_p = h.outliers;
 
   Buffer<raw_t> uniq(identity ? 0 : nu);
   raw_t* u = identity ? out : uniq.data();
@@ -225,11 +98,36 @@ void decode(const SegmentView& h, void* out_v, int threads, bool stream) {
     }
   }
 
-  put_outliers<DT>(h, u, nullptr);
+  uint64_t prev = 0;
+  const uint64_t rec = h.pos_bytes + sizeof(raw_t);
+  for (uint64_t k = 0; k < h.n_outliers; ++k) {
+    uint64_t pos = 0;
+    uint32_t raw = 0;
+    memcpy(&pos, out_p + rec * k, h.pos_bytes);  // little-endian: the low bytes
+    memcpy(&raw, out_p + rec * k + h.pos_bytes, sizeof(raw_t));
+    if (pos >= nu || (k > 0 && pos <= prev) || (sizeof(raw_t) == 2 && raw > 0xffffu))
+      throw FrameError("frame is corrupted: outlier " + std::to_string(k) + " at position " +
+                       std::to_string(pos) + " is out of order or out of range (" +
+                       std::to_string(nu) + " elements)");
+    u[pos] = (raw_t)raw;
+    prev = pos;
+  }
 
   if (identity) return;
   Buffer<uint32_t> map(h.n_rows);
-  read_map(h, map.data(), threads);
+  if (h.map_buckets) {
+    map_buckets_decode(map_p, h.map_bytes, h.n_rows, map.data(), threads);
+  } else if (h.map_rans) {
+    rans_decode(map_p, h.map_bytes, h.n_rows, map.data(), threads);
+    uint64_t seen = 0;  // symbols back to entries (rans_map_encode); checked below
+    for (uint64_t r = 0; r < h.n_rows; ++r) {
+      const uint32_t v = map[r];
+      map[r] = v == 0 ? (uint32_t)seen++ : v - 1;
+      if (seen > h.n_unique) break;  // the check below names it
+    }
+  } else {
+    unpack_blocks(map_p, h.map_bytes, h.n_rows, 32, map.data(), "row map", threads);
+  }
   uint64_t next = 0;
   for (uint64_t r = 0; r < h.n_rows; ++r) {
     if (map[r] > next || map[r] >= h.n_unique)

@@ -624,76 +624,6 @@ HL_AVX512 void stream_copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
 
 constexpr uint64_t kExpandAhead = 8;
 
-// fill_repeats' prefetch: the source of repeat i + kExpandAhead (a random read, unless a hot
-// row) and its destination (for writing: the repeats are scattered over the output, and the
-// hardware prefetcher does not follow them), their first 1 KiB as for expand_rows.
-HL_INLINE void prefetch_repeat(const uint8_t* out, const uint32_t* row, const uint32_t* src,
-                               uint64_t i, uint64_t count, uint64_t row_bytes) {
-  if (i + kExpandAhead >= count) return;
-  const uint8_t* p = out + (uint64_t)src[i + kExpandAhead] * row_bytes;
-  const uint8_t* w = out + (uint64_t)row[i + kExpandAhead] * row_bytes;
-  const uint64_t ahead = row_bytes < 1024 ? row_bytes : 1024;
-  for (uint64_t off = 0; off < ahead; off += 64) {
-    __builtin_prefetch(p + off);
-    __builtin_prefetch(w + off, 1);
-  }
-}
-
-#ifdef HL_HAVE_AVX2_PATH
-// fill_repeats in 32-byte vectors. B: a row size known at compile time (dim 32 and 128 float32
-// rows, 128 and 512 bytes), so each copy is a few moves and no call of memcpy; 0: any multiple
-// of 32 bytes.
-template <uint64_t B>
-__attribute__((target("avx2"))) void copy_repeats_avx2(uint8_t* out, const uint32_t* row,
-                                                       const uint32_t* src, uint64_t count,
-                                                       uint64_t row_bytes) {
-  const uint64_t n = B ? B : row_bytes;
-  for (uint64_t i = 0; i < count; ++i) {
-    prefetch_repeat(out, row, src, i, count, row_bytes);
-    uint8_t* d = out + (uint64_t)row[i] * row_bytes;
-    const uint8_t* s = out + (uint64_t)src[i] * row_bytes;
-    for (uint64_t k = 0; k < n; k += 32)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + k),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + k)));
-  }
-}
-
-HL_AVX512 void copy_repeats_stream(uint8_t* out, const uint32_t* row, const uint32_t* src,
-                                   uint64_t count, uint64_t row_bytes) {
-  for (uint64_t i = 0; i < count; ++i) {
-    prefetch_repeat(out, row, src, i, count, row_bytes);
-    stream_copy(out + (uint64_t)row[i] * row_bytes, out + (uint64_t)src[i] * row_bytes,
-                row_bytes);
-  }
-  _mm_sfence();  // streaming stores are weakly ordered: finish them before anyone reads out
-}
-#endif
-
-// Rows dequantize_to_rows fetches for writing ahead of the one it writes: the rows are first
-// occurrences, scattered over the output (not in any cache), and the hardware prefetcher does
-// not follow them.
-constexpr uint64_t kRowsAhead = 4;
-
-// Calls piece(k, at, len) for the runs of n consecutive unique-row elements from element first
-// on that lie in one row each: element first + k is element at of out (unique row u at row
-// dest[u] of row_len elements, elem bytes each), the rows kRowsAhead ahead prefetched (their
-// first 1 KiB, as for expand_rows).
-template <typename Piece>
-HL_INLINE void by_rows(uint64_t n, uint64_t first, uint64_t row_len, const uint32_t* dest,
-                       uint8_t* out, uint64_t elem, Piece piece) {
-  uint64_t u = first / row_len, off = first % row_len;
-  const uint64_t last = (first + n - 1) / row_len, row_bytes = row_len * elem;
-  const uint64_t ahead = row_bytes < 1024 ? row_bytes : 1024;
-  for (uint64_t k = 0; k < n; ++u, off = 0) {
-    if (u + kRowsAhead <= last)
-      for (uint64_t b = 0; b < ahead; b += 64)
-        __builtin_prefetch(out + (uint64_t)dest[u + kRowsAhead] * row_bytes + b, 1);
-    const uint64_t len = row_len - off < n - k ? row_len - off : n - k;
-    piece(k, (uint64_t)dest[u] * row_len + off, len);
-    k += len;
-  }
-}
-
 }  // namespace
 
 void expand_rows(uint8_t* out, const uint8_t* uniq, const uint32_t* map, uint64_t rows,
@@ -717,61 +647,6 @@ void expand_rows(uint8_t* out, const uint8_t* uniq, const uint32_t* map, uint64_
       for (uint64_t off = 0; off < ahead; off += 64)
         __builtin_prefetch(uniq + (uint64_t)map[r + kExpandAhead] * row_bytes + off);
     memcpy(out + r * row_bytes, uniq + (uint64_t)map[r] * row_bytes, row_bytes);
-  }
-}
-
-#ifdef HL_HAVE_AVX2_PATH
-namespace {
-
-// dequantize_to_rows of float32 rows of a multiple of 8 elements on AVX2: by_rows with
-// dequantize_f32_avx2's 8-lane step written in, since a call per row (two with its tail) cost
-// as much as a dim-32 row's arithmetic. (A lambda would not inherit this function's target.)
-__attribute__((target("avx2"))) void dequantize_rows_f32_avx2(const uint32_t* z, uint64_t n,
-                                                              double step, uint64_t first,
-                                                              uint64_t row_len,
-                                                              const uint32_t* dest, float* out) {
-  const __m256d st = _mm256_set1_pd(step);
-  const __m256i one = _mm256_set1_epi32(1);
-  uint64_t u = first / row_len, off = first % row_len;
-  const uint64_t last = (first + n - 1) / row_len, row_bytes = row_len * 4;
-  const uint64_t ahead = row_bytes < 1024 ? row_bytes : 1024;
-  for (uint64_t k = 0; k < n; ++u, off = 0) {
-    if (u + kRowsAhead <= last)
-      for (uint64_t b = 0; b < ahead; b += 64)
-        __builtin_prefetch(reinterpret_cast<uint8_t*>(out + (uint64_t)dest[u + kRowsAhead] * row_len) + b, 1);
-    const uint64_t len = row_len - off < n - k ? row_len - off : n - k;
-    float* o = out + (uint64_t)dest[u] * row_len + off;
-    uint64_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + k + i));
-      const __m256i q = _mm256_xor_si256(
-          _mm256_srli_epi32(c, 1), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(c, one)));
-      const __m128 a = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(q)), st));
-      const __m128 b = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(q, 1)), st));
-      _mm256_storeu_ps(o + i, _mm256_set_m128(b, a));
-    }
-    if (i < len) dequantize_impl<HL_FLOAT32>(z + k + i, len - i, step, o + i);  // a chunk's cut
-    k += len;
-  }
-}
-
-}  // namespace
-#endif
-
-HL_CLONES void fill_repeats(uint8_t* out, const uint32_t* row, const uint32_t* src,
-                            uint64_t count, uint64_t row_bytes, bool stream) {
-#ifdef HL_HAVE_AVX2_PATH
-  if (stream && cpu_has_avx512() && row_bytes % 64 == 0 && (uintptr_t)out % 64 == 0)
-    return copy_repeats_stream(out, row, src, count, row_bytes);
-  if (cpu_has_avx2() && row_bytes == 128) return copy_repeats_avx2<128>(out, row, src, count, 128);
-  if (cpu_has_avx2() && row_bytes == 512) return copy_repeats_avx2<512>(out, row, src, count, 512);
-  if (cpu_has_avx2() && row_bytes % 32 == 0)
-    return copy_repeats_avx2<0>(out, row, src, count, row_bytes);
-#endif
-  (void)stream;
-  for (uint64_t i = 0; i < count; ++i) {
-    prefetch_repeat(out, row, src, i, count, row_bytes);
-    memcpy(out + (uint64_t)row[i] * row_bytes, out + (uint64_t)src[i] * row_bytes, row_bytes);
   }
 }
 
@@ -882,41 +757,6 @@ HL_CLONES void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double s
     return dequantize_f32_avx2(z, n, step, static_cast<float*>(out));
 #endif
 #define CALL(DT) dequantize_impl<DT>(z, n, step, out)
-  HL_DISPATCH(dtype, CALL)
-#undef CALL
-}
-
-HL_CLONES void dequantize_to_rows(uint8_t dtype, const uint32_t* z, uint64_t n, double step,
-                                  uint64_t first, uint64_t row_len, const uint32_t* dest,
-                                  void* out) {
-  uint8_t* o = static_cast<uint8_t*>(out);
-#ifdef HL_HAVE_AVX2_PATH
-  float* f = static_cast<float*>(out);
-  uint16_t* h = static_cast<uint16_t*>(out);
-  if (dtype == HL_FLOAT32 && cpu_has_avx512())
-    return by_rows(n, first, row_len, dest, o, 4, [&](uint64_t k, uint64_t at, uint64_t len) {
-      dequantize_f32_avx512(z + k, len, step, f + at);
-    });
-  if (dtype == HL_FLOAT16 && cpu_has_avx512())
-    return by_rows(n, first, row_len, dest, o, 2, [&](uint64_t k, uint64_t at, uint64_t len) {
-      dequantize_half_avx512<HL_FLOAT16>(z + k, len, step, 0, 0, false, h + at);
-    });
-  if (dtype == HL_BFLOAT16 && cpu_has_avx512())
-    return by_rows(n, first, row_len, dest, o, 2, [&](uint64_t k, uint64_t at, uint64_t len) {
-      dequantize_half_avx512<HL_BFLOAT16>(z + k, len, step, 0, 0, false, h + at);
-    });
-  if (dtype == HL_FLOAT32 && cpu_has_avx2() && row_len % 8 == 0)
-    return dequantize_rows_f32_avx2(z, n, step, first, row_len, dest, f);
-  if (dtype == HL_FLOAT32 && cpu_has_avx2())
-    return by_rows(n, first, row_len, dest, o, 4, [&](uint64_t k, uint64_t at, uint64_t len) {
-      dequantize_f32_avx2(z + k, len, step, f + at);
-    });
-#endif
-#define CALL(DT)                                                                            \
-  by_rows(n, first, row_len, dest, o, sizeof(Elem<DT>::raw_t),                              \
-          [&](uint64_t k, uint64_t at, uint64_t len) {                                      \
-            dequantize_impl<DT>(z + k, len, step, static_cast<Elem<DT>::raw_t*>(out) + at); \
-          })
   HL_DISPATCH(dtype, CALL)
 #undef CALL
 }

@@ -45,21 +45,6 @@ void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double step, void*
 void dequantize_dithered(uint8_t dtype, const uint32_t* z, uint64_t n, double step, uint32_t seed,
                          uint64_t first, void* out);
 
-// Decoder of a deduplicated segment whose unique rows are decoded straight into their first
-// occurrences: n codes, elements first, first + 1, ... of the unique rows (row_len elements
-// each) to elements of dtype, unique row u going to row dest[u] of out. The same values as
-// dequantize (element by element), so no array of the unique rows is written and read back.
-void dequantize_to_rows(uint8_t dtype, const uint32_t* z, uint64_t n, double step, uint64_t first,
-                        uint64_t row_len, const uint32_t* dest, void* out);
-
-// The pass after dequantize_to_rows: count rows of out (row_bytes each) that repeat an
-// earlier row become copies of it in place, row row[i] a copy of row src[i]. A list of the
-// repeats rather than a test per row: which rows repeat is random, and a mispredicted branch a
-// row costs as much as the copy. Source rows are prefetched a few ahead; stream as for
-// expand_rows.
-void fill_repeats(uint8_t* out, const uint32_t* row, const uint32_t* src, uint64_t count,
-                  uint64_t row_bytes, bool stream);
-
 // Row r of out (rows rows of row_bytes) is row map[r] of uniq: the decoder's expansion of
 // duplicate rows. The source rows are prefetched a few rows ahead (they are random reads);
 // stream: write with non-temporal stores where the rows allow it (the output will not fit in
