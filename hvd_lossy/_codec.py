@@ -350,8 +350,8 @@ def _host_header(frame):
 
 # Reuse's native passes (native/cpu/reuse.h): hvd_lossy.reuse calls them with the addresses
 # of CPU tensors it has checked.
-reuse_encode, reuse_store, reuse_apply, reuse_slot, reuse_advise_huge = (
-    _C.reuse_encode, _C.reuse_store, _C.reuse_apply, _C.reuse_slot, _C.reuse_advise_huge)
+reuse_encode, reuse_store, reuse_apply, reuse_slot = (
+    _C.reuse_encode, _C.reuse_store, _C.reuse_apply, _C.reuse_slot)
 
 
 def segments_lossless(buffer, frames):

@@ -92,10 +92,7 @@ class DirectMappedCache:
         self.capacity = int(capacity)
         self.tags = torch.zeros(capacity, dtype=torch.int64)
         self.valid = torch.zeros(capacity, dtype=torch.bool)
-        # Huge pages where the system gives them: every lookup is a random read (reuse.h).
-        self.rows = torch.empty(capacity, row_len, dtype=dtype)
-        _codec.reuse_advise_huge(self.rows.data_ptr(), self.rows.numel() * self.rows.element_size())
-        self.rows.zero_()
+        self.rows = torch.zeros(capacity, row_len, dtype=dtype)
 
     def nbytes(self):
         return sum(t.numel() * t.element_size() for t in (self.tags, self.valid, self.rows))

@@ -549,12 +549,6 @@ PYBIND11_MODULE(_C, m) {
         "The receiver's reuse pass: decoded residuals in rows become P + R^ where the group "
         "predicts and the cache holds the id, then replace what the caches hold.");
 
-  m.def("reuse_advise_huge",
-        [](uintptr_t p, uint64_t bytes) { return hl::reuse::advise_huge(ptr<void>(p), bytes); },
-        py::arg("address"), py::arg("bytes"),
-        "Asks the kernel for huge pages under [address, address + bytes) before it is first "
-        "touched (native/cpu/reuse.h advise_huge); returns whether it could.");
-
   m.def("reuse_slot", &hl::reuse::slot_of, py::arg("id"), py::arg("capacity"),
         "The cache slot of an id (native/cpu/reuse.h slot_of).");
 

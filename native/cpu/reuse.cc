@@ -5,7 +5,6 @@
 #include <float.h>
 #include <math.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include <string>
 
@@ -323,19 +322,6 @@ void check_dtype(uint8_t dtype) {
 }
 
 }  // namespace
-
-bool advise_huge(void* p, uint64_t bytes) {
-#ifdef MADV_HUGEPAGE
-  const uintptr_t huge = 2u << 20;
-  const uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1);
-  const uintptr_t b = ((uintptr_t)p + bytes) & ~(huge - 1);
-  return b > a && madvise((void*)a, b - a, MADV_HUGEPAGE) == 0;
-#else
-  (void)p;
-  (void)bytes;
-  return false;
-#endif
-}
 
 uint64_t slot_of(int64_t id, uint64_t capacity) {
   // int64 arithmetic as torch does it: the product wraps, >> is arithmetic, remainder >= 0.

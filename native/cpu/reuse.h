@@ -43,11 +43,6 @@ struct Piece {
 // hvd_lossy.reuse.DirectMappedCache.slots computes it in int64.
 uint64_t slot_of(int64_t id, uint64_t capacity);
 
-// Cache rows are random reads: in 4 KiB pages nearly every one also misses the TLB. Asks for
-// transparent huge pages on the whole 2 MiB pages of [p, p + bytes) (call it before the memory
-// is first touched); false where the system does not give them.
-bool advise_huge(void* p, uint64_t bytes);
-
 // What encode learnt, a piece (eb: X's absolute bound as the frame stores it; code_eb: the bound
 // R is coded at; references / residuals: predicted rows decoded to the held row itself / to a
 // corrected one) and a group (predicted: whether its frame codes residuals).
