@@ -348,6 +348,18 @@ def _host_header(frame):
     return _C.frame_info(host.data_ptr(), frame.numel())
 
 
+# Reuse's native passes (native/cpu/reuse.h): hvd_lossy.reuse calls them with the addresses
+# of CPU tensors it has checked.
+reuse_encode, reuse_store, reuse_apply, reuse_slot = (
+    _C.reuse_encode, _C.reuse_store, _C.reuse_apply, _C.reuse_slot)
+
+
+def segments_lossless(buffer, frames):
+    """Whether each segment of each (offset, bytes) frame of a uint8 CPU buffer is lossless,
+    one flat list in frame order."""
+    return [f for segs in _C.segments_lossless(buffer.data_ptr(), frames) for f in segs]
+
+
 def frame_info(frame):
     """Describes a frame without decoding it.
 

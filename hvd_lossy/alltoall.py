@@ -146,32 +146,18 @@ class Alltoall(LossyCall):
                                         "of the rows each rank sends here): the receiver "
                                         "predicts from its cache by them")
         r = self.reusing = reuse_exchange.Reusing(self, keys, self.recv_ids)
-        plan = [(d, rows, eb) for (d, rows, _e), eb in zip(self.plan, r.code_bounds)]
 
-        def code(residual):
+        def code(residual, plan):
             parts = [(range(self.me + 1), residual[:lo], keys[:lo]),
                      (range(self.me + 1, self.size), residual[hi:], keys[hi:])]
             send, sizes = self._pack_frames(parts, None, mode="abs", plan=plan,
                                             block=r.block())
-            return (send, sizes), self._decoded_residuals(send, residual)
+            return send, sizes, self.send_splits.tolist()
 
         send, sizes = r.encode(code)
         counts = self.send_splits.tolist()
         r.after_send(send, chunk_header.offsets_of(counts), counts)
         return send, sizes
-
-    def _decoded_residuals(self, send, like):
-        """What the peers will decode from this call's frames, rows of the own chunk zero."""
-        counts = self.send_splits.tolist()
-        offsets = chunk_header.offsets_of(counts)
-        out = torch.zeros_like(like)
-        starts = [sum(self.rows_to[:d]) for d in range(self.size + 1)]
-        for sources in (range(self.me), range(self.me + 1, self.size)):
-            if sources:
-                decode_chunks(send, [(offsets[d], counts[d], self.rows_to[d]) for d in sources],
-                              out[starts[sources[0]]:starts[sources[-1] + 1]],
-                              [self.grank] * len(sources))
-        return out
 
     def _pack_frames(self, parts, seed, mode=None, plan=None, block=None):
         """One frame a destination straight into the send buffer, each carrying the protocol

@@ -7,19 +7,26 @@ codec at the ABSOLUTE bound X itself would get; the receiver decodes R^ and form
 A held row within the bound codes to all-zero codes (the codec's dedup folds them into one row:
 a reference); a drifted row codes to small codes (a residual); a new row is coded fresh.
 
-Why the bound stays strict: the sender reconstructs X^ exactly as the receiver does (it decodes
-its own frame and adds P with the one function both sides use, `reconstruct`) and re-sends fresh
-(P = 0) every predicted row with an element outside the bound, so float rounding in P + R^ can
-never push a row out. Fresh rows are the codec's own rows, bounded as today.
+The per-row work is one native pass over all of a call's pieces (native/cpu/reuse.h): the
+sender's `_codec.reuse_encode` predicts, subtracts, quantizes and dequantizes R with the codec's own
+kernels (so R^ is bit for bit what the receiver decodes, without decoding the frame), forms X^
+with the function the receiver's `_codec.reuse_apply` uses, and checks every element of a predicted
+row against X in the same sweep.
+
+Why the bound stays strict: a peer with a predicted row whose X^ would miss the bound is coded
+fresh (P = 0) instead, so float rounding in P + R^ can never push a row out; fresh rows are the
+codec's own rows, bounded as today. The frames are the codec's: a segment it stores losslessly
+(R^ = R) is read back from the frame header and the pass rerun for it (encode_with_prediction).
 
 Why mirror and cache stay identical: whatever is decoded replaces the held copy on both sides,
-with one deterministic replacement rule (`DirectMappedCache.store`), and each side chains a
-digest over the CRCs of the frames it applied (`PeerCaches.chain`); the transport compares the
-digests in every call (hvd_lossy.alltoall), so divergence is detected, never decoded.
+with one deterministic replacement rule (the last row of a call on a slot wins), and each side
+chains a digest over the CRCs of the frames it applied (`PeerCaches.chain`); the transport
+compares the digests in every call (hvd_lossy.alltoall), so divergence is detected, never
+decoded.
 
 The pieces here know no transport: `ReuseEncoder` / `ReuseDecoder` are the codec-level pair for
 one peer (what tests and benchmarks drive); hvd_lossy.alltoall uses the same pieces for every
-destination of one call.
+destination of one call. Reuse works on CPU tensors (its caches are host memory).
 """
 import struct
 import zlib
@@ -31,8 +38,6 @@ from hvd_lossy import _codec, _decode
 
 DEFAULT_MEMORY_BYTES = 256 << 20
 _TAG_BYTES = 9  # a cache slot's int64 tag and its valid flag
-# An odd 64-bit multiplier (2^64 / golden ratio, as int64): spreads consecutive ids over slots.
-_HASH_MULTIPLIER = -7046029254386353131
 
 
 def stored_bound(eb):
@@ -71,67 +76,34 @@ def capacity_for(memory_bytes, peers, segments, row_len, dtype):
     return max(1, int(memory_bytes) // (2 * max(peers, 1) * max(segments, 1) * per_row))
 
 
-def reconstruct(prediction, hit, decoded):
-    """X^ of every row: P + R^ where the row was predicted, R^ itself where it was coded fresh.
-    The sender and the receiver both call this, so X^ is the same bits on both."""
-    return torch.where(hit.unsqueeze(1), prediction + decoded, decoded)
-
-
-def rows_within(x_hat, x, eb_rows):
-    """Per row: whether every element of x_hat is within its row's bound of x (float64, as the
-    codec checks; NaN and Inf never pass, so such rows go fresh, where the codec keeps them)."""
-    err = (x_hat.double() - x.double()).abs()
-    return (err <= eb_rows.to(err.device, torch.float64).unsqueeze(1)).all(1)
-
-
 def frame_crc(frame):
     """The CRC32C a frame carries at bytes [3, 7) (frame.h): it covers the whole frame."""
     return int.from_bytes(bytes(frame[3:7].cpu().tolist()), "little")
 
 
 class DirectMappedCache:
-    """Decoded rows of one (peer, segment) by id: slot = hash(id) mod capacity, a tag array of
-    ids and a [capacity, row_len] row array. Fixed memory whatever the ids."""
+    """Decoded rows of one (peer, segment) by id: slot = hash(id) mod capacity (native
+    reuse.h slot_of), a tag array of ids and a [capacity, row_len] row array, host memory the
+    native passes read and write. Fixed memory whatever the ids."""
 
-    def __init__(self, capacity, row_len, dtype, device):
+    def __init__(self, capacity, row_len, dtype):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1 slot, got {capacity}")
         self.capacity = int(capacity)
-        self.tags = torch.zeros(capacity, dtype=torch.int64, device=device)
-        self.valid = torch.zeros(capacity, dtype=torch.bool, device=device)
-        self.rows = torch.zeros(capacity, row_len, dtype=dtype, device=device)
+        self.tags = torch.zeros(capacity, dtype=torch.int64)
+        self.valid = torch.zeros(capacity, dtype=torch.bool)
+        self.rows = torch.zeros(capacity, row_len, dtype=dtype)
 
     def nbytes(self):
         return sum(t.numel() * t.element_size() for t in (self.tags, self.valid, self.rows))
 
-    def slots(self, ids):
-        h = ids * _HASH_MULTIPLIER  # wraps mod 2^64 alike on every device
-        h = h ^ (h >> 29)
-        return torch.remainder(h, self.capacity)
+    def slot(self, id_):
+        return _codec.reuse_slot(int(id_), self.capacity)
 
-    def predict(self, ids):
-        """(P, hit): the held row of each id (zeros where not held) and whether it was held."""
-        slots = self.slots(ids)
-        held = self.rows[slots]
-        # A held row with NaN or Inf predicts nothing: X - Inf and Inf + R^ lose X.
-        hit = self.valid[slots] & (self.tags[slots] == ids) & torch.isfinite(held).all(1)
-        prediction = torch.where(hit.unsqueeze(1), held, 0)
-        return prediction, hit
-
-    def store(self, ids, rows):
-        """The decoded rows replace the held ones. Rows of one call that share a slot (equal
-        ids, or a collision) resolve by one rule, the last such row wins, found with
-        scatter_reduce first: index_put_ with repeated indices leaves the winner unspecified."""
-        if ids.numel() == 0:
-            return
-        slots = self.slots(ids)
-        uniq, inverse = torch.unique(slots, return_inverse=True)
-        order = torch.arange(ids.numel(), device=ids.device)
-        last = torch.full((uniq.numel(),), -1, dtype=torch.int64, device=ids.device)
-        last = last.scatter_reduce(0, inverse, order, "amax")
-        self.tags[uniq] = ids[last]
-        self.valid[uniq] = True
-        self.rows[uniq] = rows[last].to(self.rows.dtype)
+    def arg(self):
+        """The cache as the native passes take it."""
+        return (self.tags.data_ptr(), self.valid.data_ptr(), self.rows.data_ptr(),
+                self.capacity)
 
 
 class PeerCaches:
@@ -147,12 +119,12 @@ class PeerCaches:
         self.geometry = None
         self.digest = 0
 
-    def _ensure(self, segments, row_len, dtype, device):
+    def ensure(self, segments, row_len, dtype):
+        """The caches of a call with `segments` segments of rows of row_len `dtype` elements."""
         geometry = (segments, row_len, str(dtype))
         if self.caches is None:
             capacity = self._capacity_of(segments)
-            self.caches = [DirectMappedCache(capacity, row_len, dtype, device)
-                           for _ in range(segments)]
+            self.caches = [DirectMappedCache(capacity, row_len, dtype) for _ in range(segments)]
             self.geometry = geometry
             # folded in, not restarted: frames of no rows may have been chained before
             self.digest = zlib.crc32(repr((capacity,) + geometry).encode(), self.digest)
@@ -160,24 +132,37 @@ class PeerCaches:
             raise ValueError(f"reuse caches were made for (segments, row_len, dtype) = "
                              f"{self.geometry}, this call has {geometry}; use another name "
                              f"or compressor for a second call site")
+        return self.caches
 
     def nbytes(self):
         return sum(c.nbytes() for c in self.caches or ())
 
-    def predict(self, x, ids, seg_rows):
-        """(P, hit) of the rows of x (segments of seg_rows rows back to back)."""
-        self._ensure(len(seg_rows), x.shape[1], x.dtype, x.device)
-        parts = [c.predict(i) for c, i in zip(self.caches, ids.split(seg_rows))]
-        if not parts:
-            return torch.zeros_like(x), torch.zeros(0, dtype=torch.bool, device=x.device)
-        return torch.cat([p for p, _ in parts]), torch.cat([h for _, h in parts])
-
-    def store(self, ids, rows, seg_rows):
-        for c, i, r in zip(self.caches or (), ids.split(seg_rows), rows.split(seg_rows)):
-            c.store(i, r)
-
     def chain(self, crc):
         self.digest = zlib.crc32(struct.pack("<I", crc), self.digest)
+
+
+class Pieces:
+    """A call's pieces as the native passes take them: for each group (peer) with rows, its
+    segments' row ranges of the call's tensor, each with its peer's cache of that segment."""
+
+    def __init__(self):
+        self.pieces, self.caches = [], []
+
+    def add_group(self, group, start, seg_rows, eb_params, caches):
+        for rows, eb, cache in zip(seg_rows, eb_params, caches):
+            self.pieces.append([start, rows, group, len(self.caches), float(eb), False])
+            self.caches.append(cache.arg())
+            start += rows
+
+    def set_lossless(self, flags):
+        changed = False
+        for p, flag in zip(self.pieces, flags):
+            changed |= p[5] != flag
+            p[5] = flag
+        return changed
+
+    def args(self):
+        return [tuple(p) for p in self.pieces]
 
 
 class ReuseState:
@@ -218,56 +203,64 @@ class ReuseState:
                    for peers in (send, recv) for p in peers.values())
 
 
-def segment_bounds(x, seg_rows, error_bounds, mode):
-    """(absolute bound a segment, the same repeated a row) for segments of seg_rows rows."""
-    ebs = [absolute_bound(part, eb, mode) for part, eb in zip(x.split(seg_rows), error_bounds)]
-    return ebs, _per_row(ebs, seg_rows)
+class Encoded:
+    """What the sender's pass made of a call: X^ of every piece's rows (as the peers will
+    decode them), whether each group's frame predicts, and each piece's references and
+    residuals (predicted rows decoded to the held row itself, and to a corrected one)."""
+
+    def __init__(self, x_hat, predicted, references, residuals):
+        self.x_hat, self.predicted = x_hat, predicted
+        self.references, self.residuals = references, residuals
 
 
-def _per_row(values, seg_rows):
-    return torch.repeat_interleave(torch.tensor(values, dtype=torch.float64),
-                                   torch.tensor(seg_rows, dtype=torch.int64))
-
-
-def residual_bounds(x, prediction, seg_rows, ebs):
-    """The bound each segment's residual is coded at: X's own, less a slack for the two float
-    roundings between X and X^ (X - P, then P + R^), so that a predicted row misses the bound
-    only in pathological cases (which encode_with_prediction then sends fresh). Any bound up to
-    X's is valid: the receiver only decodes."""
-    eps = torch.finfo(x.dtype).eps
-    out = []
-    for xs, ps, eb in zip(x.split(seg_rows), prediction.split(seg_rows), ebs):
-        scale = max(_finite_abs_max(xs), _finite_abs_max(ps))
-        tighter = eb - 4 * eps * scale
-        out.append(stored_bound(tighter) if tighter > 0 else eb)
-    return out
-
-
-def _finite_abs_max(t):
-    finite = t[torch.isfinite(t)]
-    return float(finite.abs().max()) if finite.numel() else 0.0
-
-
-def encode_with_prediction(x, prediction, hit, eb_rows, groups, code):
-    """Codes x against its prediction: `code(residual, predicted) -> (result, decoded
-    residual)`, where `groups` are the (start, stop) row ranges of the frames and predicted[g]
-    says whether group g's held rows are predicted. A group with a predicted row that would
-    reconstruct outside its bound is re-sent all fresh (the receiver learns it from
-    `predicted`), so every row of X^ is within the bound. Returns (result, X^, predicted)."""
-    predicted = [bool(hit[a:b].any()) for a, b in groups]
+def encode_with_prediction(x, ids, pieces, groups, rel, code):
+    """Codes x (a CPU tensor, one int64 id a row) against its prediction: `code(residual,
+    code_bounds, predicted)` codes the residual rows of the pieces (their absolute bounds in
+    piece order, predicted[g] whether group g's frame predicts) and returns (result, the
+    frames' lossless flags a piece, as the codec chose them). The native pass is rerun with
+    those flags (R^ = R there) and, if it then sends a group fresh, the residual re-coded;
+    groups only ever go from predicted to fresh, so this ends. Returns (result, Encoded); the
+    caches are not changed (store, once the frames are sent)."""
+    residual, x_hat = torch.empty_like(x), torch.empty_like(x)
+    hit = torch.zeros(x.shape[0], dtype=torch.uint8)
+    allow, coded_for, result, flags = [1] * groups, None, None, None
     while True:
-        hit_now = hit.clone()
-        for (a, b), on in zip(groups, predicted):
-            if not on:
-                hit_now[a:b] = False
-        residual = torch.where(hit_now.unsqueeze(1), x - prediction, x)
-        result, decoded = code(residual, predicted)
-        x_hat = reconstruct(prediction, hit_now, decoded)
-        ok = rows_within(x_hat, x, eb_rows) | ~hit_now
-        missed = [on and not bool(ok[a:b].all()) for (a, b), on in zip(groups, predicted)]
-        if not any(missed):
-            return result, x_hat, predicted
-        predicted = [on and not m for on, m in zip(predicted, missed)]
+        _ebs, code_ebs, refs, resids, predicted = _codec.reuse_encode(
+            x.data_ptr(), _codec._dtype_code(x), ids.data_ptr(), x.shape[0], _row_len(x), rel,
+            pieces.args(), pieces.caches, allow, residual.data_ptr(), x_hat.data_ptr(),
+            hit.data_ptr())
+        predicted = [bool(p) for p in predicted]
+        if predicted != coded_for:
+            result, flags = code(residual, code_ebs, predicted)
+            coded_for = predicted
+        if not pieces.set_lossless(flags):
+            return result, Encoded(x_hat, predicted, refs, resids)
+        allow = [int(p) for p in predicted]
+
+
+def store(x_hat, ids, pieces):
+    """The rows the peers decode replace what the sender's mirrors hold."""
+    _codec.reuse_store(x_hat.data_ptr(), _codec._dtype_code(x_hat), ids.data_ptr(), x_hat.shape[0],
+                   _row_len(x_hat), pieces.args(), pieces.caches)
+
+
+def apply_received(rows, ids, pieces, predicted):
+    """The receiver's half: `rows` (CPU, the decoded residuals of every piece) become X^ in
+    place, which then replaces what the caches hold."""
+    _codec.reuse_apply(rows.data_ptr(), _codec._dtype_code(rows), ids.data_ptr(), rows.shape[0],
+                   _row_len(rows), pieces.args(), pieces.caches, [int(p) for p in predicted])
+
+
+def _row_len(x):
+    return x.shape[1] if x.dim() > 1 else 1
+
+
+def checked_ids(ids, rows):
+    ids = ids.detach()
+    if ids.dtype != torch.int64 or ids.dim() != 1 or ids.numel() != rows:
+        raise ValueError(f"ids must be a 1-D int64 tensor of {rows} keys (one a row), got "
+                         f"{ids.dtype} of shape {tuple(ids.shape)}")
+    return ids.to("cpu").contiguous()
 
 
 class ReuseEncoder:
@@ -281,6 +274,8 @@ class ReuseEncoder:
     """
 
     def __init__(self, error_bound, mode="rel", level=1, capacity=1 << 16):
+        if mode not in ("rel", "abs"):
+            raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
         self.error_bound, self.mode, self.level = error_bound, mode, level
         self.peer = PeerCaches(lambda segments: capacity)
         self.last = {}  # what the last call sent: rows, references, residuals, fresh
@@ -290,36 +285,31 @@ class ReuseEncoder:
         return self.peer.digest
 
     def encode(self, x, ids, seg_rows):
-        """(frame, predicted) of x (segments of seg_rows rows, one id a row) for the peer, which
-        decodes it with ReuseDecoder.decode(frame, ids, predicted); the mirror then holds what
-        the peer decodes."""
+        """(frame, predicted) of x (a CPU tensor, segments of seg_rows rows, one id a row) for
+        the peer, which decodes it with ReuseDecoder.decode(frame, ids, predicted); the mirror
+        then holds what the peer decodes."""
         seg_rows = [int(r) for r in seg_rows]
-        ebs, eb_rows = segment_bounds(x, seg_rows, [self.error_bound] * len(seg_rows), self.mode)
-        prediction, hit = self.peer.predict(x, ids, seg_rows)
-        code_ebs = residual_bounds(x, prediction, seg_rows, ebs)
+        x = x.contiguous()
+        ids = checked_ids(ids, x.shape[0])
+        pieces = Pieces()
+        caches = self.peer.ensure(len(seg_rows), _row_len(x), x.dtype)
+        pieces.add_group(0, 0, seg_rows, [self.error_bound] * len(seg_rows), caches)
 
-        def code(residual, _predicted):
-            frame, _ = _codec.compress_chunks(residual.contiguous(), seg_rows, code_ebs,
-                                              mode="abs", level=self.level, ids=ids)
-            return frame, _decode.decompress(frame).reshape(x.shape)
+        def code(residual, code_ebs, _predicted):
+            frame, _ = _codec.compress_chunks(residual, seg_rows, code_ebs, mode="abs",
+                                              level=self.level, ids=ids)
+            return frame, _codec.segments_lossless(frame, [(0, frame.numel())])
 
-        frame, x_hat, (predicted,) = encode_with_prediction(
-            x, prediction, hit, eb_rows, [(0, x.shape[0])], code)
-        self.last = tally(hit if predicted else hit & False, x_hat, prediction)
-        self.peer.store(ids, x_hat, seg_rows)
+        frame, enc = encode_with_prediction(x, ids, pieces, 1, self.mode == "rel", code)
+        refs, resids = sum(enc.references), sum(enc.residuals)
+        self.last = {"rows": x.shape[0], "references": refs, "residuals": resids,
+                     "fresh": x.shape[0] - refs - resids}
+        store(enc.x_hat, ids, pieces)
         self.peer.chain(frame_crc(frame))
-        return frame, predicted
+        return frame, enc.predicted[0]
 
     def nbytes(self):
         return self.peer.nbytes()
-
-
-def tally(hit, x_hat, prediction):
-    """Rows of a call by kind: references (predicted, decoded to the held row itself),
-    residuals (predicted, the held row corrected) and fresh."""
-    refs = int((hit & (x_hat == prediction).all(1)).sum())
-    return {"rows": int(hit.numel()), "references": refs, "residuals": int(hit.sum()) - refs,
-            "fresh": int((~hit).sum())}
 
 
 class ReuseDecoder:
@@ -335,21 +325,16 @@ class ReuseDecoder:
     def decode(self, frame, ids, predicted=True):
         info = _codec.frame_info(frame)
         seg_rows = [s["rows"] for s in info["segments"]]
-        decoded = _decode.decompress(frame).reshape(sum(seg_rows), -1)
-        x_hat = apply_received(self.peer, decoded, ids, seg_rows, predicted)
+        rows = sum(seg_rows)
+        x_hat = _decode.decompress(frame).reshape(rows, -1).contiguous()
+        if rows:
+            ids = checked_ids(ids, rows)
+            pieces = Pieces()
+            caches = self.peer.ensure(len(seg_rows), x_hat.shape[1], x_hat.dtype)
+            pieces.add_group(0, 0, seg_rows, [0.0] * len(seg_rows), caches)
+            apply_received(x_hat, ids, pieces, [predicted])
         self.peer.chain(frame_crc(frame))
         return x_hat
 
     def nbytes(self):
         return self.peer.nbytes()
-
-
-def apply_received(peer, decoded, ids, seg_rows, predicted):
-    """X^ of a received chunk (decoded residuals, segments of seg_rows rows), which then
-    replaces what `peer` holds: the receiver's half of encode_with_prediction."""
-    prediction, hit = peer.predict(decoded, ids, seg_rows)
-    if not predicted:
-        hit = torch.zeros_like(hit)
-    x_hat = reconstruct(prediction, hit, decoded)
-    peer.store(ids, x_hat, seg_rows)
-    return x_hat

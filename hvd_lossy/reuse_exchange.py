@@ -5,9 +5,11 @@ A call reuses when its compressor has `reuse=True` and it is given `ids` (the ke
 sent) and `recv_ids` (the keys of the rows received, one tensor a source: the receiver predicts
 from its cache by them). Per call, on every rank:
 
-  pack     for each destination: P and hit from the mirror, the residual at the bound X gets
-           (hvd_lossy.reuse.encode_with_prediction: every predicted row checked against X^,
-           a destination whose row would miss is re-sent all fresh), the mirror updated;
+  pack     one native pass over every destination's pieces (hvd_lossy.reuse.
+           encode_with_prediction): P from the mirror, the residual at the bound X gets, X^ as
+           the destination will decode it, every predicted row checked against X (a
+           destination whose row would miss is coded all fresh); the frames; the mirrors take
+           X^ (one native store);
   header   the REUSE block of the protocol extension (hvd_lossy.chunk_header): for each peer
            the sender's check value crc32(ids sent there, seed = its mirror's digest), the
            receiver's crc32(recv_ids from there, seed = its cache's digest), and whether the
@@ -19,7 +21,8 @@ from its cache by them). Per call, on every rank:
            checkpoint resume on some ranks only, recv_ids that are not the ids sent, raises
            RankError on EVERY rank, and every rank then resets its caches (Alltoall._finish),
            so the next call starts fresh on both ends of every pair;
-  decode   for each source: X^ = P + R^ from the cache, which X^ then replaces.
+  decode   one native pass over every source's rows: X^ = P + R^ from the cache, which X^
+           then replaces.
 
 Caches are keyed by (process set, name, dtype, row): a compressor used at two call sites keeps
 their caches apart when the calls are named; unnamed calls of one shape share them, which is
@@ -67,6 +70,9 @@ class Reusing:
             raise _LocalError(9, detail=f"reuse works in process sets of at most "
                                         f"{MAX_PEERS + 1} ranks (its header block must fit the "
                                         f"frame extension), this one has {size}")
+        if tensor.device.type != "cpu":
+            raise _LocalError(9, detail=f"reuse works on CPU tensors (its caches are host "
+                                        f"memory), got one on {tensor.device}")
         self.recv_ids = checked_recv_ids(recv_ids, size)
         self.me, self.size = me, size
         key = (call.backend.key, call.name_given, str(tensor.dtype), tuple(tensor.shape[1:]))
@@ -78,98 +84,104 @@ class Reusing:
                                         "still in flight: synchronize it before starting the "
                                         "next, or give the calls different names")
         self.send, self.recv = self.state.side(key, size, tensor.shape[1], tensor.dtype)
-        self.x, self.keys = tensor.detach(), keys
+        self.x = tensor.detach().contiguous()
+        self.keys = keys.detach().to("cpu", torch.int64).contiguous()
+        self.plan = call.plan
         starts = np.cumsum([0] + call.rows_to).tolist()
         self.groups = [(starts[d], starts[d + 1]) for d in range(size)]
         self.seg_rows = [[r for dest, r, _e in call.plan if dest == d] for d in range(size)]
-        bounds = [[e for dest, _r, e in call.plan if dest == d] for d in range(size)]
         # Check values from the digests before this call changes them.
         self.send_check = [0 if d == me else _ids_crc(self._ids(d), self.send[d].digest)
                            for d in range(size)]
         self.recv_check = [0 if s == me else _ids_crc(self.recv_ids[s], self.recv[s].digest)
                            for s in range(size)]
-        parts = [self._predict(d, c.mode, bounds[d]) for d in range(size)]
+        # The pieces coded against a mirror: every destination's but the own chunk's (copied)
+        # and an empty chunk's (it holds nothing).
+        self.pieces = reuse.Pieces()
+        for d, (a, b) in enumerate(self.groups):
+            if d != me and b > a:
+                bounds = [e for dest, _r, e in call.plan if dest == d]
+                caches = self.send[d].ensure(len(bounds), tensor.shape[1], tensor.dtype)
+                self.pieces.add_group(d, a, self.seg_rows[d], bounds, caches)
+        self.rel = c.mode == "rel"
         self.state.in_flight.add(key)
-        self.prediction = torch.cat([p for p, _h, _e, _c in parts])
-        self.hit = torch.cat([h for _p, h, _e, _c in parts])
-        self.eb_rows = torch.cat([e for _p, _h, e, _c in parts])
-        self.code_bounds = [eb for _p, _h, _e, ebs in parts for eb in ebs]
         self.predicted = [False] * size
-        self.x_hat = None
+        self.encoded = None
 
     def _ids(self, d):
         a, b = self.groups[d]
         return self.keys[a:b]
 
-    def _predict(self, d, mode, bounds):
+    def _coded(self, d):
         a, b = self.groups[d]
-        x, rows = self.x[a:b], self.seg_rows[d]
-        ebs, eb_rows = reuse.segment_bounds(x, rows, bounds, mode)
-        if d == self.me or b == a:  # the own chunk is copied; an empty one holds nothing
-            return torch.zeros_like(x), torch.zeros(b - a, dtype=torch.bool), eb_rows, ebs
-        prediction, hit = self.send[d].predict(x, self._ids(d), rows)
-        return prediction, hit.cpu(), eb_rows, reuse.residual_bounds(x, prediction, rows, ebs)
+        return d != self.me and b > a
 
     def block(self):
         """The REUSE block of this call's header (chunk_header.extension writes it)."""
         return (tuple(self.send_check), tuple(self.recv_check), tuple(self.predicted))
 
     def encode(self, code):
-        """Runs `code(residual) -> (result, decoded residual, as the peers decode it)` until
-        every predicted row is within its bound (hvd_lossy.reuse.encode_with_prediction), then
-        updates the mirrors; `code` reads block() for the header. Returns the result."""
-        def attempt(residual, predicted):
+        """Runs `code(plan) -> (send, sizes, counts)`, the frames of the residual rows
+        (hvd_lossy.reuse.encode_with_prediction) with the plan's bounds the residuals' (absolute)
+        ones, until the frames agree with the pass; `code` reads block() for the header.
+        Returns (send, sizes)."""
+        def attempt(residual, code_ebs, predicted):
             self.predicted = list(predicted)
-            return code(residual)
-        hit = self.hit.to(self.x.device)
-        result, self.x_hat, self.predicted = reuse.encode_with_prediction(
-            self.x, self.prediction, hit, self.eb_rows, self.groups, attempt)
-        self.sent_hit = hit.clone()
-        for d, (a, b) in enumerate(self.groups):
-            if not self.predicted[d]:
-                self.sent_hit[a:b] = False
+            it = iter(code_ebs)
+            plan = [(d, rows, next(it) if self._coded(d) else e) for d, rows, e in self.plan]
+            send, sizes, counts = code(residual, plan)
+            offsets = np.cumsum([0] + counts).tolist()
+            frames = [(offsets[d], counts[d]) for d in range(self.size) if self._coded(d)]
+            return (send, sizes), _codec.segments_lossless(send, frames)
+        result, self.encoded = reuse.encode_with_prediction(
+            self.x, self.keys, self.pieces, self.size, self.rel, attempt)
         return result
 
     def after_send(self, send, offsets, counts):
         """The mirrors take what each destination will decode, their digests the frames."""
-        for d, (a, b) in enumerate(self.groups):
-            if d == self.me:
-                continue
-            if b > a:
-                self.send[d].store(self._ids(d), self.x_hat[a:b], self.seg_rows[d])
-            self.send[d].chain(reuse.frame_crc(send[offsets[d]:offsets[d] + counts[d]]))
+        reuse.store(self.encoded.x_hat, self.keys, self.pieces)
+        for d in range(self.size):
+            if d != self.me:
+                self.send[d].chain(reuse.frame_crc(send[offsets[d]:offsets[d] + counts[d]]))
 
     def done(self):
         self.state.in_flight.discard(self.key)
 
     def shares(self):
         """(rows, references, residuals) of every plan frame, None for the own chunk's."""
-        out = []
-        for d, (a, _b) in enumerate(self.groups):
-            at = a
-            for rows in self.seg_rows[d]:
-                if d == self.me:
-                    out.append(None)
-                else:
-                    t = reuse.tally(self.sent_hit[at:at + rows], self.x_hat[at:at + rows],
-                                    self.prediction[at:at + rows])
-                    out.append((rows, t["references"], t["residuals"]))
-                at += rows
+        out, k = [], 0
+        for d, rows, _e in self.plan:
+            if d == self.me:
+                out.append(None)
+            elif self._coded(d):
+                out.append((rows, self.encoded.references[k], self.encoded.residuals[k]))
+                k += 1
+            else:
+                out.append((rows, 0, 0))
         return out
 
     def decode(self, recv, offsets, counts, out, starts, headers, block_of):
-        """Every source's rows of `out` (decoded residuals) become X^, which the caches take."""
+        """Every source's rows of `out` (decoded residuals) become X^, which the caches take:
+        one native pass over all sources."""
+        pieces = reuse.Pieces()
+        ids = torch.zeros(out.shape[0], dtype=torch.int64)
+        predicted = [0] * self.size
         for s in range(self.size):
-            if s == self.me:
+            rows = starts[s + 1] - starts[s]
+            if s == self.me or not rows:
                 continue
+            got = self.recv_ids[s]
+            if got.numel() != rows:
+                raise _LocalError(9, detail=f"recv_ids[{s}] has {got.numel()} ids, rank "
+                                            f"{s} sent {rows} rows")
+            ids[starts[s]:starts[s + 1]] = got
             frame = recv[offsets[s]:offsets[s] + counts[s]]
-            rows = out[starts[s]:starts[s + 1]]
-            if rows.shape[0]:
-                ids = self.recv_ids[s].to(rows.device)
-                if ids.numel() != rows.shape[0]:
-                    raise _LocalError(9, detail=f"recv_ids[{s}] has {ids.numel()} ids, rank "
-                                                f"{s} sent {rows.shape[0]} rows")
-                seg_rows = [g["rows"] for g in _codec.frame_info(frame)["segments"]]
-                predicted = block_of(headers[s])[2][self.me]
-                rows.copy_(reuse.apply_received(self.recv[s], rows, ids, seg_rows, predicted))
-            self.recv[s].chain(reuse.frame_crc(frame))
+            seg_rows = [g["rows"] for g in _codec.frame_info(frame)["segments"]]
+            caches = self.recv[s].ensure(len(seg_rows), out.shape[1], out.dtype)
+            pieces.add_group(s, starts[s], seg_rows, [0.0] * len(seg_rows), caches)
+            predicted[s] = int(block_of(headers[s])[2][self.me])
+        if pieces.pieces:
+            reuse.apply_received(out, ids, pieces, predicted)
+        for s in range(self.size):
+            if s != self.me:
+                self.recv[s].chain(reuse.frame_crc(recv[offsets[s]:offsets[s] + counts[s]]))

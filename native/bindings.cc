@@ -13,6 +13,7 @@
 #include "output_blocks.h"
 #include "pack.h"
 #include "parallel.h"
+#include "reuse.h"
 #include "segment_table.h"  // batch_unsupported
 
 namespace py = pybind11;
@@ -201,6 +202,27 @@ py::tuple decode_frames_new(uintptr_t buffer, uint64_t len, const py::object& si
   for (size_t k = 0; k < frames.size(); ++k)
     parts.append(py::make_tuple((int)frames[k].frame.dtype, frames[k].shape, offsets[k]));
   return py::make_tuple(done.first, parts, uniform ? py::cast(trailing) : py::none());
+}
+
+// Reuse (native/cpu/reuse.h): pieces as (start, rows, group, cache, eb_param, lossless) and
+// caches as (tags, valid, rows, capacity) addresses, as hvd_lossy.reuse passes them.
+using ReusePieceArg = std::tuple<uint64_t, uint64_t, int64_t, int64_t, double, bool>;
+using ReuseCacheArg = std::tuple<uintptr_t, uintptr_t, uintptr_t, uint64_t>;
+
+std::vector<hl::reuse::Piece> reuse_pieces(const std::vector<ReusePieceArg>& args) {
+  std::vector<hl::reuse::Piece> out(args.size());
+  for (size_t k = 0; k < args.size(); ++k)
+    std::tie(out[k].start, out[k].rows, out[k].group, out[k].cache, out[k].eb_param,
+             out[k].lossless) = args[k];
+  return out;
+}
+
+std::vector<hl::reuse::Cache> reuse_caches(const std::vector<ReuseCacheArg>& args) {
+  std::vector<hl::reuse::Cache> out(args.size());
+  for (size_t k = 0; k < args.size(); ++k)
+    out[k] = {ptr<int64_t>(std::get<0>(args[k])), ptr<uint8_t>(std::get<1>(args[k])),
+              ptr<void>(std::get<2>(args[k])), std::get<3>(args[k])};
+  return out;
 }
 
 }  // namespace
@@ -482,4 +504,66 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("dtype"), py::arg("trailing"), py::arg("extension"),
         "A sealed frame of no segments, dtype x (0, *trailing), carrying the extension.");
+
+  m.def("reuse_encode",
+        [](uintptr_t x, int dtype, uintptr_t ids, uint64_t n_rows, uint64_t row_len, bool rel,
+           const std::vector<ReusePieceArg>& pieces, const std::vector<ReuseCacheArg>& caches,
+           const std::vector<uint8_t>& allow, uintptr_t residual, uintptr_t x_hat, uintptr_t hit,
+           int threads) {
+          const hl::reuse::EncodeResult r = hl::reuse::encode(
+              (uint8_t)dtype, ptr<const void>(x), ptr<const int64_t>(ids), row_len, rel,
+              reuse_pieces(pieces), reuse_caches(caches), allow, ptr<void>(residual),
+              ptr<void>(x_hat), ptr<uint8_t>(hit), n_rows, threads);
+          return std::make_tuple(r.eb, r.code_eb, r.references, r.residuals, r.predicted);
+        },
+        py::arg("x"), py::arg("dtype"), py::arg("ids"), py::arg("n_rows"), py::arg("row_len"),
+        py::arg("rel"), py::arg("pieces"), py::arg("caches"), py::arg("allow"),
+        py::arg("residual"), py::arg("x_hat"), py::arg("hit"), py::arg("threads") = 0,
+        py::call_guard<py::gil_scoped_release>(),
+        "The sender's reuse pass over a call's pieces (native/cpu/reuse.h encode): residuals, "
+        "X^ and a hit byte a row into the given buffers; returns (X's bound, the residual's "
+        "bound, references, residuals) a piece and whether each group's frame predicts.");
+
+  m.def("reuse_store",
+        [](uintptr_t rows, int dtype, uintptr_t ids, uint64_t n_rows, uint64_t row_len,
+           const std::vector<ReusePieceArg>& pieces, const std::vector<ReuseCacheArg>& caches) {
+          hl::reuse::store((uint8_t)dtype, ptr<const void>(rows), ptr<const int64_t>(ids),
+                           row_len, reuse_pieces(pieces), reuse_caches(caches), n_rows);
+        },
+        py::arg("rows"), py::arg("dtype"), py::arg("ids"), py::arg("n_rows"), py::arg("row_len"),
+        py::arg("pieces"), py::arg("caches"), py::call_guard<py::gil_scoped_release>(),
+        "Each piece's rows replace what its cache holds for their ids (the last row of a slot "
+        "wins).");
+
+  m.def("reuse_apply",
+        [](uintptr_t rows, int dtype, uintptr_t ids, uint64_t n_rows, uint64_t row_len,
+           const std::vector<ReusePieceArg>& pieces, const std::vector<ReuseCacheArg>& caches,
+           const std::vector<uint8_t>& predicted, int threads) {
+          hl::reuse::apply((uint8_t)dtype, ptr<void>(rows), ptr<const int64_t>(ids), row_len,
+                           reuse_pieces(pieces), reuse_caches(caches), predicted, n_rows,
+                           threads);
+        },
+        py::arg("rows"), py::arg("dtype"), py::arg("ids"), py::arg("n_rows"), py::arg("row_len"),
+        py::arg("pieces"), py::arg("caches"), py::arg("predicted"), py::arg("threads") = 0,
+        py::call_guard<py::gil_scoped_release>(),
+        "The receiver's reuse pass: decoded residuals in rows become P + R^ where the group "
+        "predicts and the cache holds the id, then replace what the caches hold.");
+
+  m.def("reuse_slot", &hl::reuse::slot_of, py::arg("id"), py::arg("capacity"),
+        "The cache slot of an id (native/cpu/reuse.h slot_of).");
+
+  m.def("segments_lossless",
+        [](uintptr_t buffer, const std::vector<std::pair<uint64_t, uint64_t>>& frames) {
+          std::vector<std::vector<bool>> out;
+          for (const auto& f : frames) {
+            const hl::FrameView v = hl::parse_frame(ptr<const uint8_t>(buffer) + f.first, f.second);
+            std::vector<bool> segs;
+            for (const hl::SegmentView& s : v.segs) segs.push_back(s.lossless);
+            out.push_back(segs);
+          }
+          return out;
+        },
+        py::arg("buffer"), py::arg("frames"),
+        "For each (offset, bytes) frame of buffer: whether each of its segments is lossless "
+        "(validated headers, payloads not read).");
 }

@@ -123,36 +123,76 @@ def test_held_rows_within_the_bound_cost_nearly_nothing_and_drifted_rows_less_th
 
 
 def test_a_frame_whose_predicted_rows_would_miss_the_bound_goes_fresh():
-    """A decoder that returned R^ off by twice the bound stands for any rounding that would
-    push P + R^ out: the group is re-coded with P = 0 and says so."""
-    x = torch.full((4, 2), 1.0)
-    prediction, hit = torch.full((4, 2), 0.9), torch.tensor([True, True, False, False])
-    eb_rows = torch.full((4,), 0.01, dtype=torch.float64)
-    calls = []
+    """Rows near 1e7 (float32 steps of 1) at an absolute bound of 0.75, no room to tighten:
+    a drift of 5 codes as R^ = 4.5 (3 steps of 1.5), and P + 4.5 rounds to even, 1 away from X.
+    The sender's check finds it and codes the frame fresh; a drift of 3 (R^ = 3 exactly) stays
+    predicted."""
+    x = torch.full((4, 2), 1e7)
+    ids = torch.arange(4)
+    enc, dec = reuse.ReuseEncoder(0.75, mode="abs"), reuse.ReuseDecoder()
+    for drift, want in ((0.0, None), (3.0, True), (5.0, False)):
+        now = x.clone()
+        now[0] += drift
+        frame, predicted = enc.encode(now, ids, [4])
+        if want is not None:
+            assert predicted == want, (drift, enc.last)
+        got = dec.decode(frame, ids, predicted)
+        assert float((got.double() - now.double()).abs().max()) <= 0.75
+        assert_same_state(enc, dec)
+    assert enc.last["fresh"] == 4
 
-    def code(residual, predicted):
-        calls.append(list(predicted))
-        off = 0.02 if predicted[0] else 0.0
-        return "frame", residual + off
 
-    result, x_hat, predicted = reuse.encode_with_prediction(x, prediction, hit, eb_rows,
-                                                            [(0, 4)], code)
-    assert calls == [[True], [False]] and predicted == [False]
-    assert torch.equal(x_hat, x)
+def test_segments_the_codec_stores_losslessly_keep_mirror_and_cache_identical():
+    """A segment mostly of Inf costs more coded than raw, so the codec stores it as raw bits
+    (lossless): the sender reads that back from the frame and holds X^ = R there (P + R where
+    predicted), not its quantized R^. Without that the mirror would differ from the cache."""
+    g = torch.Generator().manual_seed(6)
+    table = torch.randn(2, 64, 8, generator=g)
+    enc, dec = reuse.ReuseEncoder(0.03, capacity=64), reuse.ReuseDecoder(capacity=64)
+    lossless = 0
+    for call in range(6):
+        x, ids = call_rows(table, g, [40, 40], 64)
+        if call % 2 == 0:
+            x[:40][torch.rand(40, 8, generator=g) < 0.6] = float("inf")
+        frame, predicted = enc.encode(x, ids, [40, 40])
+        lossless += sum(s["lossless"] for s in hvd_lossy.frame_info(frame)["segments"])
+        assert_within(x, dec.decode(frame, ids, predicted), [40, 40], 0.03)
+        assert_same_state(enc, dec)
+        table += 1e-3 * torch.randn(table.shape, generator=g)
+    assert lossless >= 3
 
 
 def test_rows_sharing_a_slot_resolve_to_the_last_row_of_the_call():
-    cache = reuse.DirectMappedCache(4, 2, torch.float32, "cpu")
-    ids = torch.arange(64)
-    slots = cache.slots(ids)
-    a, b = [int(i) for i in ids[slots == slots[0]][:2]]  # two ids on one slot
-    rows = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
-    cache.store(torch.tensor([a, b, a]), rows)
-    held, hit = cache.predict(torch.tensor([a, b]))
-    assert hit.tolist() == [True, False] and torch.equal(held[0], rows[2])
-    cache.store(torch.tensor([a, b]), rows[:2])
-    held, hit = cache.predict(torch.tensor([a, b]))
-    assert hit.tolist() == [False, True] and torch.equal(held[1], rows[1])
+    cache = reuse.DirectMappedCache(4, 2, torch.float32)
+    slots = [cache.slot(i) for i in range(64)]
+    a, b = [i for i in range(64) if slots[i] == slots[0]][:2]  # two ids on one slot
+
+    def receive(ids, rows, predicted):
+        """rows as decoded residuals: X^ of each, then the cache holds them."""
+        pieces = reuse.Pieces()
+        pieces.add_group(0, 0, [len(ids)], [0.0], [cache])
+        rows = rows.clone()
+        reuse.apply_received(rows, torch.tensor(ids), pieces, [predicted])
+        return rows
+
+    receive([a, b, a], torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]), False)
+    held = receive([a, b], torch.zeros(2, 2), True)  # P + 0 where held, 0 where not
+    assert torch.equal(held, torch.tensor([[3.0, 3.0], [0.0, 0.0]]))  # a held, its last row
+    held = receive([a, b], torch.zeros(2, 2), True)
+    assert torch.equal(held, torch.tensor([[0.0, 0.0], [0.0, 0.0]]))  # b's zeros took the slot
+    receive([b], torch.tensor([[2.0, 2.0]]), False)
+    held = receive([a, b], torch.zeros(2, 2), True)
+    assert torch.equal(held, torch.tensor([[0.0, 0.0], [2.0, 2.0]]))
+
+
+def test_the_native_slot_is_the_documented_hash():
+    """slot = (id * 2^64/phi wrapped, xor itself >> 29) mod capacity, in int64 as torch does."""
+    ids = torch.tensor([0, 1, -1, 7, 1 << 40, -(1 << 62), (1 << 63) - 1])
+    for capacity in (1, 7, 4096, 1 << 20):
+        h = ids * -7046029254386353131
+        want = torch.remainder(h ^ (h >> 29), capacity)
+        cache = reuse.DirectMappedCache(capacity, 1, torch.float32)
+        assert [cache.slot(int(i)) for i in ids] == want.tolist()
 
 
 def test_collisions_make_the_same_caches_on_every_run():
@@ -172,7 +212,7 @@ def test_collisions_make_the_same_caches_on_every_run():
 def test_capacity_keeps_a_ranks_mirrors_and_caches_under_the_cap():
     cap, peers, segments, dim = 1 << 20, 4, 26, 64
     slots = reuse.capacity_for(cap, peers, segments, dim, torch.float32)
-    one = reuse.DirectMappedCache(slots, dim, torch.float32, "cpu").nbytes()
+    one = reuse.DirectMappedCache(slots, dim, torch.float32).nbytes()
     assert 2 * peers * segments * one <= cap  # mirrors to every peer and caches from every one
     assert 2 * peers * segments * (one + dim * 4 + 9) > cap  # and not much under
 
@@ -277,10 +317,10 @@ def test_call_sites_of_one_process_set_share_its_cap():
     for name in ("a", "b", "c"):
         for p in range(size):
             for side in state.side(("set0", name), size, dim, torch.float32):
-                side[p].predict(torch.zeros(4, dim), torch.arange(4), [2, 1, 1])
+                side[p].ensure(3, dim, torch.float32)
         assert state.nbytes() <= 1 << 20
     assert len(state._sides) == 1  # the earlier sites were dropped, to come back smaller
     for name in ("a", "b"):
         for side in state.side(("set0", name), size, dim, torch.float32):
-            side[0].predict(torch.zeros(4, dim), torch.arange(4), [2, 1, 1])
+            side[0].ensure(3, dim, torch.float32)
     assert state.nbytes() <= 1 << 20

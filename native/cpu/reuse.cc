@@ -1,0 +1,385 @@
+// Reuse across iterations: see reuse.h. One sweep a piece: predict, subtract, quantize and
+// dequantize with the codec's kernels, reconstruct and check every element.
+#include "reuse.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include <string>
+
+#include "arguments.h"
+#include "codec_common.h"
+#include "errors.h"
+#include "kernels_cpu.h"
+#include "pack.h"
+#include "parallel.h"
+
+namespace hl {
+namespace reuse {
+namespace {
+
+// Rows quantized a block at a time: codes and R^ of a block stay in L1/L2.
+constexpr uint64_t kBlockElems = 4096;
+
+template <int DT>
+using raw_of = typename Elem<DT>::raw_t;
+
+// Machine epsilon of the dtype: the rounding of X - P and of P + R^ is at most an eps of the
+// larger magnitude each.
+double dtype_eps(uint8_t dtype) {
+  return dtype == HL_FLOAT32 ? 0x1p-23 : dtype == HL_FLOAT16 ? 0x1p-10 : 0x1p-7;
+}
+
+// The bound a frame stores for a wanted bound (frame.h hl_bound_code), as the value coded with.
+double stored(double eb) { return hl_bound_of_code(hl_bound_code(eb)); }
+
+template <int DT>
+float as_float(raw_of<DT> r) {
+  return (float)Elem<DT>::to_double(r);
+}
+
+// X^ = P + R^ of one row, in float and rounded to the dtype: the one function the sender and
+// the receiver both use, so X^ is the same bits on both ends.
+template <int DT>
+void reconstruct_row(const raw_of<DT>* p, const raw_of<DT>* r_hat, uint64_t d, raw_of<DT>* out) {
+  for (uint64_t i = 0; i < d; ++i)
+    out[i] = Elem<DT>::from_float(as_float<DT>(p[i]) + as_float<DT>(r_hat[i]));
+}
+
+// Slots are random reads (or writes) into caches far larger than the CPU's caches: every row's
+// tag, flag and row would be a miss of its own, waited for in turn. Fetching kSlotsAhead rows
+// ahead keeps that many misses in flight instead.
+constexpr uint64_t kSlotsAhead = 16;
+
+// The slots of rows [start, start + rows) (ids in call order).
+void slots_of(const int64_t* ids, uint64_t start, uint64_t rows, uint64_t capacity,
+              std::vector<uint64_t>* slots) {
+  slots->resize(rows);
+  for (uint64_t r = 0; r < rows; ++r) (*slots)[r] = slot_of(ids[start + r], capacity);
+}
+
+// Prefetches slot s of cache c: its flag, tag and the first lines of its row.
+void prefetch_slot(const Cache& c, uint64_t s, uint64_t row_bytes, bool write) {
+  const char* row = static_cast<const char*>(c.rows) + s * row_bytes;
+  const uint64_t n = row_bytes < 256 ? row_bytes : 256;
+  if (write) {
+    __builtin_prefetch(c.valid + s, 1);
+    __builtin_prefetch(c.tags + s, 1);
+    for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(row + off, 1);
+  } else {
+    __builtin_prefetch(c.valid + s);
+    __builtin_prefetch(c.tags + s);
+    for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(row + off);
+  }
+}
+
+// The held row of `id` (in slot s) in cache c, or null when c holds none for it or the held
+// row has a NaN or Inf (X - Inf and Inf + R^ would lose X, so such a row predicts nothing).
+template <int DT>
+const raw_of<DT>* held_row(const Cache& c, int64_t id, uint64_t s, uint64_t d) {
+  if (!c.valid[s] || c.tags[s] != id) return nullptr;
+  const raw_of<DT>* row = static_cast<const raw_of<DT>*>(c.rows) + s * d;
+  bool finite = true;  // without branches, so that the loop vectorizes
+  for (uint64_t i = 0; i < d; ++i) finite &= fabs(Elem<DT>::to_double(row[i])) <= DBL_MAX;
+  return finite ? row : nullptr;
+}
+
+template <int DT>
+void store_piece(const raw_of<DT>* rows, const int64_t* ids, uint64_t d, const Piece& p,
+                 const Cache& c, std::vector<uint64_t>* slots) {
+  raw_of<DT>* held = static_cast<raw_of<DT>*>(c.rows);
+  slots_of(ids, p.start, p.rows, c.capacity, slots);
+  for (uint64_t r = 0; r < p.rows; ++r) {  // in order: the last row wins
+    if (r + kSlotsAhead < p.rows)
+      prefetch_slot(c, (*slots)[r + kSlotsAhead], d * sizeof(raw_of<DT>), true);
+    const uint64_t s = (*slots)[r];
+    c.tags[s] = ids[p.start + r];
+    c.valid[s] = 1;
+    memcpy(held + s * d, rows + (p.start + r) * d, d * sizeof(raw_of<DT>));
+  }
+}
+
+// The held rows of a piece's rows (null where none), fetched kSlotsAhead rows ahead; returns
+// the largest magnitude among them.
+template <int DT>
+double predict_piece(const int64_t* ids, uint64_t d, const Piece& p, const Cache& c,
+                     std::vector<uint64_t>* slots, const raw_of<DT>** held) {
+  slots_of(ids, p.start, p.rows, c.capacity, slots);
+  double pmax = 0;
+  for (uint64_t r = 0; r < p.rows; ++r) {
+    if (r + kSlotsAhead < p.rows)
+      prefetch_slot(c, (*slots)[r + kSlotsAhead], d * sizeof(raw_of<DT>), false);
+    const raw_of<DT>* h = held_row<DT>(c, ids[p.start + r], (*slots)[r], d);
+    held[r] = h;
+    if (!h) continue;
+    for (uint64_t i = 0; i < d; ++i) {
+      const double a = fabs(Elem<DT>::to_double(h[i]));
+      pmax = a > pmax ? a : pmax;  // finite: held_row checked
+    }
+  }
+  return pmax;
+}
+
+// The pieces of each group, in call order; checks that every piece lies in the call's rows,
+// names an existing group and cache, and that no two pieces share a cache (a cache is one
+// (peer, segment): storing a piece must not change another piece's prediction).
+std::vector<std::vector<size_t>> pieces_by_group(const std::vector<Piece>& pieces,
+                                                 const std::vector<Cache>& caches,
+                                                 size_t groups, uint64_t n_rows) {
+  std::vector<std::vector<size_t>> by(groups);
+  std::vector<uint8_t> used(caches.size(), 0);
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const Piece& p = pieces[k];
+    if (p.start + p.rows > n_rows || p.start + p.rows < p.start)
+      throw ArgumentError("reuse piece " + std::to_string(k) + " covers rows [" +
+                          std::to_string(p.start) + ", " + std::to_string(p.start + p.rows) +
+                          "), expected rows within the call's " + std::to_string(n_rows));
+    if (p.group < 0 || (size_t)p.group >= groups)
+      throw ArgumentError("reuse piece " + std::to_string(k) + " is in group " +
+                          std::to_string(p.group) + ", expected 0.." + std::to_string(groups - 1));
+    if (p.cache < 0 || (size_t)p.cache >= caches.size() || used[p.cache])
+      throw ArgumentError("reuse piece " + std::to_string(k) + " names cache " +
+                          std::to_string(p.cache) + ", expected one of the " +
+                          std::to_string(caches.size()) + " caches, each used by one piece");
+    if (caches[p.cache].capacity == 0)
+      throw ArgumentError("reuse cache " + std::to_string(p.cache) + " has no slots");
+    used[p.cache] = 1;
+    by[p.group].push_back(k);
+  }
+  return by;
+}
+
+// One piece of encode, its held rows found: R, R^ and X^ of its rows, a block at a time.
+// Returns false, at the first element of a predicted row that X^ would take outside X's bound
+// (then nothing of the piece is final), else true with the piece's counts in out.
+template <int DT>
+bool sweep_piece(const raw_of<DT>* x, uint64_t d, const Piece& p, size_t k, bool predicted,
+                 const raw_of<DT>* const* held, raw_of<DT>* residual, raw_of<DT>* x_hat,
+                 uint8_t* hit, EncodeResult* out, std::vector<uint32_t>* codes,
+                 std::vector<uint8_t>* row_outlier, std::vector<raw_of<DT>>* r_hat) {
+  const double eb = out->eb[k], code_eb = out->code_eb[k];
+  const bool exact = p.lossless || code_eb == 0;  // the codec stores R itself
+  cpu::QuantParams qp;  // as enc::code_rows_into sets it up for a lossy segment
+  qp.step = 2.0 * code_eb;
+  qp.inv_step = 1.0 / qp.step;
+  qp.eb_abs = code_eb;
+  const uint64_t block_rows = d ? std::max<uint64_t>(1, kBlockElems / d) : p.rows;
+  uint64_t refs = 0, predicted_rows = 0;
+  for (uint64_t a = 0; a < p.rows; a += block_rows) {
+    const uint64_t n = std::min(block_rows, p.rows - a);
+    const uint64_t row0 = p.start + a;
+    for (uint64_t r = 0; r < n; ++r) {
+      const raw_of<DT>* xr = x + (row0 + r) * d;
+      raw_of<DT>* rr = residual + (row0 + r) * d;
+      const raw_of<DT>* h = predicted ? held[a + r] : nullptr;
+      if (h)
+        for (uint64_t i = 0; i < d; ++i)
+          rr[i] = Elem<DT>::from_float(as_float<DT>(xr[i]) - as_float<DT>(h[i]));
+      else
+        memcpy(rr, xr, d * sizeof(raw_of<DT>));
+    }
+    // R^: what the receiver's decoder makes of R (decode.cc: the same dequantize, outliers
+    // and lossless segments as R's raw bits).
+    const raw_of<DT>* rb = residual + row0 * d;
+    const raw_of<DT>* rh = rb;
+    if (!exact) {
+      codes->resize(n * d);
+      row_outlier->resize(n);
+      r_hat->resize(n * d);
+      cpu::quantize_rows(DT, rb, nullptr, n, d, qp, codes->data(), row_outlier->data(), nullptr);
+      cpu::dequantize(DT, codes->data(), n * d, qp.step, r_hat->data());
+      for (uint64_t r = 0; r < n; ++r)
+        if ((*row_outlier)[r])
+          for (uint64_t i = r * d; i < (r + 1) * d; ++i)
+            if ((*codes)[i] == kOutlierMark) (*r_hat)[i] = rb[i];
+      rh = r_hat->data();
+    }
+    for (uint64_t r = 0; r < n; ++r) {
+      const uint64_t row = row0 + r;
+      const raw_of<DT>* h = predicted ? held[a + r] : nullptr;
+      raw_of<DT>* xh = x_hat + row * d;
+      hit[row] = h != nullptr;
+      if (!h) {  // fresh: the codec's own reconstruction, within code_eb <= eb
+        memcpy(xh, rh + r * d, d * sizeof(raw_of<DT>));
+        continue;
+      }
+      reconstruct_row<DT>(h, rh + r * d, d, xh);
+      const raw_of<DT>* xr = x + row * d;
+      // Whole rows without branches, so that the loop vectorizes; a miss is rare.
+      bool within = true, same = true;
+      for (uint64_t i = 0; i < d; ++i) {
+        const double v = Elem<DT>::to_double(xr[i]), back = Elem<DT>::to_double(xh[i]);
+        within &= fabs(back - v) <= eb;  // NaN and Inf never pass
+        same &= back == Elem<DT>::to_double(h[i]);
+      }
+      if (!within) return false;
+      ++predicted_rows;
+      refs += same;
+    }
+  }
+  out->references[k] = refs;
+  out->residuals[k] = predicted_rows - refs;
+  return true;
+}
+
+// One group (peer) of encode: returns whether its frame codes residuals. Each piece is swept
+// right after its held rows are found, while they are in the CPU's caches; a piece with a
+// row that would miss its bound sends the whole group fresh (the pieces swept so far again).
+template <int DT>
+bool encode_group(const raw_of<DT>* x, const int64_t* ids, uint64_t d, bool rel, bool allow,
+                  const std::vector<Piece>& pieces, const std::vector<size_t>& mine,
+                  const std::vector<Cache>& caches, raw_of<DT>* residual, raw_of<DT>* x_hat,
+                  uint8_t* hit, EncodeResult* out) {
+  std::vector<uint64_t> first(mine.size() + 1, 0), slots;
+  for (size_t j = 0; j < mine.size(); ++j) first[j + 1] = first[j] + pieces[mine[j]].rows;
+  std::vector<const raw_of<DT>*> held(first.back());
+  std::vector<uint32_t> codes;
+  std::vector<uint8_t> row_outlier;
+  std::vector<raw_of<DT>> r_hat;
+  auto sweep = [&](size_t j, bool predicted) {
+    return sweep_piece<DT>(x, d, pieces[mine[j]], mine[j], predicted, &held[first[j]],
+                           residual, x_hat, hit, out, &codes, &row_outlier, &r_hat);
+  };
+  bool predicted = allow, any_hit = false;
+  for (size_t j = 0; j < mine.size(); ++j) {
+    const Piece& p = pieces[mine[j]];
+    // Prediction and bounds, from the caches as they are before this call.
+    const double pmax = predict_piece<DT>(ids, d, p, caches[p.cache], &slots, &held[first[j]]);
+    for (uint64_t r = first[j]; r < first[j + 1]; ++r) any_hit |= held[r] != nullptr;
+    double lo, hi;
+    cpu::finite_range(DT, x + p.start * d, p.rows * d, &lo, &hi);
+    // X's bound as the codec would give X itself (encode.cc), as its frame would store it.
+    const double eb = stored(absolute_bound(rel, p.eb_param, lo, hi));
+    // R is coded a little tighter: room for the two roundings between X and X^ (X - P, then
+    // P + R^), so that a predicted row misses X's bound only in pathological cases, which
+    // the sweep sends fresh. Any bound up to X's is valid: the receiver only decodes.
+    const double xmax = lo <= hi ? fmax(fabs(lo), fabs(hi)) : 0.0;
+    const double tighter = eb - 4 * dtype_eps(DT) * fmax(xmax, pmax);
+    out->eb[mine[j]] = eb;
+    out->code_eb[mine[j]] = tighter > 0 ? stored(tighter) : eb;
+    if (sweep(j, predicted)) continue;
+    predicted = false;  // fresh from now on, and again for the pieces before
+    for (size_t i = 0; i <= j; ++i) sweep(i, false);
+  }
+  // A group with no held row codes exactly as a fresh one: say so in its header.
+  return predicted && any_hit;
+}
+
+template <int DT>
+EncodeResult encode_dt(const void* xv, const int64_t* ids, uint64_t d, bool rel,
+                       const std::vector<Piece>& pieces, const std::vector<Cache>& caches,
+                       const std::vector<uint8_t>& allow, void* residual, void* x_hat,
+                       uint8_t* hit, uint64_t n_rows, int threads) {
+  const auto by = pieces_by_group(pieces, caches, allow.size(), n_rows);
+  EncodeResult out;
+  out.eb.assign(pieces.size(), 0);
+  out.code_eb.assign(pieces.size(), 0);
+  out.references.assign(pieces.size(), 0);
+  out.residuals.assign(pieces.size(), 0);
+  out.predicted.assign(allow.size(), 0);
+  parallel::parallel_items(by.size(), resolve_threads(threads), [&](size_t g) {
+    if (by[g].empty()) return;
+    out.predicted[g] = encode_group<DT>(
+        static_cast<const raw_of<DT>*>(xv), ids, d, rel, allow[g] != 0, pieces, by[g], caches,
+        static_cast<raw_of<DT>*>(residual), static_cast<raw_of<DT>*>(x_hat), hit, &out);
+  });
+  return out;
+}
+
+template <int DT>
+void apply_dt(void* rowsv, const int64_t* ids, uint64_t d, const std::vector<Piece>& pieces,
+              const std::vector<Cache>& caches, const std::vector<uint8_t>& predicted,
+              uint64_t n_rows, int threads) {
+  const auto by = pieces_by_group(pieces, caches, predicted.size(), n_rows);
+  raw_of<DT>* rows = static_cast<raw_of<DT>*>(rowsv);
+  parallel::parallel_items(by.size(), resolve_threads(threads), [&](size_t g) {
+    std::vector<uint64_t> slots;
+    std::vector<const raw_of<DT>*> held;
+    for (size_t k : by[g]) {
+      const Piece& p = pieces[k];
+      const Cache& c = caches[p.cache];
+      // Every row predicts from the cache as it was before this call (as the sender's did);
+      // the piece's cache is no other piece's, so storing after its own rows is enough.
+      if (predicted[g]) {
+        held.resize(p.rows);
+        predict_piece<DT>(ids, d, p, c, &slots, held.data());
+        for (uint64_t r = 0; r < p.rows; ++r)
+          if (held[r]) {
+            raw_of<DT>* row = rows + (p.start + r) * d;
+            reconstruct_row<DT>(held[r], row, d, row);
+          }
+      }
+      store_piece<DT>(rows, ids, d, p, c, &slots);
+    }
+  });
+}
+
+void check_dtype(uint8_t dtype) {
+  if (dtype > HL_BFLOAT16)
+    throw ArgumentError("unsupported dtype code " + std::to_string(dtype) +
+                        ", expected float32 (0), float16 (1) or bfloat16 (2)");
+}
+
+}  // namespace
+
+uint64_t slot_of(int64_t id, uint64_t capacity) {
+  // int64 arithmetic as torch does it: the product wraps, >> is arithmetic, remainder >= 0.
+  int64_t h = (int64_t)((uint64_t)id * (uint64_t)(int64_t)-7046029254386353131LL);
+  h ^= h >> 29;
+  const int64_t m = h % (int64_t)capacity;
+  return (uint64_t)(m < 0 ? m + (int64_t)capacity : m);
+}
+
+EncodeResult encode(uint8_t dtype, const void* x, const int64_t* ids, uint64_t row_len, bool rel,
+                    const std::vector<Piece>& pieces, const std::vector<Cache>& caches,
+                    const std::vector<uint8_t>& allow, void* residual, void* x_hat,
+                    uint8_t* hit, uint64_t n_rows, int threads) {
+  check_dtype(dtype);
+  switch (dtype) {
+    case HL_FLOAT32:
+      return encode_dt<HL_FLOAT32>(x, ids, row_len, rel, pieces, caches, allow, residual, x_hat,
+                                   hit, n_rows, threads);
+    case HL_FLOAT16:
+      return encode_dt<HL_FLOAT16>(x, ids, row_len, rel, pieces, caches, allow, residual, x_hat,
+                                   hit, n_rows, threads);
+    default:
+      return encode_dt<HL_BFLOAT16>(x, ids, row_len, rel, pieces, caches, allow, residual, x_hat,
+                                    hit, n_rows, threads);
+  }
+}
+
+void store(uint8_t dtype, const void* rows, const int64_t* ids, uint64_t row_len,
+           const std::vector<Piece>& pieces, const std::vector<Cache>& caches, uint64_t n_rows) {
+  check_dtype(dtype);
+  size_t groups = 0;
+  for (const Piece& p : pieces) groups = std::max<size_t>(groups, (size_t)p.group + 1);
+  pieces_by_group(pieces, caches, groups, n_rows);  // the checks
+  std::vector<uint64_t> slots;
+  for (const Piece& p : pieces) {
+    const Cache& c = caches[p.cache];
+    if (dtype == HL_FLOAT32)
+      store_piece<HL_FLOAT32>(static_cast<const uint32_t*>(rows), ids, row_len, p, c, &slots);
+    else if (dtype == HL_FLOAT16)
+      store_piece<HL_FLOAT16>(static_cast<const uint16_t*>(rows), ids, row_len, p, c, &slots);
+    else
+      store_piece<HL_BFLOAT16>(static_cast<const uint16_t*>(rows), ids, row_len, p, c, &slots);
+  }
+}
+
+void apply(uint8_t dtype, void* rows, const int64_t* ids, uint64_t row_len,
+           const std::vector<Piece>& pieces, const std::vector<Cache>& caches,
+           const std::vector<uint8_t>& predicted, uint64_t n_rows, int threads) {
+  check_dtype(dtype);
+  switch (dtype) {
+    case HL_FLOAT32:
+      return apply_dt<HL_FLOAT32>(rows, ids, row_len, pieces, caches, predicted, n_rows, threads);
+    case HL_FLOAT16:
+      return apply_dt<HL_FLOAT16>(rows, ids, row_len, pieces, caches, predicted, n_rows, threads);
+    default:
+      return apply_dt<HL_BFLOAT16>(rows, ids, row_len, pieces, caches, predicted, n_rows, threads);
+  }
+}
+
+}  // namespace reuse
+}  // namespace hl
