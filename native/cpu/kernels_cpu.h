@@ -21,6 +21,17 @@ struct QuantParams {
   uint64_t first = 0;
 };
 
+// The parameters of a lossy segment of absolute bound eb_abs (> 0), from element 0 on.
+inline QuantParams quant_params(double eb_abs, bool dither = false, uint32_t seed = 0) {
+  QuantParams qp;
+  qp.step = 2.0 * eb_abs;
+  qp.inv_step = 1.0 / qp.step;
+  qp.eb_abs = eb_abs;
+  qp.dither = dither;
+  qp.seed = seed;
+  return qp;
+}
+
 // Smallest and largest finite value of n elements (lo > hi when none is finite).
 void finite_range(uint8_t dtype, const void* x, uint64_t n, double* lo, double* hi);
 

@@ -21,12 +21,7 @@ template <int DT>
 void code_rows_into(const Tensor<DT>& t, const uint64_t* idx, uint64_t rows, bool lossless,
                     double eb_abs, const Dither& dither, int threads, uint32_t* codes,
                     uint8_t* row_outlier, uint64_t* hashes) {
-  cpu::QuantParams base;
-  base.step = 2.0 * eb_abs;
-  base.inv_step = 1.0 / base.step;
-  base.eb_abs = eb_abs;
-  base.dither = dither.on;
-  base.seed = dither.seed;
+  const cpu::QuantParams base = cpu::quant_params(eb_abs, dither.on, dither.seed);
   const uint64_t d = t.row_len;
   const int nt = rows * d > 65536 ? threads : 1;
 #pragma omp parallel num_threads(nt)
@@ -55,12 +50,7 @@ void code_rows_with_widths(const Tensor<DT>& t, double eb_abs, const Dither& dit
   const uint64_t rows = t.n_rows, d = t.row_len, n = rows * d;
   c->w16 = Buffer<uint8_t>(short_n_blocks(n));
   c->w32 = Buffer<uint8_t>(hl_div_up(n, HL_BLOCK));
-  cpu::QuantParams base;
-  base.step = 2.0 * eb_abs;
-  base.inv_step = 1.0 / base.step;
-  base.eb_abs = eb_abs;
-  base.dither = dither.on;
-  base.seed = dither.seed;
+  const cpu::QuantParams base = cpu::quant_params(eb_abs, dither.on, dither.seed);
   constexpr uint64_t kTileCodes = 1u << 15;  // 128 KiB of codes and as much input
   const uint64_t tile = std::max<uint64_t>(1, kTileCodes / 32 / d) * 32;  // rows
   const uint64_t units = hl_div_up(rows, 32);

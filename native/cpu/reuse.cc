@@ -160,10 +160,7 @@ bool sweep_piece(const raw_of<DT>* x, uint64_t d, const Piece& p, size_t k, bool
                  std::vector<uint8_t>* row_outlier, std::vector<raw_of<DT>>* r_hat) {
   const double eb = out->eb[k], code_eb = out->code_eb[k];
   const bool exact = p.lossless || code_eb == 0;  // the codec stores R itself
-  cpu::QuantParams qp;  // as enc::code_rows_into sets it up for a lossy segment
-  qp.step = 2.0 * code_eb;
-  qp.inv_step = 1.0 / qp.step;
-  qp.eb_abs = code_eb;
+  const cpu::QuantParams qp = cpu::quant_params(code_eb);  // as enc::code_rows_into's
   const uint64_t block_rows = d ? std::max<uint64_t>(1, kBlockElems / d) : p.rows;
   uint64_t refs = 0, predicted_rows = 0;
   for (uint64_t a = 0; a < p.rows; a += block_rows) {
