@@ -10,6 +10,7 @@ workers' output when the launch exits non-zero or runs past its timeout.
 """
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -93,3 +94,9 @@ def run_mpi(script, np=2, args=(), launcher="mpirun", timeout=90, env=None):
     if status != 0:
         pytest.fail(f"{cmd} exited with {status}; output:\n{output}")
     return output
+
+
+def assert_every_rank_passed(output, np):
+    """Every one of np ranks printed the case runner's closing line once (tests/mp/cases.py)."""
+    passed = sorted(int(r) for r in re.findall(r"rank (\d+): \d+ cases passed", output))
+    assert passed == list(range(np)), output

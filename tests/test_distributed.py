@@ -17,7 +17,7 @@ exchange as hvd_lossy.torch. The contracts live as named cases in the torchrun w
 import pytest
 import torch
 
-from tests._launch import run_mpi
+from tests._launch import assert_every_rank_passed, run_mpi
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or
                                 not torch.distributed.is_gloo_available(),
@@ -29,8 +29,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or
 def test_all_to_all_single_adaptive_and_dlrm_under_torchrun_gloo(np):
     output = run_mpi("tests/mp/dist_run.py", np=np, args=["collectives", "adaptive", "dlrm"],
                      launcher="torchrun", timeout=150)
-    for rank in range(np):
-        assert f"rank {rank}: " in output and "cases passed" in output, output
+    assert_every_rank_passed(output, np)
 
 
 def test_mpi_backend_is_tested_where_torch_has_it():
@@ -38,7 +37,7 @@ def test_mpi_backend_is_tested_where_torch_has_it():
         pytest.skip("this torch build has no MPI backend (the CPU wheel is built without it)")
     output = run_mpi("tests/mp/dist_run.py", np=2,
                      args=["--backend", "mpi", "collectives", "adaptive", "dlrm"])
-    assert "rank 1: " in output and "cases passed" in output, output
+    assert_every_rank_passed(output, 2)
 
 
 def test_compressor_layout_settings_round_trip_and_refuse_bad_values():
