@@ -9,6 +9,14 @@ step's time: the step's compute noise (+-15% on a loaded machine) is left out, a
 skew too, by taking a call's cost as its *cheapest rank's*: the rank that arrived last waited
 only for the bytes, so its cost is compress + transfer + decode with no waiting for peers.
 
+But the exchange cost does not see everything a mode costs: beside the codec, the model's own
+work was measured 10-25 ms a step slower in the DLRM example (RESULTS, "Training over emulated
+links, AVX2 only"), three times the exchange's own difference. So each call's *period* is
+measured as well: from its start to the next call's start on the same slot, which spans the
+iteration the call's mode ran (its gradient call, the model's work, the optimizer). Lossy is
+chosen only where both measures say lossy; either saying plain decides plain. The period is
+noisier, so a close case takes longer to separate, but it is what the user's step takes.
+
 Each compressor with `auto=True` keeps, per process set, a *slot*:
 
   warm-up  the first WARMUP calls are lossy and not counted (allocation, the codec's caches);
@@ -26,12 +34,13 @@ Each compressor with `auto=True` keeps, per process set, a *slot*:
            unless the other mode's median is HYSTERESIS better; every REFRESH calls the losing
            mode runs twice, so the decision follows a link or a load that changes.
 
-Plain is also decided at the first look, after one call of each, when a lossy call's *codec
-time* alone (compressing and decoding, its call's statistics; the cheapest rank's) exceeds every
-plain call's whole cost by HYSTERESIS. The codec time is a floor of what the lossy call cost (the
-bytes still had to travel), so that needs no second sample of a noisy cost: on a link faster
-than the codec, the case where probing costs most, lossy runs once after the warm-up instead of
-twice or more.
+Plain is also decided at the first look, after one call of each, when a lossy call's *floor*
+exceeds every plain call's whole cost by HYSTERESIS. The floor is its codec time (compressing and
+decoding, its call's statistics; the cheapest rank's) plus its share of the bytes times the
+cheapest plain call: if a plain call costs P = L + raw/R (a latency L and a rate R, both unknown),
+a lossy call's transfer costs L + wire/R >= (wire/raw) * P. So it is a floor of what the lossy
+call cost, and needs no second sample of a noisy cost: on a link faster than the codec, the case
+where probing costs most, lossy runs once after the warm-up instead of twice or more.
 
 The gradient all-to-all of an autograd alltoall *follows* the forward one (`pair`): each
 gradient call takes the mode of the forward compressor's latest call on that group, so an
@@ -76,10 +85,25 @@ def _bucket(nbytes):
     return -1 if nbytes <= 0 else int(math.floor(2 * math.log2(nbytes)))
 
 
-def _rule(decision, plain, lossy, floors=()):
-    """The agreed mode from the calls' costs of each mode (lists, seconds, the cheapest rank's
-    per call), or None to go on probing. floors: the lossy calls' codec times (the cheapest
-    rank's), each a lower bound of that call's cost."""
+def _rule(decision, plain, lossy, floors=(), plain_periods=(), lossy_periods=()):
+    """The agreed mode from the calls' exchange costs of each mode (lists, seconds, the cheapest
+    rank's per call), or None to go on probing. floors: the lossy calls' floors (codec time plus
+    the transfer's least cost), each a lower bound of that call's cost. *_periods: the calls'
+    periods (start to the next call's start); where both modes have some, lossy needs them to
+    agree, and either measure deciding plain decides plain."""
+    by_cost = _compare(decision, plain, lossy, floors)
+    if not plain_periods or not lossy_periods:
+        return by_cost
+    by_period = _compare(decision, plain_periods, lossy_periods)
+    if PLAIN in (by_cost, by_period):
+        return PLAIN
+    if by_cost == by_period == LOSSY:
+        return LOSSY
+    return decision  # probing: None, go on; decided: keep it until both agree otherwise
+
+
+def _compare(decision, plain, lossy, floors=()):
+    """_rule on one measure."""
     if decision is None:
         if plain and floors and min(floors) > max(plain) * (1 + HYSTERESIS):
             return PLAIN
@@ -106,6 +130,9 @@ class _Slot:
         self.modes = {}           # call number -> mode, of the calls counted
         self.costs = {}           # call number -> exchange cost so far (seconds)
         self.floors = {}          # lossy call number -> its codec time so far (seconds)
+        self.shares = {}          # lossy call number -> the smallest wire / raw bytes of its calls
+        self.started = {}         # call number -> perf_counter() at its start
+        self.periods = {}         # call number -> seconds from its start to the next call's
         self.local_bucket = None
         self.buckets = None       # agreed: every rank's size bucket at the last decision
         self.decision = None      # agreed: LOSSY, PLAIN, or None while probing
@@ -127,16 +154,18 @@ class _Slot:
             self.calls += 1
             self.counts[mode] += 1
             k = None if leader is None else leader.calls - 1
-            return mode, (lambda s, codec=None: leader.add_cost(k, s, codec)) \
+            return mode, (lambda s, record=None: leader.add_cost(k, s, record)) \
                 if leader is not None else _ignore
         k = self.calls
         self.calls += 1
+        now = time.perf_counter()
+        if k - 1 in self.started:
+            self.periods[k - 1] = now - self.started.pop(k - 1)
         bucket = _bucket(nbytes)
         if bucket != self.local_bucket:  # other sizes: the costs so far say nothing of them
             self.local_bucket = bucket
-            self.modes.clear()
-            self.costs.clear()
-            self.floors.clear()
+            for book in (self.modes, self.costs, self.floors, self.shares, self.periods):
+                book.clear()
         if self.pending is not None and k >= self.pending[1]:
             rows = self.pending[0].wait().tolist()
             self.pending = None
@@ -157,18 +186,23 @@ class _Slot:
             return mode, _ignore
         self.modes[k] = mode
         self.costs[k] = math.nan  # until the call finishes
+        self.started[k] = now
         if mode == LOSSY:
             self.floors[k] = 0.0  # a floor too low only keeps the rule from firing
-        return mode, lambda s, codec=None: self.add_cost(k, s, codec, own=True)
+            self.shares[k] = 1.0
+        return mode, lambda s, record=None: self.add_cost(k, s, record, own=True)
 
-    def add_cost(self, k, seconds, codec=None, own=False):
+    def add_cost(self, k, seconds, record=None, own=False):
         """Adds to call k's cost: its own time (own) or its gradient call's; and to a lossy
-        call's floor its codec time (None: not known, which leaves the floor unknown)."""
+        call's floor the codec time of `record`, the call's statistics (None: not known, which
+        leaves the floor unknown), whose wire / raw bytes also bound the floor's transfer."""
         if k in self.costs:
             c = self.costs[k]
             self.costs[k] = seconds + (0.0 if own and math.isnan(c) else c)
         if k in self.floors:
-            self.floors[k] += math.nan if codec is None else codec
+            self.floors[k] += math.nan if record is None else record.compress_s + record.decompress_s
+            if record is not None and record.raw_bytes > 0:
+                self.shares[k] = min(self.shares[k], record.wire_bytes / record.raw_bytes)
 
     def _latest(self, mode, before):
         calls = [k for k, m in self.modes.items() if m == mode and k < before]
@@ -181,12 +215,14 @@ class _Slot:
         row = [float(self.local_bucket)]
         calls = {mode: self._latest(mode, k) for mode in (PLAIN, LOSSY)}
         for mode in (PLAIN, LOSSY):
-            row += [float(len(calls[mode]))] + [self.costs[c] for c in calls[mode]] + \
-                [math.nan] * (KEEP - len(calls[mode]))
-        row += [self.floors[c] for c in calls[LOSSY]] + [math.nan] * (KEEP - len(calls[LOSSY]))
+            row += [float(len(calls[mode]))] + _padded([self.costs[c] for c in calls[mode]])
+        for book in (self.floors, self.shares):
+            row += _padded([book[c] for c in calls[LOSSY]])
+        for mode in (PLAIN, LOSSY):
+            row += _padded([self.periods.get(c, math.nan) for c in calls[mode]])
         for old in [c for c in self.modes if c < k - 4 * REFRESH]:  # bounded bookkeeping
-            del self.modes[old], self.costs[old]
-            self.floors.pop(old, None)
+            for book in (self.modes, self.costs, self.floors, self.shares, self.periods):
+                book.pop(old, None)
         work = self.backend.allgather_async(
             torch.tensor([row], dtype=torch.float64),
             f"hvd_lossy.auto.{self.backend.key}.{self.number}.{k}", same_shape=True)
@@ -195,7 +231,7 @@ class _Slot:
 
     def _apply(self, rows, k):
         buckets = sorted({r[0] for r in rows})
-        costs, floors = {}, []
+        costs, floors, periods = {}, [], {}
         for i, mode in enumerate((PLAIN, LOSSY)):
             at = 1 + i * (KEEP + 1)
             n = {int(r[at]) for r in rows}
@@ -203,9 +239,15 @@ class _Slot:
                 costs = None
                 break
             # a call's cost: its cheapest rank's; a call not finished on some rank is left out
-            costs[mode] = _cheapest(rows, at + 1, n.pop())
-        if costs is not None:  # the lossy calls' floors follow both modes' costs
-            floors = _cheapest(rows, 1 + 2 * (KEEP + 1), int(rows[0][1 + KEEP + 1]))
+            n = n.pop()
+            costs[mode] = _cheapest(rows, at + 1, n)
+            periods[mode] = _cheapest(rows, _PERIODS + i * KEEP, n)
+        if costs is not None and costs[PLAIN]:  # the lossy calls' floors (after both modes' costs)
+            n = int(rows[0][1 + KEEP + 1])
+            least = min(costs[PLAIN])
+            floors = [min(r[_FLOORS + j] for r in rows) + min(r[_FLOORS + KEEP + j] for r in rows)
+                      * least for j in range(n)]
+            floors = [f for f in floors if not math.isnan(f)]
         if costs is None or (self.decision is not None and not (costs[PLAIN] and costs[LOSSY])):
             self.decision, self.buckets, self.probe_from = None, None, k
             self.next_agreement = k + FIRST_LOOK
@@ -213,7 +255,8 @@ class _Slot:
             return
         if self.buckets != buckets:
             self.decision = None
-        better = _rule(self.decision, costs[PLAIN], costs[LOSSY], floors)
+        better = _rule(self.decision, costs[PLAIN], costs[LOSSY], floors,
+                       periods[PLAIN], periods[LOSSY])
         if better is None:  # still probing: after the first look, every PROBE_CALLS calls
             first_look = k <= self.probe_from + FIRST_LOOK + LAG
             self.next_agreement = self.probe_from + PROBE_CALLS if first_look else k + PROBE_CALLS
@@ -222,7 +265,10 @@ class _Slot:
         self.agreed = {"plain_ms": statistics.median(costs[PLAIN]) * 1e3,
                        "lossy_ms": statistics.median(costs[LOSSY]) * 1e3}
         if floors:
-            self.agreed["lossy_codec_ms"] = statistics.median(floors) * 1e3
+            self.agreed["lossy_floor_ms"] = statistics.median(floors) * 1e3
+        if periods[PLAIN] and periods[LOSSY]:
+            self.agreed.update(plain_period_ms=statistics.median(periods[PLAIN]) * 1e3,
+                               lossy_period_ms=statistics.median(periods[LOSSY]) * 1e3)
         self.next_agreement = k + AGREE_EVERY
         if self.refresh_at < k:
             self.refresh_at = k + REFRESH - 2
@@ -241,13 +287,23 @@ class _Slot:
                 **counts, **(self.agreed or {})}
 
 
+# Where the agreement row's sections start: the bucket; per mode its number of calls and their
+# costs; the lossy calls' codec times, then their wire shares; per mode the calls' periods.
+_FLOORS = 1 + 2 * (KEEP + 1)
+_PERIODS = _FLOORS + 2 * KEEP
+
+
+def _padded(values):
+    return values + [math.nan] * (KEEP - len(values))
+
+
 def _cheapest(rows, at, n):
     """Per call j < n, the smallest of the ranks' r[at + j]; calls a rank lacks are left out."""
     per_call = ([r[at + j] for r in rows] for j in range(n))
     return [min(c) for c in per_call if not any(map(math.isnan, c))]
 
 
-def _ignore(_seconds, _codec=None):
+def _ignore(_seconds, _record=None):
     pass
 
 
@@ -300,8 +356,7 @@ class _Timed:
         result = self._handle.wait(*args, **kwargs)
         if self._report is not None:
             record = getattr(self._handle, "record", None)  # a lossy call's statistics
-            codec = None if record is None else record.compress_s + record.decompress_s
-            self._report(self._launched + time.perf_counter() - t0, codec)
+            self._report(self._launched + time.perf_counter() - t0, record)
             self._report = None
         return result
 

@@ -14,6 +14,7 @@ Each launch runs both workers to pay the start-up (torch + Horovod) once.
 import re
 
 import itertools
+import math
 import types
 
 import pytest
@@ -214,14 +215,31 @@ class _OneRank:
         return types.SimpleNamespace(wait=lambda: row)
 
 
-def _drive(slot, cost_of, calls, nbytes=1 << 20):
-    """Runs `calls` calls through an auto slot, each costing cost_of(mode) seconds; their modes."""
+def _drive(slot, cost_of, calls, nbytes=1 << 20, compute_of=lambda mode: 0.05):
+    """Runs `calls` calls through an auto slot, each costing cost_of(mode) seconds, in
+    iterations that take that plus compute_of(mode) seconds on auto's clock; their modes."""
+    from hvd_lossy import auto
+    clock = types.SimpleNamespace(now=100.0)
+    saved, auto.time = auto.time, types.SimpleNamespace(perf_counter=lambda: clock.now)
     modes = []
-    for _ in range(calls):
-        mode, report = slot.choose(nbytes)
-        report(cost_of(mode))
-        modes.append(mode)
+    try:
+        for _ in range(calls):
+            mode, report = slot.choose(nbytes)
+            report(cost_of(mode))
+            modes.append(mode)
+            clock.now += cost_of(mode) + compute_of(mode)
+    finally:
+        auto.time = saved
     return modes
+
+
+def _row(bucket, plain, lossy, codec=(), shares=None, plain_periods=(), lossy_periods=()):
+    """One rank's agreement row (auto._Slot._launch_agreement's layout)."""
+    from hvd_lossy import auto
+    pad = auto._padded
+    shares = [0.0] * len(codec) if shares is None else list(shares)  # floor = codec time
+    return ([float(bucket), len(plain), *pad(list(plain)), len(lossy), *pad(list(lossy))]
+            + pad(list(codec)) + pad(shares) + pad(list(plain_periods)) + pad(list(lossy_periods)))
 
 
 def test_auto_rule_decides_a_clear_case_after_a_few_calls_and_a_close_one_by_medians():
@@ -244,6 +262,8 @@ def test_auto_rule_decides_plain_from_one_call_each_when_the_codec_alone_costs_m
     whole cost (by HYSTERESIS), one call of each decides; a floor below plain's says nothing."""
     from hvd_lossy import auto
     assert auto._rule(None, [1.0], [3.0], floors=[1.2]) == auto.PLAIN
+    assert auto._rule(None, [1.0], [3.0], floors=[1.2], plain_periods=[9.0],
+                      lossy_periods=[8.0]) == auto.PLAIN  # a floor needs no second measure
     assert auto._rule(None, [1.0], [3.0], floors=[1.04]) is None  # within HYSTERESIS
     assert auto._rule(None, [1.0, 1.3], [3.0], floors=[1.2]) is None  # a plain call cost more
     assert auto._rule(None, [2.0], [1.0], floors=[0.5]) is None
@@ -251,24 +271,54 @@ def test_auto_rule_decides_plain_from_one_call_each_when_the_codec_alone_costs_m
     assert auto._rule(None, [], [3.0], floors=[1.2]) is None  # nothing to compare with
 
 
+def test_auto_rule_takes_lossy_only_where_the_whole_iteration_is_faster_too():
+    """A call's period (its start to the next call's) holds what its exchange cost misses (the
+    model's own work slowed beside the codec): lossy needs both measures, plain either."""
+    from hvd_lossy import auto
+    cheap_exchange = ([2.0, 2.1], [1.0, 1.1])  # plain's costs, lossy's: lossy's exchange wins
+    assert auto._rule(None, *cheap_exchange, plain_periods=[10, 10.2],
+                      lossy_periods=[9.0, 9.1]) == auto.LOSSY
+    assert auto._rule(None, *cheap_exchange, plain_periods=[10, 10.2],
+                      lossy_periods=[11.0, 11.5]) == auto.PLAIN  # but the iteration is slower
+    assert auto._rule(None, *cheap_exchange, plain_periods=[10, 11],
+                      lossy_periods=[10.5, 10.6]) is None  # periods overlap: probe on
+    assert auto._rule(None, [1.0, 1.1], [2.0, 2.1], plain_periods=[10, 10.2],
+                      lossy_periods=[9.0, 9.1]) == auto.PLAIN  # either saying plain decides
+    # decided: lossy is kept until either measure finds plain HYSTERESIS better; plain until both
+    # find lossy better
+    assert auto._rule(auto.LOSSY, [1.0], [0.5], plain_periods=[9.0], lossy_periods=[10.0]) == auto.PLAIN
+    assert auto._rule(auto.PLAIN, [1.0], [0.5], plain_periods=[9.8], lossy_periods=[10.0]) == auto.PLAIN
+    assert auto._rule(auto.PLAIN, [1.0], [0.5], plain_periods=[10.0], lossy_periods=[9.0]) == auto.LOSSY
+
+
+def test_auto_slot_measures_each_calls_period_and_decides_plain_when_lossy_iterations_are_slower():
+    """The DLRM example's case: lossy's exchange costs less than plain's, but its iteration takes
+    longer. The slot times each call's period itself and ends on plain within the probe."""
+    from hvd_lossy import auto
+    s = auto._Slot(0, "c", _OneRank())
+    modes = _drive(s, {auto.LOSSY: 1e-3, auto.PLAIN: 2e-3}.get, 30,
+                   compute_of={auto.LOSSY: 0.099, auto.PLAIN: 0.088}.get)
+    assert s.decision == auto.PLAIN, modes
+    assert s.agreed["plain_period_ms"] == pytest.approx(90)
+    assert s.agreed["lossy_period_ms"] == pytest.approx(100)
+    assert modes[-10:] == [auto.PLAIN] * 10
+
+
 def test_auto_takes_each_calls_cheapest_rank_and_leaves_out_unfinished_calls():
     """The rank that arrived last waited only for the bytes: a call's cost is its cheapest
     rank's, so one rank's compute noise (its peers' waiting) does not decide."""
-    import math
-
     from hvd_lossy import auto
     s = auto._Slot(0, "c", _OneRank())
-    k = auto.KEEP
-    pad = [math.nan] * (k - 2)
-    # bucket, plain calls and costs, lossy calls and costs, lossy calls' codec times
-    rank0 = [20.0, 2, 1.0, 1.1, *pad, 2, 9.0, 9.0, *pad, 0.3, 0.2, *pad]  # lossy looks slow here
-    rank1 = [20.0, 2, 5.0, math.nan, *pad, 2, 0.5, 0.6, *pad, 0.4, 0.1, *pad]  # (it waited)
+    rank0 = _row(20, [1.0, 1.1], [9.0, 9.0], codec=[0.3, 0.2], shares=[0.5, 0.5])  # lossy looks slow
+    rank1 = _row(20, [5.0, math.nan], [0.5, 0.6], codec=[0.4, 0.1])  # (it waited)
     s._apply([rank0, rank1], k=10)
     assert s.decision is None  # plain's second call unfinished on rank 1: one call left
-    rank1[3] = 5.0
+    rank1 = _row(20, [5.0, 5.0], [0.5, 0.6], codec=[0.4, 0.1], shares=[0.25, 0.5])
     s._apply([rank0, rank1], k=14)
     assert s.decision == auto.LOSSY
-    assert s.agreed == {"plain_ms": 1050.0, "lossy_ms": 550.0, "lossy_codec_ms": 200.0}
+    # floors: the cheapest codec time plus the smallest share of the cheapest plain call (1.0)
+    assert s.agreed == {"plain_ms": 1050.0, "lossy_ms": 550.0,
+                        "lossy_floor_ms": pytest.approx((0.3 + 0.25 + 0.1 + 0.5) / 2 * 1e3)}
     assert s.next_agreement == 14 + auto.AGREE_EVERY
 
 
@@ -277,9 +327,8 @@ def test_auto_measures_again_when_any_rank_lacks_costs_for_its_size():
     s = auto._Slot(0, "c", _OneRank())
     assert set(_drive(s, {auto.LOSSY: 1e-3, auto.PLAIN: 5e-3}.get, 12)) == {auto.LOSSY, auto.PLAIN}
     assert s.decision == auto.LOSSY
-    k = auto.KEEP
-    s._apply([[20.0, 2, 1.0, 1.0] + [0.0] * (k - 2) + [2, 0.1, 0.1] + [0.0] * (2 * k - 2),
-              [22.0, 0] + [0.0] * k + [0] + [0.0] * 2 * k], k=26)  # rank 1's size changed
+    s._apply([_row(20, [1.0, 1.0], [0.1, 0.1], codec=[0.0, 0.0]),
+              _row(22, [], [])], k=26)  # rank 1's size changed: it has no costs
     assert s.decision is None and s.probe_from == 26 and s.next_agreement == 26 + auto.FIRST_LOOK
 
 
@@ -297,17 +346,25 @@ def test_auto_pays_little_for_probing_a_clear_case(plain_s, lossy_s, want):
     assert modes[-20:] == [want] * 20
 
 
-def test_auto_runs_lossy_once_after_the_warm_up_when_its_codec_alone_is_slower_than_plain():
+def _stats(codec_s, wire, raw):
+    from hvd_lossy.stats import CallStats
+    return CallStats(op="alltoall", compress_s=codec_s / 2, decompress_s=codec_s / 2,
+                     wire_bytes=wire, raw_bytes=raw)
+
+
+def test_auto_runs_lossy_once_after_the_warm_up_when_its_floor_is_above_plains_cost():
     """On a link faster than the codec the first look decides: one probed call of each, then
-    plain from the call that reads the agreement; the gradient call's codec time counts too."""
+    plain from the call that reads the agreement. The floor is the codec time (the gradient
+    call's too) plus the least the compressed bytes can take to travel: their share of the
+    plain call's cost (here 0.9 + 0.25 * 1.0 ms > 1.05 ms, though the codec alone is below)."""
     from hvd_lossy import auto
     s = auto._Slot(0, "c", _OneRank())
     modes = []
     for _ in range(30):
         mode, report = s.choose(1 << 20)
         if mode == auto.LOSSY:
-            report(3e-3, 0.7e-3)  # the forward call: cost, codec time ...
-            s.add_cost(s.calls - 1, 1e-3, 0.6e-3)  # ... and its gradient call's
+            report(3e-3, _stats(0.5e-3, 25, 100))  # the forward call: cost, statistics ...
+            s.add_cost(s.calls - 1, 1e-3, _stats(0.4e-3, 40, 100))  # ... and its gradient call's
         else:
             report(1e-3)
         modes.append(mode)
@@ -315,19 +372,27 @@ def test_auto_runs_lossy_once_after_the_warm_up_when_its_codec_alone_is_slower_t
     assert modes[auto.WARMUP:].count(auto.LOSSY) == 1, modes
     first_plain_for_good = auto.WARMUP + auto.FIRST_LOOK + auto.LAG
     assert modes[first_plain_for_good:] == [auto.PLAIN] * (30 - first_plain_for_good), modes
-    assert s.decision == auto.PLAIN and s.agreed["lossy_codec_ms"] == pytest.approx(1.3)
+    assert s.decision == auto.PLAIN and s.agreed["lossy_floor_ms"] == pytest.approx(1.15)
 
 
-def test_auto_reads_a_lossy_calls_codec_time_from_its_statistics():
+def test_auto_hands_a_lossy_calls_statistics_to_its_slot():
     from hvd_lossy import auto
-    from hvd_lossy.stats import CallStats
     got = []
-    record = CallStats(op="alltoall", compression="c", compress_s=0.25, decompress_s=0.5)
+    record = _stats(0.75, 10, 40)
     lossy = types.SimpleNamespace(wait=lambda: "out", record=record)
-    assert auto._Timed(lossy, 1.0, lambda s, codec: got.append(codec)).wait() == "out"
+    assert auto._Timed(lossy, 1.0, lambda s, rec: got.append(rec)).wait() == "out"
     plain = types.SimpleNamespace(wait=lambda: "out")  # Horovod's own handle: no statistics
-    auto._Timed(plain, 1.0, lambda s, codec: got.append(codec)).wait()
-    assert got == [0.75, None]
+    auto._Timed(plain, 1.0, lambda s, rec: got.append(rec)).wait()
+    assert got == [record, None]
+    s = auto._Slot(0, "c", _OneRank())
+    for _ in range(auto.WARMUP + 2):
+        mode, report = s.choose(1 << 20)
+    assert mode == auto.LOSSY
+    report(2.0, record)
+    k = s.calls - 1
+    assert (s.costs[k], s.floors[k], s.shares[k]) == (2.0, 0.75, 0.25)
+    s.add_cost(k, 1.0, None)  # a gradient call without statistics: the floor is unknown
+    assert s.costs[k] == 3.0 and math.isnan(s.floors[k])
 
 
 def test_auto_decides_a_close_case_within_its_probe_limit():
