@@ -13,6 +13,11 @@ codes it. Each chunk is coded two ways:
           ReuseDecoder decodes it against its cache (whose memory is capped as the transport
           caps it, `--memory-mib` for a rank).
 
+With `--data DIR` the rows are the Criteo files there instead (the Kaggle format, as the
+example reads them: a vocabulary a table over train), shuffled each of `--epochs` epochs as the
+example shuffles them; the bundled sample (`data/criteo_kaggle_sample`) holds 7,200 training
+rows, so use a small `--batch`.
+
 The model trains on what the reuse receiver decodes, so the drift measured is a reusing run's.
 Every decoded element is checked against the current value (the run stops if one is outside the
 bound) and mirror and cache digests are compared every step. Gradients are never reused: their
@@ -20,6 +25,7 @@ frames (rel `--grad-bound`, dithered) count the same for both, in the whole-run 
 deterministic for a seed; no timings are taken.
 
     python benchmarks/reuse_bytes.py --optimizer sgd --json benchmarks/results/reuse_bytes_sgd.json
+    python benchmarks/reuse_bytes.py --data data/criteo_kaggle_sample --batch 512 --epochs 4 --every 7
 """
 import argparse
 import json
@@ -33,6 +39,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples", "dlrm"))
 
 import data  # noqa: E402
+import files  # noqa: E402
+import sources  # noqa: E402
 import synthetic  # noqa: E402
 from model import DenseArch, LocalTables  # noqa: E402
 
@@ -53,6 +61,8 @@ def parse(argv=None):
     p.add_argument("--ranks", type=int, default=2, help="destinations a batch is cut into")
     p.add_argument("--memory-mib", type=float, default=reuse.DEFAULT_MEMORY_BYTES / 2**20,
                    help="reuse memory cap of a rank")
+    p.add_argument("--data", default=None, help="Criteo files to train on instead of synthetic rows")
+    p.add_argument("--epochs", type=int, default=1, help="epochs over --data")
     p.add_argument("--steps", type=int, default=None, help="default: one epoch of --rows")
     p.add_argument("--every", type=int, default=25, help="steps per point of the curve")
     p.add_argument("--seed", type=int, default=0)
@@ -98,7 +108,16 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     hvd_lossy.set_num_threads(1)
-    source = synthetic.SyntheticCriteo(args.rows, 0, args.seed)
+    if args.data:
+        train = files.load_splits(args.data, "vocab", None, None)["train"]
+        source = sources.FileSource(train, train, args.batch, args.seed)
+        steps = args.steps or source.steps_per_epoch * args.epochs
+        batch = lambda step: source.batch(*divmod(step, source.steps_per_epoch), 0, 1)  # noqa: E731
+    else:
+        source = synthetic.SyntheticCriteo(args.rows, 0, args.seed)
+        steps = args.steps or args.rows // args.batch
+        batch = lambda step: (torch.from_numpy(a) for a in source.rows(  # noqa: E731
+            "train", step * args.batch, (step + 1) * args.batch))
     T = data.N_SPARSE
     dense_arch = DenseArch(data.N_DENSE, T, args.dim, [64], [64, 32])
     tables = LocalTables(source.cardinalities, range(T), args.dim, args.seed)
@@ -111,11 +130,9 @@ def main(argv=None):
     capacity = reuse.capacity_for(int(args.memory_mib * 2**20), R, T, args.dim, torch.float32)
     ends = [(reuse.ReuseEncoder(args.bound, capacity=capacity), reuse.ReuseDecoder(capacity))
             for _ in range(R)]
-    steps = args.steps or args.rows // B
     total, window, curve = dict.fromkeys(KEYS, 0), dict.fromkeys(KEYS, 0), []
     for step in range(steps):
-        dense, sparse, labels = (torch.from_numpy(a) for a in
-                                 source.rows("train", step * B, (step + 1) * B))
+        dense, sparse, labels = batch(step)
         lookups = tables(sparse)  # (T, B, D)
         with torch.no_grad():
             received = exchange(lookups.detach(), sparse, ends, args, window)
