@@ -80,9 +80,13 @@ class Alltoall(LossyCall):
     splits)."""
     op = "alltoall"
 
-    def __init__(self, tensor, splits, name, compressor, backend, ids=None, recv_ids=None):
+    def __init__(self, tensor, splits, name, compressor, backend, ids=None, recv_ids=None,
+                 plan=None):
         super().__init__(tensor, compressor, name, backend)
         self.splits, self.ids, self.recv_ids, self.name_given = splits, ids, recv_ids, name
+        # plan: the frames' (destination, rows, absolute bound), instead of the compressor's
+        # plan in its mode (hvd_lossy.grad_ids: segments of summed gradients)
+        self.given_plan = plan
         self.reusing = None  # reuse_exchange.Reusing of a call that reuses
         self.split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
         self.rows_to = [0] * self.size
@@ -92,7 +96,7 @@ class Alltoall(LossyCall):
         tensor, me, c = self.tensor, self.me, self.compressor
         check_lossy_tensor(tensor)
         self.rows_to = rows_to = split_list(self.splits, tensor.shape[0], self.size)
-        self.plan = plan = c.plan(rows_to)
+        self.plan = plan = c.plan(rows_to) if self.given_plan is None else self.given_plan
         _check_plan(plan, rows_to)
         self.tensor = tensor = self.arrange(tensor, plan)
         keys = self.keys(tensor)
@@ -104,13 +108,15 @@ class Alltoall(LossyCall):
         # The ranks before this one, then the ones after it: the own chunk is copied, not coded.
         parts = [(range(me + 1), tensor[:lo], None if keys is None else keys[:lo]),
                  (range(me + 1, self.size), tensor[hi:], None if keys is None else keys[hi:])]
-        self.want_stats = c.wants_codec_stats() and self.device.type == "cpu"
+        self.want_stats = (c.wants_codec_stats() and self.device.type == "cpu"
+                           and self.given_plan is None)
         self.piece_stats = []
         if getattr(c, "reuse", False) and keys is not None:
             self.want_stats = False  # a residual's range is not the table's
             send, sizes = self._pack_reusing(keys, lo, hi)
         else:
-            send, sizes = self._pack_frames(parts, seed)
+            send, sizes = self._pack_frames(parts, seed,
+                                            mode=None if self.given_plan is None else "abs")
         it = iter(sizes)
         self.frame_sizes = [None if dest == me else next(it) for dest, _r, _e in plan]
         if self.want_stats:
@@ -300,6 +306,13 @@ class Alltoall(LossyCall):
 
     def result(self, output):
         return output, self.received
+
+    def start(self):
+        handle = super().start()
+        # After wait(): what the call's gradient needs to travel summed by id (a reusing
+        # call's; None otherwise).
+        handle.call_ids = lambda: None if self.reusing is None else self.reusing.call_ids()
+        return handle
 
 
 def _row_bytes(tensor):

@@ -156,10 +156,17 @@ class LossyCompressor(Compressor):
                   are coded as without it. Every element still decodes within the bound of its
                   CURRENT value: the bound is then also a bound on staleness (the row may be
                   an older copy the receiver held). Needs dither off for the lookups, auto off.
+                  The autograd alltoall's gradients then travel summed by (segment, id), one
+                  row an id, each sum within the absolute bound its rows get (hvd_lossy.
+                  grad_ids); the gradient of the input holds each id's sum on its first row
+                  and zeros on its other rows, which an embedding's backward sums the same.
         reuse_memory: the most bytes a rank's reuse caches take, for this compressor (default
                   256 MiB): half for the mirrors of what peers hold, half for its own caches.
     """
     codec_id = "lossy"
+    # As the gradient compressor of a reusing call: whether the gradients may travel summed by
+    # (segment, id) (hvd_lossy.grad_ids), in frames this compressor's plan does not cut.
+    sums_gradients_by_id = True
 
     def __init__(self, error_bound, mode="rel", level=1, backward=SAME, dedup=True, segments=1,
                  backward_segments=None, dither=False, auto=False, row_len=None, tables=None,

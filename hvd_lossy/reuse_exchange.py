@@ -33,7 +33,7 @@ import zlib
 import numpy as np
 import torch
 
-from hvd_lossy import _codec, reuse
+from hvd_lossy import _codec, grad_ids, reuse
 from hvd_lossy.protocol import _LocalError
 
 MAX_PEERS = 11  # the REUSE block (8 bytes and a bit a rank) must fit the 127-byte extension
@@ -107,6 +107,7 @@ class Reusing:
         self.state.in_flight.add(key)
         self.predicted = [False] * size
         self.encoded = None
+        self.recv_seg_rows = None  # per source, its frame's segment rows (decode)
 
     def _ids(self, d):
         a, b = self.groups[d]
@@ -147,6 +148,15 @@ class Reusing:
     def done(self):
         self.state.in_flight.discard(self.key)
 
+    def call_ids(self):
+        """Both sides' keys and segments (hvd_lossy.grad_ids), once decode() has run."""
+        lo, hi = self.groups[self.me]
+        received = [self.keys[lo:hi] if s == self.me else self.recv_ids[s].to("cpu", torch.int64)
+                    for s in range(self.size)]
+        return grad_ids.CallIds(
+            sent=grad_ids.Keyed(self.keys, self.seg_rows),
+            received=grad_ids.Keyed(torch.cat(received), self.recv_seg_rows), me=self.me)
+
     def shares(self):
         """(rows, references, residuals) of every plan frame, None for the own chunk's."""
         out, k = [], 0
@@ -166,6 +176,7 @@ class Reusing:
         pieces = reuse.Pieces()
         ids = torch.zeros(out.shape[0], dtype=torch.int64)
         predicted = [0] * self.size
+        seg_rows_of = [[] for _ in range(self.size)]
         for s in range(self.size):
             rows = starts[s + 1] - starts[s]
             if s == self.me or not rows:
@@ -176,12 +187,14 @@ class Reusing:
                                             f"{s} sent {rows} rows")
             ids[starts[s]:starts[s + 1]] = got
             frame = recv[offsets[s]:offsets[s] + counts[s]]
-            seg_rows = [g["rows"] for g in _codec.frame_info(frame)["segments"]]
+            seg_rows = seg_rows_of[s] = [g["rows"] for g in _codec.frame_info(frame)["segments"]]
             caches = self.recv[s].ensure(len(seg_rows), out.shape[1], out.dtype)
             pieces.add_group(s, starts[s], seg_rows, [0.0] * len(seg_rows), caches)
             predicted[s] = int(block_of(headers[s])[2][self.me])
         if pieces.pieces:
             reuse.apply_received(out, ids, pieces, predicted)
+        self.recv_seg_rows = [self.seg_rows[s] if s == self.me else seg_rows_of[s]
+                              for s in range(self.size)]
         for s in range(self.size):
             if s != self.me:
                 self.recv[s].chain(reuse.frame_crc(recv[offsets[s]:offsets[s] + counts[s]]))

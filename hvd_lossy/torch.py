@@ -28,6 +28,8 @@ globals().update({_k: _v for _k, _v in vars(_hvd).items() if not _k.startswith("
 
 from hvd_lossy import alltoall as _a2a  # noqa: E402  (after the copy: these names override it)
 from hvd_lossy import gather as _gather  # noqa: E402
+from hvd_lossy import grad_ids as _grad_ids  # noqa: E402
+from hvd_lossy.backend import as_backend as _as_backend  # noqa: E402
 from hvd_lossy.protocol import Handle as _Handle  # noqa: E402
 from hvd_lossy.protocol import RankError  # noqa: E402,F401
 from hvd_lossy.compression import Compression, LossyCompressor, NoneCompressor, is_lossy  # noqa: E402,F401
@@ -104,13 +106,25 @@ class _Alltoall(_torch.autograd.Function):
         output, received = started.wait()
         ctx.received, ctx.process_set = received, process_set
         ctx.backward_compression = _backward_of(compression)
+        call_ids = getattr(started, "call_ids", None)
+        ctx.call_ids = call_ids() if call_ids is not None and getattr(
+            ctx.backward_compression, "sums_gradients_by_id", False) else None
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx, grad_output, _dead_gradient):
-        grad, _ = alltoall(grad_output.contiguous(), splits=ctx.received,
-                           compression=ctx.backward_compression, process_set=ctx.process_set)
+        grad_output = grad_output.contiguous()
+        grad = None
+        if ctx.call_ids is not None:  # a reusing call: the gradients travel summed by id
+            grad = _grad_ids.backward(
+                ctx.call_ids, grad_output, ctx.backward_compression,
+                lambda tensor, splits, plan: _a2a.Alltoall(
+                    tensor, splits, None, ctx.backward_compression,
+                    _as_backend(ctx.process_set), plan=plan).start())
+        if grad is None:
+            grad, _ = alltoall(grad_output, splits=ctx.received,
+                               compression=ctx.backward_compression, process_set=ctx.process_set)
         return grad, None, None, None
 
 

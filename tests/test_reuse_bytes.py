@@ -14,7 +14,7 @@ def test_a_short_run_measures_the_bytes_of_today_and_of_reuse(tmp_path):
     out = tmp_path / "reuse.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "reuse_bytes.py"), "--rows",
                            "16384", "--batch", "1024", "--steps", "6", "--every", "3",
-                           "--optimizer", "sgd", "--json", str(out)],
+                           "--optimizer", "sgd", "--grad-by-id", "--json", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     r = json.loads(out.read_text())
@@ -24,6 +24,9 @@ def test_a_short_run_measures_the_bytes_of_today_and_of_reuse(tmp_path):
     assert t["references"] > 0 and 0 < t["reuse"] < t["today"] and t["grad"] > 0
     assert s["forward_fewer_x"] == t["today"] / t["reuse"]
     assert [p["step"] for p in r["curve"]] == [3, 6]
+    # gradients summed by id: one row an id instead of one a lookup, so fewer bytes
+    assert 0 < t["grad_by_id"] < t["grad"]
+    assert s["grad_fewer_x_by_id"] == t["grad"] / t["grad_by_id"]
 
 
 def test_it_measures_the_bundled_criteo_rows_epoch_after_epoch(tmp_path):

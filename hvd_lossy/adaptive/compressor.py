@@ -82,6 +82,9 @@ class AdaptiveCompressor(LossyCompressor):
     """
 
     codec_id = "adaptive"
+    # The controller learns from per-table statistics of per-lookup frames: gradients summed by
+    # id (hvd_lossy.grad_ids) would hand it other rows.
+    sums_gradients_by_id = False
 
     def __init__(self, controller, tables, backward=TABLE, level=1, dedup=True, observe=True,
                  bound=TABLE, direction="forward", dither=False, auto=False, row_len=None,

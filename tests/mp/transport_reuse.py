@@ -108,7 +108,35 @@ def test_without_ids_or_without_reuse_the_frames_are_todays():
     assert frames[2].numel() == frames[0].numel()
 
 
-def test_async_and_autograd_reuse_and_the_gradient_travels_as_without():
+def by_id(rows, ids):
+    """(sums of `rows` per id, in sorted id order; the first row of each id)."""
+    unique, inverse = torch.unique(ids, return_inverse=True)
+    sums = torch.zeros(len(unique), rows.shape[1], dtype=rows.dtype).index_add_(0, inverse, rows)
+    first = torch.full((len(unique),), len(ids)).scatter_reduce_(0, inverse, torch.arange(len(ids)),
+                                                                 "amin")
+    return sums, first
+
+
+def check_grad(grad, ids, want_of, exact=False):
+    """The gradient of this rank's input, whose chunk for rank d holds T segments of B rows
+    with `ids`: per (segment, id) its sum is within one bound of the sum of what rank d's
+    gradient had for those rows (want_of(d), rows in my chunk's order), all on the id's first
+    row, the id's other rows zero."""
+    for d in range(N):
+        for t in range(T):
+            rows = slice(d * T * B + t * B, d * T * B + (t + 1) * B)
+            want_rows = want_of(d)[t * B:(t + 1) * B]
+            want, first = by_id(want_rows, ids[rows])
+            got, _ = by_id(grad[rows], ids[rows])
+            eb = 0.0 if exact or d == R else EB * float(want_rows.max() - want_rows.min())
+            err = float((want.double() - got.double()).abs().max())
+            assert err <= eb, f"gradient from rank {d}, table {t}: error {err} > {eb}"
+            others = torch.ones(B, dtype=torch.bool)
+            others[first] = False
+            assert not grad[rows][others].any(), f"rank {d}, table {t}: a repeat's row is not 0"
+
+
+def test_async_and_autograd_reuse_and_the_gradient_travels_summed_by_id():
     comp = lossy()
     warm(comp, range(2))
     x, ids, recv_ids = inputs(2)
@@ -118,9 +146,33 @@ def test_async_and_autograd_reuse_and_the_gradient_travels_as_without():
     x, ids, recv_ids = inputs(3)
     out, _ = hvd.alltoall(leaf, [T * B] * N, compression=comp, ids=ids, recv_ids=recv_ids)
     check(out.detach(), 3)
-    (out * 2).sum().backward()  # a constant gradient: its frames are exact
-    assert torch.equal(leaf.grad, torch.full_like(leaf, 2.0))
+    (out * 2).sum().backward()  # a constant gradient: its sums' frames are exact
+    check_grad(leaf.grad, ids, lambda d: torch.full((T * B, DIM), 2.0), exact=True)
     warm(comp, range(4, 6))
+
+
+def upstream(rank, call):
+    """The gradient rank `rank` has for its output at `call` (every rank regenerates it)."""
+    return torch.randn(N * T * B, DIM, generator=torch.Generator().manual_seed(7 * rank + 1000 * call))
+
+
+def test_the_gradient_of_a_reusing_call_travels_summed_by_id_within_one_bound_in_fewer_bytes():
+    """The owner's gradient per (table, id) is within ONE bound of the true sum (per lookup,
+    a sum of k coded rows is within k), and the gradient frames are smaller than per lookup."""
+    comp, per_lookup = lossy(), hvd.Compression.lossy(EB, segments=T)
+    for call in range(4):
+        x, ids, recv_ids = inputs(call)
+        wire, grads = {}, {}
+        for name, c in (("by id", comp), ("per lookup", per_lookup)):
+            leaf = x.clone().requires_grad_(True)
+            out, _ = hvd.alltoall(leaf, [T * B] * N, compression=c, ids=ids, recv_ids=recv_ids)
+            hvd.reset_comm_stats()
+            out.backward(upstream(R, call))
+            wire[name], grads[name] = hvd.comm_stats()["total"]["wire_bytes"], leaf.grad
+        # what rank d's gradient had for the rows it got from me
+        check_grad(grads["by id"], ids, lambda d: upstream(d, call)[R * T * B:(R + 1) * T * B])
+        if N > 1:
+            assert wire["by id"] < 0.8 * wire["per lookup"], wire
 
 
 def test_a_second_reusing_call_in_flight_raises_on_every_rank():

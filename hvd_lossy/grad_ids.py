@@ -1,0 +1,145 @@
+"""Gradients summed by id (issue 24): the gradient all-to-all of a reusing call sends one row
+per (segment, id) instead of one per lookup.
+
+A reusing alltoall (Compression.lossy(..., reuse=True) with `ids` and `recv_ids`) has checked on
+every rank that each receiver's recv_ids are the ids its sender sent (the REUSE block's check
+values, hvd_lossy.reuse_exchange). So both ends of every pair know the same keys, cut into the
+same segments (the sender's plan, which the frames carry). The rows of one (segment, id) are
+lookups of one embedding row, whose backward sums their gradients anyway; so:
+
+  receiver of the lookups (sends the gradients)
+      sums its gradient rows per (segment, id): one row an id, in sorted key order;
+      codes each segment's sums at the absolute bound its rows get today (the compressor's
+      bound over the rows' range, for rel), so each id's summed gradient is within ONE bound,
+      where today's sum of k coded rows is within k;
+  owner of the tables (gets the gradients)
+      finds the same (segment, id) order from the ids it sent, and returns as the gradient of
+      its input each id's sum on the id's first row and zeros on the others: what an
+      embedding's backward sums is the same.
+
+Measured by benchmarks/reuse_bytes.py --grad-by-id: 2.9x fewer gradient bytes on the quality
+recipe (benchmarks/RESULTS.md). Plain compressors only: an adaptive compressor's controller
+reads per-table statistics of per-lookup frames, so its gradients stay per lookup.
+"""
+import torch
+
+
+class Keyed:
+    """One side of a call: its rows' keys, in order, cut into segments.
+
+    Arguments:
+        keys: int64 tensor (rows,), the id of every row (the own chunk's included).
+        seg_rows: per peer, in rank order, the rows of each of its segments.
+    """
+
+    def __init__(self, keys, seg_rows):
+        self.seg_rows = [list(map(int, rows)) for rows in seg_rows]
+        flat = [r for rows in self.seg_rows for r in rows]
+        if sum(flat) != keys.numel():
+            raise ValueError(f"segments of {sum(flat)} rows for {keys.numel()} keys")
+        segment = torch.repeat_interleave(torch.arange(len(flat)), torch.tensor(flat, dtype=torch.int64))
+        # Sorted (segment, id) pairs: segment major, so every segment's ids stay together, in
+        # segment order, on both ends alike.
+        pairs = _pair_keys(segment, keys)
+        _, self.inverse = torch.unique(pairs, return_inverse=True, dim=0 if pairs.dim() > 1 else None)
+        per_segment = torch.zeros(len(flat), dtype=torch.int64)
+        if keys.numel():
+            first_of = torch.full((int(self.inverse.max()) + 1,), keys.numel(), dtype=torch.int64)
+            self.first = first_of.scatter_reduce_(0, self.inverse, torch.arange(keys.numel()),
+                                                  "amin", include_self=True)
+            per_segment.index_add_(0, segment[self.first], torch.ones_like(self.first))
+        else:
+            self.first = torch.zeros(0, dtype=torch.int64)
+        it = iter(per_segment.tolist())
+        self.unique_rows = [[next(it) for _ in rows] for rows in self.seg_rows]
+
+    def peer_rows(self):
+        """Rows of each peer's chunk."""
+        return [sum(rows) for rows in self.seg_rows]
+
+    def peer_unique(self):
+        """Distinct (segment, id) of each peer's chunk."""
+        return [sum(rows) for rows in self.unique_rows]
+
+    def sum(self, rows):
+        """(distinct ids, ...) sums of `rows` (rows, ...) per (segment, id), in key order."""
+        out = torch.zeros((self.first.numel(), *rows.shape[1:]), dtype=rows.dtype)
+        return out.index_add_(0, self.inverse, rows)
+
+    def expand(self, sums):
+        """(rows, ...) with each (segment, id)'s sum on its first row, zeros elsewhere."""
+        if sums.shape[0] != self.first.numel():
+            raise RuntimeError(f"got {sums.shape[0]} summed gradient rows, expected one a "
+                               f"distinct (segment, id) of the rows sent: {self.first.numel()}")
+        out = torch.zeros((self.inverse.numel(), *sums.shape[1:]), dtype=sums.dtype)
+        out[self.first] = sums
+        return out
+
+
+def _pair_keys(segment, ids):
+    """One int64 a (segment, id), ordered as the pairs are, or the pairs as rows."""
+    if not ids.numel():
+        return ids
+    lo, hi = int(ids.min()), int(ids.max())
+    span = hi - lo + 1
+    if span * (int(segment.max()) + 1) < 2 ** 62:
+        return segment * span + (ids - lo)
+    return torch.stack([segment, ids], 1)  # torch.unique below then needs dim=0
+
+
+class CallIds:
+    """What the gradient of one reusing alltoall needs: both sides' keys and segments, and this
+    rank's place among the peers."""
+
+    def __init__(self, sent, received, me):
+        self.sent, self.received, self.me = sent, received, me
+
+
+def plan(compressor, received, grad):
+    """The gradient call's frames, (destination, rows, absolute bound) a segment, or None where
+    the compressor's own plan does not cut the chunks as the forward's segments are (the
+    gradients then travel one row a lookup). grad: the gradient rows, as received forward."""
+    base = compressor.plan(received.peer_rows())
+    pieces = [(d, r) for d, rows in enumerate(received.seg_rows) for r in rows]
+    if [(d, r) for d, r, _e in base if r] != [(d, r) for d, r in pieces if r]:
+        return None
+    ebs = iter(e for _d, r, e in base if r)
+    out, start = [], 0
+    for d, (rows, unique) in enumerate(zip(received.seg_rows, received.unique_rows)):
+        if not rows:
+            out.append((d, 0, 0.0))
+        for r, u in zip(rows, unique):
+            eb = next(ebs) if r else 0.0
+            if compressor.mode == "rel" and r:
+                seg = grad[start:start + r]
+                eb = eb * float(seg.max() - seg.min()) if eb > 0 else 0.0
+            out.append((d, u, eb))
+            start += r
+    return out
+
+
+def backward(ids, grad, compressor, start):
+    """The gradient of the forward input, with the gradients summed by id on the wire.
+
+    Arguments:
+        ids: the forward call's CallIds.
+        grad: (rows received forward, ...) contiguous gradient of the forward output.
+        compressor: the gradient compressor (its bound, mode and dither).
+        start: start(tensor, splits, plan) -> a started alltoall whose wait() gives
+            (output, received splits), coding `plan`'s frames in mode "abs".
+    Returns:
+        the gradient rows of the forward input, or None where plan() says the per-lookup path.
+    """
+    frames = plan(compressor, ids.received, grad)
+    if frames is None:
+        return None
+    handle = start(ids.received.sum(grad), ids.received.peer_unique(), frames)
+    # The call's raw bytes: what its gradients are uncompressed, one row a lookup (so that a
+    # ratio against plain Horovod counts the summing too).
+    me, rows = ids.me, ids.received.peer_rows()
+    handle.record.raw_bytes = (sum(rows) - rows[me]) * grad[:1].numel() * grad.element_size()
+    output, got = handle.wait()
+    if list(map(int, got)) != ids.sent.peer_unique():
+        raise RuntimeError(f"got {list(map(int, got))} summed gradient rows from the ranks, "
+                           f"expected {ids.sent.peer_unique()} (one a distinct id sent there)")
+    return ids.sent.expand(output)
