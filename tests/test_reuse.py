@@ -314,3 +314,24 @@ def test_call_sites_of_one_process_set_share_its_cap():
         for side in state.side(("set0", name), size, dim, torch.float32):
             side[0].ensure(3, dim, torch.float32)
     assert state.nbytes() <= 1 << 20
+
+
+def test_gradients_summed_by_segment_and_id_come_back_on_each_ids_first_row():
+    """hvd_lossy.grad_ids: a chunk's rows summed per (segment, id), in sorted id order a
+    segment; expanded, each sum sits on its id's first row and the id's other rows are zero,
+    so summing by id again gives the same sums."""
+    from hvd_lossy import grad_ids
+    keys = torch.tensor([5, 3, 5, 7, 3, 3, 9, 1, 2, 1])
+    side = grad_ids.Keyed(keys, [[4], [3], [3]])  # 3 peers, one segment each
+    assert side.unique_rows == [[3], [2], [2]] and side.peer_unique() == [3, 2, 2]
+    rows = torch.arange(10.0).unsqueeze(1)
+    sums = side.sum(rows)
+    assert sums.flatten().tolist() == [1.0, 0 + 2, 3, 4 + 5, 6, 7 + 9, 8]  # ids 3,5,7 | 3,9 | 1,2
+    back = side.expand(sums)
+    assert back.flatten().tolist() == [2.0, 1, 0, 3, 9, 0, 6, 16, 8, 0]
+    assert torch.equal(side.sum(back), sums)
+    # the same id in two segments is two rows; ids far apart still order by (segment, id)
+    big = grad_ids.Keyed(torch.tensor([2 ** 62, -2 ** 62, 2 ** 62, 5]), [[2, 2]])
+    assert big.unique_rows == [[2, 2]] and big.first.tolist() == [1, 0, 3, 2]
+    with pytest.raises(RuntimeError, match="expected one a distinct"):
+        side.expand(sums[:-1])

@@ -184,7 +184,8 @@ def parser():
     c.add_argument("--reuse", action="store_true",
                    help="lossy/adaptive: send lookups a rank already holds from an earlier step as "
                         "references or residuals (reuse=True, ids= and recv_ids=; implies --ids; "
-                        "lookups only, gradients are never reused)")
+                        "lookups only; gradients are never reused, and with lossy they travel "
+                        "summed by id)")
     c.add_argument("--eval-compression", choices=["none", "same"], default="none",
                    help="evaluation lookups: uncompressed (default; measures the trained model) or "
                         "through the training compressor")
