@@ -20,7 +20,11 @@ rows, so use a small `--batch`.
 
 The model trains on what the reuse receiver decodes, so the drift measured is a reusing run's.
 Every decoded element is checked against the current value (the run stops if one is outside the
-bound) and mirror and cache digests are compared every step. Gradients are never reused: their
+bound) and mirror and cache digests are compared every step. With `--grad-by-id` the gradients
+are also coded as a reusing alltoall sends them (hvd_lossy.grad_ids): summed per (destination,
+table, id) before coding, each table's sums at the absolute bound its rows get (so each id's
+summed gradient is within one bound, where a sum of k coded rows is within k), one row an id;
+the owner knows the ids it sent, so nothing else travels ("grad_by_id" bytes). Gradients are never reused: their
 frames (rel `--grad-bound`, dithered) count the same for both, in the whole-run ratio. Bytes are
 deterministic for a seed; no timings are taken.
 
@@ -66,11 +70,13 @@ def parse(argv=None):
     p.add_argument("--steps", type=int, default=None, help="default: one epoch of --rows")
     p.add_argument("--every", type=int, default=25, help="steps per point of the curve")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--grad-by-id", action="store_true",
+                   help="also code the gradients summed by id (as a reusing alltoall sends them)")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
 
 
-KEYS = ("today", "reuse", "grad", "rows", "references", "residuals", "fresh")
+KEYS = ("today", "reuse", "grad", "grad_by_id", "rows", "references", "residuals", "fresh")
 
 
 def exchange(lookups, sparse, ends, args, window):
@@ -93,6 +99,20 @@ def exchange(lookups, sparse, ends, args, window):
             window[k] += enc.last[k]
         received[:, d * b:(d + 1) * b] = x_hat.reshape(T, b, D)
     return received
+
+
+def grad_by_id_bytes(g, ids, bound, seed):
+    """Frame bytes of a chunk's gradients `g` (T x b rows) summed per (table, id) of `ids`
+    (T, b), each table at the absolute bound its rows get at rel `bound`."""
+    T, b = ids.shape
+    sums, rows, ebs = [], [], []
+    for t in range(T):
+        rows_t = g[t * b:(t + 1) * b]
+        unique, inverse = torch.unique(ids[t], return_inverse=True)
+        sums.append(torch.zeros(len(unique), g.shape[1]).index_add_(0, inverse, rows_t))
+        rows.append(len(unique))
+        ebs.append(reuse.absolute_bound(rows_t, bound, "rel"))
+    return hvd_lossy.compress_chunks(torch.cat(sums), rows, ebs, mode="abs", dither=seed)[1][0]
 
 
 def check(x, x_hat, seg_rows, bound):
@@ -148,6 +168,9 @@ def main(argv=None):
                 seed = (step * R + d) % hvd_lossy.DITHER_SEEDS
                 window["grad"] += hvd_lossy.compress_chunks(g, [b] * T, args.grad_bound,
                                                             dither=seed)[1][0]
+                if args.grad_by_id:
+                    window["grad_by_id"] += grad_by_id_bytes(
+                        g, sparse[d * b:(d + 1) * b].t(), args.grad_bound, seed)
         lookups.backward(emb.grad)
         dense_opt.step()
         emb_opt.step()
@@ -170,6 +193,9 @@ def main(argv=None):
         "forward_ratio_today": raw / total["today"], "forward_ratio_reuse": raw / total["reuse"],
         "run_ratio_today": 2 * raw / (total["today"] + total["grad"]),
         "run_ratio_reuse": 2 * raw / (total["reuse"] + total["grad"]),
+        **({"grad_fewer_x_by_id": total["grad"] / total["grad_by_id"],
+            "run_ratio_reuse_grad_by_id": 2 * raw / (total["reuse"] + total["grad_by_id"])}
+           if args.grad_by_id else {}),
         "reference_share": total["references"] / total["rows"],
         "residual_share": total["residuals"] / total["rows"],
         "cache_slots": capacity,
