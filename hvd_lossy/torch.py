@@ -106,8 +106,9 @@ class _Alltoall(_torch.autograd.Function):
         output, received = started.wait()
         ctx.received, ctx.process_set = received, process_set
         ctx.backward_compression = _backward_of(compression)
-        call_ids = getattr(started, "call_ids", None)
-        ctx.call_ids = call_ids() if call_ids is not None and getattr(
+        # Taken in backward only (a reusing call's keys and segments, sorted by id): forward
+        # calls without one (evaluation) pay nothing for it.
+        ctx.call_ids = getattr(started, "call_ids", None) if getattr(
             ctx.backward_compression, "sums_gradients_by_id", False) else None
         ctx.mark_non_differentiable(received)
         return output, received
@@ -115,10 +116,10 @@ class _Alltoall(_torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output, _dead_gradient):
         grad_output = grad_output.contiguous()
-        grad = None
-        if ctx.call_ids is not None:  # a reusing call: the gradients travel summed by id
+        grad, ids = None, ctx.call_ids() if ctx.call_ids is not None else None
+        if ids is not None:  # a reusing call: the gradients travel summed by id
             grad = _grad_ids.backward(
-                ctx.call_ids, grad_output, ctx.backward_compression,
+                ids, grad_output, ctx.backward_compression,
                 lambda tensor, splits, plan: _a2a.Alltoall(
                     tensor, splits, None, ctx.backward_compression,
                     _as_backend(ctx.process_set), plan=plan).start())
