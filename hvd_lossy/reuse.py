@@ -36,7 +36,14 @@ import torch
 from hvd_lossy import _codec, _decode
 
 DEFAULT_MEMORY_BYTES = 256 << 20
-_TAG_BYTES = 9  # a cache slot's int64 tag and its valid flag
+# A cache slot is one record (native/cpu/reuse.h Cache): int64 tag at byte 0, valid byte at 8,
+# the row at _RECORD_HEAD, the whole rounded up to 8 bytes so that every record's tag is aligned.
+_RECORD_HEAD = 16
+
+
+def record_bytes(row_len, dtype):
+    """Bytes of one cache slot's record for rows of row_len `dtype` elements."""
+    return -(-(_RECORD_HEAD + row_len * dtype.itemsize) // 8) * 8
 
 
 def absolute_bound(x, error_bound, mode="rel"):
@@ -51,7 +58,7 @@ def capacity_for(memory_bytes, peers, segments, row_len, dtype):
     a receiver) together stay under `memory_bytes`: half each, shared by `peers` x `segments`.
     Both ends of a pair compute it from what they share (the settings, the process set's size,
     the chunk's segments and row), so their caches have the same slots."""
-    per_row = row_len * dtype.itemsize + _TAG_BYTES
+    per_row = record_bytes(row_len, dtype)
     return max(1, int(memory_bytes) // (2 * max(peers, 1) * max(segments, 1) * per_row))
 
 
@@ -62,27 +69,30 @@ def frame_crc(frame):
 
 class DirectMappedCache:
     """Decoded rows of one (peer, segment) by id: slot = hash(id) mod capacity (native
-    reuse.h slot_of), a tag array of ids and a [capacity, row_len] row array, host memory the
-    native passes read and write. Fixed memory whatever the ids."""
+    reuse.h slot_of), each slot one record of its tag, valid flag and row (host memory the native
+    passes read and write); tags, valid and rows are views of the records. Fixed memory whatever
+    the ids."""
 
     def __init__(self, capacity, row_len, dtype):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1 slot, got {capacity}")
         self.capacity = int(capacity)
-        self.tags = torch.zeros(capacity, dtype=torch.int64)
-        self.valid = torch.zeros(capacity, dtype=torch.bool)
-        self.rows = torch.zeros(capacity, row_len, dtype=dtype)
+        self.stride = record_bytes(row_len, dtype)
+        self.records = torch.zeros(capacity, self.stride, dtype=torch.uint8)
+        self.tags = self.records[:, :8].view(torch.int64).view(capacity)
+        self.valid = self.records[:, 8].view(torch.bool)
+        row_bytes = row_len * dtype.itemsize
+        self.rows = self.records[:, _RECORD_HEAD:_RECORD_HEAD + row_bytes].view(dtype)
 
     def nbytes(self):
-        return sum(t.numel() * t.element_size() for t in (self.tags, self.valid, self.rows))
+        return self.records.numel()
 
     def slot(self, id_):
         return _codec.reuse_slot(int(id_), self.capacity)
 
     def arg(self):
         """The cache as the native passes take it."""
-        return (self.tags.data_ptr(), self.valid.data_ptr(), self.rows.data_ptr(),
-                self.capacity)
+        return (self.records.data_ptr(), self.capacity, self.stride)
 
 
 class PeerCaches:

@@ -205,9 +205,9 @@ py::tuple decode_frames_new(uintptr_t buffer, uint64_t len, const py::object& si
 }
 
 // Reuse (native/cpu/reuse.h): pieces as (start, rows, group, cache, eb_param, lossless) and
-// caches as (tags, valid, rows, capacity) addresses, as hvd_lossy.reuse passes them.
+// caches as (records address, capacity, stride), as hvd_lossy.reuse passes them.
 using ReusePieceArg = std::tuple<uint64_t, uint64_t, int64_t, int64_t, double, bool>;
-using ReuseCacheArg = std::tuple<uintptr_t, uintptr_t, uintptr_t, uint64_t>;
+using ReuseCacheArg = std::tuple<uintptr_t, uint64_t, uint64_t>;
 
 std::vector<hl::reuse::Piece> reuse_pieces(const std::vector<ReusePieceArg>& args) {
   std::vector<hl::reuse::Piece> out(args.size());
@@ -220,8 +220,7 @@ std::vector<hl::reuse::Piece> reuse_pieces(const std::vector<ReusePieceArg>& arg
 std::vector<hl::reuse::Cache> reuse_caches(const std::vector<ReuseCacheArg>& args) {
   std::vector<hl::reuse::Cache> out(args.size());
   for (size_t k = 0; k < args.size(); ++k)
-    out[k] = {ptr<int64_t>(std::get<0>(args[k])), ptr<uint8_t>(std::get<1>(args[k])),
-              ptr<void>(std::get<2>(args[k])), std::get<3>(args[k])};
+    out[k] = {ptr<uint8_t>(std::get<0>(args[k])), std::get<1>(args[k]), std::get<2>(args[k])};
   return out;
 }
 

@@ -214,7 +214,7 @@ def test_capacity_keeps_a_ranks_mirrors_and_caches_under_the_cap():
     slots = reuse.capacity_for(cap, peers, segments, dim, torch.float32)
     one = reuse.DirectMappedCache(slots, dim, torch.float32).nbytes()
     assert 2 * peers * segments * one <= cap  # mirrors to every peer and caches from every one
-    assert 2 * peers * segments * (one + dim * 4 + 9) > cap  # and not much under
+    assert 2 * peers * segments * (one + reuse.record_bytes(dim, torch.float32)) > cap  # not much under
 
 
 def test_memory_stays_under_the_cap_over_ten_thousand_calls():

@@ -47,9 +47,9 @@ void reconstruct_row(const raw_of<DT>* p, const raw_of<DT>* r_hat, uint64_t d, r
     out[i] = Elem<DT>::from_float(as_float<DT>(p[i]) + as_float<DT>(r_hat[i]));
 }
 
-// Slots are random reads (or writes) into caches far larger than the CPU's caches: every row's
-// tag, flag and row would be a miss of its own, waited for in turn. Fetching kSlotsAhead rows
-// ahead keeps that many misses in flight instead.
+// Slots are random reads (or writes) into caches far larger than the CPU's caches: every
+// record would be a miss of its own, waited for in turn. Fetching kSlotsAhead rows ahead keeps
+// that many misses in flight instead.
 constexpr uint64_t kSlotsAhead = 16;
 
 // The slots of rows [start, start + rows) (ids in call order).
@@ -59,44 +59,67 @@ void slots_of(const int64_t* ids, uint64_t start, uint64_t rows, uint64_t capaci
   for (uint64_t r = 0; r < rows; ++r) (*slots)[r] = slot_of(ids[start + r], capacity);
 }
 
-// Prefetches slot s of cache c: its flag, tag and the first lines of its row.
-void prefetch_slot(const Cache& c, uint64_t s, uint64_t row_bytes, bool write) {
-  const char* row = static_cast<const char*>(c.rows) + s * row_bytes;
-  const uint64_t n = row_bytes < 256 ? row_bytes : 256;
-  if (write) {
-    __builtin_prefetch(c.valid + s, 1);
-    __builtin_prefetch(c.tags + s, 1);
-    for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(row + off, 1);
-  } else {
-    __builtin_prefetch(c.valid + s);
-    __builtin_prefetch(c.tags + s);
-    for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(row + off);
+uint8_t* record_of(const Cache& c, uint64_t s) { return c.records + s * c.stride; }
+
+int64_t tag_of(const uint8_t* rec) {
+  int64_t tag;
+  memcpy(&tag, rec, sizeof tag);
+  return tag;
+}
+
+// Prefetches slot s of cache c: the lines of its record's first 256 bytes (a lookup reads
+// the tag and the row's start; the hardware prefetcher carries on through longer rows).
+void prefetch_slot(const Cache& c, uint64_t s, bool write) {
+  const uint8_t* rec = record_of(c, s);
+  const uint64_t n = c.stride < 256 ? c.stride : 256;
+  for (uint64_t off = 0; off < n; off += 64) {
+    if (write)
+      __builtin_prefetch(rec + off, 1);
+    else
+      __builtin_prefetch(rec + off);
   }
+  if (write)  // a record that starts late in a line ends in one more
+    __builtin_prefetch(rec + n - 1, 1);
+  else
+    __builtin_prefetch(rec + n - 1);
 }
 
-// The held row of `id` (in slot s) in cache c, or null when c holds none for it or the held
-// row has a NaN or Inf (X - Inf and Inf + R^ would lose X, so such a row predicts nothing).
+// The held row of `id` (in slot s) in cache c with its largest magnitude in *amax, or null when
+// c holds none for it or the held row has a NaN or Inf (X - Inf and Inf + R^ would lose X, so
+// such a row predicts nothing).
 template <int DT>
-const raw_of<DT>* held_row(const Cache& c, int64_t id, uint64_t s, uint64_t d) {
-  if (!c.valid[s] || c.tags[s] != id) return nullptr;
-  const raw_of<DT>* row = static_cast<const raw_of<DT>*>(c.rows) + s * d;
+const raw_of<DT>* held_row(const Cache& c, int64_t id, uint64_t s, uint64_t d, float* amax) {
+  const uint8_t* rec = record_of(c, s);
+  if (!rec[8] || tag_of(rec) != id) return nullptr;
+  const raw_of<DT>* row = reinterpret_cast<const raw_of<DT>*>(rec + kRecordHead);
   bool finite = true;  // without branches, so that the loop vectorizes
-  for (uint64_t i = 0; i < d; ++i) finite &= fabs(Elem<DT>::to_double(row[i])) <= DBL_MAX;
-  return finite ? row : nullptr;
+  float m = 0;
+  for (uint64_t i = 0; i < d; ++i) {
+    const float a = fabsf(as_float<DT>(row[i]));
+    finite &= a <= FLT_MAX;  // NaN fails too
+    m = a > m ? a : m;
+  }
+  if (!finite) return nullptr;
+  *amax = m;
+  return row;
 }
 
+// Rows already held as they are (a reference's X^ is its held row) are left alone: their
+// records stay clean lines instead of being written back to memory unchanged.
 template <int DT>
 void store_piece(const raw_of<DT>* rows, const int64_t* ids, uint64_t d, const Piece& p,
                  const Cache& c, std::vector<uint64_t>* slots) {
-  raw_of<DT>* held = static_cast<raw_of<DT>*>(c.rows);
+  const uint64_t row_bytes = d * sizeof(raw_of<DT>);
   slots_of(ids, p.start, p.rows, c.capacity, slots);
   for (uint64_t r = 0; r < p.rows; ++r) {  // in order: the last row wins
-    if (r + kSlotsAhead < p.rows)
-      prefetch_slot(c, (*slots)[r + kSlotsAhead], d * sizeof(raw_of<DT>), true);
-    const uint64_t s = (*slots)[r];
-    c.tags[s] = ids[p.start + r];
-    c.valid[s] = 1;
-    memcpy(held + s * d, rows + (p.start + r) * d, d * sizeof(raw_of<DT>));
+    if (r + kSlotsAhead < p.rows) prefetch_slot(c, (*slots)[r + kSlotsAhead], true);
+    uint8_t* rec = record_of(c, (*slots)[r]);
+    const int64_t id = ids[p.start + r];
+    const raw_of<DT>* row = rows + (p.start + r) * d;
+    if (rec[8] && tag_of(rec) == id && memcmp(rec + kRecordHead, row, row_bytes) == 0) continue;
+    memcpy(rec, &id, sizeof id);
+    rec[8] = 1;
+    memcpy(rec + kRecordHead, row, row_bytes);
   }
 }
 
@@ -106,17 +129,12 @@ template <int DT>
 double predict_piece(const int64_t* ids, uint64_t d, const Piece& p, const Cache& c,
                      std::vector<uint64_t>* slots, const raw_of<DT>** held) {
   slots_of(ids, p.start, p.rows, c.capacity, slots);
-  double pmax = 0;
+  float pmax = 0;
   for (uint64_t r = 0; r < p.rows; ++r) {
-    if (r + kSlotsAhead < p.rows)
-      prefetch_slot(c, (*slots)[r + kSlotsAhead], d * sizeof(raw_of<DT>), false);
-    const raw_of<DT>* h = held_row<DT>(c, ids[p.start + r], (*slots)[r], d);
-    held[r] = h;
-    if (!h) continue;
-    for (uint64_t i = 0; i < d; ++i) {
-      const double a = fabs(Elem<DT>::to_double(h[i]));
-      pmax = a > pmax ? a : pmax;  // finite: held_row checked
-    }
+    if (r + kSlotsAhead < p.rows) prefetch_slot(c, (*slots)[r + kSlotsAhead], false);
+    float m = 0;
+    held[r] = held_row<DT>(c, ids[p.start + r], (*slots)[r], d, &m);
+    pmax = m > pmax ? m : pmax;
   }
   return pmax;
 }
@@ -126,7 +144,8 @@ double predict_piece(const int64_t* ids, uint64_t d, const Piece& p, const Cache
 // (peer, segment): storing a piece must not change another piece's prediction).
 std::vector<std::vector<size_t>> pieces_by_group(const std::vector<Piece>& pieces,
                                                  const std::vector<Cache>& caches,
-                                                 size_t groups, uint64_t n_rows) {
+                                                 size_t groups, uint64_t n_rows,
+                                                 uint64_t row_bytes) {
   std::vector<std::vector<size_t>> by(groups);
   std::vector<uint8_t> used(caches.size(), 0);
   for (size_t k = 0; k < pieces.size(); ++k) {
@@ -144,6 +163,10 @@ std::vector<std::vector<size_t>> pieces_by_group(const std::vector<Piece>& piece
                           std::to_string(caches.size()) + " caches, each used by one piece");
     if (caches[p.cache].capacity == 0)
       throw ArgumentError("reuse cache " + std::to_string(p.cache) + " has no slots");
+    if (caches[p.cache].stride < kRecordHead + row_bytes)
+      throw ArgumentError("reuse cache " + std::to_string(p.cache) + " has records of " +
+                          std::to_string(caches[p.cache].stride) + " bytes, expected at least " +
+                          std::to_string(kRecordHead + row_bytes) + " (tag, flag, row)");
     used[p.cache] = 1;
     by[p.group].push_back(k);
   }
@@ -268,7 +291,7 @@ EncodeResult encode_dt(const void* xv, const int64_t* ids, uint64_t d, bool rel,
                        const std::vector<Piece>& pieces, const std::vector<Cache>& caches,
                        const std::vector<uint8_t>& allow, void* residual, void* x_hat,
                        uint8_t* hit, uint64_t n_rows, int threads) {
-  const auto by = pieces_by_group(pieces, caches, allow.size(), n_rows);
+  const auto by = pieces_by_group(pieces, caches, allow.size(), n_rows, d * sizeof(raw_of<DT>));
   EncodeResult out;
   out.eb.assign(pieces.size(), 0);
   out.code_eb.assign(pieces.size(), 0);
@@ -288,7 +311,8 @@ template <int DT>
 void apply_dt(void* rowsv, const int64_t* ids, uint64_t d, const std::vector<Piece>& pieces,
               const std::vector<Cache>& caches, const std::vector<uint8_t>& predicted,
               uint64_t n_rows, int threads) {
-  const auto by = pieces_by_group(pieces, caches, predicted.size(), n_rows);
+  const auto by =
+      pieces_by_group(pieces, caches, predicted.size(), n_rows, d * sizeof(raw_of<DT>));
   raw_of<DT>* rows = static_cast<raw_of<DT>*>(rowsv);
   parallel::parallel_items(by.size(), resolve_threads(threads), [&](size_t g) {
     std::vector<uint64_t> slots;
@@ -351,7 +375,7 @@ void store(uint8_t dtype, const void* rows, const int64_t* ids, uint64_t row_len
   check_dtype(dtype);
   size_t groups = 0;
   for (const Piece& p : pieces) groups = std::max<size_t>(groups, (size_t)p.group + 1);
-  pieces_by_group(pieces, caches, groups, n_rows);  // the checks
+  pieces_by_group(pieces, caches, groups, n_rows, row_len * hl_elem_bytes(dtype));  // the checks
   std::vector<uint64_t> slots;
   for (const Piece& p : pieces) {
     const Cache& c = caches[p.cache];

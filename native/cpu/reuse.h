@@ -17,13 +17,15 @@
 namespace hl {
 namespace reuse {
 
-// One (peer, segment) cache: `capacity` slots of a tag (the id), a valid byte and a row of
-// row_len elements of the call's dtype. Memory the caller owns (torch tensors).
+// One (peer, segment) cache: `capacity` slots, each one record of `stride` bytes that holds the
+// slot's tag (the id, int64 at byte 0), its valid byte (at byte 8) and its row of row_len
+// elements of the call's dtype (at kRecordHead): a lookup is one random read of one or two cache
+// lines, not three (tag, flag and row apart). Memory the caller owns (a torch tensor).
+constexpr uint64_t kRecordHead = 16;
+
 struct Cache {
-  int64_t* tags;
-  uint8_t* valid;
-  void* rows;
-  uint64_t capacity;
+  uint8_t* records;
+  uint64_t capacity, stride;
 };
 
 // Rows [start, start + rows) of the call: one segment of the frame to (or from) peer `group`,
