@@ -525,14 +525,18 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("reuse_store",
         [](uintptr_t rows, int dtype, uintptr_t ids, uint64_t n_rows, uint64_t row_len,
-           const std::vector<ReusePieceArg>& pieces, const std::vector<ReuseCacheArg>& caches) {
+           const std::vector<ReusePieceArg>& pieces, const std::vector<ReuseCacheArg>& caches,
+           uintptr_t hit) {
           hl::reuse::store((uint8_t)dtype, ptr<const void>(rows), ptr<const int64_t>(ids),
-                           row_len, reuse_pieces(pieces), reuse_caches(caches), n_rows);
+                           row_len, reuse_pieces(pieces), reuse_caches(caches), n_rows,
+                           ptr<const uint8_t>(hit));
         },
         py::arg("rows"), py::arg("dtype"), py::arg("ids"), py::arg("n_rows"), py::arg("row_len"),
-        py::arg("pieces"), py::arg("caches"), py::call_guard<py::gil_scoped_release>(),
+        py::arg("pieces"), py::arg("caches"), py::arg("hit") = 0,
+        py::call_guard<py::gil_scoped_release>(),
         "Each piece's rows replace what its cache holds for their ids (the last row of a slot "
-        "wins).");
+        "wins); hit: the address of reuse_encode's hit bytes for these rows (rows it marks as "
+        "decoding to their held row are left as held), or 0.");
 
   m.def("reuse_apply",
         [](uintptr_t rows, int dtype, uintptr_t ids, uint64_t n_rows, uint64_t row_len,

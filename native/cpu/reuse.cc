@@ -104,22 +104,41 @@ const raw_of<DT>* held_row(const Cache& c, int64_t id, uint64_t s, uint64_t d, f
   return row;
 }
 
-// Rows already held as they are (a reference's X^ is its held row) are left alone: their
-// records stay clean lines instead of being written back to memory unchanged.
+// Each slot written once, by the last row of the piece on it (the rule store() states): rows
+// are taken last first and a slot seen already is skipped. A winning row whose record already
+// holds it (hit[r] == kHitHeld: X^ is the held row's bits) is not even read, so a call of
+// references touches no record here.
 template <int DT>
 void store_piece(const raw_of<DT>* rows, const int64_t* ids, uint64_t d, const Piece& p,
-                 const Cache& c, std::vector<uint64_t>* slots) {
+                 const Cache& c, const uint8_t* hit, std::vector<uint64_t>* slots,
+                 std::vector<uint64_t>* seen) {
   const uint64_t row_bytes = d * sizeof(raw_of<DT>);
   slots_of(ids, p.start, p.rows, c.capacity, slots);
-  for (uint64_t r = 0; r < p.rows; ++r) {  // in order: the last row wins
-    if (r + kSlotsAhead < p.rows) prefetch_slot(c, (*slots)[r + kSlotsAhead], true);
+  // Slots seen, open addressing at a load under one half (kFree marks an empty entry).
+  constexpr uint64_t kFree = ~0ull;
+  uint64_t cap = 16;
+  while (cap < 2 * p.rows) cap *= 2;
+  seen->assign(cap, kFree);
+  auto first_time = [&](uint64_t s) {
+    for (uint64_t e = (s * 0x9E3779B97F4A7C15ull) >> 40 & (cap - 1);; e = (e + 1) & (cap - 1)) {
+      if ((*seen)[e] == s) return false;
+      if ((*seen)[e] == kFree) {
+        (*seen)[e] = s;
+        return true;
+      }
+    }
+  };
+  for (uint64_t k = 0; k < p.rows; ++k) {
+    const uint64_t r = p.rows - 1 - k;
+    const bool as_is = hit && hit[p.start + r] == kHitHeld;
+    if (r >= kSlotsAhead && !(hit && hit[p.start + r - kSlotsAhead] == kHitHeld))
+      prefetch_slot(c, (*slots)[r - kSlotsAhead], true);
+    if (!first_time((*slots)[r]) || as_is) continue;
     uint8_t* rec = record_of(c, (*slots)[r]);
     const int64_t id = ids[p.start + r];
-    const raw_of<DT>* row = rows + (p.start + r) * d;
-    if (rec[8] && tag_of(rec) == id && memcmp(rec + kRecordHead, row, row_bytes) == 0) continue;
     memcpy(rec, &id, sizeof id);
     rec[8] = 1;
-    memcpy(rec + kRecordHead, row, row_bytes);
+    memcpy(rec + kRecordHead, rows + (p.start + r) * d, row_bytes);
   }
 }
 
@@ -219,7 +238,7 @@ bool sweep_piece(const raw_of<DT>* x, uint64_t d, const Piece& p, size_t k, bool
       const uint64_t row = row0 + r;
       const raw_of<DT>* h = predicted ? held[a + r] : nullptr;
       raw_of<DT>* xh = x_hat + row * d;
-      hit[row] = h != nullptr;
+      hit[row] = h ? kHitResidual : kHitFresh;
       if (!h) {  // fresh: the codec's own reconstruction, within code_eb <= eb
         memcpy(xh, rh + r * d, d * sizeof(raw_of<DT>));
         continue;
@@ -236,6 +255,7 @@ bool sweep_piece(const raw_of<DT>* x, uint64_t d, const Piece& p, size_t k, bool
       if (!within) return false;
       ++predicted_rows;
       refs += same;
+      hit[row] = memcmp(xh, h, d * sizeof(raw_of<DT>)) == 0 ? kHitHeld : kHitResidual;
     }
   }
   out->references[k] = refs;
@@ -315,13 +335,16 @@ void apply_dt(void* rowsv, const int64_t* ids, uint64_t d, const std::vector<Pie
       pieces_by_group(pieces, caches, predicted.size(), n_rows, d * sizeof(raw_of<DT>));
   raw_of<DT>* rows = static_cast<raw_of<DT>*>(rowsv);
   parallel::parallel_items(by.size(), resolve_threads(threads), [&](size_t g) {
-    std::vector<uint64_t> slots;
+    std::vector<uint64_t> slots, seen;
     std::vector<const raw_of<DT>*> held;
+    std::vector<uint8_t> hit;
     for (size_t k : by[g]) {
       const Piece& p = pieces[k];
       const Cache& c = caches[p.cache];
       // Every row predicts from the cache as it was before this call (as the sender's did);
       // the piece's cache is no other piece's, so storing after its own rows is enough.
+      // hit as encode's (indexed by call row): which rows' records already hold them.
+      hit.assign(p.start + p.rows, kHitFresh);
       if (predicted[g]) {
         held.resize(p.rows);
         predict_piece<DT>(ids, d, p, c, &slots, held.data());
@@ -329,9 +352,11 @@ void apply_dt(void* rowsv, const int64_t* ids, uint64_t d, const std::vector<Pie
           if (held[r]) {
             raw_of<DT>* row = rows + (p.start + r) * d;
             reconstruct_row<DT>(held[r], row, d, row);
+            hit[p.start + r] =
+                memcmp(row, held[r], d * sizeof(raw_of<DT>)) == 0 ? kHitHeld : kHitResidual;
           }
       }
-      store_piece<DT>(rows, ids, d, p, c, &slots);
+      store_piece<DT>(rows, ids, d, p, c, hit.data(), &slots, &seen);
     }
   });
 }
@@ -371,20 +396,24 @@ EncodeResult encode(uint8_t dtype, const void* x, const int64_t* ids, uint64_t r
 }
 
 void store(uint8_t dtype, const void* rows, const int64_t* ids, uint64_t row_len,
-           const std::vector<Piece>& pieces, const std::vector<Cache>& caches, uint64_t n_rows) {
+           const std::vector<Piece>& pieces, const std::vector<Cache>& caches, uint64_t n_rows,
+           const uint8_t* hit) {
   check_dtype(dtype);
   size_t groups = 0;
   for (const Piece& p : pieces) groups = std::max<size_t>(groups, (size_t)p.group + 1);
   pieces_by_group(pieces, caches, groups, n_rows, row_len * hl_elem_bytes(dtype));  // the checks
-  std::vector<uint64_t> slots;
+  std::vector<uint64_t> slots, seen;
   for (const Piece& p : pieces) {
     const Cache& c = caches[p.cache];
     if (dtype == HL_FLOAT32)
-      store_piece<HL_FLOAT32>(static_cast<const uint32_t*>(rows), ids, row_len, p, c, &slots);
+      store_piece<HL_FLOAT32>(static_cast<const uint32_t*>(rows), ids, row_len, p, c, hit,
+                              &slots, &seen);
     else if (dtype == HL_FLOAT16)
-      store_piece<HL_FLOAT16>(static_cast<const uint16_t*>(rows), ids, row_len, p, c, &slots);
+      store_piece<HL_FLOAT16>(static_cast<const uint16_t*>(rows), ids, row_len, p, c, hit,
+                              &slots, &seen);
     else
-      store_piece<HL_BFLOAT16>(static_cast<const uint16_t*>(rows), ids, row_len, p, c, &slots);
+      store_piece<HL_BFLOAT16>(static_cast<const uint16_t*>(rows), ids, row_len, p, c, hit,
+                               &slots, &seen);
   }
 }
 
