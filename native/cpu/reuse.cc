@@ -92,7 +92,7 @@ void check_row<HL_FLOAT32>(const uint32_t* x, const uint32_t* xh, const uint32_t
 // Slots are random reads (or writes) into caches far larger than the CPU's caches: every
 // record would be a miss of its own, waited for in turn. Fetching kSlotsAhead rows ahead keeps
 // that many misses in flight instead.
-constexpr uint64_t kSlotsAhead = 16;
+constexpr uint64_t kSlotsAhead = 32;
 
 // The slots of rows [start, start + rows) (ids in call order).
 void slots_of(const int64_t* ids, uint64_t start, uint64_t rows, uint64_t capacity,
