@@ -140,7 +140,7 @@ class Reusing:
 
     def after_send(self, send, offsets, counts):
         """The mirrors take what each destination will decode, their digests the frames."""
-        reuse.store(self.encoded.x_hat, self.keys, self.pieces)
+        reuse.store(self.encoded, self.keys, self.pieces)
         for d in range(self.size):
             if d != self.me:
                 self.send[d].chain(reuse.frame_crc(send[offsets[d]:offsets[d] + counts[d]]))

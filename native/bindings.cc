@@ -205,9 +205,9 @@ py::tuple decode_frames_new(uintptr_t buffer, uint64_t len, const py::object& si
 }
 
 // Reuse (native/cpu/reuse.h): pieces as (start, rows, group, cache, eb_param, lossless) and
-// caches as (tags, valid, rows, capacity) addresses, as hvd_lossy.reuse passes them.
+// caches as (records address, capacity, stride), as hvd_lossy.reuse passes them.
 using ReusePieceArg = std::tuple<uint64_t, uint64_t, int64_t, int64_t, double, bool>;
-using ReuseCacheArg = std::tuple<uintptr_t, uintptr_t, uintptr_t, uint64_t>;
+using ReuseCacheArg = std::tuple<uintptr_t, uint64_t, uint64_t>;
 
 std::vector<hl::reuse::Piece> reuse_pieces(const std::vector<ReusePieceArg>& args) {
   std::vector<hl::reuse::Piece> out(args.size());
@@ -220,8 +220,7 @@ std::vector<hl::reuse::Piece> reuse_pieces(const std::vector<ReusePieceArg>& arg
 std::vector<hl::reuse::Cache> reuse_caches(const std::vector<ReuseCacheArg>& args) {
   std::vector<hl::reuse::Cache> out(args.size());
   for (size_t k = 0; k < args.size(); ++k)
-    out[k] = {ptr<int64_t>(std::get<0>(args[k])), ptr<uint8_t>(std::get<1>(args[k])),
-              ptr<void>(std::get<2>(args[k])), std::get<3>(args[k])};
+    out[k] = {ptr<uint8_t>(std::get<0>(args[k])), std::get<1>(args[k]), std::get<2>(args[k])};
   return out;
 }
 
@@ -526,14 +525,18 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("reuse_store",
         [](uintptr_t rows, int dtype, uintptr_t ids, uint64_t n_rows, uint64_t row_len,
-           const std::vector<ReusePieceArg>& pieces, const std::vector<ReuseCacheArg>& caches) {
+           const std::vector<ReusePieceArg>& pieces, const std::vector<ReuseCacheArg>& caches,
+           uintptr_t hit) {
           hl::reuse::store((uint8_t)dtype, ptr<const void>(rows), ptr<const int64_t>(ids),
-                           row_len, reuse_pieces(pieces), reuse_caches(caches), n_rows);
+                           row_len, reuse_pieces(pieces), reuse_caches(caches), n_rows,
+                           ptr<const uint8_t>(hit));
         },
         py::arg("rows"), py::arg("dtype"), py::arg("ids"), py::arg("n_rows"), py::arg("row_len"),
-        py::arg("pieces"), py::arg("caches"), py::call_guard<py::gil_scoped_release>(),
+        py::arg("pieces"), py::arg("caches"), py::arg("hit") = 0,
+        py::call_guard<py::gil_scoped_release>(),
         "Each piece's rows replace what its cache holds for their ids (the last row of a slot "
-        "wins).");
+        "wins); hit: the address of reuse_encode's hit bytes for these rows (rows it marks as "
+        "decoding to their held row are left as held), or 0.");
 
   m.def("reuse_apply",
         [](uintptr_t rows, int dtype, uintptr_t ids, uint64_t n_rows, uint64_t row_len,

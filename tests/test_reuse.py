@@ -214,7 +214,7 @@ def test_capacity_keeps_a_ranks_mirrors_and_caches_under_the_cap():
     slots = reuse.capacity_for(cap, peers, segments, dim, torch.float32)
     one = reuse.DirectMappedCache(slots, dim, torch.float32).nbytes()
     assert 2 * peers * segments * one <= cap  # mirrors to every peer and caches from every one
-    assert 2 * peers * segments * (one + dim * 4 + 9) > cap  # and not much under
+    assert 2 * peers * segments * (one + reuse.record_bytes(dim, torch.float32)) > cap  # not much under
 
 
 def test_memory_stays_under_the_cap_over_ten_thousand_calls():
@@ -335,3 +335,29 @@ def test_gradients_summed_by_segment_and_id_come_back_on_each_ids_first_row():
     assert big.unique_rows == [[2, 2]] and big.first.tolist() == [1, 0, 3, 2]
     with pytest.raises(RuntimeError, match="expected one a distinct"):
         side.expand(sums[:-1])
+
+
+def test_a_reference_on_a_slot_another_row_of_the_call_took_wins_it_back_if_last():
+    """The last row of a call on a slot wins on both ends, also when it is a reference (whose
+    record the sender's store leaves alone) and an earlier row of the call wrote another id."""
+    enc, dec = reuse.ReuseEncoder(0.03, capacity=4), reuse.ReuseDecoder(capacity=4)
+    probe = reuse.DirectMappedCache(4, 2, torch.float32)
+    slots = [probe.slot(i) for i in range(64)]
+    a, b = [i for i in range(64) if slots[i] == slots[0]][:2]  # two ids on one slot
+    row = {a: [1.0, 2.0], b: [-3.0, 5.0]}
+
+    def call(order):
+        x = torch.tensor([row[i] for i in order])
+        ids = torch.tensor(order)
+        frame, predicted = enc.encode(x, ids, [len(order)])
+        assert_within(x, dec.decode(frame, ids, predicted), [len(order)], 0.03)
+        assert_same_state(enc, dec)
+        return enc.last["references"]
+
+    call([a])
+    assert call([a, b, a]) == 2  # both a rows are references; b, on a's slot, is not held
+    assert int(enc.peer.caches[0].tags[slots[a]]) == a
+    assert call([a]) == 1        # a still held: the last row on the slot won it back
+    call([a, b])
+    assert int(enc.peer.caches[0].tags[slots[a]]) == b
+    assert call([b]) == 1

@@ -47,10 +47,52 @@ void reconstruct_row(const raw_of<DT>* p, const raw_of<DT>* r_hat, uint64_t d, r
     out[i] = Elem<DT>::from_float(as_float<DT>(p[i]) + as_float<DT>(r_hat[i]));
 }
 
-// Slots are random reads (or writes) into caches far larger than the CPU's caches: every row's
-// tag, flag and row would be a miss of its own, waited for in turn. Fetching kSlotsAhead rows
-// ahead keeps that many misses in flight instead.
-constexpr uint64_t kSlotsAhead = 16;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
+#define HL_REUSE_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define HL_REUSE_CLONES
+#endif
+
+// Whether every element of X^ is within eb of X (NaN and Inf never are), and whether X^ equals
+// the held row P in value. Whole rows without branches, in double as the bound is checked
+// everywhere, so that the loop vectorizes (a miss is rare).
+template <int DT>
+void check_row(const raw_of<DT>* x, const raw_of<DT>* xh, const raw_of<DT>* p, uint64_t d,
+               double eb, bool* within, bool* same) {
+  uint32_t miss = 0, differ = 0;
+  for (uint64_t i = 0; i < d; ++i) {
+    const double v = Elem<DT>::to_double(x[i]), back = Elem<DT>::to_double(xh[i]);
+    miss |= !(fabs(back - v) <= eb);
+    differ |= back != Elem<DT>::to_double(p[i]);
+  }
+  *within = !miss;
+  *same = !differ;
+}
+
+// float32, the common case, with AVX2 where the CPU has it (4 doubles a step).
+HL_REUSE_CLONES void check_row_f32(const float* x, const float* xh, const float* p, uint64_t d,
+                                   double eb, bool* within, bool* same) {
+  uint32_t miss = 0, differ = 0;
+  for (uint64_t i = 0; i < d; ++i) {
+    const double v = x[i], back = xh[i];
+    miss |= !(fabs(back - v) <= eb);
+    differ |= back != (double)p[i];
+  }
+  *within = !miss;
+  *same = !differ;
+}
+
+template <>
+void check_row<HL_FLOAT32>(const uint32_t* x, const uint32_t* xh, const uint32_t* p, uint64_t d,
+                           double eb, bool* within, bool* same) {
+  check_row_f32(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(xh),
+                reinterpret_cast<const float*>(p), d, eb, within, same);
+}
+
+// Slots are random reads (or writes) into caches far larger than the CPU's caches: every
+// record would be a miss of its own, waited for in turn. Fetching kSlotsAhead rows ahead keeps
+// that many misses in flight instead.
+constexpr uint64_t kSlotsAhead = 32;
 
 // The slots of rows [start, start + rows) (ids in call order).
 void slots_of(const int64_t* ids, uint64_t start, uint64_t rows, uint64_t capacity,
@@ -59,44 +101,86 @@ void slots_of(const int64_t* ids, uint64_t start, uint64_t rows, uint64_t capaci
   for (uint64_t r = 0; r < rows; ++r) (*slots)[r] = slot_of(ids[start + r], capacity);
 }
 
-// Prefetches slot s of cache c: its flag, tag and the first lines of its row.
-void prefetch_slot(const Cache& c, uint64_t s, uint64_t row_bytes, bool write) {
-  const char* row = static_cast<const char*>(c.rows) + s * row_bytes;
-  const uint64_t n = row_bytes < 256 ? row_bytes : 256;
-  if (write) {
-    __builtin_prefetch(c.valid + s, 1);
-    __builtin_prefetch(c.tags + s, 1);
-    for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(row + off, 1);
-  } else {
-    __builtin_prefetch(c.valid + s);
-    __builtin_prefetch(c.tags + s);
-    for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(row + off);
+uint8_t* record_of(const Cache& c, uint64_t s) { return c.records + s * c.stride; }
+
+int64_t tag_of(const uint8_t* rec) {
+  int64_t tag;
+  memcpy(&tag, rec, sizeof tag);
+  return tag;
+}
+
+// Prefetches slot s of cache c: the lines of its record's first 256 bytes (a lookup reads
+// the tag and the row's start; the hardware prefetcher carries on through longer rows).
+void prefetch_slot(const Cache& c, uint64_t s, bool write) {
+  const uint8_t* rec = record_of(c, s);
+  const uint64_t n = c.stride < 256 ? c.stride : 256;
+  for (uint64_t off = 0; off < n; off += 64) {
+    if (write)
+      __builtin_prefetch(rec + off, 1);
+    else
+      __builtin_prefetch(rec + off);
   }
+  if (write)  // a record that starts late in a line ends in one more
+    __builtin_prefetch(rec + n - 1, 1);
+  else
+    __builtin_prefetch(rec + n - 1);
 }
 
-// The held row of `id` (in slot s) in cache c, or null when c holds none for it or the held
-// row has a NaN or Inf (X - Inf and Inf + R^ would lose X, so such a row predicts nothing).
+// The held row of `id` (in slot s) in cache c with its largest magnitude in *amax, or null when
+// c holds none for it or the held row has a NaN or Inf (X - Inf and Inf + R^ would lose X, so
+// such a row predicts nothing).
 template <int DT>
-const raw_of<DT>* held_row(const Cache& c, int64_t id, uint64_t s, uint64_t d) {
-  if (!c.valid[s] || c.tags[s] != id) return nullptr;
-  const raw_of<DT>* row = static_cast<const raw_of<DT>*>(c.rows) + s * d;
+const raw_of<DT>* held_row(const Cache& c, int64_t id, uint64_t s, uint64_t d, float* amax) {
+  const uint8_t* rec = record_of(c, s);
+  if (!rec[8] || tag_of(rec) != id) return nullptr;
+  const raw_of<DT>* row = reinterpret_cast<const raw_of<DT>*>(rec + kRecordHead);
   bool finite = true;  // without branches, so that the loop vectorizes
-  for (uint64_t i = 0; i < d; ++i) finite &= fabs(Elem<DT>::to_double(row[i])) <= DBL_MAX;
-  return finite ? row : nullptr;
+  float m = 0;
+  for (uint64_t i = 0; i < d; ++i) {
+    const float a = fabsf(as_float<DT>(row[i]));
+    finite &= a <= FLT_MAX;  // NaN fails too
+    m = a > m ? a : m;
+  }
+  if (!finite) return nullptr;
+  *amax = m;
+  return row;
 }
 
+// Each slot written once, by the last row of the piece on it (the rule store() states): rows
+// are taken last first and a slot seen already is skipped. A winning row whose record already
+// holds it (hit[r] == kHitHeld: X^ is the held row's bits) is not even read, so a call of
+// references touches no record here.
 template <int DT>
 void store_piece(const raw_of<DT>* rows, const int64_t* ids, uint64_t d, const Piece& p,
-                 const Cache& c, std::vector<uint64_t>* slots) {
-  raw_of<DT>* held = static_cast<raw_of<DT>*>(c.rows);
+                 const Cache& c, const uint8_t* hit, std::vector<uint64_t>* slots,
+                 std::vector<uint64_t>* seen) {
+  const uint64_t row_bytes = d * sizeof(raw_of<DT>);
   slots_of(ids, p.start, p.rows, c.capacity, slots);
-  for (uint64_t r = 0; r < p.rows; ++r) {  // in order: the last row wins
-    if (r + kSlotsAhead < p.rows)
-      prefetch_slot(c, (*slots)[r + kSlotsAhead], d * sizeof(raw_of<DT>), true);
-    const uint64_t s = (*slots)[r];
-    c.tags[s] = ids[p.start + r];
-    c.valid[s] = 1;
-    memcpy(held + s * d, rows + (p.start + r) * d, d * sizeof(raw_of<DT>));
+  // Slots seen, open addressing at a load under one half (kFree marks an empty entry).
+  constexpr uint64_t kFree = ~0ull;
+  uint64_t cap = 16;
+  while (cap < 2 * p.rows) cap *= 2;
+  seen->assign(cap, kFree);
+  auto first_time = [&](uint64_t s) {
+    for (uint64_t e = (s * 0x9E3779B97F4A7C15ull) >> 40 & (cap - 1);; e = (e + 1) & (cap - 1)) {
+      if ((*seen)[e] == s) return false;
+      if ((*seen)[e] == kFree) {
+        (*seen)[e] = s;
+        return true;
+      }
+    }
+  };
+  for (uint64_t k = 0; k < p.rows; ++k) {
+    const uint64_t r = p.rows - 1 - k;
+    const bool as_is = hit && hit[p.start + r] == kHitHeld;
+    if (r >= kSlotsAhead && !(hit && hit[p.start + r - kSlotsAhead] == kHitHeld))
+      prefetch_slot(c, (*slots)[r - kSlotsAhead], true);
+    if (!first_time((*slots)[r]) || as_is) continue;
+    uint8_t* rec = record_of(c, (*slots)[r]);
+    const int64_t id = ids[p.start + r];
+    memcpy(rec, &id, sizeof id);
+    rec[8] = 1;
+    memcpy(rec + kRecordHead, rows + (p.start + r) * d, row_bytes);
   }
 }
 
@@ -106,17 +190,12 @@ template <int DT>
 double predict_piece(const int64_t* ids, uint64_t d, const Piece& p, const Cache& c,
                      std::vector<uint64_t>* slots, const raw_of<DT>** held) {
   slots_of(ids, p.start, p.rows, c.capacity, slots);
-  double pmax = 0;
+  float pmax = 0;
   for (uint64_t r = 0; r < p.rows; ++r) {
-    if (r + kSlotsAhead < p.rows)
-      prefetch_slot(c, (*slots)[r + kSlotsAhead], d * sizeof(raw_of<DT>), false);
-    const raw_of<DT>* h = held_row<DT>(c, ids[p.start + r], (*slots)[r], d);
-    held[r] = h;
-    if (!h) continue;
-    for (uint64_t i = 0; i < d; ++i) {
-      const double a = fabs(Elem<DT>::to_double(h[i]));
-      pmax = a > pmax ? a : pmax;  // finite: held_row checked
-    }
+    if (r + kSlotsAhead < p.rows) prefetch_slot(c, (*slots)[r + kSlotsAhead], false);
+    float m = 0;
+    held[r] = held_row<DT>(c, ids[p.start + r], (*slots)[r], d, &m);
+    pmax = m > pmax ? m : pmax;
   }
   return pmax;
 }
@@ -126,7 +205,8 @@ double predict_piece(const int64_t* ids, uint64_t d, const Piece& p, const Cache
 // (peer, segment): storing a piece must not change another piece's prediction).
 std::vector<std::vector<size_t>> pieces_by_group(const std::vector<Piece>& pieces,
                                                  const std::vector<Cache>& caches,
-                                                 size_t groups, uint64_t n_rows) {
+                                                 size_t groups, uint64_t n_rows,
+                                                 uint64_t row_bytes) {
   std::vector<std::vector<size_t>> by(groups);
   std::vector<uint8_t> used(caches.size(), 0);
   for (size_t k = 0; k < pieces.size(); ++k) {
@@ -144,6 +224,10 @@ std::vector<std::vector<size_t>> pieces_by_group(const std::vector<Piece>& piece
                           std::to_string(caches.size()) + " caches, each used by one piece");
     if (caches[p.cache].capacity == 0)
       throw ArgumentError("reuse cache " + std::to_string(p.cache) + " has no slots");
+    if (caches[p.cache].stride < kRecordHead + row_bytes)
+      throw ArgumentError("reuse cache " + std::to_string(p.cache) + " has records of " +
+                          std::to_string(caches[p.cache].stride) + " bytes, expected at least " +
+                          std::to_string(kRecordHead + row_bytes) + " (tag, flag, row)");
     used[p.cache] = 1;
     by[p.group].push_back(k);
   }
@@ -196,23 +280,19 @@ bool sweep_piece(const raw_of<DT>* x, uint64_t d, const Piece& p, size_t k, bool
       const uint64_t row = row0 + r;
       const raw_of<DT>* h = predicted ? held[a + r] : nullptr;
       raw_of<DT>* xh = x_hat + row * d;
-      hit[row] = h != nullptr;
+      hit[row] = h ? kHitResidual : kHitFresh;
       if (!h) {  // fresh: the codec's own reconstruction, within code_eb <= eb
         memcpy(xh, rh + r * d, d * sizeof(raw_of<DT>));
         continue;
       }
       reconstruct_row<DT>(h, rh + r * d, d, xh);
       const raw_of<DT>* xr = x + row * d;
-      // Whole rows without branches, so that the loop vectorizes; a miss is rare.
-      bool within = true, same = true;
-      for (uint64_t i = 0; i < d; ++i) {
-        const double v = Elem<DT>::to_double(xr[i]), back = Elem<DT>::to_double(xh[i]);
-        within &= fabs(back - v) <= eb;  // NaN and Inf never pass
-        same &= back == Elem<DT>::to_double(h[i]);
-      }
+      bool within, same;
+      check_row<DT>(xr, xh, h, d, eb, &within, &same);
       if (!within) return false;
       ++predicted_rows;
       refs += same;
+      hit[row] = memcmp(xh, h, d * sizeof(raw_of<DT>)) == 0 ? kHitHeld : kHitResidual;
     }
   }
   out->references[k] = refs;
@@ -268,7 +348,7 @@ EncodeResult encode_dt(const void* xv, const int64_t* ids, uint64_t d, bool rel,
                        const std::vector<Piece>& pieces, const std::vector<Cache>& caches,
                        const std::vector<uint8_t>& allow, void* residual, void* x_hat,
                        uint8_t* hit, uint64_t n_rows, int threads) {
-  const auto by = pieces_by_group(pieces, caches, allow.size(), n_rows);
+  const auto by = pieces_by_group(pieces, caches, allow.size(), n_rows, d * sizeof(raw_of<DT>));
   EncodeResult out;
   out.eb.assign(pieces.size(), 0);
   out.code_eb.assign(pieces.size(), 0);
@@ -288,16 +368,20 @@ template <int DT>
 void apply_dt(void* rowsv, const int64_t* ids, uint64_t d, const std::vector<Piece>& pieces,
               const std::vector<Cache>& caches, const std::vector<uint8_t>& predicted,
               uint64_t n_rows, int threads) {
-  const auto by = pieces_by_group(pieces, caches, predicted.size(), n_rows);
+  const auto by =
+      pieces_by_group(pieces, caches, predicted.size(), n_rows, d * sizeof(raw_of<DT>));
   raw_of<DT>* rows = static_cast<raw_of<DT>*>(rowsv);
   parallel::parallel_items(by.size(), resolve_threads(threads), [&](size_t g) {
-    std::vector<uint64_t> slots;
+    std::vector<uint64_t> slots, seen;
     std::vector<const raw_of<DT>*> held;
+    std::vector<uint8_t> hit;
     for (size_t k : by[g]) {
       const Piece& p = pieces[k];
       const Cache& c = caches[p.cache];
       // Every row predicts from the cache as it was before this call (as the sender's did);
       // the piece's cache is no other piece's, so storing after its own rows is enough.
+      // hit as encode's (indexed by call row): which rows' records already hold them.
+      hit.assign(p.start + p.rows, kHitFresh);
       if (predicted[g]) {
         held.resize(p.rows);
         predict_piece<DT>(ids, d, p, c, &slots, held.data());
@@ -305,9 +389,11 @@ void apply_dt(void* rowsv, const int64_t* ids, uint64_t d, const std::vector<Pie
           if (held[r]) {
             raw_of<DT>* row = rows + (p.start + r) * d;
             reconstruct_row<DT>(held[r], row, d, row);
+            hit[p.start + r] =
+                memcmp(row, held[r], d * sizeof(raw_of<DT>)) == 0 ? kHitHeld : kHitResidual;
           }
       }
-      store_piece<DT>(rows, ids, d, p, c, &slots);
+      store_piece<DT>(rows, ids, d, p, c, hit.data(), &slots, &seen);
     }
   });
 }
@@ -347,20 +433,24 @@ EncodeResult encode(uint8_t dtype, const void* x, const int64_t* ids, uint64_t r
 }
 
 void store(uint8_t dtype, const void* rows, const int64_t* ids, uint64_t row_len,
-           const std::vector<Piece>& pieces, const std::vector<Cache>& caches, uint64_t n_rows) {
+           const std::vector<Piece>& pieces, const std::vector<Cache>& caches, uint64_t n_rows,
+           const uint8_t* hit) {
   check_dtype(dtype);
   size_t groups = 0;
   for (const Piece& p : pieces) groups = std::max<size_t>(groups, (size_t)p.group + 1);
-  pieces_by_group(pieces, caches, groups, n_rows);  // the checks
-  std::vector<uint64_t> slots;
+  pieces_by_group(pieces, caches, groups, n_rows, row_len * hl_elem_bytes(dtype));  // the checks
+  std::vector<uint64_t> slots, seen;
   for (const Piece& p : pieces) {
     const Cache& c = caches[p.cache];
     if (dtype == HL_FLOAT32)
-      store_piece<HL_FLOAT32>(static_cast<const uint32_t*>(rows), ids, row_len, p, c, &slots);
+      store_piece<HL_FLOAT32>(static_cast<const uint32_t*>(rows), ids, row_len, p, c, hit,
+                              &slots, &seen);
     else if (dtype == HL_FLOAT16)
-      store_piece<HL_FLOAT16>(static_cast<const uint16_t*>(rows), ids, row_len, p, c, &slots);
+      store_piece<HL_FLOAT16>(static_cast<const uint16_t*>(rows), ids, row_len, p, c, hit,
+                              &slots, &seen);
     else
-      store_piece<HL_BFLOAT16>(static_cast<const uint16_t*>(rows), ids, row_len, p, c, &slots);
+      store_piece<HL_BFLOAT16>(static_cast<const uint16_t*>(rows), ids, row_len, p, c, hit,
+                               &slots, &seen);
   }
 }
 

@@ -17,13 +17,15 @@
 namespace hl {
 namespace reuse {
 
-// One (peer, segment) cache: `capacity` slots of a tag (the id), a valid byte and a row of
-// row_len elements of the call's dtype. Memory the caller owns (torch tensors).
+// One (peer, segment) cache: `capacity` slots, each one record of `stride` bytes that holds the
+// slot's tag (the id, int64 at byte 0), its valid byte (at byte 8) and its row of row_len
+// elements of the call's dtype (at kRecordHead): a lookup is one random read of one or two cache
+// lines, not three (tag, flag and row apart). Memory the caller owns (a torch tensor).
+constexpr uint64_t kRecordHead = 16;
+
 struct Cache {
-  int64_t* tags;
-  uint8_t* valid;
-  void* rows;
-  uint64_t capacity;
+  uint8_t* records;
+  uint64_t capacity, stride;
 };
 
 // Rows [start, start + rows) of the call: one segment of the frame to (or from) peer `group`,
@@ -43,6 +45,10 @@ struct Piece {
 // hvd_lossy.reuse.DirectMappedCache.slots computes it in int64.
 uint64_t slot_of(int64_t id, uint64_t capacity);
 
+// What encode says of each row in `hit`: coded fresh, coded against its held row, or that and
+// decoded to the held row's bits (its record then needs no store).
+constexpr uint8_t kHitFresh = 0, kHitResidual = 1, kHitHeld = 2;
+
 // What encode learnt, a piece (eb: X's absolute bound as the frame stores it; code_eb: the bound
 // R is coded at; references / residuals: predicted rows decoded to the held row itself / to a
 // corrected one) and a group (predicted: whether its frame codes residuals).
@@ -54,7 +60,7 @@ struct EncodeResult {
 
 // The sender's pass: for every piece, the prediction from its cache (as the caches are before
 // this call), R into `residual` and X^ into `x_hat` (both shaped like x), one hit byte a row
-// (1: coded as a residual). A group whose `allow[g]` is 0 is coded fresh; so is one whose
+// (kHit*: fresh, predicted, or predicted with X^ the held row's bits). A group whose `allow[g]` is 0 is coded fresh; so is one whose
 // predicted rows would miss their bound. Rows of no group (the own chunk) are not pieces.
 // Changes no cache: store() does, once the frames are final.
 EncodeResult encode(uint8_t dtype, const void* x, const int64_t* ids, uint64_t row_len, bool rel,
@@ -63,9 +69,11 @@ EncodeResult encode(uint8_t dtype, const void* x, const int64_t* ids, uint64_t r
                     uint8_t* hit, uint64_t n_rows, int threads);
 
 // Every piece's rows of `rows` (X^) replace what its cache holds for their ids; rows of one call
-// that share a slot resolve by one rule, the last such row wins.
+// that share a slot resolve by one rule, the last such row wins. `hit`: encode's for these rows
+// (rows marked kHitHeld are not written: their records hold them already), or null.
 void store(uint8_t dtype, const void* rows, const int64_t* ids, uint64_t row_len,
-           const std::vector<Piece>& pieces, const std::vector<Cache>& caches, uint64_t n_rows);
+           const std::vector<Piece>& pieces, const std::vector<Cache>& caches, uint64_t n_rows,
+           const uint8_t* hit);
 
 // The receiver's pass: `rows` hold the decoded residuals R^ of every piece; rows whose id its
 // cache holds become P + R^ where predicted[group] (exactly as the sender formed them), and then
