@@ -192,11 +192,9 @@ __attribute__((target("avx2"))) void range_f32_avx2(const float* x, uint64_t n, 
   const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
   const __m256 pinf = _mm256_set1_ps(INFINITY), ninf = _mm256_set1_ps(-INFINITY);
   __m256 lo = pinf, hi = ninf;
-  // From the end down: the encoder quantizes from the start up right after this pass, and the
-  // last lines read here are the first it needs, still in the last-level cache.
-  const uint64_t head = n % 8;
-  for (uint64_t i = n; i >= head + 8; i -= 8) {
-    __m256 v = _mm256_loadu_ps(x + i - 8);
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
     __m256 bad = _mm256_castsi256_ps(
         _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), exp_mask), exp_mask));
     lo = _mm256_min_ps(lo, _mm256_blendv_ps(v, pinf, bad));
@@ -206,7 +204,7 @@ __attribute__((target("avx2"))) void range_f32_avx2(const float* x, uint64_t n, 
   _mm256_storeu_ps(l, lo);
   _mm256_storeu_ps(h, hi);
   double tl, th;
-  range_impl<HL_FLOAT32>(x, head, &tl, &th);
+  range_impl<HL_FLOAT32>(x + i, n - i, &tl, &th);
   for (int k = 0; k < 8; ++k) {
     tl = l[k] < tl ? l[k] : tl;
     th = h[k] > th ? h[k] : th;
