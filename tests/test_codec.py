@@ -296,7 +296,8 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
     """The AVX-512 and AVX2 kernels (plain and dithered, encode and decode, range, pack and
     unpack; float32, and float16/bfloat16 at AVX-512) must give exactly the portable loops'
     bytes, near the dtypes' overflow and subnormal edges too. Rows of 37 exercise every vector
-    tail, rows of 128 the full-width loops."""
+    tail, rows of 128 the full-width loops; codes that fit a byte for a while and then do not,
+    the encoder's switch from byte codes to 32-bit ones in the middle of a tensor."""
     import os
     import pathlib
     import subprocess
@@ -343,6 +344,14 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
         "        assert hvd_lossy.frame_info(buf)['segments'][0]['short_blocks']\n"
         "        out.append(buf.numpy().tobytes())\n"
         "        out += [p.numpy().tobytes() for p in hvd_lossy.decompress_chunks(buf)]\n"
+        "m = torch.randn(6000, 32, generator=g) * 0.01  # codes of a byte, then wider, then NaN:\n"
+        "m[4000:] *= 1000  # tiles of byte codes before and beside rows that need more\n"
+        "m[5500, 3] = float('nan')\n"
+        "m = m[torch.randint(0, 6000, (6000,), generator=g).sort().values]  # repeats, in order\n"
+        "for dither in (None, 5):\n"
+        "    frame = hvd_lossy.compress(m, 0.01, mode='abs', dither=dither)\n"
+        "    out.append(frame.numpy().tobytes())\n"
+        "    out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
         "sys.stdout.buffer.write(b''.join(out))\n")
 
     def frames(**flags):

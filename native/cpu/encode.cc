@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -62,6 +63,8 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   Dither dither;
   dither.on = p.dither && !lossless;
   dither.seed = p.dither_seed;
+  // |x| of every finite element is at most this (lets the quantizer skip a check)
+  const double max_abs = need_range && lo <= hi ? std::max(fabs(lo), fabs(hi)) : INFINITY;
   Prepared f;
   {
     // The distinct rows found by id are quantized (code_rows merges those that share codes:
@@ -72,12 +75,12 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
       coded = enc::code_rows(t, &by_id, lossless, eb_abs, dither, threads);
       by_id = DistinctRows();  // back to the pool before the sections take theirs
     } else if (dedup && !lossless) {
-      coded = enc::code_distinct_rows(t, eb_abs, threads, p.level == 1);
+      coded = enc::code_distinct_rows(t, eb_abs, threads, p.level == 1, max_abs);
     } else {
       DistinctRows distinct;
       if (dedup) distinct = enc::distinct_raw_rows(t, false, threads, &lo, &hi);
       coded = enc::code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads,
-                             p.level == 1);
+                             p.level == 1, max_abs);
     }
     f.s = enc::build_sections(t, coded, lossless, p.level, threads);
   }

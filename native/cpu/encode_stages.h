@@ -6,6 +6,7 @@
 // dtypes of frame.h.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 
 #include <vector>
@@ -80,6 +81,10 @@ struct Dither {
 struct Coded {
   uint64_t n_unique = 0;
   Buffer<uint32_t> codes;        // n_unique x row_len: zigzag codes, kOutlierMark, or raw bits
+  // Lossy level-1 codes that all fit a byte (no code of 256 or more, no outlier's mark: rel
+  // bounds above ~0.004) come as bytes instead, and `codes` is empty: the sections then read a
+  // quarter of the memory.
+  Buffer<uint8_t> bytes;
   Buffer<uint8_t> row_outlier;   // per unique row (lossy frames)
   Buffer<uint64_t> source;  // tensor row of each unique row; empty when it is the identity
   Buffer<uint32_t> map;          // tensor row -> unique row; only when n_unique < n_rows
@@ -96,9 +101,12 @@ struct Coded {
 // second pass over the distinct rows' codes. Numbering both passes by first occurrence gives
 // the same unique order as one pass over all codes. With `widths`, lossy codes of every row (no
 // dedup) come with their level-1 widths (Coded::w16), for level-1 frames.
+// max_abs: at least every finite element's |x|, where the range says so (it only helps the
+// quantizer skip a check: cpu::QuantParams::max_abs).
 template <int DT>
 Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, double eb_abs,
-                const Dither& dither, int threads, bool widths = false);
+                const Dither& dither, int threads, bool widths = false,
+                double max_abs = INFINITY);
 
 // Lossy frames with dedup: every row quantized, a block at a time, and numbered by its codes
 // (and its outliers' raw bits) while the block is still in cache, against the unique rows'
@@ -108,7 +116,8 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
 // same order. With `widths`, the unique codes come with their level-1 widths (Coded::w16),
 // taken after each block over the unique rows it added.
 template <int DT>
-Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool widths = false);
+Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool widths = false,
+                         double max_abs = INFINITY);
 
 // ---- sections.cc --------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@
 #define HL_CLONES
 #endif
 #define HL_INLINE inline __attribute__((always_inline))
+#define HL_AVX2_LAMBDA __attribute__((target("avx2"), always_inline))
 
 namespace hl {
 namespace cpu {
@@ -93,6 +94,29 @@ HL_INLINE uint64_t mix_outliers(uint64_t h, const raw_t* x, const uint32_t* z, u
   for (uint64_t i = 0; i < d; ++i)
     if (z[i] == kOutlierMark) h = mix64(h ^ ((uint64_t)x[i] << 32 | i));
   return h;
+}
+
+// hash_codes from its eight lanes after the row's full groups of eight (the rest, d % 8 codes,
+// still to mix in).
+HL_INLINE uint64_t hash_finish(uint32_t* lane, const uint32_t* rest, uint64_t n_rest, uint64_t d) {
+  for (uint64_t k = 0; k < n_rest; ++k) lane[k] = (lane[k] ^ rest[k]) * 0x85ebca6bu;
+  uint64_t h = d;
+  h ^= ((uint64_t)lane[0] | ((uint64_t)lane[1] << 32)) * 0x9e3779b97f4a7c15ull;
+  h ^= ((uint64_t)lane[2] | ((uint64_t)lane[3] << 32)) * 0xc2b2ae3d27d4eb4full;
+  h ^= ((uint64_t)lane[4] | ((uint64_t)lane[5] << 32)) * 0x165667b19e3779f9ull;
+  h ^= ((uint64_t)lane[6] | ((uint64_t)lane[7] << 32)) * 0xd6e8feb86659fd93ull;
+  return mix64(h);
+}
+
+// The dedup hash of a row of quantize_rows_narrow: hash_codes of its codes, and its outliers'
+// bits, with bit 32 (the table's tag) set for a wide row, so that only rows of one kind are
+// ever compared.
+template <typename raw_t>
+HL_INLINE uint64_t row_hash(const raw_t* x, const uint32_t* z, uint64_t d, bool narrow,
+                            bool outlier) {
+  if (narrow) return hash_codes(z, d) & ~(1ull << 32);
+  const uint64_t h = outlier ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
+  return h | (1ull << 32);
 }
 
 template <int DT>
@@ -269,13 +293,21 @@ __attribute__((target("avx2"))) inline __m256d quantize4_f32(const float* x, __m
   return bad;
 }
 
-__attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const uint64_t* idx,
-                                                       uint64_t rows, uint64_t d,
-                                                       const QuantParams& qp, uint32_t* codes,
-                                                       uint8_t* row_outlier, uint64_t* hashes) {
+template <bool Narrow>
+__attribute__((target("avx2"))) void quantize_f32_avx2_rows(const float* xs, const uint64_t* idx,
+                                                            uint64_t rows, uint64_t d,
+                                                            const QuantParams& qp, uint32_t* codes,
+                                                            uint8_t* row_outlier, uint64_t* hashes,
+                                                            uint8_t* narrow, uint8_t* bytes);
+
+// quantize_rows for float32 with AVX2.
+template <>
+__attribute__((target("avx2"))) void quantize_f32_avx2_rows<false>(
+    const float* xs, const uint64_t* idx, uint64_t rows, uint64_t d, const QuantParams& qp,
+    uint32_t* codes, uint8_t* row_outlier, uint64_t* hashes, uint8_t*, uint8_t*) {
   const __m256d inv = _mm256_set1_pd(qp.inv_step), step = _mm256_set1_pd(qp.step),
                 eb = _mm256_set1_pd(qp.eb_abs), zero = _mm256_setzero_pd();
-  const FastF32 fast = fast_f32(qp.step, qp.inv_step);
+  const FastF32 fast = fast_f32(qp.step, qp.inv_step, qp.max_abs);
   DitherInner di{qp.seed};
   for (uint64_t r = 0; r < rows; ++r) {
     prefetch_gathered(xs, idx, r, rows, d * 4);
@@ -288,7 +320,11 @@ __attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const ui
         const uint64_t e = qp.first + r * d + i;
         if ((uint32_t)e > 0xfffffff8u) break;  // the eight indices cross 2^32: scalar tail
         const __m256i bits = dither_bits8((uint32_t)e, di.of(e));
-        if (fast.on && quantize8_fast<true>(x + i, fast, bits, z + i)) continue;
+        __m256i zig;
+        if (fast.on && quantize8_fast<true>(x + i, fast, bits, &zig)) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(z + i), zig);
+          continue;
+        }
         const __m256d u0 = dither_offsets4(_mm256_castsi256_si128(bits), step);
         const __m256d u1 = dither_offsets4(_mm256_extracti128_si256(bits, 1), step);
         bad = _mm256_or_pd(bad, quantize4_f32(x + i, inv, step, eb, u0, z + i));
@@ -297,7 +333,11 @@ __attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const ui
     } else {
       const __m256i none = _mm256_setzero_si256();
       for (; i + 8 <= d; i += 8) {
-        if (fast.on && quantize8_fast<false>(x + i, fast, none, z + i)) continue;
+        __m256i zig;
+        if (fast.on && quantize8_fast<false>(x + i, fast, none, &zig)) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(z + i), zig);
+          continue;
+        }
         bad = _mm256_or_pd(bad, quantize4_f32(x + i, inv, step, eb, zero, z + i));
         bad = _mm256_or_pd(bad, quantize4_f32(x + i + 4, inv, step, eb, zero, z + i + 4));
       }
@@ -315,6 +355,136 @@ __attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const ui
     if (hashes)
       hashes[r] = row_outlier[r] ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
   }
+}
+
+// Eight codes: the fast lanes where they are sure, else the double kernel's (into z, which it
+// writes; outliers get the mark, 2^32 - 1).
+template <bool Dither, bool Bounded>
+__attribute__((target("avx2"))) inline __m256i codes8_avx2(const float* x, const FastF32& fast,
+                                                           __m256i bits, __m256d inv, __m256d step,
+                                                           __m256d eb, uint32_t* z) {
+  __m256i zig;
+  if (fast.on && quantize8_fast<Dither, Bounded>(x, fast, bits, &zig)) return zig;
+  __m256d u0 = _mm256_setzero_pd(), u1 = u0;
+  if (Dither) {
+    u0 = dither_offsets4(_mm256_castsi256_si128(bits), step);
+    u1 = dither_offsets4(_mm256_extracti128_si256(bits, 1), step);
+  }
+  quantize4_f32(x, inv, step, eb, u0, z);
+  quantize4_f32(x + 4, inv, step, eb, u1, z + 4);
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z));
+}
+
+// quantize_rows_narrow for float32 with AVX2, in one pass: each row's codes go to bytes (32 a
+// store) and into its hash (hash_codes, eight lanes a vector) as they come out of the quantizer,
+// and only a row found wide (a code of 256 or more: an outlier's mark too) is quantized again
+// into z by the kernel above, for its codes, outlier flag and hash. z holds nothing of use for a
+// narrow row.
+template <bool Dither, bool Bounded, bool Hash>
+__attribute__((target("avx2"))) void narrow_f32_avx2(const float* xs, uint64_t rows, uint64_t d,
+                                                     const QuantParams& qp, uint32_t* codes,
+                                                     uint8_t* row_outlier, uint64_t* hashes,
+                                                     uint8_t* narrow, uint8_t* bytes) {
+  const __m256d inv = _mm256_set1_pd(qp.inv_step), step = _mm256_set1_pd(qp.step),
+                eb = _mm256_set1_pd(qp.eb_abs);
+  const FastF32 fast = fast_f32(qp.step, qp.inv_step, qp.max_abs);
+  const __m256i mul = _mm256_set1_epi32((int)0x9e3779b1u), none = _mm256_setzero_si256();
+  const __m256i lanes0 = _mm256_setr_epi32((int)0x243f6a88u, (int)0x85a308d3u, (int)0x13198a2eu,
+                                           (int)0x03707344u, (int)0xa4093822u, (int)0x299f31d0u,
+                                           (int)0x082efa98u, (int)0xec4e6c89u);
+  DitherInner di{qp.seed};
+  for (uint64_t r = 0; r < rows; ++r) {
+    const float* x = xs + r * d;
+    uint32_t* z = codes + r * d;
+    uint8_t* b = bytes + r * d;
+    __m256i any = _mm256_setzero_si256(), lanes = lanes0;
+    bool redo = false;  // dither indices that cross 2^32: the row goes to the kernel above
+    auto group = [&](uint64_t i) HL_AVX2_LAMBDA -> __m256i {
+      __m256i zig;
+      if (Dither) {
+        const uint64_t e = qp.first + r * d + i;
+        redo |= (uint32_t)e > 0xfffffff8u;
+        zig = codes8_avx2<true, Bounded>(x + i, fast, dither_bits8((uint32_t)e, di.of(e)), inv,
+                                         step, eb, z + i);
+      } else {
+        zig = codes8_avx2<false, Bounded>(x + i, fast, none, inv, step, eb, z + i);
+      }
+      any = _mm256_or_si256(any, zig);
+      if (Hash) lanes = _mm256_mullo_epi32(_mm256_xor_si256(lanes, zig), mul);
+      return zig;
+    };
+    uint64_t i = 0;
+    for (; i + 32 <= d; i += 32) {
+      const __m256i a = group(i), c = group(i + 8), e = group(i + 16), f = group(i + 24);
+      // signed saturation keeps codes below 256 (a larger one makes the row wide anyway);
+      // the packs work within 128-bit lanes, the permutation restores the order
+      const __m256i w = _mm256_packus_epi16(_mm256_packs_epi32(a, c), _mm256_packs_epi32(e, f));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b + i),
+                          _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+    for (; i + 8 <= d; i += 8) {
+      const __m256i zig = group(i);
+      const __m128i w =
+          _mm_packus_epi32(_mm256_castsi256_si128(zig), _mm256_extracti128_si256(zig, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(b + i), _mm_packus_epi16(w, w));
+    }
+    uint32_t rest = 0;
+    if (i < d) {
+      QuantParams part = qp;
+      part.first = qp.first + r * d + i;
+      uint8_t miss;
+      quantize_impl<HL_FLOAT32>(x + i, nullptr, 1, d - i, part, z + i, &miss, nullptr);
+      for (uint64_t k = i; k < d; ++k) {
+        rest |= z[k];
+        b[k] = (uint8_t)z[k];
+      }
+    }
+    const bool wide = redo || (rest >> 8) != 0 ||
+                      _mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_srli_epi32(any, 8), none)) !=
+                          (int)0xffffffff;
+    narrow[r] = (uint8_t)!wide;
+    if (wide) {
+      QuantParams row = qp;
+      row.first = qp.first + r * d;
+      quantize_f32_avx2_rows<false>(x, nullptr, 1, d, row, z, row_outlier + r, nullptr, nullptr,
+                                    nullptr);
+      if (Hash) hashes[r] = row_hash(x, z, d, false, row_outlier[r]);
+      continue;
+    }
+    row_outlier[r] = 0;
+    if (Hash) {
+      alignas(32) uint32_t lane[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lane), lanes);
+      hashes[r] = hash_finish(lane, z + i, d - i, d) & ~(1ull << 32);
+    }
+  }
+}
+
+template <>
+__attribute__((target("avx2"))) void quantize_f32_avx2_rows<true>(
+    const float* xs, const uint64_t*, uint64_t rows, uint64_t d, const QuantParams& qp,
+    uint32_t* codes, uint8_t* row_outlier, uint64_t* hashes, uint8_t* narrow, uint8_t* bytes) {
+  const bool bounded = fast_f32(qp.step, qp.inv_step, qp.max_abs).bounded;
+#define HL_NARROW(D, B, H) \
+  return narrow_f32_avx2<D, B, H>(xs, rows, d, qp, codes, row_outlier, hashes, narrow, bytes)
+  if (qp.dither) {  // never deduplicated: no hashes
+    if (bounded) HL_NARROW(true, true, false);
+    HL_NARROW(true, false, false);
+  }
+  if (bounded) {
+    if (hashes) HL_NARROW(false, true, true);
+    HL_NARROW(false, true, false);
+  }
+  if (hashes) HL_NARROW(false, false, true);
+  HL_NARROW(false, false, false);
+#undef HL_NARROW
+}
+
+__attribute__((target("avx2"))) void quantize_f32_avx2(const float* xs, const uint64_t* idx,
+                                                       uint64_t rows, uint64_t d,
+                                                       const QuantParams& qp, uint32_t* codes,
+                                                       uint8_t* row_outlier, uint64_t* hashes) {
+  quantize_f32_avx2_rows<false>(xs, idx, rows, d, qp, codes, row_outlier, hashes, nullptr, nullptr);
 }
 
 __attribute__((target("avx2"))) void dequantize_f32_avx2(const uint32_t* z, uint64_t n, double step,
@@ -712,6 +882,44 @@ HL_CLONES void quantize_rows(uint8_t dtype, const void* x, const uint64_t* idx, 
                              hashes);
 #endif
 #define CALL(DT) quantize_impl<DT>(x, idx, rows, row_len, qp, z, row_outlier, hashes)
+  HL_DISPATCH(dtype, CALL)
+#undef CALL
+}
+
+namespace {
+
+// quantize_rows_narrow's bytes, flags and hashes from codes already in z.
+template <int DT>
+HL_INLINE void narrow_impl(const void* xv, uint64_t rows, uint64_t d, const uint32_t* codes,
+                           const uint8_t* row_outlier, uint64_t* hashes, uint8_t* narrow,
+                           uint8_t* bytes) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const uint32_t* z = codes + r * d;
+    uint8_t* b = bytes + r * d;
+    uint32_t any = 0;
+    for (uint64_t k = 0; k < d; ++k) any |= z[k];
+    const bool ok = (any >> 8) == 0;
+    narrow[r] = (uint8_t)ok;
+    if (ok)
+      for (uint64_t k = 0; k < d; ++k) b[k] = (uint8_t)z[k];
+    if (hashes)
+      hashes[r] = row_hash(static_cast<const raw_t*>(xv) + r * d, z, d, ok, row_outlier[r]);
+  }
+}
+
+}  // namespace
+
+HL_CLONES void quantize_rows_narrow(uint8_t dtype, const void* x, uint64_t rows, uint64_t row_len,
+                                    const QuantParams& qp, uint32_t* z, uint8_t* row_outlier,
+                                    uint64_t* hashes, uint8_t* narrow, uint8_t* bytes) {
+#ifdef HL_HAVE_AVX2_PATH
+  if (dtype == HL_FLOAT32 && simd_level() == 1 && !(qp.dither && hashes))
+    return quantize_f32_avx2_rows<true>(static_cast<const float*>(x), nullptr, rows, row_len, qp,
+                                        z, row_outlier, hashes, narrow, bytes);
+#endif
+  quantize_rows(dtype, x, nullptr, rows, row_len, qp, z, row_outlier, nullptr);
+#define CALL(DT) narrow_impl<DT>(x, rows, row_len, z, row_outlier, hashes, narrow, bytes)
   HL_DISPATCH(dtype, CALL)
 #undef CALL
 }

@@ -3,6 +3,7 @@
 // one binary is portable and fast.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 
 namespace hl {
@@ -19,6 +20,9 @@ struct QuantParams {
   bool dither = false;    // subtractive dither: element k of the call has offset index first + k
   uint32_t seed = 0;
   uint64_t first = 0;
+  // Every finite element's |x| is at most this (the segment's range, where it was taken): lets
+  // the float32 kernels skip a check (quantize_f32_fast.h). Changes no code.
+  double max_abs = INFINITY;
 };
 
 // The parameters of a lossy segment of absolute bound eb_abs (> 0), from element 0 on.
@@ -41,6 +45,14 @@ void finite_range(uint8_t dtype, const void* x, uint64_t n, double* lo, double* 
 void quantize_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t rows,
                    uint64_t row_len, const QuantParams& qp, uint32_t* z, uint8_t* row_outlier,
                    uint64_t* hashes);
+
+// quantize_rows (no idx) that also gives each row's codes as bytes where they fit: narrow[r] = 1
+// when every code of row r is below 256 (so no outlier's mark), its codes then also in bytes +
+// r * row_len (other rows' bytes hold nothing of use). With hashes: for narrow rows a hash of the
+// bytes, for the others of the codes and outliers' bits, bit 32 set (the dedup table's tag).
+void quantize_rows_narrow(uint8_t dtype, const void* x, uint64_t rows, uint64_t row_len,
+                          const QuantParams& qp, uint32_t* z, uint8_t* row_outlier,
+                          uint64_t* hashes, uint8_t* narrow, uint8_t* bytes);
 
 // Raw bits of the elements as codes (lossless frames), rows chosen as above.
 void raw_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t rows, uint64_t row_len,

@@ -362,6 +362,46 @@ void block_widths(const uint32_t* v, uint64_t n, uint8_t* widths, int threads,
   if (max_out) *max_out = m;
 }
 
+namespace {
+
+// One block of 32 codes held as bytes (w <= 8): with AVX2 straight from the bytes, else widened
+// for the machine's block kernel.
+void pack_bytes_one(const uint8_t* v, uint32_t w, uint8_t* out, int level) {
+#ifdef HL_HAVE_PACK_AVX2
+  if (level == 1) return pack_bytes_avx2(v, w, out);
+#endif
+  uint32_t tmp[HL_BLOCK];
+  for (int i = 0; i < HL_BLOCK; ++i) tmp[i] = v[i];
+  pack_one(tmp, w, out, level);
+}
+
+}  // namespace
+
+void pack_blocks(const uint8_t* v, uint64_t n, const uint8_t* widths, uint8_t* out,
+                 int threads) {
+  const uint64_t nb = hl_div_up(n, HL_BLOCK);
+  memcpy(out, widths, nb);
+  uint8_t* payload = out + nb;
+  const int wide = simd();
+  const int nt = threads > 1 && nb > 4096 ? threads : 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    const int t = omp_get_thread_num_safe(), nth = omp_get_num_threads_safe();
+    const uint64_t lo = nb * t / nth, hi = nb * (t + 1) / nth;
+    uint64_t off = payload_bytes(widths, lo);
+    uint8_t tmp[HL_BLOCK];
+    for (uint64_t b = lo; b < hi; ++b) {
+      const uint8_t* src = v + b * HL_BLOCK;
+      if ((b + 1) * HL_BLOCK > n) {
+        for (uint64_t i = 0; i < HL_BLOCK; ++i) tmp[i] = b * HL_BLOCK + i < n ? src[i] : 0;
+        src = tmp;
+      }
+      pack_bytes_one(src, widths[b], payload + off, wide);
+      off += 4u * widths[b];
+    }
+  }
+}
+
 uint64_t payload_bytes(const uint8_t* widths, uint64_t n_blocks) {
   uint64_t s = 0;
   for (uint64_t b = 0; b < n_blocks; ++b) s += widths[b];

@@ -45,6 +45,8 @@ uint64_t payload_bytes(const uint8_t* widths, uint64_t n_blocks);
 
 // Writes widths then bit-plane payloads: n_blocks + payload_bytes(widths) bytes at out.
 void pack_blocks(const uint32_t* v, uint64_t n, const uint8_t* widths, uint8_t* out, int threads);
+// The same of values held as bytes (widths of at most 8).
+void pack_blocks(const uint8_t* v, uint64_t n, const uint8_t* widths, uint8_t* out, int threads);
 
 // Reads n values packed at [in, in+len). Throws FrameError, naming `what`, unless the section
 // holds exactly the blocks it announces with widths of at most max_width.

@@ -28,6 +28,15 @@ HL_PACK_AVX2 inline uint32_t byte_plane_avx2(__m256i bytes, uint32_t j) {
   return (uint32_t)_mm256_movemask_epi8(_mm256_sll_epi16(bytes, _mm_cvtsi32_si128((int)(7 - j))));
 }
 
+// Block packing's w <= 8 bit planes of 32 values held as bytes.
+HL_PACK_AVX2 inline void pack_bytes_avx2(const uint8_t* v, uint32_t w, uint8_t* out) {
+  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
+  for (uint32_t j = 0; j < w; ++j) {
+    const uint32_t plane = byte_plane_avx2(bytes, j);
+    memcpy(out + 4 * j, &plane, 4);
+  }
+}
+
 // 32 values from w <= 8 bit planes of 4 bytes at `in` (bit i of plane j = bit j of value i),
 // into 32 byte lanes: byte i of a broadcast plane word picks byte i / 8 of the word, then tests
 // bit i % 8.

@@ -3,6 +3,9 @@
 // without ids, as the only dedup (code_distinct_rows).
 #include <math.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <vector>
@@ -16,6 +19,17 @@
 namespace hl {
 namespace enc {
 namespace {
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
+#define HL_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define HL_CLONES
+#endif
+
+// Codes held as bytes as codes.
+HL_CLONES void widen_codes(const uint8_t* b, uint64_t n, uint32_t* z) {
+  for (uint64_t i = 0; i < n; ++i) z[i] = b[i];
+}
 
 template <int DT>
 void code_rows_into(const Tensor<DT>& t, const uint64_t* idx, uint64_t rows, bool lossless,
@@ -42,39 +56,86 @@ void code_rows_into(const Tensor<DT>& t, const uint64_t* idx, uint64_t rows, boo
 
 // code_rows_into for every row of a lossy piece, with level1_widths taken a tile at a time right
 // after the tile is quantized, while its codes are still in L2: a separate widths pass read all
-// of them back from memory (tens of MB). Threads take whole runs of 32 rows, so every tile
-// starts on a pair of short blocks (32 codes) and the widths are the same as one pass's.
+// of them back from memory (tens of MB). Tiles are runs of 32 rows, so every tile starts on a
+// pair of short blocks (32 codes) and the widths are the same as one pass's. A tile whose codes
+// all fit a byte is stored as bytes (Coded::bytes): the codes of a rel bound above ~0.004 do, and
+// then neither this pass nor the sections move four bytes a code. The first tile that does not
+// fit (a code of 256 or more, an outlier's mark) puts the codes in Coded::codes, where its
+// thread writes every later tile directly; at the end the byte tiles are widened into it.
 template <int DT>
 void code_rows_with_widths(const Tensor<DT>& t, double eb_abs, const Dither& dither, int threads,
-                           Coded* c) {
+                           double max_abs, Coded* c) {
   const uint64_t rows = t.n_rows, d = t.row_len, n = rows * d;
   c->w16 = Buffer<uint8_t>(short_n_blocks(n));
   c->w32 = Buffer<uint8_t>(hl_div_up(n, HL_BLOCK));
-  const cpu::QuantParams base = cpu::quant_params(eb_abs, dither.on, dither.seed);
+  c->bytes = Buffer<uint8_t>(n);
+  cpu::QuantParams base = cpu::quant_params(eb_abs, dither.on, dither.seed);
+  base.max_abs = max_abs;
   constexpr uint64_t kTileCodes = 1u << 15;  // 128 KiB of codes and as much input
   const uint64_t tile = std::max<uint64_t>(1, kTileCodes / 32 / d) * 32;  // rows
-  const uint64_t units = hl_div_up(rows, 32);
+  const uint64_t tiles = hl_div_up(rows, tile);
+  Buffer<uint8_t> in_codes(tiles);  // 1: the tile's codes are in c->codes, 0: in c->bytes
   const int nt = n > 65536 ? threads : 1;
-  uint32_t* codes = c->codes.data();
   uint32_t m = 0;
 #pragma omp parallel num_threads(nt) reduction(max : m)
   {
-    uint64_t ua, ub;
-    split_range(units, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &ua, &ub);
-    const uint64_t a = std::min(ua * 32, rows), b = std::min(ub * 32, rows);
+    uint64_t ta, tb;
+    split_range(tiles, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &ta, &tb);
+    const uint64_t tile_rows = std::min(tile, rows);
+    Buffer<uint32_t> tmp(tile_rows * d);
+    Buffer<uint8_t> narrow(tile_rows);
+    uint32_t* wide = nullptr;  // c->codes, once this thread has met a tile that needs it
     cpu::QuantParams qp = base;
-    for (uint64_t r0 = a; r0 < b; r0 += tile) {
-      const uint64_t r1 = std::min(r0 + tile, b);
-      qp.first = r0 * d;
-      cpu::quantize_rows(DT, t.x + r0 * d, nullptr, r1 - r0, d, qp, codes + r0 * d,
-                         c->row_outlier.data() + r0, nullptr);
+    for (uint64_t ti = ta; ti < tb; ++ti) {
+      const uint64_t r0 = ti * tile, r1 = std::min(r0 + tile, rows), k = (r1 - r0) * d;
+      uint8_t* w16 = c->w16.data() + r0 * d / HL_SHORT_BLOCK;
+      uint8_t* w32 = c->w32.data() + r0 * d / HL_BLOCK;
+      uint32_t* z = wide ? wide + r0 * d : tmp.data();
       uint32_t tm;
-      level1_widths(codes + r0 * d, (r1 - r0) * d, c->w16.data() + r0 * d / HL_SHORT_BLOCK,
-                    c->w32.data() + r0 * d / HL_BLOCK, &tm, 1);
+      qp.first = r0 * d;
+      in_codes[ti] = 1;
+      if (wide) {
+        cpu::quantize_rows(DT, t.x + r0 * d, nullptr, r1 - r0, d, qp, z,
+                           c->row_outlier.data() + r0, nullptr);
+      } else {
+        uint8_t* bytes = c->bytes.data() + r0 * d;
+        cpu::quantize_rows_narrow(DT, t.x + r0 * d, r1 - r0, d, qp, z, c->row_outlier.data() + r0,
+                                  nullptr, narrow.data(), bytes);
+        uint8_t all = 1;
+        for (uint64_t r = 0; r < r1 - r0; ++r) all &= narrow[r];
+        if (all) {
+          level1_widths(bytes, k, w16, w32, &tm, 1);
+          m = tm > m ? tm : m;
+          in_codes[ti] = 0;
+          continue;
+        }
+#pragma omp critical(hl_code_rows_wide)
+        {
+          if (c->codes.empty()) c->codes = Buffer<uint32_t>(n);
+          wide = c->codes.data();
+        }
+        for (uint64_t r = 0; r < r1 - r0; ++r) {  // z has the codes of the wide rows only
+          if (narrow[r])
+            widen_codes(bytes + r * d, d, wide + (r0 + r) * d);
+          else
+            memcpy(wide + (r0 + r) * d, z + r * d, d * 4);
+        }
+        z = wide + r0 * d;
+      }
+      level1_widths(z, k, w16, w32, &tm, 1);
       m = tm > m ? tm : m;
     }
   }
   c->max_code = m;
+  if (c->codes.empty()) return;
+  uint32_t* wide = c->codes.data();
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t ti = 0; ti < (int64_t)tiles; ++ti) {
+    if (in_codes[ti]) continue;
+    const uint64_t r0 = (uint64_t)ti * tile, r1 = std::min(r0 + tile, rows);
+    widen_codes(c->bytes.data() + r0 * d, (r1 - r0) * d, wide + r0 * d);
+  }
+  c->bytes = Buffer<uint8_t>();
 }
 
 // Rows whose codes are equal are one unique row only if their outliers are the same bits too:
@@ -102,21 +163,36 @@ Coded every_row(const uint32_t* codes, const uint8_t* outlier, const uint32_t* m
   return c;
 }
 
+// every_row of unique rows held as bytes (narrow: no outliers).
+Coded every_row(const uint8_t* bytes, const uint32_t* map, uint64_t rows, uint64_t d,
+                int threads) {
+  Coded c;
+  c.n_unique = rows;
+  c.bytes = Buffer<uint8_t>(rows * d);
+  c.row_outlier = Buffer<uint8_t>(rows);
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * d > 65536)
+  for (int64_t r = 0; r < (int64_t)rows; ++r) {
+    memcpy(&c.bytes[r * d], &bytes[(uint64_t)map[r] * d], d);
+    c.row_outlier[r] = 0;
+  }
+  return c;
+}
+
 }  // namespace
 
 template <int DT>
 Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, double eb_abs,
-                const Dither& dither, int threads, bool widths) {
+                const Dither& dither, int threads, bool widths, double max_abs) {
   const uint64_t rows = t.n_rows, d = t.row_len;
   Coded c;
   if (!distinct) {
     c.n_unique = rows;
-    c.codes = Buffer<uint32_t>(rows * d);
     c.row_outlier = Buffer<uint8_t>(lossless ? 0 : rows);
     if (widths && !lossless && rows * d > 0) {
-      code_rows_with_widths(t, eb_abs, dither, threads, &c);
+      code_rows_with_widths(t, eb_abs, dither, threads, max_abs, &c);
       return c;
     }
+    c.codes = Buffer<uint32_t>(rows * d);
     code_rows_into(t, nullptr, rows, lossless, eb_abs, dither, threads, c.codes.data(),
                    c.row_outlier.data(), nullptr);
     return c;
@@ -183,39 +259,44 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
 
 namespace {
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
-#define HL_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define HL_CLONES
-#endif
 
-// Marks each row wide when a code needs more than a byte (or it has an outlier) and writes the
-// other rows' codes as bytes; folds the mark into bit 32 of the row's hash, the table's tag, so
-// that only rows of one kind are ever compared.
-HL_CLONES void narrow_rows(const uint32_t* z, const uint8_t* outlier, uint64_t rows, uint64_t d,
-                           uint8_t* wide, uint8_t* bytes, uint64_t* hash) {
-  for (uint64_t i = 0; i < rows; ++i) {
-    const uint32_t* c = z + i * d;
-    uint32_t any = 0;
-    for (uint64_t k = 0; k < d; ++k) any |= c[k];
-    wide[i] = (uint8_t)((any >> 8) != 0 || outlier[i]);
-    hash[i] = (hash[i] & ~(1ull << 32)) | ((uint64_t)wide[i] << 32);
-    if (wide[i]) continue;
-    uint8_t* b = bytes + i * d;
-    for (uint64_t k = 0; k < d; ++k) b[k] = (uint8_t)c[k];
-  }
-}
-
-// The rows of code_distinct_rows's current block: their codes, outlier flags and hashes (from
-// the quantizer), and narrow_rows's marks and bytes, the form unique rows are compared in.
+// The rows of code_distinct_rows's current block, from cpu::quantize_rows_narrow: their codes,
+// outlier flags, narrow flags and bytes (the form unique rows are compared in) and hashes.
 struct Block {
   Buffer<uint32_t> z;
-  Buffer<uint8_t> outlier, wide, bytes;
+  Buffer<uint8_t> outlier, narrow, bytes;
   Buffer<uint64_t> hash;
   Buffer<uint32_t> cand;  // CodeTable::candidate of each row
   Block(uint64_t rows, uint64_t d)
-      : z(rows * d), outlier(rows), wide(rows), bytes(rows * d), hash(rows), cand(rows) {}
+      : z(rows * d), outlier(rows), narrow(rows), bytes(rows * d), hash(rows), cand(rows) {}
 };
+
+// d bytes at a and b equal: 16 at a time and one branch (a row's compare almost always
+// succeeds: its candidate had its hash's tag).
+inline bool bytes_equal(const uint8_t* a, const uint8_t* b, uint64_t d) {
+#if defined(__SSE2__)
+  uint64_t i = 0;
+  __m128i eq = _mm_set1_epi8(-1);
+  for (; i + 16 <= d; i += 16)
+    eq = _mm_and_si128(eq, _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)),
+                                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i))));
+  return _mm_movemask_epi8(eq) == 0xffff && memcmp(a + i, b + i, d - i) == 0;
+#else
+  return memcmp(a, b, d) == 0;
+#endif
+}
+
+inline void copy_bytes(uint8_t* to, const uint8_t* from, uint64_t d) {
+#if defined(__SSE2__)
+  uint64_t i = 0;
+  for (; i + 16 <= d; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i)));
+  if (i < d) memcpy(to + i, from + i, d - i);
+#else
+  memcpy(to, from, d);
+#endif
+}
 
 // Unique rows numbered by first occurrence of their codes (and outliers' raw bits) in an
 // open-addressing table of (hash high half | unique index): the index leads straight to the
@@ -257,12 +338,13 @@ class CodeTable {
   // overlap, where find's wait on each other's compares); find decides.
   static constexpr uint32_t kNone = 0xffffffffu;
   void prefetch_slot(uint64_t h) const { __builtin_prefetch(&slots_[h & (cap_ - 1)]); }
+  // Branch-free over the first two slots of the probe (the second is only looked at past a
+  // full first one), so that the misses of many rows overlap; kNone past them too.
   uint32_t candidate(uint64_t h) const {
-    for (uint64_t s = h & (cap_ - 1);; s = (s + 1) & (cap_ - 1)) {
-      const uint64_t e = slots_[s];
-      if (e == kEmpty) return kNone;
-      if ((e & kTag) == (h & kTag)) return (uint32_t)e;
-    }
+    const uint64_t s = h & (cap_ - 1), tag = h & kTag;
+    const uint64_t e0 = slots_[s], e1 = slots_[(s + 1) & (cap_ - 1)];
+    uint32_t c = (e0 != kEmpty && (e1 & kTag) == tag) ? (uint32_t)e1 : kNone;
+    return (e0 & kTag) == tag ? (uint32_t)e0 : c;
   }
 
  private:
@@ -287,15 +369,24 @@ class CodeTable {
   uint64_t cap_ = 0;
 };
 
+// Rows ahead whose table slot is fetched while a block's candidates are looked up.
+#ifndef HL_PROBE_AHEAD
+#define HL_PROBE_AHEAD 32
+#endif
+constexpr uint64_t kProbeAhead = HL_PROBE_AHEAD;
+
 }  // namespace
 
 template <int DT>
-Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool widths) {
+Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool widths,
+                         double max_abs) {
   const uint64_t rows = t.n_rows, d = t.row_len;
-  // Unique rows in order of first occurrence: codes, codes as bytes (narrow rows), outlier
-  // flag, hash (its tag bit 32 says wide), first row. Sized for the worst case; only what is
-  // used is touched.
+  // Unique rows in order of first occurrence: codes as bytes (narrow rows) or codes (wide rows),
+  // outlier flag, hash (its tag bit 32 says wide), first row. Sized for the worst case; only what
+  // is used is touched. Narrow rows' codes are written only at the end, and only when a wide row
+  // was met or level 2 asks for codes (without `widths`): lossy level-1 frames then take the bytes.
   Buffer<uint32_t> ucodes(rows * d);
+  bool any_wide = false;
   Buffer<uint8_t> ubytes(rows * d), uout(rows);
   Buffer<uint64_t> uhash(rows);
   Buffer<uint64_t> source(rows);
@@ -308,10 +399,10 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool w
   Buffer<uint8_t> w32(widths ? hl_div_up(rows * d, HL_BLOCK) : 0);
   uint64_t done = 0;
   uint32_t max_code = 0;
-  auto widths_up_to = [&](uint64_t end) {
-    if (w32.empty() || end <= done) return;
+  auto widths_up_to = [&](uint64_t end) {  // while every row is narrow
+    if (w32.empty() || any_wide || end <= done) return;
     uint32_t m;
-    level1_widths(&ucodes[done], end - done, &w16[done / HL_SHORT_BLOCK], &w32[done / HL_BLOCK],
+    level1_widths(&ubytes[done], end - done, &w16[done / HL_SHORT_BLOCK], &w32[done / HL_BLOCK],
                   &m, 1);
     max_code = m > max_code ? m : max_code;
     done = end;
@@ -322,68 +413,98 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool w
   const uint64_t block_codes = threads > 1 ? (uint64_t)threads << 17 : 1u << 15;
   const uint64_t block = std::max<uint64_t>(1, block_codes / std::max<uint64_t>(d, 1));
   Block b(std::min(block, rows), d);
+  cpu::QuantParams qp = cpu::quant_params(eb_abs);
+  qp.max_abs = max_abs;
   for (uint64_t b0 = 0; b0 < rows; b0 += block) {
     const uint64_t nb = std::min(block, rows - b0);
-    code_rows_into(Tensor<DT>{t.x + b0 * d, nb, d}, nullptr, nb, false, eb_abs, Dither(),
-                   threads, b.z.data(), b.outlier.data(), b.hash.data());
-    narrow_rows(b.z.data(), b.outlier.data(), nb, d, b.wide.data(), b.bytes.data(),
-                b.hash.data());
-    auto same = [&](uint64_t i, uint32_t u) {  // the tags matched: both rows wide, or neither
-      if (!b.wide[i]) return memcmp(&ubytes[(uint64_t)u * d], &b.bytes[i * d], d) == 0;
+    {
+      const int nt = nb * d > 65536 ? threads : 1;
+#pragma omp parallel num_threads(nt)
+      {
+        uint64_t a, e;
+        split_range(nb, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &e);
+        cpu::quantize_rows_narrow(DT, t.x + (b0 + a) * d, e - a, d, qp, b.z.data() + a * d,
+                                  b.outlier.data() + a, b.hash.data() + a, b.narrow.data() + a,
+                                  b.bytes.data() + a * d);
+      }
+    }
+    const uint8_t* bnarrow = b.narrow.data();
+    const uint8_t* bbytes = b.bytes.data();
+    const uint64_t* bhash = b.hash.data();
+    uint32_t* bcand = b.cand.data();
+    uint8_t* ub = ubytes.data();
+    auto same = [&](uint64_t i, uint32_t u) {  // the tags matched: both rows narrow, or neither
+      if (bnarrow[i]) return bytes_equal(ub + (uint64_t)u * d, bbytes + i * d, d);
       const uint32_t* zi = &b.z[i * d];
       if (memcmp(&ucodes[(uint64_t)u * d], zi, d * 4) != 0) return false;
       return !b.outlier[i] || outliers_match(zi, t.x + source[u] * d, t.x + (b0 + i) * d, d);
     };
-    // Every row's candidate first, its compact codes fetched while the other rows probe: the
-    // compares below then read cached rows. Only a row with no candidate (new, or first seen
-    // in this block) or a false one (a tag collision) probes again.
-    for (uint64_t i = 0; i < nb; ++i) {
-      if (i + 16 < nb) table.prefetch_slot(b.hash[i + 16]);  // the probe's branches would
-      const uint32_t u = table.candidate(b.hash[i]);          // serialize its misses
-      b.cand[i] = u;
-      if (u == CodeTable::kNone) continue;
-      if (b.wide[i])
-        prefetch_row(&ucodes[(uint64_t)u * d], d * 4);
+    auto look = [&](uint64_t i) {
+      if (i + kProbeAhead < nb) table.prefetch_slot(bhash[i + kProbeAhead]);  // the probe's
+      const uint32_t u = table.candidate(bhash[i]);  // branches would serialize its misses
+      bcand[i] = u;
+      // no branch either: a row without a candidate prefetches unique row 0
+      const uint64_t at = (uint64_t)(u == CodeTable::kNone ? 0 : u) * d;
+      if (d <= 64)
+        __builtin_prefetch(ub + at);
       else
-        prefetch_row(&ubytes[(uint64_t)u * d], d);
-    }
-    for (uint64_t i = 0; i < nb; ++i) {
+        prefetch_row(ub + at, d);
+    };
+    auto resolve = [&](uint64_t i) {
       // The table holds one unique row a content: a candidate that is the same row is the one
       // find would return.
-      if (b.cand[i] != CodeTable::kNone && same(i, b.cand[i])) {
-        map[b0 + i] = b.cand[i];
-        continue;
+      if (bcand[i] != CodeTable::kNone && same(i, bcand[i])) {
+        map[b0 + i] = bcand[i];
+        return;
       }
-      const uint64_t h = b.hash[i];
+      const uint64_t h = bhash[i];
       bool found;
       const uint64_t s = table.find(h, [&](uint32_t u) { return same(i, u); }, &found);
       if (found) {
         map[b0 + i] = table.at(s);
-        continue;
+        return;
       }
       const uint32_t u = n++;
-      memcpy(&ucodes[(uint64_t)u * d], &b.z[i * d], d * 4);
-      if (!b.wide[i]) memcpy(&ubytes[(uint64_t)u * d], &b.bytes[i * d], d);
+      if (bnarrow[i]) {
+        copy_bytes(ub + (uint64_t)u * d, bbytes + i * d, d);
+      } else {
+        memcpy(&ucodes[(uint64_t)u * d], &b.z[i * d], d * 4);
+        any_wide = true;
+      }
       uout[u] = b.outlier[i];
       uhash[u] = h;
       source[u] = b0 + i;
       map[b0 + i] = u;
       table.put(s, h, u);
-    }
+    };
+    // Every row's candidate first, its compact codes fetched while the other rows probe: the
+    // compares below then read cached rows. Only a row with no candidate (new, or first seen
+    // in this block) or a false one (a tag collision) probes again.
+    for (uint64_t i = 0; i < nb; ++i) look(i);
+    for (uint64_t i = 0; i < nb; ++i) resolve(i);
     widths_up_to((uint64_t)n * d / (2 * HL_SHORT_BLOCK) * (2 * HL_SHORT_BLOCK));
   }
 
-  if (!dedup_pays(rows, n, d) && n < rows)  // store every row: expand the unique rows back
+  const bool as_bytes = widths && !any_wide;
+  if (!as_bytes) {
+    for (uint64_t u = 0; u < n; ++u)
+      if (!((uhash[u] >> 32) & 1)) widen_codes(&ubytes[u * d], d, &ucodes[u * d]);
+  }
+  if (!dedup_pays(rows, n, d) && n < rows) {  // store every row: expand the unique rows back
+    if (as_bytes) return every_row(ubytes.data(), map.data(), rows, d, threads);
     return every_row(ucodes.data(), uout.data(), map.data(), rows, d, threads);
+  }
   widths_up_to((uint64_t)n * d);  // the last, partial pair
   Coded c;
   c.n_unique = n;
-  if (!w32.empty()) {
+  if (as_bytes) {
     c.w16 = std::move(w16);
     c.w32 = std::move(w32);
     c.max_code = max_code;
+    c.bytes = std::move(ubytes);
+  } else {
+    c.codes = std::move(ucodes);
   }
-  c.codes = std::move(ucodes);
   c.row_outlier = std::move(uout);
   if (n < rows) {
     c.source = std::move(source);
@@ -392,12 +513,12 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool w
   return c;
 }
 
-template Coded code_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, DistinctRows*, bool, double, const Dither&, int, bool);
-template Coded code_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, DistinctRows*, bool, double, const Dither&, int, bool);
-template Coded code_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, DistinctRows*, bool, double, const Dither&, int, bool);
-template Coded code_distinct_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, double, int, bool);
-template Coded code_distinct_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, double, int, bool);
-template Coded code_distinct_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, double, int, bool);
+template Coded code_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, DistinctRows*, bool, double, const Dither&, int, bool, double);
+template Coded code_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, DistinctRows*, bool, double, const Dither&, int, bool, double);
+template Coded code_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, DistinctRows*, bool, double, const Dither&, int, bool, double);
+template Coded code_distinct_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, double, int, bool, double);
+template Coded code_distinct_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, double, int, bool, double);
+template Coded code_distinct_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, double, int, bool, double);
 
 }  // namespace enc
 }  // namespace hl

@@ -51,6 +51,9 @@ HL_CLONES uint32_t or_of(const uint32_t* v, uint64_t n) {
 HL_CLONES void add_digits(uint32_t* value, const uint32_t* digit, uint64_t len, uint32_t power) {
   for (uint64_t j = 0; j < len; ++j) value[j] += digit[j] * power;
 }
+HL_CLONES void add_digits(uint32_t* value, const uint8_t* digit, uint64_t len, uint32_t power) {
+  for (uint64_t j = 0; j < len; ++j) value[j] += digit[j] * power;
+}
 
 // digit = in mod K, quotient = in / K, for `count` values (in may be quotient).
 void split_scalar(const uint32_t* in, uint32_t* quotient, uint32_t* digit, uint64_t count,
@@ -127,8 +130,10 @@ uint32_t width_of(uint64_t v) {
 
 }  // namespace
 
-RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t below_bytes,
-                     int threads) {
+namespace {
+
+template <typename T>
+RadixPlan plan_of(const T* v, uint64_t n, uint32_t max_code, uint64_t below_bytes, int threads) {
   RadixPlan p;
   if (n == 0) return p;
   const uint64_t k = (uint64_t)max_code + 1;
@@ -168,6 +173,18 @@ RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t 
   p.head_bytes = head;
   p.bytes = bytes;
   return p;
+}
+
+}  // namespace
+
+RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t below_bytes,
+                     int threads) {
+  return plan_of(v, n, max_code, below_bytes, threads);
+}
+
+RadixPlan radix_plan(const uint8_t* v, uint64_t n, uint32_t max_code, uint64_t below_bytes,
+                     int threads) {
+  return plan_of(v, n, max_code, below_bytes, threads);
 }
 
 void radix_write(const RadixPlan& p, uint8_t* out, int threads) {

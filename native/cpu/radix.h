@@ -25,6 +25,9 @@ struct RadixPlan {
 // than below_bytes (their block packing); a plan with k = 0 otherwise.
 RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t below_bytes,
                      int threads);
+// The same of codes held as bytes.
+RadixPlan radix_plan(const uint8_t* v, uint64_t n, uint32_t max_code, uint64_t below_bytes,
+                     int threads);
 
 // Writes a plan's section (k != 0): plan.bytes bytes at out.
 void radix_write(const RadixPlan& p, uint8_t* out, int threads);

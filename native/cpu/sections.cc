@@ -30,9 +30,11 @@ Packing plan_packing(const uint32_t* v, uint64_t n, int threads, uint32_t* max_o
 // The code section's plan: block packing, or for lossy level-1 codes (`level1`) the smallest of
 // block packing, radix packing and short blocks (level1_packing). The widths come from `taken`
 // when code_rows took them (their buffers move into the plan), else from a pass over the codes.
-Packing plan_codes(const uint32_t* v, uint64_t n, bool level1, int threads,
-                   Coded* taken = nullptr) {
-  if (!level1 || n == 0) return plan_packing(v, n, threads);
+template <typename T>
+Packing plan_codes(const T* v, uint64_t n, bool level1, int threads, Coded* taken = nullptr) {
+  if constexpr (sizeof(T) == 4) {
+    if (!level1 || n == 0) return plan_packing(v, n, threads);
+  }
   Packing p;
   const uint64_t nb = hl_div_up(n, HL_BLOCK);
   Buffer<uint8_t> w16;
@@ -69,7 +71,8 @@ Packing plan_codes(const uint32_t* v, uint64_t n, bool level1, int threads,
   return p;
 }
 
-Bytes pack(const uint32_t* v, uint64_t n, const Packing& p, int threads) {
+template <typename T>
+Bytes pack(const T* v, uint64_t n, const Packing& p, int threads) {
   Bytes out(p.bytes);
   if (p.radix.k)
     radix_write(p.radix, out.data(), threads);
@@ -131,6 +134,12 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
       }
     }
   }
+  const uint64_t n_codes = n_unique * d;
+  if (!c.bytes.empty()) {  // lossy level-1 codes that fit bytes: no outliers
+    Packing plan = plan_codes(c.bytes.data(), n_codes, true, threads, c.w32.empty() ? nullptr : &c);
+    s.code = pack(c.bytes.data(), n_codes, plan, threads);
+    return s;
+  }
   if (!lossless) {
     for (uint64_t u = 0; u < n_unique; ++u) {
       if (!c.row_outlier[u]) continue;
@@ -142,7 +151,6 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
       }
     }
   }
-  const uint64_t n_codes = n_unique * d;
   // Radix packing and short blocks only where level 1 was asked for: level 2's choices between
   // rANS, shared tables and its packed fallback are weighed against block packing.
   // Widths taken while quantizing hold unless an outlier's mark became 0 above.

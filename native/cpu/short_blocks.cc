@@ -113,6 +113,19 @@ HL_AVX512 uint8_t* write_pairs_avx512(const uint32_t* v, const uint8_t* w16, uin
 // overwrites, so the caller leaves 2 * wm bytes of room after block 2p + 1's start. Inlined
 // into write_pairs_avx2's loop: called once a pair from outside, it took 1.5x block packing's
 // time (benchmarks/RESULTS.md).
+// The pair's planes from its 32 codes as bytes (wm <= 8).
+HL_AVX2 inline uint8_t* write_byte_pair_avx2(__m256i bytes, uint32_t wa, uint32_t wb,
+                                              uint8_t* out) {
+  const uint32_t wm = wa > wb ? wa : wb;
+  uint8_t* b = out + 2 * wa;
+  for (uint32_t j = wm; j-- > 0;) {
+    const uint32_t m = byte_plane_avx2(bytes, j);
+    store_u16(out + 2 * j, (uint16_t)m);
+    store_u16(b + 2 * j, (uint16_t)(m >> 16));  // after: with wa = 0 it is the same place
+  }
+  return b + 2 * wb;
+}
+
 HL_AVX2 inline uint8_t* write_pair_avx2(const uint32_t* v, uint32_t wa, uint32_t wb, uint8_t* out) {
   const uint32_t wm = wa > wb ? wa : wb;
   uint8_t* b = out + 2 * wa;
@@ -125,13 +138,7 @@ HL_AVX2 inline uint8_t* write_pair_avx2(const uint32_t* v, uint32_t wa, uint32_t
     }
     return b + 2 * wb;
   }
-  const __m256i bytes = bytes_of_block_avx2(v);
-  for (uint32_t j = wm; j-- > 0;) {
-    const uint32_t m = byte_plane_avx2(bytes, j);
-    store_u16(out + 2 * j, (uint16_t)m);
-    store_u16(b + 2 * j, (uint16_t)(m >> 16));  // after: with wa = 0 it is the same place
-  }
-  return b + 2 * wb;
+  return write_byte_pair_avx2(bytes_of_block_avx2(v), wa, wb, out);
 }
 
 // Full pairs from *p on while the room lasts (the loop inside the target function, so that the
@@ -148,6 +155,73 @@ HL_AVX2 uint8_t* write_pairs_avx2(const uint32_t* v, const uint8_t* w16, uint64_
   return out;
 }
 
+// write_pairs_avx2 of codes held as bytes.
+HL_AVX2 uint8_t* write_byte_pairs_avx2(const uint8_t* v, const uint8_t* w16, uint64_t* p,
+                                       uint64_t full, uint8_t* out, const uint8_t* end) {
+  uint64_t q = *p;
+  for (; q < full; ++q) {
+    const uint32_t wa = w16[2 * q], wb = w16[2 * q + 1];
+    if (out + 2 * wa + 2 * (wa > wb ? wa : wb) > end) break;
+    out = write_byte_pair_avx2(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + q * kPair)), wa, wb, out);
+  }
+  *p = q;
+  return out;
+}
+
+// scan_pairs of codes held as bytes, four pairs (eight blocks) a step: each block's bytes ORed
+// down to byte 0 of a 32-bit lane (its width is that byte's), the widths from the two nibbles
+// by table, then gathered into block order.
+HL_AVX2 uint32_t scan_byte_pairs_avx2(const uint8_t* v, uint64_t pairs, uint8_t* w16,
+                                      uint8_t* w32) {
+  const __m256i width_lo = _mm256_setr_epi8(0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4,
+                                            0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4);
+  const __m256i width_hi = _mm256_setr_epi8(0, 5, 6, 6, 7, 7, 7, 7, 8, 8, 8, 8, 8, 8, 8, 8,
+                                            0, 5, 6, 6, 7, 7, 7, 7, 8, 8, 8, 8, 8, 8, 8, 8);
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  // per 128-bit lane, bytes 0, 8, 4, 12: the lane's blocks of pairs 0, 1, 2, 3
+  const __m256i gather = _mm256_setr_epi8(0, 8, 4, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 8, 4, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  __m256i m = _mm256_setzero_si256();
+  uint64_t p = 0;
+  for (; p + 4 <= pairs; p += 4) {
+    // a register a pair: block 2p in the low 128-bit lane, block 2p + 1 in the high one
+    const __m256i* q = reinterpret_cast<const __m256i*>(v + p * kPair);
+    const __m256i r0 = _mm256_loadu_si256(q), r1 = _mm256_loadu_si256(q + 1),
+                  r2 = _mm256_loadu_si256(q + 2), r3 = _mm256_loadu_si256(q + 3);
+    m = _mm256_max_epu8(m, _mm256_max_epu8(_mm256_max_epu8(r0, r1), _mm256_max_epu8(r2, r3)));
+    // 64-bit lane k of a 128-bit lane: its block of pair 2k (y) or 2k + 1 (z), ORed to 8 bytes
+    __m256i y = _mm256_or_si256(_mm256_unpacklo_epi64(r0, r1), _mm256_unpackhi_epi64(r0, r1));
+    __m256i z = _mm256_or_si256(_mm256_unpacklo_epi64(r2, r3), _mm256_unpackhi_epi64(r2, r3));
+    y = _mm256_or_si256(y, _mm256_srli_epi64(y, 32));
+    z = _mm256_or_si256(z, _mm256_srli_epi64(z, 32));
+    // 32-bit lanes of a 128-bit lane: pairs 0, 2, 1, 3, each block ORed to 4 bytes, then 1
+    __m256i w = _mm256_blend_epi32(y, _mm256_slli_epi64(z, 32), 0xaa);
+    w = _mm256_or_si256(w, _mm256_srli_epi32(w, 16));
+    w = _mm256_or_si256(w, _mm256_srli_epi32(w, 8));
+    w = _mm256_max_epu8(_mm256_shuffle_epi8(width_lo, _mm256_and_si256(w, nibble)),
+                        _mm256_shuffle_epi8(width_hi, _mm256_and_si256(_mm256_srli_epi32(w, 4), nibble)));
+    w = _mm256_shuffle_epi8(w, gather);
+    const __m128i even = _mm256_castsi256_si128(w), odd = _mm256_extracti128_si256(w, 1);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(w16 + 2 * p), _mm_unpacklo_epi8(even, odd));
+    const uint32_t both = (uint32_t)_mm_cvtsi128_si32(_mm_max_epu8(even, odd));
+    memcpy(w32 + p, &both, 4);
+  }
+  __m128i h = _mm_max_epu8(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  h = _mm_max_epu8(h, _mm_srli_si128(h, 8));
+  h = _mm_max_epu8(h, _mm_srli_si128(h, 4));
+  h = _mm_max_epu8(h, _mm_srli_si128(h, 2));
+  h = _mm_max_epu8(h, _mm_srli_si128(h, 1));
+  uint32_t mx = (uint32_t)_mm_cvtsi128_si32(h) & 0xff;
+  for (; p < pairs; ++p) {
+    uint32_t tmp[kPair];
+    for (uint64_t i = 0; i < kPair; ++i) tmp[i] = v[p * kPair + i];
+    const uint32_t pm = scan_pair_scalar(tmp, kPair, w16 + 2 * p, w32 + p);
+    mx = pm > mx ? pm : mx;
+  }
+  return mx;
+}
+
 #endif
 
 uint32_t scan_pairs(const uint32_t* v, uint64_t pairs, uint8_t* w16, uint8_t* w32, int simd) {
@@ -159,6 +233,22 @@ uint32_t scan_pairs(const uint32_t* v, uint64_t pairs, uint8_t* w16, uint8_t* w3
   uint32_t m = 0;
   for (uint64_t p = 0; p < pairs; ++p) {
     const uint32_t pm = scan_pair_scalar(v + p * kPair, kPair, w16 + 2 * p, w32 + p);
+    m = pm > m ? pm : m;
+  }
+  return m;
+}
+
+// scan_pairs of codes held as bytes.
+uint32_t scan_pairs(const uint8_t* v, uint64_t pairs, uint8_t* w16, uint8_t* w32, int simd) {
+#ifdef HL_SHORT_SIMD
+  if (simd >= 1) return scan_byte_pairs_avx2(v, pairs, w16, w32);
+#endif
+  (void)simd;
+  uint32_t m = 0;
+  uint32_t tmp[kPair];
+  for (uint64_t p = 0; p < pairs; ++p) {
+    for (uint64_t i = 0; i < kPair; ++i) tmp[i] = v[p * kPair + i];
+    const uint32_t pm = scan_pair_scalar(tmp, kPair, w16 + 2 * p, w32 + p);
     m = pm > m ? pm : m;
   }
   return m;
@@ -224,6 +314,25 @@ void write_pairs(const uint32_t* v, uint64_t n, const uint8_t* w16, uint64_t lo,
   (void)end;
 }
 
+// write_pairs of codes held as bytes (the same planes): AVX2 takes the full pairs on every
+// machine that has it, the portable loops the rest.
+void write_pairs(const uint8_t* v, uint64_t n, const uint8_t* w16, uint64_t lo, uint64_t hi,
+                 uint8_t* out, uint8_t* end) {
+#ifdef HL_SHORT_SIMD
+  const uint64_t full = n / kPair < hi ? n / kPair : hi;
+  if (cpu::simd_level() >= 1 && lo < full) out = write_byte_pairs_avx2(v, w16, &lo, full, out, end);
+#endif
+  (void)end;
+  const uint64_t nb = short_n_blocks(n);
+  uint32_t tmp[kPair];
+  for (uint64_t p = lo; p < hi; ++p) {
+    const uint64_t start = p * kPair;
+    for (uint64_t i = 0; i < kPair; ++i) tmp[i] = start + i < n ? v[start + i] : 0;
+    out = write_block16(tmp, w16[2 * p], out);
+    out = write_block16(tmp + HL_SHORT_BLOCK, width_at(w16, nb, 2 * p + 1), out);
+  }
+}
+
 // Plane bytes of pairs [0, p).
 uint64_t planes_before(const uint8_t* w16, uint64_t nb, uint64_t p) {
   uint64_t s = 0;
@@ -231,10 +340,9 @@ uint64_t planes_before(const uint8_t* w16, uint64_t nb, uint64_t p) {
   return 2 * s;
 }
 
-}  // namespace
-
-void level1_widths(const uint32_t* v, uint64_t n, uint8_t* w16, uint8_t* w32, uint32_t* max_code,
-                   int threads) {
+template <typename T>
+void widths_of(const T* v, uint64_t n, uint8_t* w16, uint8_t* w32, uint32_t* max_code,
+               int threads) {
   const uint64_t full = n / kPair, simd = cpu::simd_level();
   uint32_t m = 0;
   if (full <= kSerialPairs || threads <= 1) {
@@ -248,10 +356,24 @@ void level1_widths(const uint32_t* v, uint64_t n, uint8_t* w16, uint8_t* w32, ui
     }
   }
   if (n > full * kPair) {
-    const uint32_t pm = scan_pair_scalar(v + full * kPair, n - full * kPair, w16 + 2 * full, w32 + full);
+    uint32_t tmp[kPair];
+    for (uint64_t i = full * kPair; i < n; ++i) tmp[i - full * kPair] = v[i];
+    const uint32_t pm = scan_pair_scalar(tmp, n - full * kPair, w16 + 2 * full, w32 + full);
     m = pm > m ? pm : m;
   }
   *max_code = m;
+}
+
+}  // namespace
+
+void level1_widths(const uint32_t* v, uint64_t n, uint8_t* w16, uint8_t* w32, uint32_t* max_code,
+                   int threads) {
+  widths_of(v, n, w16, w32, max_code, threads);
+}
+
+void level1_widths(const uint8_t* v, uint64_t n, uint8_t* w16, uint8_t* w32, uint32_t* max_code,
+                   int threads) {
+  widths_of(v, n, w16, w32, max_code, threads);
 }
 
 uint64_t short_bytes(const uint8_t* w16, uint64_t n) {
@@ -259,7 +381,10 @@ uint64_t short_bytes(const uint8_t* w16, uint64_t n) {
   return short_section_bytes(n, planes_before(w16, nb, hl_div_up(nb, 2)) / 2);
 }
 
-void short_write(const uint32_t* v, uint64_t n, const uint8_t* w16, uint8_t* out, int threads) {
+namespace {
+
+template <typename T>
+void write_section(const T* v, uint64_t n, const uint8_t* w16, uint8_t* out, int threads) {
   const uint64_t nb = short_n_blocks(n), pairs = hl_div_up(nb, 2);
   out[0] = HL_SHORT_MARK;
   uint8_t* nibbles = out + 1;
@@ -277,6 +402,16 @@ void short_write(const uint32_t* v, uint64_t n, const uint8_t* w16, uint8_t* out
     write_pairs(v, n, w16, lo, hi, planes + planes_before(w16, nb, lo),
                 planes + planes_before(w16, nb, hi));
   }
+}
+
+}  // namespace
+
+void short_write(const uint32_t* v, uint64_t n, const uint8_t* w16, uint8_t* out, int threads) {
+  write_section(v, n, w16, out, threads);
+}
+
+void short_write(const uint8_t* v, uint64_t n, const uint8_t* w16, uint8_t* out, int threads) {
+  write_section(v, n, w16, out, threads);
 }
 
 }  // namespace hl

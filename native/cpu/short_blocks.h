@@ -14,6 +14,10 @@ namespace hl {
 // packing's block b (32 codes; the larger of its two halves), and the largest code.
 void level1_widths(const uint32_t* v, uint64_t n, uint8_t* w16, uint8_t* w32, uint32_t* max_code,
                    int threads);
+// The same of codes held as bytes (lossy codes below 256: the encoder's usual case, a quarter of
+// the memory traffic).
+void level1_widths(const uint8_t* v, uint64_t n, uint8_t* w16, uint8_t* w32, uint32_t* max_code,
+                   int threads);
 
 // Bytes of the short-block section of n >= 1 codes with these widths (all at most
 // HL_SHORT_MAX_WIDTH: the largest code below 2^15).
@@ -21,6 +25,7 @@ uint64_t short_bytes(const uint8_t* w16, uint64_t n);
 
 // Writes the section: short_bytes(w16, n) bytes at out.
 void short_write(const uint32_t* v, uint64_t n, const uint8_t* w16, uint8_t* out, int threads);
+void short_write(const uint8_t* v, uint64_t n, const uint8_t* w16, uint8_t* out, int threads);
 
 // Decodes the short-block section [in, in + len) of n >= 1 codes (its first byte the mark),
 // handing runs of consecutive codes to sink (from several threads when threaded). FrameError,
