@@ -19,6 +19,7 @@
 #include "radix.h"
 #include "short_blocks.h"
 #include "rans.h"
+#include "radix_sweep.h"
 #include "row_sweep.h"
 
 namespace hl {
@@ -114,6 +115,12 @@ void decode_swept(const SegmentView& h, void* out, bool stream) {
   check_row_map(map.data(), h.n_rows, h.n_unique, repeated.data());
   check_outliers(h, h.n_unique * h.row_len, sizeof(raw_t));
   RowSweep<raw_t> sweep(h, static_cast<raw_t*>(out), map.data(), repeated.data(), stream);
+  if constexpr (DT == HL_FLOAT32) {
+    if (h.level == 1 && radix_sweep_applies(h)) {
+      radix_sweep_f32(h, 2.0 * h.eb_abs, &sweep);
+      return sweep.finish();
+    }
+  }
   Dequantize<raw_t> deq(h);
   deq.sweep = &sweep;
   lossy_codes_to(h, h.n_unique * h.row_len, 1, &deq);
