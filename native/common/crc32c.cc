@@ -57,6 +57,32 @@ __attribute__((target("sse4.2"))) uint32_t update_hw(uint32_t c, const uint8_t* 
   while (n--) c = _mm_crc32_u8(c, *p++);
   return c;
 }
+
+// update_hw over three thirds at once: one crc32 instruction takes three cycles to give its
+// result, and three chains keep the unit busy every cycle. The register is linear, so the
+// register after A || B || C is shift(a, |B| + |C|) ^ shift(b, |C|) ^ c with b and c run from
+// zero (frame_fields.h). Short messages keep one chain: the shifts cost about 2 KiB of it.
+__attribute__((target("sse4.2"))) uint32_t update_hw3(uint32_t c, const uint8_t* p, uint64_t n) {
+  const uint64_t third = n / 24 * 8;  // whole 8-byte words
+  if (third < 4096) return update_hw(c, p, n);
+  const uint8_t* q = p + third;
+  const uint8_t* r = q + third;
+  uint64_t a = c, b = 0, d = 0;
+  for (uint64_t i = 0; i < third; i += 8) {
+    uint64_t wa, wb, wd;
+    memcpy(&wa, p + i, 8);
+    memcpy(&wb, q + i, 8);
+    memcpy(&wd, r + i, 8);
+    a = _mm_crc32_u64(a, wa);
+    b = _mm_crc32_u64(b, wb);
+    d = _mm_crc32_u64(d, wd);
+  }
+  uint32_t x2k[64];
+  crc32c_x2k_table(x2k);
+  uint32_t t = crc32c_shift((uint32_t)a, third, x2k) ^ (uint32_t)b;
+  t = crc32c_shift(t, third, x2k) ^ (uint32_t)d;
+  return update_hw(t, r + third, n - 3 * third);
+}
 #endif
 
 }  // namespace
@@ -74,7 +100,7 @@ uint32_t crc32c_portable(const uint8_t* p, uint64_t n) { return ~update_portable
 
 uint32_t crc32c(const uint8_t* p, uint64_t n) {
 #ifdef HL_CRC_X86
-  if (crc32c_hardware()) return ~update_hw(~0u, p, n);
+  if (crc32c_hardware()) return ~update_hw3(~0u, p, n);
 #endif
   return crc32c_portable(p, n);
 }

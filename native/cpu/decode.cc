@@ -19,6 +19,8 @@
 #include "radix.h"
 #include "short_blocks.h"
 #include "rans.h"
+#include "radix_sweep.h"
+#include "row_sweep.h"
 
 namespace hl {
 namespace {
@@ -27,57 +29,122 @@ namespace {
 // larger than the caches bypasses them, saving the read of each line before it is written.
 constexpr uint64_t kStreamFrom = uint64_t(8) << 20;
 
+// A segment's row map, decoded (not checked: check_row_map).
+Buffer<uint32_t> read_map(const SegmentView& h, int threads) {
+  Buffer<uint32_t> map(h.n_rows);
+  if (h.map_buckets) {
+    map_buckets_decode(h.map, h.map_bytes, h.n_rows, map.data(), threads);
+  } else if (h.map_rans) {
+    rans_decode(h.map, h.map_bytes, h.n_rows, map.data(), threads);
+    uint64_t seen = 0;  // symbols back to entries (rans_map_encode); checked by check_row_map
+    for (uint64_t r = 0; r < h.n_rows; ++r) {
+      const uint32_t v = map[r];
+      map[r] = v == 0 ? (uint32_t)seen++ : v - 1;
+      if (seen > h.n_unique) break;  // the check names it
+    }
+  } else {
+    unpack_blocks(h.map, h.map_bytes, h.n_rows, 32, map.data(), "row map", threads);
+  }
+  return map;
+}
+
+// Codes to elements a chunk at a time: into `to` (elements from `first` on), or through a
+// stage that stays in L1 to a row sweep.
+template <typename raw_t>
+struct Dequantize {
+  explicit Dequantize(const SegmentView& h) : dtype(h.dtype), step(2.0 * h.eb_abs), dithered(h.dithered),
+                                     seed(h.seed) {}
+  const int dtype;
+  const double step;
+  const bool dithered;
+  const uint32_t seed;
+  raw_t* to = nullptr;
+  RowSweep<raw_t>* sweep = nullptr;
+
+  void put(uint64_t first, const uint32_t* z, uint64_t count, raw_t* at) const {
+    if (dithered)  // code i is element i of the unique rows
+      cpu::dequantize_dithered(dtype, z, count, step, seed, first, at);
+    else
+      cpu::dequantize(dtype, z, count, step, at);
+  }
+  static void run(void* ctx, uint64_t first, const uint32_t* z, uint64_t count) {
+    Dequantize& d = *static_cast<Dequantize*>(ctx);
+    if (!d.sweep) return d.put(first, z, count, d.to + first);
+    constexpr uint64_t kStage = RowSweep<raw_t>::kStage;
+    for (uint64_t at = 0; at < count; at += kStage) {
+      const uint64_t c = count - at < kStage ? count - at : kStage;
+      d.put(first + at, z + at, c, d.sweep->stage());
+      d.sweep->commit(c);
+    }
+  }
+};
+
+// The lossy codes of a segment's nu unique elements, level 1 from their packed section a chunk
+// at a time (no array of every code), level 2 all at once, to deq.
+template <typename raw_t>
+void lossy_codes_to(const SegmentView& h, uint64_t nu, int threads, Dequantize<raw_t>* deq) {
+  const ChunkSink sink{&Dequantize<raw_t>::run, deq};
+  if (h.level == 1) {
+    if (h.radix_k)
+      radix_unpack_to(h.code + h.radix_head, h.code_bytes - h.radix_head, nu, h.radix_k,
+                      h.radix_g, "code section", threads, sink);
+    else if (h.short_blocks)
+      short_unpack_to(h.code, h.code_bytes, nu, "code section", threads, sink);
+    else
+      unpack_blocks_to(h.code, h.code_bytes, nu, 32, "code section", threads, sink);
+    return;
+  }
+  Buffer<uint32_t> codes(nu);
+  rans_decode(h.code, h.code_bytes, nu, codes.data(), threads, h.table, h.table_bytes);
+  if (deq->sweep || nu <= 65536) return sink.fn(deq, 0, codes.data(), nu);
+#pragma omp parallel num_threads(threads)
+  {
+    uint64_t a, b;
+    split_range(nu, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
+    sink.fn(deq, a, codes.data() + a, b - a);
+  }
+}
+
+// A lossy segment with a row map on one thread: the map first, then one sweep over the output
+// rows as the unique rows are decoded (row_sweep.h).
+template <int DT>
+void decode_swept(const SegmentView& h, void* out, bool stream) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  Buffer<uint32_t> map = read_map(h, 1);
+  Buffer<uint8_t> repeated(h.n_unique);
+  check_row_map(map.data(), h.n_rows, h.n_unique, repeated.data());
+  check_outliers(h, h.n_unique * h.row_len, sizeof(raw_t));
+  RowSweep<raw_t> sweep(h, static_cast<raw_t*>(out), map.data(), repeated.data(), stream);
+  if constexpr (DT == HL_FLOAT32) {
+    if (h.level == 1 && radix_sweep_applies(h)) {
+      radix_sweep_f32(h, 2.0 * h.eb_abs, &sweep);
+      return sweep.finish();
+    }
+  }
+  Dequantize<raw_t> deq(h);
+  deq.sweep = &sweep;
+  lossy_codes_to(h, h.n_unique * h.row_len, 1, &deq);
+  sweep.finish();
+}
+
 template <int DT>
 void decode(const SegmentView& h, void* out_v, int threads, bool stream) {
   typedef typename Elem<DT>::raw_t raw_t;
+  if (!h.identity && !h.lossless && threads <= 1 && h.row_len > 0)
+    return decode_swept<DT>(h, out_v, stream);
   raw_t* out = static_cast<raw_t*>(out_v);
   const uint64_t d = h.row_len;
   const uint64_t nu = h.n_unique * d;
   const bool identity = h.identity;
-  const bool lossless = h.lossless;
-  const uint8_t* map_p = h.map;
-  const uint8_t* code_p = h.code;
-  const uint8_t* out_p = h.outliers;
 
   Buffer<raw_t> uniq(identity ? 0 : nu);
   raw_t* u = identity ? out : uniq.data();
-  const double step = 2.0 * h.eb_abs;
-  const bool dithered = h.dithered;
-  const uint32_t seed = h.seed;
-  Buffer<uint32_t> codes;
-  if (h.level == 1 && !lossless) {
-    // Codes go from the packed section to elements a chunk at a time, through L1: no array of
-    // every code (as large as the decoded unique rows) is written and read back.
-    struct Dequantize {
-      raw_t* u;
-      double step;
-      bool dithered;
-      uint32_t seed;
-      static void run(void* ctx, uint64_t first, const uint32_t* z, uint64_t count) {
-        const Dequantize& d = *static_cast<const Dequantize*>(ctx);
-        if (d.dithered)  // identity map: code i is element i
-          cpu::dequantize_dithered(DT, z, count, d.step, d.seed, first, d.u + first);
-        else
-          cpu::dequantize(DT, z, count, d.step, d.u + first);
-      }
-    } deq{u, step, dithered, seed};
-    if (h.radix_k)
-      radix_unpack_to(code_p + h.radix_head, h.code_bytes - h.radix_head, nu, h.radix_k,
-                      h.radix_g, "code section", threads, ChunkSink{&Dequantize::run, &deq});
-    else if (h.short_blocks)
-      short_unpack_to(code_p, h.code_bytes, nu, "code section", threads,
-                      ChunkSink{&Dequantize::run, &deq});
-    else
-      unpack_blocks_to(code_p, h.code_bytes, nu, 32, "code section", threads,
-                       ChunkSink{&Dequantize::run, &deq});
-  } else {
-    codes = Buffer<uint32_t>(nu);
+  if (h.lossless) {
+    Buffer<uint32_t> codes(nu);
     if (h.level == 1)
-      unpack_blocks(code_p, h.code_bytes, nu, 32, codes.data(), "code section", threads);
+      unpack_blocks(h.code, h.code_bytes, nu, 32, codes.data(), "code section", threads);
     else
-      rans_decode(code_p, h.code_bytes, nu, codes.data(), threads, h.table, h.table_bytes);
-  }
-  if (lossless) {
+      rans_decode(h.code, h.code_bytes, nu, codes.data(), threads, h.table, h.table_bytes);
     const uint32_t limit = sizeof(raw_t) == 2 ? 0xffffu : 0xffffffffu;
     bool bad = false;
     for (uint64_t i = 0; i < nu; ++i) {
@@ -85,59 +152,23 @@ void decode(const SegmentView& h, void* out_v, int threads, bool stream) {
       u[i] = (raw_t)codes[i];
     }
     if (bad) throw FrameError("frame is corrupted: a lossless code exceeds the dtype's bits");
-  } else if (h.level == 2) {
-    const int nt = nu > 65536 ? threads : 1;
-#pragma omp parallel num_threads(nt)
-    {
-      uint64_t a, b;
-      split_range(nu, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
-      if (dithered)  // identity map: code a is element a
-        cpu::dequantize_dithered(DT, codes.data() + a, b - a, step, seed, a, u + a);
-      else
-        cpu::dequantize(DT, codes.data() + a, b - a, step, u + a);
-    }
+  } else {
+    Dequantize<raw_t> deq(h);
+    deq.to = u;
+    lossy_codes_to(h, nu, threads, &deq);
   }
 
-  uint64_t prev = 0;
-  const uint64_t rec = h.pos_bytes + sizeof(raw_t);
+  check_outliers(h, nu, sizeof(raw_t));
   for (uint64_t k = 0; k < h.n_outliers; ++k) {
-    uint64_t pos = 0;
-    uint32_t raw = 0;
-    memcpy(&pos, out_p + rec * k, h.pos_bytes);  // little-endian: the low bytes
-    memcpy(&raw, out_p + rec * k + h.pos_bytes, sizeof(raw_t));
-    if (pos >= nu || (k > 0 && pos <= prev) || (sizeof(raw_t) == 2 && raw > 0xffffu))
-      throw FrameError("frame is corrupted: outlier " + std::to_string(k) + " at position " +
-                       std::to_string(pos) + " is out of order or out of range (" +
-                       std::to_string(nu) + " elements)");
+    uint64_t pos;
+    uint32_t raw;
+    read_outlier(h, sizeof(raw_t), k, &pos, &raw);
     u[pos] = (raw_t)raw;
-    prev = pos;
   }
 
   if (identity) return;
-  Buffer<uint32_t> map(h.n_rows);
-  if (h.map_buckets) {
-    map_buckets_decode(map_p, h.map_bytes, h.n_rows, map.data(), threads);
-  } else if (h.map_rans) {
-    rans_decode(map_p, h.map_bytes, h.n_rows, map.data(), threads);
-    uint64_t seen = 0;  // symbols back to entries (rans_map_encode); checked below
-    for (uint64_t r = 0; r < h.n_rows; ++r) {
-      const uint32_t v = map[r];
-      map[r] = v == 0 ? (uint32_t)seen++ : v - 1;
-      if (seen > h.n_unique) break;  // the check below names it
-    }
-  } else {
-    unpack_blocks(map_p, h.map_bytes, h.n_rows, 32, map.data(), "row map", threads);
-  }
-  uint64_t next = 0;
-  for (uint64_t r = 0; r < h.n_rows; ++r) {
-    if (map[r] > next || map[r] >= h.n_unique)
-      throw FrameError("frame is corrupted: row map entry " + std::to_string(r) + " is " +
-                       std::to_string(map[r]) + ", expected at most " + std::to_string(next));
-    if (map[r] == next) ++next;
-  }
-  if (next != h.n_unique)
-    throw FrameError("frame is corrupted: row map uses " + std::to_string(next) + " of " +
-                     std::to_string(h.n_unique) + " unique rows");
+  Buffer<uint32_t> map = read_map(h, threads);
+  check_row_map(map.data(), h.n_rows, h.n_unique, nullptr);
   if (d == 0) return;  // rows of no elements: nothing to copy, and u (or out) may be null
   const uint64_t rows = h.n_rows, row_bytes = d * sizeof(raw_t);
   const int nt = rows * d > 65536 ? threads : 1;

@@ -232,34 +232,56 @@ HL_AVX2 void pack_block_avx2(const uint32_t* v, uint32_t w, uint8_t* out) {
   for (uint32_t j = 0; j < w; ++j) store_u32(out + 4 * j, byte_plane_avx2(bytes, j));
 }
 
-HL_AVX2 void unpack_block_avx2(const uint8_t* in, uint32_t w, uint32_t* v) {
-  // Eight bit planes at a time into 32 byte lanes: byte i of a broadcast plane word picks byte
-  // i / 8 of the word, then tests bit i % 8. Each group of eight planes is widened to 32-bit
-  // lanes and shifted into place (one group for the usual narrow codes; up to four for the
-  // 17- to 32-bit values of radix sections).
-  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-  if (w <= 8) return unpack_narrow_block_avx2(in, w, v);  // one group: the usual case
-  __m256i out[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                    _mm256_setzero_si256()};
-  for (uint32_t base = 0; base < w; base += 8) {
-    const uint32_t end = w < base + 8 ? w : base + 8;
-    __m256i acc = _mm256_setzero_si256();
-    for (uint32_t j = base; j < end; ++j) {
-      const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi32((int)load_u32(in + 4 * j)), pick);
-      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(x, bit), bit);
-      acc = _mm256_or_si256(acc, _mm256_and_si256(set, _mm256_set1_epi8((char)(1u << (j - base)))));
-    }
-    const __m128i lo = _mm256_castsi256_si128(acc), hi = _mm256_extracti128_si256(acc, 1);
-    const __m128i sh = _mm_cvtsi32_si128((int)base);
-    out[0] = _mm256_or_si256(out[0], _mm256_sll_epi32(_mm256_cvtepu8_epi32(lo), sh));
-    out[1] = _mm256_or_si256(out[1], _mm256_sll_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), sh));
-    out[2] = _mm256_or_si256(out[2], _mm256_sll_epi32(_mm256_cvtepu8_epi32(hi), sh));
-    out[3] = _mm256_or_si256(out[3], _mm256_sll_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), sh));
+// Eight bit planes of a block wider than 8 bits (radix sections' values, row maps), as four 8x8
+// bit matrices, one a byte of the plane words: matrix k, rows the planes' byte k, moved into
+// 64-bit lane k, then transposed in three delta swaps, leaves byte i of the register holding
+// those eight bits of value i. `planes` of them (1 to 8) are read, none past the block.
+HL_AVX2 inline __m256i byte_group_avx2(const uint8_t* in, uint32_t planes) {
+  __m256i x;
+  if (planes == 8) {
+    x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in));
+  } else {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    x = _mm256_maskload_epi32(reinterpret_cast<const int*>(in),
+                              _mm256_cmpgt_epi32(_mm256_set1_epi32((int)planes), lane));
   }
+  // within each 128-bit lane (four planes), dword k: byte k of each of its planes
+  const __m256i by_byte = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                           0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  x = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(x, by_byte),
+                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  // bit 8r + c (plane r, value c of the eight) to bit 8c + r
+  __m256i t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi64(x, 7)),
+                               _mm256_set1_epi64x(0x00AA00AA00AA00AALL));
+  x = _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi64(t, 7)));
+  t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi64(x, 14)),
+                       _mm256_set1_epi64x(0x0000CCCC0000CCCCLL));
+  x = _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi64(t, 14)));
+  t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi64(x, 28)),
+                       _mm256_set1_epi64x(0x00000000F0F0F0F0LL));
+  return _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi64(t, 28)));
+}
+
+HL_AVX2 void unpack_block_avx2(const uint8_t* in, uint32_t w, uint32_t* v) {
+  if (w <= 8) return unpack_narrow_block_avx2(in, w, v);  // one group: the usual case
+  // Byte g of every value from planes 8g to 8g + 7, then the four bytes interleaved into values.
+  // (Testing each plane's bits into byte lanes, as the narrow blocks do, took twice as many
+  // instructions at the 29 bits of the usual radix values.)
+  __m256i g[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                  _mm256_setzero_si256()};
+  for (uint32_t base = 0; base < w; base += 8)
+    g[base / 8] = byte_group_avx2(in + 4 * base, w - base < 8 ? w - base : 8);
+  // per 128-bit lane: 16-bit values 0-7 | 16-23 (lo) and 8-15 | 24-31 (hi) of bytes 0 and 1...
+  const __m256i lo01 = _mm256_unpacklo_epi8(g[0], g[1]), hi01 = _mm256_unpackhi_epi8(g[0], g[1]);
+  const __m256i lo23 = _mm256_unpacklo_epi8(g[2], g[3]), hi23 = _mm256_unpackhi_epi8(g[2], g[3]);
+  // ...then 32-bit values 0-3 | 16-19, 4-7 | 20-23, 8-11 | 24-27, 12-15 | 28-31
+  const __m256i a = _mm256_unpacklo_epi16(lo01, lo23), b = _mm256_unpackhi_epi16(lo01, lo23);
+  const __m256i c = _mm256_unpacklo_epi16(hi01, hi23), d = _mm256_unpackhi_epi16(hi01, hi23);
   __m256i* o = reinterpret_cast<__m256i*>(v);
-  for (int q = 0; q < 4; ++q) _mm256_storeu_si256(o + q, out[q]);
+  _mm256_storeu_si256(o, _mm256_permute2x128_si256(a, b, 0x20));
+  _mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(c, d, 0x20));
+  _mm256_storeu_si256(o + 2, _mm256_permute2x128_si256(a, b, 0x31));
+  _mm256_storeu_si256(o + 3, _mm256_permute2x128_si256(c, d, 0x31));
 }
 
 HL_AVX512 uint32_t block_umax_avx512(const uint32_t* v) {
