@@ -6,8 +6,8 @@ import platform
 
 from hvd_lossy import _C
 
-# The flags the codec's kernels and the CRC depend on (native/cpu: kernels_cpu.cc, pack.cc,
-# crc32c.cc); the rest of /proc/cpuinfo's list says nothing about its speed.
+# The flags the codec's kernels and the CRC depend on (native/cpu: kernels_avx2.cc,
+# kernels_avx512.cc, pack.cc, crc32c.cc); the rest of /proc/cpuinfo's list says nothing about its speed.
 SIMD_FLAGS = ("sse4_2", "avx", "avx2", "bmi2", "avx512f", "avx512dq", "avx512cd", "avx512bw",
               "avx512vl", "avx512vbmi", "avx512_vbmi2", "avx512ifma",
               "avx512_vnni", "avx512_bitalg", "avx512_vpopcntdq", "avx512_bf16")

@@ -4,7 +4,7 @@
 // HL_HD, so a GPU thread runs it for its element and the host build runs the very same function
 // in the GPU's decomposition (native/testing/bindings_test.cc: elements_hd), which the tests hold
 // against the CPU encoder's and decoder's bytes (tests/test_device_elements.py). The CPU codec's
-// vectorized loops (cpu/kernels_cpu.cc) make the same decisions with the same arithmetic:
+// vectorized loops (cpu/kernels_avx2.cc, kernels_avx512.cc) make the same decisions with the same arithmetic:
 // hl::quantize, hl::reconstruct and hl::dither_unit of codec_common.h.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Single-precision lanes for the AVX2 float32 quantizer (kernels_cpu.cc): eight elements a
+// Single-precision lanes for the AVX2 float32 quantizer (kernels_avx2.cc): eight elements a
 // vector, twice the lanes of the double-precision kernel and none of its conversions, for the
 // elements whose decision single precision cannot get wrong. The double kernel stays the
 // definition (hl::quantize); a group of eight with any lane near an edge is redone by it, so the

@@ -1,0 +1,338 @@
+// kernels_cpu.h's float32 kernels with AVX2 intrinsics. Compilers do not vectorize the portable
+// loops (IEEE min/max and selects), so these spell out the same arithmetic: every operation is
+// the IEEE one the scalar code performs (double multiply, round-to-nearest-even conversions), so
+// results are identical bit for bit. HVD_LOSSY_NO_AVX2=1 forces the portable loops.
+#include "kernels_simd.h"
+
+#ifdef HL_HAVE_AVX2_PATH
+#include "kernels_scalar.h"
+#include "quantize_f32_fast.h"
+
+#define HL_AVX2_LAMBDA __attribute__((target("avx2"), always_inline))
+
+namespace hl {
+namespace cpu {
+
+HL_AVX2 void range_f32_avx2(const float* x, uint64_t n, double* lo_out,
+                            double* hi_out) {
+  const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
+  const __m256 pinf = _mm256_set1_ps(INFINITY), ninf = _mm256_set1_ps(-INFINITY);
+  __m256 lo = pinf, hi = ninf;
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    __m256 bad = _mm256_castsi256_ps(
+        _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), exp_mask), exp_mask));
+    lo = _mm256_min_ps(lo, _mm256_blendv_ps(v, pinf, bad));
+    hi = _mm256_max_ps(hi, _mm256_blendv_ps(v, ninf, bad));
+  }
+  float l[8], h[8];
+  _mm256_storeu_ps(l, lo);
+  _mm256_storeu_ps(h, hi);
+  double tl, th;
+  range_impl<HL_FLOAT32>(x + i, n - i, &tl, &th);
+  for (int k = 0; k < 8; ++k) {
+    tl = l[k] < tl ? l[k] : tl;
+    th = h[k] > th ? h[k] : th;
+  }
+  *lo_out = tl;
+  *hi_out = th;
+}
+
+namespace {
+
+// Dither offsets (hl::dither_unit(seed, first + k) * step) of four elements from their hashed
+// bits, with the scalar arithmetic: the 24 bits convert to double exactly, then one multiply.
+HL_AVX2 inline __m256d dither_offsets4(__m128i bits, __m256d step) {
+  const __m256d unit = _mm256_sub_pd(
+      _mm256_mul_pd(_mm256_add_pd(_mm256_cvtepi32_pd(bits), _mm256_set1_pd(0.5)),
+                    _mm256_set1_pd(1.0 / 16777216.0)),
+      _mm256_set1_pd(0.5));
+  return _mm256_mul_pd(unit, step);
+}
+
+// The offsets of eight consecutive elements as two vectors of four: the hash eight lanes wide
+// (half the integer work a lane of four-wide hashing, and the high half's mix32 once per call
+// rather than once per four elements). Returns false when the eight indices cross a 2^32
+// boundary (the caller goes scalar).
+HL_AVX2 inline bool dither8_avx2(DitherInner& di, uint64_t first,
+                                 __m256d step, __m256d* u0, __m256d* u1) {
+  const uint32_t lo = (uint32_t)first;
+  if (lo > 0xfffffff8u) return false;
+  const __m256i bits = dither_bits8(lo, di.of(first));
+  *u0 = dither_offsets4(_mm256_castsi256_si128(bits), step);
+  *u1 = dither_offsets4(_mm256_extracti128_si256(bits, 1), step);
+  return true;
+}
+
+// Four elements: zigzag codes (or the outlier mark) and the lanes that miss (all ones). Codes
+// x - u and reconstructs q * step + u (hl::quantize); plain frames pass u = 0, which changes no
+// bit. The miss mask is built from the complements of hl::quantize's tests (NLE_UQ is true for
+// NaN, as !(a <= b) is), so a code is its zigzag or'ed with the mask, and a row's misses are
+// or'ed into one vector: one movemask a row rather than one a vector.
+HL_AVX2 inline __m256d quantize4_f32(const float* x, __m256d inv,
+                                     __m256d step, __m256d eb, __m256d u,
+                                     uint32_t* z) {
+  const __m256d abs_mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll));
+  const __m256d qmax = _mm256_set1_pd(HL_QMAX);
+  const __m256d magic = _mm256_set1_pd(6755399441055744.0);
+  __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x));
+  __m256d s = _mm256_mul_pd(_mm256_sub_pd(v, u), inv);
+  __m256d out_of_range = _mm256_cmp_pd(_mm256_and_pd(s, abs_mask), qmax, _CMP_NLE_UQ);
+  __m256d r = _mm256_sub_pd(_mm256_add_pd(_mm256_andnot_pd(out_of_range, s), magic), magic);
+  __m128i q = _mm256_cvttpd_epi32(r);
+  __m256d back = _mm256_cvtps_pd(
+      _mm256_cvtpd_ps(_mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(q), step), u)));
+  __m256d err = _mm256_and_pd(_mm256_sub_pd(v, back), abs_mask);
+  __m256d bad = _mm256_or_pd(out_of_range, _mm256_cmp_pd(err, eb, _CMP_NLE_UQ));
+  __m128i bad32 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
+      _mm256_castpd_si256(bad), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
+  __m128i zig = _mm_xor_si128(_mm_slli_epi32(q, 1), _mm_srai_epi32(q, 31));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(z), _mm_or_si128(zig, bad32));
+  return bad;
+}
+
+template <bool Narrow>
+HL_AVX2 void quantize_f32_avx2_rows(const float* xs, const uint64_t* idx,
+                                    uint64_t rows, uint64_t d,
+                                    const QuantParams& qp, uint32_t* codes,
+                                    uint8_t* row_outlier, uint64_t* hashes,
+                                    uint8_t* narrow, uint8_t* bytes);
+
+// quantize_rows for float32 with AVX2.
+template <>
+HL_AVX2 void quantize_f32_avx2_rows<false>(
+    const float* xs, const uint64_t* idx, uint64_t rows, uint64_t d, const QuantParams& qp,
+    uint32_t* codes, uint8_t* row_outlier, uint64_t* hashes, uint8_t*, uint8_t*) {
+  const __m256d inv = _mm256_set1_pd(qp.inv_step), step = _mm256_set1_pd(qp.step),
+                eb = _mm256_set1_pd(qp.eb_abs), zero = _mm256_setzero_pd();
+  const FastF32 fast = fast_f32(qp.step, qp.inv_step, qp.max_abs);
+  DitherInner di{qp.seed};
+  for (uint64_t r = 0; r < rows; ++r) {
+    prefetch_gathered(xs, idx, r, rows, d * 4);
+    const float* x = xs + (idx ? idx[r] : r) * d;
+    uint32_t* z = codes + r * d;
+    __m256d bad = _mm256_setzero_pd();
+    uint64_t i = 0;
+    if (qp.dither) {  // dithered frames are never deduplicated: idx is null, row r is element r*d
+      for (; i + 8 <= d; i += 8) {
+        const uint64_t e = qp.first + r * d + i;
+        if ((uint32_t)e > 0xfffffff8u) break;  // the eight indices cross 2^32: scalar tail
+        const __m256i bits = dither_bits8((uint32_t)e, di.of(e));
+        __m256i zig;
+        if (fast.on && quantize8_fast<true>(x + i, fast, bits, &zig)) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(z + i), zig);
+          continue;
+        }
+        const __m256d u0 = dither_offsets4(_mm256_castsi256_si128(bits), step);
+        const __m256d u1 = dither_offsets4(_mm256_extracti128_si256(bits, 1), step);
+        bad = _mm256_or_pd(bad, quantize4_f32(x + i, inv, step, eb, u0, z + i));
+        bad = _mm256_or_pd(bad, quantize4_f32(x + i + 4, inv, step, eb, u1, z + i + 4));
+      }
+    } else {
+      const __m256i none = _mm256_setzero_si256();
+      for (; i + 8 <= d; i += 8) {
+        __m256i zig;
+        if (fast.on && quantize8_fast<false>(x + i, fast, none, &zig)) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(z + i), zig);
+          continue;
+        }
+        bad = _mm256_or_pd(bad, quantize4_f32(x + i, inv, step, eb, zero, z + i));
+        bad = _mm256_or_pd(bad, quantize4_f32(x + i + 4, inv, step, eb, zero, z + i + 4));
+      }
+      for (; i + 4 <= d; i += 4)
+        bad = _mm256_or_pd(bad, quantize4_f32(x + i, inv, step, eb, zero, z + i));
+    }
+    const int miss = _mm256_movemask_pd(bad);
+    uint8_t tail = 0;
+    if (i < d) {
+      QuantParams rest = qp;
+      rest.first = qp.first + r * d + i;
+      quantize_impl<HL_FLOAT32>(x + i, nullptr, 1, d - i, rest, z + i, &tail, nullptr);
+    }
+    row_outlier[r] = (uint8_t)((miss != 0) | tail);
+    if (hashes)
+      hashes[r] = row_outlier[r] ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
+  }
+}
+
+// Eight codes: the fast lanes where they are sure, else the double kernel's (into z, which it
+// writes; outliers get the mark, 2^32 - 1).
+template <bool Dither, bool Bounded>
+HL_AVX2 inline __m256i codes8_avx2(const float* x, const FastF32& fast,
+                                   __m256i bits, __m256d inv, __m256d step,
+                                   __m256d eb, uint32_t* z) {
+  __m256i zig;
+  if (fast.on && quantize8_fast<Dither, Bounded>(x, fast, bits, &zig)) return zig;
+  __m256d u0 = _mm256_setzero_pd(), u1 = u0;
+  if (Dither) {
+    u0 = dither_offsets4(_mm256_castsi256_si128(bits), step);
+    u1 = dither_offsets4(_mm256_extracti128_si256(bits, 1), step);
+  }
+  quantize4_f32(x, inv, step, eb, u0, z);
+  quantize4_f32(x + 4, inv, step, eb, u1, z + 4);
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z));
+}
+
+// quantize_rows_narrow for float32 with AVX2, in one pass: each row's codes go to bytes (32 a
+// store) and into its hash (hash_codes, eight lanes a vector) as they come out of the quantizer,
+// and only a row found wide (a code of 256 or more: an outlier's mark too) is quantized again
+// into z by the kernel above, for its codes, outlier flag and hash. z holds nothing of use for a
+// narrow row.
+template <bool Dither, bool Bounded, bool Hash>
+HL_AVX2 void narrow_f32_avx2(const float* xs, uint64_t rows, uint64_t d,
+                             const QuantParams& qp, uint32_t* codes,
+                             uint8_t* row_outlier, uint64_t* hashes,
+                             uint8_t* narrow, uint8_t* bytes) {
+  const __m256d inv = _mm256_set1_pd(qp.inv_step), step = _mm256_set1_pd(qp.step),
+                eb = _mm256_set1_pd(qp.eb_abs);
+  const FastF32 fast = fast_f32(qp.step, qp.inv_step, qp.max_abs);
+  const __m256i mul = _mm256_set1_epi32((int)0x9e3779b1u), none = _mm256_setzero_si256();
+  const __m256i lanes0 = _mm256_setr_epi32((int)0x243f6a88u, (int)0x85a308d3u, (int)0x13198a2eu,
+                                           (int)0x03707344u, (int)0xa4093822u, (int)0x299f31d0u,
+                                           (int)0x082efa98u, (int)0xec4e6c89u);
+  DitherInner di{qp.seed};
+  for (uint64_t r = 0; r < rows; ++r) {
+    const float* x = xs + r * d;
+    uint32_t* z = codes + r * d;
+    uint8_t* b = bytes + r * d;
+    __m256i any = _mm256_setzero_si256(), lanes = lanes0;
+    bool redo = false;  // dither indices that cross 2^32: the row goes to the kernel above
+    auto group = [&](uint64_t i) HL_AVX2_LAMBDA -> __m256i {
+      __m256i zig;
+      if (Dither) {
+        const uint64_t e = qp.first + r * d + i;
+        redo |= (uint32_t)e > 0xfffffff8u;
+        zig = codes8_avx2<true, Bounded>(x + i, fast, dither_bits8((uint32_t)e, di.of(e)), inv,
+                                         step, eb, z + i);
+      } else {
+        zig = codes8_avx2<false, Bounded>(x + i, fast, none, inv, step, eb, z + i);
+      }
+      any = _mm256_or_si256(any, zig);
+      if (Hash) lanes = _mm256_mullo_epi32(_mm256_xor_si256(lanes, zig), mul);
+      return zig;
+    };
+    uint64_t i = 0;
+    for (; i + 32 <= d; i += 32) {
+      const __m256i a = group(i), c = group(i + 8), e = group(i + 16), f = group(i + 24);
+      // signed saturation keeps codes below 256 (a larger one makes the row wide anyway);
+      // the packs work within 128-bit lanes, the permutation restores the order
+      const __m256i w = _mm256_packus_epi16(_mm256_packs_epi32(a, c), _mm256_packs_epi32(e, f));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b + i),
+                          _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+    for (; i + 8 <= d; i += 8) {
+      const __m256i zig = group(i);
+      const __m128i w =
+          _mm_packus_epi32(_mm256_castsi256_si128(zig), _mm256_extracti128_si256(zig, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(b + i), _mm_packus_epi16(w, w));
+    }
+    uint32_t rest = 0;
+    if (i < d) {
+      QuantParams part = qp;
+      part.first = qp.first + r * d + i;
+      uint8_t miss;
+      quantize_impl<HL_FLOAT32>(x + i, nullptr, 1, d - i, part, z + i, &miss, nullptr);
+      for (uint64_t k = i; k < d; ++k) {
+        rest |= z[k];
+        b[k] = (uint8_t)z[k];
+      }
+    }
+    const bool wide = redo || (rest >> 8) != 0 ||
+                      _mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_srli_epi32(any, 8), none)) !=
+                          (int)0xffffffff;
+    narrow[r] = (uint8_t)!wide;
+    if (wide) {
+      QuantParams row = qp;
+      row.first = qp.first + r * d;
+      quantize_f32_avx2_rows<false>(x, nullptr, 1, d, row, z, row_outlier + r, nullptr, nullptr,
+                                    nullptr);
+      if (Hash) hashes[r] = row_hash(x, z, d, false, row_outlier[r]);
+      continue;
+    }
+    row_outlier[r] = 0;
+    if (Hash) {
+      alignas(32) uint32_t lane[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lane), lanes);
+      hashes[r] = hash_finish(lane, z + i, d - i, d) & ~(1ull << 32);
+    }
+  }
+}
+
+template <>
+HL_AVX2 void quantize_f32_avx2_rows<true>(
+    const float* xs, const uint64_t*, uint64_t rows, uint64_t d, const QuantParams& qp,
+    uint32_t* codes, uint8_t* row_outlier, uint64_t* hashes, uint8_t* narrow, uint8_t* bytes) {
+  const bool bounded = fast_f32(qp.step, qp.inv_step, qp.max_abs).bounded;
+#define HL_NARROW(D, B, H) \
+  return narrow_f32_avx2<D, B, H>(xs, rows, d, qp, codes, row_outlier, hashes, narrow, bytes)
+  if (qp.dither) {  // never deduplicated: no hashes
+    if (bounded) HL_NARROW(true, true, false);
+    HL_NARROW(true, false, false);
+  }
+  if (bounded) {
+    if (hashes) HL_NARROW(false, true, true);
+    HL_NARROW(false, true, false);
+  }
+  if (hashes) HL_NARROW(false, false, true);
+  HL_NARROW(false, false, false);
+#undef HL_NARROW
+}
+
+}  // namespace
+
+HL_AVX2 void quantize_f32_avx2(const float* xs, const uint64_t* idx,
+                               uint64_t rows, uint64_t d,
+                               const QuantParams& qp, uint32_t* codes,
+                               uint8_t* row_outlier, uint64_t* hashes) {
+  quantize_f32_avx2_rows<false>(xs, idx, rows, d, qp, codes, row_outlier, hashes, nullptr, nullptr);
+}
+
+HL_AVX2 void dequantize_f32_avx2(const uint32_t* z, uint64_t n, double step,
+                                 float* out) {
+  const __m256d st = _mm256_set1_pd(step);
+  const __m256i one = _mm256_set1_epi32(1);
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + i));
+    __m256i q = _mm256_xor_si256(_mm256_srli_epi32(c, 1),
+                                 _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(c, one)));
+    __m128 a = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(q)), st));
+    __m128 b = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(q, 1)), st));
+    _mm256_storeu_ps(out + i, _mm256_set_m128(b, a));
+  }
+  dequantize_impl<HL_FLOAT32>(z + i, n - i, step, out + i);
+}
+
+HL_AVX2 void dequantize_dithered_f32_avx2(const uint32_t* z, uint64_t n,
+                                          double step, uint32_t seed,
+                                          uint64_t first, float* out) {
+  const __m256d st = _mm256_set1_pd(step);
+  const __m256i one = _mm256_set1_epi32(1);
+  uint64_t i = 0;
+  __m256d u0, u1;
+  DitherInner di{seed};
+  for (; i + 8 <= n && dither8_avx2(di, first + i, st, &u0, &u1); i += 8) {
+    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + i));
+    __m256i q = _mm256_xor_si256(_mm256_srli_epi32(c, 1),
+                                 _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(c, one)));
+    __m128 a = _mm256_cvtpd_ps(
+        _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(q)), st), u0));
+    __m128 b = _mm256_cvtpd_ps(
+        _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(q, 1)), st), u1));
+    _mm256_storeu_ps(out + i, _mm256_set_m128(b, a));
+  }
+  dequantize_dithered_impl<HL_FLOAT32>(z + i, n - i, step, seed, first + i, out + i);
+}
+
+HL_AVX2 void quantize_narrow_f32_avx2(const float* xs, uint64_t rows, uint64_t d,
+                                      const QuantParams& qp, uint32_t* codes,
+                                      uint8_t* row_outlier, uint64_t* hashes, uint8_t* narrow,
+                                      uint8_t* bytes) {
+  quantize_f32_avx2_rows<true>(xs, nullptr, rows, d, qp, codes, row_outlier, hashes, narrow,
+                               bytes);
+}
+
+}  // namespace cpu
+}  // namespace hl
+#endif

@@ -1,0 +1,181 @@
+// The portable kernels of kernels_cpu.h, element by element: the definition every SIMD variant
+// (kernels_avx2.cc, kernels_avx512.cc) must match bit for bit, and the tails those variants
+// leave to them. Internal to native/cpu.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "codec_common.h"
+#include "kernels_cpu.h"
+
+#define HL_INLINE inline __attribute__((always_inline))
+
+namespace hl {
+namespace cpu {
+
+
+// rint for |t| <= 2^30 without SSE4.1's roundsd: adding 1.5 * 2^52 leaves no fraction bits,
+// so round-to-nearest-even does the rounding. The build passes -fno-fast-math, so the compiler
+// may not fold (t + m) - m. Same result as rint() on the device.
+HL_INLINE double round_even(double t) {
+  const double magic = 6755399441055744.0;
+  return (t + magic) - magic;
+}
+
+// Rows picked by idx (the first occurrences of distinct rows) lie anywhere in the tensor: each
+// is a cache miss unless fetched ahead. kGatherAhead rows ahead covers the miss latency of a
+// few hundred bytes of work per row; the first 1 KiB suffices for the hardware prefetcher to
+// carry on through longer rows.
+constexpr uint64_t kGatherAhead = 4;
+
+HL_INLINE void prefetch_gathered(const void* base, const uint64_t* idx, uint64_t r, uint64_t rows,
+                                 uint64_t row_bytes) {
+  if (!idx || r + kGatherAhead >= rows) return;
+  const char* p = static_cast<const char*>(base) + idx[r + kGatherAhead] * row_bytes;
+  const uint64_t n = row_bytes < 1024 ? row_bytes : 1024;
+  for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(p + off);
+}
+
+template <int DT>
+HL_INLINE void range_impl(const void* xv, uint64_t n, double* lo_out, double* hi_out) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  const raw_t* x = static_cast<const raw_t*>(xv);
+  // min/max of the values as float is exact, and float lanes vectorize twice as wide as double.
+  float lo = INFINITY, hi = -INFINITY;
+  for (uint64_t i = 0; i < n; ++i) {
+    float v = (float)Elem<DT>::to_double(x[i]);
+    bool finite = (f32_bits(v) & 0x7f800000u) != 0x7f800000u;
+    float a = finite ? v : INFINITY, b = finite ? v : -INFINITY;
+    lo = a < lo ? a : lo;
+    hi = b > hi ? b : hi;
+  }
+  *lo_out = lo;
+  *hi_out = hi;
+}
+
+// Lanes of a multiplicative hash: eight independent chains vectorize; mix64 joins them.
+HL_INLINE uint64_t hash_codes(const uint32_t* z, uint64_t d) {
+  uint32_t lane[8] = {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u,
+                      0xa4093822u, 0x299f31d0u, 0x082efa98u, 0xec4e6c89u};
+  uint64_t i = 0;
+  for (; i + 8 <= d; i += 8)
+    for (int k = 0; k < 8; ++k) lane[k] = (lane[k] ^ z[i + k]) * 0x9e3779b1u;
+  for (int k = 0; i < d; ++i, ++k) lane[k] = (lane[k] ^ z[i]) * 0x85ebca6bu;
+  // Independent multiplies, then one finalizer: a chain of mix64 calls per row would make the
+  // hash latency-bound.
+  uint64_t h = d;
+  h ^= ((uint64_t)lane[0] | ((uint64_t)lane[1] << 32)) * 0x9e3779b97f4a7c15ull;
+  h ^= ((uint64_t)lane[2] | ((uint64_t)lane[3] << 32)) * 0xc2b2ae3d27d4eb4full;
+  h ^= ((uint64_t)lane[4] | ((uint64_t)lane[5] << 32)) * 0x165667b19e3779f9ull;
+  h ^= ((uint64_t)lane[6] | ((uint64_t)lane[7] << 32)) * 0xd6e8feb86659fd93ull;
+  return mix64(h);
+}
+
+// Rows made mostly of outliers share their codes (all marks); mixing the outliers' raw bits
+// into the hash keeps such rows from all colliding in the dedup table.
+template <typename raw_t>
+HL_INLINE uint64_t mix_outliers(uint64_t h, const raw_t* x, const uint32_t* z, uint64_t d) {
+  for (uint64_t i = 0; i < d; ++i)
+    if (z[i] == kOutlierMark) h = mix64(h ^ ((uint64_t)x[i] << 32 | i));
+  return h;
+}
+
+// hash_codes from its eight lanes after the row's full groups of eight (the rest, d % 8 codes,
+// still to mix in).
+HL_INLINE uint64_t hash_finish(uint32_t* lane, const uint32_t* rest, uint64_t n_rest, uint64_t d) {
+  for (uint64_t k = 0; k < n_rest; ++k) lane[k] = (lane[k] ^ rest[k]) * 0x85ebca6bu;
+  uint64_t h = d;
+  h ^= ((uint64_t)lane[0] | ((uint64_t)lane[1] << 32)) * 0x9e3779b97f4a7c15ull;
+  h ^= ((uint64_t)lane[2] | ((uint64_t)lane[3] << 32)) * 0xc2b2ae3d27d4eb4full;
+  h ^= ((uint64_t)lane[4] | ((uint64_t)lane[5] << 32)) * 0x165667b19e3779f9ull;
+  h ^= ((uint64_t)lane[6] | ((uint64_t)lane[7] << 32)) * 0xd6e8feb86659fd93ull;
+  return mix64(h);
+}
+
+// The dedup hash of a row of quantize_rows_narrow: hash_codes of its codes, and its outliers'
+// bits, with bit 32 (the table's tag) set for a wide row, so that only rows of one kind are
+// ever compared.
+template <typename raw_t>
+HL_INLINE uint64_t row_hash(const raw_t* x, const uint32_t* z, uint64_t d, bool narrow,
+                            bool outlier) {
+  if (narrow) return hash_codes(z, d) & ~(1ull << 32);
+  const uint64_t h = outlier ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
+  return h | (1ull << 32);
+}
+
+template <int DT>
+HL_INLINE void quantize_impl(const void* xv, const uint64_t* idx, uint64_t rows, uint64_t d,
+                             const QuantParams& qp, uint32_t* codes, uint8_t* row_outlier,
+                             uint64_t* hashes) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  const raw_t* xs = static_cast<const raw_t*>(xv);
+  const double step = qp.step, inv_step = qp.inv_step, eb_abs = qp.eb_abs;
+  for (uint64_t r = 0; r < rows; ++r) {
+    prefetch_gathered(xs, idx, r, rows, d * sizeof(raw_t));
+    const raw_t* x = xs + (idx ? idx[r] : r) * d;
+    uint32_t* z = codes + r * d;
+    uint32_t any = 0;
+    for (uint64_t i = 0; i < d; ++i) {
+      // Same decisions as hl::quantize (codec_common.h), written without branches.
+      const double u = qp.dither ? dither_unit(qp.seed, qp.first + r * d + i) * step : 0.0;
+      double v = Elem<DT>::to_double(x[i]);
+      double s = (v - u) * inv_step;
+      bool in_range = fabs(s) <= HL_QMAX;
+      int32_t q = (int32_t)round_even(in_range ? s : 0.0);
+      double back = Elem<DT>::to_double(reconstruct<DT>(q, step, u));
+      bool ok = in_range & (fabs(v - back) <= eb_abs);
+      z[i] = ok ? zigzag(q) : kOutlierMark;
+      any |= !ok;
+    }
+    row_outlier[r] = (uint8_t)any;
+    if (hashes) hashes[r] = any ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
+  }
+}
+
+template <int DT>
+HL_INLINE void raw_impl(const void* xv, const uint64_t* idx, uint64_t rows, uint64_t d,
+                        uint32_t* codes) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  const raw_t* xs = static_cast<const raw_t*>(xv);
+  for (uint64_t r = 0; r < rows; ++r) {
+    prefetch_gathered(xs, idx, r, rows, d * sizeof(raw_t));
+    const raw_t* x = xs + (idx ? idx[r] : r) * d;
+    for (uint64_t i = 0; i < d; ++i) codes[r * d + i] = x[i];
+  }
+}
+
+template <int DT>
+HL_INLINE void dequantize_dithered_impl(const uint32_t* z, uint64_t n, double step, uint32_t seed,
+                                        uint64_t first, void* outv) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  raw_t* out = static_cast<raw_t*>(outv);
+  for (uint64_t i = 0; i < n; ++i)
+    out[i] = reconstruct<DT>(unzigzag(z[i]), step, dither_unit(seed, first + i) * step);
+}
+
+template <int DT>
+HL_INLINE void dequantize_impl(const uint32_t* z, uint64_t n, double step, void* outv) {
+  typedef typename Elem<DT>::raw_t raw_t;
+  raw_t* out = static_cast<raw_t*>(outv);
+  for (uint64_t i = 0; i < n; ++i) out[i] = reconstruct<DT>(unzigzag(z[i]), step);
+}
+
+// The high half of the element index enters the dither hash through one mix32 that is the same
+// for 2^32 elements in a row: computed again only when that half changes.
+struct DitherInner {
+  uint32_t seed;
+  uint64_t high = ~0ull;
+  uint32_t inner = 0;
+  uint32_t of(uint64_t first) {
+    if ((first >> 32) != high) {
+      high = first >> 32;
+      inner = mix32((uint32_t)high ^ (seed * 0x9e3779b9u));
+    }
+    return inner;
+  }
+};
+
+}  // namespace cpu
+}  // namespace hl
