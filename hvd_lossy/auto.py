@@ -28,7 +28,9 @@ Each compressor with `auto=True` keeps, per process set, a *slot*:
            are all below the other's (SEPARATE calls each; a clear case is decided after a few
            calls, so a short run pays little for probing, and a close one costs little per
            probed call) or, after MAX_PROBE calls of each, by the lower median. A tie goes to
-           plain: auto never pays for a gain it cannot see. A rank without costs for its
+           plain: auto never pays for a gain it cannot see; so does a lossy median cost
+           HYSTERESIS above plain's after SEPARATE calls each, even where one slow plain call
+           (a mode's first often is) keeps the costs overlapping. A rank without costs for its
            current size sends everyone back to probing;
   decided  the decision holds until the next agreement, AGREE_EVERY calls later, which keeps it
            unless the other mode's median is HYSTERESIS better; every REFRESH calls the losing
@@ -91,7 +93,7 @@ def _rule(decision, plain, lossy, floors=(), plain_periods=(), lossy_periods=())
     the transfer's least cost), each a lower bound of that call's cost. *_periods: the calls'
     periods (start to the next call's start); where both modes have some, lossy needs them to
     agree, and either measure deciding plain decides plain."""
-    by_cost = _compare(decision, plain, lossy, floors)
+    by_cost = _compare(decision, plain, lossy, floors, eager_plain=True)
     if not plain_periods or not lossy_periods:
         return by_cost
     by_period = _compare(decision, plain_periods, lossy_periods)
@@ -102,8 +104,10 @@ def _rule(decision, plain, lossy, floors=(), plain_periods=(), lossy_periods=())
     return decision  # probing: None, go on; decided: keep it until both agree otherwise
 
 
-def _compare(decision, plain, lossy, floors=()):
-    """_rule on one measure."""
+def _compare(decision, plain, lossy, floors=(), eager_plain=False):
+    """_rule on one measure. eager_plain: while probing, plain as soon as lossy's median is
+    HYSTERESIS above plain's (for the steadier exchange cost: one slow plain call, such as a
+    mode's first, would otherwise keep the costs overlapping until MAX_PROBE)."""
     if decision is None:
         if plain and floors and min(floors) > max(plain) * (1 + HYSTERESIS):
             return PLAIN
@@ -112,6 +116,8 @@ def _compare(decision, plain, lossy, floors=()):
         if max(lossy) < min(plain):
             return LOSSY
         if max(plain) <= min(lossy):
+            return PLAIN
+        if eager_plain and statistics.median(lossy) > statistics.median(plain) * (1 + HYSTERESIS):
             return PLAIN
         if min(len(plain), len(lossy)) < MAX_PROBE:
             return None
