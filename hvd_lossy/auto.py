@@ -15,7 +15,8 @@ links, AVX2 only"), three times the exchange's own difference. So each call's *p
 measured as well: from its start to the next call's start on the same slot, which spans the
 iteration the call's mode ran (its gradient call, the model's work, the optimizer). Lossy is
 chosen only where both measures say lossy; either saying plain decides plain. The period is
-noisier, so a close case takes longer to separate, but it is what the user's step takes.
+noisier, so a close case takes longer to separate, and lossy must win it by HYSTERESIS, but it is
+what the user's step takes.
 
 Each compressor with `auto=True` keeps, per process set, a *slot*:
 
@@ -93,7 +94,7 @@ def _rule(decision, plain, lossy, floors=(), plain_periods=(), lossy_periods=())
     the transfer's least cost), each a lower bound of that call's cost. *_periods: the calls'
     periods (start to the next call's start); where both modes have some, lossy needs them to
     agree, and either measure deciding plain decides plain."""
-    by_cost = _compare(decision, plain, lossy, floors, eager_plain=True)
+    by_cost = _compare(decision, plain, lossy, floors, steady=True)
     if not plain_periods or not lossy_periods:
         return by_cost
     by_period = _compare(decision, plain_periods, lossy_periods)
@@ -104,24 +105,27 @@ def _rule(decision, plain, lossy, floors=(), plain_periods=(), lossy_periods=())
     return decision  # probing: None, go on; decided: keep it until both agree otherwise
 
 
-def _compare(decision, plain, lossy, floors=(), eager_plain=False):
-    """_rule on one measure. eager_plain: while probing, plain as soon as lossy's median is
-    HYSTERESIS above plain's (for the steadier exchange cost: one slow plain call, such as a
-    mode's first, would otherwise keep the costs overlapping until MAX_PROBE)."""
+def _compare(decision, plain, lossy, floors=(), steady=False):
+    """_rule on one measure. steady: the exchange cost, which takes plain as soon as lossy's
+    median is HYSTERESIS above plain's (one slow plain call, such as a mode's first, would
+    otherwise keep the costs overlapping until MAX_PROBE). Otherwise the period, whose noise
+    (+-15% a step) puts two calls of each in either order one time in six: lossy must win it by
+    HYSTERESIS, or an even case would be called lossy that often."""
+    margin = 0.0 if steady else HYSTERESIS
     if decision is None:
         if plain and floors and min(floors) > max(plain) * (1 + HYSTERESIS):
             return PLAIN
         if len(plain) < SEPARATE or len(lossy) < SEPARATE:
             return None
-        if max(lossy) < min(plain):
+        if max(lossy) < min(plain) * (1 - margin):
             return LOSSY
         if max(plain) <= min(lossy):
             return PLAIN
-        if eager_plain and statistics.median(lossy) > statistics.median(plain) * (1 + HYSTERESIS):
+        if steady and statistics.median(lossy) > statistics.median(plain) * (1 + HYSTERESIS):
             return PLAIN
         if min(len(plain), len(lossy)) < MAX_PROBE:
             return None
-        return LOSSY if statistics.median(lossy) < statistics.median(plain) else PLAIN
+        return LOSSY if statistics.median(lossy) < statistics.median(plain) * (1 - margin) else PLAIN
     p, q = statistics.median(plain), statistics.median(lossy)
     if decision == LOSSY:
         return PLAIN if p < q * (1 - HYSTERESIS) else LOSSY

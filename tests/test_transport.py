@@ -289,6 +289,15 @@ def test_auto_rule_takes_lossy_only_where_the_whole_iteration_is_faster_too():
                       lossy_periods=[11.0, 11.5]) == auto.PLAIN  # but the iteration is slower
     assert auto._rule(None, *cheap_exchange, plain_periods=[10, 11],
                       lossy_periods=[10.5, 10.6]) is None  # periods overlap: probe on
+    # the noisy period must favour lossy by HYSTERESIS: apart, but by 2%, is no verdict yet...
+    assert auto._rule(None, *cheap_exchange, plain_periods=[10, 10.2],
+                      lossy_periods=[9.8, 9.8]) is None
+    # ...and after MAX_PROBE calls of each, medians 2% apart leave plain
+    n = auto.MAX_PROBE
+    assert auto._rule(None, [2.0] * n, [1.0] * n, plain_periods=[10.0] * n,
+                      lossy_periods=[9.8] * n) == auto.PLAIN
+    assert auto._rule(None, [2.0] * n, [1.0] * n, plain_periods=[10.0] * n,
+                      lossy_periods=[9.0] * n) == auto.LOSSY
     assert auto._rule(None, [1.0, 1.1], [2.0, 2.1], plain_periods=[10, 10.2],
                       lossy_periods=[9.0, 9.1]) == auto.PLAIN  # either saying plain decides
     # decided: lossy is kept until either measure finds plain HYSTERESIS better; plain until both
