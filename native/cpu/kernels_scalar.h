@@ -55,6 +55,19 @@ HL_INLINE void range_impl(const void* xv, uint64_t n, double* lo_out, double* hi
   *hi_out = hi;
 }
 
+// hash_codes from its eight lanes after the row's full groups of eight (the rest, d % 8 codes,
+// still to mix in): independent multiplies, then one finalizer (a chain of mix64 calls per
+// row would make the hash latency-bound).
+HL_INLINE uint64_t hash_finish(uint32_t* lane, const uint32_t* rest, uint64_t n_rest, uint64_t d) {
+  for (uint64_t k = 0; k < n_rest; ++k) lane[k] = (lane[k] ^ rest[k]) * 0x85ebca6bu;
+  uint64_t h = d;
+  h ^= ((uint64_t)lane[0] | ((uint64_t)lane[1] << 32)) * 0x9e3779b97f4a7c15ull;
+  h ^= ((uint64_t)lane[2] | ((uint64_t)lane[3] << 32)) * 0xc2b2ae3d27d4eb4full;
+  h ^= ((uint64_t)lane[4] | ((uint64_t)lane[5] << 32)) * 0x165667b19e3779f9ull;
+  h ^= ((uint64_t)lane[6] | ((uint64_t)lane[7] << 32)) * 0xd6e8feb86659fd93ull;
+  return mix64(h);
+}
+
 // Lanes of a multiplicative hash: eight independent chains vectorize; mix64 joins them.
 HL_INLINE uint64_t hash_codes(const uint32_t* z, uint64_t d) {
   uint32_t lane[8] = {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u,
@@ -62,15 +75,7 @@ HL_INLINE uint64_t hash_codes(const uint32_t* z, uint64_t d) {
   uint64_t i = 0;
   for (; i + 8 <= d; i += 8)
     for (int k = 0; k < 8; ++k) lane[k] = (lane[k] ^ z[i + k]) * 0x9e3779b1u;
-  for (int k = 0; i < d; ++i, ++k) lane[k] = (lane[k] ^ z[i]) * 0x85ebca6bu;
-  // Independent multiplies, then one finalizer: a chain of mix64 calls per row would make the
-  // hash latency-bound.
-  uint64_t h = d;
-  h ^= ((uint64_t)lane[0] | ((uint64_t)lane[1] << 32)) * 0x9e3779b97f4a7c15ull;
-  h ^= ((uint64_t)lane[2] | ((uint64_t)lane[3] << 32)) * 0xc2b2ae3d27d4eb4full;
-  h ^= ((uint64_t)lane[4] | ((uint64_t)lane[5] << 32)) * 0x165667b19e3779f9ull;
-  h ^= ((uint64_t)lane[6] | ((uint64_t)lane[7] << 32)) * 0xd6e8feb86659fd93ull;
-  return mix64(h);
+  return hash_finish(lane, z + i, d - i, d);
 }
 
 // Rows made mostly of outliers share their codes (all marks); mixing the outliers' raw bits
@@ -80,18 +85,6 @@ HL_INLINE uint64_t mix_outliers(uint64_t h, const raw_t* x, const uint32_t* z, u
   for (uint64_t i = 0; i < d; ++i)
     if (z[i] == kOutlierMark) h = mix64(h ^ ((uint64_t)x[i] << 32 | i));
   return h;
-}
-
-// hash_codes from its eight lanes after the row's full groups of eight (the rest, d % 8 codes,
-// still to mix in).
-HL_INLINE uint64_t hash_finish(uint32_t* lane, const uint32_t* rest, uint64_t n_rest, uint64_t d) {
-  for (uint64_t k = 0; k < n_rest; ++k) lane[k] = (lane[k] ^ rest[k]) * 0x85ebca6bu;
-  uint64_t h = d;
-  h ^= ((uint64_t)lane[0] | ((uint64_t)lane[1] << 32)) * 0x9e3779b97f4a7c15ull;
-  h ^= ((uint64_t)lane[2] | ((uint64_t)lane[3] << 32)) * 0xc2b2ae3d27d4eb4full;
-  h ^= ((uint64_t)lane[4] | ((uint64_t)lane[5] << 32)) * 0x165667b19e3779f9ull;
-  h ^= ((uint64_t)lane[6] | ((uint64_t)lane[7] << 32)) * 0xd6e8feb86659fd93ull;
-  return mix64(h);
 }
 
 // The dedup hash of a row of quantize_rows_narrow: hash_codes of its codes, and its outliers'

@@ -36,15 +36,6 @@ inline uint32_t block_max(const uint32_t* v, uint64_t count) {
   return m;
 }
 
-// Copies a possibly partial block into 32 zero-padded values.
-inline const uint32_t* padded_block(const uint32_t* v, uint64_t n, uint64_t b, uint32_t* tmp) {
-  uint64_t start = b * HL_BLOCK;
-  if (start + HL_BLOCK <= n) return v + start;
-  uint64_t count = n - start;
-  for (uint64_t i = 0; i < HL_BLOCK; ++i) tmp[i] = i < count ? v[start + i] : 0;
-  return tmp;
-}
-
 void pack_block(const uint32_t* v, uint32_t w, uint8_t* out) {
 #if defined(__SSE2__)
   if (w <= 8) {
@@ -399,8 +390,25 @@ void pack_bytes_one(const uint8_t* v, uint32_t w, uint8_t* out, int level) {
 
 }  // namespace
 
-void pack_blocks(const uint8_t* v, uint64_t n, const uint8_t* widths, uint8_t* out,
-                 int threads) {
+uint64_t payload_bytes(const uint8_t* widths, uint64_t n_blocks) {
+  uint64_t s = 0;
+  for (uint64_t b = 0; b < n_blocks; ++b) s += widths[b];
+  return 4 * s;
+}
+
+namespace {
+
+inline void pack_one_of(const uint32_t* v, uint32_t w, uint8_t* out, int level) {
+  pack_one(v, w, out, level);
+}
+inline void pack_one_of(const uint8_t* v, uint32_t w, uint8_t* out, int level) {
+  pack_bytes_one(v, w, out, level);
+}
+
+// pack_blocks for codes of either width: each thread packs a contiguous range of blocks from
+// its start offset; the last block is padded with zeros.
+template <typename T>
+void pack_blocks_of(const T* v, uint64_t n, const uint8_t* widths, uint8_t* out, int threads) {
   const uint64_t nb = hl_div_up(n, HL_BLOCK);
   memcpy(out, widths, nb);
   uint8_t* payload = out + nb;
@@ -411,57 +419,29 @@ void pack_blocks(const uint8_t* v, uint64_t n, const uint8_t* widths, uint8_t* o
     const int t = omp_get_thread_num_safe(), nth = omp_get_num_threads_safe();
     const uint64_t lo = nb * t / nth, hi = nb * (t + 1) / nth;
     uint64_t off = payload_bytes(widths, lo);
-    uint8_t tmp[HL_BLOCK];
+    T tmp[HL_BLOCK];
     for (uint64_t b = lo; b < hi; ++b) {
-      const uint8_t* src = v + b * HL_BLOCK;
+      const T* src = v + b * HL_BLOCK;
       if ((b + 1) * HL_BLOCK > n) {
         for (uint64_t i = 0; i < HL_BLOCK; ++i) tmp[i] = b * HL_BLOCK + i < n ? src[i] : 0;
         src = tmp;
       }
-      pack_bytes_one(src, widths[b], payload + off, wide);
+      pack_one_of(src, widths[b], payload + off, wide);
       off += 4u * widths[b];
     }
   }
 }
 
-uint64_t payload_bytes(const uint8_t* widths, uint64_t n_blocks) {
-  uint64_t s = 0;
-  for (uint64_t b = 0; b < n_blocks; ++b) s += widths[b];
-  return 4 * s;
+}  // namespace
+
+void pack_blocks(const uint8_t* v, uint64_t n, const uint8_t* widths, uint8_t* out,
+                 int threads) {
+  pack_blocks_of(v, n, widths, out, threads);
 }
 
 void pack_blocks(const uint32_t* v, uint64_t n, const uint8_t* widths, uint8_t* out,
                  int threads) {
-  const uint64_t nb = hl_div_up(n, HL_BLOCK);
-  memcpy(out, widths, nb);
-  uint8_t* payload = out + nb;
-  const int wide = simd();
-  if (threads <= 1 || nb <= 4096) {
-    uint32_t tmp[HL_BLOCK];
-    uint64_t off = 0;
-    for (uint64_t b = 0; b < nb; ++b) {
-      pack_one(padded_block(v, n, b, tmp), widths[b], payload + off, wide);
-      off += 4u * widths[b];
-    }
-    return;
-  }
-  // Each thread packs a contiguous range of blocks after locating its start offset.
-#pragma omp parallel num_threads(threads)
-  {
-    int t = omp_get_thread_num_safe();
-    int nt = omp_get_num_threads_safe();
-    uint64_t lo = nb * t / nt, hi = nb * (t + 1) / nt;
-    uint64_t off = 4 * [&] {
-      uint64_t s = 0;
-      for (uint64_t b = 0; b < lo; ++b) s += widths[b];
-      return s;
-    }();
-    uint32_t tmp[HL_BLOCK];
-    for (uint64_t b = lo; b < hi; ++b) {
-      pack_one(padded_block(v, n, b, tmp), widths[b], payload + off, wide);
-      off += 4u * widths[b];
-    }
-  }
+  pack_blocks_of(v, n, widths, out, threads);
 }
 
 namespace {

@@ -88,16 +88,11 @@ HL_AVX512 void split_avx512(const uint32_t* in, uint32_t* quotient, uint32_t* di
 
 HL_AVX2 void split_avx2(const uint32_t* in, uint32_t* quotient, uint32_t* digit, uint64_t count,
                         RadixDiv div) {
-  const __m256i lo = _mm256_set1_epi64x(div.lo), k = _mm256_set1_epi32((int)div.k);
-  const __m128i sh = _mm_cvtsi32_si128((int)div.shift);
+  const __m256i k = _mm256_set1_epi32((int)div.k);
   uint64_t j = 0;
   for (; j + 8 <= count; j += 8) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + j));
-    const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(v, lo), 32);
-    const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(v, 32), lo);
-    const __m256i t = _mm256_blend_epi32(even, odd, 0xAA);
-    const __m256i q =
-        _mm256_srl_epi32(_mm256_add_epi32(_mm256_srli_epi32(_mm256_sub_epi32(v, t), 1), t), sh);
+    const __m256i q = radix_div8(v, div);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(digit + j),
                         _mm256_sub_epi32(v, _mm256_mullo_epi32(q, k)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(quotient + j), q);
@@ -234,13 +229,18 @@ struct Split {
 
 }  // namespace
 
-void radix_unpack_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, uint32_t g,
-                     const char* what, int threads, ChunkSink sink) {
+uint64_t radix_checked_span(uint32_t k, uint32_t g, uint64_t n, const char* what) {
   const uint64_t span = radix_span(k, g);
   if (!radix_k_ok(k) || g == 0 || span == 0 || n == 0)
     throw FrameError(std::string("frame is corrupted: the ") + what + " has radix " +
                      std::to_string(k) + " in groups of " + std::to_string(g) + " for " +
                      std::to_string(n) + " codes");
+  return span;
+}
+
+void radix_unpack_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, uint32_t g,
+                     const char* what, int threads, ChunkSink sink) {
+  const uint64_t span = radix_checked_span(k, g, n, what);
   Split s;
   s.inner = sink;
   s.n = n;

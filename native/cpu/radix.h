@@ -40,4 +40,30 @@ void radix_write(const RadixPlan& p, uint8_t* out, int threads);
 void radix_unpack_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, uint32_t g,
                      const char* what, int threads, ChunkSink sink);
 
+// The span (K^g) of a radix section of n codes with radix k and group g, after checking them;
+// FrameError, naming `what`, where they cannot describe a section.
+uint64_t radix_checked_span(uint32_t k, uint32_t g, uint64_t n, const char* what);
+
 }  // namespace hl
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#include "frame_fields.h"
+
+namespace hl {
+
+// radix_div (frame_fields.h) of eight lanes with AVX2: the encoder's split and the decoder's
+// digit lookup divide by K the same way.
+__attribute__((target("avx2"), always_inline)) inline __m256i radix_div8(__m256i v,
+                                                                         RadixDiv div) {
+  const __m256i lo = _mm256_set1_epi64x(div.lo);
+  const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(v, lo), 32);
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(v, 32), lo);
+  const __m256i t = _mm256_blend_epi32(even, odd, 0xAA);
+  return _mm256_srl_epi32(_mm256_add_epi32(_mm256_srli_epi32(_mm256_sub_epi32(v, t), 1), t),
+                          _mm_cvtsi32_si128((int)div.shift));
+}
+
+}  // namespace hl
+#endif

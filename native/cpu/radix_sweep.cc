@@ -11,6 +11,7 @@
 #include "frame_fields.h"
 #include "kernels_cpu.h"
 #include "pack.h"
+#include "radix.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_AVX2_PATH)
 #include <immintrin.h>
@@ -85,16 +86,11 @@ template <int NT>
 HL_AVX2 void lane_avx2(const uint32_t* in, uint32_t* quot, uint64_t count, RadixDiv div,
                        const Table& tab, uint32_t* out) {
   const TableRegs t = table_regs(tab);
-  const __m256i lo = _mm256_set1_epi64x(div.lo), k = _mm256_set1_epi32((int)div.k);
-  const __m128i sh = _mm_cvtsi32_si128((int)div.shift);
+  const __m256i k = _mm256_set1_epi32((int)div.k);
   uint64_t j = 0;
   for (; j + 8 <= count; j += 8) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + j));
-    const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(v, lo), 32);
-    const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(v, 32), lo);
-    const __m256i th = _mm256_blend_epi32(even, odd, 0xAA);
-    const __m256i q =
-        _mm256_srl_epi32(_mm256_add_epi32(_mm256_srli_epi32(_mm256_sub_epi32(v, th), 1), th), sh);
+    const __m256i q = radix_div8(v, div);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(quot + j), q);
     const __m256i d = _mm256_sub_epi32(v, _mm256_mullo_epi32(q, k));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), lookup<NT>(t, d));
@@ -235,12 +231,8 @@ bool radix_sweep_applies(const SegmentView& h) {
 
 void radix_sweep_f32(const SegmentView& h, double step, RowSweep<uint32_t>* sweep) {
   const uint32_t k = h.radix_k, g = h.radix_g;
-  const uint64_t n = h.n_unique * h.row_len, span = radix_span(k, g);
   const char* what = "code section";
-  if (!radix_k_ok(k) || g == 0 || span == 0 || n == 0)
-    throw FrameError(std::string("frame is corrupted: the ") + what + " has radix " +
-                     std::to_string(k) + " in groups of " + std::to_string(g) + " for " +
-                     std::to_string(n) + " codes");
+  const uint64_t n = h.n_unique * h.row_len, span = radix_checked_span(k, g, n, what);
   Spans s;
   s.sweep = sweep;
   s.n = n;
