@@ -60,6 +60,30 @@ def test_lossy_frames_with_ids_are_the_bytes_of_content_dedup(dtype, level, eb, 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("level", [1, 2])
+@pytest.mark.parametrize("kind", ["truth", "random ids"])
+def test_ids_give_content_dedups_bytes_where_rows_mix_byte_and_wide_codes(dtype, level, kind):
+    """Rows whose codes fit a byte beside rows whose do not (codes of 256 and more, outliers'
+    marks for NaN and Inf), in rows of 13 elements: the id path keeps some rows' codes as bytes
+    and others' as 32-bit codes, and must still write content dedup's frame."""
+    x, ids = drawn(dim=13, table_rows=60, dtype=torch.float32)
+    x[ids % 3 == 0] *= 1e-3  # a third of the ids: codes below 256 at abs 1e-3
+    x[ids == 11, 2] = float("nan")
+    x[ids == 12, 5] = float("inf")
+    x = x.to(dtype)
+    rows = [300, 300]
+    by_content, _ = hvd_lossy.compress_chunks(x, rows, 1e-3, mode="abs", level=level)
+    by_id, _ = hvd_lossy.compress_chunks(x, rows, 1e-3, mode="abs", level=level,
+                                         ids=lies(ids, kind))
+    assert torch.equal(by_id, by_content)
+    assert hvd_lossy.frame_info(by_id)["segments"][0]["n_unique"] < 300  # duplicates were found
+    back = hvd_lossy.decompress(by_id)
+    finite = torch.isfinite(x)
+    assert torch.equal(back[~finite].isnan(), x[~finite].isnan())
+    assert (back[finite].double() - x[finite].double()).abs().max() <= 1e-3
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["truth", "one id"])
 def test_lossless_frames_with_ids_decode_bit_for_bit(dtype, kind):
     # Lossless frames have no stage that merges equal codes, so rows 5 and 7 of the table
