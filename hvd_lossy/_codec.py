@@ -264,11 +264,11 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
         mode, level, dedup: as for :func:`compress`.
         dither: None, or the seed of piece 0; piece i uses ``(dither + i) % 2**24``.
         ids: None, or an int64 tensor of one key per row of a 2-D tensor: rows of a piece with
-            equal keys are stored once, found without hashing rows (faster); each such row's
-            bits are still compared with its key's first row, so wrong keys cost speed, never
-            the bound. A lossy frame is the same bytes as without ids; a lossless one keeps a
-            row repeated under another key apart (the same values). The CUDA encoder does not
-            use them (it finds the same duplicates by content).
+            equal keys are stored once, found without hashing rows (not faster today); each
+            such row's bits are still compared with its key's first row, so wrong keys cost
+            speed, never the bound. A lossy frame is the same bytes as without ids; a lossless
+            one keeps a row repeated under another key apart (the same values). The CUDA
+            encoder does not use them (it finds the same duplicates by content).
         Device tensors: as for :func:`compress`.
 
     Returns:

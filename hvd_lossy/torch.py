@@ -148,7 +148,8 @@ def alltoall(tensor, splits=None, name=None, compression=Compression.none,
         process_set: process set to limit the operation to; default all ranks.
         ids: None, or an int64 tensor of shape (rows,): the key (embedding id) of each row of
              a 2-D `tensor`, meaningful within its segment (table). A lossy compressor then
-             finds duplicate rows by their ids instead of hashing every row, which is faster;
+             finds duplicate rows by their ids instead of hashing every row (not faster on
+             the CPU today: RESULTS, "Id dedup against content dedup"; reuse=True needs them);
              the frames are the same bytes (at a bound > 0), and wrong ids cost speed, never the
              bound (each duplicate's bits are checked against its id's first row). Bad ids
              raise RankError on every rank. The gradient all-to-all and Compression.none/fp16 do not use them.

@@ -180,7 +180,7 @@ def parser():
     c.add_argument("--ids", action="store_true",
                    help="lossy/adaptive: hand the all-to-all each lookup's id (ids=), so the "
                         "codec finds duplicate rows by id instead of hashing every row (the same "
-                        "frames; training lookups only)")
+                        "frames, not faster today; training lookups only)")
     c.add_argument("--reuse", action="store_true",
                    help="lossy/adaptive: send lookups a rank already holds from an earlier step as "
                         "references or residuals (reuse=True, ids= and recv_ids=; implies --ids; "
