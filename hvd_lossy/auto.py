@@ -125,7 +125,8 @@ def _compare(decision, plain, lossy, floors=(), steady=False):
             return PLAIN
         if min(len(plain), len(lossy)) < MAX_PROBE:
             return None
-        return LOSSY if statistics.median(lossy) < statistics.median(plain) * (1 - margin) else PLAIN
+        wins = statistics.median(lossy) < statistics.median(plain) * (1 - margin)
+        return LOSSY if wins else PLAIN
     p, q = statistics.median(plain), statistics.median(lossy)
     if decision == LOSSY:
         return PLAIN if p < q * (1 - HYSTERESIS) else LOSSY
