@@ -111,11 +111,17 @@ def plan(compressor, received, grad):
         for r, u in zip(rows, unique):
             eb = next(ebs) if r else 0.0
             if compressor.mode == "rel" and r:
-                seg = grad[start:start + r]
-                eb = eb * float(seg.max() - seg.min()) if eb > 0 else 0.0
+                eb = eb * _finite_range(grad[start:start + r]) if eb > 0 else 0.0
             out.append((d, u, eb))
             start += r
     return out
+
+
+def _finite_range(rows):
+    """max - min of the finite values (0 without any), as the codec's rel bound takes them: NaN
+    and +-Inf travel as outliers and must not set the bound."""
+    finite = rows[rows.isfinite()]
+    return float(finite.max() - finite.min()) if finite.numel() else 0.0
 
 
 def backward(ids, grad, compressor, start):

@@ -337,6 +337,21 @@ def test_gradients_summed_by_segment_and_id_come_back_on_each_ids_first_row():
         side.expand(sums[:-1])
 
 
+def test_summed_gradients_take_a_rel_bound_from_the_finite_range_of_their_segment():
+    """A segment's absolute bound is rel x the range of its finite gradient rows, as the codec's
+    rel rule: an Inf or NaN gradient travels as an outlier and does not widen the bound."""
+    from hvd_lossy import grad_ids
+    from hvd_lossy.compression import Compression
+    comp = Compression.lossy(0.1)
+    received = grad_ids.Keyed(torch.tensor([1, 1, 2, 3, 4, 5]), [[3], [3]])  # 2 peers
+    grad = torch.tensor([[0.0], [4.0], [2.0], [1.0], [3.0], [7.0]])
+    frames = grad_ids.plan(comp, received, grad)
+    assert [(d, u) for d, u, _ in frames] == [(0, 2), (1, 3)]  # one row a distinct id
+    assert [e for _, _, e in frames] == pytest.approx([0.4, 0.6])
+    grad[1, 0], grad[4, 0] = float("inf"), float("nan")
+    assert [e for _, _, e in grad_ids.plan(comp, received, grad)] == pytest.approx([0.2, 0.6])
+
+
 def test_a_reference_on_a_slot_another_row_of_the_call_took_wins_it_back_if_last():
     """The last row of a call on a slot wins on both ends, also when it is a reference (whose
     record the sender's store leaves alone) and an earlier row of the call wrote another id."""
