@@ -55,31 +55,32 @@ void reconstruct_row(const raw_of<DT>* p, const raw_of<DT>* r_hat, uint64_t d, r
 
 // Whether every element of X^ is within eb of X (NaN and Inf never are), and whether X^ equals
 // the held row P in value. Whole rows without branches, in double as the bound is checked
-// everywhere, so that the loop vectorizes (a miss is rare).
-template <int DT>
-void check_row(const raw_of<DT>* x, const raw_of<DT>* xh, const raw_of<DT>* p, uint64_t d,
-               double eb, bool* within, bool* same) {
+// everywhere, so that the loop vectorizes (a miss is rare). to_double: an element's value.
+template <typename T, typename ToDouble>
+inline __attribute__((always_inline)) void check_row_of(const T* x, const T* xh, const T* p,
+                                                        uint64_t d, double eb, bool* within,
+                                                        bool* same, ToDouble to_double) {
   uint32_t miss = 0, differ = 0;
   for (uint64_t i = 0; i < d; ++i) {
-    const double v = Elem<DT>::to_double(x[i]), back = Elem<DT>::to_double(xh[i]);
+    const double v = to_double(x[i]), back = to_double(xh[i]);
     miss |= !(fabs(back - v) <= eb);
-    differ |= back != Elem<DT>::to_double(p[i]);
+    differ |= back != to_double(p[i]);
   }
   *within = !miss;
   *same = !differ;
 }
 
+template <int DT>
+void check_row(const raw_of<DT>* x, const raw_of<DT>* xh, const raw_of<DT>* p, uint64_t d,
+               double eb, bool* within, bool* same) {
+  check_row_of(x, xh, p, d, eb, within, same,
+               [](raw_of<DT> e) { return Elem<DT>::to_double(e); });
+}
+
 // float32, the common case, with AVX2 where the CPU has it (4 doubles a step).
 HL_REUSE_CLONES void check_row_f32(const float* x, const float* xh, const float* p, uint64_t d,
                                    double eb, bool* within, bool* same) {
-  uint32_t miss = 0, differ = 0;
-  for (uint64_t i = 0; i < d; ++i) {
-    const double v = x[i], back = xh[i];
-    miss |= !(fabs(back - v) <= eb);
-    differ |= back != (double)p[i];
-  }
-  *within = !miss;
-  *same = !differ;
+  check_row_of(x, xh, p, d, eb, within, same, [](float e) { return (double)e; });
 }
 
 template <>
