@@ -456,6 +456,47 @@ def test_float32_kernels_match_the_scalar_rule_at_the_edges_of_single_precision(
     assert runs[0][2:] == runs[1][2:] == runs[2][2:]
 
 
+def test_float32_kernels_told_the_range_match_the_scalar_rule_at_the_narrowed_edges(tmp_path):
+    """Told the largest |element| (the range pass's max_abs), the single-precision lanes trust
+    themselves up to 2^-21 * L of a rounding edge, L the least power of two above
+    max_abs / step + 1 (quantize_f32_fast.h), where they would otherwise send 2^-9 to the double
+    kernel. Elements either side of that margin, and on the edge itself, at L from 2 to 4096
+    (beyond 4000 the lanes check |x / step| themselves), with and without dither: codes,
+    outliers and decodes are the scalar rule's on every kernel path, so every element is within
+    the bound."""
+    from tests._hooks import OUT
+
+    script = tmp_path / "bounded_edges.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(OUT)!r})\n"
+        "import numpy as np, _hl_test, hvd_lossy\n"
+        "rng = np.random.default_rng(5)\n"
+        "out = [hvd_lossy._C.simd_level()]\n"
+        "checked = 0\n"
+        "for eb in (0.03, 1e-4, 7.5):\n"
+        "    step = 2 * eb\n"
+        "    for L in (2, 16, 256, 4096):\n"
+        "        m = 2.0 ** -21 * L\n"
+        "        near = np.array([0, 1e-12, m / 4, m / 2, m * 0.999, m, m * 1.001, 2 * m, 2.0 ** -9])\n"
+        "        near = np.concatenate([near, -near])\n"
+        "        top = L - 2\n"
+        "        k = rng.integers(-top, top + 1, 3000).astype(np.float64)\n"
+        "        x = ((k + 0.5 + rng.choice(near, k.size)) * step).astype(np.float32)\n"
+        "        max_abs = float(np.abs(x).max())\n"
+        "        for dither, first, seed in ((False, 0, 0), (True, 0, 7), (True, 2**32 - 1001, 99)):\n"
+        "            z, z_ref, y, y_ref = _hl_test.quantized_f32(x.tolist(), eb, dither, first, seed, max_abs)\n"
+        "            assert z == z_ref, (eb, L, dither, [(a, b, c) for a, b, c in zip(x, z, z_ref) if b != c][:5])\n"
+        "            assert [float(v).hex() for v in y] == [float(v).hex() for v in y_ref], (eb, L, dither)\n"
+        "            checked += len(z)\n"
+        "            out.append(hash(tuple(z)))\n"
+        "print(repr([checked] + out))\n")
+
+    runs = _on_every_kernel_path(script)
+    assert runs[0][0] == 3 * 4 * 3 * 3000
+    assert runs[0][2:] == runs[1][2:] == runs[2][2:]
+
+
 def test_decompress_into_a_given_tensor_reuses_it():
     x = torch.randn(64, 8)
     frame = hvd_lossy.compress(x, 0.01)

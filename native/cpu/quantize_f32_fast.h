@@ -21,6 +21,10 @@
 // Where every finite element has |x| <= M with M / step + 1 <= 4000 (the range of the segment
 // says so; QuantParams::max_abs), |s_f| <= L holds for each of them, and the check is left out:
 // NaN and +-Inf still fail, since s_f - round(s_f) is NaN for them.
+// The margin scales with L: for |s_f| <= L (any L >= 1) the errors above are at most
+// 2^-22 * L + 2^-24, and the decoder's rounding 2^-24 * (L + 1), so an edge of 1/2 - 2^-21 * L
+// keeps both arguments. Such a segment takes the least power of two L above M / step + 1:
+// typical lookups (L = 16) leave the fast lanes once in 2^16 elements, not once in 2^8.
 #pragma once
 
 #include <immintrin.h>
@@ -42,10 +46,13 @@ __attribute__((target("avx2"))) inline FastF32 fast_f32(double step, double inv_
   FastF32 f;
   f.on = step >= 0x1p-100 && step <= 0x1p100;
   f.bounded = max_abs * inv_step + 1.0 <= 4000.0;
+  double l = 4096.0;  // L: a power of two, so that the edge below is exact in float
+  if (f.bounded)
+    for (l = 1.0; l < max_abs * inv_step + 1.0;) l *= 2.0;
   f.inv = _mm256_set1_ps((float)inv_step);
   f.scale = _mm256_set1_ps((float)step * 0x1p-24f);  // a power-of-two scaling: exact
   f.limit = _mm256_set1_ps(4096.0f);
-  f.edge = _mm256_set1_ps(0.5f - 0x1p-9f);
+  f.edge = _mm256_set1_ps((float)(0.5 - 0x1p-21 * l));
   return f;
 }
 

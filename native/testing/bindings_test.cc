@@ -201,8 +201,9 @@ py::bytes element_values_hd(const std::vector<uint32_t>& codes,
 }
 
 // One row through the float32 kernels and through the scalar rule (quantized_f32 below).
+// max_abs: what the range pass would tell the kernels (QuantParams::max_abs; inf: nothing).
 py::tuple quantized_f32(const std::vector<float>& x, double eb_abs, bool dither, uint64_t first,
-                        uint32_t seed) {
+                        uint32_t seed, double max_abs = INFINITY) {
   const uint64_t n = x.size();
   hl::cpu::QuantParams qp;
   qp.step = 2.0 * eb_abs;
@@ -211,6 +212,7 @@ py::tuple quantized_f32(const std::vector<float>& x, double eb_abs, bool dither,
   qp.dither = dither;
   qp.seed = seed;
   qp.first = first;
+  qp.max_abs = max_abs;
   std::vector<uint32_t> z(n), z_ref(n), codes(n);
   uint8_t miss = 0;
   hl::cpu::quantize_rows(HL_FLOAT32, x.data(), nullptr, 1, n, qp, z.data(), &miss, nullptr);
@@ -357,9 +359,13 @@ PYBIND11_MODULE(_hl_test, m) {
   // tensor a test can build reaches.
   m.def("quantized_f32",
         [](const std::vector<float>& x, double eb_abs, bool dither, uint64_t first,
-           uint32_t seed) { return quantized_f32(x, eb_abs, dither, first, seed); },
+           uint32_t seed, double max_abs) {
+          return quantized_f32(x, eb_abs, dither, first, seed, max_abs);
+        },
         py::arg("x"), py::arg("eb_abs"), py::arg("dither") = false, py::arg("first") = 0,
-        py::arg("seed") = 0, "(codes, reference codes, decoded, reference decoded) of one row.");
+        py::arg("seed") = 0, py::arg("max_abs") = INFINITY,
+        "(codes, reference codes, decoded, reference decoded) of one row; max_abs: the largest "
+        "|finite element| the kernels are told of (inf: none).");
   m.def("dithered_f32",
         [](const std::vector<float>& x, uint64_t first, uint32_t seed, double eb_abs) {
           return quantized_f32(x, eb_abs, true, first, seed);
