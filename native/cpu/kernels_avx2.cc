@@ -192,19 +192,31 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, uint64_t rows, uint64_t d,
                                            (int)0x03707344u, (int)0xa4093822u, (int)0x299f31d0u,
                                            (int)0x082efa98u, (int)0xec4e6c89u);
   DitherInner di{qp.seed};
+  // Within one run of 2^32 element indices (nearly every call) the hash's inner mix is one value
+  // and a group's low index halves are the last group's plus eight.
+  const bool one_run = Dither && rows * d && (qp.first >> 32) == ((qp.first + rows * d - 1) >> 32);
+  const __m256i inner = _mm256_set1_epi32(one_run ? (int)di.of(qp.first) : 0),
+                eight = _mm256_set1_epi32(8), lanes07 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (uint64_t r = 0; r < rows; ++r) {
     const float* x = xs + r * d;
     uint32_t* z = codes + r * d;
     uint8_t* b = bytes + r * d;
     __m256i any = _mm256_setzero_si256(), lanes = lanes0;
+    __m256i lo = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)(qp.first + r * d)), lanes07);
     bool redo = false;  // dither indices that cross 2^32: the row goes to the kernel above
     auto group = [&](uint64_t i) HL_AVX2_LAMBDA -> __m256i {
       __m256i zig;
       if (Dither) {
-        const uint64_t e = qp.first + r * d + i;
-        redo |= (uint32_t)e > 0xfffffff8u;
-        zig = codes8_avx2<true, Bounded>(x + i, fast, dither_bits8((uint32_t)e, di.of(e)), inv,
-                                         step, eb, z + i);
+        __m256i bits;
+        if (one_run) {  // groups come in order: i is the last one's plus eight
+          bits = dither_mix8(_mm256_xor_si256(lo, inner));
+          lo = _mm256_add_epi32(lo, eight);
+        } else {
+          const uint64_t e = qp.first + r * d + i;
+          redo |= (uint32_t)e > 0xfffffff8u;
+          bits = dither_bits8((uint32_t)e, di.of(e));
+        }
+        zig = codes8_avx2<true, Bounded>(x + i, fast, bits, inv, step, eb, z + i);
       } else {
         zig = codes8_avx2<false, Bounded>(x + i, fast, none, inv, step, eb, z + i);
       }
@@ -312,16 +324,37 @@ HL_AVX2 void dequantize_dithered_f32_avx2(const uint32_t* z, uint64_t n,
   uint64_t i = 0;
   __m256d u0, u1;
   DitherInner di{seed};
-  for (; i + 8 <= n && dither8_avx2(di, first + i, st, &u0, &u1); i += 8) {
-    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + i));
+  auto group = [&](uint64_t k) HL_AVX2_LAMBDA {
+    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + k));
     __m256i q = _mm256_xor_si256(_mm256_srli_epi32(c, 1),
                                  _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(c, one)));
     __m128 a = _mm256_cvtpd_ps(
         _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(q)), st), u0));
     __m128 b = _mm256_cvtpd_ps(
         _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(q, 1)), st), u1));
-    _mm256_storeu_ps(out + i, _mm256_set_m128(b, a));
+    _mm256_storeu_ps(out + k, _mm256_set_m128(b, a));
+  };
+  if (n >= 8 && (first >> 32) == ((first + n - 1) >> 32) && step >= 0x1p-990) {
+    // One run of 2^32 indices: one inner hash, and the lanes' low halves step by eight (no
+    // per-group crossing check), which frees the loop to overlap its groups. The offset
+    // ((b + 1/2) * 2^-24 - 1/2) * step of 24 bits b is the same double as
+    // (2b - 2^24 + 1) * (step * 2^-25): the unit is exact either way, and scaling step by a
+    // power of two is exact while it stays normal, so both round the same product once.
+    const __m256i inner = _mm256_set1_epi32((int)di.of(first)), eight = _mm256_set1_epi32(8),
+                  odd = _mm256_set1_epi32((1 << 24) - 1);
+    const __m256d st25 = _mm256_set1_pd(step * 0x1p-25);
+    __m256i lo = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)first),
+                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (; i + 8 <= n; i += 8) {
+      const __m256i a =
+          _mm256_sub_epi32(_mm256_slli_epi32(dither_mix8(_mm256_xor_si256(lo, inner)), 1), odd);
+      lo = _mm256_add_epi32(lo, eight);
+      u0 = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(a)), st25);
+      u1 = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(a, 1)), st25);
+      group(i);
+    }
   }
+  for (; i + 8 <= n && dither8_avx2(di, first + i, st, &u0, &u1); i += 8) group(i);
   dequantize_dithered_impl<HL_FLOAT32>(z + i, n - i, step, seed, first + i, out + i);
 }
 

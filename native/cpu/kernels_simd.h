@@ -45,16 +45,19 @@ HL_AVX512 void stream_copy_avx512(uint8_t* dst, const uint8_t* src, uint64_t byt
 
 // hl::dither_unit's 24 hashed bits of eight consecutive elements (low index half lo, lo + 7
 // below 2^32), eight 32-bit lanes at once; the AVX2 and AVX-512 generators share it.
-__attribute__((target("avx2"))) inline __m256i dither_bits8(uint32_t lo, uint32_t inner) {
-  __m256i h = _mm256_xor_si256(
-      _mm256_add_epi32(_mm256_set1_epi32((int)lo), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
-      _mm256_set1_epi32((int)inner));
+// dither_mix8 takes the lanes' low index halves already xor'ed with the inner hash.
+__attribute__((target("avx2"))) inline __m256i dither_mix8(__m256i h) {
   h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
   h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x85ebca6bu));
   h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
   h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0xc2b2ae35u));
   h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
   return _mm256_srli_epi32(h, 8);
+}
+__attribute__((target("avx2"))) inline __m256i dither_bits8(uint32_t lo, uint32_t inner) {
+  return dither_mix8(_mm256_xor_si256(
+      _mm256_add_epi32(_mm256_set1_epi32((int)lo), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+      _mm256_set1_epi32((int)inner)));
 }
 
 }  // namespace cpu
