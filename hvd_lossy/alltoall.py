@@ -129,8 +129,10 @@ class Alltoall(LossyCall):
 
     def arrange(self, tensor, plan):
         """The tensor whose rows the plan's frames cut, in order (a subclass may reorder rows;
-        hvd_lossy.torch's alltoall sends `tensor` as given)."""
-        if getattr(self.compressor, "row_len", None) is not None:
+        hvd_lossy.torch's alltoall sends `tensor` as given; so does a call given its plan, whose
+        rows are in its frames' order already: hvd_lossy.grad_ids's sums, also of a row_len
+        compressor's gradient)."""
+        if self.given_plan is None and getattr(self.compressor, "row_len", None) is not None:
             raise _LocalError(9, detail=f"{self.compressor!r} has row_len, the layout of "
                                         "hvd_lossy.distributed's flattened chunks; this alltoall "
                                         "takes [rows, dim] tensors and segments=<tables>")

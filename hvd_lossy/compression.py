@@ -61,8 +61,8 @@ class Compression:
 
         reuse=True (with `ids` and `recv_ids` on the alltoall) sends rows a destination already
         holds as references or residuals across calls (hvd_lossy.reuse_exchange); gradients
-        are never reused, but the autograd alltoall's travel summed by id, one row an id
-        (hvd_lossy.grad_ids). reuse_memory caps its caches a rank (bytes, default 256 MiB).
+        are never reused, but the autograd all-to-alls' (hvd_lossy.torch and
+        hvd_lossy.distributed) travel summed by id, one row an id (hvd_lossy.grad_ids). reuse_memory caps its caches a rank (bytes, default 256 MiB).
         """
         return LossyCompressor(error_bound, mode=mode, level=level,
                                backward=_recipe_backward(backward, error_bound, mode),

@@ -156,7 +156,8 @@ class LossyCompressor(Compressor):
                   are coded as without it. Every element still decodes within the bound of its
                   CURRENT value: the bound is then also a bound on staleness (the row may be
                   an older copy the receiver held). Needs dither off for the lookups, auto off.
-                  The autograd alltoall's gradients then travel summed by (segment, id), one
+                  The autograd all-to-alls' gradients (hvd_lossy.torch's and
+                  hvd_lossy.distributed's) then travel summed by (segment, id), one
                   row an id, each sum within the absolute bound its rows get (hvd_lossy.
                   grad_ids); the gradient of the input holds each id's sum on its first row
                   and zeros on its other rows, which an embedding's backward sums the same.

@@ -31,8 +31,10 @@ import torch.distributed as _dist
 globals().update({_k: _v for _k, _v in vars(_dist).items() if not _k.startswith("__")})
 
 from hvd_lossy import auto as _auto  # noqa: E402  (after the copy: these names override it)
+from hvd_lossy import grad_ids as _grad_ids  # noqa: E402
 from hvd_lossy import stats as _stats  # noqa: E402
 from hvd_lossy._layout import SingleAlltoall as _SingleAlltoall  # noqa: E402
+from hvd_lossy.alltoall import Alltoall as _Alltoall  # noqa: E402
 from hvd_lossy.backend import TorchBackend as _TorchBackend  # noqa: E402
 from hvd_lossy.collective import new_output as _new_output  # noqa: E402
 from hvd_lossy.compression import (Compression, FP16Compressor, LossyCompressor,  # noqa: E402,F401
@@ -205,7 +207,8 @@ def _output_like(input, output_split_sizes, compression, shape=None):
 
 class _AllToAll(_torch.autograd.Function):
     """Completes a started all_to_all_single; the gradient returns by one with the splits
-    reversed, compressed by the forward compressor's for_backward()."""
+    reversed, compressed by the forward compressor's for_backward(); a reusing call's gradient
+    travels summed by id (hvd_lossy.grad_ids), as hvd_lossy.torch's alltoall's does."""
 
     @staticmethod
     def forward(ctx, input, started, output, calls, splits, group, compression):
@@ -213,15 +216,66 @@ class _AllToAll(_torch.autograd.Function):
         ctx.splits, ctx.group, ctx.input_shape = splits, group, input.shape
         ctx.backward_compression = for_backward(compression)
         ctx.tables = calls[0].recv_tables if calls else None  # what each sender's chunk held
+        # a reusing call's, for its gradient to travel summed by id (backward only reads it)
+        ctx.call = calls[0] if calls and getattr(ctx.backward_compression,
+                                                 "sums_gradients_by_id", False) else None
         return output
 
     @staticmethod
     def backward(ctx, grad_output):
         output_split_sizes, input_split_sizes = ctx.splits
-        grad = _output_like(grad_output, None, ctx.backward_compression, ctx.input_shape)
-        _start(grad, grad_output.contiguous(), input_split_sizes, output_split_sizes, ctx.group,
-               False, ctx.backward_compression, tables=ctx.tables)
+        grad = _summed_by_id(ctx, grad_output.contiguous())
+        if grad is None:
+            grad = _output_like(grad_output, None, ctx.backward_compression, ctx.input_shape)
+            _start(grad, grad_output.contiguous(), input_split_sizes, output_split_sizes,
+                   ctx.group, False, ctx.backward_compression, tables=ctx.tables)
         return grad, None, None, None, None, None, None
+
+
+def _summed_by_id(ctx, grad_output):
+    """The gradient of a reusing call's input with the gradients summed by id on the wire, or
+    None for the per-lookup path (no reusing call, or a plan that does not cut the chunks as
+    the forward's segments). The sums travel as rows in the frames' order: with row_len, each
+    chunk's tables one after the other, as the forward's frames held them."""
+    call = ctx.call
+    if call is None or call.reusing is None:
+        return None
+    compressor, backend = ctx.backward_compression, _backend(ctx.group)
+    grad = _grad_ids.backward(
+        call.reusing.call_ids(), _frame_rows(grad_output, call.row_len, call.expect,
+                                             call.recv_tables),
+        compressor, lambda tensor, splits, plan: _Alltoall(
+            tensor, splits, None, compressor, backend, plan=plan).start())
+    if grad is None:
+        return None
+    if call.row_len is not None:
+        grad = _interleaved(grad, call.row_len, call.rows_to, call.send_tables)
+    return grad.reshape(ctx.input_shape)
+
+
+def _frame_rows(t, row_len, rows, tables):
+    """`[rows, row_len]` of the interleaved chunks of `t` (chunk i: rows[i] rows of row_len,
+    tables[i] side by side), each chunk's tables one after the other (t itself without
+    row_len)."""
+    if row_len is None:
+        return t
+    flat, out, at = t.reshape(-1), [], 0
+    for n, k in zip(rows, tables):
+        if n:
+            chunk = flat[at * row_len:(at + n) * row_len].view(n // k, k, row_len)
+            out.append(chunk.transpose(0, 1).reshape(n, row_len))
+        at += n
+    return _torch.cat(out) if out else flat.view(0, row_len)
+
+
+def _interleaved(rows_t, row_len, rows, tables):
+    """_frame_rows undone: the chunks of `rows_t` back to their tables side by side, flat."""
+    out, at = [], 0
+    for n, k in zip(rows, tables):
+        if n:
+            out.append(rows_t[at:at + n].view(k, n // k, row_len).transpose(0, 1).reshape(-1))
+        at += n
+    return _torch.cat(out) if out else rows_t.reshape(-1)
 
 
 class _DifferentiableWork(Work):
@@ -243,8 +297,10 @@ def all_to_all_single_autograd(input, output_split_sizes=None, input_split_sizes
     """all_to_all_single as part of the autograd graph: returns a new output whose gradient
     travels back by an all_to_all_single with the splits reversed, compressed by the
     compressor's `backward` setting (for_backward()). The gradient of a row_len layout keeps
-    each rank's tables (learnt from the frames the forward received). `ids` and `recv_ids` (as
-    for all_to_all_single) serve the forward exchange only: gradients are never reused.
+    each rank's tables (learnt from the frames the forward received). With a reusing compressor,
+    `ids` and `recv_ids` (as for all_to_all_single) let the forward reuse rows and the gradient
+    travel summed by (table, id), one row an id within one bound (hvd_lossy.grad_ids); the
+    gradient of the input then holds each id's sum on its first row, zeros on its repeats.
 
     Returns:
         the output tensor; with async_op=True a Work whose wait() returns it.
