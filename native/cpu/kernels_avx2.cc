@@ -194,7 +194,8 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, uint64_t rows, uint64_t d,
   DitherInner di{qp.seed};
   // Within one run of 2^32 element indices (nearly every call) the hash's inner mix is one value
   // and a group's low index halves are the last group's plus eight.
-  const bool one_run = Dither && rows * d && (qp.first >> 32) == ((qp.first + rows * d - 1) >> 32);
+  const uint64_t n = rows * d;
+  const bool one_run = Dither && n != 0 && (qp.first >> 32) == ((qp.first + n - 1) >> 32);
   const __m256i inner = _mm256_set1_epi32(one_run ? (int)di.of(qp.first) : 0),
                 eight = _mm256_set1_epi32(8), lanes07 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (uint64_t r = 0; r < rows; ++r) {
