@@ -102,6 +102,43 @@ def test_reuse_divides_the_compressed_forward_bytes_only():
         perfmodel.step_terms("lossy", workload(reuse_fewer=0), n, CALIB)
 
 
+def test_gradients_summed_by_id_divide_lossys_gradient_bytes_and_adaptives_stay_per_lookup():
+    w, n = workload(dim=64, batch=8 * 256), network(1.0, latency_s=0.0)
+    summed = workload(dim=64, batch=8 * 256, reuse_grad_fewer=2.5)
+    before, after = (perfmodel.step_terms("lossy", x, n, CALIB) for x in (w, summed))
+    assert after["bwd_a2a"] == pytest.approx(before["bwd_a2a"] / 2.5)
+    assert after["fwd_a2a"] == before["fwd_a2a"]
+    for mode in ("adaptive", "plain", "fp16"):
+        assert perfmodel.step_terms(mode, summed, n, CALIB) == perfmodel.step_terms(mode, w, n,
+                                                                                     CALIB)
+    lossy = perfmodel.predict("lossy", summed, n, CALIB)["ratio"]
+    assert lossy[1] == pytest.approx(perfmodel.predict("lossy", w, n, CALIB)["ratio"][1] * 2.5)
+    with pytest.raises(ValueError, match="reuse_grad_fewer must be a number > 0, got -1"):
+        perfmodel.step_terms("lossy", workload(reuse_grad_fewer=-1), n, CALIB)
+
+
+def test_reuse_multiplies_the_lookups_codec_work_and_nothing_else():
+    w, n = workload(dim=64, batch=8 * 256), network(1.0, latency_s=0.0)
+    costly = workload(dim=64, batch=8 * 256, reuse_codec=3.0)
+    sent, received, pieces = [1e6] * 8, [2e6] * 8, [4] * 8
+    codec = CALIB["codec"]
+    look = codec["lookups"]
+    lookups = 1e6 / (look["compress_gbps"] * 1e9) + 2e6 / (look["decompress_gbps"] * 1e9)
+    base = perfmodel.codec_work("lossy", sent, received, pieces, codec)
+    tripled = perfmodel.codec_work("lossy", sent, received, pieces, codec, 3.0)
+    assert tripled == pytest.approx([b + 2 * lookups for b in base])
+    for mode in ("lossy", "adaptive"):
+        before, after = (perfmodel.step_terms(mode, x, n, CALIB) for x in (w, costly))
+        assert after["codec"] > before["codec"]
+        assert {k: v for k, v in after.items() if k != "codec"} == \
+            {k: v for k, v in before.items() if k != "codec"}
+    for mode in ("plain", "fp16"):
+        assert perfmodel.step_terms(mode, costly, n, CALIB) == perfmodel.step_terms(mode, w, n,
+                                                                                     CALIB)
+    with pytest.raises(ValueError, match="reuse_codec must be a number > 0, got 0"):
+        perfmodel.step_terms("lossy", workload(reuse_codec=0), n, CALIB)
+
+
 def test_a_shared_link_carries_every_ranks_bytes_and_a_cluster_only_the_busiest_ranks():
     w = workload(sharding="balanced")
     shared = perfmodel.step_terms("plain", w, network(1.0, link="shared", latency_s=0.0), CALIB)["fwd_a2a"]

@@ -13,10 +13,13 @@ function:
   fwd_a2a     forward all-to-all of the lookups: bytes / link rate + one call's fixed cost;
               with reuse (workload "reuse_fewer", --reuse-fewer: how many times fewer forward
               bytes hvd_lossy.reuse sends, benchmarks/reuse_bytes.py measures it) lossy and
-              adaptive send that much less; its codec cost (a decode of the own frames) is
-              not modelled
-  bwd_a2a     backward all-to-all of their gradients
-  codec       compress + decompress of both all-to-alls (lossy/adaptive), or fp16's casts
+              adaptive send that much less
+  bwd_a2a     backward all-to-all of their gradients; with reuse they travel summed by id
+              ("reuse_grad_fewer", --reuse-grad-fewer: how many times fewer gradient bytes,
+              lossy only: adaptive's gradients stay one row a lookup)
+  codec       compress + decompress of both all-to-alls (lossy/adaptive), or fp16's casts;
+              with reuse the lookups' codec work costs "reuse_codec" (--reuse-codec) times as
+              much (the reuse pass predicts, checks and reconstructs every row on both sides)
   allreduce   the dense gradients' allreduce (ring: 2 (P-1)/P of the dense bytes a rank)
 
 The model predicts the iteration, the period from one step's start to the next (samples/s =
@@ -141,10 +144,11 @@ def cpu_seconds(work, host_cores):
 # ---------------------------------------------------------------- the step
 
 
-def codec_work(mode, sent, received, pieces, codec):
+def codec_work(mode, sent, received, pieces, codec, lookups_factor=1.0):
     """CPU (or GPU) seconds of each rank for both all-to-alls of `mode`. Lookups are compressed
     on the way out and decoded on arrival; gradients go back the other way (what a rank received
-    it sends back as gradients). Rates in GB/s of raw bytes, plus a fixed cost a piece."""
+    it sends back as gradients). Rates in GB/s of raw bytes, plus a fixed cost a piece; the
+    lookups' work times lookups_factor (reuse_codec)."""
     if mode == "plain":
         return [0.0] * len(sent)
     if mode == "fp16":
@@ -154,7 +158,8 @@ def codec_work(mode, sent, received, pieces, codec):
     look, grad = codec["lookups"], codec["gradients"]
     out = []
     for s, r, n in zip(sent, received, pieces):
-        fwd = s / (look["compress_gbps"] * 1e9) + r / (look["decompress_gbps"] * 1e9)
+        fwd = lookups_factor * (s / (look["compress_gbps"] * 1e9)
+                                + r / (look["decompress_gbps"] * 1e9))
         bwd = r / (grad["compress_gbps"] * 1e9) + s / (grad["decompress_gbps"] * 1e9)
         per_piece = 2 * n * (look["piece_s"] + grad["piece_s"])  # n out and n in, each direction
         out.append(fwd + bwd + per_piece)
@@ -168,12 +173,21 @@ def codec_term(mode, workload, sent, received, pieces, codec):
     measured = workload.get("codec_s") or {}
     if measured.get(mode) is not None:
         return measured[mode]
-    return cpu_seconds(codec_work(mode, sent, received, pieces, codec), workload.get("host_cores"))
+    factor = reuse_term(workload, "reuse_codec") if mode in ("lossy", "adaptive") else 1.0
+    return cpu_seconds(codec_work(mode, sent, received, pieces, codec, factor),
+                       workload.get("host_cores"))
+
+
+def reuse_term(workload, name):
+    """A reuse term of the workload (1: no reuse): "reuse_fewer", times fewer forward bytes;
+    "reuse_grad_fewer", times fewer gradient bytes (summed by id); "reuse_codec", times the
+    lookups' codec work."""
+    return check_positive(name, workload.get(name, 1.0))
 
 
 def reuse_fewer(workload):
     """The reuse term: times fewer forward bytes of a reusing compressor (1: none)."""
-    return check_positive("reuse_fewer", workload.get("reuse_fewer", 1.0))
+    return reuse_term(workload, "reuse_fewer")
 
 
 def step_terms(mode, workload, network, calibration):
@@ -185,8 +199,10 @@ def step_terms(mode, workload, network, calibration):
             host_cores (None: a processor a rank), ids ("allgather" as the example, or
             "alltoall": each owner receives only its tables' ids), sharding ("table" as the
             example, or "balanced": every rank an equal share of every table's lookups),
-            optionally host_s (the host term, default 0), codec_s (see codec_term) and
-            reuse_fewer (lossy/adaptive forward bytes divided by it, default 1: no reuse)).
+            optionally host_s (the host term, default 0), codec_s (see codec_term) and the
+            reuse terms (reuse_term; each default 1: no reuse): reuse_fewer divides
+            lossy/adaptive's forward bytes, reuse_grad_fewer lossy's gradient bytes, and
+            reuse_codec multiplies their lookups' codec work).
         network: dict(bandwidth_gbit, link ("per_rank" | "shared"), latency_s (one
             collective call), efficiency (payload share of the line rate), and optionally
             allreduce_bytes_factor / allgather_bytes_factor (bytes moved over a ring's) and
@@ -225,6 +241,8 @@ def step_terms(mode, workload, network, calibration):
         curves = calibration["ratio"][mode]
         fwd_ratio, bwd_ratio = ratio_at(curves["fwd"], rows), ratio_at(curves["bwd"], rows)
         fwd_ratio *= reuse_fewer(workload)
+        if mode == "lossy":  # adaptive's gradients stay one row a lookup (hvd_lossy.grad_ids)
+            bwd_ratio *= reuse_term(workload, "reuse_grad_fewer")
 
     def shrink(xs, ratio):
         return [x / ratio for x in xs]
@@ -293,7 +311,8 @@ def predict(mode, workload, network, calibration):
     rows = workload["batch"] // workload["ranks"]
     ratio = (1.0, 1.0) if choice == "plain" else (2.0, 2.0) if choice == "fp16" else (
         ratio_at(calibration["ratio"][choice]["fwd"], rows) * reuse_fewer(workload),
-        ratio_at(calibration["ratio"][choice]["bwd"], rows))
+        ratio_at(calibration["ratio"][choice]["bwd"], rows)
+        * (reuse_term(workload, "reuse_grad_fewer") if choice == "lossy" else 1.0))
     return {"mode": mode, "seconds": seconds, "terms": terms, "dominant": dominant(terms),
             "speedup": plain / seconds, "rows_per_chunk": rows, "ratio": ratio,
             **({"auto_picks": choice} if mode == "auto" else {})}

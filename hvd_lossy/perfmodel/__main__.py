@@ -48,6 +48,13 @@ def parser():
                    help="lossy/adaptive with reuse=True: times fewer forward bytes (measured by "
                         "benchmarks/reuse_bytes.py, e.g. 3.3 with SGD, 1.9 with Adagrad; "
                         "default 1: no reuse)")
+    p.add_argument("--reuse-grad-fewer", type=float, default=None,
+                   help="lossy with reuse=True: times fewer gradient bytes, summed by id "
+                        "(benchmarks/reuse_bytes.py --grad-by-id, e.g. 2.9; default 1)")
+    p.add_argument("--reuse-codec", type=float, default=None,
+                   help="lossy/adaptive with reuse=True: times the lookups' codec work (e.g. "
+                        "3: a reused row costs about 3x a coded row, benchmarks/RESULTS.md; "
+                        "default 1)")
     p.add_argument("--calibration", type=pathlib.Path, default=CALIBRATION)
     p.add_argument("--json", type=pathlib.Path, default=None, help="also write the predictions here")
     p.add_argument("--list", action="store_true", help="list the calibration's presets and exit")
@@ -67,8 +74,9 @@ def main(argv=None):
     overrides = {}
     if args.batch:
         overrides["batch"] = args.batch
-    if args.reuse_fewer is not None:
-        overrides["reuse_fewer"] = args.reuse_fewer
+    for name in ("reuse_fewer", "reuse_grad_fewer", "reuse_codec"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
     if args.compute_ms is not None:
         overrides["compute_s"] = check_positive("--compute-ms", args.compute_ms) / 1e3
     try:
