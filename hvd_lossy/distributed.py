@@ -216,9 +216,10 @@ class _AllToAll(_torch.autograd.Function):
         ctx.splits, ctx.group, ctx.input_shape = splits, group, input.shape
         ctx.backward_compression = for_backward(compression)
         ctx.tables = calls[0].recv_tables if calls else None  # what each sender's chunk held
-        # a reusing call's, for its gradient to travel summed by id (backward only reads it)
-        ctx.call = calls[0] if calls and getattr(ctx.backward_compression,
-                                                 "sums_gradients_by_id", False) else None
+        # a reusing call, for its gradient to travel summed by id (backward reads its ids)
+        reusing = bool(calls) and calls[0].reusing is not None
+        ctx.call = calls[0] if reusing and getattr(ctx.backward_compression,
+                                                   "sums_gradients_by_id", False) else None
         return output
 
     @staticmethod
@@ -238,7 +239,7 @@ def _summed_by_id(ctx, grad_output):
     the forward's segments). The sums travel as rows in the frames' order: with row_len, each
     chunk's tables one after the other, as the forward's frames held them."""
     call = ctx.call
-    if call is None or call.reusing is None:
+    if call is None:
         return None
     compressor, backend = ctx.backward_compression, _backend(ctx.group)
     grad = _grad_ids.backward(
