@@ -22,6 +22,28 @@ def _bad(detail):
     return _LocalError(9, detail=detail)
 
 
+def table_major(t, rows, tables):
+    """Views `[tables_i, rows_i / tables_i, ...]` of each non-empty chunk of `t` (`[N, ...]`:
+    chunk i, `[rows_i / tables_i, tables_i x ...]`, is rows_i entries of dim 0)."""
+    chunks, lo = [], 0
+    for n, k in zip(rows, tables):
+        if n:
+            chunks.append(t[lo:lo + n].view(n // k, k, *t.shape[1:]).transpose(0, 1))
+        lo += n
+    return chunks
+
+
+def interleave_into(dest, src, rows, tables):
+    """table_major undone: each chunk of `src` (`[N, ...]`, its tables one after the other)
+    copied into `dest` (the same shape) with its tables side by side again."""
+    at = 0
+    for n, k in zip(rows, tables):
+        if n:
+            dest[at:at + n].view(n // k, k, *dest.shape[1:]).copy_(
+                src[at:at + n].view(k, n // k, *src.shape[1:]).transpose(0, 1))
+        at += n
+
+
 class _TablesPlan:
     """A plain LossyCompressor with its tables per destination given by the call (the gradient
     of the autograd form, whose chunk for rank d holds rank d's tables); all else delegated."""
@@ -137,14 +159,8 @@ class SingleAlltoall(Alltoall):
         return flat
 
     def _table_major(self, t):
-        """Views `[tables_d, rows_d, ...]` of each non-empty chunk of `t` (`[N, ...]`: chunk d,
-        `[rows_d, tables_d x ...]`, is rows_d x tables_d entries of dim 0)."""
-        chunks, lo = [], 0
-        for n, k in zip(self.rows_to, self.send_tables):
-            if n:
-                chunks.append(t[lo:lo + n].view(n // k, k, *t.shape[1:]).transpose(0, 1))
-            lo += n
-        return chunks
+        """table_major of the chunks this call sends."""
+        return table_major(t, self.rows_to, self.send_tables)
 
     def keys(self, tensor):
         if self.ids is None or self.row_len is None:
@@ -184,13 +200,8 @@ class SingleAlltoall(Alltoall):
         if self.row_len is None:
             return out
         self.recv_tables = self._received_tables(recv, counts, headers)
-        dest, at = self.output, 0
-        for rows, k in zip((h[ROWS] for h in headers), self.recv_tables):
-            if rows:
-                r = rows // k
-                dest[at * self.row_len:(at + rows) * self.row_len].view(r, k, self.row_len) \
-                    .copy_(out[at:at + rows].view(k, r, self.row_len).transpose(0, 1))
-            at += rows
+        interleave_into(self.output.view(-1, self.row_len), out, [h[ROWS] for h in headers],
+                        self.recv_tables)
         return out
 
     def _received_tables(self, recv, counts, headers):

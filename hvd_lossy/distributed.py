@@ -34,6 +34,8 @@ from hvd_lossy import auto as _auto  # noqa: E402  (after the copy: these names 
 from hvd_lossy import grad_ids as _grad_ids  # noqa: E402
 from hvd_lossy import stats as _stats  # noqa: E402
 from hvd_lossy._layout import SingleAlltoall as _SingleAlltoall  # noqa: E402
+from hvd_lossy._layout import interleave_into as _interleave_into  # noqa: E402
+from hvd_lossy._layout import table_major as _table_major  # noqa: E402
 from hvd_lossy.alltoall import Alltoall as _Alltoall  # noqa: E402
 from hvd_lossy.backend import TorchBackend as _TorchBackend  # noqa: E402
 from hvd_lossy.collective import new_output as _new_output  # noqa: E402
@@ -225,10 +227,11 @@ class _AllToAll(_torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         output_split_sizes, input_split_sizes = ctx.splits
-        grad = _summed_by_id(ctx, grad_output.contiguous())
+        grad_output = grad_output.contiguous()
+        grad = _summed_by_id(ctx, grad_output)
         if grad is None:
             grad = _output_like(grad_output, None, ctx.backward_compression, ctx.input_shape)
-            _start(grad, grad_output.contiguous(), input_split_sizes, output_split_sizes,
+            _start(grad, grad_output, input_split_sizes, output_split_sizes,
                    ctx.group, False, ctx.backward_compression, tables=ctx.tables)
         return grad, None, None, None, None, None, None
 
@@ -250,33 +253,25 @@ def _summed_by_id(ctx, grad_output):
     if grad is None:
         return None
     if call.row_len is not None:
-        grad = _interleaved(grad, call.row_len, call.rows_to, call.send_tables)
+        grad = _interleaved(grad, call.rows_to, call.send_tables)
     return grad.reshape(ctx.input_shape)
 
 
 def _frame_rows(t, row_len, rows, tables):
-    """`[rows, row_len]` of the interleaved chunks of `t` (chunk i: rows[i] rows of row_len,
-    tables[i] side by side), each chunk's tables one after the other (t itself without
-    row_len)."""
+    """`[rows, row_len]` of `t` in the frames' order: each chunk's tables one after the other, as
+    the forward's frames held them (t itself without row_len)."""
     if row_len is None:
         return t
-    flat, out, at = t.reshape(-1), [], 0
-    for n, k in zip(rows, tables):
-        if n:
-            chunk = flat[at * row_len:(at + n) * row_len].view(n // k, k, row_len)
-            out.append(chunk.transpose(0, 1).reshape(n, row_len))
-        at += n
-    return _torch.cat(out) if out else flat.view(0, row_len)
+    chunks = _table_major(t.reshape(-1, row_len), rows, tables)
+    return _torch.cat([c.reshape(-1, row_len) for c in chunks]) if chunks else \
+        t.reshape(0, row_len)
 
 
-def _interleaved(rows_t, row_len, rows, tables):
-    """_frame_rows undone: the chunks of `rows_t` back to their tables side by side, flat."""
-    out, at = [], 0
-    for n, k in zip(rows, tables):
-        if n:
-            out.append(rows_t[at:at + n].view(k, n // k, row_len).transpose(0, 1).reshape(-1))
-        at += n
-    return _torch.cat(out) if out else rows_t.reshape(-1)
+def _interleaved(rows_t, rows, tables):
+    """_frame_rows undone: the chunks of `rows_t` with their tables side by side again, flat."""
+    out = _torch.empty_like(rows_t)
+    _interleave_into(out, rows_t, rows, tables)
+    return out.reshape(-1)
 
 
 class _DifferentiableWork(Work):
