@@ -636,20 +636,21 @@ def _check_stats(stats, n):
                          f"({n}, {STATS_PER_PIECE}), got {got}")
 
 
-def piece_stats(tensor, rows):
+def piece_stats(tensor, rows, ranges_only=False):
     """What the codec would learn of each piece of dim 0 of a CPU tensor, without coding it.
 
     Returns:
         float64 numpy array (len(rows), STATS_PER_PIECE): STAT_MIN, STAT_MAX (finite range, NaN
         without finite elements), STAT_UNIQUE (distinct rows, by the codec's own row equality),
         STAT_FINITE, STAT_SUM, STAT_SUMSQ (finite elements and their moments, in float64).
-        Rows are the last dimension, as the codec cuts them.
+        Rows are the last dimension, as the codec cuts them. ranges_only: STAT_MIN and STAT_MAX
+        alone, in one pass (the codec's range pass), the other columns NaN.
     """
     code = _dtype_code(tensor)
     src = tensor.contiguous()
     out = np.empty((len(rows), STATS_PER_PIECE))
     _C.piece_stats(src.data_ptr() if src.numel() else 0, code, [int(r) for r in rows],
-                   list(src.shape[1:]), out.ctypes.data, _threads)
+                   list(src.shape[1:]), out.ctypes.data, _threads, bool(ranges_only))
     return out
 
 

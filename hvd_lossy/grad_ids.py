@@ -23,6 +23,8 @@ reads per-table statistics of per-lookup frames, so its gradients stay per looku
 """
 import torch
 
+from hvd_lossy import _codec
+
 
 class Keyed:
     """One side of a call: its rows' keys, in order, cut into segments.
@@ -104,24 +106,29 @@ def plan(compressor, received, grad):
     if [(d, r) for d, r, _e in base if r] != [(d, r) for d, r in pieces if r]:
         return None
     ebs = iter(e for _d, r, e in base if r)
-    out, start = [], 0
+    ranges = iter(_finite_ranges(grad, [r for rows in received.seg_rows for r in rows])
+                  if compressor.mode == "rel" else [])
+    out = []
     for d, (rows, unique) in enumerate(zip(received.seg_rows, received.unique_rows)):
         if not rows:
             out.append((d, 0, 0.0))
         for r, u in zip(rows, unique):
             eb = next(ebs) if r else 0.0
-            if compressor.mode == "rel" and r:
-                eb = eb * _finite_range(grad[start:start + r]) if eb > 0 else 0.0
+            if compressor.mode == "rel":
+                span = next(ranges)
+                if r:
+                    eb = eb * span if eb > 0 else 0.0
             out.append((d, u, eb))
-            start += r
     return out
 
 
-def _finite_range(rows):
-    """max - min of the finite values (0 without any), as the codec's rel bound takes them: NaN
-    and +-Inf travel as outliers and must not set the bound."""
-    finite = rows[rows.isfinite()]
-    return float(finite.max() - finite.min()) if finite.numel() else 0.0
+def _finite_ranges(grad, rows):
+    """max - min of each piece's finite values (0 without any), pieces of `rows` rows of grad,
+    as the codec's rel bound takes them (its range pass, in one native call): NaN and +-Inf
+    travel as outliers and must not set the bound."""
+    stats = _codec.piece_stats(grad, rows, ranges_only=True)
+    span = stats[:, _codec.STAT_MAX] - stats[:, _codec.STAT_MIN]
+    return [0.0 if s != s else float(s) for s in span]
 
 
 def backward(ids, grad, compressor, start):

@@ -330,14 +330,16 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("piece_stats",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
-           const std::vector<int64_t>& trailing, uintptr_t stats, int threads) {
+           const std::vector<int64_t>& trailing, uintptr_t stats, int threads,
+           bool range_only) {
           hl::piece_stats_cpu(ptr<const void>(in), (uint8_t)dtype, rows, trailing,
-                              ptr<double>(stats), threads);
+                              ptr<double>(stats), threads, range_only);
         },
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
-        py::arg("stats"), py::arg("threads") = 0, py::call_guard<py::gil_scoped_release>(),
-        "Fills STATS_PER_PIECE doubles a piece at stats with its statistics, every column, "
-        "without coding it.");
+        py::arg("stats"), py::arg("threads") = 0, py::arg("range_only") = false,
+        py::call_guard<py::gil_scoped_release>(),
+        "Fills STATS_PER_PIECE doubles a piece at stats with its statistics without coding it: "
+        "every column, or with range_only STAT_MIN and STAT_MAX alone (the others NaN).");
 
   m.def("max_grouped_bytes", &hl::max_grouped_bytes, py::arg("rows"), py::arg("trailing"),
         py::arg("groups"), py::arg("prefix_bytes"),

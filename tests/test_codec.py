@@ -1036,3 +1036,8 @@ def test_piece_stats_gives_each_pieces_finite_range_distinct_rows_and_moments(dt
             assert np.isnan(row[[hvd_lossy.STAT_MIN, hvd_lossy.STAT_MAX]]).all()
         assert row[hvd_lossy.STAT_SUM] == pytest.approx(finite.sum().item(), abs=1e-9)
         assert row[hvd_lossy.STAT_SUMSQ] == pytest.approx((finite * finite).sum().item())
+    # ranges alone: the same range, nothing else computed
+    ranges = hvd_lossy.piece_stats(x, rows, ranges_only=True)
+    span = [hvd_lossy.STAT_MIN, hvd_lossy.STAT_MAX]
+    np.testing.assert_array_equal(ranges[:, span], got[:, span])
+    assert np.isnan(np.delete(ranges, span, axis=1)).all()

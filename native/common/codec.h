@@ -53,9 +53,11 @@ std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams&
 
 // The statistics of pieces of dim 0 (rows[i] rows each, trailing dims) without coding them, by
 // the passes the codec itself uses (its row hash and equality for distinct rows): all
-// HL_STATS_PER_PIECE columns, for the chunk an all-to-all keeps.
+// HL_STATS_PER_PIECE columns, for the chunk an all-to-all keeps. range_only: HL_STAT_MIN and
+// HL_STAT_MAX alone (one pass, the codec's range pass), the other columns NaN.
 void piece_stats_cpu(const void* input, uint8_t dtype, const std::vector<int64_t>& rows,
-                     const std::vector<int64_t>& trailing, double* stats, int threads);
+                     const std::vector<int64_t>& trailing, double* stats, int threads,
+                     bool range_only = false);
 
 // Compresses `n_chunks` tensors that lie back to back in `input` (raw bits of p.dtype) into ONE
 // frame whose segments they are: chunk i has rows[i] rows and shape (rows[i], *trailing)

@@ -17,8 +17,15 @@ namespace {
 using enc::Tensor;
 
 template <int DT>
-void one_piece_stats(const Tensor<DT>& t, int threads, double* s) {
+void one_piece_stats(const Tensor<DT>& t, int threads, bool range_only, double* s) {
   double lo = INFINITY, hi = -INFINITY;
+  if (range_only) {
+    if (t.n_rows * t.row_len > 0) enc::finite_range(t, threads, &lo, &hi);
+    for (int k = 0; k < HL_STATS_PER_PIECE; ++k) s[k] = NAN;
+    s[HL_STAT_MIN] = lo <= hi ? lo : NAN;
+    s[HL_STAT_MAX] = lo <= hi ? hi : NAN;
+    return;
+  }
   if (dedup_applies(true, t.n_rows, t.row_len)) {
     s[HL_STAT_UNIQUE] = (double)enc::distinct_raw_rows(t, true, threads, &lo, &hi).first.size();
   } else {
@@ -48,7 +55,8 @@ void one_piece_stats(const Tensor<DT>& t, int threads, double* s) {
 }  // namespace
 
 void piece_stats_cpu(const void* input, uint8_t dtype, const std::vector<int64_t>& rows,
-                     const std::vector<int64_t>& trailing, double* stats, int threads) {
+                     const std::vector<int64_t>& trailing, double* stats, int threads,
+                     bool range_only) {
   CompressParams p{};
   p.dtype = dtype;
   p.mode = HL_MODE_ABS;
@@ -65,13 +73,13 @@ void piece_stats_cpu(const void* input, uint8_t dtype, const std::vector<int64_t
     switch (dtype) {
       case HL_FLOAT32:
         return one_piece_stats(Tensor<HL_FLOAT32>{static_cast<const uint32_t*>(x), n_rows, len},
-                               pt.inner, s);
+                               pt.inner, range_only, s);
       case HL_FLOAT16:
         return one_piece_stats(Tensor<HL_FLOAT16>{static_cast<const uint16_t*>(x), n_rows, len},
-                               pt.inner, s);
+                               pt.inner, range_only, s);
       case HL_BFLOAT16:
         return one_piece_stats(Tensor<HL_BFLOAT16>{static_cast<const uint16_t*>(x), n_rows, len},
-                               pt.inner, s);
+                               pt.inner, range_only, s);
     }
   });
 }
