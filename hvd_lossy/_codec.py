@@ -654,6 +654,22 @@ def piece_stats(tensor, rows, ranges_only=False):
     return out
 
 
+def number_keys(keys, seg_rows):
+    """The distinct keys of each segment (seg_rows[k] consecutive rows of the 1-D int64 `keys`),
+    numbered by first occurrence, segment after segment.
+
+    Returns:
+        (inverse, first, counts): int64 tensors, each row's number and each number's first
+        row, and each segment's count of distinct keys.
+    """
+    keys = keys.to("cpu", torch.int64).contiguous()
+    inverse = torch.empty(keys.numel(), dtype=torch.int64)
+    first = torch.empty(keys.numel(), dtype=torch.int64)
+    counts = _C.number_keys(keys.data_ptr() if keys.numel() else 0, [int(r) for r in seg_rows],
+                            inverse.data_ptr(), first.data_ptr())
+    return inverse, first[:sum(counts)], counts
+
+
 def chunk_heads(buffer, chunks, verify=False):
     """The frame header of each ``(offset, length)`` chunk of the 1-D CPU uint8 tensor
     ``buffer`` that one frame fills exactly: ``(dtype code, ndim, trailing, rows, frame

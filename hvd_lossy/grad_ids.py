@@ -8,7 +8,7 @@ same segments (the sender's plan, which the frames carry). The rows of one (segm
 lookups of one embedding row, whose backward sums their gradients anyway; so:
 
   receiver of the lookups (sends the gradients)
-      sums its gradient rows per (segment, id): one row an id, in sorted key order;
+      sums its gradient rows per (segment, id): one row an id, in order of first occurrence;
       codes each segment's sums at the absolute bound its rows get today (the compressor's
       bound over the rows' range, for rel), so each id's summed gradient is within ONE bound,
       where today's sum of k coded rows is within k;
@@ -39,20 +39,10 @@ class Keyed:
         flat = [r for rows in self.seg_rows for r in rows]
         if sum(flat) != keys.numel():
             raise ValueError(f"segments of {sum(flat)} rows for {keys.numel()} keys")
-        segment = torch.repeat_interleave(torch.arange(len(flat)), torch.tensor(flat, dtype=torch.int64))
-        # Sorted (segment, id) pairs: segment major, so every segment's ids stay together, in
-        # segment order, on both ends alike.
-        pairs = _pair_keys(segment, keys)
-        _, self.inverse = torch.unique(pairs, return_inverse=True, dim=0 if pairs.dim() > 1 else None)
-        per_segment = torch.zeros(len(flat), dtype=torch.int64)
-        if keys.numel():
-            first_of = torch.full((int(self.inverse.max()) + 1,), keys.numel(), dtype=torch.int64)
-            self.first = first_of.scatter_reduce_(0, self.inverse, torch.arange(keys.numel()),
-                                                  "amin", include_self=True)
-            per_segment.index_add_(0, segment[self.first], torch.ones_like(self.first))
-        else:
-            self.first = torch.zeros(0, dtype=torch.int64)
-        it = iter(per_segment.tolist())
+        # Numbered by first occurrence a segment, in segment order (one native pass, no sort):
+        # both ends see a chunk's rows in one order, so they number them alike.
+        self.inverse, self.first, counts = _codec.number_keys(keys, flat)
+        it = iter(counts)
         self.unique_rows = [[next(it) for _ in rows] for rows in self.seg_rows]
 
     def peer_rows(self):
@@ -64,7 +54,8 @@ class Keyed:
         return [sum(rows) for rows in self.unique_rows]
 
     def sum(self, rows):
-        """(distinct ids, ...) sums of `rows` (rows, ...) per (segment, id), in key order."""
+        """(distinct ids, ...) sums of `rows` (rows, ...) per (segment, id), in order of first
+        occurrence."""
         out = torch.zeros((self.first.numel(), *rows.shape[1:]), dtype=rows.dtype)
         return out.index_add_(0, self.inverse, rows)
 
@@ -76,17 +67,6 @@ class Keyed:
         out = torch.zeros((self.inverse.numel(), *sums.shape[1:]), dtype=sums.dtype)
         out[self.first] = sums
         return out
-
-
-def _pair_keys(segment, ids):
-    """One int64 a (segment, id), ordered as the pairs are, or the pairs as rows."""
-    if not ids.numel():
-        return ids
-    lo, hi = int(ids.min()), int(ids.max())
-    span = hi - lo + 1
-    if span * (int(segment.max()) + 1) < 2 ** 62:
-        return segment * span + (ids - lo)
-    return torch.stack([segment, ids], 1)  # torch.unique below then needs dim=0
 
 
 class CallIds:

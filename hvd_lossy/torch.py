@@ -106,7 +106,7 @@ class _Alltoall(_torch.autograd.Function):
         output, received = started.wait()
         ctx.received, ctx.process_set = received, process_set
         ctx.backward_compression = _backward_of(compression)
-        # Taken in backward only (a reusing call's keys and segments, sorted by id): forward
+        # Taken in backward only (a reusing call's keys and segments, numbered by id): forward
         # calls without one (evaluation) pay nothing for it.
         ctx.call_ids = getattr(started, "call_ids", None) if getattr(
             ctx.backward_compression, "sums_gradients_by_id", False) else None

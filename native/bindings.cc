@@ -554,6 +554,18 @@ PYBIND11_MODULE(_C, m) {
         "The receiver's reuse pass: decoded residuals in rows become P + R^ where the group "
         "predicts and the cache holds the id, then replace what the caches hold.");
 
+  m.def("number_keys",
+        [](uintptr_t keys, const std::vector<int64_t>& seg_rows, uintptr_t inverse,
+           uintptr_t first) {
+          return hl::reuse::number_keys(ptr<const int64_t>(keys), seg_rows, ptr<int64_t>(inverse),
+                                        ptr<int64_t>(first));
+        },
+        py::arg("keys"), py::arg("seg_rows"), py::arg("inverse"), py::arg("first"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Each segment's distinct keys numbered by first occurrence (native/cpu/reuse.h "
+        "number_keys): fills inverse and first (int64, one a row), returns each segment's "
+        "count.");
+
   m.def("reuse_slot", &hl::reuse::slot_of, py::arg("id"), py::arg("capacity"),
         "The cache slot of an id (native/cpu/reuse.h slot_of).");
 

@@ -317,24 +317,54 @@ def test_call_sites_of_one_process_set_share_its_cap():
 
 
 def test_gradients_summed_by_segment_and_id_come_back_on_each_ids_first_row():
-    """hvd_lossy.grad_ids: a chunk's rows summed per (segment, id), in sorted id order a
-    segment; expanded, each sum sits on its id's first row and the id's other rows are zero,
-    so summing by id again gives the same sums."""
+    """hvd_lossy.grad_ids: a chunk's rows summed per (segment, id), in order of first
+    occurrence a segment; expanded, each sum sits on its id's first row and the id's other rows
+    are zero, so summing by id again gives the same sums."""
     from hvd_lossy import grad_ids
     keys = torch.tensor([5, 3, 5, 7, 3, 3, 9, 1, 2, 1])
     side = grad_ids.Keyed(keys, [[4], [3], [3]])  # 3 peers, one segment each
     assert side.unique_rows == [[3], [2], [2]] and side.peer_unique() == [3, 2, 2]
     rows = torch.arange(10.0).unsqueeze(1)
     sums = side.sum(rows)
-    assert sums.flatten().tolist() == [1.0, 0 + 2, 3, 4 + 5, 6, 7 + 9, 8]  # ids 3,5,7 | 3,9 | 1,2
+    assert sums.flatten().tolist() == [0.0 + 2, 1, 3, 4 + 5, 6, 7 + 9, 8]  # ids 5,3,7 | 3,9 | 1,2
     back = side.expand(sums)
     assert back.flatten().tolist() == [2.0, 1, 0, 3, 9, 0, 6, 16, 8, 0]
     assert torch.equal(side.sum(back), sums)
-    # the same id in two segments is two rows; ids far apart still order by (segment, id)
-    big = grad_ids.Keyed(torch.tensor([2 ** 62, -2 ** 62, 2 ** 62, 5]), [[2, 2]])
-    assert big.unique_rows == [[2, 2]] and big.first.tolist() == [1, 0, 3, 2]
+    # the same id in two segments is two rows; ids far apart are numbered alike
+    big = grad_ids.Keyed(torch.tensor([2 ** 62, -2 ** 62, 2 ** 62, 5, -2 ** 62]), [[2, 3]])
+    assert big.unique_rows == [[2, 3]] and big.first.tolist() == [0, 1, 2, 3, 4]
+    assert big.inverse.tolist() == [0, 1, 2, 3, 4]
+    twice = grad_ids.Keyed(torch.tensor([7, -1, 7, -1, 7]), [[0, 5]])
+    assert twice.unique_rows == [[0, 2]] and twice.inverse.tolist() == [0, 1, 0, 1, 0]
+    assert twice.first.tolist() == [0, 1]
+    with pytest.raises(ValueError, match="expected 0 to 2"):
+        grad_ids.Keyed(torch.tensor([1, 2]), [[-1, 3]])
     with pytest.raises(RuntimeError, match="expected one a distinct"):
         side.expand(sums[:-1])
+
+
+def test_keys_are_numbered_by_first_occurrence_a_segment_as_a_dict_would():
+    """grad_ids' numbering (one native pass) against the obvious Python: across segments the
+    same key is another number, and a segment's numbers follow its keys' first rows."""
+    from hvd_lossy import _codec
+    g = torch.Generator().manual_seed(3)
+    seg_rows = [0, 1, 700, 3, 0, 5000, 64]
+    keys = torch.randint(-40, 40, (sum(seg_rows),), generator=g) * (2 ** 40 + 1)
+    keys[-64:] = torch.arange(64)  # a segment of distinct keys
+    inverse, first, counts = _codec.number_keys(keys, seg_rows)
+    want_inverse, want_first, want_counts, start = [], [], [], 0
+    for n in seg_rows:
+        seen = {}
+        for r in range(start, start + n):
+            k = int(keys[r])
+            if k not in seen:
+                seen[k] = len(want_first)
+                want_first.append(r)
+            want_inverse.append(seen[k])
+        want_counts.append(len(seen))
+        start += n
+    assert inverse.tolist() == want_inverse and first.tolist() == want_first
+    assert list(counts) == want_counts and want_counts[-1] == 64
 
 
 def test_summed_gradients_take_a_rel_bound_from_the_finite_range_of_their_segment():
