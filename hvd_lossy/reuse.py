@@ -233,8 +233,7 @@ def encode_with_prediction(x, ids, pieces, groups, rel, code):
     those flags (R^ = R there) and, if it then sends a group fresh, the residual re-coded;
     groups only ever go from predicted to fresh, so this ends. Returns (result, Encoded); the
     caches are not changed (store, once the frames are sent)."""
-    # From the codec's output cache: fresh megabytes a call would fault in page by page.
-    residual, x_hat = _codec.empty(x.shape, x.dtype), _codec.empty(x.shape, x.dtype)
+    residual, x_hat = torch.empty_like(x), torch.empty_like(x)
     hit = torch.zeros(x.shape[0], dtype=torch.uint8)
     allow, coded_for, result, flags = [1] * groups, None, None, None
     while True:
