@@ -55,6 +55,31 @@ def assert_same_state(enc, dec):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_that_drift_up_to_and_past_half_a_step_decode_alike_on_both_ends(dtype):
+    """The sender skips quantizing a held row whose residual is within 0.49 step (its codes are
+    zeros): drifts spread evenly from 0 to past the bound, so rows fall on both sides of that
+    line and of the codes' first rounding edge, and every one must decode within the bound to
+    the very row the sender's mirror keeps."""
+    g = torch.Generator().manual_seed(11)
+    rows, dim, bound = 2000, 16, 0.03
+    ids = torch.arange(rows)
+    held = (torch.rand(rows, dim, generator=g) * 2 - 1) * 0.1
+    enc, dec = reuse.ReuseEncoder(bound, mode="abs"), reuse.ReuseDecoder()
+    frame, predicted = enc.encode(held.to(dtype), ids, [rows])
+    held_now = dec.decode(frame, ids, predicted)  # what both ends now hold for each id
+    # one element a row moves by a fraction of the bound from 0 to 1.2, the others stay
+    drift = torch.linspace(0, 1.2 * bound, rows).unsqueeze(1) * torch.where(
+        torch.rand(rows, 1, generator=g) < 0.5, -1.0, 1.0)
+    x = held_now.float().clone()
+    x[:, 3:4] += drift
+    x = x.to(dtype)
+    frame, predicted = enc.encode(x, ids, [rows])
+    assert predicted and enc.last["references"] > 0 and enc.last["residuals"] > 0
+    assert_within(x, dec.decode(frame, ids, predicted), [rows], bound, mode="abs")
+    assert_same_state(enc, dec)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("step", [1e-4, 3e-3, 0.05])
 def test_every_element_is_within_the_bound_of_the_current_value_over_many_calls(dtype, step):
     g = torch.Generator().manual_seed(0)
