@@ -44,7 +44,7 @@ fi
 # native/cpu, globbed so that a new CPU source file is picked up.
 CODEC_SRCS=(native/common/*.cc native/cpu/*.cc)
 SAN=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
-CXXFLAGS=(-std=c++17 -g -O1 -Inative -Inative/common -Inative/cpu -Wno-unknown-pragmas)
+CXXFLAGS=(-std=c++17 -g -O1 -ffp-contract=off -Inative -Inative/common -Inative/cpu -Wno-unknown-pragmas)
 ATHERIS_LIB="$("$PYTHON" -c 'import atheris; print(atheris.path())' 2>/dev/null || true)"
 PY_EXT="$WORK/native/_C$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:allocator_may_return_null=1}"

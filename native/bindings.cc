@@ -422,7 +422,7 @@ PYBIND11_MODULE(_C, m) {
         "offset)]); FrameError when they would decode to more than max_output bytes.");
 
   m.def("simd_level", &hl::cpu::simd_level,
-        "Instruction set of the CPU kernels: 0 portable, 1 AVX2, 2 AVX-512.");
+        "Instruction set of the CPU kernels: 0 portable, 1 AVX2 with FMA, 2 AVX-512.");
 
   m.def("set_output_cache_bytes", &hl::set_output_cache_limit, py::arg("bytes"));
   m.def("output_cache_bytes", [] {

@@ -135,6 +135,49 @@ def test_radix_section_is_the_bytes_frame_h_describes(n):
     assert torch.equal(hvd_lossy.decompress(frame), x)
 
 
+def codes_of(z):
+    """float32 rows (one code a row) whose codes at abs bound 0.5 are the zigzag codes z."""
+    q = np.where(z % 2 == 0, z // 2, -(z + 1) // 2)
+    return torch.from_numpy(q.astype(np.float32).reshape(-1, 1))
+
+
+def patterned_codes(k, n, pattern, rng):
+    """n codes below k (k - 1 among them): uniform; small (geometric) but for one eighth of the
+    segment that is uniform ("hot i"); or uniform but for one eighth that is zero ("cold i")."""
+    z = rng.integers(0, k, size=n)
+    if pattern != "uniform":
+        kind, region = pattern.split()
+        lo, hi = int(region) * n // 8, (int(region) + 1) * n // 8
+        if kind == "hot":
+            z = np.where((np.arange(n) >= lo) & (np.arange(n) < hi), z,
+                         np.minimum(rng.geometric(0.5, size=n) - 1, k - 1))
+        else:
+            z[lo:hi] = 0
+    z[rng.integers(0, n)] = k - 1
+    return z
+
+
+def test_the_packing_is_the_smallest_whichever_part_of_the_segment_holds_the_large_codes():
+    # The encoder skips building radix values where the values' top digits alone (a value is at
+    # least its top digit times K^(g-1)) show the section cannot beat short blocks. The choice
+    # must stay the reference's: large codes in each eighth of the segment in turn (each radix
+    # lane covers a part of every span: frame.h), whole segments uniform (K just below a power of
+    # two: radix wins narrowly), several spans and partial last groups. A bound from the wrong
+    # lane, the wrong power of K or the padding digits would drop sections the reference keeps.
+    rng = np.random.default_rng(0)
+    kinds = {}
+    patterns = ["uniform"] + [f"{kind} {r}" for kind in ("hot", "cold") for r in (0, 3, 7)]
+    for k in (5, 17, 31, 63, 255, 300, 4095):
+        for n in (999, 2048 * 9 + 13):
+            for pattern in patterns:
+                z = patterned_codes(k, n, pattern, rng)
+                frame = level1_frame(codes_of(z), 0.5, dedup=False)
+                kind, section = level1_section(z.tolist())
+                assert code_section(frame) == section, (k, n, pattern, kind)
+                kinds[kind] = kinds.get(kind, 0) + 1
+    assert kinds.get("radix", 0) >= 10 and kinds.get("short", 0) >= 10, kinds
+
+
 def test_radix_is_chosen_only_when_smaller_than_block_packing_and_short_blocks():
     x, _ = integer_rows(17, n=1, dim=1)
     assert hvd_lossy.frame_info(level1_frame(x, 0.5))["segments"][0]["radix"] is None

@@ -54,7 +54,9 @@ void expand_rows(uint8_t* out, const uint8_t* uniq, const uint32_t* map, uint64_
 int simd_level() {
 #ifdef HL_HAVE_AVX2_PATH
   static const int level = [] {
-    if (!__builtin_cpu_supports("avx2") || getenv("HVD_LOSSY_NO_AVX2")) return 0;
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+        getenv("HVD_LOSSY_NO_AVX2"))
+      return 0;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
 #if !defined(__clang__) || __clang_major__ >= 15

@@ -9,7 +9,8 @@
 namespace hl {
 namespace cpu {
 
-// Instruction set the kernels use, decided once at load: 0 portable loops, 1 AVX2, 2 AVX-512
+// Instruction set the kernels use, decided once at load: 0 portable loops, 1 AVX2 (with FMA,
+// which every AVX2 CPU has), 2 AVX-512
 // (F, VL, DQ, BW, with F16C; the float16/bfloat16 kernels exist only at this level).
 // HVD_LOSSY_NO_AVX2=1 in the environment forces 0, HVD_LOSSY_NO_AVX512=1 at most 1; the tests
 // compare the frames of all three.

@@ -12,7 +12,9 @@
 #include <immintrin.h>
 #define HL_HAVE_AVX2_PATH 1
 // Declarations carry their definitions' target so that GCC sees one function, not versions.
-#define HL_AVX2 __attribute__((target("avx2")))
+// FMA comes with AVX2 on every x86 CPU that has it (simd_level checks both); with
+// -ffp-contract=off only the fused operations written out (quantize_f32_fast.h) use it.
+#define HL_AVX2 __attribute__((target("avx2,fma")))
 #define HL_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2")))
 #define HL_AVX512_F16 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,f16c")))
 

@@ -5,13 +5,14 @@
 // codes, the outliers and the frame are the same bits on every path.
 //
 // Why single precision decides exactly where it says it is sure (step in [2^-100, 2^100], so no
-// intermediate is subnormal or overflows in a way that matters; t* = (x - u) / step exactly):
-// - The offset: u = (k + 1/2) * 2^-24 * step for the 24 hashed bits less 2^23, k (hl::dither_unit).
-//   k + 1/2 is exact in float (|k| <= 2^23), so u_f differs from the double u by at most two
-//   float roundings of |u| < step / 2: under 2^-24 * step.
-// - The scaled value: s_f = fl(fl(x - u_f) * fl(1 / step)) is within 2^-10 of t* whenever
-//   |s_f| <= L = 2^12: three roundings of 2^-24 * |s_f| (2^-11 in all), one of 2^-24 * |x - u_f|
-//   / step (2^-12), and the offset's 2^-24. The double kernel's t is within 2^-39 of t*.
+// intermediate is subnormal or overflows in a way that matters; t* = (x - u) / step = x / step - d
+// exactly, with d = u / step = (k + 1/2) * 2^-24 for the 24 hashed bits less 2^23, k
+// (hl::dither_unit)):
+// - The offset in steps: d_f = fl(b * 2^-24 - (1/2 - 2^-25)), one FMA of exact operands (b the
+//   24 bits, exact in float), so |d_f - d| <= 2^-26 (d_f is in [-1/2, 1/2]).
+// - The scaled value: s_f = fl(x * fl(1 / step) - d_f), one FMA, is within 2^-10 of t* whenever
+//   |s_f| <= L = 2^12: the reciprocal's rounding costs 2^-24 * |x| / step <= 2^-24 * (L + 1),
+//   the FMA's 2^-24 * |s_f|, and d_f's 2^-26. The double kernel's t is within 2^-39 of t*.
 // - So when |s_f - round(s_f)| <= 1/2 - 2^-9, the double t lies strictly within 1/2 of the same
 //   integer r: rint(t) = r, and |t| <= L + 1 is in range.
 // - And the bound holds with room: |x - u - r * step| <= (1/2 - 2^-9 + 2^-10) * step, the
@@ -22,7 +23,7 @@
 // says so; QuantParams::max_abs), |s_f| <= L holds for each of them, and the check is left out:
 // NaN and +-Inf still fail, since s_f - round(s_f) is NaN for them.
 // The margin scales with L: for |s_f| <= L (any L >= 1) the errors above are at most
-// 2^-22 * L + 2^-24, and the decoder's rounding 2^-24 * (L + 1), so an edge of 1/2 - 2^-21 * L
+// 2^-23 * L + 2^-23, and the decoder's rounding 2^-24 * (L + 1), so an edge of 1/2 - 2^-21 * L
 // keeps both arguments. Such a segment takes the least power of two L above M / step + 1:
 // typical lookups (L = 16) leave the fast lanes once in 2^16 elements, not once in 2^8.
 #pragma once
@@ -38,10 +39,10 @@ namespace {
 struct FastF32 {
   bool on = false;  // step within [2^-100, 2^100]
   bool bounded = false;  // |s_f| <= L for every finite element: no need to check it
-  __m256 inv, scale, limit, edge;
+  __m256 inv, limit, edge;
 };
 
-__attribute__((target("avx2"))) inline FastF32 fast_f32(double step, double inv_step,
+__attribute__((target("avx2,fma"))) inline FastF32 fast_f32(double step, double inv_step,
                                                         double max_abs = INFINITY) {
   FastF32 f;
   f.on = step >= 0x1p-100 && step <= 0x1p100;
@@ -50,7 +51,6 @@ __attribute__((target("avx2"))) inline FastF32 fast_f32(double step, double inv_
   if (f.bounded)
     for (l = 1.0; l < max_abs * inv_step + 1.0;) l *= 2.0;
   f.inv = _mm256_set1_ps((float)inv_step);
-  f.scale = _mm256_set1_ps((float)step * 0x1p-24f);  // a power-of-two scaling: exact
   f.limit = _mm256_set1_ps(4096.0f);
   f.edge = _mm256_set1_ps((float)(0.5 - 0x1p-21 * l));
   return f;
@@ -60,15 +60,18 @@ __attribute__((target("avx2"))) inline FastF32 fast_f32(double step, double inv_
 // x) into *zig; false when some lane is near an edge and the group must go to the double kernel
 // (*zig then holds nothing of use).
 template <bool Dither, bool Bounded = false>
-__attribute__((target("avx2"))) inline bool quantize8_fast(const float* x, const FastF32& f,
+__attribute__((target("avx2,fma"))) inline bool quantize8_fast(const float* x, const FastF32& f,
                                                            __m256i bits, __m256i* zig) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 v = _mm256_loadu_ps(x);
+  const __m256 v = _mm256_loadu_ps(x);
+  __m256 s;
   if (Dither) {
-    const __m256 k = _mm256_cvtepi32_ps(_mm256_sub_epi32(bits, _mm256_set1_epi32(1 << 23)));
-    v = _mm256_sub_ps(v, _mm256_mul_ps(_mm256_add_ps(k, _mm256_set1_ps(0.5f)), f.scale));
+    const __m256 d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(bits), _mm256_set1_ps(0x1p-24f),
+                                     _mm256_set1_ps(-(0.5f - 0x1p-25f)));
+    s = _mm256_fmsub_ps(v, f.inv, d);
+  } else {
+    s = _mm256_mul_ps(v, f.inv);
   }
-  const __m256 s = _mm256_mul_ps(v, f.inv);
   const __m256 r = _mm256_round_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 frac = _mm256_and_ps(_mm256_sub_ps(s, r), abs_mask);
   // ordered compares: false for NaN

@@ -47,6 +47,30 @@ HL_CLONES uint32_t or_of(const uint32_t* v, uint64_t n) {
   return m;
 }
 
+// The payload bytes that `count` values whose top digits are the first `real` of `top` (the
+// rest 0) need at least, block by block: a value is at least its top digit times K^(g-1) =
+// `power`, so its block is at least as wide as that product.
+template <typename T>
+HL_CLONES uint64_t top_digit_bytes(const T* top, uint64_t real, uint64_t count, uint64_t power) {
+  uint64_t bytes = 0;
+  auto add = [&](uint32_t m) {
+    const uint64_t v = m * power;
+    bytes += v ? 4 * (uint64_t)(64 - __builtin_clzll(v)) : 0;
+  };
+  uint64_t b = 0;
+  for (; b + HL_BLOCK <= real; b += HL_BLOCK) {  // whole blocks: a fixed trip count, vectorized
+    uint32_t m = 0;
+    for (uint64_t j = 0; j < HL_BLOCK; ++j) m = top[b + j] > m ? top[b + j] : m;
+    add(m);
+  }
+  if (b < count) {  // the block with the last real digits (the rest of the span is padding)
+    uint32_t m = 0;
+    for (uint64_t j = b; j < real; ++j) m = top[j] > m ? top[j] : m;
+    add(m);
+  }
+  return bytes;
+}
+
 // value += digit * K^i for the first `len` of the values (the digit is 0 after them).
 HL_CLONES void add_digits(uint32_t* value, const uint32_t* digit, uint64_t len, uint32_t power) {
   for (uint64_t j = 0; j < len; ++j) value[j] += digit[j] * power;
@@ -138,6 +162,22 @@ RadixPlan plan_of(const T* v, uint64_t n, uint32_t max_code, uint64_t below_byte
   const uint64_t head = radix_head_bytes((uint32_t)k, g);
   const uint64_t nb = hl_div_up(G, HL_BLOCK);
   if (head + nb >= below_bytes) return p;  // cannot pay, whatever the values
+  // Nor when the top digits alone say so: a pass over 1/g of the codes, where building the values
+  // reads all of them g times over. The example's training segments mostly pack smaller in
+  // short blocks (every gradient segment and most lookup ones: their largest code, so K, comes
+  // from a tail), and this bound shows it at a fraction of the values' cost. It never drops a
+  // plan the values would keep: the section is at least this large.
+  {
+    uint64_t power = 1;  // K^(g-1) < K^g < 2^32
+    for (uint32_t i = 0; i + 1 < g; ++i) power *= k;
+    uint64_t bound = head + nb;
+    for (uint64_t a = 0; a < G && bound < below_bytes; a += kSpan) {
+      const uint64_t count = G - a < kSpan ? G - a : kSpan;
+      const uint64_t start = radix_code_of(G, g, a, g - 1);
+      bound += top_digit_bytes(v + start, codes_below(n, start, count), count, power);
+    }
+    if (bound >= below_bytes) return p;
+  }
   Buffer<uint32_t> values(G);
   auto span_values = [&](int64_t s) {  // span s: values a.. and codes a * g.. (frame.h)
     const uint64_t a = (uint64_t)s * kSpan, count = G - a < kSpan ? G - a : kSpan;
