@@ -51,7 +51,8 @@ HL_CLONES uint32_t or_of(const uint32_t* v, uint64_t n) {
 // rest 0) need at least, block by block: a value is at least its top digit times K^(g-1) =
 // `power`, so its block is at least as wide as that product.
 template <typename T>
-HL_CLONES uint64_t top_digit_bytes(const T* top, uint64_t real, uint64_t count, uint64_t power) {
+inline __attribute__((always_inline)) uint64_t top_digit_bytes_of(const T* top, uint64_t real,
+                                                                   uint64_t count, uint64_t power) {
   uint64_t bytes = 0;
   auto add = [&](uint32_t m) {
     const uint64_t v = m * power;
@@ -69,6 +70,15 @@ HL_CLONES uint64_t top_digit_bytes(const T* top, uint64_t real, uint64_t count, 
     add(m);
   }
   return bytes;
+}
+// (overloads, not a template: clang's target_clones takes no function templates)
+HL_CLONES uint64_t top_digit_bytes(const uint32_t* top, uint64_t real, uint64_t count,
+                                   uint64_t power) {
+  return top_digit_bytes_of(top, real, count, power);
+}
+HL_CLONES uint64_t top_digit_bytes(const uint8_t* top, uint64_t real, uint64_t count,
+                                   uint64_t power) {
+  return top_digit_bytes_of(top, real, count, power);
 }
 
 // value += digit * K^i for the first `len` of the values (the digit is 0 after them).
