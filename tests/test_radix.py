@@ -20,13 +20,18 @@ def zigzag(q):
     return np.where(q >= 0, 2 * q, -2 * q - 1)
 
 
+def codes_of(z, dim=1):
+    """float32 rows of `dim` integers whose codes at abs bound 0.5 (step 1) are the zigzag codes z."""
+    q = np.where(z % 2 == 0, z // 2, -(z + 1) // 2)
+    return torch.from_numpy(q.astype(np.float32).reshape(-1, dim))
+
+
 def integer_rows(k, n, dim=8, seed=0):
     """Rows of integers whose codes at abs bound 0.5 (step 1) are zigzag(q) in [0, k), k - 1 present."""
     rng = np.random.default_rng(seed)
     z = rng.integers(0, k, size=n * dim)
     z[rng.integers(0, n * dim)] = k - 1
-    q = np.where(z % 2 == 0, z // 2, -(z + 1) // 2)
-    return torch.from_numpy(q.astype(np.float32).reshape(n, dim)), z
+    return codes_of(z, dim), z
 
 
 def level1_frame(x, bound, **kw):
@@ -133,12 +138,6 @@ def test_radix_section_is_the_bytes_frame_h_describes(n):
     if n >= 1000:  # long sections of codes filling [0, 17): radix packing
         assert kind == "radix"
     assert torch.equal(hvd_lossy.decompress(frame), x)
-
-
-def codes_of(z):
-    """float32 rows (one code a row) whose codes at abs bound 0.5 are the zigzag codes z."""
-    q = np.where(z % 2 == 0, z // 2, -(z + 1) // 2)
-    return torch.from_numpy(q.astype(np.float32).reshape(-1, 1))
 
 
 def patterned_codes(k, n, pattern, rng):

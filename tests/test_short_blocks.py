@@ -115,7 +115,7 @@ def test_rows_of_changing_scale_with_nan_inf_and_outliers_decode_bit_exact_like_
     assert torch.equal(torch.isnan(x), torch.isnan(y))
 
 
-@pytest.mark.parametrize("widest", [6, 8])  # codes held as bytes: every pair writes `widest` planes
+@pytest.mark.parametrize("widest", [6, 8])  # codes held as bytes, 8 bits: the byte writer's widest
 def test_a_segment_too_large_for_one_thread_codes_and_decodes_alike_on_many(widest):
     x, z = scaled_codes(20000, seed=9, widest=widest)  # 320,000 codes: 10,000 pairs, > 4096
     old = hvd_lossy._codec._threads
