@@ -10,7 +10,7 @@ import torch
 import hvd_lossy
 from tests._format_ref import block_packed, level1_section, short_packed
 from tests.test_radix import (assert_flips_raise_and_resealed_ones_raise_or_decode, code_section,
-                              sealed_frame, level1_frame)
+                              codes_of, sealed_frame, level1_frame)
 
 
 def scaled_codes(n_blocks, seed, widest=6):
@@ -20,8 +20,7 @@ def scaled_codes(n_blocks, seed, widest=6):
     widths = rng.integers(0, widest + 1, size=n_blocks)
     z = np.concatenate([rng.integers(0, 1 << w, size=16) if w else np.zeros(16, np.int64)
                         for w in widths]) if n_blocks else np.zeros(0, np.int64)
-    q = np.where(z % 2 == 0, z // 2, -(z + 1) // 2)
-    return torch.from_numpy(q.astype(np.float32).reshape(n_blocks, 16)), z
+    return codes_of(z, 16), z
 
 
 def level2_decoded(x):
@@ -49,8 +48,7 @@ def test_a_short_section_of_any_length_pads_its_last_block_and_nibble_with_zeros
     z = rng.integers(0, 2, size=n) << rng.integers(0, 12, size=n)  # one wide code in many
     section = short_packed(z.tolist())
     frame = sealed_frame(section, rows=1, dim=n)
-    q = np.where(z % 2 == 0, z // 2, -(z + 1) // 2)
-    assert hvd_lossy.decompress(frame).flatten().tolist() == q.astype(np.float32).tolist()
+    assert hvd_lossy.decompress(frame).flatten().tolist() == codes_of(z).flatten().tolist()
     if -(-n // 16) % 2:  # an odd number of blocks: the last byte's high nibble is padding
         assert section[1 + n // 32] >> 4 == 0
 
@@ -58,16 +56,14 @@ def test_a_short_section_of_any_length_pads_its_last_block_and_nibble_with_zeros
 def test_short_blocks_are_chosen_only_when_smaller_than_block_and_radix_packing():
     # uniform 4-bit codes: a nibble a 16 costs what a byte a 32 does, plus the mark: block packing
     z = np.arange(64 * 32) % 16
-    frame = level1_frame(torch.from_numpy(np.where(z % 2 == 0, z // 2, -(z + 1) // 2)
-                                       .astype(np.float32).reshape(64, 32)), 0.5, dedup=False)
+    frame = level1_frame(codes_of(z, 32), 0.5, dedup=False)
     seg = hvd_lossy.frame_info(frame)["segments"][0]
     assert not seg["short_blocks"] and seg["radix"] is None
     assert code_section(frame) == block_packed(z.tolist())
     # uniform codes below 17 over long sections: radix packing
     rng = np.random.default_rng(0)
     z = rng.integers(0, 17, size=64 * 32)
-    frame = level1_frame(torch.from_numpy(np.where(z % 2 == 0, z // 2, -(z + 1) // 2)
-                                       .astype(np.float32).reshape(64, 32)), 0.5, dedup=False)
+    frame = level1_frame(codes_of(z, 32), 0.5, dedup=False)
     seg = hvd_lossy.frame_info(frame)["segments"][0]
     assert seg["radix"] == 17 and not seg["short_blocks"]
 

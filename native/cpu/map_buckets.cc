@@ -6,16 +6,12 @@
 #include <string>
 
 #include "codec.h"
+#include "codec_common.h"
 #include "rans.h"
 #include "reader.h"
 #include "varint.h"
 
 namespace hl {
-namespace {
-
-uint32_t width_of(uint32_t v) { return v ? 32 - (uint32_t)__builtin_clz(v) : 0; }
-
-}  // namespace
 
 std::vector<uint8_t> map_buckets_encode(const uint32_t* map, uint64_t n, int threads) {
   std::vector<uint32_t> sym(n);
@@ -30,7 +26,7 @@ std::vector<uint8_t> map_buckets_encode(const uint32_t* map, uint64_t n, int thr
       continue;
     }
     const uint32_t v = map[r] + 1;
-    const uint32_t b = width_of(v);
+    const uint32_t b = bit_width(v);
     sym[r] = b;
     for (uint32_t i = 0; i + 1 < b; ++i) {  // the bits below the implied top one, LSB first
       acc |= (uint64_t)((v >> i) & 1) << used;

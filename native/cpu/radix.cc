@@ -54,10 +54,8 @@ template <typename T>
 inline __attribute__((always_inline)) uint64_t top_digit_bytes_of(const T* top, uint64_t real,
                                                                    uint64_t count, uint64_t power) {
   uint64_t bytes = 0;
-  auto add = [&](uint32_t m) {
-    const uint64_t v = m * power;
-    bytes += v ? 4 * (uint64_t)(64 - __builtin_clzll(v)) : 0;
-  };
+  // m < K, so m * K^(g-1) < K^g < 2^32 (radix_span)
+  auto add = [&](uint32_t m) { bytes += 4 * (uint64_t)bit_width((uint32_t)(m * power)); };
   uint64_t b = 0;
   for (; b + HL_BLOCK <= real; b += HL_BLOCK) {  // whole blocks: a fixed trip count, vectorized
     uint32_t m = 0;
@@ -149,12 +147,6 @@ void split(const uint32_t* in, uint32_t* quotient, uint32_t* digit, uint64_t cou
 inline uint64_t codes_below(uint64_t n, uint64_t start, uint64_t count) {
   if (start >= n) return 0;
   return n - start < count ? n - start : count;
-}
-
-uint32_t width_of(uint64_t v) {
-  uint32_t b = 0;
-  for (; v; v >>= 1) ++b;
-  return b;
 }
 
 }  // namespace
@@ -298,7 +290,8 @@ void radix_unpack_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, ui
   s.g = g;
   s.div = radix_div_of(k);
   s.simd = cpu::simd_level();
-  unpack_blocks_to(in, len, s.G, width_of(span - 1), what, threads, ChunkSink{&Split::run, &s});
+  unpack_blocks_to(in, len, s.G, bit_width((uint32_t)(span - 1)), what, threads,
+                   ChunkSink{&Split::run, &s});
   if (s.bad.load())
     throw FrameError(std::string("frame is corrupted: the ") + what + " (radix " +
                      std::to_string(k) + ", groups of " + std::to_string(g) +

@@ -217,12 +217,6 @@ struct Spans {
   }
 };
 
-uint32_t width_of(uint64_t v) {
-  uint32_t b = 0;
-  for (; v; v >>= 1) ++b;
-  return b;
-}
-
 }  // namespace
 
 bool radix_sweep_applies(const SegmentView& h) {
@@ -246,7 +240,7 @@ void radix_sweep_f32(const SegmentView& h, double step, RowSweep<uint32_t>* swee
   float elements[kMaxK] = {};
   cpu::dequantize(HL_FLOAT32, codes, k, step, elements);
   memcpy(s.tab.t, elements, sizeof(elements));
-  unpack_blocks_to(h.code + h.radix_head, h.code_bytes - h.radix_head, s.G, width_of(span - 1),
+  unpack_blocks_to(h.code + h.radix_head, h.code_bytes - h.radix_head, s.G, bit_width((uint32_t)(span - 1)),
                    what, 1, ChunkSink{&Spans::run, &s});
   if (s.stray || s.top >= k)
     throw FrameError(std::string("frame is corrupted: the ") + what + " (radix " +
