@@ -10,6 +10,7 @@ through it. Modes change only the import line and `compression=`:
   fp16    the same, casting: hvd.alltoall(lookups.half(), splits) then .float()
   lossy   import hvd_lossy.torch as hvd; compression=hvd.Compression.lossy(0.03, segments=...)
   auto    ... Compression.lossy(0.03, ..., auto=True)
+  lossy-fp16-backward  ... Compression.lossy(0.03, ..., backward=hvd.Compression.fp16)
 
     mpirun -np 2 python benchmarks/user_dlrm.py --mode lossy --steps 112 --json out.json
 
@@ -31,7 +32,8 @@ KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 835
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--mode", choices=["plain", "none", "fp16", "lossy", "auto"], default="plain")
+    p.add_argument("--mode", choices=["plain", "none", "fp16", "lossy", "auto", "lossy-fp16-backward"],
+                   default="plain")
     p.add_argument("--steps", type=int, default=112)
     p.add_argument("--tables", type=int, default=21)
     p.add_argument("--dim", type=int, default=128)
@@ -84,6 +86,9 @@ def main(argv=None):
         kw["compression"] = hvd.Compression.lossy(args.error_bound, segments=len(mine),
                                                   backward_segments=tables_per_rank,
                                                   auto=args.mode == "auto")
+    elif args.mode == "lossy-fp16-backward":  # the gradients as float16 (Horovod's cast)
+        kw["compression"] = hvd.Compression.lossy(args.error_bound, segments=len(mine),
+                                                  backward=hvd.Compression.fp16)
     b = args.global_batch // size
     splits = [len(mine) * b] * size
     loss_fn = torch.nn.BCEWithLogitsLoss()

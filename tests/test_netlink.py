@@ -198,7 +198,15 @@ def test_user_script_runs_are_summarised_beside_the_examples_without_auc():
     assert "user-d128" in netlink.dlrm_table(netlink.summarise_dlrm(runs))
     opts = netlink.parse(["--parts", "user", "--user-modes", "uncompressed,auto"])
     assert opts.parts == ["user"] and opts.user_modes == ["uncompressed", "auto"]
-    assert set(netlink.USER_MODES) == {"uncompressed", "fp16", "lossy", "auto"}
+    assert set(netlink.USER_MODES) == {"uncompressed", "fp16", "lossy", "auto", "lossy-fp16-backward"}
+    assert netlink.parse(["--parts", "user"]).user_modes == ["uncompressed", "fp16", "lossy", "auto"]
+
+
+def test_lossy_lookups_with_float16_gradients_are_a_mode_of_both_scripts_asked_for_by_name():
+    assert netlink.DLRM_MODES["lossy-fp16-backward"][-2:] == ["--backward-error-bound", "fp16"]
+    assert "lossy-fp16-backward" not in netlink.parse([]).dlrm_modes
+    assert netlink.parse(["--dlrm-modes", "lossy-fp16-backward"]).dlrm_modes == ["lossy-fp16-backward"]
+    assert netlink.USER_MODES["lossy-fp16-backward"][:2] == ["--mode", "lossy-fp16-backward"]
 
 
 def test_alltoall_summary_takes_the_median_round_and_keeps_failures_with_their_error():

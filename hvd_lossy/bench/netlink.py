@@ -71,13 +71,19 @@ DLRM_MODES = {
     "auto": ["--compression", "lossy", "--error-bound", "0.03", "--auto"],
     # the bottom MLP runs while the lookups travel (train.py --overlap); asked for by name only
     "lossy-overlap": ["--compression", "lossy", "--error-bound", "0.03", "--overlap"],
+    # lossy lookups, float16 gradients: the codec on the forward only (RESULTS, "Fast links");
+    # asked for by name only
+    "lossy-fp16-backward": ["--compression", "lossy", "--error-bound", "0.03",
+                            "--backward-error-bound", "fp16"],
 }
 DEFAULT_DLRM_MODES = ["uncompressed", "fp16", "lossy", "adaptive", "auto"]
 DLRM_BASELINE = "uncompressed"
 # user_dlrm.py's modes, named as the example's so that one summary serves both.
 USER_MODES = {"uncompressed": ["--mode", "plain"], "fp16": ["--mode", "fp16"],
               "lossy": ["--mode", "lossy", "--error-bound", "0.03"],
-              "auto": ["--mode", "auto", "--error-bound", "0.03"]}
+              "auto": ["--mode", "auto", "--error-bound", "0.03"],
+              "lossy-fp16-backward": ["--mode", "lossy-fp16-backward", "--error-bound", "0.03"]}
+DEFAULT_USER_MODES = ["uncompressed", "fp16", "lossy", "auto"]
 USER_SETTING = "user-d128"
 README_BATCH = 128  # the example's default --batch-size
 
@@ -601,8 +607,9 @@ def parser():
     p.add_argument("--dlrm-modes", type=_choices(DLRM_MODES), default=list(DEFAULT_DLRM_MODES),
                    help="DLRM modes, of %s (default %s; speedups are against %s)" % (
                        ",".join(DLRM_MODES), ",".join(DEFAULT_DLRM_MODES), DLRM_BASELINE))
-    p.add_argument("--user-modes", type=_choices(USER_MODES), default=list(USER_MODES),
-                   help="modes of the user script (default %s)" % ",".join(USER_MODES))
+    p.add_argument("--user-modes", type=_choices(USER_MODES), default=list(DEFAULT_USER_MODES),
+                   help="modes of the user script, of %s (default %s)" % (
+                       ",".join(USER_MODES), ",".join(DEFAULT_USER_MODES)))
     p.add_argument("--settings", type=_choices(SETTINGS), default=None,
                    help="DLRM settings (default criteo-d128,readme)")
     p.add_argument("--sizes", type=lambda s: [float(v) for v in s.split(",")], default=None,
