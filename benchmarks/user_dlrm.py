@@ -10,7 +10,8 @@ through it. Modes change only the import line and `compression=`:
   fp16    the same, casting: hvd.alltoall(lookups.half(), splits) then .float()
   lossy   import hvd_lossy.torch as hvd; compression=hvd.Compression.lossy(0.03, segments=...)
   auto    ... Compression.lossy(0.03, ..., auto=True)
-  lossy-fp16-backward  ... Compression.lossy(0.03, ..., backward=hvd.Compression.fp16)
+  lossy-fp16-backward
+          ... Compression.lossy(0.03, ..., backward=hvd.Compression.fp16): float16 gradients
 
     mpirun -np 2 python benchmarks/user_dlrm.py --mode lossy --steps 112 --json out.json
 

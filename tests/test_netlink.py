@@ -209,6 +209,20 @@ def test_lossy_lookups_with_float16_gradients_are_a_mode_of_both_scripts_asked_f
     assert netlink.USER_MODES["lossy-fp16-backward"][:2] == ["--mode", "lossy-fp16-backward"]
 
 
+def test_the_user_scripts_float16_gradient_mode_codes_the_lookups_and_casts_the_gradients(tmp_path):
+    from tests._launch import run_mpi
+    out = tmp_path / "user.json"
+    run_mpi("benchmarks/user_dlrm.py", args=[
+        *netlink.USER_MODES["lossy-fp16-backward"], "--steps", "2", "--tables", "4", "--dim", "8",
+        "--global-batch", "64", "--table-rows", "1000", "--json", str(out)])
+    got = json.loads(out.read_text())
+    assert got["mode"] == "lossy-fp16-backward" and len(got["step_seconds"]) == 2
+    report = got["report"]
+    assert report["total"]["calls"] == 4  # each step: the lookups' all-to-all and its gradient's
+    assert report["last"]["compression"] == "Compression.fp16" and report["last"]["ratio"] == 2.0
+    assert report["total"]["ratio"] > 2.0  # the lookups' frames are smaller still
+
+
 def test_alltoall_summary_takes_the_median_round_and_keeps_failures_with_their_error():
     rows = [{"bandwidth_gbit": 1.0, "ranks": 2, "mode": m, "bytes": 1 << 20, "ms_per_call": t,
              "link_bytes_per_call": w, "status": "ok"} for m, t, w in

@@ -71,8 +71,8 @@ DLRM_MODES = {
     "auto": ["--compression", "lossy", "--error-bound", "0.03", "--auto"],
     # the bottom MLP runs while the lookups travel (train.py --overlap); asked for by name only
     "lossy-overlap": ["--compression", "lossy", "--error-bound", "0.03", "--overlap"],
-    # lossy lookups, float16 gradients: the codec on the forward only (RESULTS, "Fast links");
-    # asked for by name only
+    # lossy lookups, float16 gradients: the codec on the forward only (RESULTS, "Lossy lookups
+    # with float16 gradients"); asked for by name only
     "lossy-fp16-backward": ["--compression", "lossy", "--error-bound", "0.03",
                             "--backward-error-bound", "fp16"],
 }
