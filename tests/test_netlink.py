@@ -207,6 +207,9 @@ def test_lossy_lookups_with_float16_gradients_are_a_mode_of_both_scripts_asked_f
     assert "lossy-fp16-backward" not in netlink.parse([]).dlrm_modes
     assert netlink.parse(["--dlrm-modes", "lossy-fp16-backward"]).dlrm_modes == ["lossy-fp16-backward"]
     assert netlink.USER_MODES["lossy-fp16-backward"][:2] == ["--mode", "lossy-fp16-backward"]
+    auto = netlink.DLRM_MODES["auto-fp16-backward"]
+    assert auto == netlink.DLRM_MODES["lossy-fp16-backward"] + ["--auto"]
+    assert "auto-fp16-backward" not in netlink.parse([]).dlrm_modes
 
 
 def test_the_user_scripts_float16_gradient_mode_codes_the_lookups_and_casts_the_gradients(tmp_path):
