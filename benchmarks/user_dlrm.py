@@ -83,13 +83,12 @@ def main(argv=None):
     emb_opt = torch.optim.Adagrad(tables.parameters(), lr=0.01)
     hvd.broadcast_parameters(dict(named), root_rank=0)
     kw = {}
-    if args.mode in ("lossy", "auto"):
+    if args.mode in ("lossy", "auto", "lossy-fp16-backward"):
+        # lossy-fp16-backward: the gradients as float16 (Horovod's cast), no segments of theirs
+        backward = (dict(backward=hvd.Compression.fp16) if args.mode == "lossy-fp16-backward"
+                    else dict(backward_segments=tables_per_rank))
         kw["compression"] = hvd.Compression.lossy(args.error_bound, segments=len(mine),
-                                                  backward_segments=tables_per_rank,
-                                                  auto=args.mode == "auto")
-    elif args.mode == "lossy-fp16-backward":  # the gradients as float16 (Horovod's cast)
-        kw["compression"] = hvd.Compression.lossy(args.error_bound, segments=len(mine),
-                                                  backward=hvd.Compression.fp16)
+                                                  auto=args.mode == "auto", **backward)
     b = args.global_batch // size
     splits = [len(mine) * b] * size
     loss_fn = torch.nn.BCEWithLogitsLoss()

@@ -75,10 +75,9 @@ DLRM_MODES = {
     # with float16 gradients"); asked for by name only
     "lossy-fp16-backward": ["--compression", "lossy", "--error-bound", "0.03",
                             "--backward-error-bound", "fp16"],
-    # auto over that: its steps all lossy lookups and fp16 gradients, or all plain
-    "auto-fp16-backward": ["--compression", "lossy", "--error-bound", "0.03",
-                           "--backward-error-bound", "fp16", "--auto"],
 }
+# auto over that: its steps all lossy lookups and fp16 gradients, or all plain; by name only
+DLRM_MODES["auto-fp16-backward"] = DLRM_MODES["lossy-fp16-backward"] + ["--auto"]
 DEFAULT_DLRM_MODES = ["uncompressed", "fp16", "lossy", "adaptive", "auto"]
 DLRM_BASELINE = "uncompressed"
 # user_dlrm.py's modes, named as the example's so that one summary serves both.

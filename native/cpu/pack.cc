@@ -393,7 +393,7 @@ void pack_bytes_one(const uint8_t* v, uint32_t w, uint8_t* out, int level) {
 uint64_t payload_bytes(const uint8_t* widths, uint64_t n_blocks) {
   uint64_t s = 0;
   for (uint64_t b = 0; b < n_blocks; ++b) s += widths[b];
-  return 4 * s;
+  return block_payload_bytes(s);
 }
 
 namespace {

@@ -40,7 +40,10 @@ inline uint32_t load_u32(const uint8_t* p) {
 void block_widths(const uint32_t* v, uint64_t n, uint8_t* widths, int threads,
                   uint32_t* max_out = nullptr);
 
-// Payload bytes of blocks with these widths (4 bytes a bit plane).
+// Payload bytes of one block of this width: a bit plane of HL_BLOCK values a bit.
+inline uint64_t block_payload_bytes(uint64_t width) { return width * (HL_BLOCK / 8); }
+
+// Payload bytes of blocks with these widths (block_payload_bytes of each).
 uint64_t payload_bytes(const uint8_t* widths, uint64_t n_blocks);
 
 // Writes widths then bit-plane payloads: n_blocks + payload_bytes(widths) bytes at out.

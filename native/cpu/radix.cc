@@ -55,7 +55,7 @@ inline __attribute__((always_inline)) uint64_t top_digit_bytes_of(const T* top, 
                                                                    uint64_t count, uint64_t power) {
   uint64_t bytes = 0;
   // m < K, so m * K^(g-1) < K^g < 2^32 (radix_span)
-  auto add = [&](uint32_t m) { bytes += 4 * (uint64_t)bit_width((uint32_t)(m * power)); };
+  auto add = [&](uint32_t m) { bytes += block_payload_bytes(bit_width((uint32_t)(m * power))); };
   uint64_t b = 0;
   for (; b + HL_BLOCK <= real; b += HL_BLOCK) {  // whole blocks: a fixed trip count, vectorized
     uint32_t m = 0;

@@ -240,8 +240,8 @@ void radix_sweep_f32(const SegmentView& h, double step, RowSweep<uint32_t>* swee
   float elements[kMaxK] = {};
   cpu::dequantize(HL_FLOAT32, codes, k, step, elements);
   memcpy(s.tab.t, elements, sizeof(elements));
-  unpack_blocks_to(h.code + h.radix_head, h.code_bytes - h.radix_head, s.G, bit_width((uint32_t)(span - 1)),
-                   what, 1, ChunkSink{&Spans::run, &s});
+  unpack_blocks_to(h.code + h.radix_head, h.code_bytes - h.radix_head, s.G,
+                   bit_width((uint32_t)(span - 1)), what, 1, ChunkSink{&Spans::run, &s});
   if (s.stray || s.top >= k)
     throw FrameError(std::string("frame is corrupted: the ") + what + " (radix " +
                      std::to_string(k) + ", groups of " + std::to_string(g) +
