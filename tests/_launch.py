@@ -6,7 +6,8 @@ forever.
     run_mpi("tests/mp/dist_run.py", np=3, launcher="torchrun")   # torch.distributed workers
 
 A worker script asserts and exits non-zero on failure; run_mpi fails the calling test with the
-workers' output when the launch exits non-zero or runs past its timeout.
+workers' output when the launch exits non-zero or runs past its timeout. on_every_kernel_path
+runs one script in a fresh process per CPU kernel path (default, AVX-512 off, AVX2 off).
 """
 import os
 import pathlib
@@ -100,3 +101,17 @@ def assert_every_rank_passed(output, np):
     """Every one of np ranks printed the case runner's closing line once (tests/mp/cases.py)."""
     passed = sorted(int(r) for r in re.findall(r"rank (\d+): \d+ cases passed", output))
     assert passed == list(range(np)), output
+
+
+def on_every_kernel_path(script):
+    """The Python literal `script` prints, run on the default kernels, with AVX-512 off and with
+    AVX2 off (in that order)."""
+    def run(**flags):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_LOSSY_NO_")}
+        env.update(flags)
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return eval(done.stdout)
+
+    return [run(), run(HVD_LOSSY_NO_AVX512="1"), run(HVD_LOSSY_NO_AVX2="1")]

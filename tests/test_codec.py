@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import hvd_lossy
 from hvd_lossy import FrameError
 from strategies import DTYPES, SPECIALS, tensors
+from tests._launch import on_every_kernel_path
 
 
 def max_error(x, y):
@@ -367,24 +368,6 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
     assert len(runs[0]) > 1 and runs[0][1:] == runs[1][1:] == runs[2][1:]
 
 
-def _on_every_kernel_path(script):
-    """The Python literal `script` prints, run on the default kernels, with AVX-512 off and with
-    AVX2 off (in that order)."""
-    import os
-    import subprocess
-    import sys
-
-    def run(**flags):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_LOSSY_NO_")}
-        env.update(flags)
-        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                              text=True, timeout=120)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return eval(done.stdout)
-
-    return [run(), run(HVD_LOSSY_NO_AVX512="1"), run(HVD_LOSSY_NO_AVX2="1")]
-
-
 def test_dither_kernels_match_the_scalar_rule_at_every_element_index(tmp_path):
     """The vector dither generators (eight lanes of 32-bit hashing, the high half of the element
     index mixed once per call) against hl::dither_unit element by element, encode and decode, on
@@ -411,7 +394,7 @@ def test_dither_kernels_match_the_scalar_rule_at_every_element_index(tmp_path):
         "        out.append((z, [float(v).hex() for v in y]))\n"
         "print(repr(out))\n")
 
-    runs = _on_every_kernel_path(script)
+    runs = on_every_kernel_path(script)
     assert runs[2][0] == 0 and runs[1][0] <= 1 and runs[0][0] >= runs[1][0]
     assert runs[0][1:] == runs[1][1:] == runs[2][1:]
 
@@ -450,7 +433,7 @@ def test_float32_kernels_match_the_scalar_rule_at_the_edges_of_single_precision(
         "        out.append(hash(tuple(z)))\n"
         "print(repr([checked] + out))\n")
 
-    runs = _on_every_kernel_path(script)
+    runs = on_every_kernel_path(script)
     assert runs[0][0] == 9 * 3 * 8000
     assert runs[2][1] == 0 and runs[1][1] <= 1 and runs[0][1] >= runs[1][1]
     assert runs[0][2:] == runs[1][2:] == runs[2][2:]
@@ -492,7 +475,7 @@ def test_float32_kernels_told_the_range_match_the_scalar_rule_at_the_narrowed_ed
         "            out.append(hash(tuple(z)))\n"
         "print(repr([checked] + out))\n")
 
-    runs = _on_every_kernel_path(script)
+    runs = on_every_kernel_path(script)
     assert runs[0][0] == 3 * 4 * 3 * 3000
     assert runs[0][2:] == runs[1][2:] == runs[2][2:]
 

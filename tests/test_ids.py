@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import hvd_lossy
-from tests._launch import assert_every_rank_passed, run_mpi
+from tests._launch import assert_every_rank_passed, on_every_kernel_path, run_mpi
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -142,6 +142,37 @@ def test_lying_ids_hold_the_bound_on_every_element(dtype, eb):
         assert torch.equal(decoded.view(torch.uint8), x.view(torch.uint8)), "lossless is bit exact"
     else:  # the range (and so the bound) counts the rows that lie: the frame of content dedup
         assert torch.equal(frame, hvd_lossy.compress_chunks(x, [12], eb)[0])
+
+
+def test_ids_write_content_dedups_frame_over_many_blocks_on_every_kernel_path(tmp_path):
+    """A segment of many quantizer blocks (the distinct rows by id are quantized a block at a
+    time, gathered from the tensor), with rows too wide for byte codes, NaN and Inf rows, rows
+    equal in bits under two ids and ids that lie: the frame is content dedup's on every kernel
+    path, and the same bytes on all of them."""
+    script = tmp_path / "ids_blocks.py"
+    script.write_text(
+        "import hashlib, torch, hvd_lossy\n"
+        "g = torch.Generator().manual_seed(3)\n"
+        "table = torch.randn(5000, 24, generator=g)\n"
+        "table[11] = table[4]\n"
+        "table[20, 3], table[21, 0], table[22] = float('nan'), float('inf'), 40.0\n"
+        "ids = (torch.rand(30000, generator=g) ** 3 * 5000).long()\n"
+        "x = table[ids]\n"
+        "x[777, 5] += 1e-3  # its id's other rows differ from it: a lie\n"
+        "liars = ids.clone(); liars[::97] = 4\n"
+        "out = [hvd_lossy._C.simd_level()]\n"
+        "for eb in (0.03, 1e-4):  # byte codes, and codes of 256 and more\n"
+        "    content = hvd_lossy.compress_chunks(x, [30000], eb, level=1)[0]\n"
+        "    for i in (ids, liars):\n"
+        "        frame = hvd_lossy.compress_chunks(x, [30000], eb, level=1, ids=i)[0]\n"
+        "        assert torch.equal(frame, content), eb\n"
+        "    unique = hvd_lossy.frame_info(content)['segments'][0]['n_unique']\n"
+        "    assert 3000 < unique < 15000, unique\n"
+        "    out.append(hashlib.sha1(content.numpy().tobytes()).hexdigest())\n"
+        "print(out)\n")
+    runs = on_every_kernel_path(script)
+    assert [r[0] for r in runs][2] == 0, "the last run is the portable path"
+    assert runs[0][1:] == runs[1][1:] == runs[2][1:]
 
 
 def test_first_stage_numbers_rows_by_id_and_keeps_rows_that_differ_apart():

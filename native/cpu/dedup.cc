@@ -82,70 +82,40 @@ DistinctRows distinct_rows_by_id(const Tensor<DT>& t, const int64_t* ids, bool n
   Buffer<uint64_t> keys(rows);  // a row hashes as its id: no row is read to number it
   for (uint64_t r = 0; r < rows; ++r) keys[r] = mix64((uint64_t)ids[r]);
   DistinctRows out;
-  out.map = Buffer<uint32_t>(rows);  // row -> class of its id, numbered by first occurrence
-  Buffer<uint8_t> repeat(rows);      // the row repeats its class's first row bit for bit
-  std::fill(repeat.data(), repeat.data() + rows, 0);
-  bool lied = false;
-  Numbering num(keys.data());
-  // Row b claims the id of a, the first row of its class: it joins the class, and its bits are
-  // compared with a's, once. The ids are only a claim: a row that differs becomes a distinct
-  // row of its own below.
-  auto same_id = [&](uint64_t a, uint64_t b) {
-    if (ids[a] != ids[b]) return false;
-    repeat[b] = memcmp(t.x + a * d, t.x + b * d, row_bytes) == 0;
-    lied |= !repeat[b];
-    return true;
+  out.map = Buffer<uint32_t>(rows);
+  // A row joins the first earlier row with its id's hash whose bits it repeats, and the ids are
+  // never compared: equal bits are a repeat whatever the ids say, and a row that differs from
+  // its id's first row (ids that lie) goes on probing and becomes a distinct row of its own. So
+  // lies cost speed, never the bound, and a probe reads no other row's id or class. Sized for
+  // every row distinct: the table never doubles (a rehash read as much as the numbering itself).
+  Numbering num(keys.data(), rows);
+  auto same = [&](uint64_t a, uint64_t b) {
+    return memcmp(t.x + a * d, t.x + b * d, row_bytes) == 0;
   };
-  auto fetch = [&](uint64_t f) {
-    __builtin_prefetch(&ids[f]);
-    prefetch_row(t.x + f * d, row_bytes);
-  };
-  // Blocks of rows, as distinct_raw_rows takes them; the range from the rows that are no
-  // repeat (a repeat has its first row's values), a run at a time, while they are in cache.
+  auto fetch = [&](uint64_t f) { prefetch_row(t.x + f * d, row_bytes); };
+  // Blocks of rows, as distinct_raw_rows takes them; the range from a whole block (a repeat has
+  // its first row's values, so it cannot widen it), one call a block rather than one a run of
+  // distinct rows.
   const uint64_t block = std::max<uint64_t>(1, (256u << 10) / std::max<uint64_t>(row_bytes, 1));
   double lo_all = INFINITY, hi_all = -INFINITY;
-  auto take_range = [&](uint64_t r0, uint64_t r1) {
-    if (r0 == r1) return;
-    double l, h;
-    cpu::finite_range(DT, t.x + r0 * d, (r1 - r0) * d, &l, &h);
-    lo_all = std::min(lo_all, l);
-    hi_all = std::max(hi_all, h);
-  };
   for (uint64_t b0 = 0; b0 < rows; b0 += block) {
     const uint64_t b1 = std::min(rows, b0 + block);
-    num.add_range(b0, b1, same_id, fetch, out.map.data());
-    if (!need_range) continue;
-    uint64_t run = b0;
-    for (uint64_t r = b0; r < b1; ++r)
-      if (repeat[r]) {
-        take_range(run, r);
-        run = r + 1;
-      }
-    take_range(run, b1);
+    if (need_range) {
+      double l, h;
+      cpu::finite_range(DT, t.x + b0 * d, (b1 - b0) * d, &l, &h);
+      lo_all = std::min(lo_all, l);
+      hi_all = std::max(hi_all, h);
+    }
+    num.add_range(b0, b1, same, fetch, out.map.data());
   }
   if (need_range) {
     *lo = lo_all;
     *hi = hi_all;
   }
-  if (!lied) {  // the classes are the distinct rows, in the order distinct_raw_rows gives
-    out.first = std::move(num.first);
-    return out;
-  }
-  // Distinct rows (the rows that are no repeat) renumbered in row order, as distinct_raw_rows
-  // numbers them: code_rows' merging then gives the same frame.
-  const std::vector<uint64_t>& first = num.first;
-  std::vector<uint32_t> index_of_class(first.size());
-  out.first.reserve(first.size());
-  for (uint64_t r = 0; r < rows; ++r) {
-    const uint32_t c = out.map[r];
-    if (repeat[r]) {
-      out.map[r] = index_of_class[c];
-      continue;
-    }
-    if (first[c] == r) index_of_class[c] = (uint32_t)out.first.size();
-    out.map[r] = (uint32_t)out.first.size();
-    out.first.push_back(r);
-  }
+  // Numbered by first occurrence in row order, as distinct_raw_rows numbers them, up to rows
+  // repeated under different ids, which code_distinct_rows' merging of equal codes joins again:
+  // the frame is the same bytes.
+  out.first = std::move(num.first);
   return out;
 }
 

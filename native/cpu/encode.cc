@@ -67,21 +67,21 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   const double max_abs = need_range && lo <= hi ? std::max(fabs(lo), fabs(hi)) : INFINITY;
   Prepared f;
   {
-    // The distinct rows found by id are quantized (code_rows merges those that share codes:
-    // the same frame); otherwise lossy rows are deduplicated by their codes, lossless ones
-    // (codes are the raw bits) by their bytes, hashed and compared in place.
+    // Lossy rows are deduplicated by their codes (only the distinct rows the ids left, when
+    // given), lossless ones (codes are the raw bits) by their bytes, hashed and compared in
+    // place or found by id.
     Coded coded;
-    if (use_ids) {
-      coded = enc::code_rows(t, &by_id, lossless, eb_abs, dither, threads);
-      by_id = DistinctRows();  // back to the pool before the sections take theirs
-    } else if (dedup && !lossless) {
-      coded = enc::code_distinct_rows(t, eb_abs, threads, p.level == 1, max_abs);
+    if (dedup && !lossless) {
+      coded = enc::code_distinct_rows(t, use_ids ? &by_id : nullptr, eb_abs, threads,
+                                      p.level == 1, max_abs);
     } else {
       DistinctRows distinct;
-      if (dedup) distinct = enc::distinct_raw_rows(t, false, threads, &lo, &hi);
+      if (use_ids) distinct = std::move(by_id);
+      else if (dedup) distinct = enc::distinct_raw_rows(t, false, threads, &lo, &hi);
       coded = enc::code_rows(t, dedup ? &distinct : nullptr, lossless, eb_abs, dither, threads,
                              p.level == 1, max_abs);
     }
+    by_id = DistinctRows();  // back to the pool before the sections take theirs
     f.s = enc::build_sections(t, coded, lossless, p.level, threads);
   }
   const Sections& s = f.s;

@@ -58,13 +58,13 @@ template <int DT>
 DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads, double* lo,
                                double* hi);
 
-// The same from the caller's ids (one a row): rows with an id seen before in the piece are
-// taken as that id's first row without hashing, once memcmp confirms their bits, so ids that
-// lie cost speed, never the bound (a row that differs is a distinct row of its own). The
-// result equals distinct_raw_rows' up to rows repeated under different ids, which code_rows'
+// The same from the caller's ids (one a row): a row is compared only with the earlier rows
+// whose id hashes as its own, and is their repeat when its bits are the same, so ids that lie
+// cost speed, never the bound (a row that differs is a distinct row of its own). The result
+// equals distinct_raw_rows' up to rows repeated under different ids, which code_distinct_rows'
 // merging of equal codes joins again in lossy frames: the frame is the same bytes. One thread:
 // what is left is the serial part of distinct_raw_rows (its numbering and comparisons), whose
-// parallel part (hashing every row) it skips; the range comes from the distinct rows alone.
+// parallel part (hashing every row) it skips.
 template <int DT>
 DistinctRows distinct_rows_by_id(const Tensor<DT>& t, const int64_t* ids, bool need_range,
                                  double* lo, double* hi);
@@ -88,19 +88,16 @@ struct Coded {
   Buffer<uint8_t> row_outlier;   // per unique row (lossy frames)
   Buffer<uint64_t> source;  // tensor row of each unique row; empty when it is the identity
   Buffer<uint32_t> map;          // tensor row -> unique row; only when n_unique < n_rows
-  // The codes' level-1 widths and largest code (short_blocks.h level1_widths), when code_rows
-  // took them while quantizing (w32 not empty); they hold as long as no code is an outlier's
-  // mark, which the sections turn into 0.
+  // The codes' level-1 widths and largest code (short_blocks.h level1_widths), when the
+  // quantizing took them (w32 not empty); they hold as long as no code is an outlier's mark,
+  // which the sections turn into 0.
   Buffer<uint8_t> w16, w32;
   uint32_t max_code = 0;
 };
 
-// Quantizes and deduplicates. Rows repeated bit for bit (hot embedding lookups) are found
-// first (distinct, from distinct_raw_rows; null: no dedup), on their raw bytes, so each
-// distinct row is quantized once; rows that differ in bits but share codes are merged in a
-// second pass over the distinct rows' codes. Numbering both passes by first occurrence gives
-// the same unique order as one pass over all codes. With `widths`, lossy codes of every row (no
-// dedup) come with their level-1 widths (Coded::w16), for level-1 frames.
+// Quantizes every row (distinct null), or stores the raw bits of a lossless piece's distinct
+// rows once each (distinct from distinct_raw_rows or distinct_rows_by_id). With `widths`, lossy
+// codes come with their level-1 widths (Coded::w16), for level-1 frames.
 // max_abs: at least every finite element's |x|, where the range says so (it only helps the
 // quantizer skip a check: cpu::QuantParams::max_abs).
 template <int DT>
@@ -112,12 +109,14 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
 // (and its outliers' raw bits) while the block is still in cache, against the unique rows'
 // codes kept as bytes where they fit one (hot rows' codes are small). One streaming pass over
 // the tensor, and a repeated row is compared with a compact copy rather than with its first
-// occurrence somewhere in the tensor. The frames are code_rows's: the same unique rows in the
-// same order. With `widths`, the unique codes come with their level-1 widths (Coded::w16),
-// taken after each block over the unique rows it added.
+// occurrence somewhere in the tensor. With `repeats` (distinct_rows_by_id), only the distinct
+// rows it leaves are quantized and numbered, and every other row takes its distinct row's unique
+// row: the same unique rows in the same order, so the same frame. With `widths`, the unique
+// codes come with their level-1 widths (Coded::w16), taken after each block over the unique rows
+// it added.
 template <int DT>
-Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool widths = false,
-                         double max_abs = INFINITY);
+Coded code_distinct_rows(const Tensor<DT>& t, const DistinctRows* repeats, double eb_abs,
+                         int threads, bool widths = false, double max_abs = INFINITY);
 
 // ---- sections.cc --------------------------------------------------------------------------
 

@@ -180,7 +180,7 @@ HL_AVX2 inline __m256i codes8_avx2(const float* x, const FastF32& fast,
 // into z by the kernel above, for its codes, outlier flag and hash. z holds nothing of use for a
 // narrow row.
 template <bool Dither, bool Bounded, bool Hash>
-HL_AVX2 void narrow_f32_avx2(const float* xs, uint64_t rows, uint64_t d,
+HL_AVX2 void narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows, uint64_t d,
                              const QuantParams& qp, uint32_t* codes,
                              uint8_t* row_outlier, uint64_t* hashes,
                              uint8_t* narrow, uint8_t* bytes) {
@@ -199,7 +199,8 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, uint64_t rows, uint64_t d,
   const __m256i inner = _mm256_set1_epi32(one_run ? (int)di.of(qp.first) : 0),
                 eight = _mm256_set1_epi32(8), lanes07 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (uint64_t r = 0; r < rows; ++r) {
-    const float* x = xs + r * d;
+    prefetch_gathered(xs, idx, r, rows, d * 4);
+    const float* x = xs + (idx ? idx[r] : r) * d;  // with idx never dithered (dedup)
     uint32_t* z = codes + r * d;
     uint8_t* b = bytes + r * d;
     __m256i any = _mm256_setzero_si256(), lanes = lanes0;
@@ -274,11 +275,11 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, uint64_t rows, uint64_t d,
 
 template <>
 HL_AVX2 void quantize_f32_avx2_rows<true>(
-    const float* xs, const uint64_t*, uint64_t rows, uint64_t d, const QuantParams& qp,
+    const float* xs, const uint64_t* idx, uint64_t rows, uint64_t d, const QuantParams& qp,
     uint32_t* codes, uint8_t* row_outlier, uint64_t* hashes, uint8_t* narrow, uint8_t* bytes) {
   const bool bounded = fast_f32(qp.step, qp.inv_step, qp.max_abs).bounded;
 #define HL_NARROW(D, B, H) \
-  return narrow_f32_avx2<D, B, H>(xs, rows, d, qp, codes, row_outlier, hashes, narrow, bytes)
+  return narrow_f32_avx2<D, B, H>(xs, idx, rows, d, qp, codes, row_outlier, hashes, narrow, bytes)
   if (qp.dither) {  // never deduplicated: no hashes
     if (bounded) HL_NARROW(true, true, false);
     HL_NARROW(true, false, false);
@@ -359,12 +360,11 @@ HL_AVX2 void dequantize_dithered_f32_avx2(const uint32_t* z, uint64_t n,
   dequantize_dithered_impl<HL_FLOAT32>(z + i, n - i, step, seed, first + i, out + i);
 }
 
-HL_AVX2 void quantize_narrow_f32_avx2(const float* xs, uint64_t rows, uint64_t d,
-                                      const QuantParams& qp, uint32_t* codes,
+HL_AVX2 void quantize_narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows,
+                                      uint64_t d, const QuantParams& qp, uint32_t* codes,
                                       uint8_t* row_outlier, uint64_t* hashes, uint8_t* narrow,
                                       uint8_t* bytes) {
-  quantize_f32_avx2_rows<true>(xs, nullptr, rows, d, qp, codes, row_outlier, hashes, narrow,
-                               bytes);
+  quantize_f32_avx2_rows<true>(xs, idx, rows, d, qp, codes, row_outlier, hashes, narrow, bytes);
 }
 
 }  // namespace cpu

@@ -111,7 +111,8 @@ namespace {
 
 // quantize_rows_narrow's bytes, flags and hashes from codes already in z.
 template <int DT>
-HL_INLINE void narrow_impl(const void* xv, uint64_t rows, uint64_t d, const uint32_t* codes,
+HL_INLINE void narrow_impl(const void* xv, const uint64_t* idx, uint64_t rows, uint64_t d,
+                           const uint32_t* codes,
                            const uint8_t* row_outlier, uint64_t* hashes, uint8_t* narrow,
                            uint8_t* bytes) {
   typedef typename Elem<DT>::raw_t raw_t;
@@ -125,22 +126,24 @@ HL_INLINE void narrow_impl(const void* xv, uint64_t rows, uint64_t d, const uint
     if (ok)
       for (uint64_t k = 0; k < d; ++k) b[k] = (uint8_t)z[k];
     if (hashes)
-      hashes[r] = row_hash(static_cast<const raw_t*>(xv) + r * d, z, d, ok, row_outlier[r]);
+      hashes[r] = row_hash(static_cast<const raw_t*>(xv) + (idx ? idx[r] : r) * d, z, d, ok,
+                           row_outlier[r]);
   }
 }
 
 }  // namespace
 
-HL_CLONES void quantize_rows_narrow(uint8_t dtype, const void* x, uint64_t rows, uint64_t row_len,
-                                    const QuantParams& qp, uint32_t* z, uint8_t* row_outlier,
-                                    uint64_t* hashes, uint8_t* narrow, uint8_t* bytes) {
+HL_CLONES void quantize_rows_narrow(uint8_t dtype, const void* x, const uint64_t* idx,
+                                    uint64_t rows, uint64_t row_len, const QuantParams& qp,
+                                    uint32_t* z, uint8_t* row_outlier, uint64_t* hashes,
+                                    uint8_t* narrow, uint8_t* bytes) {
 #ifdef HL_HAVE_AVX2_PATH
   if (dtype == HL_FLOAT32 && simd_level() == 1 && !(qp.dither && hashes))
-    return quantize_narrow_f32_avx2(static_cast<const float*>(x), rows, row_len, qp, z,
+    return quantize_narrow_f32_avx2(static_cast<const float*>(x), idx, rows, row_len, qp, z,
                                     row_outlier, hashes, narrow, bytes);
 #endif
-  quantize_rows(dtype, x, nullptr, rows, row_len, qp, z, row_outlier, nullptr);
-#define CALL(DT) narrow_impl<DT>(x, rows, row_len, z, row_outlier, hashes, narrow, bytes)
+  quantize_rows(dtype, x, idx, rows, row_len, qp, z, row_outlier, nullptr);
+#define CALL(DT) narrow_impl<DT>(x, idx, rows, row_len, z, row_outlier, hashes, narrow, bytes)
   HL_DISPATCH(dtype, CALL)
 #undef CALL
 }

@@ -47,13 +47,15 @@ void quantize_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t r
                    uint64_t row_len, const QuantParams& qp, uint32_t* z, uint8_t* row_outlier,
                    uint64_t* hashes);
 
-// quantize_rows (no idx) that also gives each row's codes as bytes where they fit: narrow[r] = 1
-// when every code of row r is below 256 (so no outlier's mark), its codes then also in bytes +
+// quantize_rows that also gives each row's codes as bytes where they fit: narrow[r] = 1 when
+// every code of row r is below 256 (so no outlier's mark), its codes then also in bytes +
 // r * row_len (other rows' bytes hold nothing of use). With hashes: for narrow rows a hash of the
-// bytes, for the others of the codes and outliers' bits, bit 32 set (the dedup table's tag).
-void quantize_rows_narrow(uint8_t dtype, const void* x, uint64_t rows, uint64_t row_len,
-                          const QuantParams& qp, uint32_t* z, uint8_t* row_outlier,
-                          uint64_t* hashes, uint8_t* narrow, uint8_t* bytes);
+// bytes, for the others of the codes and outliers' bits, bit 32 set (the dedup table's tag). With
+// idx the rows are gathered (never dithered: dither turns dedup off).
+void quantize_rows_narrow(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t rows,
+                          uint64_t row_len, const QuantParams& qp, uint32_t* z,
+                          uint8_t* row_outlier, uint64_t* hashes, uint8_t* narrow,
+                          uint8_t* bytes);
 
 // Raw bits of the elements as codes (lossless frames), rows chosen as above.
 void raw_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t rows, uint64_t row_len,

@@ -26,8 +26,8 @@ HL_AVX2 void range_f32_avx2(const float* x, uint64_t n, double* lo_out, double* 
 HL_AVX2 void quantize_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows, uint64_t d,
                                const QuantParams& qp, uint32_t* codes, uint8_t* row_outlier,
                                uint64_t* hashes);
-HL_AVX2 void quantize_narrow_f32_avx2(const float* xs, uint64_t rows, uint64_t d,
-                                      const QuantParams& qp, uint32_t* codes,
+HL_AVX2 void quantize_narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows,
+                                      uint64_t d, const QuantParams& qp, uint32_t* codes,
                                       uint8_t* row_outlier, uint64_t* hashes, uint8_t* narrow,
                                       uint8_t* bytes);
 HL_AVX2 void dequantize_f32_avx2(const uint32_t* z, uint64_t n, double step, float* out);

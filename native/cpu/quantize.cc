@@ -99,8 +99,8 @@ void code_rows_with_widths(const Tensor<DT>& t, double eb_abs, const Dither& dit
                            c->row_outlier.data() + r0, nullptr);
       } else {
         uint8_t* bytes = c->bytes.data() + r0 * d;
-        cpu::quantize_rows_narrow(DT, t.x + r0 * d, r1 - r0, d, qp, z, c->row_outlier.data() + r0,
-                                  nullptr, narrow.data(), bytes);
+        cpu::quantize_rows_narrow(DT, t.x + r0 * d, nullptr, r1 - r0, d, qp, z,
+                                  c->row_outlier.data() + r0, nullptr, narrow.data(), bytes);
         uint8_t all = 1;
         for (uint64_t r = 0; r < r1 - r0; ++r) all &= narrow[r];
         if (all) {
@@ -197,62 +197,28 @@ Coded code_rows(const Tensor<DT>& t, DistinctRows* distinct, bool lossless, doub
                    c.row_outlier.data(), nullptr);
     return c;
   }
-  // Pass 1 (distinct_raw_rows): rows repeated bit for bit.
+  // Lossless rows repeated bit for bit (distinct): each distinct row's raw bits, once.
   const Buffer<uint32_t>& map1 = distinct->map;
   const std::vector<uint64_t>& first1 = distinct->first;
   const uint64_t n1 = first1.size();
-
-  // Pass 2: codes of the distinct raw rows, merged where codes (and outlier bits) agree.
   Buffer<uint32_t> codes1(n1 * d);
-  Buffer<uint8_t> out1(lossless ? 0 : n1);
-  Buffer<uint64_t> h2(lossless ? 0 : n1);
-  code_rows_into(t, first1.data(), n1, lossless, eb_abs, Dither(), threads, codes1.data(),
-                 out1.data(), h2.data());
-  Buffer<uint32_t> map2;
-  std::vector<uint64_t> first2;
-  uint64_t n2 = n1;
-  if (!lossless) {
-    map2 = Buffer<uint32_t>(n1);
-    auto same = [&](uint64_t a, uint64_t b) {
-      if (memcmp(&codes1[a * d], &codes1[b * d], d * 4) != 0) return false;
-      return !out1[a] || outliers_match(&codes1[a * d], t.x + first1[a] * d, t.x + first1[b] * d, d);
-    };
-    auto row = [&](uint64_t f) { prefetch_row(&codes1[f * d], d * 4); };
-    n2 = number_rows(n1, h2.data(), same, row, map2.data(), &first2);
-  }
-  auto unique_of = [&](uint64_t r) -> uint32_t { return n2 < n1 ? map2[map1[r]] : map1[r]; };
-  auto distinct_of = [&](uint64_t u) -> uint64_t { return n2 < n1 ? first2[u] : u; };
-
-  if (!dedup_pays(rows, n2, d)) {
+  Buffer<uint8_t> none;  // lossless: no outlier flags
+  code_rows_into(t, first1.data(), n1, true, 0, Dither(), threads, codes1.data(), none.data(),
+                 nullptr);
+  if (!dedup_pays(rows, n1, d)) {
     c.n_unique = rows;
-    if (n1 == rows) {  // no row repeated bit for bit: the codes are already in row order
+    if (n1 == rows) {  // no row repeated: the codes are already in row order
       c.codes = std::move(codes1);
-      c.row_outlier = std::move(out1);
       return c;
     }
-    // Store every row: expand the distinct rows' codes back to all rows.
-    return every_row(codes1.data(), lossless ? nullptr : out1.data(), map1.data(), rows, d,
-                     threads);
+    return every_row(codes1.data(), nullptr, map1.data(), rows, d, threads);  // every row
   }
-  c.n_unique = n2;
-  c.source = Buffer<uint64_t>(n2);
-  for (uint64_t u = 0; u < n2; ++u) c.source[u] = first1[distinct_of(u)];
-  if (n2 < n1) {
-    c.codes = Buffer<uint32_t>(n2 * d);
-    c.row_outlier = Buffer<uint8_t>(lossless ? 0 : n2);
-    for (uint64_t u = 0; u < n2; ++u) {
-      memcpy(&c.codes[u * d], &codes1[first2[u] * d], d * 4);
-      if (!lossless) c.row_outlier[u] = out1[first2[u]];
-    }
-  } else {
-    c.codes = std::move(codes1);
-    c.row_outlier = std::move(out1);
-  }
-  if (n2 < rows) {
-    c.map = Buffer<uint32_t>(rows);
-    for (uint64_t r = 0; r < rows; ++r) c.map[r] = unique_of(r);
-  } else {
-    c.source = Buffer<uint64_t>();  // every row distinct: the identity
+  c.n_unique = n1;
+  c.codes = std::move(codes1);
+  if (n1 < rows) {
+    c.source = Buffer<uint64_t>(n1);
+    std::copy(first1.begin(), first1.end(), c.source.data());
+    c.map = std::move(distinct->map);
   }
   return c;
 }
@@ -378,25 +344,30 @@ constexpr uint64_t kProbeAhead = HL_PROBE_AHEAD;
 }  // namespace
 
 template <int DT>
-Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool widths,
-                         double max_abs) {
+Coded code_distinct_rows(const Tensor<DT>& t, const DistinctRows* repeats, double eb_abs,
+                         int threads, bool widths, double max_abs) {
   const uint64_t rows = t.n_rows, d = t.row_len;
+  // The rows quantized: every row, or the distinct rows `repeats` leaves, gathered in row order
+  // (the map below is then of those, and `repeats` carries it to every row at the end).
+  const uint64_t* pick = repeats ? repeats->first.data() : nullptr;
+  const uint64_t m = repeats ? repeats->first.size() : rows;
+  auto row_of = [&](uint64_t k) { return pick ? pick[k] : k; };
   // Unique rows in order of first occurrence: codes as bytes (narrow rows) or codes (wide rows),
   // outlier flag, hash (its tag bit 32 says wide), first row. Sized for the worst case; only what
   // is used is touched. Narrow rows' codes are written only at the end, and only when a wide row
   // was met or level 2 asks for codes (without `widths`): lossy level-1 frames then take the bytes.
-  Buffer<uint32_t> ucodes(rows * d);
+  Buffer<uint32_t> ucodes(m * d);
   bool any_wide = false;
-  Buffer<uint8_t> ubytes(rows * d), uout(rows);
-  Buffer<uint64_t> uhash(rows);
-  Buffer<uint64_t> source(rows);
-  Buffer<uint32_t> map(rows);
-  CodeTable table(uhash, rows);
+  Buffer<uint8_t> ubytes(m * d), uout(m);
+  Buffer<uint64_t> uhash(m);
+  Buffer<uint64_t> source(m);
+  Buffer<uint32_t> map(m);
+  CodeTable table(uhash, m);
   uint32_t n = 0;
   // Level-1 widths of the unique codes (Coded::w16), taken after each block over the pairs of
   // short blocks its new rows completed, while they are in cache: [0, done) has them.
-  Buffer<uint8_t> w16(widths ? short_n_blocks(rows * d) : 0);
-  Buffer<uint8_t> w32(widths ? hl_div_up(rows * d, HL_BLOCK) : 0);
+  Buffer<uint8_t> w16(widths ? short_n_blocks(m * d) : 0);
+  Buffer<uint8_t> w32(widths ? hl_div_up(m * d, HL_BLOCK) : 0);
   uint64_t done = 0;
   uint32_t max_code = 0;
   auto widths_up_to = [&](uint64_t end) {  // while every row is narrow
@@ -412,20 +383,21 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool w
   // (larger with more threads, which quantize a block together).
   const uint64_t block_codes = threads > 1 ? (uint64_t)threads << 17 : 1u << 15;
   const uint64_t block = std::max<uint64_t>(1, block_codes / std::max<uint64_t>(d, 1));
-  Block b(std::min(block, rows), d);
+  Block b(std::min(block, m), d);
   cpu::QuantParams qp = cpu::quant_params(eb_abs);
   qp.max_abs = max_abs;
-  for (uint64_t b0 = 0; b0 < rows; b0 += block) {
-    const uint64_t nb = std::min(block, rows - b0);
+  for (uint64_t b0 = 0; b0 < m; b0 += block) {
+    const uint64_t nb = std::min(block, m - b0);
     {
       const int nt = nb * d > 65536 ? threads : 1;
 #pragma omp parallel num_threads(nt)
       {
         uint64_t a, e;
         split_range(nb, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &e);
-        cpu::quantize_rows_narrow(DT, t.x + (b0 + a) * d, e - a, d, qp, b.z.data() + a * d,
-                                  b.outlier.data() + a, b.hash.data() + a, b.narrow.data() + a,
-                                  b.bytes.data() + a * d);
+        cpu::quantize_rows_narrow(DT, pick ? t.x : t.x + (b0 + a) * d,
+                                  pick ? pick + b0 + a : nullptr, e - a, d, qp,
+                                  b.z.data() + a * d, b.outlier.data() + a, b.hash.data() + a,
+                                  b.narrow.data() + a, b.bytes.data() + a * d);
       }
     }
     const uint8_t* bnarrow = b.narrow.data();
@@ -437,7 +409,8 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool w
       if (bnarrow[i]) return bytes_equal(ub + (uint64_t)u * d, bbytes + i * d, d);
       const uint32_t* zi = &b.z[i * d];
       if (memcmp(&ucodes[(uint64_t)u * d], zi, d * 4) != 0) return false;
-      return !b.outlier[i] || outliers_match(zi, t.x + source[u] * d, t.x + (b0 + i) * d, d);
+      return !b.outlier[i] ||
+             outliers_match(zi, t.x + source[u] * d, t.x + row_of(b0 + i) * d, d);
     };
     auto look = [&](uint64_t i) {
       if (i + kProbeAhead < nb) table.prefetch_slot(bhash[i + kProbeAhead]);  // the probe's
@@ -473,7 +446,7 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool w
       }
       uout[u] = b.outlier[i];
       uhash[u] = h;
-      source[u] = b0 + i;
+      source[u] = row_of(b0 + i);
       map[b0 + i] = u;
       table.put(s, h, u);
     };
@@ -485,6 +458,11 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool w
     widths_up_to((uint64_t)n * d / (2 * HL_SHORT_BLOCK) * (2 * HL_SHORT_BLOCK));
   }
 
+  if (repeats) {  // a row repeated bit for bit takes its distinct row's unique row
+    Buffer<uint32_t> all(rows);
+    for (uint64_t r = 0; r < rows; ++r) all[r] = map[repeats->map[r]];
+    map = std::move(all);
+  }
   const bool as_bytes = widths && !any_wide;
   if (!as_bytes) {
     for (uint64_t u = 0; u < n; ++u)
@@ -516,9 +494,9 @@ Coded code_distinct_rows(const Tensor<DT>& t, double eb_abs, int threads, bool w
 template Coded code_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, DistinctRows*, bool, double, const Dither&, int, bool, double);
 template Coded code_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, DistinctRows*, bool, double, const Dither&, int, bool, double);
 template Coded code_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, DistinctRows*, bool, double, const Dither&, int, bool, double);
-template Coded code_distinct_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, double, int, bool, double);
-template Coded code_distinct_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, double, int, bool, double);
-template Coded code_distinct_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, double, int, bool, double);
+template Coded code_distinct_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, const DistinctRows*, double, int, bool, double);
+template Coded code_distinct_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, const DistinctRows*, double, int, bool, double);
+template Coded code_distinct_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, const DistinctRows*, double, int, bool, double);
 
 }  // namespace enc
 }  // namespace hl

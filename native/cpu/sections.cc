@@ -29,7 +29,8 @@ Packing plan_packing(const uint32_t* v, uint64_t n, int threads, uint32_t* max_o
 
 // The code section's plan: block packing, or for lossy level-1 codes (`level1`) the smallest of
 // block packing, radix packing and short blocks (level1_packing). The widths come from `taken`
-// when code_rows took them (their buffers move into the plan), else from a pass over the codes.
+// when the quantizing took them (their buffers move into the plan), else from a pass over the
+// codes.
 template <typename T>
 Packing plan_codes(const T* v, uint64_t n, bool level1, int threads, Coded* taken = nullptr) {
   if constexpr (sizeof(T) == 4) {

@@ -263,7 +263,7 @@ py::tuple compress_into_batched_hd(const std::string& raw, int dtype,
 }
 
 // The encoder's first stage with ids (dedup.cc) on float32 rows: (map, first), each row's
-// distinct row and each distinct row's first row, before code_rows merges equal codes.
+// distinct row and each distinct row's first row, before code_distinct_rows merges equal codes.
 py::tuple distinct_rows_by_id_f32(uintptr_t rows, uint64_t n_rows, uint64_t row_len,
                                   uintptr_t ids) {
   const hl::enc::Tensor<HL_FLOAT32> t{ptr<const uint32_t>(rows), n_rows, row_len};
