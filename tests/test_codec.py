@@ -349,10 +349,16 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
         "m[4000:] *= 1000  # tiles of byte codes before and beside rows that need more\n"
         "m[5500, 3] = float('nan')\n"
         "m = m[torch.randint(0, 6000, (6000,), generator=g).sort().values]  # repeats, in order\n"
-        "for dither in (None, 5):\n"
-        "    frame = hvd_lossy.compress(m, 0.01, mode='abs', dither=dither)\n"
+        "n = torch.randn(6000, 32, generator=g) * 0.01  # byte codes, but one NaN: the one tile\n"
+        "n[2500, 7] = float('nan')  # quantized again row by row, for its rows' outlier flags\n"
+        "for x, dither in ((m, None), (m, 5), (n, 5)):\n"
+        "    frame = hvd_lossy.compress(x, 0.01, mode='abs', dither=dither)\n"
+        "    back = hvd_lossy.decompress(frame)\n"
+        "    fin = torch.isfinite(x)\n"
+        "    assert torch.equal(torch.isnan(back), torch.isnan(x)), dither\n"
+        "    assert (back[fin].double() - x[fin].double()).abs().max().item() <= 0.01, dither\n"
         "    out.append(frame.numpy().tobytes())\n"
-        "    out.append(hvd_lossy.decompress(frame).numpy().tobytes())\n"
+        "    out.append(back.numpy().tobytes())\n"
         "sys.stdout.buffer.write(b''.join(out))\n")
 
     def frames(**flags):

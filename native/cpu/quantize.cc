@@ -99,16 +99,21 @@ void code_rows_with_widths(const Tensor<DT>& t, double eb_abs, const Dither& dit
                            c->row_outlier.data() + r0, nullptr);
       } else {
         uint8_t* bytes = c->bytes.data() + r0 * d;
-        cpu::quantize_rows_narrow(DT, t.x + r0 * d, nullptr, r1 - r0, d, qp, z,
-                                  c->row_outlier.data() + r0, nullptr, narrow.data(), bytes);
-        uint8_t all = 1;
-        for (uint64_t r = 0; r < r1 - r0; ++r) all &= narrow[r];
+        // Rows matter here only for their outlier flags, and a tile of byte codes has no
+        // outlier: it is quantized as one run of k elements, without a row's setup and tail
+        // every d elements. A tile that is not is quantized again row by row for its flags.
+        uint8_t all, any_outlier;
+        cpu::quantize_rows_narrow(DT, t.x + r0 * d, nullptr, 1, k, qp, z, &any_outlier, nullptr,
+                                  &all, bytes);
         if (all) {
+          std::fill(c->row_outlier.data() + r0, c->row_outlier.data() + r1, 0);
           level1_widths(bytes, k, w16, w32, &tm, 1);
           m = tm > m ? tm : m;
           in_codes[ti] = 0;
           continue;
         }
+        cpu::quantize_rows_narrow(DT, t.x + r0 * d, nullptr, r1 - r0, d, qp, z,
+                                  c->row_outlier.data() + r0, nullptr, narrow.data(), bytes);
 #pragma omp critical(hl_code_rows_wide)
         {
           if (c->codes.empty()) c->codes = Buffer<uint32_t>(n);
