@@ -82,7 +82,8 @@ class Compression:
         (level 2; rerun at level 1, which decodes to the same bits: 12.1x on the links, dAUC
         +0.0009); the per-table gradient bounds without dither (`backward="table",
         dither=False`, the old default) cost 0.027 AUC. On CUDA tensors dithered frames are
-        coded on the CPU (no CUDA dither kernel yet): correct, not fast.
+        coded by the CUDA codec (not yet run on a GPU; HVD_LOSSY_HOST_DITHER=1 codes them on
+        the host).
         """
         if isinstance(backward, str) and backward == RECIPE:
             backward = min(controller.base, GRADIENT_BOUND) if controller.mode == "rel" else "table"
