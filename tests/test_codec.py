@@ -350,7 +350,7 @@ def test_simd_and_portable_paths_write_identical_frames(tmp_path):
         "m[5500, 3] = float('nan')\n"
         "m = m[torch.randint(0, 6000, (6000,), generator=g).sort().values]  # repeats, in order\n"
         "n = torch.randn(6000, 32, generator=g) * 0.01  # byte codes, but one NaN: the one tile\n"
-        "n[2500, 7] = float('nan')  # quantized again row by row, for its rows' outlier flags\n"
+        "n[2500, 7] = float('nan')  # its rows' outlier flags read off the tile's codes\n"
         "for x, dither in ((m, None), (m, 5), (n, 5)):\n"
         "    frame = hvd_lossy.compress(x, 0.01, mode='abs', dither=dither)\n"
         "    back = hvd_lossy.decompress(frame)\n"

@@ -49,7 +49,8 @@ void quantize_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t r
 
 // quantize_rows that also gives each row's codes as bytes where they fit: narrow[r] = 1 when
 // every code of row r is below 256 (so no outlier's mark), its codes then also in bytes +
-// r * row_len (other rows' bytes hold nothing of use). With hashes: for narrow rows a hash of the
+// r * row_len (other rows' bytes hold nothing of use), and z holds the codes of every row that is
+// not narrow (a narrow row's z may hold nothing of use). With hashes: for narrow rows a hash of the
 // bytes, for the others of the codes and outliers' bits, bit 32 set (the dedup table's tag). With
 // idx the rows are gathered (never dithered: dither turns dedup off).
 void quantize_rows_narrow(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t rows,

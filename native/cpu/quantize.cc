@@ -83,7 +83,6 @@ void code_rows_with_widths(const Tensor<DT>& t, double eb_abs, const Dither& dit
     split_range(tiles, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &ta, &tb);
     const uint64_t tile_rows = std::min(tile, rows);
     Buffer<uint32_t> tmp(tile_rows * d);
-    Buffer<uint8_t> narrow(tile_rows);
     uint32_t* wide = nullptr;  // c->codes, once this thread has met a tile that needs it
     cpu::QuantParams qp = base;
     for (uint64_t ti = ta; ti < tb; ++ti) {
@@ -101,9 +100,10 @@ void code_rows_with_widths(const Tensor<DT>& t, double eb_abs, const Dither& dit
         uint8_t* bytes = c->bytes.data() + r0 * d;
         // Rows matter here only for their outlier flags, and a tile of byte codes has no
         // outlier: it is quantized as one run of k elements, without a row's setup and tail
-        // every d elements. A tile that is not is quantized again row by row for its flags.
-        uint8_t all, any_outlier;
-        cpu::quantize_rows_narrow(DT, t.x + r0 * d, nullptr, 1, k, qp, z, &any_outlier, nullptr,
+        // every d elements. A run that is not bytes leaves all its codes in z, and its rows'
+        // flags are read off them (an outlier's code is its mark).
+        uint8_t all, run_outlier;
+        cpu::quantize_rows_narrow(DT, t.x + r0 * d, nullptr, 1, k, qp, z, &run_outlier, nullptr,
                                   &all, bytes);
         if (all) {
           std::fill(c->row_outlier.data() + r0, c->row_outlier.data() + r1, 0);
@@ -112,19 +112,15 @@ void code_rows_with_widths(const Tensor<DT>& t, double eb_abs, const Dither& dit
           in_codes[ti] = 0;
           continue;
         }
-        cpu::quantize_rows_narrow(DT, t.x + r0 * d, nullptr, r1 - r0, d, qp, z,
-                                  c->row_outlier.data() + r0, nullptr, narrow.data(), bytes);
+        for (uint64_t r = 0; r < r1 - r0; ++r)
+          c->row_outlier[r0 + r] = run_outlier && std::find(z + r * d, z + (r + 1) * d,
+                                                            kOutlierMark) != z + (r + 1) * d;
 #pragma omp critical(hl_code_rows_wide)
         {
           if (c->codes.empty()) c->codes = Buffer<uint32_t>(n);
           wide = c->codes.data();
         }
-        for (uint64_t r = 0; r < r1 - r0; ++r) {  // z has the codes of the wide rows only
-          if (narrow[r])
-            widen_codes(bytes + r * d, d, wide + (r0 + r) * d);
-          else
-            memcpy(wide + (r0 + r) * d, z + r * d, d * 4);
-        }
+        memcpy(wide + r0 * d, z, k * 4);
         z = wide + r0 * d;
       }
       level1_widths(z, k, w16, w32, &tm, 1);
