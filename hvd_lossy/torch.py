@@ -13,7 +13,9 @@ Everything horovod.torch offers is here unchanged, except:
   - the reductions (allreduce*, grouped_allreduce*, reducescatter*, DistributedOptimizer) raise
     ValueError when given a lossy compressor, because compressed bytes cannot be summed;
   - synchronize/poll also accept the handles of compressed operations;
-  - comm_stats()/reset_comm_stats() report bytes, ratios and time per collective.
+  - comm_stats()/reset_comm_stats() report bytes, ratios and time per collective;
+  - init() lets Open MPI yield the core while it polls (mpi_yield_when_idle, unless the launch
+    set it; HVD_LOSSY_MPI_YIELD=0 keeps Open MPI's own choice): hvd_lossy.backend.yield_when_idle.
 Lossy collectives raise RankError (a ValueError) on every rank when any rank gets bad input or
 a corrupt frame, instead of leaving the others waiting.
 """
@@ -30,6 +32,7 @@ from hvd_lossy import alltoall as _a2a  # noqa: E402  (after the copy: these nam
 from hvd_lossy import gather as _gather  # noqa: E402
 from hvd_lossy import grad_ids as _grad_ids  # noqa: E402
 from hvd_lossy.backend import as_backend as _as_backend  # noqa: E402
+from hvd_lossy.backend import yield_when_idle as _yield_when_idle  # noqa: E402
 from hvd_lossy.protocol import Handle as _Handle  # noqa: E402
 from hvd_lossy.protocol import RankError  # noqa: E402,F401
 from hvd_lossy.compression import Compression, LossyCompressor, NoneCompressor, is_lossy  # noqa: E402,F401
@@ -40,6 +43,12 @@ from hvd_lossy import FrameError  # noqa: E402,F401
 
 global_process_set = _ops.global_process_set
 ProcessSet = _ops.ProcessSet
+
+def init(*args, **kwargs):
+    """horovod.torch.init(), with Open MPI allowed to yield the core while it polls
+    (hvd_lossy.backend.yield_when_idle)."""
+    _yield_when_idle()
+    return _hvd.init(*args, **kwargs)
 
 
 def _reject_lossy(fn):

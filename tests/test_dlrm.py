@@ -695,6 +695,25 @@ def test_local_rank_comes_from_the_backend_else_the_launchers_environment(monkey
     assert backend.local_rank() == 1
 
 
+def test_every_mode_starts_horovod_through_hvd_lossys_init_so_mpi_starts_alike(monkeypatch):
+    import backend
+    called = []
+
+    class Module:
+        def __init__(self, name):
+            self.name = name
+
+        def init(self):
+            called.append(self.name)
+    monkeypatch.setattr(backend.hvd, "_impl", Module("horovod.torch"))
+    monkeypatch.setattr(backend._lossy, "_impl", Module("hvd_lossy.torch"))
+    monkeypatch.setattr(backend, "_chosen", "horovod")  # --plain-horovod runs choose it too
+    backend.init()
+    monkeypatch.setattr(backend, "_chosen", "local")
+    backend.init()
+    assert called == ["hvd_lossy.torch", "horovod.torch"]
+
+
 def test_one_rank_alltoall_hands_back_the_rank_its_own_chunk_and_refuses_other_splits():
     import backend
     lossy = backend._LocalLossy()

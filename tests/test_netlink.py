@@ -131,10 +131,15 @@ def test_batches_are_the_nearest_multiple_of_the_ranks_so_3_ranks_can_train():
     assert flags[flags.index("--batch-size") + 1] == "1023" and flags[flags.index("--embedding-dim") + 1] == "128"
 
 
-def test_horovod_settings_are_the_same_environment_for_every_mode():
+def test_horovod_and_mpi_settings_are_the_same_environment_for_every_mode():
+    yield_on = {"OMPI_MCA_mpi_yield_when_idle": "1"}  # set for plain Horovod's runs too
     opts = netlink.parse(["--cycle-time", "2.5", "--fusion-mb", "32"])
-    assert netlink.horovod_env(opts) == {"HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_FUSION_THRESHOLD": str(32 << 20)}
-    assert netlink.horovod_env(netlink.parse([])) == {}  # Horovod's own defaults
+    assert netlink.horovod_env(opts) == {"HOROVOD_CYCLE_TIME": "2.5",
+                                         "HOROVOD_FUSION_THRESHOLD": str(32 << 20), **yield_on}
+    assert netlink.horovod_env(netlink.parse([])) == yield_on  # Horovod's own settings otherwise
+    # off is said explicitly, or hvd_lossy.torch.init() would turn it on for the lossy modes only
+    assert netlink.horovod_env(netlink.parse(["--mpi-yield", "off"])) == {
+        "OMPI_MCA_mpi_yield_when_idle": "0"}
     cmd = netlink.mpirun(3, ["HOROVOD_CYCLE_TIME"], ["python", "x.py"])
     assert cmd[cmd.index("-np") + 1] == "3" and ["-x", "HOROVOD_CYCLE_TIME"] == cmd[-4:-2]
     assert ["--mca", "btl", "tcp,self"] == cmd[5:8]
@@ -321,7 +326,9 @@ def test_quick_run_writes_the_documented_json_and_png(tmp_path):
     assert name not in netlink.namespaces()
     report = json.loads(out_json.read_text())
     assert report["horovod"]["cycle_time_ms"] == 2 and report["horovod"]["fusion_mb"] == 32
-    assert report["horovod"]["env"] == {"HOROVOD_CYCLE_TIME": "2", "HOROVOD_FUSION_THRESHOLD": str(32 << 20)}
+    assert report["horovod"]["env"] == {"HOROVOD_CYCLE_TIME": "2", "HOROVOD_FUSION_THRESHOLD": str(32 << 20),
+                                        "OMPI_MCA_mpi_yield_when_idle": "1"}
+    assert report["horovod"]["mpi_yield_when_idle"] == "on"
     dlrm = {r["mode"]: r for r in report["dlrm"]}
     assert set(dlrm) == {"uncompressed", "auto"}  # (lossy and adaptive: the main job's test)
     for r in dlrm.values():

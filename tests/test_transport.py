@@ -11,6 +11,7 @@ launches. The contracts live as named cases in the workers (tests/mp/transport_*
   process_sets: lossy collectives within a process set; ranks outside it stay in step.
 Each launch runs both workers to pay the start-up (torch + Horovod) once.
 """
+import os
 import re
 
 import itertools
@@ -44,9 +45,30 @@ def test_reexports_everything_horovod_torch_has():
     import hvd_lossy.torch as hvd
     missing = [k for k in vars(horovod) if not k.startswith("__") and not hasattr(hvd, k)]
     assert not missing
-    unchanged = ("init", "rank", "size", "local_rank", "broadcast_parameters",
+    unchanged = ("rank", "size", "local_rank", "broadcast_parameters",
                  "broadcast_optimizer_state", "join", "barrier", "Sum", "Average", "mpi_ops")
     assert all(getattr(hvd, k) is getattr(horovod, k) for k in unchanged)
+
+
+def test_yield_when_idle_turns_open_mpis_yield_on_unless_the_launch_or_the_user_chose():
+    from hvd_lossy.backend import YIELD_VARIABLE, yield_when_idle
+    env = {}
+    assert yield_when_idle(env) == "1" and env == {YIELD_VARIABLE: "1"}
+    env = {YIELD_VARIABLE: "0"}  # what `mpirun --mca mpi_yield_when_idle 0` puts in each rank
+    assert yield_when_idle(env) == "0" and env == {YIELD_VARIABLE: "0"}
+    env = {"HVD_LOSSY_MPI_YIELD": "0"}  # keep Open MPI's own default
+    assert yield_when_idle(env) is None and YIELD_VARIABLE not in env
+
+
+def test_init_sets_the_yield_before_horovod_starts_mpi(monkeypatch):
+    import hvd_lossy.torch as hvd
+    from hvd_lossy.backend import YIELD_VARIABLE
+    monkeypatch.delenv(YIELD_VARIABLE, raising=False)
+    monkeypatch.delenv("HVD_LOSSY_MPI_YIELD", raising=False)
+    seen = []
+    monkeypatch.setattr(hvd._hvd, "init", lambda *a, **k: seen.append((os.environ.get(YIELD_VARIABLE), a, k)))
+    hvd.init(process_sets=None)
+    assert seen == [("1", (), {"process_sets": None})]
 
 
 def test_lossy_compressor_is_a_horovod_compressor_whose_config_round_trips():

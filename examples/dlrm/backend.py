@@ -32,6 +32,7 @@ class _Proxy:
 
 hvd = _Proxy()
 _lossy = _Proxy()
+_chosen = None  # the name use() selected
 NAMES = ("horovod", "torch", "local")
 # What launchers set for the rank's index on its node, in the order they are trusted.
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
@@ -41,16 +42,27 @@ LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRA
 def use(name, device="cpu"):
     """Selects the backend: "horovod", "torch" or "local". device ("cpu" or "cuda") picks
     torch.distributed's library: gloo on the CPU, NCCL on GPUs."""
+    global _chosen
+    if name not in NAMES:
+        raise ValueError(f"backend must be one of {NAMES}, got {name!r}")
+    _chosen = name
     if name == "horovod":
         import horovod.torch
         import hvd_lossy.torch
         hvd._impl, _lossy._impl = horovod.torch, hvd_lossy.torch
     elif name == "torch":
         hvd._impl, _lossy._impl = _TorchHvd("nccl" if device == "cuda" else "gloo"), _TorchLossy()
-    elif name == "local":
-        hvd._impl, _lossy._impl = _LocalHvd(), _LocalLossy()
     else:
-        raise ValueError(f"backend must be one of {NAMES}, got {name!r}")
+        hvd._impl, _lossy._impl = _LocalHvd(), _LocalLossy()
+
+
+def init():
+    """hvd.init() of the selected backend; on Horovod through hvd_lossy.torch.init(), whatever
+    all-to-all the run uses (--plain-horovod too), so that every mode starts MPI alike (it lets
+    Open MPI yield the core while it polls: hvd_lossy.backend.yield_when_idle)."""
+    if hvd._impl is None:
+        use("horovod")
+    (_lossy if _chosen == "horovod" else hvd).init()
 
 
 def local_rank():

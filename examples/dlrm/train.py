@@ -303,7 +303,7 @@ def main(argv=None):
             print("train.py: error: %s" % e, file=sys.stderr)
         sys.exit(2)
     backend.use(args.backend, args.device)
-    hvd.init()
+    backend.init()
     try:
         result = train(args)
     except (cli.UsageError, data.DataError) as e:

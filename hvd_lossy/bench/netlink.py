@@ -24,7 +24,7 @@ baseline's step on the unlimited link over its step at this rate, the speedup th
 communication would give.
 
 Within a rate the modes take turns, --repeat rounds, so noise hits all of them alike. Every run
-gets the same Horovod settings (--cycle-time, --fusion-mb; recorded). A mode that fails (e.g.
+gets the same Horovod and MPI settings (--cycle-time, --fusion-mb, --mpi-yield; recorded). A mode that fails (e.g.
 auto before the library has it) is reported as failed with its error; the others go on.
 
 Needs root, `ip` and `tc` (iproute2) and `mpirun`; says which is missing otherwise. The
@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 
+from hvd_lossy.backend import YIELD_VARIABLE
 from hvd_lossy.bench import _cli, machine
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -259,8 +260,12 @@ def signals_raise():
 
 
 def horovod_env(opts):
-    """The Horovod settings every mode gets, as environment variables ({} keeps Horovod's own)."""
+    """The Horovod and MPI settings every mode gets, as environment variables ({} keeps their
+    own)."""
     env = {}
+    # Set for every mode, plain Horovod's too: hvd_lossy.torch.init() turns it on where the
+    # launch left it unset (RESULTS, "MPI's polling"), and a comparison needs the same MPI.
+    env[YIELD_VARIABLE] = "1" if opts.mpi_yield == "on" else "0"
     if opts.cycle_time is not None:
         env["HOROVOD_CYCLE_TIME"] = f"{opts.cycle_time:g}"
     if opts.fusion_mb is not None:
@@ -626,6 +631,10 @@ def parser():
                    help="HOROVOD_CYCLE_TIME for every run (default: Horovod's own)")
     p.add_argument("--fusion-mb", type=float, default=None,
                    help="HOROVOD_FUSION_THRESHOLD in MiB for every run (default: Horovod's own)")
+    p.add_argument("--mpi-yield", choices=("on", "off"), default="on",
+                   help="Open MPI's mpi_yield_when_idle for every run, plain Horovod's too: on (1, "
+                        "what hvd_lossy.torch.init() sets by default) or off (0, Open MPI's own "
+                        "where ranks do not outnumber cores) (default on)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per launch before it is killed")
     p.add_argument("--namespace", default=None, help="namespace name (default hvdl-<pid>; must start with hvdl-)")
     p.add_argument("--json", type=pathlib.Path, default=None)
@@ -673,6 +682,7 @@ def meta(opts, argv):
             "link": {"qdisc": "tbf rate <R>gbit " + " ".join(TBF), "unlimited": "no qdisc",
                      "transport": "mpirun --mca btl tcp,self over the namespace's lo"},
             "horovod": {"cycle_time_ms": opts.cycle_time, "fusion_mb": opts.fusion_mb,
+                        "mpi_yield_when_idle": opts.mpi_yield,
                         "env": horovod_env(opts) or "Horovod defaults",
                         "inherited": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}},
             "rates_gbit": opts.rates, "ranks": opts.ranks, "repeat": opts.repeat, "warmup_steps": opts.warmup,
