@@ -44,6 +44,7 @@ from hvd_lossy import FrameError  # noqa: E402,F401
 global_process_set = _ops.global_process_set
 ProcessSet = _ops.ProcessSet
 
+
 def init(*args, **kwargs):
     """horovod.torch.init(), with Open MPI allowed to yield the core while it polls
     (hvd_lossy.backend.yield_when_idle)."""

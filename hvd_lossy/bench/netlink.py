@@ -24,8 +24,9 @@ baseline's step on the unlimited link over its step at this rate, the speedup th
 communication would give.
 
 Within a rate the modes take turns, --repeat rounds, so noise hits all of them alike. Every run
-gets the same Horovod and MPI settings (--cycle-time, --fusion-mb, --mpi-yield; recorded). A mode that fails (e.g.
-auto before the library has it) is reported as failed with its error; the others go on.
+gets the same Horovod and MPI settings (--cycle-time, --fusion-mb, --mpi-yield; recorded). A
+mode that fails (e.g. auto before the library has it) is reported as failed with its error; the
+others go on.
 
 Needs root, `ip` and `tc` (iproute2) and `mpirun`; says which is missing otherwise. The
 namespace is deleted afterwards, also on errors, Ctrl-C and SIGTERM. No address outside it is
@@ -260,8 +261,8 @@ def signals_raise():
 
 
 def horovod_env(opts):
-    """The Horovod and MPI settings every mode gets, as environment variables ({} keeps their
-    own)."""
+    """The Horovod and MPI settings every mode gets, as environment variables: Open MPI's yield
+    always, Horovod's settings where given (else Horovod's own)."""
     env = {}
     # Set for every mode, plain Horovod's too: hvd_lossy.torch.init() turns it on where the
     # launch left it unset (RESULTS, "MPI's polling"), and a comparison needs the same MPI.
