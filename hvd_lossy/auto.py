@@ -20,8 +20,11 @@ what the user's step takes.
 
 Each compressor with `auto=True` keeps, per process set, a *slot*:
 
-  warm-up  the first WARMUP calls are lossy and not counted (allocation, the codec's caches);
-  probe    then the calls alternate plain and lossy. After the first call of each (FIRST_LOOK),
+  warm-up  the first WARMUP calls are lossy and not counted (allocation, the codec's caches, a
+           training's first steps: the DLRM example's first two take 1.5-3x a later one);
+  probe    then the calls alternate plain and lossy: plain, lossy (the first look), then plain,
+           lossy, lossy, plain, and again, so that a trend in the step times (steps that still
+           speed up after the warm-up) favours neither mode. After the first call of each (FIRST_LOOK),
            then every PROBE_CALLS calls, the ranks allgather, in the background, their size
            bucket and the costs of the latest calls of each mode (one tiny allgather, read LAG
            calls later, so nobody waits for it). Every rank applies the same rule to the same
@@ -34,8 +37,12 @@ Each compressor with `auto=True` keeps, per process set, a *slot*:
            (a mode's first often is) keeps the costs overlapping. A rank without costs for its
            current size sends everyone back to probing;
   decided  the decision holds until the next agreement, AGREE_EVERY calls later, which keeps it
-           unless the other mode's median is HYSTERESIS better; every REFRESH calls the losing
-           mode runs twice, so the decision follows a link or a load that changes.
+           unless the other mode's median is HYSTERESIS better. The losing mode runs twice
+           FIRST_REFRESH calls after the decision, then after twice as many calls each time,
+           up to every REFRESH, and is judged by those two calls alone: a decision taken on
+           the probe's early calls is checked against the current steps soon (in runs of 120
+           steps the example once kept lossy for 117 calls on the strength of its first plain
+           calls), and the decision follows a link or a load that changes.
 
 Plain is also decided at the first look, after one call of each, when a lossy call's *floor*
 exceeds every plain call's whole cost by HYSTERESIS. The floor is its codec time (compressing and
@@ -65,14 +72,15 @@ import torch
 from hvd_lossy.backend import as_backend
 from hvd_lossy.collective import remote_bytes
 
-WARMUP = 1        # first calls: lossy, not counted (allocation, caches)
+WARMUP = 2        # first calls: lossy, not counted (allocation, caches, a training's first steps)
 PROBE_CALLS = 4   # calls between agreements while probing: 2 plain, 2 lossy
 FIRST_LOOK = 2    # probed calls before the first agreement: 1 plain, 1 lossy (the floor rule)
 LAG = 1           # calls between launching an agreement and reading it
 SEPARATE = 2      # calls of each mode whose costs, all below the other's, decide
 MAX_PROBE = 8     # calls of each mode after which the medians decide
 AGREE_EVERY = 16  # calls between agreements once decided
-REFRESH = 200     # calls between runs of the losing mode, to see whether it still loses
+FIRST_REFRESH = 3 * AGREE_EVERY  # calls from a decision to the losing mode's first run again
+REFRESH = 192     # the most calls between runs of the losing mode (a multiple of AGREE_EVERY)
 HYSTERESIS = 0.05  # a decided slot switches only for a 5% lower median
 KEEP = MAX_PROBE  # costs kept per mode
 # Calls by which a slot whose sizes stay has decided: the last probe agreement is read then.
@@ -151,6 +159,8 @@ class _Slot:
         self.probe_from = WARMUP
         self.next_agreement = WARMUP + FIRST_LOOK
         self.refresh_at = -1
+        self.refresh_gap = FIRST_REFRESH  # calls from a decision to the losing mode's next run
+        self.fresh_from = {}      # mode -> its first call the rule may use (a refresh's)
         self.pending = None       # (the backend's Work, call number at which to read it)
         self.counts = {LOSSY: 0, PLAIN: 0}
         self.last_mode = None     # the mode of the latest call, warm-up included
@@ -186,9 +196,12 @@ class _Slot:
         if k < WARMUP:
             mode = LOSSY
         elif self.decision is None:
-            mode = PLAIN if (k - self.probe_from) % 2 == 0 else LOSSY
+            i = k - self.probe_from  # plain, lossy (the first look), then plain, lossy, lossy, plain
+            mode = PLAIN if i < 2 and i % 2 == 0 or i >= 2 and (i - 2) % 4 in (0, 3) else LOSSY
         elif k in (self.refresh_at, self.refresh_at + 1):
             mode = PLAIN if self.decision == LOSSY else LOSSY
+            if k == self.refresh_at:  # judged by the refresh's calls, not the probe's old ones
+                self.fresh_from[mode] = k
         else:
             mode = self.decision
         self.counts[mode] += 1
@@ -216,7 +229,8 @@ class _Slot:
                 self.shares[k] = min(self.shares[k], record.wire_bytes / record.raw_bytes)
 
     def _latest(self, mode, before):
-        calls = [k for k, m in self.modes.items() if m == mode and k < before]
+        first = self.fresh_from.get(mode, -1)
+        calls = [k for k, m in self.modes.items() if m == mode and first <= k < before]
         return sorted(calls)[-KEEP:]
 
     def _launch_agreement(self, k):
@@ -261,11 +275,13 @@ class _Slot:
             floors = [f for f in floors if not math.isnan(f)]
         if costs is None or (self.decision is not None and not (costs[PLAIN] and costs[LOSSY])):
             self.decision, self.buckets, self.probe_from = None, None, k
+            self.fresh_from, self.refresh_gap = {}, FIRST_REFRESH
             self.next_agreement = k + FIRST_LOOK
             self.agreed = None
             return
         if self.buckets != buckets:
             self.decision = None
+            self.fresh_from, self.refresh_gap = {}, FIRST_REFRESH
         better = _rule(self.decision, costs[PLAIN], costs[LOSSY], floors,
                        periods[PLAIN], periods[LOSSY])
         if better is None:  # still probing: after the first look, every PROBE_CALLS calls
@@ -281,8 +297,9 @@ class _Slot:
             self.agreed.update(plain_period_ms=statistics.median(periods[PLAIN]) * 1e3,
                                lossy_period_ms=statistics.median(periods[LOSSY]) * 1e3)
         self.next_agreement = k + AGREE_EVERY
-        if self.refresh_at < k:
-            self.refresh_at = k + REFRESH - 2
+        if self.refresh_at < k:  # both calls well before the agreement that reads them
+            self.refresh_at = k + self.refresh_gap - AGREE_EVERY // 2
+            self.refresh_gap = min(2 * self.refresh_gap, REFRESH)
 
     def report(self):
         key = self.backend.key

@@ -360,6 +360,34 @@ def test_auto_slot_decides_plain_after_two_calls_of_each_when_one_plain_call_was
     assert modes.count(auto.LOSSY) < auto.MAX_PROBE, modes  # at the second agreement, not by medians
 
 
+def test_auto_checks_a_decision_taken_on_slow_early_calls_against_the_current_ones_soon():
+    """The example's first plain calls can fall on steps that are still slow: lossy then looks
+    cheaper and is decided. The losing mode runs again FIRST_REFRESH calls later and is judged by
+    those calls alone, not the probe's, so a 120-step run switches back within ~50 calls
+    (before, the probe's costs stood until call 200)."""
+    from hvd_lossy import auto
+    s = auto._Slot(0, "c", _OneRank())
+
+    def cost_of(mode):
+        if mode == auto.PLAIN:
+            return 0.030 if s.calls <= 10 else 0.006  # slow only while the run warms up
+        return 0.009
+
+    modes = _drive(s, cost_of, 120)
+    switched = len(modes) - modes[::-1].index(auto.LOSSY)  # the first call after the last lossy one
+    assert modes[20] == auto.LOSSY and switched < auto.WARMUP + 2 * auto.MAX_PROBE + auto.FIRST_REFRESH, modes
+    assert s.decision == auto.PLAIN and modes[-50:] == [auto.PLAIN] * 50
+
+
+def test_auto_probes_plain_and_lossy_in_an_order_a_trend_does_not_favour():
+    from hvd_lossy import auto
+    s = auto._Slot(0, "c", _OneRank())
+    modes = _drive(s, lambda mode: math.nan, auto.WARMUP + 10)[auto.WARMUP:]  # no cost decides
+    assert modes[:2] == [auto.PLAIN, auto.LOSSY]  # the first look
+    p, l = auto.PLAIN, auto.LOSSY
+    assert modes[2:10] == [p, l, l, p, p, l, l, p]  # a linear trend cancels in each four
+
+
 def test_auto_takes_each_calls_cheapest_rank_and_leaves_out_unfinished_calls():
     """The rank that arrived last waited only for the bytes: a call's cost is its cheapest
     rank's, so one rank's compute noise (its peers' waiting) does not decide."""
@@ -470,7 +498,8 @@ def test_auto_gradient_compressor_follows_the_forward_calls_mode_and_adds_its_co
     bwd = auto.pair(fwd, fwd.for_backward())
     assert bwd is not fwd and bwd.auto
     lead, follow = auto.slot(fwd, _FakeSet()), auto.slot(bwd, _FakeSet())
-    lead.choose(1000)  # a forward call without a backward one (evaluation): the counts part
+    for _ in range(auto.WARMUP):  # forward calls without a backward one (evaluation): the counts part
+        lead.choose(1000)
     pairs = []
     for _ in range(auto.FIRST_LOOK):  # the calls before the first agreement
         (f, report_f), (g, report_g) = lead.choose(1000), follow.choose(1000)
