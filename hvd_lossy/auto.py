@@ -23,19 +23,18 @@ Each compressor with `auto=True` keeps, per process set, a *slot*:
   warm-up  the first WARMUP calls are lossy and not counted (allocation, the codec's caches, a
            training's first steps: the DLRM example's first two take 1.5-3x a later one);
   probe    then the calls alternate plain and lossy: plain, lossy (the first look), then plain,
-           lossy, lossy, plain, and again, so that a trend in the step times (steps that still
-           speed up after the warm-up) favours neither mode. After the first call of each (FIRST_LOOK),
-           then every PROBE_CALLS calls, the ranks allgather, in the background, their size
-           bucket and the costs of the latest calls of each mode (one tiny allgather, read LAG
-           calls later, so nobody waits for it). Every rank applies the same rule to the same
-           rows (`_rule`): with per-call costs as the cheapest rank's, a mode wins once its costs
-           are all below the other's (SEPARATE calls each; a clear case is decided after a few
-           calls, so a short run pays little for probing, and a close one costs little per
-           probed call) or, after MAX_PROBE calls of each, by the lower median. A tie goes to
-           plain: auto never pays for a gain it cannot see; so does a lossy median cost
-           HYSTERESIS above plain's after SEPARATE calls each, even where one slow plain call
-           (a mode's first often is) keeps the costs overlapping. A rank without costs for its
-           current size sends everyone back to probing;
+           lossy, lossy, plain, and again, so that a trend in the step times (steps that still speed
+           up after the warm-up) favours neither mode. After the first call of each (FIRST_LOOK),
+           then every PROBE_CALLS calls, the ranks allgather, in the background, their size bucket
+           and the costs of the latest calls of each mode (one tiny allgather, read LAG calls later,
+           so nobody waits for it). Every rank applies the same rule to the same rows (`_rule`):
+           with per-call costs as the cheapest rank's, a mode wins once its costs are all below the
+           other's (SEPARATE calls each; a clear case is decided after a few calls, so a short run
+           pays little for probing, and a close one costs little per probed call) or, after
+           MAX_PROBE calls of each, by the lower median. A tie goes to plain: auto never pays for a
+           gain it cannot see; so does a lossy median cost HYSTERESIS above plain's after SEPARATE
+           calls each, even where one slow plain call (a mode's first often is) keeps the costs
+           overlapping. A rank without costs for its current size sends everyone back to probing;
   decided  the decision holds until the next agreement, AGREE_EVERY calls later, which keeps it
            unless the other mode's median is HYSTERESIS better. The losing mode runs twice
            FIRST_REFRESH calls after the decision, then after twice as many calls each time,
@@ -196,8 +195,8 @@ class _Slot:
         if k < WARMUP:
             mode = LOSSY
         elif self.decision is None:
-            i = k - self.probe_from  # plain, lossy (the first look), then plain, lossy, lossy, plain
-            mode = PLAIN if i < 2 and i % 2 == 0 or i >= 2 and (i - 2) % 4 in (0, 3) else LOSSY
+            i = k - self.probe_from  # P, L (the first look), then P, L, L, P and again
+            mode = PLAIN if (i % 2 == 0 if i < 2 else (i - 2) % 4 in (0, 3)) else LOSSY
         elif k in (self.refresh_at, self.refresh_at + 1):
             mode = PLAIN if self.decision == LOSSY else LOSSY
             if k == self.refresh_at:  # judged by the refresh's calls, not the probe's old ones
