@@ -158,8 +158,7 @@ class _Slot:
         self.probe_from = WARMUP
         self.next_agreement = WARMUP + FIRST_LOOK
         self.refresh_at = -1
-        self.refresh_gap = FIRST_REFRESH  # calls from a decision to the losing mode's next run
-        self.fresh_from = {}      # mode -> its first call the rule may use (a refresh's)
+        self._restart_refresh()
         self.pending = None       # (the backend's Work, call number at which to read it)
         self.counts = {LOSSY: 0, PLAIN: 0}
         self.last_mode = None     # the mode of the latest call, warm-up included
@@ -274,13 +273,13 @@ class _Slot:
             floors = [f for f in floors if not math.isnan(f)]
         if costs is None or (self.decision is not None and not (costs[PLAIN] and costs[LOSSY])):
             self.decision, self.buckets, self.probe_from = None, None, k
-            self.fresh_from, self.refresh_gap = {}, FIRST_REFRESH
+            self._restart_refresh()
             self.next_agreement = k + FIRST_LOOK
             self.agreed = None
             return
         if self.buckets != buckets:
             self.decision = None
-            self.fresh_from, self.refresh_gap = {}, FIRST_REFRESH
+            self._restart_refresh()
         better = _rule(self.decision, costs[PLAIN], costs[LOSSY], floors,
                        periods[PLAIN], periods[LOSSY])
         if better is None:  # still probing: after the first look, every PROBE_CALLS calls
@@ -299,6 +298,11 @@ class _Slot:
         if self.refresh_at < k:  # both calls well before the agreement that reads them
             self.refresh_at = k + self.refresh_gap - AGREE_EVERY // 2
             self.refresh_gap = min(2 * self.refresh_gap, REFRESH)
+
+    def _restart_refresh(self):
+        """A new decision is checked soon again, each mode judged by all its latest calls."""
+        self.refresh_gap = FIRST_REFRESH  # calls from a decision to the losing mode's next run
+        self.fresh_from = {}  # mode -> its first call the rule may use (a refresh's)
 
     def report(self):
         key = self.backend.key

@@ -684,7 +684,7 @@ def meta(opts, argv):
                      "transport": "mpirun --mca btl tcp,self over the namespace's lo"},
             "horovod": {"cycle_time_ms": opts.cycle_time, "fusion_mb": opts.fusion_mb,
                         "mpi_yield_when_idle": opts.mpi_yield,
-                        "env": horovod_env(opts) or "Horovod defaults",
+                        "env": horovod_env(opts),
                         "inherited": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}},
             "rates_gbit": opts.rates, "ranks": opts.ranks, "repeat": opts.repeat, "warmup_steps": opts.warmup,
             "dlrm_modes": {m: DLRM_MODES[m] for m in opts.dlrm_modes}, "a2a_modes": opts.a2a_modes,
