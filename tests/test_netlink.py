@@ -217,6 +217,18 @@ def test_lossy_lookups_with_float16_gradients_are_a_mode_of_both_scripts_asked_f
     assert "auto-fp16-backward" not in netlink.parse([]).dlrm_modes
 
 
+def test_reuse_is_an_example_mode_asked_for_by_name_whose_flags_the_example_accepts():
+    sys.path.insert(0, str(REPO / "examples" / "dlrm"))
+    import cli
+    assert "reuse" not in netlink.parse([]).dlrm_modes
+    assert netlink.parse(["--dlrm-modes", "lossy,reuse"]).dlrm_modes == ["lossy", "reuse"]
+    opts = netlink.parse(["--steps", "2"])
+    args = cli.parser().parse_args(netlink.SETTINGS["criteo-d128"](opts, 2)
+                                   + netlink.DLRM_MODES["reuse"] + netlink.COMMON_TRAIN)
+    cli.check(args, 2)
+    assert (args.compression, args.error_bound, args.reuse, args.ids) == ("lossy", 0.03, True, True)
+
+
 def test_the_user_scripts_float16_gradient_mode_codes_the_lookups_and_casts_the_gradients(tmp_path):
     from tests._launch import run_mpi
     out = tmp_path / "user.json"

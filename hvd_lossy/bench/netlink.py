@@ -80,6 +80,9 @@ DLRM_MODES = {
 }
 # auto over that: its steps all lossy lookups and fp16 gradients, or all plain; by name only
 DLRM_MODES["auto-fp16-backward"] = DLRM_MODES["lossy-fp16-backward"] + ["--auto"]
+# lossy with the lookups reused from what the receiver holds, gradients summed by id (train.py
+# --reuse; RESULTS, "Rows the receiver already holds"); by name only
+DLRM_MODES["reuse"] = DLRM_MODES["lossy"] + ["--reuse"]
 DEFAULT_DLRM_MODES = ["uncompressed", "fp16", "lossy", "adaptive", "auto"]
 DLRM_BASELINE = "uncompressed"
 # user_dlrm.py's modes, named as the example's so that one summary serves both.
