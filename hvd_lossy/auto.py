@@ -9,14 +9,21 @@ step's time: the step's compute noise (+-15% on a loaded machine) is left out, a
 skew too, by taking a call's cost as its *cheapest rank's*: the rank that arrived last waited
 only for the bytes, so its cost is compress + transfer + decode with no waiting for peers.
 
-But the exchange cost does not see everything a mode costs: beside the codec, the model's own
-work was measured 10-25 ms a step slower in the DLRM example (RESULTS, "Training over emulated
-links, AVX2 only"), three times the exchange's own difference. So each call's *period* is
+But the exchange cost may not see everything a mode costs: before Open MPI was made to yield
+(backend.yield_when_idle), the model's own work was measured 10-25 ms a step slower beside the
+codec in the DLRM example, three times the exchange's own difference. So each call's *period* is
 measured as well: from its start to the next call's start on the same slot, which spans the
-iteration the call's mode ran (its gradient call, the model's work, the optimizer). Lossy is
-chosen only where both measures say lossy; either saying plain decides plain. The period is
-noisier, so a close case takes longer to separate, and lossy must win it by HYSTERESIS, but it is
-what the user's step takes.
+iteration the call's mode ran (its gradient call, the model's work, the optimizer). Either
+measure saying plain decides plain. Lossy needs both, the period's by HYSTERESIS, every lossy
+period below every plain one; or, while probing, three calls of each or more with every lossy
+cost below every plain one and lossy's shortest period HYSTERESIS below plain's shortest. One
+slow period held the first rule back: in the example the first lossy call's period ran 75-92 ms
+in seven runs at 10 and 100 Gbit/s, against 51-64 ms for most later ones, and at 10 Gbit/s,
+where lossy's steps were clearly shorter, it ran 10 plain calls of 30 in each of 15 runs. Two
+calls of each were too few for the second: at 100 Gbit/s and on the unlimited link a plain
+call's cost ran 5-8 or 10-14 ms by turns, and two slow ones in a row decided lossy where plain
+was faster. With the yield the model's own work took the same time in both modes (RESULTS,
+"auto's period guard"); the periods stay as the guard the costs need.
 
 Each compressor with `auto=True` keeps, per process set, a *slot*:
 
@@ -99,17 +106,28 @@ def _rule(decision, plain, lossy, floors=(), plain_periods=(), lossy_periods=())
     """The agreed mode from the calls' exchange costs of each mode (lists, seconds, the cheapest
     rank's per call), or None to go on probing. floors: the lossy calls' floors (codec time plus
     the transfer's least cost), each a lower bound of that call's cost. *_periods: the calls'
-    periods (start to the next call's start); where both modes have some, lossy needs them to
-    agree, and either measure deciding plain decides plain."""
+    periods (start to the next call's start). Where both modes have some, lossy needs both
+    measures, or while probing _lossy_early; either measure deciding plain decides plain."""
     by_cost = _compare(decision, plain, lossy, floors, steady=True)
     if not plain_periods or not lossy_periods:
         return by_cost
+    if decision is None and _lossy_early(plain, lossy, plain_periods, lossy_periods):
+        return LOSSY
     by_period = _compare(decision, plain_periods, lossy_periods)
     if PLAIN in (by_cost, by_period):
         return PLAIN
     if by_cost == by_period == LOSSY:
         return LOSSY
     return decision  # probing: None, go on; decided: keep it until both agree otherwise
+
+
+def _lossy_early(plain, lossy, plain_periods, lossy_periods):
+    """While probing, lossy on SEPARATE + 1 calls of each or more: every lossy cost below every
+    plain one, and lossy's shortest period HYSTERESIS below plain's shortest (the shortest: one
+    slow period would hold back a rule on all of them)."""
+    if min(len(plain), len(lossy), len(plain_periods), len(lossy_periods)) <= SEPARATE:
+        return False
+    return max(lossy) < min(plain) and min(lossy_periods) < min(plain_periods) * (1 - HYSTERESIS)
 
 
 def _compare(decision, plain, lossy, floors=(), steady=False):
