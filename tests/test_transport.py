@@ -322,6 +322,11 @@ def test_auto_rule_takes_lossy_only_where_the_whole_iteration_is_faster_too():
                       lossy_periods=[9.0] * n) == auto.LOSSY
     assert auto._rule(None, [1.0, 1.1], [2.0, 2.1], plain_periods=[10, 10.2],
                       lossy_periods=[9.0, 9.1]) == auto.PLAIN  # either saying plain decides
+    # decided: lossy is kept until either measure finds plain HYSTERESIS better; plain until both
+    # find lossy better
+    assert auto._rule(auto.LOSSY, [1.0], [0.5], plain_periods=[9.0], lossy_periods=[10.0]) == auto.PLAIN
+    assert auto._rule(auto.PLAIN, [1.0], [0.5], plain_periods=[9.8], lossy_periods=[10.0]) == auto.PLAIN
+    assert auto._rule(auto.PLAIN, [1.0], [0.5], plain_periods=[10.0], lossy_periods=[9.0]) == auto.LOSSY
 
 
 def test_auto_rule_takes_lossy_early_on_three_calls_of_each_by_the_shortest_periods():
@@ -336,18 +341,11 @@ def test_auto_rule_takes_lossy_early_on_three_calls_of_each_by_the_shortest_peri
                       lossy_periods=[13.0, 9.8, 9.7]) is None  # shortest only 3% below
     assert auto._rule(None, plain=[2.0, 2.1], lossy=[1.0, 1.1], plain_periods=[10.0, 10.2],
                       lossy_periods=[13.0, 9.0]) is None  # two calls each: too few
-    assert auto._rule(None, plain=[2.0, 0.9, 1.3], lossy=[1.0, 1.1, 1.05],
+    assert auto._rule(None, plain=[2.0, 0.9, 1.3], lossy=[1.0, 1.1, 1.05],  # costs not apart
                       plain_periods=[10.0, 10.2, 10.1], lossy_periods=[13.0, 9.0, 9.1]) is None
     # not once decided: a decision is checked by the medians
     assert auto._rule(auto.PLAIN, **costs, plain_periods=[10.0, 10.2, 10.1],
                       lossy_periods=[13.0, 9.4, 9.9]) == auto.PLAIN
-
-
-    # decided: lossy is kept until either measure finds plain HYSTERESIS better; plain until both
-    # find lossy better
-    assert auto._rule(auto.LOSSY, [1.0], [0.5], plain_periods=[9.0], lossy_periods=[10.0]) == auto.PLAIN
-    assert auto._rule(auto.PLAIN, [1.0], [0.5], plain_periods=[9.8], lossy_periods=[10.0]) == auto.PLAIN
-    assert auto._rule(auto.PLAIN, [1.0], [0.5], plain_periods=[10.0], lossy_periods=[9.0]) == auto.LOSSY
 
 
 def test_auto_slot_measures_each_calls_period_and_decides_plain_when_lossy_iterations_are_slower():
