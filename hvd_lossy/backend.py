@@ -37,10 +37,11 @@ def yield_when_idle(environ=os.environ):
     Open MPI busy-polls unless it sees more ranks than cores; but every Horovod rank also runs
     Horovod's background thread, which polls inside MPI while the rank's own thread computes, so
     with as many ranks as cores the two share a core, and the polling took 27% of a rank's CPU
-    samples in a profile of a whole DLRM example run (Horovod issue 2804 is the same effect). Yielding measured every mode 1.3-1.5x faster a step on a 2-core machine,
-    plain Horovod alike (benchmarks/RESULTS.md, "MPI's polling"): the setting is Horovod's
-    gain, not the codec's, and plain Horovod gets it from the same variable. MPI implementations
-    other than Open MPI ignore it."""
+    samples in a profile of a whole DLRM example run (Horovod issue 2804 is the same effect).
+    Yielding measured every mode 1.2-1.7x faster a step on a 2-core machine, plain Horovod
+    1.22-1.57x (benchmarks/RESULTS.md, "MPI's polling"): the setting is Horovod's gain, not the
+    codec's, and plain Horovod gets it from the same variable. MPI implementations other than
+    Open MPI ignore it."""
     if environ.get("HVD_LOSSY_MPI_YIELD", "1") != "0":
         environ.setdefault(YIELD_VARIABLE, "1")
     return environ.get(YIELD_VARIABLE)
