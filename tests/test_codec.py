@@ -486,6 +486,60 @@ def test_float32_kernels_told_the_range_match_the_scalar_rule_at_the_narrowed_ed
     assert runs[0][2:] == runs[1][2:] == runs[2][2:]
 
 
+def test_float32_dequantizers_match_the_scalar_rule_where_single_precision_takes_over(tmp_path):
+    """Where a step has few significant bits (a frame's has at most 16), the float32 decoders
+    reconstruct in single precision (kernels_scalar.h f32_exact_codes): q * step and, with
+    dither, one fused multiply-add; elsewhere in double. Their output must be the scalar
+    rule's bit for bit on every kernel path: codes at and one past the largest the single form
+    takes (|q| = 2^(24 - p), and 2^24 without dither), eight-code groups that mix them, steps of
+    1 to 24 significant bits, steps at and past 2^-100 and 2^100, and a step that no float
+    holds."""
+    from tests._hooks import OUT
+
+    script = tmp_path / "dequantize.py"
+    script.write_text(
+        "import sys, random, zlib\n"
+        f"sys.path.insert(0, {str(OUT)!r})\n"
+        "import _hl_test, hvd_lossy\n"
+        "rng = random.Random(11)\n"
+        "zig = lambda q: (q << 1) ^ (q >> 31)\n"
+        "out = [hvd_lossy._C.simd_level()]\n"
+        "checked = 0\n"
+        "steps = []\n"
+        "for p in (1, 2, 8, 15, 16, 17, 23, 24):\n"
+        "    for e in (-100, -99, -40, -7, 0, 5, 76):\n"
+        "        m = rng.randrange(2 ** (p - 1), 2 ** p) | 1 if p > 1 else 1\n"
+        "        steps.append((p, m * 2.0 ** (e - p + 1)))\n"
+        "steps += [(53, 0.1), (1, 2.0 ** -101), (16, 65535 * 2.0 ** -116), (1, 2.0 ** 100),\n"
+        "          (1, 2.0 ** 101), (16, 65535 * 2.0 ** 85)]\n"
+        "for p, step in steps:\n"
+        "    for dither in (False, True):\n"
+        "        top = 2 ** (24 - min(p, 24)) if dither else 2 ** 24\n"
+        "        edge = [top, -top, top - 1, 1 - top, top + 1, -top - 1, 0, 1, -1]\n"
+        "        qs = []\n"
+        "        for g in range(400):\n"
+        "            kind = g % 4  # small codes, edges only, one edge among small, any width\n"
+        "            for _ in range(8):\n"
+        "                if kind == 0: q = rng.randint(-min(top, 255), min(top, 255) - 1)\n"
+        "                elif kind == 1: q = rng.choice(edge)\n"
+        "                elif kind == 2: q = rng.choice(edge) if rng.random() < 0.15 else rng.randint(-3, 3)\n"
+        "                else: q = rng.randint(-2 ** 26, 2 ** 26)\n"
+        "                qs.append(q)\n"
+        "        z = [zig(q) for q in qs]\n"
+        "        for first, seed in ((0, 5), (2 ** 32 - 1601, 2 ** 24 - 1)):\n"
+        "            y, y_ref = _hl_test.dequantized_f32(z, step, dither, first, seed)\n"
+        "            bad = [(q, a.hex(), b.hex()) for q, a, b in zip(qs, y, y_ref) if a.hex() != b.hex()]\n"
+        "            assert not bad, (p, step, dither, first, bad[:4])\n"
+        "            checked += len(y)\n"
+        "            out.append(zlib.crc32(' '.join(v.hex() for v in y).encode()))\n"
+        "print(repr([checked] + out))\n")
+
+    runs = on_every_kernel_path(script)
+    assert runs[0][0] == (8 * 7 + 6) * 2 * 2 * 3200
+    assert runs[2][1] == 0 and runs[1][1] <= 1 and runs[0][1] >= runs[1][1]
+    assert runs[0][2:] == runs[1][2:] == runs[2][2:]
+
+
 def test_decompress_into_a_given_tensor_reuses_it():
     x = torch.randn(64, 8)
     frame = hvd_lossy.compress(x, 0.01)

@@ -8,7 +8,7 @@
 #include "kernels_scalar.h"
 #include "quantize_f32_fast.h"
 
-#define HL_AVX2_LAMBDA __attribute__((target("avx2"), always_inline))
+#define HL_AVX2_LAMBDA __attribute__((target("avx2,fma"), always_inline))
 
 namespace hl {
 namespace cpu {
@@ -302,15 +302,30 @@ HL_AVX2 void quantize_f32_avx2(const float* xs, const uint64_t* idx,
   quantize_f32_avx2_rows<false>(xs, idx, rows, d, qp, codes, row_outlier, hashes, nullptr, nullptr);
 }
 
+namespace {
+HL_AVX2 inline __m256i unzigzag8(__m256i c) {
+  return _mm256_xor_si256(_mm256_srli_epi32(c, 1),
+                          _mm256_sub_epi32(_mm256_setzero_si256(),
+                                           _mm256_and_si256(c, _mm256_set1_epi32(1))));
+}
+}  // namespace
+
+// Eight lanes of single precision where f32_exact_codes allows (kernels_scalar.h): one
+// conversion and one multiply, where the double form takes four conversions and two.
 HL_AVX2 void dequantize_f32_avx2(const uint32_t* z, uint64_t n, double step,
                                  float* out) {
   const __m256d st = _mm256_set1_pd(step);
-  const __m256i one = _mm256_set1_epi32(1);
+  const uint32_t fits = f32_exact_codes(step, false);
+  const __m256i wide = _mm256_set1_epi32((int)~fits);
+  const __m256 stf = _mm256_set1_ps((float)step);
   uint64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + i));
-    __m256i q = _mm256_xor_si256(_mm256_srli_epi32(c, 1),
-                                 _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(c, one)));
+    __m256i q = unzigzag8(c);
+    if (fits && _mm256_testz_si256(c, wide)) {
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(q), stf));
+      continue;
+    }
     __m128 a = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(q)), st));
     __m128 b = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(q, 1)), st));
     _mm256_storeu_ps(out + i, _mm256_set_m128(b, a));
@@ -322,14 +337,11 @@ HL_AVX2 void dequantize_dithered_f32_avx2(const uint32_t* z, uint64_t n,
                                           double step, uint32_t seed,
                                           uint64_t first, float* out) {
   const __m256d st = _mm256_set1_pd(step);
-  const __m256i one = _mm256_set1_epi32(1);
   uint64_t i = 0;
   __m256d u0, u1;
   DitherInner di{seed};
   auto group = [&](uint64_t k) HL_AVX2_LAMBDA {
-    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + k));
-    __m256i q = _mm256_xor_si256(_mm256_srli_epi32(c, 1),
-                                 _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(c, one)));
+    __m256i q = unzigzag8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + k)));
     __m128 a = _mm256_cvtpd_ps(
         _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(q)), st), u0));
     __m128 b = _mm256_cvtpd_ps(
@@ -345,12 +357,22 @@ HL_AVX2 void dequantize_dithered_f32_avx2(const uint32_t* z, uint64_t n,
     const __m256i inner = _mm256_set1_epi32((int)di.of(first)), eight = _mm256_set1_epi32(8),
                   odd = _mm256_set1_epi32((1 << 24) - 1);
     const __m256d st25 = _mm256_set1_pd(step * 0x1p-25);
+    // the single-precision form (f32_exact_codes) for groups of codes it allows
+    const uint32_t fits = f32_exact_codes(step, true);
+    const __m256i wide = _mm256_set1_epi32((int)~fits);
+    const __m256 stf = _mm256_set1_ps((float)step), st25f = _mm256_set1_ps((float)(step * 0x1p-25));
     __m256i lo = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)first),
                                   _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     for (; i + 8 <= n; i += 8) {
       const __m256i a =
           _mm256_sub_epi32(_mm256_slli_epi32(dither_mix8(_mm256_xor_si256(lo, inner)), 1), odd);
       lo = _mm256_add_epi32(lo, eight);
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + i));
+      if (fits && _mm256_testz_si256(c, wide)) {
+        const __m256 qs = _mm256_mul_ps(_mm256_cvtepi32_ps(unzigzag8(c)), stf);
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), st25f, qs));
+        continue;
+      }
       u0 = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(a)), st25);
       u1 = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(a, 1)), st25);
       group(i);

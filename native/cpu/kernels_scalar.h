@@ -155,6 +155,22 @@ HL_INLINE void dequantize_impl(const uint32_t* z, uint64_t n, double step, void*
   for (uint64_t i = 0; i < n; ++i) out[i] = reconstruct<DT>(unzigzag(z[i]), step);
 }
 
+// Where float32's reconstruct (codec_common.h: float((double)q * step + u)) can be formed in
+// single precision with the same bits: returns the bits a zigzag code may have (any other set
+// sends it to the double form), 0 when step allows none. For step a float of p significant bits
+// in [2^-100, 2^100] (a frame's step has at most 16: frame.h's bound code), q * step is exact
+// in float while |q| <= 2^(24 - p) and rounds once, as the double form does, while |q| <= 2^24;
+// a dither offset u is k * step * 2^-25 with k odd and |k| < 2^24 (dither_unit), so
+// q * step + u is exact in double (at most 50 bits) and its rounding to float is the one
+// rounding of fma(k, step * 2^-25, q * step) in single precision. No subnormal arises.
+HL_INLINE uint32_t f32_exact_codes(double step, bool dithered) {
+  if (!(step >= 0x1p-100 && step <= 0x1p100)) return 0;
+  const float f = (float)step;
+  if ((double)f != step) return 0;
+  const int p = dithered ? 24 - __builtin_ctz((f32_bits(f) & 0x7fffffu) | 0x800000u) : 0;
+  return (1u << (25 - p)) - 1;  // zigzag codes below 2^(25 - p): -2^(24 - p) <= q < 2^(24 - p)
+}
+
 // The high half of the element index enters the dither hash through one mix32 that is the same
 // for 2^32 elements in a row: computed again only when that half changes.
 struct DitherInner {

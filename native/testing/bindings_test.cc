@@ -235,6 +235,24 @@ py::tuple quantized_f32(const std::vector<float>& x, double eb_abs, bool dither,
   return py::make_tuple(z, z_ref, y, y_ref);
 }
 
+// Zigzag codes through the float32 dequantizers (any step, dithered or not) and through the
+// scalar rule (reconstruct): (decoded, reference decoded).
+py::tuple dequantized_f32(const std::vector<uint32_t>& z, double step, bool dither, uint64_t first,
+                          uint32_t seed) {
+  const uint64_t n = z.size();
+  std::vector<float> y(n), y_ref(n);
+  if (dither)
+    hl::cpu::dequantize_dithered(HL_FLOAT32, z.data(), n, step, seed, first, y.data());
+  else
+    hl::cpu::dequantize(HL_FLOAT32, z.data(), n, step, y.data());
+  for (uint64_t i = 0; i < n; ++i) {
+    const double u = dither ? hl::dither_unit(seed, first + i) * step : 0.0;
+    const uint32_t bits = hl::reconstruct<HL_FLOAT32>(hl::unzigzag(z[i]), step, u);
+    memcpy(&y_ref[i], &bits, 4);
+  }
+  return py::make_tuple(y, y_ref);
+}
+
 // The CUDA encoder's batch emulated on the host (batch_ref.h) over compress_into's pieces
 // (level 1): (layout bytes, sizes a piece, bytes a group), gaps 0xab.
 py::tuple compress_into_batched_hd(const std::string& raw, int dtype,
@@ -374,6 +392,10 @@ PYBIND11_MODULE(_hl_test, m) {
         "(kernel codes, reference codes, kernel decode, reference decode) of dithered float32 "
         "elements first, first + 1, ... (codes: zigzag or the outlier mark; decode of the "
         "reference codes, outliers as 0).");
+  m.def("dequantized_f32", &dequantized_f32, py::arg("codes"), py::arg("step"),
+        py::arg("dither") = false, py::arg("first") = 0, py::arg("seed") = 0,
+        "(kernel decode, reference decode) of zigzag codes at any step, dithered from element "
+        "index first with seed when dither.");
   m.def("segment_payload_hd", &segment_payload_hd, py::arg("map"), py::arg("codes"),
         py::arg("outliers"), py::arg("dtype"), py::arg("lossy_level1"),
         "(payload bytes, Level1Packing, code section bytes) of a segment from its row map "
