@@ -124,6 +124,23 @@ def test_nan_inf_rows_held_rows_turning_nan_and_lying_ids_stay_within_the_bound(
         assert_same_state(enc, dec)
 
 
+def test_a_held_row_with_inf_or_nan_predicts_nothing_and_the_others_still_predict():
+    g = torch.Generator().manual_seed(4)
+    rows, dim = 64, 8
+    ids = torch.arange(rows)
+    x = torch.randn(rows, dim, generator=g)
+    held = x.clone()
+    held[5, 2], held[6, 1], held[7, 0] = float("inf"), float("-inf"), float("nan")
+    enc, dec = reuse.ReuseEncoder(0.03, capacity=1 << 16), reuse.ReuseDecoder(capacity=1 << 16)
+    first, predicted = enc.encode(held, ids, [rows])
+    dec.decode(first, ids, predicted)
+    again, predicted = enc.encode(x, ids, [rows])  # the three rows finite again
+    # Predicting from Inf or NaN would decode NaN there and send the whole frame fresh.
+    assert predicted and enc.last["fresh"] >= 3 and enc.last["references"] >= rows - 3 - 2
+    assert_within(x, dec.decode(again, ids, predicted), [rows], 0.03)
+    assert_same_state(enc, dec)
+
+
 def test_held_rows_within_the_bound_cost_nearly_nothing_and_drifted_rows_less_than_fresh():
     g = torch.Generator().manual_seed(2)
     rows, dim = 1024, 16

@@ -55,41 +55,54 @@ void reconstruct_row(const raw_of<DT>* p, const raw_of<DT>* r_hat, uint64_t d, r
 #define HL_REUSE_CLONES
 #endif
 
-// Whether every element of X^ is within eb of X (NaN and Inf never are), and whether X^ equals
-// the held row P in value. Whole rows without branches, in double as the bound is checked
-// everywhere, so that the loop vectorizes (a miss is rare). to_double: an element's value.
-template <typename T, typename ToDouble>
+// What check_row finds of a predicted row's X^.
+struct RowCheck {
+  bool within = false, same = false, same_bits = false;
+};
+
+// Whether every element of X^ is within eb of X (NaN and Inf never are), whether X^ equals
+// the held row P in value, and whether in bits (then its record needs no store). Whole rows
+// without branches, in double as the bound is checked everywhere, so that the loop vectorizes
+// (a miss is rare). to_double: an element's value; bits: its raw bits.
+template <typename T, typename ToDouble, typename Bits>
 inline __attribute__((always_inline)) void check_row_of(const T* x, const T* xh, const T* p,
-                                                        uint64_t d, double eb, bool* within,
-                                                        bool* same, ToDouble to_double) {
-  uint32_t miss = 0, differ = 0;
+                                                        uint64_t d, double eb, RowCheck* out,
+                                                        ToDouble to_double, Bits bits) {
+  uint32_t miss = 0, differ = 0, differ_bits = 0;
   for (uint64_t i = 0; i < d; ++i) {
     const double v = to_double(x[i]), back = to_double(xh[i]);
     miss |= !(fabs(back - v) <= eb);
     differ |= back != to_double(p[i]);
+    differ_bits |= bits(xh[i]) ^ bits(p[i]);
   }
-  *within = !miss;
-  *same = !differ;
+  out->within = !miss;
+  out->same = !differ;
+  out->same_bits = !differ_bits;
 }
 
 template <int DT>
-void check_row(const raw_of<DT>* x, const raw_of<DT>* xh, const raw_of<DT>* p, uint64_t d,
-               double eb, bool* within, bool* same) {
-  check_row_of(x, xh, p, d, eb, within, same,
-               [](raw_of<DT> e) { return Elem<DT>::to_double(e); });
+RowCheck check_row(const raw_of<DT>* x, const raw_of<DT>* xh, const raw_of<DT>* p, uint64_t d,
+                   double eb) {
+  RowCheck c;
+  check_row_of(x, xh, p, d, eb, &c, [](raw_of<DT> e) { return Elem<DT>::to_double(e); },
+               [](raw_of<DT> e) { return (uint32_t)e; });
+  return c;
 }
 
 // float32, the common case, with AVX2 where the CPU has it (4 doubles a step).
 HL_REUSE_CLONES void check_row_f32(const float* x, const float* xh, const float* p, uint64_t d,
-                                   double eb, bool* within, bool* same) {
-  check_row_of(x, xh, p, d, eb, within, same, [](float e) { return (double)e; });
+                                   double eb, RowCheck* c) {
+  check_row_of(x, xh, p, d, eb, c, [](float e) { return (double)e; },
+               [](float e) { return f32_bits(e); });
 }
 
 template <>
-void check_row<HL_FLOAT32>(const uint32_t* x, const uint32_t* xh, const uint32_t* p, uint64_t d,
-                           double eb, bool* within, bool* same) {
+RowCheck check_row<HL_FLOAT32>(const uint32_t* x, const uint32_t* xh, const uint32_t* p,
+                               uint64_t d, double eb) {
+  RowCheck c;
   check_row_f32(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(xh),
-                reinterpret_cast<const float*>(p), d, eb, within, same);
+                reinterpret_cast<const float*>(p), d, eb, &c);
+  return c;
 }
 
 // Slots are random reads (or writes) into caches far larger than the CPU's caches: every
@@ -132,20 +145,37 @@ void prefetch_slot(const Cache& c, uint64_t s, bool write) {
 // The held row of `id` (in slot s) in cache c with its largest magnitude in *amax, or null when
 // c holds none for it or the held row has a NaN or Inf (X - Inf and Inf + R^ would lose X, so
 // such a row predicts nothing).
+// The largest magnitude's bits of d elements (sign bits cleared, `abs` the mask): of finite
+// elements the bits order as the magnitudes do, and NaN and Inf have the largest, so one
+// integer max, which vectorizes, finds both the magnitude and whether every element is finite.
+template <typename T>
+inline __attribute__((always_inline)) T max_abs_bits_of(const T* row, uint64_t d, T abs) {
+  T m = 0;
+  for (uint64_t i = 0; i < d; ++i) {
+    const T a = row[i] & abs;
+    m = a > m ? a : m;
+  }
+  return m;
+}
+HL_REUSE_CLONES uint32_t max_abs_bits_f32(const uint32_t* row, uint64_t d) {
+  return max_abs_bits_of<uint32_t>(row, d, 0x7fffffffu);
+}
+HL_REUSE_CLONES uint16_t max_abs_bits_16(const uint16_t* row, uint64_t d) {
+  return max_abs_bits_of<uint16_t>(row, d, 0x7fff);
+}
+
 template <int DT>
 const raw_of<DT>* held_row(const Cache& c, int64_t id, uint64_t s, uint64_t d, float* amax) {
   const uint8_t* rec = record_of(c, s);
   if (!rec[8] || tag_of(rec) != id) return nullptr;
   const raw_of<DT>* row = reinterpret_cast<const raw_of<DT>*>(rec + kRecordHead);
-  bool finite = true;  // without branches, so that the loop vectorizes
-  float m = 0;
-  for (uint64_t i = 0; i < d; ++i) {
-    const float a = fabsf(as_float<DT>(row[i]));
-    finite &= a <= FLT_MAX;  // NaN fails too
-    m = a > m ? a : m;
-  }
-  if (!finite) return nullptr;
-  *amax = m;
+  raw_of<DT> m;
+  if constexpr (DT == HL_FLOAT32) m = max_abs_bits_f32(row, d);
+  else m = max_abs_bits_16(row, d);
+  // the bits of +Inf, the least a NaN or Inf can have
+  const raw_of<DT> inf = DT == HL_FLOAT32 ? 0x7f800000u : DT == HL_FLOAT16 ? 0x7c00 : 0x7f80;
+  if (m >= inf) return nullptr;
+  *amax = as_float<DT>(m);
   return row;
 }
 
@@ -289,13 +319,11 @@ bool sweep_piece(const raw_of<DT>* x, uint64_t d, const Piece& p, size_t k, bool
         continue;
       }
       reconstruct_row<DT>(h, rh + r * d, d, xh);
-      const raw_of<DT>* xr = x + row * d;
-      bool within, same;
-      check_row<DT>(xr, xh, h, d, eb, &within, &same);
-      if (!within) return false;
+      const RowCheck c = check_row<DT>(x + row * d, xh, h, d, eb);
+      if (!c.within) return false;
       ++predicted_rows;
-      refs += same;
-      hit[row] = memcmp(xh, h, d * sizeof(raw_of<DT>)) == 0 ? kHitHeld : kHitResidual;
+      refs += c.same;
+      hit[row] = c.same_bits ? kHitHeld : kHitResidual;
     }
   }
   out->references[k] = refs;
