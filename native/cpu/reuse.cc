@@ -42,11 +42,16 @@ float as_float(raw_of<DT> r) {
 }
 
 // X^ = P + R^ of one row, in float and rounded to the dtype: the one function the sender and
-// the receiver both use, so X^ is the same bits on both ends.
+// the receiver both use, so X^ is the same bits on both ends. Returns whether X^ is P's bits
+// (then its record needs no store). out may be r_hat.
 template <int DT>
-void reconstruct_row(const raw_of<DT>* p, const raw_of<DT>* r_hat, uint64_t d, raw_of<DT>* out) {
-  for (uint64_t i = 0; i < d; ++i)
+bool reconstruct_row(const raw_of<DT>* p, const raw_of<DT>* r_hat, uint64_t d, raw_of<DT>* out) {
+  raw_of<DT> differ = 0;
+  for (uint64_t i = 0; i < d; ++i) {
     out[i] = Elem<DT>::from_float(as_float<DT>(p[i]) + as_float<DT>(r_hat[i]));
+    differ |= out[i] ^ p[i];
+  }
+  return differ == 0;
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
@@ -57,43 +62,38 @@ void reconstruct_row(const raw_of<DT>* p, const raw_of<DT>* r_hat, uint64_t d, r
 
 // What check_row finds of a predicted row's X^.
 struct RowCheck {
-  bool within = false, same = false, same_bits = false;
+  bool within = false, same = false;
 };
 
-// Whether every element of X^ is within eb of X (NaN and Inf never are), whether X^ equals
-// the held row P in value, and whether in bits (then its record needs no store). Whole rows
-// without branches, in double as the bound is checked everywhere, so that the loop vectorizes
-// (a miss is rare). to_double: an element's value; bits: its raw bits.
-template <typename T, typename ToDouble, typename Bits>
+// Whether every element of X^ is within eb of X (NaN and Inf never are), and whether X^ equals
+// the held row P in value. Whole rows without branches, in double as the bound is checked
+// everywhere, so that the loop vectorizes (a miss is rare). to_double: an element's value.
+template <typename T, typename ToDouble>
 inline __attribute__((always_inline)) void check_row_of(const T* x, const T* xh, const T* p,
                                                         uint64_t d, double eb, RowCheck* out,
-                                                        ToDouble to_double, Bits bits) {
-  uint32_t miss = 0, differ = 0, differ_bits = 0;
+                                                        ToDouble to_double) {
+  uint32_t miss = 0, differ = 0;
   for (uint64_t i = 0; i < d; ++i) {
     const double v = to_double(x[i]), back = to_double(xh[i]);
     miss |= !(fabs(back - v) <= eb);
     differ |= back != to_double(p[i]);
-    differ_bits |= bits(xh[i]) ^ bits(p[i]);
   }
   out->within = !miss;
   out->same = !differ;
-  out->same_bits = !differ_bits;
 }
 
 template <int DT>
 RowCheck check_row(const raw_of<DT>* x, const raw_of<DT>* xh, const raw_of<DT>* p, uint64_t d,
                    double eb) {
   RowCheck c;
-  check_row_of(x, xh, p, d, eb, &c, [](raw_of<DT> e) { return Elem<DT>::to_double(e); },
-               [](raw_of<DT> e) { return (uint32_t)e; });
+  check_row_of(x, xh, p, d, eb, &c, [](raw_of<DT> e) { return Elem<DT>::to_double(e); });
   return c;
 }
 
 // float32, the common case, with AVX2 where the CPU has it (4 doubles a step).
 HL_REUSE_CLONES void check_row_f32(const float* x, const float* xh, const float* p, uint64_t d,
                                    double eb, RowCheck* c) {
-  check_row_of(x, xh, p, d, eb, c, [](float e) { return (double)e; },
-               [](float e) { return f32_bits(e); });
+  check_row_of(x, xh, p, d, eb, c, [](float e) { return (double)e; });
 }
 
 template <>
@@ -318,12 +318,12 @@ bool sweep_piece(const raw_of<DT>* x, uint64_t d, const Piece& p, size_t k, bool
         memcpy(xh, rh + r * d, d * sizeof(raw_of<DT>));
         continue;
       }
-      reconstruct_row<DT>(h, rh + r * d, d, xh);
+      const bool as_held = reconstruct_row<DT>(h, rh + r * d, d, xh);
       const RowCheck c = check_row<DT>(x + row * d, xh, h, d, eb);
       if (!c.within) return false;
       ++predicted_rows;
       refs += c.same;
-      hit[row] = c.same_bits ? kHitHeld : kHitResidual;
+      hit[row] = as_held ? kHitHeld : kHitResidual;
     }
   }
   out->references[k] = refs;
@@ -419,9 +419,7 @@ void apply_dt(void* rowsv, const int64_t* ids, uint64_t d, const std::vector<Pie
         for (uint64_t r = 0; r < p.rows; ++r)
           if (held[r]) {
             raw_of<DT>* row = rows + (p.start + r) * d;
-            reconstruct_row<DT>(held[r], row, d, row);
-            hit[p.start + r] =
-                memcmp(row, held[r], d * sizeof(raw_of<DT>)) == 0 ? kHitHeld : kHitResidual;
+            hit[p.start + r] = reconstruct_row<DT>(held[r], row, d, row) ? kHitHeld : kHitResidual;
           }
       }
       store_piece<DT>(rows, ids, d, p, c, hit.data(), &slots, &seen);
