@@ -25,9 +25,9 @@ Stages (each logged, each result written to <out>/gpu_check.json as soon as it i
                            all-to-all in one compress_chunks call
              at levels 1 and 2, each checked byte for byte against the CPU codec, beside a
              device-to-device copy of the same bytes (the memory-bandwidth yardstick).
-  v2         (benchmarks/gpu_check_v2.py) frames of many segments of the device against the
+  segments   (benchmarks/gpu_check_segments.py) frames of many segments of the device against the
              CPU's, cross decoding, the device CRC32C's speed, and corrupt or oversized frames
-             refused before any device memory is allocated (skip with --skip-v2).
+             refused before any device memory is allocated (skip with --skip-segments).
   profile    (--profile) GPU time per kernel of a few synthetic calls, into <out>/profile.txt.
   sanitize   (--sanitize) the selftest under compute-sanitizer memcheck.
 <out> is $OUT when set (the lease's output folder), else benchmarks/out. The last lines printed
@@ -56,7 +56,7 @@ def parse_args(argv):
     p.add_argument("--archs", default="90", help="CUDA architectures (default 90, the H200)")
     p.add_argument("--skip-tests", action="store_true")
     p.add_argument("--skip-bench", action="store_true")
-    p.add_argument("--skip-v2", action="store_true", help="skip the segments and decode-limit stage")
+    p.add_argument("--skip-segments", action="store_true", help="skip the segments and decode-limit stage")
     p.add_argument("--quick", action="store_true", help="small workloads and few repeats (a dry run)")
     p.add_argument("--synthetic-mb", type=int, default=64)
     p.add_argument("--error-bound", type=float, default=0.03, help="relative bound (default 0.03)")
@@ -314,13 +314,13 @@ def frame_stage(args, report):
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        report.stage("v2", ok=False, error="torch sees no CUDA device")
+        report.stage("segments", ok=False, error="torch sees no CUDA device")
         return False
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "benchmarks"))
-    import gpu_check_v2
+    import gpu_check_segments
 
-    return gpu_check_v2.run(args, report, workloads(args), timed)
+    return gpu_check_segments.run(args, report, workloads(args), timed)
 
 
 def profile(args, report):
@@ -366,16 +366,16 @@ def print_table(report):
     stages = report.data["stages"]
     print()
     for name, s in stages.items():
-        if name not in ("benchmark", "v2"):
+        if name not in ("benchmark", "segments"):
             print(f"{name:10} {'ok' if s.get('ok') else 'FAILED'} {s.get('summary', '')} "
                   f"{s.get('error', '')} ({s.get('seconds', '-')} s)")
-    if "runs" in stages.get("v2", {}):
+    if "runs" in stages.get("segments", {}):
         sys.path.insert(0, str(REPO / "benchmarks"))
-        import gpu_check_v2
+        import gpu_check_segments
 
-        gpu_check_v2.print_table(stages["v2"])
-    elif "v2" in stages:
-        print(f"v2         FAILED {stages['v2'].get('error', '')}")
+        gpu_check_segments.print_table(stages["segments"])
+    elif "segments" in stages:
+        print(f"segments   FAILED {stages['segments'].get('error', '')}")
     b = stages.get("benchmark")
     if not b:
         print(f"results: {report.path}")
@@ -416,11 +416,11 @@ def main(argv=None):
         except Exception as e:
             report.stage("benchmark", ok=False, error=f"{type(e).__name__}: {e}")
             ok = False
-    if built and not args.skip_v2:
+    if built and not args.skip_segments:
         try:
             ok &= frame_stage(args, report)
         except Exception as e:
-            report.stage("v2", ok=False, error=f"{type(e).__name__}: {e}")
+            report.stage("segments", ok=False, error=f"{type(e).__name__}: {e}")
             ok = False
     if built and args.device == "cuda" and args.profile:
         try:

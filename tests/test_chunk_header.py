@@ -1,5 +1,5 @@
 """One header a chunk (hvd_lossy/chunk_header.py): the collectives' protocol fields travel in the
-v2 frame's extension (HL_FRAME_EXT), under the frame's CRC32C; a chunk is one frame. Golden chunks
+frame's extension (HL_FRAME_EXT), under the frame's CRC32C; a chunk is one frame. Golden chunks
 pin the bytes."""
 import pathlib
 import sys
@@ -139,7 +139,7 @@ def test_every_corrupted_byte_or_truncation_of_a_chunk_is_caught():
 
 
 def test_chunks_that_are_not_the_protocols_are_a_receive_failure():
-    plain = golden("f32_rel003_level2_3seg")  # a v2 frame without the extension
+    plain = golden("f32_rel003_level2_3seg")  # a frame without the extension
     with pytest.raises(P._LocalError, match="without the protocol's extension") as e:
         C.parse_chunks(plain, [plain.numel()])
     assert e.value.code == 10

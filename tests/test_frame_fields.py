@@ -1,6 +1,6 @@
 """The frame's byte functions the CPU and CUDA codecs share (native/frame_fields.h), run here
 through the CPU build: the piecewise CRC32C the CUDA decoder computes, and the varint and
-descriptor rules the v2 parser and writer take from the same header."""
+descriptor rules the frame parser and writer take from the same header."""
 import random
 import struct
 
@@ -60,8 +60,8 @@ def test_piecewise_crc32c_detects_every_single_bit_flip():
             assert crc32c_in_pieces(bytes(bad), 1024) != good
 
 
-def _v2_frame_with_rows_varint(rows_varint):
-    """A one-segment lossless f32 1-d v2 frame whose segment-rows field is the given bytes."""
+def _frame_with_rows_varint(rows_varint):
+    """A one-segment lossless f32 1-d frame whose segment-rows field is the given bytes."""
     body = bytes([0 | (1 << 2)]) + b"\x01" + bytes([0x02]) + rows_varint + b"\x01" + b"\x00"
     total = 7 + 1 + len(body)
     assert total < 0x80  # a one-byte total
@@ -73,9 +73,9 @@ def _v2_frame_with_rows_varint(rows_varint):
     (b"\x81\x00", "overlong varint in its segment rows"),
     (b"\xff" * 9 + b"\x02", "segment rows overflows 64 bits"),
 ])
-def test_v2_varints_are_read_by_the_shared_rules_and_faults_name_the_field(varint, match):
+def test_varints_are_read_by_the_shared_rules_and_faults_name_the_field(varint, match):
     with pytest.raises(FrameError, match=match):
-        hvd_lossy.frame_info(_v2_frame_with_rows_varint(varint))
+        hvd_lossy.frame_info(_frame_with_rows_varint(varint))
 
 
 def _level2_frame_with_escape_count(count_varint):
@@ -94,7 +94,7 @@ def test_the_entropy_coded_sections_read_varints_by_the_same_strict_rule():
         hvd_lossy.decompress(_level2_frame_with_escape_count(b"\x80\x00"))
 
 
-def test_v2_descriptor_bytes_written_are_those_the_frame_info_counts():
+def test_descriptor_bytes_written_are_those_the_frame_info_counts():
     # segment_bytes (descriptor and payload) as frame_info reports them add up to the frame.
     x = torch.randn(96, 16)
     x[40:50] = x[3]

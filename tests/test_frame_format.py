@@ -62,7 +62,7 @@ def test_golden_frame_decodes_every_segment_within_its_bound(name):
     assert_within_segment_bounds(x, y, info, rows)
 
 
-def test_v2_header_is_magic_version_crc32c_then_varints():
+def test_the_header_is_magic_version_crc32c_then_varints():
     frame = golden("f32_rel003_level2_3seg").numpy().tobytes()
     assert frame[:3] == b"HV\x02"
     (crc,) = struct.unpack_from("<I", frame, 3)
@@ -148,7 +148,7 @@ def test_every_corrupted_byte_or_truncation_raises_frame_error():
 
 
 def _sealed(body):
-    """A v2 frame around `body` (everything after total_bytes), with a correct CRC."""
+    """A frame around `body` (everything after total_bytes), with a correct CRC."""
     for total_len in range(1, 11):
         total = 7 + total_len + len(body)
         if len(varint(total)) == total_len:
@@ -174,7 +174,7 @@ def test_a_sealed_frame_with_a_bad_field_names_it():
         hvd_lossy.frame_info(torch.frombuffer(bytearray(_sealed(body)), dtype=torch.uint8))
 
 
-def test_one_v2_frame_a_group_and_no_frame_for_an_empty_group():
+def test_one_frame_a_group_and_no_frame_for_an_empty_group():
     x = lookups(rows=96, dim=32)
     rows, groups, prefix = [30, 10, 56], [2, 0, 1], 5
     out = torch.zeros(hvd_lossy.max_grouped_bytes(rows, [32], groups, prefix),
@@ -204,10 +204,10 @@ def test_sources_of_several_back_to_back_frames_decode_into_one_output():
     assert torch.equal(out[50:], hvd_lossy.decompress(c))
 
 
-def test_v2_source_with_rows_other_than_announced_is_a_mismatch():
+def test_a_source_with_rows_other_than_announced_is_a_mismatch():
     x = lookups(rows=96, dim=32)
-    v2, _ = hvd_lossy.compress_chunks(x, [40, 56], 0.03)
-    errors = hvd_lossy.decompress_into(v2, [(0, v2.numel(), 95)], torch.empty(95, 32))
+    frame, _ = hvd_lossy.compress_chunks(x, [40, 56], 0.03)
+    errors = hvd_lossy.decompress_into(frame, [(0, frame.numel(), 95)], torch.empty(95, 32))
     assert errors[0] is not None and errors[0].mismatch
 
 

@@ -252,7 +252,7 @@ BOUND_HALF = bytes([0x00, 0x00, 0x3F])  # the 24-bit bound 0.5 (float32 0x3f0000
 
 
 def sealed_frame(code, rows=4, dim=8, flags=0x00):
-    """A v2 f32 frame of one lossy level-1 segment (abs bound 0.5) of rows x dim codes whose
+    """An f32 frame of one lossy level-1 segment (abs bound 0.5) of rows x dim codes whose
     code section is `code`, with its CRC32C."""
     body = bytes([0 | (2 << 2)]) + varint(dim) + varint(1) + bytes([flags]) + varint(rows) \
         + BOUND_HALF + varint(len(code)) + code

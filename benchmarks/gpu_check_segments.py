@@ -13,7 +13,7 @@ Radix sections (frame.h "Radix section", level 1): frames with radix-packed segm
 with a row map, K = 5 and 295, outliers, a 175-code segment whose last value pads) decoded on
 --device bit-exact against the CPU, and sealed frames with a value >= K^g, a nonzero padding
 digit or K = 16 that must raise FrameError there.
-The encoder part: the CUDA v2 encoder's frames against the CPU's, byte for byte, on inputs chosen
+The encoder part: the CUDA encoder's frames against the CPU's, byte for byte, on inputs chosen
 for each of its paths (shapes from 0-d to 3-d, the three dtypes, abs and rel bounds, pieces of 0
 rows, duplicate-heavy rows with a map, outliers with NaN/Inf, lossless segments, radix- and
 short-block-friendly codes, codes too wide for short blocks), the all-to-all's grouped layout
@@ -125,7 +125,7 @@ def _block_packed(values):
 
 
 def _sealed_radix(torch, _C, k, g, values):
-    """A v2 f32 frame of one 4 x 8 lossy level-1 segment (abs bound 0.5) whose code section is
+    """An f32 frame of one 4 x 8 lossy level-1 segment (abs bound 0.5) whose code section is
     the radix section of K = k, groups of g, these values."""
     code = b"\xff" + _varint(k) + _varint(g) + _block_packed(values)
     body = bytes([2 << 2, 8, 1, 0, 4, 0x00, 0x00, 0x3F]) + _varint(len(code)) + code
@@ -299,7 +299,7 @@ def run(args, report, data, timed):
     rad_ok, rad = radix(torch, hvd_lossy, _C, args.device)
     enc_ok, enc = encoder(torch, hvd_lossy, _C, args.device, timed, args)
     ok &= lim_ok and rad_ok and enc_ok
-    report.stage("v2", ok=ok, device=args.device, limits=lim, radix=rad, encoder=enc, runs=runs)
+    report.stage("segments", ok=ok, device=args.device, limits=lim, radix=rad, encoder=enc, runs=runs)
     for name, x, rows in data:
         for level in args.levels:
             try:
@@ -308,13 +308,13 @@ def run(args, report, data, timed):
                 r = {"workload": name, "level": level, "ok": False, "error": f"{type(e).__name__}: {e}"}
             ok &= r["ok"]
             runs.append(r)
-            report.stage("v2", ok=ok, device=args.device, limits=lim, radix=rad, encoder=enc,
+            report.stage("segments", ok=ok, device=args.device, limits=lim, radix=rad, encoder=enc,
                          runs=runs)
     return ok
 
 
 def print_table(stage):
-    print(f"v2 stage: {'ok' if stage.get('ok') else 'FAILED'}")
+    print(f"segments stage: {'ok' if stage.get('ok') else 'FAILED'}")
     for lim in stage.get("limits", []):
         print(f"  {lim['frame']:32} {lim['call']:17} {'ok' if lim['ok'] else 'FAILED'} "
               f"{lim['error']} {lim['memory_growth'] or ''}")
