@@ -78,8 +78,8 @@ HL_AVX512 inline bool dither16(DitherInner& di, uint64_t first, __m512d step, __
 }
 
 // Where single precision gives the double form's bits (f32_exact_codes, kernels_scalar.h), the
-// AVX2 kernels' single-precision lanes do a third of the conversions these double lanes do
-// (not timed on an AVX-512 machine: none was at hand).
+// AVX2 kernels' single-precision lanes convert each code once, where these lanes convert it to
+// double and back (not timed on an AVX-512 machine: none was at hand).
 HL_AVX512 void dequantize_f32_avx512(const uint32_t* z, uint64_t n, double step, float* out) {
   if (f32_exact_codes(step, false)) return dequantize_f32_avx2(z, n, step, out);
   const __m512d st = _mm512_set1_pd(step);

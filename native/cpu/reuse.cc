@@ -2,7 +2,6 @@
 // dequantize with the codec's kernels, reconstruct and check every element.
 #include "reuse.h"
 
-#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -142,9 +141,6 @@ void prefetch_slot(const Cache& c, uint64_t s, bool write) {
     __builtin_prefetch(rec + n - 1);
 }
 
-// The held row of `id` (in slot s) in cache c with its largest magnitude in *amax, or null when
-// c holds none for it or the held row has a NaN or Inf (X - Inf and Inf + R^ would lose X, so
-// such a row predicts nothing).
 // The largest magnitude's bits of d elements (sign bits cleared, `abs` the mask): of finite
 // elements the bits order as the magnitudes do, and NaN and Inf have the largest, so one
 // integer max, which vectorizes, finds both the magnitude and whether every element is finite.
@@ -164,6 +160,9 @@ HL_REUSE_CLONES uint16_t max_abs_bits_16(const uint16_t* row, uint64_t d) {
   return max_abs_bits_of<uint16_t>(row, d, 0x7fff);
 }
 
+// The held row of `id` (in slot s) in cache c with its largest magnitude in *amax, or null when
+// c holds none for it or the held row has a NaN or Inf (X - Inf and Inf + R^ would lose X, so
+// such a row predicts nothing).
 template <int DT>
 const raw_of<DT>* held_row(const Cache& c, int64_t id, uint64_t s, uint64_t d, float* amax) {
   const uint8_t* rec = record_of(c, s);
