@@ -59,49 +59,41 @@ bool reconstruct_row(const raw_of<DT>* p, const raw_of<DT>* r_hat, uint64_t d, r
 #define HL_REUSE_CLONES
 #endif
 
-// What check_row finds of a predicted row's X^.
-struct RowCheck {
-  bool within = false, same = false;
-};
-
 // Whether every element of X^ is within eb of X (NaN and Inf never are), and whether X^ equals
 // the held row P in value. Whole rows without branches, in double as the bound is checked
 // everywhere, so that the loop vectorizes (a miss is rare). to_double: an element's value.
 template <typename T, typename ToDouble>
 inline __attribute__((always_inline)) void check_row_of(const T* x, const T* xh, const T* p,
-                                                        uint64_t d, double eb, RowCheck* out,
-                                                        ToDouble to_double) {
+                                                        uint64_t d, double eb, bool* within,
+                                                        bool* same, ToDouble to_double) {
   uint32_t miss = 0, differ = 0;
   for (uint64_t i = 0; i < d; ++i) {
     const double v = to_double(x[i]), back = to_double(xh[i]);
     miss |= !(fabs(back - v) <= eb);
     differ |= back != to_double(p[i]);
   }
-  out->within = !miss;
-  out->same = !differ;
+  *within = !miss;
+  *same = !differ;
 }
 
 template <int DT>
-RowCheck check_row(const raw_of<DT>* x, const raw_of<DT>* xh, const raw_of<DT>* p, uint64_t d,
-                   double eb) {
-  RowCheck c;
-  check_row_of(x, xh, p, d, eb, &c, [](raw_of<DT> e) { return Elem<DT>::to_double(e); });
-  return c;
+void check_row(const raw_of<DT>* x, const raw_of<DT>* xh, const raw_of<DT>* p, uint64_t d,
+               double eb, bool* within, bool* same) {
+  check_row_of(x, xh, p, d, eb, within, same,
+               [](raw_of<DT> e) { return Elem<DT>::to_double(e); });
 }
 
 // float32, the common case, with AVX2 where the CPU has it (4 doubles a step).
 HL_REUSE_CLONES void check_row_f32(const float* x, const float* xh, const float* p, uint64_t d,
-                                   double eb, RowCheck* c) {
-  check_row_of(x, xh, p, d, eb, c, [](float e) { return (double)e; });
+                                   double eb, bool* within, bool* same) {
+  check_row_of(x, xh, p, d, eb, within, same, [](float e) { return (double)e; });
 }
 
 template <>
-RowCheck check_row<HL_FLOAT32>(const uint32_t* x, const uint32_t* xh, const uint32_t* p,
-                               uint64_t d, double eb) {
-  RowCheck c;
+void check_row<HL_FLOAT32>(const uint32_t* x, const uint32_t* xh, const uint32_t* p, uint64_t d,
+                           double eb, bool* within, bool* same) {
   check_row_f32(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(xh),
-                reinterpret_cast<const float*>(p), d, eb, &c);
-  return c;
+                reinterpret_cast<const float*>(p), d, eb, within, same);
 }
 
 // Slots are random reads (or writes) into caches far larger than the CPU's caches: every
@@ -318,10 +310,11 @@ bool sweep_piece(const raw_of<DT>* x, uint64_t d, const Piece& p, size_t k, bool
         continue;
       }
       const bool as_held = reconstruct_row<DT>(h, rh + r * d, d, xh);
-      const RowCheck c = check_row<DT>(x + row * d, xh, h, d, eb);
-      if (!c.within) return false;
+      bool within, same;
+      check_row<DT>(x + row * d, xh, h, d, eb, &within, &same);
+      if (!within) return false;
       ++predicted_rows;
-      refs += c.same;
+      refs += same;
       hit[row] = as_held ? kHitHeld : kHitResidual;
     }
   }

@@ -200,6 +200,24 @@ py::bytes element_values_hd(const std::vector<uint32_t>& codes,
   return py::bytes(out);
 }
 
+// Zigzag codes through the float32 dequantizers (any step, dithered or not) and through the
+// scalar rule (reconstruct): (decoded, reference decoded).
+py::tuple dequantized_f32(const std::vector<uint32_t>& z, double step, bool dither, uint64_t first,
+                          uint32_t seed) {
+  const uint64_t n = z.size();
+  std::vector<float> y(n), y_ref(n);
+  if (dither)
+    hl::cpu::dequantize_dithered(HL_FLOAT32, z.data(), n, step, seed, first, y.data());
+  else
+    hl::cpu::dequantize(HL_FLOAT32, z.data(), n, step, y.data());
+  for (uint64_t i = 0; i < n; ++i) {
+    const double u = dither ? hl::dither_unit(seed, first + i) * step : 0.0;
+    const uint32_t bits = hl::reconstruct<HL_FLOAT32>(hl::unzigzag(z[i]), step, u);
+    memcpy(&y_ref[i], &bits, 4);
+  }
+  return py::make_tuple(y, y_ref);
+}
+
 // One row through the float32 kernels and through the scalar rule (quantized_f32 below).
 // max_abs: what the range pass would tell the kernels (QuantParams::max_abs; inf: nothing).
 py::tuple quantized_f32(const std::vector<float>& x, double eb_abs, bool dither, uint64_t first,
@@ -223,34 +241,8 @@ py::tuple quantized_f32(const std::vector<float>& x, double eb_abs, bool dither,
       z_ref[i] = hl::kOutlierMark;
     codes[i] = z_ref[i] == hl::kOutlierMark ? 0 : z_ref[i];
   }
-  std::vector<float> y(n), y_ref(n);
-  if (dither)
-    hl::cpu::dequantize_dithered(HL_FLOAT32, codes.data(), n, qp.step, seed, first, y.data());
-  else
-    hl::cpu::dequantize(HL_FLOAT32, codes.data(), n, qp.step, y.data());
-  for (uint64_t i = 0; i < n; ++i) {
-    const uint32_t bits = hl::reconstruct<HL_FLOAT32>(hl::unzigzag(codes[i]), qp.step, offset(i));
-    memcpy(&y_ref[i], &bits, 4);
-  }
-  return py::make_tuple(z, z_ref, y, y_ref);
-}
-
-// Zigzag codes through the float32 dequantizers (any step, dithered or not) and through the
-// scalar rule (reconstruct): (decoded, reference decoded).
-py::tuple dequantized_f32(const std::vector<uint32_t>& z, double step, bool dither, uint64_t first,
-                          uint32_t seed) {
-  const uint64_t n = z.size();
-  std::vector<float> y(n), y_ref(n);
-  if (dither)
-    hl::cpu::dequantize_dithered(HL_FLOAT32, z.data(), n, step, seed, first, y.data());
-  else
-    hl::cpu::dequantize(HL_FLOAT32, z.data(), n, step, y.data());
-  for (uint64_t i = 0; i < n; ++i) {
-    const double u = dither ? hl::dither_unit(seed, first + i) * step : 0.0;
-    const uint32_t bits = hl::reconstruct<HL_FLOAT32>(hl::unzigzag(z[i]), step, u);
-    memcpy(&y_ref[i], &bits, 4);
-  }
-  return py::make_tuple(y, y_ref);
+  const py::tuple decoded = dequantized_f32(codes, qp.step, dither, first, seed);
+  return py::make_tuple(z, z_ref, decoded[0], decoded[1]);
 }
 
 // The CUDA encoder's batch emulated on the host (batch_ref.h) over compress_into's pieces
