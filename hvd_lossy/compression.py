@@ -79,8 +79,8 @@ class Compression:
         relative with subtractive dither (`backward=RECIPE`; in mode "abs" the controller's
         per-table gradient bounds, "table"). In the DLRM benchmark (1M synthetic rows, 3 seeds,
         base 0.03, benchmarks/RESULTS.md) that sent 15.6x fewer all-to-all bytes at dAUC -0.0001
-        (level 2; rerun at level 1, which decodes to the same bits: 12.1x on the links, dAUC
-        +0.0009); the per-table gradient bounds without dither (`backward="table",
+        (level 2; at level 1, which decodes to the same bits, with short blocks: 14.0x on the
+        links, dAUC -0.0004); the per-table gradient bounds without dither (`backward="table",
         dither=False`, the old default) cost 0.027 AUC. On CUDA tensors dithered frames are
         coded by the CUDA codec (not yet run on a GPU; HVD_LOSSY_HOST_DITHER=1 codes them on
         the host).
