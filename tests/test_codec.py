@@ -405,6 +405,47 @@ def test_dither_kernels_match_the_scalar_rule_at_every_element_index(tmp_path):
     assert runs[0][1:] == runs[1][1:] == runs[2][1:]
 
 
+def test_the_range_pass_leaves_out_nan_and_inf_wherever_they_fall_on_every_kernel_path(tmp_path):
+    """The finite range (the relative bound's base and STAT_MIN/MAX) is the same on every kernel
+    path and equals numpy's over the finite elements, with NaN and +-Inf at the start, middle and
+    end of the AVX2 pass's 2048-element blocks and of its 16- and 8-element steps, at lengths on
+    both sides of those sizes, and with nothing finite at all."""
+    script = tmp_path / "ranges.py"
+    script.write_text(
+        "import numpy as np, torch, hvd_lossy\n"
+        "hvd_lossy.set_num_threads(1)\n"
+        "rng = np.random.default_rng(5)\n"
+        "out, checked = [hvd_lossy._C.simd_level()], 0\n"
+        "for n in list(range(1, 41)) + [2047, 2048, 2049, 4096 + 15, 6144 + 9, 20000]:\n"
+        "    base = (rng.standard_normal(n) * 3).astype(np.float32)\n"
+        "    places = sorted({0, n // 2, n - 1, min(n - 1, 2047), min(n - 1, 2048),\n"
+        "                     min(n - 1, 15), min(n - 1, 16), min(n - 1, 8)})\n"
+        "    for special in (np.nan, np.inf, -np.inf, None):\n"
+        "        for p in places:\n"
+        "            x = base.copy()\n"
+        "            if special is not None:\n"
+        "                x[p] = special\n"
+        "            else:\n"
+        "                x[p] = 1e30 if p % 2 else -1e30  # an extreme finite element counts\n"
+        "            s = hvd_lossy.piece_stats(torch.from_numpy(x), [n], ranges_only=True)[0]\n"
+        "            fin = x[np.isfinite(x)]\n"
+        "            want = (float(fin.min()), float(fin.max())) if fin.size else None\n"
+        "            got = (s[hvd_lossy.STAT_MIN], s[hvd_lossy.STAT_MAX])\n"
+        "            assert (np.isnan(got).all() if want is None else got == want), (n, p, special, got, want)\n"
+        "            out.append(got)\n"
+        "            checked += 1\n"
+        "    x = np.full(n, np.nan, np.float32)\n"
+        "    x[::3] = np.inf\n"
+        "    s = hvd_lossy.piece_stats(torch.from_numpy(x), [n], ranges_only=True)[0]\n"
+        "    assert np.isnan(s[hvd_lossy.STAT_MIN]) and np.isnan(s[hvd_lossy.STAT_MAX]), n\n"
+        "print(repr([checked] + [repr(v) for v in out]))\n")
+
+    runs = on_every_kernel_path(script)
+    assert runs[0][0] > 46 * 4 * 3
+    assert runs[2][1] == "0" and runs[1][1] <= "1" and runs[0][1] >= runs[1][1]
+    assert runs[0][2:] == runs[1][2:] == runs[2][2:]
+
+
 def test_float32_kernels_match_the_scalar_rule_at_the_edges_of_single_precision(tmp_path):
     """The AVX2 quantizer decides in single precision where it is sure and in double where an
     element lies near a rounding edge (quantize_f32_fast.h): codes, outliers and decodes must
