@@ -1038,6 +1038,36 @@ def test_a_distinct_share_outside_0_to_1_is_refused():
         assert e.value.code == 2
 
 
+def test_every_thread_count_writes_the_same_frames_on_the_parallel_paths():
+    """Tensors past the encoder's one-thread size (65,536 elements), dithered and without dedup
+    (tiles quantized by several threads, their largest code combined), with dedup, with codes
+    above a byte in some tiles only, and a call of many small pieces (each on one thread): the
+    same bytes with 1, 2 and 3 threads, and the same values back."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(6000, 32, generator=g) * 0.05
+    x[4500:4510] *= 300  # a few tiles whose codes need more than a byte
+    table = torch.randn(900, 32, generator=g)
+    lookups = table[torch.randint(0, 900, (6000,), generator=g)]
+    calls = [lambda: hvd_lossy.compress_chunks(x, [6000], 0.01, dither=5)[0],
+             lambda: hvd_lossy.compress_chunks(x, [6000], 0.01, dedup=False)[0],
+             lambda: hvd_lossy.compress_chunks(lookups, [6000], 0.03)[0],
+             lambda: hvd_lossy.compress_chunks(lookups, [64] * 90 + [240], 0.03)[0]]
+    before = hvd_lossy.get_num_threads()
+    try:
+        runs = []
+        for n in (1, 2, 3):
+            hvd_lossy.set_num_threads(n)
+            frames = [call() for call in calls]
+            runs.append((frames, [hvd_lossy.decompress(f) for f in frames]))
+    finally:
+        hvd_lossy.set_num_threads(before)
+    for frames, back in runs[1:]:
+        for a, b in zip(frames, runs[0][0]):
+            assert torch.equal(a, b)
+        for a, b in zip(back, runs[0][1]):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
 def test_a_forked_child_compresses_and_decodes_on_its_own_threads(tmp_path):
     """The pool of helper threads does not survive fork(); the child starts its own (rather than
     counting on helpers it does not have, or locks one of them may have held) and gets the same

@@ -97,12 +97,11 @@ void lossy_codes_to(const SegmentView& h, uint64_t nu, int threads, Dequantize<r
   Buffer<uint32_t> codes(nu);
   rans_decode(h.code, h.code_bytes, nu, codes.data(), threads, h.table, h.table_bytes);
   if (deq->sweep || nu <= 65536) return sink.fn(deq, 0, codes.data(), nu);
-#pragma omp parallel num_threads(threads)
-  {
+  omp_threads(threads, [&](int part, int parts) {
     uint64_t a, b;
-    split_range(nu, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
+    split_range(nu, part, parts, &a, &b);
     sink.fn(deq, a, codes.data() + a, b - a);
-  }
+  });
 }
 
 // A lossy segment with a row map on one thread: the map first, then one sweep over the output
@@ -172,13 +171,12 @@ void decode(const SegmentView& h, void* out_v, int threads, bool stream) {
   if (d == 0) return;  // rows of no elements: nothing to copy, and u (or out) may be null
   const uint64_t rows = h.n_rows, row_bytes = d * sizeof(raw_t);
   const int nt = rows * d > 65536 ? threads : 1;
-#pragma omp parallel num_threads(nt)
-  {
+  omp_threads(nt, [&](int part, int parts) {
     uint64_t a, b;
-    split_range(rows, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
+    split_range(rows, part, parts, &a, &b);
     cpu::expand_rows(reinterpret_cast<uint8_t*>(out) + a * row_bytes,
                      reinterpret_cast<const uint8_t*>(u), map.data() + a, b - a, row_bytes, stream);
-  }
+  });
 }
 
 // Decodes a segment whose frame is parsed and verified into its n_rows * row_len elements

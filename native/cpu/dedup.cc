@@ -19,13 +19,11 @@ void finite_range(const Tensor<DT>& t, int threads, double* lo_out, double* hi_o
   const uint64_t n = t.size();
   const int nt = n > 65536 ? threads : 1;
   std::vector<double> lo(nt, INFINITY), hi(nt, -INFINITY);
-#pragma omp parallel num_threads(nt)
-  {
-    int k = omp_get_thread_num_safe();
+  omp_threads(nt, [&](int k, int parts) {
     uint64_t a, b;
-    split_range(n, k, omp_get_num_threads_safe(), &a, &b);
+    split_range(n, k, parts, &a, &b);
     cpu::finite_range(DT, t.x + a, b - a, &lo[k], &hi[k]);
-  }
+  });
   *lo_out = *std::min_element(lo.begin(), lo.end());
   *hi_out = *std::max_element(hi.begin(), hi.end());
 }
@@ -49,16 +47,14 @@ DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads
     const uint64_t b1 = std::min(rows, b0 + block);
     const int nt = (b1 - b0) * d > 65536 ? threads : 1;
     double lo_t[64], hi_t[64];
-#pragma omp parallel num_threads(nt < 64 ? nt : 64)
-    {
-      const int k = omp_get_thread_num_safe();
+    omp_threads(nt < 64 ? nt : 64, [&](int k, int parts) {
       uint64_t a, e;
-      split_range(b1 - b0, k, omp_get_num_threads_safe(), &a, &e);
+      split_range(b1 - b0, k, parts, &a, &e);
       cpu::hash_raw_rows(bytes + (b0 + a) * row_bytes, e - a, row_bytes, hashes.data() + b0 + a);
       lo_t[k] = INFINITY;
       hi_t[k] = -INFINITY;
       if (need_range) cpu::finite_range(DT, t.x + (b0 + a) * d, (e - a) * d, &lo_t[k], &hi_t[k]);
-    }
+    });
     for (int k = 0; k < (nt < 64 ? nt : 64); ++k) {
       lo_all = std::min(lo_all, lo_t[k]);
       hi_all = std::max(hi_all, hi_t[k]);

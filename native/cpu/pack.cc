@@ -414,10 +414,8 @@ void pack_blocks_of(const T* v, uint64_t n, const uint8_t* widths, uint8_t* out,
   uint8_t* payload = out + nb;
   const int wide = simd();
   const int nt = threads > 1 && nb > 4096 ? threads : 1;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-    const int t = omp_get_thread_num_safe(), nth = omp_get_num_threads_safe();
-    const uint64_t lo = nb * t / nth, hi = nb * (t + 1) / nth;
+  omp_threads(nt, [&](int part, int parts) {
+    const uint64_t lo = nb * part / parts, hi = nb * (part + 1) / parts;
     uint64_t off = payload_bytes(widths, lo);
     T tmp[HL_BLOCK];
     for (uint64_t b = lo; b < hi; ++b) {
@@ -429,7 +427,7 @@ void pack_blocks_of(const T* v, uint64_t n, const uint8_t* widths, uint8_t* out,
       pack_one_of(src, widths[b], payload + off, wide);
       off += 4u * widths[b];
     }
-  }
+  });
 }
 
 }  // namespace
@@ -509,12 +507,11 @@ void unpack_blocks(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_wid
     unpack_range(in, payload, n, 0, nb, 0, v, wide);
     return;
   }
-#pragma omp parallel num_threads(threads)
-  {
+  omp_threads(threads, [&](int part, int parts) {
     uint64_t lo, hi, off;
-    split_blocks(in, nb, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &lo, &hi, &off);
+    split_blocks(in, nb, part, parts, &lo, &hi, &off);
     unpack_range(in, payload, n, lo, hi, off, v + lo * HL_BLOCK, wide);
-  }
+  });
 }
 
 void unpack_blocks_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_width,
@@ -537,12 +534,7 @@ void unpack_blocks_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t max_
       for (uint64_t k = b; k < e; ++k) off += 4u * in[k];
     }
   };
-  if (nt == 1) {  // no OpenMP region for one thread: entering one costs as much as a small section
-    run(0, 1);
-    return;
-  }
-#pragma omp parallel num_threads(nt)
-  run(omp_get_thread_num_safe(), omp_get_num_threads_safe());
+  omp_threads(nt, run);
 }
 
 }  // namespace hl

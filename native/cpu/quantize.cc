@@ -38,10 +38,9 @@ void code_rows_into(const Tensor<DT>& t, const uint64_t* idx, uint64_t rows, boo
   const cpu::QuantParams base = cpu::quant_params(eb_abs, dither.on, dither.seed);
   const uint64_t d = t.row_len;
   const int nt = rows * d > 65536 ? threads : 1;
-#pragma omp parallel num_threads(nt)
-  {
+  omp_threads(nt, [&](int part, int parts) {
     uint64_t a, b;
-    split_range(rows, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &b);
+    split_range(rows, part, parts, &a, &b);
     const uint64_t* ia = idx ? idx + a : nullptr;
     const void* x = idx ? (const void*)t.x : (const void*)(t.x + a * d);
     cpu::QuantParams qp = base;
@@ -51,7 +50,7 @@ void code_rows_into(const Tensor<DT>& t, const uint64_t* idx, uint64_t rows, boo
     else
       cpu::quantize_rows(DT, x, ia, b - a, d, qp, codes + a * d, row_outlier + a,
                          hashes ? hashes + a : nullptr);
-  }
+  });
 }
 
 // code_rows_into for every row of a lossy piece, with level1_widths taken a tile at a time right
@@ -76,11 +75,11 @@ void code_rows_with_widths(const Tensor<DT>& t, double eb_abs, const Dither& dit
   const uint64_t tiles = hl_div_up(rows, tile);
   Buffer<uint8_t> in_codes(tiles);  // 1: the tile's codes are in c->codes, 0: in c->bytes
   const int nt = n > 65536 ? threads : 1;
-  uint32_t m = 0;
-#pragma omp parallel num_threads(nt) reduction(max : m)
-  {
+  std::vector<uint32_t> part_max(nt > 1 ? nt : 1, 0);
+  omp_threads(nt, [&](int part, int parts) {
     uint64_t ta, tb;
-    split_range(tiles, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &ta, &tb);
+    split_range(tiles, part, parts, &ta, &tb);
+    uint32_t& m = part_max[part];
     const uint64_t tile_rows = std::min(tile, rows);
     Buffer<uint32_t> tmp(tile_rows * d);
     uint32_t* wide = nullptr;  // c->codes, once this thread has met a tile that needs it
@@ -126,16 +125,19 @@ void code_rows_with_widths(const Tensor<DT>& t, double eb_abs, const Dither& dit
       level1_widths(z, k, w16, w32, &tm, 1);
       m = tm > m ? tm : m;
     }
-  }
-  c->max_code = m;
+  });
+  c->max_code = *std::max_element(part_max.begin(), part_max.end());
   if (c->codes.empty()) return;
   uint32_t* wide = c->codes.data();
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t ti = 0; ti < (int64_t)tiles; ++ti) {
-    if (in_codes[ti]) continue;
-    const uint64_t r0 = (uint64_t)ti * tile, r1 = std::min(r0 + tile, rows);
-    widen_codes(c->bytes.data() + r0 * d, (r1 - r0) * d, wide + r0 * d);
-  }
+  omp_threads(nt, [&](int part, int parts) {
+    uint64_t ta, tb;
+    split_range(tiles, part, parts, &ta, &tb);
+    for (uint64_t ti = ta; ti < tb; ++ti) {
+      if (in_codes[ti]) continue;
+      const uint64_t r0 = ti * tile, r1 = std::min(r0 + tile, rows);
+      widen_codes(c->bytes.data() + r0 * d, (r1 - r0) * d, wide + r0 * d);
+    }
+  });
   c->bytes = Buffer<uint8_t>();
 }
 
@@ -156,11 +158,14 @@ Coded every_row(const uint32_t* codes, const uint8_t* outlier, const uint32_t* m
   c.n_unique = rows;
   c.codes = Buffer<uint32_t>(rows * d);
   c.row_outlier = Buffer<uint8_t>(outlier ? rows : 0);
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * d > 65536)
-  for (int64_t r = 0; r < (int64_t)rows; ++r) {
-    memcpy(&c.codes[r * d], &codes[(uint64_t)map[r] * d], d * 4);
-    if (outlier) c.row_outlier[r] = outlier[map[r]];
-  }
+  omp_threads(rows * d > 65536 ? threads : 1, [&](int part, int parts) {
+    uint64_t a, b;
+    split_range(rows, part, parts, &a, &b);
+    for (uint64_t r = a; r < b; ++r) {
+      memcpy(&c.codes[r * d], &codes[(uint64_t)map[r] * d], d * 4);
+      if (outlier) c.row_outlier[r] = outlier[map[r]];
+    }
+  });
   return c;
 }
 
@@ -171,11 +176,14 @@ Coded every_row(const uint8_t* bytes, const uint32_t* map, uint64_t rows, uint64
   c.n_unique = rows;
   c.bytes = Buffer<uint8_t>(rows * d);
   c.row_outlier = Buffer<uint8_t>(rows);
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * d > 65536)
-  for (int64_t r = 0; r < (int64_t)rows; ++r) {
-    memcpy(&c.bytes[r * d], &bytes[(uint64_t)map[r] * d], d);
-    c.row_outlier[r] = 0;
-  }
+  omp_threads(rows * d > 65536 ? threads : 1, [&](int part, int parts) {
+    uint64_t a, b;
+    split_range(rows, part, parts, &a, &b);
+    for (uint64_t r = a; r < b; ++r) {
+      memcpy(&c.bytes[r * d], &bytes[(uint64_t)map[r] * d], d);
+      c.row_outlier[r] = 0;
+    }
+  });
   return c;
 }
 
@@ -391,15 +399,14 @@ Coded code_distinct_rows(const Tensor<DT>& t, const DistinctRows* repeats, doubl
     const uint64_t nb = std::min(block, m - b0);
     {
       const int nt = nb * d > 65536 ? threads : 1;
-#pragma omp parallel num_threads(nt)
-      {
+      omp_threads(nt, [&](int part, int parts) {
         uint64_t a, e;
-        split_range(nb, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &a, &e);
+        split_range(nb, part, parts, &a, &e);
         cpu::quantize_rows_narrow(DT, pick ? t.x : t.x + (b0 + a) * d,
                                   pick ? pick + b0 + a : nullptr, e - a, d, qp,
                                   b.z.data() + a * d, b.outlier.data() + a, b.hash.data() + a,
                                   b.narrow.data() + a, b.bytes.data() + a * d);
-      }
+      });
     }
     const uint8_t* bnarrow = b.narrow.data();
     const uint8_t* bbytes = b.bytes.data();

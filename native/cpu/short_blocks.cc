@@ -395,13 +395,12 @@ void write_section(const T* v, uint64_t n, const uint8_t* w16, uint8_t* out, int
     write_pairs(v, n, w16, 0, pairs, planes, planes + planes_before(w16, nb, pairs));
     return;
   }
-#pragma omp parallel num_threads(threads)
-  {
+  omp_threads(threads, [&](int part, int parts) {
     uint64_t lo, hi;
-    split_pairs(pairs, omp_get_thread_num_safe(), omp_get_num_threads_safe(), &lo, &hi);
+    split_pairs(pairs, part, parts, &lo, &hi);
     write_pairs(v, n, w16, lo, hi, planes + planes_before(w16, nb, lo),
                 planes + planes_before(w16, nb, hi));
-  }
+  });
 }
 
 }  // namespace

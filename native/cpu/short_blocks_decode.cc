@@ -179,12 +179,7 @@ void short_unpack_to(const uint8_t* in, uint64_t len, uint64_t n, const char* wh
       sink.fn(sink.ctx, first, chunk, last - first);
     }
   };
-  if (threads <= 1 || pairs <= kSerialPairs) {  // no OpenMP region for one thread
-    run(0, 1);
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  run(omp_get_thread_num_safe(), omp_get_num_threads_safe());
+  omp_threads(pairs <= kSerialPairs ? 1 : threads, run);
 }
 
 }  // namespace hl
