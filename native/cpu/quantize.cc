@@ -278,9 +278,10 @@ inline void copy_bytes(uint8_t* to, const uint8_t* from, uint64_t d) {
 // unique row's compact codes, which a repeated row is compared with.
 class CodeTable {
  public:
-  // Sized for `expected` unique rows, so that a tensor with as many does not rehash on the way.
+  // Sized for `expected` unique rows, so that a tensor with as many does not rehash on the way
+  // (and no larger: a piece of 64 rows filled 8 KiB of slots for 128 used).
   CodeTable(const Buffer<uint64_t>& uhash, uint64_t expected) : uhash_(uhash) {
-    uint64_t cap = 1024;
+    uint64_t cap = 16;
     while (cap < 2 * expected) cap *= 2;
     resize(cap);
   }

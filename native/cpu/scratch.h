@@ -18,10 +18,17 @@ namespace hl {
 // Scratch memory kept per thread between calls. Fresh megabytes from the allocator arrive as
 // untouched pages, and faulting them in cost a quarter of a 64 MB compress; an all-to-all calls
 // the codec every iteration with similar sizes, so blocks are reused. At most kPoolBytes stay
-// cached per thread; larger blocks go back to the system.
+// cached per thread; larger blocks go back to the system. Blocks under kSmall come from malloc,
+// whose heap is reused without new faults: through the pool's map (a node allocated and a tree
+// rebalanced a block) the dozens of small buffers of a small piece cost a fifth of its compress.
 class ScratchPool {
  public:
+  static constexpr size_t kSmall = size_t(64) << 10;
   static void* get(size_t bytes, size_t* got) {
+    if (bytes < kSmall) {
+      *got = bytes;
+      return ::operator new(bytes);
+    }
     Pool& pool = instance();
     auto it = pool.blocks.lower_bound(bytes);
     if (it != pool.blocks.end() && it->first <= 2 * bytes + 4096) {
@@ -34,6 +41,10 @@ class ScratchPool {
     return fresh(bytes, got);
   }
   static void put(void* p, size_t bytes) {
+    if (bytes < kSmall) {
+      ::operator delete(p);
+      return;
+    }
     Pool& pool = instance();
     pool.blocks.emplace(bytes, p);
     pool.cached += bytes;
