@@ -5,6 +5,8 @@
 // movemask, and wider values take the portable loop. All write the same bytes.
 #include "pack.h"
 
+#include <algorithm>
+
 #include "kernels_cpu.h"
 #include "pack_avx2.h"
 
@@ -359,20 +361,18 @@ void block_widths(const uint32_t* v, uint64_t n, uint8_t* widths, int threads,
     // the block was just loaded: its max costs little more (radix packing's K)
     return max_out ? values_max(v + start, count, wide) : 0u;
   };
-  uint32_t m = 0;
-  if (nb <= 4096) {  // no OpenMP region: entering one costs as much as a few hundred blocks
-    for (int64_t b = 0; b < nb; ++b) {
+  // one thread up to a few hundred blocks: entering a region costs as much
+  const int nt = nb <= 4096 ? 1 : threads;
+  std::vector<uint32_t> part_max(nt > 1 ? nt : 1, 0);
+  omp_threads(nt, [&](int part, int parts) {
+    uint32_t m = 0;
+    for (int64_t b = nb * part / parts; b < nb * (part + 1) / parts; ++b) {
       const uint32_t bm = width(b);
       m = bm > m ? bm : m;
     }
-  } else {
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(max : m)
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint32_t bm = width(b);
-      m = bm > m ? bm : m;
-    }
-  }
-  if (max_out) *max_out = m;
+    part_max[part] = m;
+  });
+  if (max_out) *max_out = *std::max_element(part_max.begin(), part_max.end());
 }
 
 namespace {

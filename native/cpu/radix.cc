@@ -192,12 +192,10 @@ RadixPlan plan_of(const T* v, uint64_t n, uint32_t max_code, uint64_t below_byte
     }
   };
   const int64_t spans = (int64_t)hl_div_up(G, kSpan);
-  if (n > (1u << 20)) {  // an OpenMP region costs about as much as a small segment's values
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t s = 0; s < spans; ++s) span_values(s);
-  } else {
-    for (int64_t s = 0; s < spans; ++s) span_values(s);
-  }
+  // an OpenMP region costs about as much as a small segment's values
+  omp_threads(n > (1u << 20) ? threads : 1, [&](int part, int parts) {
+    for (int64_t s = spans * part / parts; s < spans * (part + 1) / parts; ++s) span_values(s);
+  });
   Buffer<uint8_t> widths(nb);
   block_widths(values.data(), G, widths.data(), threads);
   const uint64_t bytes = head + nb + payload_bytes(widths.data(), nb);
