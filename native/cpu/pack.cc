@@ -5,8 +5,6 @@
 // movemask, and wider values take the portable loop. All write the same bytes.
 #include "pack.h"
 
-#include <algorithm>
-
 #include "kernels_cpu.h"
 #include "pack_avx2.h"
 
@@ -362,17 +360,15 @@ void block_widths(const uint32_t* v, uint64_t n, uint8_t* widths, int threads,
     return max_out ? values_max(v + start, count, wide) : 0u;
   };
   // one thread up to a few hundred blocks: entering a region costs as much
-  const int nt = nb <= 4096 ? 1 : threads;
-  std::vector<uint32_t> part_max(nt > 1 ? nt : 1, 0);
-  omp_threads(nt, [&](int part, int parts) {
-    uint32_t m = 0;
+  const uint32_t m = omp_max(nb <= 4096 ? 1 : threads, [&](int part, int parts) {
+    uint32_t pm = 0;
     for (int64_t b = nb * part / parts; b < nb * (part + 1) / parts; ++b) {
       const uint32_t bm = width(b);
-      m = bm > m ? bm : m;
+      pm = bm > pm ? bm : pm;
     }
-    part_max[part] = m;
+    return pm;
   });
-  if (max_out) *max_out = *std::max_element(part_max.begin(), part_max.end());
+  if (max_out) *max_out = m;
 }
 
 namespace {

@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,14 @@ inline void omp_threads(int nt, Body&& body) {
 #else
   body(0, 1);
 #endif
+}
+
+// The largest of what body(k, n) returns on the threads of omp_threads(nt, body).
+template <class Body>
+inline uint32_t omp_max(int nt, Body&& body) {
+  std::vector<uint32_t> part(nt > 1 ? nt : 1, 0);
+  omp_threads(nt, [&](int k, int n) { part[k] = body(k, n); });
+  return *std::max_element(part.begin(), part.end());
 }
 
 inline void store_u32(uint8_t* p, uint32_t v) { memcpy(p, &v, 4); }

@@ -75,11 +75,10 @@ void code_rows_with_widths(const Tensor<DT>& t, double eb_abs, const Dither& dit
   const uint64_t tiles = hl_div_up(rows, tile);
   Buffer<uint8_t> in_codes(tiles);  // 1: the tile's codes are in c->codes, 0: in c->bytes
   const int nt = n > 65536 ? threads : 1;
-  std::vector<uint32_t> part_max(nt > 1 ? nt : 1, 0);
-  omp_threads(nt, [&](int part, int parts) {
+  c->max_code = omp_max(nt, [&](int part, int parts) {
     uint64_t ta, tb;
     split_range(tiles, part, parts, &ta, &tb);
-    uint32_t& m = part_max[part];
+    uint32_t m = 0;
     const uint64_t tile_rows = std::min(tile, rows);
     Buffer<uint32_t> tmp(tile_rows * d);
     uint32_t* wide = nullptr;  // c->codes, once this thread has met a tile that needs it
@@ -125,8 +124,8 @@ void code_rows_with_widths(const Tensor<DT>& t, double eb_abs, const Dither& dit
       level1_widths(z, k, w16, w32, &tm, 1);
       m = tm > m ? tm : m;
     }
+    return m;
   });
-  c->max_code = *std::max_element(part_max.begin(), part_max.end());
   if (c->codes.empty()) return;
   uint32_t* wide = c->codes.data();
   omp_threads(nt, [&](int part, int parts) {

@@ -5,9 +5,6 @@
 // All write the same bytes. The decoder is short_blocks_decode.cc.
 #include "short_blocks_internal.h"
 
-#include <algorithm>
-#include <vector>
-
 namespace hl {
 namespace {
 
@@ -347,14 +344,11 @@ template <typename T>
 void widths_of(const T* v, uint64_t n, uint8_t* w16, uint8_t* w32, uint32_t* max_code,
                int threads) {
   const uint64_t full = n / kPair, simd = cpu::simd_level();
-  const int nt = full <= kSerialPairs ? 1 : threads;
-  std::vector<uint32_t> part_max(nt > 1 ? nt : 1, 0);
-  omp_threads(nt, [&](int part, int parts) {
+  uint32_t m = omp_max(full <= kSerialPairs ? 1 : threads, [&](int part, int parts) {
     uint64_t lo, hi;
     split_pairs(full, part, parts, &lo, &hi);
-    part_max[part] = scan_pairs(v + lo * kPair, hi - lo, w16 + 2 * lo, w32 + lo, (int)simd);
+    return scan_pairs(v + lo * kPair, hi - lo, w16 + 2 * lo, w32 + lo, (int)simd);
   });
-  uint32_t m = *std::max_element(part_max.begin(), part_max.end());
   if (n > full * kPair) {
     uint32_t tmp[kPair];
     for (uint64_t i = full * kPair; i < n; ++i) tmp[i - full * kPair] = v[i];
