@@ -72,3 +72,17 @@ def test_codec_reuse_reports_the_reuse_share_and_bytes(tmp_path):
     assert total["references"] + total["residuals"] + total["fresh"] == total["rows"] > 0
     assert total["references"] + total["residuals"] > 0  # hot ids come back held
     assert 0 < total["reuse_bytes"] < total["today_bytes"]
+
+
+def test_codec_modes_time_each_configuration_at_the_same_bound_with_and_without_the_range(tmp_path):
+    out = tmp_path / "codec.json"
+    proc = bench("codec", "--quick", "--workloads", "realistic", "--modes", "rel", "abs",
+                 "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = {r["method"]: r for r in json.loads(out.read_text())["runs"]}
+    pairs = [(m, m + " abs") for m in runs if not m.endswith(" abs")]
+    assert pairs and all(a in runs for _, a in pairs), sorted(runs)
+    for rel, abs_ in pairs:
+        # the relative bound given as the absolute one it comes to: the same codes, same bytes
+        assert runs[abs_]["bytes"] == runs[rel]["bytes"], (rel, runs[rel], runs[abs_])
+        assert runs[abs_]["max_error_over_bound"] <= 1.0

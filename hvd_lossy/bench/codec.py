@@ -24,6 +24,9 @@ With --ids only the realistic sets run, compressed on one thread with and withou
 ids (the ids the batch was drawn with) in the same rounds: duplicates found by content (every
 row hashed) against by id (each repeated id's row compared with its first); the frames must be
 the same bytes.
+With --modes rel abs every configuration also runs with each piece's bound given as the absolute
+bound its relative one comes to (taken before the timing): the same codes without the encoder's
+pass over the values for their range, which is what separates the two.
 With --reuse nothing is timed: calls of drifting rows go through hvd_lossy.reuse and the share
 of rows sent as references, residuals and fresh is reported with the bytes against today's
 (hvd_lossy.bench.reuse_share).
@@ -84,12 +87,28 @@ def _worst_error(x, rows, frame, decoded):
     return worst
 
 
-def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None):
+def absolute_bounds(x, rows, eb):
+    """Each piece's relative bound eb as an absolute one: eb x (max - min) of its finite values,
+    the bound mode "rel" codes it with (up to rounding), for coding in mode "abs"."""
+    out = []
+    for piece in torch.split(x, rows):
+        v = piece[torch.isfinite(piece)].double()
+        out.append(eb * float(v.max() - v.min()) if v.numel() else 0.0)
+    return out
+
+
+def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None, mode="rel"):
     """One codec configuration on one thread, beside the fp16 cast in both directions. Every
-    piece goes in one frame, as the all-to-all sends a destination."""
+    piece goes in one frame, as the all-to-all sends a destination. mode "abs" codes each piece
+    at the absolute bound its relative one comes to, taken before the timing: the same codes,
+    without the encoder's pass over the values for their range."""
     hvd_lossy.set_num_threads(1)
     torch.set_num_threads(1)
     kw = dict(level=level, dedup=dedup, dither=dither)
+    if mode == "abs":
+        kw["mode"] = "abs"
+        ebs = absolute_bounds(x, rows, eb)
+        eb = ebs[0] if len(rows) == 1 else ebs
     if len(rows) == 1:
         compress = lambda: hvd_lossy.compress(x, eb, **kw)  # noqa: E731
     else:
@@ -107,7 +126,8 @@ def bench_method(x, rows, eb, level, repeat, dedup=True, dither=None):
     worst = _worst_error(x, rows, frame, decoded)
     assert torch.equal(reused, decoded), "decoding into a reused tensor differs"
     raw = x.numel() * x.element_size()
-    name = f"L{level}" + ("" if dedup else " no dedup") + ("" if dither is None else " dither")
+    name = (f"L{level}" + ("" if dedup else " no dedup") + ("" if dither is None else " dither")
+            + (" abs" if mode == "abs" else ""))
     gbps = lambda t: raw / t / 1e9  # noqa: E731
     return {"method": name, "ratio": raw / frame.numel(), "bytes": frame.numel(),
             "compress_GBps": gbps(t_c), "decompress_new_GBps": gbps(t_d),
@@ -278,20 +298,20 @@ def print_fresh(r):
 
 
 def print_table(results):
-    print(f"{'workload':16} {'method':16} {'ratio':>7} {'comp':>7} {'dec new':>8} {'dec into':>9} "
+    print(f"{'workload':16} {'method':22} {'ratio':>7} {'comp':>7} {'dec new':>8} {'dec into':>9} "
           f"{'fp16':>6} {'back':>6} {'comp/cast':>9} {'new/cast':>8} {'into/cast':>9} {'err/eb':>6}")
     for r in results["runs"]:
-        print(f"{r['workload']:16} {r['method']:16} {r['ratio']:7.2f} {r['compress_GBps']:7.3f} "
+        print(f"{r['workload']:16} {r['method']:22} {r['ratio']:7.2f} {r['compress_GBps']:7.3f} "
               f"{r['decompress_new_GBps']:8.3f} {r['decompress_into_GBps']:9.3f} "
               f"{r['fp16_cast_GBps']:6.2f} {r['fp16_back_GBps']:6.2f} {r['compress_vs_cast']:9.3f} "
               f"{r['decompress_new_vs_cast']:8.3f} {r['decompress_into_vs_cast']:9.3f} "
               f"{r['max_error_over_bound']:6.3f}")
     print("(GB/s on one thread; x/cast: the codec's speed over the fp16 cast's in the same rounds;\n"
           " the cast allocates its result: x.half(), half.float())")
-    print(f"\n{'workload':16} {'method':16} {'cast into':>9} {'back into':>9} {'comp/into':>9} "
+    print(f"\n{'workload':16} {'method':22} {'cast into':>9} {'back into':>9} {'comp/into':>9} "
           f"{'dec into/back into':>18}")
     for r in results["runs"]:
-        print(f"{r['workload']:16} {r['method']:16} {r['fp16_cast_into_GBps']:9.2f} "
+        print(f"{r['workload']:16} {r['method']:22} {r['fp16_cast_into_GBps']:9.2f} "
               f"{r['fp16_back_into_GBps']:9.2f} {r['compress_vs_cast_into']:9.3f} "
               f"{r['decompress_into_vs_cast_into']:18.3f}")
     print("(the cast into reused tensors, copy_(): no allocation, no page faults)")
@@ -327,6 +347,10 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run for tests: 4 MB sets (a 20,000-row table, again ~30%% "
                              "distinct), 1 repeat, level 1 only")
+    parser.add_argument("--modes", nargs="+", choices=["rel", "abs"], default=["rel"],
+                        help="bound modes: rel (the range taken by the encoder, as the "
+                             "all-to-all's relative bounds) and abs (each piece's relative bound "
+                             "given as the absolute bound it comes to: no range pass)")
     parser.add_argument("--ids", action="store_true",
                         help="only the realistic sets, compressed with and without their rows' "
                              "ids side by side (duplicates found by id or by content)")
@@ -374,6 +398,7 @@ def main(argv=None):
         configs = [dict(level=lv) for lv in args.levels]
         configs += [dict(level=1, dither=1), dict(level=1, dedup=False),
                     dict(level=1, dedup=False, dither=1)]
+        configs = [dict(cfg, mode=m) for m in args.modes for cfg in configs]
         for cfg in configs:
             r = bench_method(x, rows, args.error_bound, repeat=args.repeat, **cfg)
             if name.startswith("realistic") and cfg == configs[0]:
