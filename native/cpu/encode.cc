@@ -38,7 +38,7 @@ struct Prepared {
   double lo = NAN, hi = NAN;  // finite range, when it was taken
   bool deduped = false;       // s.n_unique counts distinct rows (not just n_rows)
   // a deferred code section ends up no larger than its packing
-  uint64_t code_bytes() const { return s.n_deferred ? s.plan.bytes : s.code.size(); }
+  uint64_t code_bytes() const { return s.code_bytes(); }
 };
 
 template <int DT>
@@ -122,12 +122,12 @@ SegmentDesc segment_desc(const Prepared& f, uint8_t mode, uint8_t dtype) {
 }
 
 // Writes a prepared piece's payload (map, code, outliers) at w; returns its end.
-uint8_t* write_payload(const Prepared& f, uint64_t elem_bytes, uint8_t* w) {
+uint8_t* write_payload(const Prepared& f, uint64_t elem_bytes, int threads, uint8_t* w) {
   const Sections& s = f.s;
   if (!s.map.empty()) memcpy(w, s.map.data(), s.map.size());
   w += s.map.size();
-  if (!s.code.empty()) memcpy(w, s.code.data(), s.code.size());
-  w += s.code.size();
+  enc::write_code(s, threads, w);
+  w += s.code_bytes();
   const uint8_t pb = outlier_pos_bytes(s.n_unique * f.row_len);
   for (const Outlier& o : s.outliers) {
     memcpy(w, &o.pos, pb);  // little-endian: the low bytes
@@ -263,7 +263,7 @@ std::vector<uint64_t> build_and_place(const void* input, const CompressParams& p
     uint8_t* frame = out + g.at;
     uint8_t* pw = write_frame_head(g.head, mine, g.total, frame);
     for (size_t i = g.first; i < g.first + g.count; ++i) {
-      pw = write_payload(frames[i], eb, pw);
+      pw = write_payload(frames[i], eb, t.inner, pw);
       frames[i] = Prepared();
     }
     if (pw != frame + g.total) throw CodecError("frame layout is inconsistent");

@@ -149,7 +149,17 @@ struct Sections {
   Buffer<uint32_t> deferred;
   uint64_t n_deferred = 0;
   Packing plan;
+  // Level 1: n_pending codes (bytes or codes, or neither for a radix plan, which holds its
+  // values) that write_code packs by plan straight into the frame: built here first, a
+  // section of megabytes was copied there whole.
+  Buffer<uint8_t> pending_bytes;
+  Buffer<uint32_t> pending_codes;
+  uint64_t n_pending = 0;
+  uint64_t code_bytes() const { return n_deferred || n_pending ? plan.bytes : code.size(); }
 };
+
+// Writes a section's code (code_bytes() bytes) at out.
+void write_code(const Sections& s, int threads, uint8_t* out);
 
 // Builds the map, code and outlier sections of coded rows (outliers' raw bits from t); a
 // small level-2 code section waits in Sections::deferred for encode_deferred.

@@ -181,7 +181,10 @@ RadixPlan plan_of(const T* v, uint64_t n, uint32_t max_code, uint64_t below_byte
     if (bound >= below_bytes) return p;
   }
   Buffer<uint32_t> values(G);
-  auto span_values = [&](int64_t s) {  // span s: values a.. and codes a * g.. (frame.h)
+  Buffer<uint8_t> widths(nb);
+  // Span s: values a.. and codes a * g.. (frame.h); its blocks' widths while its values are in
+  // L1 (a span is whole blocks but the last): a pass of its own read them all back from memory.
+  auto span_values = [&](int64_t s) {
     const uint64_t a = (uint64_t)s * kSpan, count = G - a < kSpan ? G - a : kSpan;
     uint32_t* out = values.data() + a;
     for (uint64_t j = 0; j < count; ++j) out[j] = 0;
@@ -190,14 +193,14 @@ RadixPlan plan_of(const T* v, uint64_t n, uint32_t max_code, uint64_t below_byte
       const uint64_t start = radix_code_of(G, g, a, i);
       add_digits(out, v + start, codes_below(n, start, count), power);
     }
+    block_widths(out, count, widths.data() + a / HL_BLOCK, 1);
   };
+  static_assert(kSpan % HL_BLOCK == 0, "a span is whole blocks");
   const int64_t spans = (int64_t)hl_div_up(G, kSpan);
   // an OpenMP region costs about as much as a small segment's values
   omp_threads(n > (1u << 20) ? threads : 1, [&](int part, int parts) {
     for (int64_t s = spans * part / parts; s < spans * (part + 1) / parts; ++s) span_values(s);
   });
-  Buffer<uint8_t> widths(nb);
-  block_widths(values.data(), G, widths.data(), threads);
   const uint64_t bytes = head + nb + payload_bytes(widths.data(), nb);
   if (bytes >= below_bytes) return p;
   p.k = (uint32_t)k;

@@ -73,15 +73,28 @@ Packing plan_codes(const T* v, uint64_t n, bool level1, int threads, Coded* take
 }
 
 template <typename T>
+void pack_to(const T* v, uint64_t n, const Packing& p, int threads, uint8_t* out) {
+  if (p.radix.k)
+    radix_write(p.radix, out, threads);
+  else if (p.short_blocks)
+    short_write(v, n, p.widths16.data(), out, threads);
+  else
+    pack_blocks(v, n, p.widths.data(), out, threads);
+}
+
+template <typename T>
 Bytes pack(const T* v, uint64_t n, const Packing& p, int threads) {
   Bytes out(p.bytes);
-  if (p.radix.k)
-    radix_write(p.radix, out.data(), threads);
-  else if (p.short_blocks)
-    short_write(v, n, p.widths16.data(), out.data(), threads);
-  else
-    pack_blocks(v, n, p.widths.data(), out.data(), threads);
+  pack_to(v, n, p, threads, out.data());
   return out;
+}
+
+// Level-1 codes left for write_code, with their plan (a radix plan needs only its values).
+template <typename T>
+void pend(Sections& s, Buffer<T>& codes, Buffer<T>& pending, uint64_t n, Packing&& plan) {
+  s.n_pending = n;
+  s.plan = std::move(plan);
+  if (!s.plan.radix.k) pending = std::move(codes);
 }
 
 Bytes packed(const uint32_t* v, uint64_t n, int threads) {
@@ -138,7 +151,7 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
   const uint64_t n_codes = n_unique * d;
   if (!c.bytes.empty()) {  // lossy level-1 codes that fit bytes: no outliers
     Packing plan = plan_codes(c.bytes.data(), n_codes, true, threads, c.w32.empty() ? nullptr : &c);
-    s.code = pack(c.bytes.data(), n_codes, plan, threads);
+    pend(s, c.bytes, s.pending_bytes, n_codes, std::move(plan));
     return s;
   }
   if (!lossless) {
@@ -173,8 +186,22 @@ Sections build_sections(const Tensor<DT>& t, Coded& c, bool lossless, uint8_t le
       return s;
     }
   }
-  s.code = pack(ucodes, n_codes, plan, threads);
+  if (level == 1 && n_codes > 0)
+    pend(s, c.codes, s.pending_codes, n_codes, std::move(plan));
+  else
+    s.code = pack(ucodes, n_codes, plan, threads);
   return s;
+}
+
+void write_code(const Sections& s, int threads, uint8_t* out) {
+  if (!s.n_pending) {
+    if (!s.code.empty()) memcpy(out, s.code.data(), s.code.size());
+    return;
+  }
+  if (!s.pending_bytes.empty() || s.plan.radix.k)
+    pack_to(s.pending_bytes.data(), s.n_pending, s.plan, threads, out);
+  else
+    pack_to(s.pending_codes.data(), s.n_pending, s.plan, threads, out);
 }
 template Sections build_sections<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, Coded&, bool, uint8_t, int);
 template Sections build_sections<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, Coded&, bool, uint8_t, int);
