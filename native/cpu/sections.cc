@@ -203,6 +203,7 @@ void write_code(const Sections& s, int threads, uint8_t* out) {
   else
     pack_to(s.pending_codes.data(), s.n_pending, s.plan, threads, out);
 }
+
 template Sections build_sections<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, Coded&, bool, uint8_t, int);
 template Sections build_sections<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, Coded&, bool, uint8_t, int);
 template Sections build_sections<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, Coded&, bool, uint8_t, int);
