@@ -21,6 +21,7 @@ import hvd_lossy
 from hvd_lossy import FrameError
 import _hl_test  # the test-only native hooks (tests/_hooks.py)
 from tests._format_ref import varint
+from tests._launch import on_every_kernel_path
 
 PREFIX = 7  # "HV", version 2 and the CRC32C of everything after it
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
@@ -416,3 +417,64 @@ def test_decode_limit_refuses_a_valid_expanding_frame_per_call_and_when_set():
         with pytest.raises(ValueError, match="max_output_bytes must be an int >= 0"):
             hvd_lossy.set_max_output_bytes(bad)
 
+
+
+def _row_map_rule(entries, n_unique):
+    """A decoded row map's rule, one entry at a time (frame.h): unique rows are numbered by first
+    occurrence, so entry r is at most the count of unique rows before it, and every unique row
+    occurs. (error, marks of the unique rows that repeat); error '' for a good map."""
+    seen, marks = 0, bytearray(n_unique)
+    for r, v in enumerate(entries):
+        if v > seen or v >= n_unique:
+            return (f"frame is corrupted: row map entry {r} is {v}, expected at most {seen}", b"")
+        if v == seen:
+            seen += 1
+        else:
+            marks[v] = 1
+    if seen != n_unique:
+        return f"frame is corrupted: row map uses {seen} of {n_unique} unique rows", b""
+    return "", bytes(marks)
+
+
+def _row_map_cases():
+    """Good maps (first occurrences among repeats, short and long: the vector body and its
+    tail) and each corrupted at the start, in the body and in the tail: an entry one past the
+    count so far, far past it, 2^32 - 1, equal to n_unique; a unique row never used."""
+    g = torch.Generator().manual_seed(5)
+    cases = []
+    for rows in (1, 7, 8, 9, 16, 23, 64, 1000, 4099):
+        entries, seen = [], 0
+        for _ in range(rows):
+            if seen == 0 or torch.rand(1, generator=g).item() < 0.4:
+                entries.append(seen)
+                seen += 1
+            else:
+                entries.append(int(torch.randint(0, seen, (1,), generator=g)))
+        cases.append((entries, seen))
+        for at in sorted({0, rows // 2, rows - 1}):
+            for bad in (lambda v, s: s + 1, lambda v, s: s + 1000, lambda v, s: 2**32 - 1,
+                        lambda v, s: seen):
+                e = list(entries)
+                e[at] = bad(e[at], max(entries[:at], default=-1) + 1)
+                cases.append((e, seen))
+        cases.append((entries, seen + 1))  # a unique row no entry uses
+    return cases
+
+
+def test_row_map_check_is_the_rule_one_entry_at_a_time_on_every_kernel_path(tmp_path):
+    """The decoder's row-map check accepts exactly the good maps, names the first bad entry as
+    the rule does, and marks the rows that repeat, on every kernel path."""
+    cases = _row_map_cases()
+    script = tmp_path / "row_map.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(pathlib.Path(__file__).resolve().parents[1])!r})\n"
+        "from tests._hooks import hooks\n"
+        "h = hooks()\n"
+        f"cases = {cases!r}\n"
+        "print(repr([h.check_row_map(e, n) for e, n in cases]))\n")
+    want = [_row_map_rule(e, n) for e, n in cases]
+    assert sum(1 for err, _ in want if err) > len(cases) // 2  # mostly bad maps
+    for run in on_every_kernel_path(script):
+        got = [(err, bytes(marks)) for err, marks in run]
+        assert got == want

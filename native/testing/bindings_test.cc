@@ -1,8 +1,8 @@
 // _hl_test: the test-only hooks into the native codec, a pybind11 module apart from hvd_lossy._C
 // that the tests build (tests/_hooks.py, CMake option HVD_LOSSY_TEST_HOOKS) and the wheel never
 // ships: CRC32C as both codecs compute it, the radix rule and division, the CPU encoder's rows
-// numbered by id (dedup.cc), and the CUDA encoder's level-1 sections and frame assembly run
-// serially on the host (level1_ref.h, device_frames.h).
+// numbered by id (dedup.cc), the decoder's row-map check (row_sweep.cc), and the CUDA encoder's
+// level-1 sections and frame assembly run serially on the host (level1_ref.h, device_frames.h).
 #include <string.h>
 
 #include <tuple>
@@ -21,6 +21,7 @@
 #include "elements.h"
 #include "encode_stages.h"
 #include "kernels_cpu.h"
+#include "row_sweep.h"
 
 namespace py = pybind11;
 
@@ -322,6 +323,20 @@ PYBIND11_MODULE(_hl_test, m) {
   m.def("distinct_rows_by_id_f32", &distinct_rows_by_id_f32, py::arg("rows"), py::arg("n_rows"),
         py::arg("row_len"), py::arg("ids"),
         "dedup.cc's rows numbered by id (addresses of float32 rows and int64 ids): (map, first).");
+  m.def("check_row_map",
+        [](const std::vector<uint32_t>& map, uint64_t n_unique) {
+          std::vector<uint8_t> repeated(n_unique);
+          try {
+            hl::check_row_map(map.data(), map.size(), n_unique, repeated.data());
+          } catch (const std::exception& e) {
+            return py::make_tuple(std::string(e.what()), py::bytes());
+          }
+          return py::make_tuple(std::string(),
+                                py::bytes(reinterpret_cast<const char*>(repeated.data()),
+                                          repeated.size()));
+        },
+        py::arg("map"), py::arg("n_unique"),
+        "row_sweep.cc's check of a decoded row map: ('', repeated marks) or (error, b'').");
   m.def("crc32c",
         [](uintptr_t p, uint64_t n, bool portable) {
           return portable ? hl::crc32c_portable(ptr<const uint8_t>(p), n)
