@@ -418,7 +418,6 @@ def test_decode_limit_refuses_a_valid_expanding_frame_per_call_and_when_set():
             hvd_lossy.set_max_output_bytes(bad)
 
 
-
 def _row_map_rule(entries, n_unique):
     """A decoded row map's rule, one entry at a time (frame.h): unique rows are numbered by first
     occurrence, so entry r is at most the count of unique rows before it, and every unique row
