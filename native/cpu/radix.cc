@@ -154,7 +154,8 @@ inline uint64_t codes_below(uint64_t n, uint64_t start, uint64_t count) {
 namespace {
 
 template <typename T>
-RadixPlan plan_of(const T* v, uint64_t n, uint32_t max_code, uint64_t below_bytes, int threads) {
+RadixPlan plan_of(const T* v, uint64_t n, uint32_t max_code, uint64_t below_bytes, int threads,
+                  const uint8_t* code_widths) {
   RadixPlan p;
   if (n == 0) return p;
   const uint64_t k = (uint64_t)max_code + 1;
@@ -172,8 +173,35 @@ RadixPlan plan_of(const T* v, uint64_t n, uint32_t max_code, uint64_t below_byte
   {
     uint64_t power = 1;  // K^(g-1) < K^g < 2^32
     for (uint32_t i = 0; i + 1 < g; ++i) power *= k;
+    // With the codes' block widths (the quantizer's), first a bound from them: a block of top
+    // digits whose codes are w bits wide holds one of at least 2^(w-1), so its value block is
+    // at most a bit narrower than the pass below finds (a whole span's top lane starts on a
+    // block; the last span, which may not, is taken exactly). The pass reads 1/g of the codes
+    // a span apart, a stride the hardware prefetchers lose at every jump: it waited on memory.
+    // A block's width from it is at least bit_width(K^(g-1)) = b, so the pass's is at most
+    // (b + 1) / b of it: where this bound is below `below` by that much, so is the pass's, which
+    // is skipped; the section's own size still decides.
+    bool sure = false;
+    if (code_widths) {
+      uint64_t bound = head + nb;
+      for (uint64_t a = 0; a < G && bound < below_bytes; a += kSpan) {
+        const uint64_t count = G - a < kSpan ? G - a : kSpan;
+        const uint64_t start = radix_code_of(G, g, a, g - 1), keep = codes_below(n, start, count);
+        if (count < kSpan) {
+          bound += top_digit_bytes(v + start, keep, count, power);
+          continue;
+        }
+        for (uint64_t b = start / HL_BLOCK; b < (start + keep + HL_BLOCK - 1) / HL_BLOCK; ++b) {
+          const uint32_t w = code_widths[b], least = w ? 1u << (w - 1) : 0;
+          bound += block_payload_bytes(bit_width((uint32_t)(least * power)));
+        }
+      }
+      if (bound >= below_bytes) return p;
+      const uint64_t b = bit_width((uint32_t)power);
+      sure = bound * (b + 1) < below_bytes * b;
+    }
     uint64_t bound = head + nb;
-    for (uint64_t a = 0; a < G && bound < below_bytes; a += kSpan) {
+    for (uint64_t a = 0; a < G && bound < below_bytes && !sure; a += kSpan) {
       const uint64_t count = G - a < kSpan ? G - a : kSpan;
       const uint64_t start = radix_code_of(G, g, a, g - 1);
       bound += top_digit_bytes(v + start, codes_below(n, start, count), count, power);
@@ -216,13 +244,13 @@ RadixPlan plan_of(const T* v, uint64_t n, uint32_t max_code, uint64_t below_byte
 }  // namespace
 
 RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t below_bytes,
-                     int threads) {
-  return plan_of(v, n, max_code, below_bytes, threads);
+                     int threads, const uint8_t* code_widths) {
+  return plan_of(v, n, max_code, below_bytes, threads, code_widths);
 }
 
 RadixPlan radix_plan(const uint8_t* v, uint64_t n, uint32_t max_code, uint64_t below_bytes,
-                     int threads) {
-  return plan_of(v, n, max_code, below_bytes, threads);
+                     int threads, const uint8_t* code_widths) {
+  return plan_of(v, n, max_code, below_bytes, threads, code_widths);
 }
 
 void radix_write(const RadixPlan& p, uint8_t* out, int threads) {

@@ -22,12 +22,13 @@ struct RadixPlan {
 };
 
 // The radix section of the n codes at v, the largest of which is max_code, when it is smaller
-// than below_bytes (their block packing); a plan with k = 0 otherwise.
+// than below_bytes (their block packing); a plan with k = 0 otherwise. code_widths: the codes'
+// block widths (HL_BLOCK codes a block), when known; they only save time.
 RadixPlan radix_plan(const uint32_t* v, uint64_t n, uint32_t max_code, uint64_t below_bytes,
-                     int threads);
+                     int threads, const uint8_t* code_widths = nullptr);
 // The same of codes held as bytes.
 RadixPlan radix_plan(const uint8_t* v, uint64_t n, uint32_t max_code, uint64_t below_bytes,
-                     int threads);
+                     int threads, const uint8_t* code_widths = nullptr);
 
 // Writes a plan's section (k != 0): plan.bytes bytes at out.
 void radix_write(const RadixPlan& p, uint8_t* out, int threads);

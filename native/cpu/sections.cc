@@ -54,7 +54,7 @@ Packing plan_codes(const T* v, uint64_t n, bool level1, int threads, Coded* take
   // radix_plan builds its values only when they can beat `below`: radix wins ties with short
   // blocks, so short + 1
   const uint64_t below = shorts && shorts + 1 < block ? shorts + 1 : block;
-  p.radix = radix_plan(v, n, max_code, below, threads);
+  p.radix = radix_plan(v, n, max_code, below, threads, p.widths.data());
   switch (level1_packing(block, p.radix.k ? p.radix.bytes : 0, shorts)) {
     case HL_PACK_RADIX:
       p.bytes = p.radix.bytes;
