@@ -37,8 +37,6 @@ struct Prepared {
   uint32_t bound = 0;  // hl_bound_code of the bound coded with (lossy)
   double lo = NAN, hi = NAN;  // finite range, when it was taken
   bool deduped = false;       // s.n_unique counts distinct rows (not just n_rows)
-  // a deferred code section ends up no larger than its packing
-  uint64_t code_bytes() const { return s.code_bytes(); }
 };
 
 template <int DT>
@@ -85,7 +83,7 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
     f.s = enc::build_sections(t, coded, lossless, p.level, threads);
   }
   const Sections& s = f.s;
-  if (!lossless && lossy_exceeds_bound(t.n_rows, t.row_len, s.map.size(), f.code_bytes(),
+  if (!lossless && lossy_exceeds_bound(t.n_rows, t.row_len, s.map.size(), s.code_bytes(),
                                        s.outliers.size()))
     return prepare(t, p, shape, threads, true);
   f.n_rows = t.n_rows;
@@ -115,7 +113,7 @@ SegmentDesc segment_desc(const Prepared& f, uint8_t mode, uint8_t dtype) {
   d.bound = f.lossless ? 0 : f.bound;
   d.n_unique = s.n_unique;
   d.n_outliers = s.outliers.size();
-  d.code_bytes = f.code_bytes();
+  d.code_bytes = s.code_bytes();
   d.payload_bytes = d.map_bytes + d.code_bytes +
                     d.n_outliers * outlier_record_bytes(s.n_unique * f.row_len, dtype);
   return d;

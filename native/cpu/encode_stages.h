@@ -155,6 +155,7 @@ struct Sections {
   Buffer<uint8_t> pending_bytes;
   Buffer<uint32_t> pending_codes;
   uint64_t n_pending = 0;
+  // (a deferred section ends up no larger than its packing)
   uint64_t code_bytes() const { return n_deferred || n_pending ? plan.bytes : code.size(); }
 };
 

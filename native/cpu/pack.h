@@ -18,12 +18,8 @@
 namespace hl {
 
 #ifdef _OPENMP
-inline int omp_get_thread_num_safe() { return omp_get_thread_num(); }
-inline int omp_get_num_threads_safe() { return omp_get_num_threads(); }
 inline int max_threads() { return omp_get_max_threads(); }
 #else
-inline int omp_get_thread_num_safe() { return 0; }
-inline int omp_get_num_threads_safe() { return 1; }
 inline int max_threads() { return 1; }
 #endif
 // threads <= 0 means all cores.

@@ -198,10 +198,10 @@ void write_code(const Sections& s, int threads, uint8_t* out) {
     if (!s.code.empty()) memcpy(out, s.code.data(), s.code.size());
     return;
   }
-  if (!s.pending_bytes.empty() || s.plan.radix.k)
-    pack_to(s.pending_bytes.data(), s.n_pending, s.plan, threads, out);
-  else
+  if (!s.pending_codes.empty())
     pack_to(s.pending_codes.data(), s.n_pending, s.plan, threads, out);
+  else  // bytes, or none for a radix plan, which packs its own values
+    pack_to(s.pending_bytes.data(), s.n_pending, s.plan, threads, out);
 }
 
 template Sections build_sections<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, Coded&, bool, uint8_t, int);
