@@ -1,6 +1,9 @@
-// kernels_cpu.h's kernels with AVX-512 intrinsics: the AVX2 kernels' arithmetic eight double
-// lanes wide, and the float16/bfloat16 ones (with F16C). Same IEEE operations element by
-// element, so the same bits. HVD_LOSSY_NO_AVX512=1 forces the AVX2 kernels.
+// kernels_cpu.h's kernels with AVX-512 intrinsics: the range pass and dequantizers of every
+// dtype, and the float16/bfloat16 quantizer (with F16C). Same IEEE operations element by
+// element as the portable code, so the same bits. float32 quantizes with the AVX2 kernels at
+// this level too: their single-precision lanes (quantize_f32_fast.h) beat this file's double
+// lanes by 1.3-1.6x on an AVX-512 Xeon (benchmarks/RESULTS.md). HVD_LOSSY_NO_AVX512=1 forces
+// the AVX2 kernels.
 #include "kernels_simd.h"
 
 #ifdef HL_HAVE_AVX2_PATH
@@ -145,18 +148,9 @@ HL_AVX512_F16 inline __m128i ps_to_half8(__m256 f) {
   return _mm256_cvtepi32_epi16(_mm256_blendv_epi8(rounded, quiet, nan));
 }
 
-// Element lanes of the AVX-512 quantizer: eight elements widened to double, the double an
-// element holds after rounding a float through the element type, and the scalar/AVX2 code for
-// a row's last d % 8 elements. One quantizer for every dtype, so the dtypes cannot drift apart.
-struct F32Lanes {
-  using T = float;
-  static HL_AVX512_F16 __m512d load(const float* x) { return _mm512_cvtps_pd(_mm256_loadu_ps(x)); }
-  static HL_AVX512_F16 __m512d stored(__m256 f) { return _mm512_cvtps_pd(f); }
-  static void tail(const float* x, uint64_t n, const QuantParams& qp, uint32_t* z, uint8_t* miss) {
-    quantize_f32_avx2(x, nullptr, 1, n, qp, z, miss, nullptr);
-  }
-};
-
+// Element lanes of the 16-bit quantizer: eight elements widened to double, the double an
+// element holds after rounding a float through the element type, and the scalar code for a
+// row's last d % 8 elements. One quantizer for both dtypes, so they cannot drift apart.
 template <int DT>
 struct HalfLanes {
   using T = uint16_t;
@@ -295,9 +289,6 @@ HL_AVX512_F16 void range_avx512(uint8_t dtype, const void* x, uint64_t n, double
 HL_AVX512_F16 void quantize_avx512(uint8_t dtype, const void* x, const uint64_t* idx,
                                    uint64_t rows, uint64_t d, const QuantParams& qp,
                                    uint32_t* codes, uint8_t* row_outlier, uint64_t* hashes) {
-  if (dtype == HL_FLOAT32)
-    return quantize_lanes_avx512<F32Lanes>(static_cast<const float*>(x), idx, rows, d, qp, codes,
-                                           row_outlier, hashes);
   if (dtype == HL_FLOAT16)
     return quantize_lanes_avx512<HalfLanes<HL_FLOAT16>>(static_cast<const uint16_t*>(x), idx, rows,
                                                         d, qp, codes, row_outlier, hashes);

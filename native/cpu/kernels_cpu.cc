@@ -1,5 +1,6 @@
 // kernels_cpu.h's entry points: each picks the widest kernel simd_level() allows (kernels_avx512.cc,
-// kernels_avx2.cc) and falls back to the portable loops (kernels_scalar.h).
+// kernels_avx2.cc) and falls back to the portable loops (kernels_scalar.h); float32 quantizes
+// with the AVX2 kernels on AVX-512 CPUs too (kernels_avx512.cc says why).
 #include "kernels_cpu.h"
 
 #include <stdlib.h>
@@ -96,11 +97,11 @@ HL_CLONES void quantize_rows(uint8_t dtype, const void* x, const uint64_t* idx, 
                              uint64_t row_len, const QuantParams& qp, uint32_t* z,
                              uint8_t* row_outlier, uint64_t* hashes) {
 #ifdef HL_HAVE_AVX2_PATH
-  if (cpu_has_avx512())
-    return quantize_avx512(dtype, x, idx, rows, row_len, qp, z, row_outlier, hashes);
   if (dtype == HL_FLOAT32 && cpu_has_avx2())
     return quantize_f32_avx2(static_cast<const float*>(x), idx, rows, row_len, qp, z, row_outlier,
                              hashes);
+  if (cpu_has_avx512())
+    return quantize_avx512(dtype, x, idx, rows, row_len, qp, z, row_outlier, hashes);
 #endif
 #define CALL(DT) quantize_impl<DT>(x, idx, rows, row_len, qp, z, row_outlier, hashes)
   HL_DISPATCH(dtype, CALL)
@@ -138,7 +139,7 @@ HL_CLONES void quantize_rows_narrow(uint8_t dtype, const void* x, const uint64_t
                                     uint32_t* z, uint8_t* row_outlier, uint64_t* hashes,
                                     uint8_t* narrow, uint8_t* bytes) {
 #ifdef HL_HAVE_AVX2_PATH
-  if (dtype == HL_FLOAT32 && simd_level() == 1 && !(qp.dither && hashes))
+  if (dtype == HL_FLOAT32 && simd_level() >= 1 && !(qp.dither && hashes))
     return quantize_narrow_f32_avx2(static_cast<const float*>(x), idx, rows, row_len, qp, z,
                                     row_outlier, hashes, narrow, bytes);
 #endif

@@ -1,6 +1,6 @@
 // The CPU codec's hot loops, built for several instruction sets (GCC/Clang target_clones pick
-// AVX2 at load time where the CPU has it; float32 kernels also have AVX-512 versions) so that
-// one binary is portable and fast.
+// AVX2 at load time where the CPU has it; range passes, dequantizers and the 16-bit quantizer
+// also have AVX-512 versions) so that one binary is portable and fast.
 #pragma once
 
 #include <math.h>

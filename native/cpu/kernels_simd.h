@@ -37,6 +37,7 @@ HL_AVX2 void dequantize_dithered_f32_avx2(const uint32_t* z, uint64_t n, double 
 // AVX-512, float32, float16 and bfloat16 (kernels_avx512.cc).
 HL_AVX512_F16 void range_avx512(uint8_t dtype, const void* x, uint64_t n, double* lo_out,
                                 double* hi_out);
+// float16 and bfloat16 only (float32 quantizes with the AVX2 kernels at every level).
 HL_AVX512_F16 void quantize_avx512(uint8_t dtype, const void* x, const uint64_t* idx,
                                    uint64_t rows, uint64_t d, const QuantParams& qp,
                                    uint32_t* codes, uint8_t* row_outlier, uint64_t* hashes);
