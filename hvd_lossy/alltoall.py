@@ -155,9 +155,9 @@ class Alltoall(LossyCall):
                                         "predicts from its cache by them")
         r = self.reusing = reuse_exchange.Reusing(self, keys, self.recv_ids)
 
-        def code(residual, plan):
-            parts = [(range(self.me + 1), residual[:lo], keys[:lo]),
-                     (range(self.me + 1, self.size), residual[hi:], keys[hi:])]
+        def code(residual, plan, row_keys):
+            parts = [(range(self.me + 1), residual[:lo], row_keys[:lo]),
+                     (range(self.me + 1, self.size), residual[hi:], row_keys[hi:])]
             send, sizes = self._pack_frames(parts, None, mode="abs", plan=plan,
                                             block=r.block())
             return send, sizes, self.send_splits.tolist()

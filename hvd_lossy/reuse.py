@@ -187,6 +187,7 @@ class ReuseState:
         self._sides = {}  # key -> (send: {peer: PeerCaches}, recv: {peer: PeerCaches})
         self._sites = {}  # process set -> keys seen there
         self.in_flight = set()  # keys of calls packed and not yet decoded
+        self._buffers = {}  # key -> PassBuffers of its sender's pass
 
     def side(self, key, size, row_len, dtype):
         sites = self._sites.setdefault(key[0], set())
@@ -202,6 +203,10 @@ class ReuseState:
                                      for _ in range(2))
         return self._sides[key]
 
+    def buffers(self, key):
+        """The PassBuffers of call site `key` (its calls run one at a time: in_flight)."""
+        return self._buffers.setdefault(key, PassBuffers())
+
     def reset(self, process_set):
         """Forgets every mirror and cache of the process set: both ends of every pair do this
         when a call raises, so they start fresh together."""
@@ -211,6 +216,22 @@ class ReuseState:
     def nbytes(self):
         return sum(p.nbytes() for send, recv in self._sides.values()
                    for peers in (send, recv) for p in peers.values())
+
+
+class PassBuffers:
+    """The sender's pass's residual and X^ tensors, kept from call to call (a call site's
+    calls run one at a time: ReuseState.in_flight): fresh ones, megabytes each, were faulted in
+    page by page every call (about 1,100 faults, the most of a d128 call of 6,656 rows)."""
+
+    def __init__(self):
+        self._flat = None
+
+    def pair(self, x):
+        """(residual, x_hat) shaped like x."""
+        n = x.numel()
+        if self._flat is None or self._flat[0].numel() < n or self._flat[0].dtype != x.dtype:
+            self._flat = tuple(torch.empty(n, dtype=x.dtype) for _ in range(2))
+        return tuple(f[:n].view(x.shape) for f in self._flat)
 
 
 class Encoded:
@@ -225,15 +246,32 @@ class Encoded:
         self.references, self.residuals = references, residuals
 
 
-def encode_with_prediction(x, ids, pieces, groups, rel, code):
+# The native pass's hit byte of a row whose X^ is its held row's bits (reuse.h kHitHeld).
+_HIT_HELD = 2
+# The key the codec gets for such a row: the pass writes a reference's residual as zeros, so one
+# key for them all lets the codec take each as a repeat of the first (checking its bits) rather
+# than quantize and number every one. A held row the full sweep settled keeps a residual of its
+# own; the codec then finds its bits differ and codes it as a row of its own.
+REFERENCE_KEY = -(2 ** 63)
+
+
+def codec_keys(ids, hit):
+    """The keys the codec dedups a call's residual rows by: `ids`, REFERENCE_KEY where the
+    pass settled the row to its held one."""
+    return ids.masked_fill(hit == _HIT_HELD, REFERENCE_KEY)
+
+
+def encode_with_prediction(x, ids, pieces, groups, rel, code, buffers=None):
     """Codes x (a CPU tensor, one int64 id a row) against its prediction: `code(residual,
-    code_bounds, predicted)` codes the residual rows of the pieces (their absolute bounds in
-    piece order, predicted[g] whether group g's frame predicts) and returns (result, the
-    frames' lossless flags a piece, as the codec chose them). The native pass is rerun with
-    those flags (R^ = R there) and, if it then sends a group fresh, the residual re-coded;
-    groups only ever go from predicted to fresh, so this ends. Returns (result, Encoded); the
-    caches are not changed (store, once the frames are sent)."""
-    residual, x_hat = torch.empty_like(x), torch.empty_like(x)
+    code_bounds, predicted, keys)` codes the residual rows of the pieces (their absolute bounds
+    in piece order, predicted[g] whether group g's frame predicts, the rows' keys for the codec's
+    dedup: codec_keys) and returns (result, the frames' lossless flags a piece, as the codec
+    chose them). The native pass is rerun with those flags (R^ = R there) and, if it then
+    sends a group fresh, the residual re-coded; groups only ever go from predicted to fresh, so
+    this ends. Returns (result, Encoded); the caches are not changed (store, once the frames are
+    sent). `buffers`: a PassBuffers the residual and X^ are made in (else fresh tensors); the
+    Encoded's X^ is then valid until the next call with them."""
+    residual, x_hat = (buffers or PassBuffers()).pair(x)
     hit = torch.zeros(x.shape[0], dtype=torch.uint8)
     allow, coded_for, result, flags = [1] * groups, None, None, None
     while True:
@@ -243,7 +281,8 @@ def encode_with_prediction(x, ids, pieces, groups, rel, code):
             hit.data_ptr())
         predicted = [bool(p) for p in predicted]
         if predicted != coded_for:
-            result, flags = code(residual, code_ebs, predicted)
+            keys = codec_keys(ids, hit) if any(refs) else ids  # (refs: held rows a piece)
+            result, flags = code(residual, code_ebs, predicted, keys)
             coded_for = predicted
         if not pieces.set_lossless(flags):
             return result, Encoded(x_hat, hit, predicted, refs, resids)
@@ -291,6 +330,7 @@ class ReuseEncoder:
             raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
         self.error_bound, self.mode, self.level = error_bound, mode, level
         self.peer = PeerCaches(lambda segments: capacity)
+        self.buffers = PassBuffers()
         self.last = {}  # what the last call sent: rows, references, residuals, fresh
 
     @property
@@ -308,12 +348,13 @@ class ReuseEncoder:
         caches = self.peer.ensure(len(seg_rows), _row_len(x), x.dtype)
         pieces.add_group(0, 0, seg_rows, [self.error_bound] * len(seg_rows), caches)
 
-        def code(residual, code_ebs, _predicted):
+        def code(residual, code_ebs, _predicted, keys):
             frame, _ = _codec.compress_chunks(residual, seg_rows, code_ebs, mode="abs",
-                                              level=self.level, ids=ids)
+                                              level=self.level, ids=keys)
             return frame, _codec.segments_lossless(frame, [(0, frame.numel())])
 
-        frame, enc = encode_with_prediction(x, ids, pieces, 1, self.mode == "rel", code)
+        frame, enc = encode_with_prediction(x, ids, pieces, 1, self.mode == "rel", code,
+                                            self.buffers)
         refs, resids = sum(enc.references), sum(enc.residuals)
         self.last = {"rows": x.shape[0], "references": refs, "residuals": resids,
                      "fresh": x.shape[0] - refs - resids}

@@ -122,20 +122,21 @@ class Reusing:
         return (tuple(self.send_check), tuple(self.recv_check), tuple(self.predicted))
 
     def encode(self, code):
-        """Runs `code(plan) -> (send, sizes, counts)`, the frames of the residual rows
-        (hvd_lossy.reuse.encode_with_prediction) with the plan's bounds the residuals' (absolute)
-        ones, until the frames agree with the pass; `code` reads block() for the header.
-        Returns (send, sizes)."""
-        def attempt(residual, code_ebs, predicted):
+        """Runs `code(residual, plan, keys) -> (send, sizes, counts)`, the frames of the
+        residual rows (hvd_lossy.reuse.encode_with_prediction) with the plan's bounds the
+        residuals' (absolute) ones and the rows' keys for the codec, until the frames agree with
+        the pass; `code` reads block() for the header. Returns (send, sizes)."""
+        def attempt(residual, code_ebs, predicted, keys):
             self.predicted = list(predicted)
             it = iter(code_ebs)
             plan = [(d, rows, next(it) if self._coded(d) else e) for d, rows, e in self.plan]
-            send, sizes, counts = code(residual, plan)
+            send, sizes, counts = code(residual, plan, keys)
             offsets = np.cumsum([0] + counts).tolist()
             frames = [(offsets[d], counts[d]) for d in range(self.size) if self._coded(d)]
             return (send, sizes), _codec.segments_lossless(send, frames)
         result, self.encoded = reuse.encode_with_prediction(
-            self.x, self.keys, self.pieces, self.size, self.rel, attempt)
+            self.x, self.keys, self.pieces, self.size, self.rel, attempt,
+            self.state.buffers(self.key))
         return result
 
     def after_send(self, send, offsets, counts):

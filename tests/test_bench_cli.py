@@ -63,15 +63,23 @@ def test_alltoall_level_3_under_mpirun_is_refused_once_by_every_rank():
     assert (proc.stdout + proc.stderr).count("invalid choice: 3") == 1, proc.stdout + proc.stderr
 
 
-def test_codec_reuse_reports_the_reuse_share_and_bytes(tmp_path):
+def test_codec_reuse_reports_the_reuse_share_and_bytes_and_times_a_row_each_way(tmp_path):
     out = tmp_path / "reuse.json"
     proc = bench("codec", "--reuse", "--quick", "--json", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "references / residuals / fresh" in proc.stdout
-    total = json.loads(out.read_text())["reuse"]["total"]
+    got = json.loads(out.read_text())
+    total = got["reuse"]["total"]
     assert total["references"] + total["residuals"] + total["fresh"] == total["rows"] > 0
     assert total["references"] + total["residuals"] > 0  # hot ids come back held
     assert 0 < total["reuse_bytes"] < total["today_bytes"]
+    timed = got["reuse_time"]
+    assert "a reused row takes" in proc.stdout and got["cpu"]["simd_level"] in (0, 1, 2)
+    assert set(timed["seconds_per_row"]) == {"coded", "fresh", "reused"}
+    assert all(t > 0 for t in timed["seconds_per_row"].values())
+    # the unchanged call is references but for ids that lost their slot to another
+    assert timed["reused_call"]["references"] > 0.9 * timed["rows"]
+    assert timed["reused_call"]["residuals"] == 0
 
 
 def test_codec_modes_time_each_configuration_at_the_same_bound_with_and_without_the_range(tmp_path):

@@ -6,7 +6,8 @@ ReuseEncoder against the mirror of what its peer holds, the peer's ReuseDecoder 
     Inf rows, held rows that turned NaN, and ids that lie included.
   - Mirror and cache are bit-identical after every call, and so are their digests.
   - Held rows within the bound cost ~nothing (all-zero codes folded into one row); drifted rows
-    cost less than fresh ones.
+    cost less than fresh ones. The pass settles a held row whose residual surely codes to zeros
+    without quantizing it, and hands it to the codec as a zero row under one key: same frame.
   - A predicted row that would reconstruct outside the bound sends its frame fresh.
   - Collisions on a slot resolve deterministically (the last row of the call wins).
   - The memory of a rank's caches stays under its cap, also over 10^4 calls.
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 import hvd_lossy
-from hvd_lossy import reuse
+from hvd_lossy import _codec, reuse
 from tests._launch import assert_every_rank_passed, run_mpi
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -162,6 +163,50 @@ def test_held_rows_within_the_bound_cost_nearly_nothing_and_drifted_rows_less_th
     assert residual.numel() < 0.8 * fresh_bytes, (residual.numel(), fresh_bytes)
     assert_within(drifted, dec.decode(residual, ids, predicted), [rows], 0.03)
     assert_same_state(enc, dec)
+
+
+def test_references_reach_the_codec_as_zero_rows_under_one_key_and_code_the_same_frame():
+    """The pass settles a held float32 row whose residual surely codes to zeros (within the
+    code bound by a 2^-20 margin) without quantizing it: the codec gets it as a row of zeros
+    keyed REFERENCE_KEY, so it takes all of them for one row. The frame must be the very bytes
+    the true residuals with the caller's ids code to, and rows that drifted further keep their
+    own residual and id."""
+    g = torch.Generator().manual_seed(5)
+    rows, dim, bound = 600, 32, 0.03
+    ids = torch.arange(rows) * 7 + 3
+    enc, dec = reuse.ReuseEncoder(bound), reuse.ReuseDecoder()
+    frame, predicted = enc.encode(torch.randn(rows, dim, generator=g) * 0.1, ids, [rows])
+    held = dec.decode(frame, ids, predicted)  # P of every row, on both ends
+    eb = reuse.absolute_bound(held, bound, "rel")
+    x = held.clone()
+    x[:400] += 0.4 * eb * (torch.rand(400, dim, generator=g) * 2 - 1)  # references
+    x[400:] += 3 * eb * (torch.rand(200, dim, generator=g) * 2 - 1)    # residuals
+    pieces = reuse.Pieces()
+    pieces.add_group(0, 0, [rows], [bound], enc.peer.ensure(1, dim, x.dtype))
+    seen = {}
+
+    def code(residual, code_ebs, _predicted, keys):
+        seen.update(residual=residual.clone(), keys=keys.clone(), code_eb=code_ebs[0])
+        frame, _ = hvd_lossy.compress_chunks(residual, [rows], code_ebs, mode="abs", ids=keys)
+        return frame, _codec.segments_lossless(frame, [(0, frame.numel())])
+
+    frame, encoded = reuse.encode_with_prediction(x, ids, pieces, 1, True, code)
+    limit = seen["code_eb"] * (1 - 2 ** -20)
+    # rows whose id lost its slot to another's (direct-mapped caches) are coded fresh
+    predicted_rows = encoded.hit != 0
+    true_residual = torch.where(predicted_rows.unsqueeze(1), x - held, x)
+    settled = predicted_rows & (true_residual.abs() <= limit).all(1)
+    assert settled[:400].sum() > 380 and not settled[400:].any()
+    assert torch.equal(seen["residual"][settled], torch.zeros(int(settled.sum()), dim))
+    assert torch.equal(seen["residual"][~settled], true_residual[~settled])
+    assert (seen["keys"][settled] == reuse.REFERENCE_KEY).all()
+    assert torch.equal(seen["keys"][~settled], ids[~settled])
+    assert torch.equal(encoded.x_hat[settled], held[settled])
+    assert (encoded.hit[settled] == 2).all()
+    assert sum(encoded.references) == settled.sum() and sum(encoded.residuals) > 180
+    truth, _ = hvd_lossy.compress_chunks(true_residual, [rows], [seen["code_eb"]], mode="abs",
+                                         ids=ids)
+    assert torch.equal(frame, truth)
 
 
 def test_a_frame_whose_predicted_rows_would_miss_the_bound_goes_fresh():

@@ -27,9 +27,9 @@ the same bytes.
 With --modes rel abs every configuration also runs with each piece's bound given as the absolute
 bound its relative one comes to (taken before the timing): the same codes without the encoder's
 pass over the values for their range, which is what separates the two.
-With --reuse nothing is timed: calls of drifting rows go through hvd_lossy.reuse and the share
-of rows sent as references, residuals and fresh is reported with the bytes against today's
-(hvd_lossy.bench.reuse_share).
+With --reuse calls of drifting rows go through hvd_lossy.reuse and the share of rows sent as
+references, residuals and fresh is reported with the bytes against today's; then one call is
+timed coded as today, fresh through reuse and reused (hvd_lossy.bench.reuse_share).
 Throughput counts the uncompressed bytes (GB = 1e9 bytes).
 """
 import json
@@ -355,8 +355,9 @@ def main(argv=None):
                         help="only the realistic sets, compressed with and without their rows' "
                              "ids side by side (duplicates found by id or by content)")
     parser.add_argument("--reuse", action="store_true",
-                        help="only the reuse share: calls of drifting rows through "
-                             "hvd_lossy.reuse, references / residuals / fresh and bytes")
+                        help="only reuse: the share of calls of drifting rows sent through "
+                             "hvd_lossy.reuse as references / residuals / fresh and their "
+                             "bytes, then the compress time a row coded, fresh and reused")
     parser.add_argument("--reuse-step", type=_cli.number(0), default=0.1,
                         help="--reuse: how far every row moves between calls, in bounds")
     parser.add_argument("--reuse-calls", type=_cli.number(1, kind=int), default=40,
@@ -368,12 +369,18 @@ def main(argv=None):
         result = reuse_share.measure(calls=calls, step=args.reuse_step, bound=args.error_bound,
                                      rows=256 if args.quick else 1024)
         reuse_share.print_share(result, args.reuse_step)
+        timing = reuse_share.time_rows(dim=(args.dims or [128])[0], repeat=3 if args.quick
+                                       else max(args.repeat, 20), bound=args.error_bound,
+                                       rows=64 if args.quick else 512)
+        reuse_share.print_time(timing)
+        print(machine.summary(machine.describe()))
         if args.json:
             os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
             with open(args.json, "w") as f:
                 json.dump({"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(),
                            "error_bound_rel": args.error_bound, "step_bounds": args.reuse_step,
-                           "reuse": result}, f, indent=2)
+                           "reuse": result, "reuse_time": timing,
+                           "cpu": machine.describe()}, f, indent=2)
             print(f"wrote {args.json}")
         return 0
     if args.quick:

@@ -1,5 +1,6 @@
-// Reuse across iterations: see reuse.h. One sweep a piece: predict, subtract, quantize and
-// dequantize with the codec's kernels, reconstruct and check every element.
+// Reuse across iterations: see reuse.h. One sweep a piece: predict, subtract, settle the rows
+// that surely code to zeros (references) by one compare, quantize and dequantize the others with
+// the codec's kernels, reconstruct and check every element.
 #include "reuse.h"
 
 #include <math.h>
@@ -94,6 +95,45 @@ void check_row<HL_FLOAT32>(const uint32_t* x, const uint32_t* xh, const uint32_t
                            double eb, bool* within, bool* same) {
   check_row_f32(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(xh),
                 reinterpret_cast<const float*>(p), d, eb, within, same);
+}
+
+// A held row whose residual surely codes to zeros: every |X - P| (in float, as sweep_piece forms
+// R) at most `limit` (zero_code_limit) and no -0 in P. Then R^ is +0 everywhere and X^ = P + 0
+// is P's bits, within X's bound: the row is a reference, found without quantizing it. Its
+// residual is written as zeros (what R^ is, lossy or stored exactly), so that every reference
+// row of a call is the same row to the codec (hvd_lossy.reuse.codec_keys). float32 only; the
+// 16-bit dtypes take the full sweep.
+HL_REUSE_CLONES bool reference_row_f32(const float* x, const float* p, uint64_t d, float limit,
+                                       float* r) {
+  uint32_t miss = 0;
+  for (uint64_t i = 0; i < d; ++i) {
+    uint32_t bits;
+    memcpy(&bits, p + i, sizeof bits);
+    miss |= !(fabsf(x[i] - p[i]) <= limit) | (bits == 0x80000000u);
+  }
+  if (miss) return false;
+  memset(r, 0, d * sizeof(float));
+  return true;
+}
+
+template <int DT>
+bool reference_row(const raw_of<DT>* x, const raw_of<DT>* p, uint64_t d, float limit,
+                   raw_of<DT>* r) {
+  if constexpr (DT == HL_FLOAT32)
+    return reference_row_f32(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(p),
+                             d, limit, reinterpret_cast<float*>(r));
+  return false;
+}
+
+// The largest |r| reference_row accepts for a residual coded at code_eb: |r| <= code_eb (1 -
+// 2^-20) keeps |r / step| below 1/2 in the quantizer's double arithmetic (step = 2 code_eb,
+// hl::quantize), so its code is 0 and its reconstruction +0 within code_eb; and X's own
+// error, |X - P| <= |r| (1 + 2^-23) in double, stays below code_eb <= eb (check_row's test).
+float zero_code_limit(double code_eb) {
+  const double t = code_eb * (1 - 0x1p-20);
+  float f = (float)t;
+  if ((double)f > t) f = nextafterf(f, 0.0f);
+  return f;
 }
 
 // Slots are random reads (or writes) into caches far larger than the CPU's caches: every
@@ -258,58 +298,82 @@ std::vector<std::vector<size_t>> pieces_by_group(const std::vector<Piece>& piece
   return by;
 }
 
+// sweep_piece's buffers, kept across a group's pieces: the block's rows that are not
+// references, and their codes, outlier flags and R^.
+template <int DT>
+struct SweepScratch {
+  std::vector<uint64_t> rest;
+  std::vector<uint32_t> codes;
+  std::vector<uint8_t> row_outlier;
+  std::vector<raw_of<DT>> r_hat;
+};
+
 // One piece of encode, its held rows found: R, R^ and X^ of its rows, a block at a time.
-// Returns false, at the first element of a predicted row that X^ would take outside X's bound
-// (then nothing of the piece is final), else true with the piece's counts in out.
+// Reference rows (reference_row) are settled as they are met; the others' R^ comes from the
+// codec's quantizer and dequantizer, gathered. Returns false, at the first element of a
+// predicted row that X^ would take outside X's bound (then nothing of the piece is final), else
+// true with the piece's counts in out.
 template <int DT>
 bool sweep_piece(const raw_of<DT>* x, uint64_t d, const Piece& p, size_t k, bool predicted,
                  const raw_of<DT>* const* held, raw_of<DT>* residual, raw_of<DT>* x_hat,
-                 uint8_t* hit, EncodeResult* out, std::vector<uint32_t>* codes,
-                 std::vector<uint8_t>* row_outlier, std::vector<raw_of<DT>>* r_hat) {
+                 uint8_t* hit, EncodeResult* out, SweepScratch<DT>* w) {
   const double eb = out->eb[k], code_eb = out->code_eb[k];
   const bool exact = p.lossless || code_eb == 0;  // the codec stores R itself
   const cpu::QuantParams qp = cpu::quant_params(code_eb);  // as enc::code_rows_into's
+  const float limit = zero_code_limit(code_eb);
   const uint64_t block_rows = d ? std::max<uint64_t>(1, kBlockElems / d) : p.rows;
+  const uint64_t row_bytes = d * sizeof(raw_of<DT>);
   uint64_t refs = 0, predicted_rows = 0;
   for (uint64_t a = 0; a < p.rows; a += block_rows) {
     const uint64_t n = std::min(block_rows, p.rows - a);
     const uint64_t row0 = p.start + a;
+    w->rest.clear();  // rows of the block (from row0) that are not references
     for (uint64_t r = 0; r < n; ++r) {
       const raw_of<DT>* xr = x + (row0 + r) * d;
       raw_of<DT>* rr = residual + (row0 + r) * d;
       const raw_of<DT>* h = predicted ? held[a + r] : nullptr;
+      if (h && reference_row<DT>(xr, h, d, limit, rr)) {
+        memcpy(x_hat + (row0 + r) * d, h, row_bytes);
+        hit[row0 + r] = kHitHeld;
+        ++refs;
+        ++predicted_rows;
+        continue;
+      }
       if (h)
         for (uint64_t i = 0; i < d; ++i)
           rr[i] = Elem<DT>::from_float(as_float<DT>(xr[i]) - as_float<DT>(h[i]));
       else
-        memcpy(rr, xr, d * sizeof(raw_of<DT>));
+        memcpy(rr, xr, row_bytes);
+      w->rest.push_back(r);
     }
-    // R^: what the receiver's decoder makes of R (decode.cc: the same dequantize, outliers
-    // and lossless segments as R's raw bits).
+    // R^ of the other rows: what the receiver's decoder makes of R (decode.cc: the same
+    // dequantize, outliers and lossless segments as R's raw bits).
     const raw_of<DT>* rb = residual + row0 * d;
-    const raw_of<DT>* rh = rb;
-    if (!exact) {
-      codes->resize(n * d);
-      row_outlier->resize(n);
-      r_hat->resize(n * d);
-      cpu::quantize_rows(DT, rb, nullptr, n, d, qp, codes->data(), row_outlier->data(), nullptr);
-      cpu::dequantize(DT, codes->data(), n * d, qp.step, r_hat->data());
-      for (uint64_t r = 0; r < n; ++r)
-        if ((*row_outlier)[r])
-          for (uint64_t i = r * d; i < (r + 1) * d; ++i)
-            if ((*codes)[i] == kOutlierMark) (*r_hat)[i] = rb[i];
-      rh = r_hat->data();
+    const uint64_t m = w->rest.size();
+    if (!exact && m) {
+      w->codes.resize(m * d);
+      w->row_outlier.resize(m);
+      w->r_hat.resize(m * d);
+      // (every row of the block: no gather, as for a call of fresh rows)
+      cpu::quantize_rows(DT, rb, m == n ? nullptr : w->rest.data(), m, d, qp, w->codes.data(),
+                         w->row_outlier.data(), nullptr);
+      cpu::dequantize(DT, w->codes.data(), m * d, qp.step, w->r_hat.data());
+      for (uint64_t j = 0; j < m; ++j)
+        if (w->row_outlier[j])
+          for (uint64_t i = 0; i < d; ++i)
+            if (w->codes[j * d + i] == kOutlierMark) w->r_hat[j * d + i] = rb[w->rest[j] * d + i];
     }
-    for (uint64_t r = 0; r < n; ++r) {
-      const uint64_t row = row0 + r;
+    for (uint64_t j = 0; j < m; ++j) {
+      const uint64_t r = w->rest[j], row = row0 + r;
+      const raw_of<DT>* rh = exact ? rb + r * d : w->r_hat.data() + j * d;
       const raw_of<DT>* h = predicted ? held[a + r] : nullptr;
       raw_of<DT>* xh = x_hat + row * d;
       hit[row] = h ? kHitResidual : kHitFresh;
       if (!h) {  // fresh: the codec's own reconstruction, within code_eb <= eb
-        memcpy(xh, rh + r * d, d * sizeof(raw_of<DT>));
+        memcpy(xh, rh, row_bytes);
         continue;
       }
-      const bool as_held = reconstruct_row<DT>(h, rh + r * d, d, xh);
+      const bool as_held = reconstruct_row<DT>(h, rh, d, xh);
       bool within, same;
       check_row<DT>(x + row * d, xh, h, d, eb, &within, &same);
       if (!within) return false;
@@ -334,12 +398,10 @@ bool encode_group(const raw_of<DT>* x, const int64_t* ids, uint64_t d, bool rel,
   std::vector<uint64_t> first(mine.size() + 1, 0), slots;
   for (size_t j = 0; j < mine.size(); ++j) first[j + 1] = first[j] + pieces[mine[j]].rows;
   std::vector<const raw_of<DT>*> held(first.back());
-  std::vector<uint32_t> codes;
-  std::vector<uint8_t> row_outlier;
-  std::vector<raw_of<DT>> r_hat;
+  SweepScratch<DT> scratch;
   auto sweep = [&](size_t j, bool predicted) {
     return sweep_piece<DT>(x, d, pieces[mine[j]], mine[j], predicted, &held[first[j]],
-                           residual, x_hat, hit, out, &codes, &row_outlier, &r_hat);
+                           residual, x_hat, hit, out, &scratch);
   };
   bool predicted = allow, any_hit = false;
   for (size_t j = 0; j < mine.size(); ++j) {

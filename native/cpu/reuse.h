@@ -60,9 +60,12 @@ struct EncodeResult {
 
 // The sender's pass: for every piece, the prediction from its cache (as the caches are before
 // this call), R into `residual` and X^ into `x_hat` (both shaped like x), one hit byte a row
-// (kHit*: fresh, predicted, or predicted with X^ the held row's bits). A group whose `allow[g]` is 0 is coded fresh; so is one whose
-// predicted rows would miss their bound. Rows of no group (the own chunk) are not pieces.
-// Changes no cache: store() does, once the frames are final.
+// (kHit*: fresh, predicted, or predicted with X^ the held row's bits). A float32 row whose R
+// surely codes to zeros is a reference: its R is written as zeros, which is what the receiver
+// decodes (so the codec may take all such rows for one: hvd_lossy.reuse.codec_keys), and kHitHeld.
+// A group whose `allow[g]` is 0 is coded fresh; so is one whose predicted rows would miss their
+// bound. Rows of no group (the own chunk) are not pieces. Changes no cache: store() does, once
+// the frames are final.
 EncodeResult encode(uint8_t dtype, const void* x, const int64_t* ids, uint64_t row_len, bool rel,
                     const std::vector<Piece>& pieces, const std::vector<Cache>& caches,
                     const std::vector<uint8_t>& allow, void* residual, void* x_hat,
