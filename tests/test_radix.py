@@ -14,6 +14,7 @@ import hvd_lossy
 import _hl_test  # the test-only native hooks (tests/_hooks.py)
 from tests._format_ref import (block_packed, level1_section, radix_section, reference_group,
                                varint)
+from tests._launch import on_every_kernel_path
 
 
 def zigzag(q):
@@ -112,6 +113,37 @@ def test_codes_below_k_not_a_power_of_two_are_radix_packed_when_smaller_and_deco
     assert torch.equal(y, x)  # integers at step 1: exact
     assert torch.equal(y, hvd_lossy.decompress(hvd_lossy.compress(x, 0.5, mode="abs", level=2,
                                                                   dedup=False)))
+
+
+def test_deduplicated_radix_segments_decode_through_the_row_sweep_alike_on_every_kernel_path(
+        tmp_path):
+    """A segment with a row map decodes its radix values lane by lane straight into the output
+    rows (native/cpu/radix_sweep.cc): sixteen lanes and a two-register table with AVX-512, eight
+    and four registers with AVX2, one at a time without. Every K from 3 to 32 not a power of two
+    (one to four table registers), sections of several spans, rows repeated: every path must
+    give back exactly the integers coded."""
+    script = tmp_path / "sweep.py"
+    script.write_text(
+        "import zlib, numpy as np, torch, hvd_lossy\n"
+        "hvd_lossy.set_num_threads(1)  # the sweep is the one-thread decoder's\n"
+        "out = []\n"
+        "for k in [k for k in range(3, 33) if k & (k - 1)]:\n"
+        "    rng = np.random.default_rng(k)\n"
+        "    z = rng.integers(0, k, size=(3000 + 37 * k) * 24)\n"
+        "    z[0] = k - 1\n"
+        "    q = np.where(z % 2 == 0, z // 2, -(z + 1) // 2)  # zigzag codes z at step 1\n"
+        "    x = torch.from_numpy(q.astype(np.float32).reshape(-1, 24))\n"
+        "    x = x[torch.from_numpy(rng.integers(0, x.shape[0], size=2 * x.shape[0]))]\n"
+        "    frame = hvd_lossy.compress_chunks(x, [x.shape[0]], 0.5, mode='abs', level=1)[0]\n"
+        "    seg = hvd_lossy.frame_info(frame)['segments'][0]\n"
+        "    y = hvd_lossy.decompress(frame)\n"
+        "    out.append((k, seg['radix'], seg['n_unique'] < seg['n_rows'], torch.equal(y, x),\n"
+        "                zlib.crc32(y.numpy().tobytes())))\n"
+        "print(repr(out))\n")
+    runs = on_every_kernel_path(script)
+    for k, radix, mapped, exact, _crc in runs[0]:
+        assert radix == k and mapped and exact, (k, radix, mapped, exact)
+    assert runs[1] == runs[0] and runs[2] == runs[0]
 
 
 def test_most_k_not_a_power_of_two_pay_on_a_64_row_segment():

@@ -98,20 +98,14 @@ void split_scalar(const uint32_t* in, uint32_t* quotient, uint32_t* digit, uint6
 }
 
 #ifdef HL_RADIX_SIMD
-// radix_div in 32-bit lanes: t = v * lo >> 32 from two even-lane multiplies (even lanes, and odd
-// lanes shifted down), merged by a blend, then ((v - t) >> 1 + t) >> shift and v - q * K.
+// split sixteen lanes at a time: radix.h's division, then v - q * K.
 HL_AVX512 void split_avx512(const uint32_t* in, uint32_t* quotient, uint32_t* digit,
                             uint64_t count, RadixDiv div) {
-  const __m512i lo = _mm512_set1_epi64(div.lo), k = _mm512_set1_epi32((int)div.k);
-  const __m128i sh = _mm_cvtsi32_si128((int)div.shift);
+  const __m512i k = _mm512_set1_epi32((int)div.k);
   uint64_t j = 0;
   for (; j + 16 <= count; j += 16) {
     const __m512i v = _mm512_loadu_si512(in + j);
-    const __m512i even = _mm512_srli_epi64(_mm512_mul_epu32(v, lo), 32);
-    const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(v, 32), lo);
-    const __m512i t = _mm512_mask_blend_epi32((__mmask16)0xAAAA, even, odd);
-    const __m512i q =
-        _mm512_srl_epi32(_mm512_add_epi32(_mm512_srli_epi32(_mm512_sub_epi32(v, t), 1), t), sh);
+    const __m512i q = radix_div16(v, div);
     _mm512_storeu_si512(digit + j, _mm512_sub_epi32(v, _mm512_mullo_epi32(q, k)));
     _mm512_storeu_si512(quotient + j, q);
   }

@@ -66,5 +66,17 @@ __attribute__((target("avx2"), always_inline)) inline __m256i radix_div8(__m256i
                           _mm_cvtsi32_si128((int)div.shift));
 }
 
+// The same of sixteen lanes with AVX-512F: t = v * lo >> 32 from two even-lane multiplies (even
+// lanes, and odd lanes shifted down) merged by a blend, then ((v - t) >> 1 + t) >> shift.
+__attribute__((target("avx512f,avx2"), always_inline)) inline __m512i radix_div16(__m512i v,
+                                                                                RadixDiv div) {
+  const __m512i lo = _mm512_set1_epi64(div.lo);
+  const __m512i even = _mm512_srli_epi64(_mm512_mul_epu32(v, lo), 32);
+  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(v, 32), lo);
+  const __m512i t = _mm512_mask_blend_epi32((__mmask16)0xAAAA, even, odd);
+  return _mm512_srl_epi32(_mm512_add_epi32(_mm512_srli_epi32(_mm512_sub_epi32(v, t), 1), t),
+                          _mm_cvtsi32_si128((int)div.shift));
+}
+
 }  // namespace hl
 #endif

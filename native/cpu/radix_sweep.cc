@@ -16,12 +16,18 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_AVX2_PATH)
 #include <immintrin.h>
 #define HL_RADIX_SWEEP_AVX2 1
+// GCC 12's AVX-512 intrinsics warn about their own self-initialised undefined values in every
+// caller (as in kernels_avx512.cc).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #endif
 
 namespace hl {
 namespace {
 
-// The table of elements: four registers of eight.
+// The table of elements: four registers of eight (two of sixteen).
 constexpr uint32_t kMaxK = 32;
 constexpr uint64_t kSpan = HL_RADIX_SPAN;
 
@@ -98,6 +104,41 @@ HL_AVX2 void lane_avx2(const uint32_t* in, uint32_t* quot, uint64_t count, Radix
   lane_portable(in + j, quot + j, count - j, div, tab, out + j);
 }
 
+// The same sixteen lanes wide (radix.h's radix_div16): the table is two registers, one
+// two-source permute indexed by the digit's low five bits (entry digit % kMaxK, as the portable
+// loop reads).
+#define HL_AVX512 __attribute__((target("avx512f,avx2")))
+
+HL_AVX512 void lane_avx512(const uint32_t* in, uint32_t* quot, uint64_t count, RadixDiv div,
+                           const Table& tab, uint32_t* out) {
+  const __m512i t0 = _mm512_loadu_si512(tab.t), t1 = _mm512_loadu_si512(tab.t + 16);
+  const __m512i k = _mm512_set1_epi32((int)div.k);
+  uint64_t j = 0;
+  for (; j + 16 <= count; j += 16) {
+    const __m512i v = _mm512_loadu_si512(in + j);
+    const __m512i q = radix_div16(v, div);
+    _mm512_storeu_si512(quot + j, q);
+    const __m512i d = _mm512_sub_epi32(v, _mm512_mullo_epi32(q, k));
+    _mm512_storeu_si512(out + j, _mm512_permutex2var_epi32(t0, d, t1));
+  }
+  lane_portable(in + j, quot + j, count - j, div, tab, out + j);
+}
+
+HL_AVX512 uint32_t top_avx512(const uint32_t* in, uint64_t count, const Table& tab,
+                              uint32_t* out) {
+  const __m512i t0 = _mm512_loadu_si512(tab.t), t1 = _mm512_loadu_si512(tab.t + 16);
+  __m512i top = _mm512_setzero_si512();
+  uint64_t j = 0;
+  for (; j + 16 <= count; j += 16) {
+    const __m512i d = _mm512_loadu_si512(in + j);
+    top = _mm512_max_epu32(top, d);
+    _mm512_storeu_si512(out + j, _mm512_permutex2var_epi32(t0, d, t1));
+  }
+  const uint32_t m = top_portable(in + j, count - j, tab, out + j);
+  const uint32_t v = _mm512_reduce_max_epu32(top);
+  return v > m ? v : m;
+}
+
 template <int NT>
 HL_AVX2 uint32_t top_avx2(const uint32_t* in, uint64_t count, const Table& tab, uint32_t* out) {
   const TableRegs t = table_regs(tab);
@@ -136,6 +177,7 @@ struct Spans {
   // Lane i's digits of the L values at in: elements into the sweep's stage, quotients to quot.
   void lane(const uint32_t* in, uint64_t L, uint32_t* out) {
 #ifdef HL_RADIX_SWEEP_AVX2
+    if (simd >= 2) return lane_avx512(in, quot, L, div, tab, out);
     if (simd >= 1) {
       switch (nt) {
         case 1: return lane_avx2<1>(in, quot, L, div, tab, out);
@@ -149,6 +191,7 @@ struct Spans {
   }
   uint32_t top_lane(const uint32_t* in, uint64_t L, uint32_t* out) {
 #ifdef HL_RADIX_SWEEP_AVX2
+    if (simd >= 2) return top_avx512(in, L, tab, out);
     if (simd >= 1) {
       switch (nt) {
         case 1: return top_avx2<1>(in, L, tab, out);
