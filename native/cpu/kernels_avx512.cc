@@ -80,18 +80,32 @@ HL_AVX512 inline bool dither16(DitherInner& di, uint64_t first, __m512d step, __
   return true;
 }
 
-// Where single precision gives the double form's bits (f32_exact_codes, kernels_scalar.h), the
-// AVX2 kernels' single-precision lanes convert each code once, where these lanes convert it to
-// double and back (not timed on an AVX-512 machine: none was at hand).
+HL_AVX512 inline __m512i unzigzag16(__m512i c) {
+  return _mm512_xor_si512(_mm512_srli_epi32(c, 1),
+                          _mm512_sub_epi32(_mm512_setzero_si512(),
+                                           _mm512_and_si512(c, _mm512_set1_epi32(1))));
+}
+
+// Where single precision gives the double form's bits (f32_exact_codes, kernels_scalar.h): the
+// AVX2 kernels' single-precision lanes sixteen wide, the same operations lane by lane (one
+// conversion, one multiply), so the same bits. A group with a code too wide for them hands the
+// rest to the AVX2 kernel, which takes the double form group by group.
 HL_AVX512 void dequantize_f32_avx512(const uint32_t* z, uint64_t n, double step, float* out) {
-  if (f32_exact_codes(step, false)) return dequantize_f32_avx2(z, n, step, out);
-  const __m512d st = _mm512_set1_pd(step);
-  const __m512i one = _mm512_set1_epi32(1);
+  const uint32_t fits = f32_exact_codes(step, false);
   uint64_t i = 0;
+  if (fits) {
+    const __m512i wide = _mm512_set1_epi32((int)~fits);
+    const __m512 stf = _mm512_set1_ps((float)step);
+    for (; i + 16 <= n; i += 16) {
+      const __m512i c = _mm512_loadu_si512(z + i);
+      if (_mm512_test_epi32_mask(c, wide)) break;
+      _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_cvtepi32_ps(unzigzag16(c)), stf));
+    }
+    return dequantize_f32_avx2(z + i, n - i, step, out + i);
+  }
+  const __m512d st = _mm512_set1_pd(step);
   for (; i + 16 <= n; i += 16) {
-    __m512i c = _mm512_loadu_si512(z + i);
-    __m512i q = _mm512_xor_si512(_mm512_srli_epi32(c, 1),
-                                 _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_and_si512(c, one)));
+    const __m512i q = unzigzag16(_mm512_loadu_si512(z + i));
     __m256 a = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(q)), st));
     __m256 b = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(q, 1)), st));
     _mm256_storeu_ps(out + i, a);
@@ -100,9 +114,46 @@ HL_AVX512 void dequantize_f32_avx512(const uint32_t* z, uint64_t n, double step,
   dequantize_f32_avx2(z + i, n - i, step, out + i);
 }
 
+// dequantize_dithered_f32_avx2's single-precision run sixteen wide: within one run of 2^32
+// indices, the offset (2b - 2^24 + 1) * (step * 2^-25) of each lane's 24 hashed bits b fused
+// with its code times step, the same operations lane by lane, so the same bits. Whatever the
+// run cannot take (a code too wide, a crossing of 2^32, the tail) goes to the AVX2 kernel.
+HL_AVX512 uint64_t dequantize_dithered_run_avx512(const uint32_t* z, uint64_t n, double step,
+                                                  uint32_t seed, uint64_t first, float* out) {
+  const uint32_t fits = f32_exact_codes(step, true);
+  if (!fits || n < 16 || (first >> 32) != ((first + n - 1) >> 32) || !(step >= 0x1p-990))
+    return 0;
+  DitherInner di{seed};
+  const __m512i inner = _mm512_set1_epi32((int)di.of(first)), sixteen = _mm512_set1_epi32(16),
+                odd = _mm512_set1_epi32((1 << 24) - 1), wide = _mm512_set1_epi32((int)~fits);
+  const __m512 stf = _mm512_set1_ps((float)step), st25f = _mm512_set1_ps((float)(step * 0x1p-25));
+  __m512i lo = _mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)first),
+                                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                  14, 15));
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i c = _mm512_loadu_si512(z + i);
+    if (_mm512_test_epi32_mask(c, wide)) break;
+    __m512i h = _mm512_xor_si512(lo, inner);  // mix32 of the index (hl::dither_unit), >> 8
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85ebca6bu));
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xc2b2ae35u));
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+    const __m512i a = _mm512_sub_epi32(_mm512_slli_epi32(_mm512_srli_epi32(h, 8), 1), odd);
+    lo = _mm512_add_epi32(lo, sixteen);
+    const __m512 qs = _mm512_mul_ps(_mm512_cvtepi32_ps(unzigzag16(c)), stf);
+    _mm512_storeu_ps(out + i, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), st25f, qs));
+  }
+  return i;
+}
+
 HL_AVX512 void dequantize_dithered_f32_avx512(const uint32_t* z, uint64_t n, double step,
                                               uint32_t seed, uint64_t first, float* out) {
-  if (f32_exact_codes(step, true)) return dequantize_dithered_f32_avx2(z, n, step, seed, first, out);
+  if (f32_exact_codes(step, true)) {
+    const uint64_t i = dequantize_dithered_run_avx512(z, n, step, seed, first, out);
+    return dequantize_dithered_f32_avx2(z + i, n - i, step, seed, first + i, out + i);
+  }
   const __m512d st = _mm512_set1_pd(step);
   const __m256i one = _mm256_set1_epi32(1);
   uint64_t i = 0;
