@@ -42,6 +42,16 @@ HL_AVX512 void range_f32_avx512(const float* x, uint64_t n, double* lo_out, doub
   *hi_out = h > th ? h : th;
 }
 
+// dither_mix8 sixteen lanes wide: mix32 of each lane (hl::dither_unit), its top 24 bits.
+HL_AVX512 inline __m512i dither_mix16(__m512i h) {
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85ebca6bu));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+  h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xc2b2ae35u));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  return _mm512_srli_epi32(h, 8);
+}
+
 // Dither offsets of eight consecutive elements (dither8_avx2 in one vector). False when the
 // indices cross a 2^32 boundary.
 HL_AVX512 inline bool dither8(DitherInner& di, uint64_t first, __m512d step, __m512d* u) {
@@ -66,12 +76,7 @@ HL_AVX512 inline bool dither16(DitherInner& di, uint64_t first, __m512d step, __
       _mm512_add_epi32(_mm512_set1_epi32((int)lo),
                        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)),
       _mm512_set1_epi32((int)inner));
-  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-  h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85ebca6bu));
-  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
-  h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xc2b2ae35u));
-  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-  h = _mm512_srli_epi32(h, 8);
+  h = dither_mix16(h);
   const __m512d half = _mm512_set1_pd(0.5), scale = _mm512_set1_pd(1.0 / 16777216.0);
   __m512d a = _mm512_cvtepi32_pd(_mm512_castsi512_si256(h));
   __m512d b = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(h, 1));
@@ -134,13 +139,8 @@ HL_AVX512 uint64_t dequantize_dithered_run_avx512(const uint32_t* z, uint64_t n,
   for (; i + 16 <= n; i += 16) {
     const __m512i c = _mm512_loadu_si512(z + i);
     if (_mm512_test_epi32_mask(c, wide)) break;
-    __m512i h = _mm512_xor_si512(lo, inner);  // mix32 of the index (hl::dither_unit), >> 8
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85ebca6bu));
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
-    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xc2b2ae35u));
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    const __m512i a = _mm512_sub_epi32(_mm512_slli_epi32(_mm512_srli_epi32(h, 8), 1), odd);
+    const __m512i a =
+        _mm512_sub_epi32(_mm512_slli_epi32(dither_mix16(_mm512_xor_si512(lo, inner)), 1), odd);
     lo = _mm512_add_epi32(lo, sixteen);
     const __m512 qs = _mm512_mul_ps(_mm512_cvtepi32_ps(unzigzag16(c)), stf);
     _mm512_storeu_ps(out + i, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), st25f, qs));
