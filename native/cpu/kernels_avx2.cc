@@ -109,7 +109,7 @@ HL_AVX2 void quantize_f32_avx2_rows<false>(
   const FastF32 fast = fast_f32(qp.step, qp.inv_step, qp.max_abs);
   DitherInner di{qp.seed};
   for (uint64_t r = 0; r < rows; ++r) {
-    prefetch_gathered(xs, idx, r, rows, d * 4);
+    prefetch_ahead(xs, idx, r, rows, d * 4);
     const float* x = xs + (idx ? idx[r] : r) * d;
     uint32_t* z = codes + r * d;
     __m256d bad = _mm256_setzero_pd();
@@ -199,7 +199,7 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows
   const __m256i inner = _mm256_set1_epi32(one_run ? (int)di.of(qp.first) : 0),
                 eight = _mm256_set1_epi32(8), lanes07 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (uint64_t r = 0; r < rows; ++r) {
-    prefetch_gathered(xs, idx, r, rows, d * 4);
+    prefetch_ahead(xs, idx, r, rows, d * 4);
     const float* x = xs + (idx ? idx[r] : r) * d;  // with idx never dithered (dedup)
     uint32_t* z = codes + r * d;
     uint8_t* b = bytes + r * d;
@@ -228,6 +228,8 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows
     };
     uint64_t i = 0;
     for (; i + 32 <= d; i += 32) {
+      prefetch_within(x, i * 4, d * 4);
+      prefetch_within(x, i * 4 + 64, d * 4);
       const __m256i a = group(i), c = group(i + 8), e = group(i + 16), f = group(i + 24);
       // signed saturation keeps codes below 256 (a larger one makes the row wide anyway);
       // the packs work within 128-bit lanes, the permutation restores the order

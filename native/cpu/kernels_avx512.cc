@@ -247,7 +247,7 @@ HL_AVX512_F16 void quantize_lanes_avx512(const typename L::T* xs, const uint64_t
                 eb = _mm512_set1_pd(qp.eb_abs);
   DitherInner di{qp.seed};
   for (uint64_t r = 0; r < rows; ++r) {
-    prefetch_gathered(xs, idx, r, rows, d * sizeof(typename L::T));
+    prefetch_ahead(xs, idx, r, rows, d * sizeof(typename L::T));
     const typename L::T* x = xs + (idx ? idx[r] : r) * d;
     uint32_t* z = codes + r * d;
     unsigned miss = 0;
