@@ -31,7 +31,8 @@ HL_INLINE double round_even(double t) {
 // in order are fetched kStreamAhead bytes ahead: with the hardware prefetcher alone the
 // quantizers waited on memory at about half a read pass's speed (RESULTS, "CPU codec, one
 // core"); 4 and 16 KiB ahead were slower than 8. Rows longer than kStreamAhead / 4 bytes (a
-// tile quantized as one run) fetch ahead within the row instead (prefetch_within).
+// tile quantized as one run) fetch ahead within the row instead (prefetch_within). The range
+// passes fetch as far ahead: float32 0.55-0.75 of their time, 16-bit 0.65-0.75.
 constexpr uint64_t kGatherAhead = 4;
 constexpr uint64_t kStreamAhead = 8192;
 
