@@ -31,9 +31,9 @@ HL_INLINE double round_even(double t) {
 // in order are fetched kStreamAhead bytes ahead: with the hardware prefetcher alone the
 // quantizers waited on memory at about half a read pass's speed (RESULTS, "CPU codec, one
 // core"); 4 and 16 KiB ahead were slower than 8. Rows longer than kStreamAhead / 4 bytes (a
-// tile quantized as one run) fetch ahead within the row instead (prefetch_within). The range
-// passes fetch as far ahead: 0.59-0.75 of their time (medians of 3-4 rounds, every dtype, both
-// kernel paths).
+// tile quantized as one run) fetch ahead within the row instead (prefetch_within). The SIMD
+// range passes fetch as far ahead: 0.59-0.75 of their time (medians of 3-4 rounds, every dtype,
+// both kernel paths).
 constexpr uint64_t kGatherAhead = 4;
 constexpr uint64_t kStreamAhead = 8192;
 
