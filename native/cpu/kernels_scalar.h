@@ -30,7 +30,7 @@ HL_INLINE double round_even(double t) {
 // and the first 1 KiB suffices for the hardware prefetcher to carry on through longer rows. Rows
 // in order are fetched kStreamAhead bytes ahead: with the hardware prefetcher alone the
 // quantizers waited on memory at about half a read pass's speed (RESULTS, "CPU codec, one
-// core"); 4 and 16 KiB ahead were slower than 8. Rows longer than kStreamAhead / 4 bytes (a
+// core"); 4 and 16 KiB ahead were mostly slower than 8. Rows longer than kStreamAhead / 4 bytes (a
 // tile quantized as one run) fetch ahead within the row instead (prefetch_within). The SIMD
 // range passes fetch as far ahead: 0.59-0.75 of their time (medians of 3-4 rounds, every dtype,
 // both kernel paths).
