@@ -37,14 +37,29 @@ def test_describe_without_cpuinfo_still_names_the_kernel_path(tmp_path):
     assert "none of" in machine.summary(info)
 
 
-def test_a_forced_kernel_path_is_recorded_with_the_level_it_gives():
-    env = dict(os.environ, HVD_LOSSY_NO_AVX512="1", PYTHONPATH=str(REPO))
+def _describe_with(**forcing):
+    env = {k: v for k, v in os.environ.items() if k not in machine.FORCING}
+    env.update(forcing, PYTHONPATH=str(REPO))
     code = ("import json; from hvd_lossy.bench import machine; "
             "print(json.dumps(machine.describe()))")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, check=True,
                          capture_output=True, text=True).stdout
     import json
-    info = json.loads(out)
+    return json.loads(out)
+
+
+def test_a_forced_kernel_path_is_recorded_with_the_level_it_gives():
+    info = _describe_with(HVD_LOSSY_NO_AVX512="1")
     assert info["simd_forced"] == {"HVD_LOSSY_NO_AVX512": "1"}
     assert info["simd_level"] <= 1  # AVX2 at most, whatever the CPU has
     assert "HVD_LOSSY_NO_AVX512=1" in machine.summary(info)
+
+
+def test_a_forcing_variable_set_to_0_or_empty_forces_nothing():
+    # HVD_LOSSY_NO_AVX512=0 means "do not force", in the codec as in the record
+    free = _describe_with()["simd_level"]
+    for value in ("0", ""):
+        info = _describe_with(HVD_LOSSY_NO_AVX512=value, HVD_LOSSY_NO_AVX2=value)
+        assert info["simd_level"] == free, value
+        assert info["simd_forced"] == {}, value
+    assert _describe_with(HVD_LOSSY_NO_AVX2="1")["simd_level"] == 0

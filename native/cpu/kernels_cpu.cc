@@ -52,11 +52,18 @@ void expand_rows(uint8_t* out, const uint8_t* uniq, const uint32_t* map, uint64_
   }
 }
 
+// A forcing variable counts when set to anything but "" or "0": HVD_LOSSY_NO_AVX512=0 reads as
+// "do not force", not as the variable's presence.
+static bool env_forces(const char* name) {
+  const char* v = getenv(name);
+  return v && v[0] && !(v[0] == '0' && v[1] == 0);
+}
+
 int simd_level() {
 #ifdef HL_HAVE_AVX2_PATH
   static const int level = [] {
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
-        getenv("HVD_LOSSY_NO_AVX2"))
+        env_forces("HVD_LOSSY_NO_AVX2"))
       return 0;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
@@ -65,7 +72,7 @@ int simd_level() {
         // AVX-512F has F16C)
         __builtin_cpu_supports("f16c") &&
 #endif
-        !getenv("HVD_LOSSY_NO_AVX512"))
+        !env_forces("HVD_LOSSY_NO_AVX512"))
       return 2;
     return 1;
   }();
