@@ -405,6 +405,41 @@ def test_dither_kernels_match_the_scalar_rule_at_every_element_index(tmp_path):
     assert runs[0][1:] == runs[1][1:] == runs[2][1:]
 
 
+def test_dedup_hashes_follow_one_rule_on_every_kernel_path(tmp_path):
+    """The quantizer that serves dedup hashes each row as the scalar rule says (narrow_hash of a
+    narrow row's bytes, wide_hash of a wide row's codes and outliers), on every kernel path and at
+    row lengths with and without whole blocks of 32 and a rest of 8 or fewer codes; and a narrow
+    row's hash covers every code: one code changed anywhere in the row changes it."""
+    from tests._hooks import OUT
+
+    script = tmp_path / "hashes.py"
+    script.write_text(
+        "import math, random, sys\n"
+        f"sys.path.insert(0, {str(OUT)!r})\n"
+        "import _hl_test, hvd_lossy\n"
+        "rng = random.Random(7)\n"
+        "out = [hvd_lossy._C.simd_level()]\n"
+        "for d in (5, 8, 16, 29, 32, 40, 64, 77, 128):\n"
+        "    rows = [[rng.gauss(0, 1) for _ in range(d)] for _ in range(6)]\n"
+        "    rows[1][d - 1] = 50.0  # a code of 256 or more: a wide row\n"
+        "    rows[2][d // 2] = math.nan  # an outlier: a wide row\n"
+        "    x = [v for r in rows for v in r]\n"
+        "    narrow, h, ref = _hl_test.narrow_hashes_f32(x, d, 0.1)\n"
+        "    assert list(narrow) == [1, 0, 0, 1, 1, 1], (d, narrow)\n"
+        "    assert list(h) == list(ref), d\n"
+        "    out.append(list(h))\n"
+        "    for at in range(d):  # one code one step up (0.2 = two bounds) at each position\n"
+        "        y = rows[0][:]\n"
+        "        y[at] += 0.2\n"
+        "        _, h2, ref2 = _hl_test.narrow_hashes_f32(rows[0] + y, d, 0.1)\n"
+        "        assert list(h2) == list(ref2) and h2[1] != h2[0], (d, at)\n"
+        "print(repr(out))\n")
+
+    runs = on_every_kernel_path(script)
+    assert runs[2][0] == 0 and runs[1][0] <= 1 and runs[0][0] >= runs[1][0]
+    assert runs[0][1:] == runs[1][1:] == runs[2][1:]
+
+
 def test_the_range_pass_leaves_out_nan_and_inf_wherever_they_fall_on_every_kernel_path(tmp_path):
     """The finite range (the relative bound's base and STAT_MIN/MAX) is the same on every kernel
     path and equals numpy's over the finite elements, with NaN and +-Inf at the start, middle and

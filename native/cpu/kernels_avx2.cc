@@ -154,7 +154,9 @@ HL_AVX2 void quantize_f32_avx2_rows<false>(
     }
     row_outlier[r] = (uint8_t)((miss != 0) | tail);
     if (hashes)
-      hashes[r] = row_outlier[r] ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
+      hashes[r] = row_outlier[r] ? mix_outliers(hash_codes(z, d),
+                                                reinterpret_cast<const uint32_t*>(x), z, d)
+                                 : hash_codes(z, d);
   }
 }
 
@@ -177,7 +179,8 @@ HL_AVX2 inline __m256i codes8_avx2(const float* x, const FastF32& fast,
 }
 
 // quantize_rows_narrow for float32 with AVX2, in one pass: each row's codes go to bytes (32 a
-// store) and into its hash (hash_codes, eight lanes a vector) as they come out of the quantizer,
+// store) and those 32 bytes into its hash (narrow_hash, eight lanes a vector) as they come out
+// of the quantizer,
 // and only a row found wide (a code of 256 or more: an outlier's mark too) is quantized again
 // into z by the kernel above, for its codes, outlier flag and hash. z holds nothing of use for a
 // narrow row.
@@ -225,7 +228,6 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows
         zig = codes8_avx2<false, Bounded>(x + i, fast, none, inv, step, eb, z + i);
       }
       any = _mm256_or_si256(any, zig);
-      if (Hash) lanes = _mm256_mullo_epi32(_mm256_xor_si256(lanes, zig), mul);
       return zig;
     };
     uint64_t i = 0;
@@ -235,10 +237,14 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows
       const __m256i a = group(i), c = group(i + 8), e = group(i + 16), f = group(i + 24);
       // signed saturation keeps codes below 256 (a larger one makes the row wide anyway);
       // the packs work within 128-bit lanes, the permutation restores the order
-      const __m256i w = _mm256_packus_epi16(_mm256_packs_epi32(a, c), _mm256_packs_epi32(e, f));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b + i),
-                          _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+      const __m256i w = _mm256_permutevar8x32_epi32(
+          _mm256_packus_epi16(_mm256_packs_epi32(a, c), _mm256_packs_epi32(e, f)),
+          _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b + i), w);
+      // a wide row's saturated bytes hash to nothing of use: it is hashed again below
+      if (Hash) lanes = _mm256_mullo_epi32(_mm256_xor_si256(lanes, w), mul);
     }
+    const uint64_t hashed = i;  // narrow_hash's rest: the bytes from here on
     for (; i + 8 <= d; i += 8) {
       const __m256i zig = group(i);
       const __m128i w =
@@ -265,14 +271,16 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows
       row.first = qp.first + r * d;
       quantize_f32_avx2_rows<false>(x, nullptr, 1, d, row, z, row_outlier + r, nullptr, nullptr,
                                     nullptr);
-      if (Hash) hashes[r] = row_hash(x, z, d, false, row_outlier[r]);
+      if (Hash) hashes[r] = wide_hash(reinterpret_cast<const uint32_t*>(x), z, d, row_outlier[r]);
       continue;
     }
     row_outlier[r] = 0;
     if (Hash) {
       alignas(32) uint32_t lane[8];
       _mm256_store_si256(reinterpret_cast<__m256i*>(lane), lanes);
-      hashes[r] = hash_finish(lane, z + i, d - i, d) & ~(1ull << 32);
+      uint32_t rest[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      memcpy(rest, b + hashed, d - hashed);
+      hashes[r] = hash_finish(lane, rest, (d - hashed + 3) / 4, d) & ~(1ull << 32);
     }
   }
 }

@@ -134,8 +134,9 @@ HL_INLINE void narrow_impl(const void* xv, const uint64_t* idx, uint64_t rows, u
     if (ok)
       for (uint64_t k = 0; k < d; ++k) b[k] = (uint8_t)z[k];
     if (hashes)
-      hashes[r] = row_hash(static_cast<const raw_t*>(xv) + (idx ? idx[r] : r) * d, z, d, ok,
-                           row_outlier[r]);
+      hashes[r] = ok ? narrow_hash(b, d)
+                     : wide_hash(static_cast<const raw_t*>(xv) + (idx ? idx[r] : r) * d, z, d,
+                                 row_outlier[r]);
   }
 }
 

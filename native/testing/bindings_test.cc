@@ -21,6 +21,7 @@
 #include "elements.h"
 #include "encode_stages.h"
 #include "kernels_cpu.h"
+#include "kernels_scalar.h"
 #include "row_sweep.h"
 
 namespace py = pybind11;
@@ -246,6 +247,27 @@ py::tuple quantized_f32(const std::vector<float>& x, double eb_abs, bool dither,
   return py::make_tuple(z, z_ref, decoded[0], decoded[1]);
 }
 
+// cpu::quantize_rows_narrow (whichever simd_level runs) over rows of d float32 elements, beside
+// the scalar rule of its dedup hashes (narrow_hash of a narrow row's bytes, wide_hash of a wide
+// row's codes): (narrow flags, hashes, reference hashes).
+py::tuple narrow_hashes_f32(const std::vector<float>& x, uint64_t d, double eb_abs) {
+  if (d == 0 || x.size() % d != 0)
+    throw hl::ArgumentError("rows of d = " + std::to_string(d) + " elements, got " +
+                            std::to_string(x.size()) + " elements");
+  const uint64_t rows = x.size() / d;
+  const hl::cpu::QuantParams qp = hl::cpu::quant_params(eb_abs);
+  std::vector<uint32_t> z(x.size());
+  std::vector<uint8_t> outlier(rows), narrow(rows), bytes(x.size());
+  std::vector<uint64_t> hashes(rows), ref(rows);
+  hl::cpu::quantize_rows_narrow(HL_FLOAT32, x.data(), nullptr, rows, d, qp, z.data(),
+                                outlier.data(), hashes.data(), narrow.data(), bytes.data());
+  for (uint64_t r = 0; r < rows; ++r)
+    ref[r] = narrow[r] ? hl::cpu::narrow_hash(&bytes[r * d], d)
+                       : hl::cpu::wide_hash(reinterpret_cast<const uint32_t*>(&x[r * d]),
+                                            &z[r * d], d, outlier[r]);
+  return py::make_tuple(narrow, hashes, ref);
+}
+
 // The CUDA encoder's batch emulated on the host (batch_ref.h) over compress_into's pieces
 // (level 1): (layout bytes, sizes a piece, bytes a group), gaps 0xab.
 py::tuple compress_into_batched_hd(const std::string& raw, int dtype,
@@ -399,6 +421,9 @@ PYBIND11_MODULE(_hl_test, m) {
         "(kernel codes, reference codes, kernel decode, reference decode) of dithered float32 "
         "elements first, first + 1, ... (codes: zigzag or the outlier mark; decode of the "
         "reference codes, outliers as 0).");
+  m.def("narrow_hashes_f32", &narrow_hashes_f32, py::arg("x"), py::arg("d"), py::arg("eb_abs"),
+        "(narrow flags, dedup hashes, reference hashes) of rows of d float32 elements through "
+        "the quantizer that serves dedup.");
   m.def("dequantized_f32", &dequantized_f32, py::arg("codes"), py::arg("step"),
         py::arg("dither") = false, py::arg("first") = 0, py::arg("seed") = 0,
         "(kernel decode, reference decode) of zigzag codes at any step, dithered from element "
