@@ -20,8 +20,7 @@ HL_AVX2 void range_f32_avx2(const float* x, uint64_t n, double* lo_out,
   __m256 lo = pinf, hi = ninf;
   uint64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    // a line kStreamAhead bytes ahead (kernels_scalar.h)
-    if (i % 16 == 0 && i + kStreamAhead / 4 < n) __builtin_prefetch(x + i + kStreamAhead / 4);
+    if (i % 16 == 0) prefetch_stream(x, i * 4, n * 4);  // once a line
     __m256 v = _mm256_loadu_ps(x + i);
     __m256 bad = _mm256_castsi256_ps(
         _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), exp_mask), exp_mask));

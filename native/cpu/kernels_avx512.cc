@@ -29,7 +29,7 @@ HL_AVX512 void range_f32_avx512(const float* x, uint64_t n, double* lo_out, doub
   __m512 lo = pinf, hi = ninf;
   uint64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    if (i + kStreamAhead / 4 < n) __builtin_prefetch(x + i + kStreamAhead / 4);  // kernels_scalar.h
+    prefetch_stream(x, i * 4, n * 4);  // sixteen floats: one line
     __m512 v = _mm512_loadu_ps(x + i);
     __mmask16 finite = _mm512_cmpneq_epi32_mask(
         _mm512_and_si512(_mm512_castps_si512(v), exp_mask), exp_mask);
@@ -308,7 +308,7 @@ HL_AVX512_F16 void range_half_avx512(const uint16_t* x, uint64_t n, double* lo_o
   __m256 lo = _mm256_set1_ps(INFINITY), hi = _mm256_set1_ps(-INFINITY);
   uint64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    if (i % 32 == 0 && i + kStreamAhead / 2 < n) __builtin_prefetch(x + i + kStreamAhead / 2);
+    if (i % 32 == 0) prefetch_stream(x, i * 2, n * 2);  // once a line
     __m256 v = half8_to_ps<DT>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
     __mmask8 finite = _mm256_cmpneq_epi32_mask(
         _mm256_and_si256(_mm256_castps_si256(v), exp_mask), exp_mask);

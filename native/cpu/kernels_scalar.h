@@ -39,14 +39,22 @@ HL_INLINE double round_even(double t) {
 constexpr uint64_t kGatherAhead = 4;
 constexpr uint64_t kStreamAhead = 8192;
 
+// A pass over n bytes at p, at byte `at`: the line kStreamAhead bytes on, while there is one.
+// The range passes call it once a line; prefetch_within and prefetch_ahead build on it.
+HL_INLINE void prefetch_stream(const void* p, uint64_t at, uint64_t n) {
+  if (at + kStreamAhead < n) __builtin_prefetch(static_cast<const char*>(p) + at + kStreamAhead);
+}
+
 HL_INLINE void prefetch_ahead(const void* base, const uint64_t* idx, uint64_t r, uint64_t rows,
                               uint64_t row_bytes) {
   if (!idx) {
     if (row_bytes == 0 || row_bytes > kStreamAhead / 4) return;
     const uint64_t ahead = r + kStreamAhead / row_bytes;
     if (ahead >= rows) return;
-    const char* p = static_cast<const char*>(base) + ahead * row_bytes;
-    for (uint64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off);
+    // the lines that begin within that row: each line once, rows under 64 bytes included
+    const uintptr_t start = reinterpret_cast<uintptr_t>(base) + ahead * row_bytes;
+    for (uintptr_t line = (start + 63) & ~(uintptr_t)63; line < start + row_bytes; line += 64)
+      __builtin_prefetch(reinterpret_cast<const void*>(line));
     return;
   }
   if (r + kGatherAhead >= rows) return;
@@ -58,8 +66,7 @@ HL_INLINE void prefetch_ahead(const void* base, const uint64_t* idx, uint64_t r,
 // Within a long row (more than kStreamAhead / 4 bytes, which prefetch_ahead leaves alone):
 // the line kStreamAhead bytes past byte `at`, where the row still has it.
 HL_INLINE void prefetch_within(const void* row, uint64_t at, uint64_t row_bytes) {
-  if (row_bytes > kStreamAhead / 4 && at + kStreamAhead < row_bytes)
-    __builtin_prefetch(static_cast<const char*>(row) + at + kStreamAhead);
+  if (row_bytes > kStreamAhead / 4) prefetch_stream(row, at, row_bytes);
 }
 
 template <int DT>
