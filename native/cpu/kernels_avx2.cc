@@ -178,11 +178,10 @@ HL_AVX2 inline __m256i codes8_avx2(const float* x, const FastF32& fast,
 }
 
 // quantize_rows_narrow for float32 with AVX2, in one pass: each row's codes go to bytes (32 a
-// store) and those 32 bytes into its hash (narrow_hash, eight lanes a vector) as they come out
-// of the quantizer,
-// and only a row found wide (a code of 256 or more: an outlier's mark too) is quantized again
-// into z by the kernel above, for its codes, outlier flag and hash. z holds nothing of use for a
-// narrow row.
+// store) as they come out of the quantizer, and those 32 bytes into its hash (narrow_hash, eight
+// lanes a vector); only a row found wide (a code of 256 or more: an outlier's mark too) is
+// quantized again into z by the kernel above, for its codes, outlier flag and hash. z holds
+// nothing of use for a narrow row.
 template <bool Dither, bool Bounded, bool Hash>
 HL_AVX2 void narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows, uint64_t d,
                              const QuantParams& qp, uint32_t* codes,
@@ -191,10 +190,8 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows
   const __m256d inv = _mm256_set1_pd(qp.inv_step), step = _mm256_set1_pd(qp.step),
                 eb = _mm256_set1_pd(qp.eb_abs);
   const FastF32 fast = fast_f32(qp.step, qp.inv_step, qp.max_abs);
-  const __m256i mul = _mm256_set1_epi32((int)0x9e3779b1u), none = _mm256_setzero_si256();
-  const __m256i lanes0 = _mm256_setr_epi32((int)0x243f6a88u, (int)0x85a308d3u, (int)0x13198a2eu,
-                                           (int)0x03707344u, (int)0xa4093822u, (int)0x299f31d0u,
-                                           (int)0x082efa98u, (int)0xec4e6c89u);
+  const __m256i mul = _mm256_set1_epi32((int)kHashMul), none = _mm256_setzero_si256();
+  const __m256i lanes0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kHashLanes));
   DitherInner di{qp.seed};
   // Within one run of 2^32 element indices (nearly every call) the hash's inner mix is one value
   // and a group's low index halves are the last group's plus eight.

@@ -99,31 +99,35 @@ HL_INLINE uint64_t hash_finish(uint32_t* lane, const uint32_t* rest, uint64_t n_
   return mix64(h);
 }
 
-// Lanes of a multiplicative hash: eight independent chains vectorize; mix64 joins them.
+// Lanes of a multiplicative hash: eight independent chains vectorize; mix64 joins them. The
+// lanes' start and multiplier, shared by hash_codes, narrow_hash and the AVX2 quantizer's.
+constexpr uint32_t kHashLanes[8] = {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u,
+                                    0xa4093822u, 0x299f31d0u, 0x082efa98u, 0xec4e6c89u};
+constexpr uint32_t kHashMul = 0x9e3779b1u;
+
 HL_INLINE uint64_t hash_codes(const uint32_t* z, uint64_t d) {
-  uint32_t lane[8] = {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u,
-                      0xa4093822u, 0x299f31d0u, 0x082efa98u, 0xec4e6c89u};
+  uint32_t lane[8];
+  memcpy(lane, kHashLanes, sizeof lane);
   uint64_t i = 0;
   for (; i + 8 <= d; i += 8)
-    for (int k = 0; k < 8; ++k) lane[k] = (lane[k] ^ z[i + k]) * 0x9e3779b1u;
+    for (int k = 0; k < 8; ++k) lane[k] = (lane[k] ^ z[i + k]) * kHashMul;
   return hash_finish(lane, z + i, d - i, d);
 }
 
-// The dedup hash of a narrow row (every code below 256, no outlier) from its codes as bytes:
-// hash_codes' eight lanes over the bytes four to a word (little-endian), so a lane multiplies
-// once per 32 codes, where hashing the codes took one multiply a lane per eight. The SIMD
-// quantizer hashes the 32 bytes it has just packed for a store: the multiplies, one per eight
-// codes, took about a third of its time. Bit 32 (the table's tag) is clear (wide_hash sets it for
-// wide rows), so only rows of one kind are ever compared.
+// The dedup hash of a narrow row (every code below 256, no outlier) from its codes as bytes,
+// the form its repeats are compared in: hash_codes' lanes over the bytes four to a word
+// (little-endian), a multiply a lane per 32 codes. The AVX2 quantizer hashes the 32 bytes it
+// has just packed for their store. Bit 32 (the table's tag) is clear (wide_hash sets it), so
+// only rows of one kind are ever compared.
 HL_INLINE uint64_t narrow_hash(const uint8_t* b, uint64_t d) {
-  uint32_t lane[8] = {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u,
-                      0xa4093822u, 0x299f31d0u, 0x082efa98u, 0xec4e6c89u};
+  uint32_t lane[8];
+  memcpy(lane, kHashLanes, sizeof lane);
   uint64_t i = 0;
   for (; i + 32 <= d; i += 32)
     for (int k = 0; k < 8; ++k) {
       uint32_t w;
       memcpy(&w, b + i + 4 * k, 4);
-      lane[k] = (lane[k] ^ w) * 0x9e3779b1u;
+      lane[k] = (lane[k] ^ w) * kHashMul;
     }
   uint32_t rest[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // the last d % 32 codes, zero-padded words
   memcpy(rest, b + i, d - i);
