@@ -115,3 +115,13 @@ def on_every_kernel_path(script):
         return eval(done.stdout)
 
     return [run(), run(HVD_LOSSY_NO_AVX512="1"), run(HVD_LOSSY_NO_AVX2="1")]
+
+
+def same_on_every_kernel_path(script):
+    """on_every_kernel_path of a script whose printed list starts with the simd_level it ran
+    at: the three runs are the default, AVX2 at most and portable, and the rest of their lists
+    are equal. Returns the runs."""
+    runs = on_every_kernel_path(script)
+    assert runs[2][0] == 0 and runs[1][0] <= 1 and runs[0][0] >= runs[1][0]
+    assert runs[0][1:] == runs[1][1:] == runs[2][1:]
+    return runs
