@@ -153,9 +153,7 @@ HL_AVX2 void quantize_f32_avx2_rows<false>(
     }
     row_outlier[r] = (uint8_t)((miss != 0) | tail);
     if (hashes)
-      hashes[r] = row_outlier[r] ? mix_outliers(hash_codes(z, d),
-                                                reinterpret_cast<const uint32_t*>(x), z, d)
-                                 : hash_codes(z, d);
+      hashes[r] = codes_hash(reinterpret_cast<const uint32_t*>(x), z, d, row_outlier[r]);
   }
 }
 
@@ -274,9 +272,7 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows
     if (Hash) {
       alignas(32) uint32_t lane[8];
       _mm256_store_si256(reinterpret_cast<__m256i*>(lane), lanes);
-      uint32_t rest[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      memcpy(rest, b + hashed, d - hashed);
-      hashes[r] = hash_finish(lane, rest, (d - hashed + 3) / 4, d) & ~(1ull << 32);
+      hashes[r] = narrow_hash_finish(lane, b + hashed, d - hashed, d);
     }
   }
 }

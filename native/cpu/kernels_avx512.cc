@@ -273,7 +273,7 @@ HL_AVX512_F16 void quantize_lanes_avx512(const typename L::T* xs, const uint64_t
     }
     row_outlier[r] = (uint8_t)((miss != 0) | tail);
     if (hashes)
-      hashes[r] = row_outlier[r] ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
+      hashes[r] = codes_hash(x, z, d, row_outlier[r]);
   }
 }
 

@@ -119,6 +119,15 @@ HL_INLINE uint64_t hash_codes(const uint32_t* z, uint64_t d) {
 // (little-endian), a multiply a lane per 32 codes. The AVX2 quantizer hashes the 32 bytes it
 // has just packed for their store. Bit 32 (the table's tag) is clear (wide_hash sets it), so
 // only rows of one kind are ever compared.
+// narrow_hash from its lanes after the row's whole blocks of 32 codes: the n < 32 bytes left
+// at rest, as zero-padded words.
+HL_INLINE uint64_t narrow_hash_finish(uint32_t* lane, const uint8_t* rest, uint64_t n,
+                                      uint64_t d) {
+  uint32_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  memcpy(words, rest, n);
+  return hash_finish(lane, words, (n + 3) / 4, d) & ~(1ull << 32);
+}
+
 HL_INLINE uint64_t narrow_hash(const uint8_t* b, uint64_t d) {
   uint32_t lane[8];
   memcpy(lane, kHashLanes, sizeof lane);
@@ -129,9 +138,7 @@ HL_INLINE uint64_t narrow_hash(const uint8_t* b, uint64_t d) {
       memcpy(&w, b + i + 4 * k, 4);
       lane[k] = (lane[k] ^ w) * kHashMul;
     }
-  uint32_t rest[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // the last d % 32 codes, zero-padded words
-  memcpy(rest, b + i, d - i);
-  return hash_finish(lane, rest, (d - i + 3) / 4, d) & ~(1ull << 32);
+  return narrow_hash_finish(lane, b + i, d - i, d);
 }
 
 // Rows made mostly of outliers share their codes (all marks); mixing the outliers' raw bits
@@ -145,13 +152,18 @@ HL_INLINE uint64_t mix_outliers(uint64_t h, const raw_t* x, const uint32_t* z, u
   return h;
 }
 
+// A row's hash from its codes (quantize_rows' hashes): hash_codes, and its outliers' raw bits
+// where it has any.
+template <typename raw_t>
+HL_INLINE uint64_t codes_hash(const raw_t* x, const uint32_t* z, uint64_t d, bool outlier) {
+  return outlier ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
+}
+
 // The dedup hash of a wide row of quantize_rows_narrow (a code of 256 or more, or an outlier):
-// hash_codes of its codes, and its outliers' bits, with bit 32 (the table's tag) set, which
-// narrow_hash leaves clear.
+// codes_hash with bit 32 (the table's tag) set, which narrow_hash leaves clear.
 template <typename raw_t>
 HL_INLINE uint64_t wide_hash(const raw_t* x, const uint32_t* z, uint64_t d, bool outlier) {
-  const uint64_t h = outlier ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
-  return h | (1ull << 32);
+  return codes_hash(x, z, d, outlier) | (1ull << 32);
 }
 
 template <int DT>
@@ -179,7 +191,7 @@ HL_INLINE void quantize_impl(const void* xv, const uint64_t* idx, uint64_t rows,
       any |= !ok;
     }
     row_outlier[r] = (uint8_t)any;
-    if (hashes) hashes[r] = any ? mix_outliers(hash_codes(z, d), x, z, d) : hash_codes(z, d);
+    if (hashes) hashes[r] = codes_hash(x, z, d, any);
   }
 }
 
