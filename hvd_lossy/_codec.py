@@ -731,6 +731,18 @@ class SourceRefusal(str):
         return refusal
 
 
+def copy_rows(out, src):
+    """``out.copy_(src)`` for CPU tensors of one dtype and shape, ``out`` contiguous, written
+    as the decoder writes: with streaming stores from the size where it uses them (an
+    all-to-all's output is cold, its own rows a large part of it on few ranks)."""
+    if (out.device.type != "cpu" or src.device.type != "cpu" or out.dtype != src.dtype
+            or out.shape != src.shape or not out.is_contiguous() or not src.is_contiguous()):
+        out.copy_(src)
+        return out
+    _C.copy_into(out.data_ptr(), src.data_ptr(), out.numel() * out.element_size())
+    return out
+
+
 def empty(shape, dtype):
     """A new uninitialised CPU tensor, like ``torch.empty``, on memory from the codec's output
     cache (see :func:`set_output_cache_bytes`): once the cache holds a block of its size,

@@ -271,7 +271,7 @@ class Alltoall(LossyCall):
         offsets = chunk_header.offsets_of(counts)
         me = self.me
         lo, hi = self.local_rows
-        out[starts[me]:starts[me + 1]].copy_(self.tensor[lo:hi].detach())
+        hvd_lossy._codec.copy_rows(out[starts[me]:starts[me + 1]], self.tensor[lo:hi].detach())
         if out.device.type == "cpu":  # one native call each side of the own rows
             for sources in (range(me), range(me + 1, self.size)):
                 if sources:

@@ -1,5 +1,6 @@
 // pybind11 module hvd_lossy._C: converts arguments, releases the GIL, calls the codec. Tensors
 // cross as raw data pointers (torch's data_ptr()), so the module needs no torch headers.
+#include <string.h>
 #include <tuple>
 
 #include <pybind11/numpy.h>
@@ -414,6 +415,18 @@ PYBIND11_MODULE(_C, m) {
         py::arg("bytes"),
         "A uint8 array of `bytes` on a block from the output cache (contents undefined), for "
         "a tensor the caller decodes into.");
+
+  m.def("copy_into",
+        [](uintptr_t dst, uintptr_t src, uint64_t bytes) {
+          py::gil_scoped_release nogil;
+          if (bytes >= hl::cpu::kStreamFrom)
+            hl::cpu::stream_copy(ptr<uint8_t>(dst), ptr<const uint8_t>(src), bytes);
+          else if (bytes)
+            memcpy(ptr<void>(dst), ptr<const void>(src), bytes);
+        },
+        py::arg("dst"), py::arg("src"), py::arg("bytes"),
+        "Copies bytes from src to dst (which do not overlap), with streaming stores where a "
+        "decode would use them: an all-to-all's own rows into its output.");
 
   m.def("decompress_frames", &decode_frames_new, py::arg("buffer"), py::arg("buffer_len"),
         py::arg("sizes") = py::none(), py::arg("threads") = 0,

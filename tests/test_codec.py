@@ -612,6 +612,44 @@ def test_float32_dequantizers_match_the_scalar_rule_where_single_precision_takes
     assert runs[0][2:] == runs[1][2:] == runs[2][2:]
 
 
+def test_outputs_written_with_streaming_stores_are_the_same_on_every_kernel_path(tmp_path):
+    """From 1 MiB of output on, the decoder writes rows with streaming stores (its one-thread
+    sweep and its threaded row copy) and so does an all-to-all's copy of its own rows
+    (`copy_rows`): the same bytes as the portable path's memcpy, at outputs just below and above
+    that size, rows of 128 and 512 bytes, destinations on and off a 64-byte line, and copies
+    that leave every byte around them alone."""
+    script = tmp_path / "streams.py"
+    script.write_text(
+        "import hashlib, torch, hvd_lossy\n"
+        "g = torch.Generator().manual_seed(3)\n"
+        "out = [hvd_lossy._C.simd_level()]\n"
+        "digest = lambda t: hashlib.sha1(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()\n"
+        "for dim in (32, 128):\n"
+        "    for rows in ((1 << 20) // (4 * dim) - 3, 3 * (1 << 20) // (8 * dim)):  # below, above\n"
+        "        x = torch.randn(rows // 4 + 1, dim, generator=g)\n"
+        "        x = x[torch.randint(0, x.shape[0], (rows,), generator=g)]  # repeated rows\n"
+        "        frame = hvd_lossy.compress(x, 0.03)\n"
+        "        for threads in (1, 2):\n"
+        "            hvd_lossy.set_num_threads(threads)\n"
+        "            for shift in (0, 1):  # an output 64-byte aligned, or one float past it\n"
+        "                buf = torch.full((rows * dim + 32,), 7.0)\n"
+        "                o = buf[16 + shift:16 + shift + rows * dim].view(rows, dim)\n"
+        "                hvd_lossy.decompress(frame, out=o)\n"
+        "                out.append(digest(buf))\n"
+        "        hvd_lossy.set_num_threads(0)\n"
+        "for n in (0, 100, 4096, (1 << 20) - 1, 1 << 20, (3 << 19) + 37):\n"
+        "    for at in (0, 1, 63):\n"
+        "        src = torch.randint(0, 256, (n + at,), dtype=torch.uint8, generator=g)[at:]\n"
+        "        buf = torch.full((n + 128,), 9, dtype=torch.uint8)\n"
+        "        hvd_lossy._codec.copy_rows(buf[at:at + n], src)\n"
+        "        assert torch.equal(buf[at:at + n], src), (n, at)\n"
+        "        assert (buf[:at] == 9).all() and (buf[at + n:] == 9).all(), (n, at)\n"
+        "        out.append(digest(buf))\n"
+        "print(repr(out))\n")
+
+    same_on_every_kernel_path(script)
+
+
 def test_decompress_into_a_given_tensor_reuses_it():
     x = torch.randn(64, 8)
     frame = hvd_lossy.compress(x, 0.01)

@@ -25,10 +25,6 @@
 namespace hl {
 namespace {
 
-// Calls decoding this much or more write duplicate rows with streaming stores: an output far
-// larger than the caches bypasses them, saving the read of each line before it is written.
-constexpr uint64_t kStreamFrom = uint64_t(8) << 20;
-
 // A segment's row map, decoded (not checked: check_row_map).
 Buffer<uint32_t> read_map(const SegmentView& h, int threads) {
   Buffer<uint32_t> map(h.n_rows);
@@ -180,7 +176,7 @@ void decode(const SegmentView& h, void* out_v, int threads, bool stream) {
 }
 
 // Decodes a segment whose frame is parsed and verified into its n_rows * row_len elements
-// at out. stream: the call's whole output is at least kStreamFrom (see decode).
+// at out. stream: the call's whole output is at least cpu::kStreamFrom (see decode).
 void decode_segment(const SegmentView& v, void* out, int threads, bool stream) {
   switch (v.dtype) {
     case HL_FLOAT32: return decode<HL_FLOAT32>(v, out, threads, stream);
@@ -219,7 +215,7 @@ void run_jobs(const std::vector<Job>& jobs, std::vector<std::string>* errors, in
   const int inner = across ? 1 : threads;
   uint64_t total = 0;
   for (const Job& j : jobs) total += decoded_bytes(j.seg);
-  const bool stream = total >= kStreamFrom;
+  const bool stream = total >= cpu::kStreamFrom;
   std::mutex lock;
   auto one = [&](size_t i) {
     const Job& j = jobs[i];

@@ -393,6 +393,12 @@ HL_AVX2 void quantize_narrow_f32_avx2(const float* xs, const uint64_t* idx, uint
   quantize_f32_avx2_rows<true>(xs, idx, rows, d, qp, codes, row_outlier, hashes, narrow, bytes);
 }
 
+HL_AVX2 void stream_copy_avx2(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  for (uint64_t i = 0; i < bytes; i += 32)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+}
+
 }  // namespace cpu
 }  // namespace hl
 #endif

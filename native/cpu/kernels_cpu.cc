@@ -26,18 +26,41 @@ bool cpu_has_avx512() { return simd_level() >= 2; }
 
 constexpr uint64_t kExpandAhead = 8;
 
+#ifdef HL_HAVE_AVX2_PATH
+// Whole lines (bytes a multiple of 64, dst 64-byte aligned) with streaming stores, not fenced.
+void stream_lines(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  if (cpu_has_avx512()) return stream_copy_avx512(dst, src, bytes);
+  stream_copy_avx2(dst, src, bytes);
+}
+#endif
+
 }  // namespace
+
+void stream_copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+#ifdef HL_HAVE_AVX2_PATH
+  if (cpu_has_avx2() && bytes >= 128) {
+    const uint64_t head = (64 - ((uintptr_t)dst & 63)) & 63;
+    const uint64_t body = (bytes - head) & ~uint64_t(63);
+    memcpy(dst, src, head);
+    stream_lines(dst + head, src + head, body);
+    _mm_sfence();  // streaming stores are weakly ordered: finish them before anyone reads dst
+    memcpy(dst + head + body, src + head + body, bytes - head - body);
+    return;
+  }
+#endif
+  memcpy(dst, src, bytes);
+}
 
 void expand_rows(uint8_t* out, const uint8_t* uniq, const uint32_t* map, uint64_t rows,
                  uint64_t row_bytes, bool stream) {
   const uint64_t ahead = row_bytes < 1024 ? row_bytes : 1024;
 #ifdef HL_HAVE_AVX2_PATH
-  if (stream && cpu_has_avx512() && row_bytes % 64 == 0 && (uintptr_t)out % 64 == 0) {
+  if (stream && cpu_has_avx2() && row_bytes % 64 == 0 && (uintptr_t)out % 64 == 0) {
     for (uint64_t r = 0; r < rows; ++r) {
       if (r + kExpandAhead < rows)
         for (uint64_t off = 0; off < ahead; off += 64)
           __builtin_prefetch(uniq + (uint64_t)map[r + kExpandAhead] * row_bytes + off);
-      stream_copy_avx512(out + r * row_bytes, uniq + (uint64_t)map[r] * row_bytes, row_bytes);
+      stream_lines(out + r * row_bytes, uniq + (uint64_t)map[r] * row_bytes, row_bytes);
     }
     _mm_sfence();  // streaming stores are weakly ordered: finish them before anyone reads out
     return;

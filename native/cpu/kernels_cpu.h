@@ -72,10 +72,20 @@ void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double step, void*
 void dequantize_dithered(uint8_t dtype, const uint32_t* z, uint64_t n, double step, uint32_t seed,
                          uint64_t first, void* out);
 
+// Outputs of this many bytes or more are written with non-temporal (streaming) stores, which
+// save reading each line before it is written. An all-to-all decodes into a block the output
+// cache hands out while the previous call's output is still alive, and the model's work runs
+// between calls: the lines are cold, far from the caches that a benchmark decoding into one
+// reused tensor keeps them in (benchmarks/RESULTS.md, "Cold outputs").
+constexpr uint64_t kStreamFrom = uint64_t(1) << 20;
+
+// memcpy with streaming stores where the CPU has AVX2 (memcpy otherwise), fenced: what it wrote
+// is visible to any later read.
+void stream_copy(uint8_t* dst, const uint8_t* src, uint64_t bytes);
+
 // Row r of out (rows rows of row_bytes) is row map[r] of uniq: the decoder's expansion of
 // duplicate rows. The source rows are prefetched a few rows ahead (they are random reads);
-// stream: write with non-temporal stores where the rows allow it (the output will not fit in
-// the caches anyway).
+// stream: write with streaming stores where the rows allow it (see kStreamFrom).
 void expand_rows(uint8_t* out, const uint8_t* uniq, const uint32_t* map, uint64_t rows,
                  uint64_t row_bytes, bool stream);
 

@@ -33,6 +33,8 @@ HL_AVX2 void quantize_narrow_f32_avx2(const float* xs, const uint64_t* idx, uint
 HL_AVX2 void dequantize_f32_avx2(const uint32_t* z, uint64_t n, double step, float* out);
 HL_AVX2 void dequantize_dithered_f32_avx2(const uint32_t* z, uint64_t n, double step,
                                           uint32_t seed, uint64_t first, float* out);
+// Copies whole 32-byte blocks with streaming stores; dst must be 32-byte aligned. Not fenced.
+HL_AVX2 void stream_copy_avx2(uint8_t* dst, const uint8_t* src, uint64_t bytes);
 
 // AVX-512, float32, float16 and bfloat16 (kernels_avx512.cc).
 HL_AVX512_F16 void range_avx512(uint8_t dtype, const void* x, uint64_t n, double* lo_out,
@@ -43,7 +45,7 @@ HL_AVX512_F16 void quantize_avx512(uint8_t dtype, const void* x, const uint64_t*
                                    uint32_t* codes, uint8_t* row_outlier, uint64_t* hashes);
 HL_AVX512_F16 void dequantize_avx512(uint8_t dtype, const uint32_t* z, uint64_t n, double step,
                                      bool dithered, uint32_t seed, uint64_t first, void* out);
-// Copies whole 64-byte lines with non-temporal stores; dst must be 64-byte aligned.
+// Copies whole 64-byte lines with streaming stores; dst must be 64-byte aligned. Not fenced.
 HL_AVX512 void stream_copy_avx512(uint8_t* dst, const uint8_t* src, uint64_t bytes);
 
 // hl::dither_unit's 24 hashed bits of eight consecutive elements (low index half lo, lo + 7

@@ -49,7 +49,7 @@ struct SweepRows {
   const uint8_t* kept;  // unique row u at u * row_bytes: those that repeat, once written
   const uint32_t* map;  // checked by check_row_map
   uint64_t rows, row_bytes;
-  bool stream;  // out far larger than the caches: write it with non-temporal stores
+  bool stream;  // write out with streaming stores (cpu::kStreamFrom)
 };
 // The rows a chunk of unique rows completes: rows r from `first` on, while map[r] < end, each a
 // copy of unique row map[r], found in the stage when it is at least `done` (the stage's row k is
@@ -67,8 +67,8 @@ class RowSweep {
   static constexpr uint64_t kStage = 4096;
 
   // out: rows x d elements; map: checked by check_row_map, which filled repeated. stream: the
-  // output is far larger than the caches (decode.cc's kStreamFrom): it is written with
-  // non-temporal stores, which also keep it from evicting the rows kept for repeats.
+  // call's output is at least cpu::kStreamFrom bytes: it is written with streaming stores,
+  // which also keep it from evicting the rows kept for repeats.
   RowSweep(const SegmentView& h, raw_t* out, const uint32_t* map, const uint8_t* repeated,
            bool stream)
       : h_(h), repeated_(repeated), d_(h.row_len), kept_(h.n_unique * h.row_len),
