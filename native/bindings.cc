@@ -436,6 +436,15 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("simd_level", &hl::cpu::simd_level,
         "Instruction set of the CPU kernels: 0 portable, 1 AVX2 with FMA, 2 AVX-512.");
+  m.def("simd_forced", [] {
+          std::vector<std::string> names;
+          const int forced = hl::cpu::simd_forced();
+          if (forced & 1) names.push_back("HVD_LOSSY_NO_AVX2");
+          if (forced & 2) names.push_back("HVD_LOSSY_NO_AVX512");
+          return names;
+        },
+        "The forcing variables (HVD_LOSSY_NO_AVX2, HVD_LOSSY_NO_AVX512) the kernels' choice "
+        "read as forcing: set, and neither empty nor 0.");
 
   m.def("set_output_cache_bytes", &hl::set_output_cache_limit, py::arg("bytes"));
   m.def("output_cache_bytes", [] {

@@ -55,6 +55,19 @@ def test_a_forced_kernel_path_is_recorded_with_the_level_it_gives():
     assert "HVD_LOSSY_NO_AVX512=1" in machine.summary(info)
 
 
+def test_the_record_says_what_the_codec_read_not_the_environment_later():
+    # the kernels are chosen once, at the first call: a variable set afterwards changes neither
+    code = ("import json, os; from hvd_lossy import _C; from hvd_lossy.bench import machine; "
+            "_C.simd_level(); os.environ['HVD_LOSSY_NO_AVX2'] = '1'; "
+            "print(json.dumps(machine.describe()))")
+    env = {k: v for k, v in os.environ.items() if k not in machine.FORCING}
+    out = subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=str(REPO)),
+                         cwd=REPO, check=True, capture_output=True, text=True).stdout
+    import json
+    info = json.loads(out)
+    assert info["simd_forced"] == {} and info["simd_level"] == _describe_with()["simd_level"]
+
+
 def test_a_forcing_variable_set_to_0_or_empty_forces_nothing():
     # HVD_LOSSY_NO_AVX512=0 means "do not force", in the codec as in the record
     free = _describe_with()["simd_level"]

@@ -15,12 +15,6 @@ SIMD_LEVELS = {0: "portable", 1: "AVX2", 2: "AVX-512"}
 FORCING = ("HVD_LOSSY_NO_AVX512", "HVD_LOSSY_NO_AVX2")
 
 
-def forces(value):
-    """Whether a forcing variable's value forces (native/cpu/kernels_cpu.cc reads them alike):
-    anything but unset, "" or "0"."""
-    return value not in (None, "", "0")
-
-
 def _cpuinfo(path="/proc/cpuinfo"):
     """(model name, flags) of the first CPU in /proc/cpuinfo; (None, []) where there is none."""
     model, flags = None, []
@@ -50,7 +44,8 @@ def describe(path="/proc/cpuinfo"):
     return {"arch": platform.machine(), "cpu": model or platform.processor() or None,
             "cores": os.cpu_count(), "simd_level": level, "simd_path": SIMD_LEVELS.get(level),
             "simd_flags": [f for f in SIMD_FLAGS if f in have],
-            "simd_forced": {k: os.environ[k] for k in FORCING if forces(os.environ.get(k))}}
+            # the codec's own reading of the forcing variables, their values as the run had them
+            "simd_forced": {k: os.environ.get(k) for k in FORCING if k in _C.simd_forced()}}
 
 
 def summary(info):

@@ -82,11 +82,17 @@ static bool env_forces(const char* name) {
   return v && v[0] && !(v[0] == '0' && v[1] == 0);
 }
 
+int simd_forced() {
+  static const int forced =
+      (env_forces("HVD_LOSSY_NO_AVX2") ? 1 : 0) | (env_forces("HVD_LOSSY_NO_AVX512") ? 2 : 0);
+  return forced;
+}
+
 int simd_level() {
 #ifdef HL_HAVE_AVX2_PATH
   static const int level = [] {
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
-        env_forces("HVD_LOSSY_NO_AVX2"))
+        (simd_forced() & 1))
       return 0;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
@@ -95,7 +101,7 @@ int simd_level() {
         // AVX-512F has F16C)
         __builtin_cpu_supports("f16c") &&
 #endif
-        !env_forces("HVD_LOSSY_NO_AVX512"))
+        !(simd_forced() & 2))
       return 2;
     return 1;
   }();

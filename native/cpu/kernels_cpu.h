@@ -16,6 +16,10 @@ namespace cpu {
 // compare the frames of all three.
 int simd_level();
 
+// The forcing variables that were set to force (anything but "" or "0") when simd_level() read
+// them, once: bit 0 HVD_LOSSY_NO_AVX2, bit 1 HVD_LOSSY_NO_AVX512. What a benchmark records.
+int simd_forced();
+
 struct QuantParams {
   double step, inv_step, eb_abs;
   bool dither = false;    // subtractive dither: element k of the call has offset index first + k
