@@ -145,6 +145,35 @@ def test_horovod_and_mpi_settings_are_the_same_environment_for_every_mode():
     assert ["--mca", "btl", "tcp,self"] == cmd[5:8]
 
 
+def test_modes_take_turns_each_round_starting_one_mode_later(monkeypatch):
+    order = []
+
+    class Link:
+        def set_rate(self, rate):
+            order.append(("rate", rate))
+
+    def run(kind):
+        def record(ns, rate, ranks, *rest):
+            order.append((kind, rest[-4], rest[-3]))  # (mode, round)
+            return {"status": "ok", "iter_seconds_median": 0.1, "wire_bytes": 1, "auc": 0.7}
+        return record
+    monkeypatch.setattr(netlink, "run_dlrm", run("dlrm"))
+    monkeypatch.setattr(netlink, "run_user", run("user"))
+    opts = netlink.parse(["--parts", "dlrm,user", "--rates", "10", "--repeat", "4", "--ranks", "2",
+                          "--settings", "criteo-d128",
+                          "--dlrm-modes", "uncompressed,lossy,auto",
+                          "--user-modes", "uncompressed,lossy"])
+    netlink.measure(Link(), opts, log=lambda *_: None)
+    dlrm = [(m, r) for kind, m, r in order[1:] if kind == "dlrm"]
+    user = [(m, r) for kind, m, r in order[1:] if kind == "user"]
+    assert [m for m, _r in dlrm] == ["uncompressed", "lossy", "auto", "lossy", "auto",
+                                     "uncompressed", "auto", "uncompressed", "lossy",
+                                     "uncompressed", "lossy", "auto"]
+    assert [m for m, _r in user] == ["uncompressed", "lossy", "lossy", "uncompressed"] * 2
+    assert [r for _m, r in dlrm] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+    assert netlink.turns([], 3) == []
+
+
 def _run(rate, mode, t, auc=0.7, wire=100, status="ok", ranks=2):
     rec = {"bandwidth_gbit": rate, "ranks": ranks, "setting": "s", "mode": mode, "train_args": [],
            "wire_bytes": wire, "status": status}

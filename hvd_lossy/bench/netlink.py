@@ -23,7 +23,8 @@ Where the unlimited link is measured too, every training record carries its `cei
 baseline's step on the unlimited link over its step at this rate, the speedup that free
 communication would give.
 
-Within a rate the modes take turns, --repeat rounds, so noise hits all of them alike. Every run
+Within a rate the modes take turns, --repeat rounds, each round starting one mode later, so noise
+and a run's place in the round hit all of them alike. Every run
 gets the same Horovod and MPI settings (--cycle-time, --fusion-mb, --mpi-yield; recorded). A
 mode that fails (e.g. auto before the library has it) is reported as failed with its error; the
 others go on.
@@ -696,6 +697,12 @@ def meta(opts, argv):
             "fields": FIELDS}
 
 
+def turns(modes, rep):
+    """The modes in round `rep`'s order: each round starts one mode later than the last."""
+    k = rep % len(modes) if modes else 0
+    return list(modes[k:]) + list(modes[:k])
+
+
 def measure(ns, opts, log=print):
     """Every measurement at every rate; returns (dlrm runs, all-to-all rows)."""
     dlrm, a2a = [], []
@@ -708,7 +715,7 @@ def measure(ns, opts, log=print):
                     log(f"[{rate_label(rate)}, {ranks} ranks] all-to-all: {', '.join(opts.a2a_modes)}")
                     a2a += run_alltoall(ns, rate, ranks, opts, work)
                 for rep in range(opts.repeat if "user" in opts.parts else 0):
-                    for mode in opts.user_modes:
+                    for mode in turns(opts.user_modes, rep):
                         rec = run_user(ns, rate, ranks, mode, rep, opts, work)
                         log(f"[{rate_label(rate)}, {ranks} ranks] {USER_SETTING} {mode} #{rep}: " + (
                             f"{1e3 * rec['iter_seconds_median']:.1f} ms/step, "
@@ -719,7 +726,7 @@ def measure(ns, opts, log=print):
                     continue
                 for setting in opts.settings:
                     for rep in range(opts.repeat):
-                        for mode in opts.dlrm_modes:  # modes take turns: noise hits all alike
+                        for mode in turns(opts.dlrm_modes, rep):
                             rec = run_dlrm(ns, rate, ranks, setting, mode, rep, opts, work)
                             log(f"[{rate_label(rate)}, {ranks} ranks] dlrm {setting} {mode} #{rep}: " + (
                                 f"{1e3 * rec['iter_seconds_median']:.1f} ms/step, AUC {rec['auc']:.4f}, "
