@@ -202,6 +202,23 @@ def test_dlrm_speedup_is_against_uncompressed_at_the_same_rate_and_ranks():
     assert auto["status"] == "failed" and auto["error"] == "train.py: error: boom" and auto["speedup"] is None
 
 
+def test_the_paired_speedup_is_the_median_of_each_rounds_back_to_back_ratio():
+    # round 1 ran in a slow spell of the machine: it moves the medians of steps, not the pairs
+    steps = {0: (0.100, 0.095), 1: (0.200, 0.190), 2: (0.110, 0.100), 3: (0.105, 0.120)}
+    runs = []
+    for rep, (plain, lossy) in steps.items():
+        runs += [dict(_run(None, "uncompressed", plain), repeat=rep),
+                 dict(_run(None, "lossy", lossy), repeat=rep)]
+    runs.append(dict(_run(None, "auto", 0.1), repeat=5))  # a round without a plain run
+    got = {r["mode"]: r for r in netlink.summarise_dlrm(runs)}
+    ratios = sorted(p / q for p, q in steps.values())
+    assert got["lossy"]["speedup_paired"] == pytest.approx((ratios[1] + ratios[2]) / 2)
+    assert got["lossy"]["speedup"] == pytest.approx(0.1075 / 0.110)  # the medians: below 1
+    assert got["uncompressed"]["speedup_paired"] == pytest.approx(1.0)
+    assert got["auto"]["speedup_paired"] is None
+    assert "paired" in netlink.dlrm_table(netlink.summarise_dlrm(runs)).splitlines()[0]
+
+
 def test_the_ceiling_is_the_baselines_step_on_the_unlimited_link_over_its_step_at_the_rate():
     runs = [_run(1.0, "uncompressed", 0.4), _run(1.0, "lossy", 0.25), _run(10.0, "uncompressed", 0.12),
             _run(None, "uncompressed", 0.1), _run(None, "lossy", 0.11), _run(1.0, "lossy", 0.5, ranks=3)]

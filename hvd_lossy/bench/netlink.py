@@ -125,6 +125,8 @@ COMMON_TRAIN = ["--no-progress", "--eval-points", "0", "--seed", "0"]
 FIELDS = {
     "dlrm": "per (bandwidth_gbit, ranks, setting, mode): iter_seconds_median = median over rounds of "
             "each run's median step (rank 0, warm-up steps left out); speedup = uncompressed's / this; "
+            "speedup_paired = median over rounds of uncompressed's step / this mode's in the same "
+            "round (back to back: a slow spell of the machine hits both); "
             "steps_seconds_total = median over rounds of a run's summed steps (warm-up included), "
             "speedup_total = uncompressed's / this (what auto's probing costs shows here); "
             "ceiling = uncompressed's on the unlimited link / uncompressed's at this rate; "
@@ -454,6 +456,8 @@ def summarise_dlrm(runs):
         out.append(rec)
     bases = _add_speedups(out, DLRM_BASELINE, ("bandwidth_gbit", "ranks", "setting"),
                           "iter_seconds_median")
+    for rec in out:
+        rec["speedup_paired"] = _paired(runs, rec, DLRM_BASELINE)
     for rec, base in zip(out, bases):  # what a user waits for, probing and warm-up included
         t0, t = base and base["steps_seconds_total"], rec["steps_seconds_total"]
         rec["speedup_total"] = t0 / t if t0 and t else None
@@ -465,6 +469,17 @@ def summarise_dlrm(runs):
         t_free, t_here = free and free["iter_seconds_median"], base and base["iter_seconds_median"]
         rec["ceiling"] = t_here / t_free if t_free and t_here else None
     return out
+
+
+def _paired(runs, rec, baseline):
+    """Median over rounds of the baseline's median step / rec's mode's, each round's two runs
+    taken back to back (None without a round where both ran)."""
+    def steps(mode):
+        return {r.get("repeat"): r["iter_seconds_median"] for r in runs
+                if r["status"] == "ok" and r["mode"] == mode and r.get("iter_seconds_median")
+                and all(r[k] == rec[k] for k in ("bandwidth_gbit", "ranks", "setting"))}
+    mine, base = steps(rec["mode"]), steps(baseline)
+    return _median([base[k] / t for k, t in mine.items() if k is not None and k in base]) or None
 
 
 def summarise_alltoall(rows):
@@ -496,11 +511,13 @@ def _fmt(x, spec, none="-"):
 
 def dlrm_table(records):
     lines = [f"{'link':>12} {'ranks':>5} {'setting':>12} {'mode':>12} {'ms/step':>9} {'speedup':>8} "
-             f"{'total x':>8} {'ceiling':>8} {'AUC':>7} {'dAUC':>8} {'link MB':>9} {'a2a ratio':>9}"]
+             f"{'paired':>8} {'total x':>8} {'ceiling':>8} {'AUC':>7} {'dAUC':>8} {'link MB':>9} "
+             f"{'a2a ratio':>9}"]
     for r in records:
         row = (f"{rate_label(r['bandwidth_gbit']):>12} {r['ranks']:>5} {r['setting']:>12} {r['mode']:>12} "
                f"{_fmt(r['iter_seconds_median'] and 1e3 * r['iter_seconds_median'], '9.1f'):>9} "
                f"{_fmt(r['speedup'], '7.2f') + ('x' if r['speedup'] else ''):>8} "
+               f"{_fmt(r.get('speedup_paired'), '7.2f') + ('x' if r.get('speedup_paired') else ''):>8} "
                f"{_fmt(r['speedup_total'], '7.2f') + ('x' if r['speedup_total'] else ''):>8} "
                f"{_fmt(r['ceiling'], '7.2f') + ('x' if r['ceiling'] else ''):>8} "
                f"{_fmt(r['auc'], '.4f'):>7} {_fmt(r['auc_delta'], '+.4f'):>8} "
