@@ -1,6 +1,5 @@
 // pybind11 module hvd_lossy._C: converts arguments, releases the GIL, calls the codec. Tensors
 // cross as raw data pointers (torch's data_ptr()), so the module needs no torch headers.
-#include <string.h>
 #include <tuple>
 
 #include <pybind11/numpy.h>
@@ -419,10 +418,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("copy_into",
         [](uintptr_t dst, uintptr_t src, uint64_t bytes) {
           py::gil_scoped_release nogil;
-          if (bytes >= hl::cpu::kStreamFrom)
-            hl::cpu::stream_copy(ptr<uint8_t>(dst), ptr<const uint8_t>(src), bytes);
-          else if (bytes)
-            memcpy(ptr<void>(dst), ptr<const void>(src), bytes);
+          hl::cpu::copy_output(ptr<uint8_t>(dst), ptr<const uint8_t>(src), bytes);
         },
         py::arg("dst"), py::arg("src"), py::arg("bytes"),
         "Copies bytes from src to dst (which do not overlap), with streaming stores where a "
@@ -438,9 +434,8 @@ PYBIND11_MODULE(_C, m) {
         "Instruction set of the CPU kernels: 0 portable, 1 AVX2 with FMA, 2 AVX-512.");
   m.def("simd_forced", [] {
           std::vector<std::string> names;
-          const int forced = hl::cpu::simd_forced();
-          if (forced & 1) names.push_back("HVD_LOSSY_NO_AVX2");
-          if (forced & 2) names.push_back("HVD_LOSSY_NO_AVX512");
+          for (int k = 0; k < 2; ++k)
+            if (hl::cpu::simd_forced() >> k & 1) names.push_back(hl::cpu::kForcing[k]);
           return names;
         },
         "The forcing variables (HVD_LOSSY_NO_AVX2, HVD_LOSSY_NO_AVX512) the kernels' choice "

@@ -51,6 +51,11 @@ void stream_copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
   memcpy(dst, src, bytes);
 }
 
+void copy_output(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  if (bytes >= kStreamFrom) return stream_copy(dst, src, bytes);
+  if (bytes) memcpy(dst, src, bytes);
+}
+
 void expand_rows(uint8_t* out, const uint8_t* uniq, const uint32_t* map, uint64_t rows,
                  uint64_t row_bytes, bool stream) {
   const uint64_t ahead = row_bytes < 1024 ? row_bytes : 1024;
@@ -83,8 +88,7 @@ static bool env_forces(const char* name) {
 }
 
 int simd_forced() {
-  static const int forced =
-      (env_forces("HVD_LOSSY_NO_AVX2") ? 1 : 0) | (env_forces("HVD_LOSSY_NO_AVX512") ? 2 : 0);
+  static const int forced = (env_forces(kForcing[0]) ? 1 : 0) | (env_forces(kForcing[1]) ? 2 : 0);
   return forced;
 }
 

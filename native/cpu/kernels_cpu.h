@@ -16,8 +16,10 @@ namespace cpu {
 // compare the frames of all three.
 int simd_level();
 
-// The forcing variables that were set to force (anything but "" or "0") when simd_level() read
-// them, once: bit 0 HVD_LOSSY_NO_AVX2, bit 1 HVD_LOSSY_NO_AVX512. What a benchmark records.
+// The variables that force a slower kernel path: kForcing[0] keeps the portable loops,
+// kForcing[1] AVX2 at most. simd_forced() has bit k set where kForcing[k] was set to force
+// (anything but "" or "0") when simd_level() read them, once: what a benchmark records.
+constexpr const char* kForcing[2] = {"HVD_LOSSY_NO_AVX2", "HVD_LOSSY_NO_AVX512"};
 int simd_forced();
 
 struct QuantParams {
@@ -86,6 +88,10 @@ constexpr uint64_t kStreamFrom = uint64_t(1) << 20;
 // memcpy with streaming stores where the CPU has AVX2 (memcpy otherwise), fenced: what it wrote
 // is visible to any later read.
 void stream_copy(uint8_t* dst, const uint8_t* src, uint64_t bytes);
+
+// Copies bytes of output (dst and src do not overlap) as a decode writes them: stream_copy from
+// kStreamFrom bytes on, memcpy below. An all-to-all's own rows into its output.
+void copy_output(uint8_t* dst, const uint8_t* src, uint64_t bytes);
 
 // Row r of out (rows rows of row_bytes) is row map[r] of uniq: the decoder's expansion of
 // duplicate rows. The source rows are prefetched a few rows ahead (they are random reads);

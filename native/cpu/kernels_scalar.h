@@ -114,11 +114,6 @@ HL_INLINE uint64_t hash_codes(const uint32_t* z, uint64_t d) {
   return hash_finish(lane, z + i, d - i, d);
 }
 
-// The dedup hash of a narrow row (every code below 256, no outlier) from its codes as bytes,
-// the form its repeats are compared in: hash_codes' lanes over the bytes four to a word
-// (little-endian), a multiply a lane per 32 codes. The AVX2 quantizer hashes the 32 bytes it
-// has just packed for their store. Bit 32 (the table's tag) is clear (wide_hash sets it), so
-// only rows of one kind are ever compared.
 // narrow_hash from its lanes after the row's whole blocks of 32 codes: the n < 32 bytes left
 // at rest, as zero-padded words.
 HL_INLINE uint64_t narrow_hash_finish(uint32_t* lane, const uint8_t* rest, uint64_t n,
@@ -128,6 +123,11 @@ HL_INLINE uint64_t narrow_hash_finish(uint32_t* lane, const uint8_t* rest, uint6
   return hash_finish(lane, words, (n + 3) / 4, d) & ~(1ull << 32);
 }
 
+// The dedup hash of a narrow row (every code below 256, no outlier) from its codes as bytes,
+// the form its repeats are compared in: hash_codes' lanes over the bytes four to a word
+// (little-endian), a multiply a lane per 32 codes. The AVX2 quantizer hashes the 32 bytes it
+// has just packed for their store. Bit 32 (the table's tag) is clear (wide_hash sets it), so
+// only rows of one kind are ever compared.
 HL_INLINE uint64_t narrow_hash(const uint8_t* b, uint64_t d) {
   uint32_t lane[8];
   memcpy(lane, kHashLanes, sizeof lane);
