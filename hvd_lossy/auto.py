@@ -27,8 +27,11 @@ was faster. With the yield the model's own work took the same time in both modes
 
 Each compressor with `auto=True` keeps, per process set, a *slot*:
 
-  warm-up  the first WARMUP calls are lossy and not counted (allocation, the codec's caches, a
-           training's first steps: the DLRM example's first two take 1.5-3x a later one);
+  warm-up  the first WARMUP calls, one lossy then one plain, are not counted: a mode's first
+           call pays for allocation, the codec's caches and Horovod's buffers (in the DLRM example
+           the first plain call cost 1.3-2x the next one, the lossy calls after one lossy call
+           did not), and a training's first steps are slow too (the example's first two take
+           1.5-3x a later one);
   probe    then the calls alternate plain and lossy: plain, lossy (the first look), then plain,
            lossy, lossy, plain, and again, so that a trend in the step times (steps that still speed
            up after the warm-up) favours neither mode. After the first call of each (FIRST_LOOK),
@@ -50,13 +53,21 @@ Each compressor with `auto=True` keeps, per process set, a *slot*:
            steps the example once kept lossy for 117 calls on the strength of its first plain
            calls), and the decision follows a link or a load that changes.
 
-Plain is also decided at the first look, after one call of each, when a lossy call's *floor*
-exceeds every plain call's whole cost by HYSTERESIS. The floor is its codec time (compressing and
-decoding, its call's statistics; the cheapest rank's) plus its share of the bytes times the
-cheapest plain call: if a plain call costs P = L + raw/R (a latency L and a rate R, both unknown),
-a lossy call's transfer costs L + wire/R >= (wire/raw) * P. So it is a floor of what the lossy
-call cost, and needs no second sample of a noisy cost: on a link faster than the codec, the case
-where probing costs most, lossy runs once after the warm-up instead of twice or more.
+Plain is also decided at the first look, after one call of each, from a lossy call's *floor*:
+its codec time (compressing and decoding, its call's statistics; the cheapest rank's) plus its
+share of the bytes times the cheapest plain call. If a plain call costs P = L + raw/R (a latency
+L and a rate R, both unknown), a lossy call's transfer costs L + wire/R >= (wire/raw) * P, so
+the floor is a floor of what the lossy call cost and needs no second sample of a noisy cost.
+Plain is decided when the floor comes within HYSTERESIS of plain's (median) cost: lossy could
+gain less than auto acts on. Or within FLOOR_MARGIN of plain's cheapest call, where the lossy
+calls' median cost is no lower than that call's: the floor leaves out the launch, Horovod's ticks
+and the Python around the codec, and in the DLRM example on an unlimited link a lossy call's
+whole cost ran 1.3-1.9x its floor. (The cheapest, as a training's early steps slow some plain
+calls: the example's plain calls at steps 2-4 cost up to 2x the later ones.) On a link slow enough for lossy to win clearly, the floor is far below
+plain's cost (0.41-0.47x at 10 Gbit/s, 0.08x at 1 Gbit/s in the example), so neither rule fires
+on one noisy call there. On a link about as fast as the codec or faster, the case where probing
+costs most, lossy then runs once after the warm-up (in the example: twice in 40 steps, both
+within the first four, where it ran four to eleven times before).
 
 The gradient all-to-all of an autograd alltoall *follows* the forward one (`pair`): each
 gradient call takes the mode of the forward compressor's latest call on that group, so an
@@ -78,7 +89,7 @@ import torch
 from hvd_lossy.backend import as_backend
 from hvd_lossy.collective import remote_bytes
 
-WARMUP = 2        # first calls: lossy, not counted (allocation, caches, a training's first steps)
+WARMUP = 2        # first calls, lossy then plain, not counted (each mode's first; a training's first steps)
 PROBE_CALLS = 4   # calls between agreements while probing: 2 plain, 2 lossy
 FIRST_LOOK = 2    # probed calls before the first agreement: 1 plain, 1 lossy (the floor rule)
 LAG = 1           # calls between launching an agreement and reading it
@@ -88,6 +99,9 @@ AGREE_EVERY = 16  # calls between agreements once decided
 FIRST_REFRESH = 3 * AGREE_EVERY  # calls from a decision to the losing mode's first run again
 REFRESH = 192     # the most calls between runs of the losing mode (a multiple of AGREE_EVERY)
 HYSTERESIS = 0.05  # a decided slot switches only for a 5% lower median
+# A lossy call measured no cheaper than plain decides plain while its floor is within this of
+# plain's cost: its whole cost ran 1.3-1.9x its floor in the DLRM example on an unlimited link.
+FLOOR_MARGIN = 0.2
 KEEP = MAX_PROBE  # costs kept per mode
 # Calls by which a slot whose sizes stay has decided: the last probe agreement is read then.
 DECIDED_WITHIN = WARMUP + 2 * MAX_PROBE + PROBE_CALLS + LAG
@@ -138,8 +152,13 @@ def _compare(decision, plain, lossy, floors=(), steady=False):
     HYSTERESIS, or an even case would be called lossy that often."""
     margin = 0.0 if steady else HYSTERESIS
     if decision is None:
-        if plain and floors and min(floors) > max(plain) * (1 + HYSTERESIS):
-            return PLAIN
+        if plain and floors:
+            cost, floor = statistics.median(plain), min(floors)
+            if floor > cost * (1 - HYSTERESIS):
+                return PLAIN  # lossy's best case gains less than HYSTERESIS
+            best = min(plain)  # a training's early steps slow some plain calls, never speed one
+            if lossy and statistics.median(lossy) >= best and floor > best * (1 - FLOOR_MARGIN):
+                return PLAIN  # lossy measured dearer, and its best case gains little
         if len(plain) < SEPARATE or len(lossy) < SEPARATE:
             return None
         if max(lossy) < min(plain) * (1 - margin):
@@ -210,7 +229,7 @@ class _Slot:
         if k == self.next_agreement:
             self._launch_agreement(k)
         if k < WARMUP:
-            mode = LOSSY
+            mode = LOSSY if k == 0 else PLAIN
         elif self.decision is None:
             i = k - self.probe_from  # P, L (the first look), then P, L, L, P and again
             mode = PLAIN if (i % 2 == 0 if i < 2 else (i - 2) % 4 in (0, 3)) else LOSSY

@@ -286,16 +286,42 @@ def test_auto_rule_decides_a_clear_case_after_a_few_calls_and_a_close_one_by_med
     assert auto._rule(auto.PLAIN, [1.0], [0.9]) == auto.LOSSY
 
 
-def test_auto_rule_decides_plain_from_one_call_each_when_the_codec_alone_costs_more():
-    """A lossy call's codec time is a floor of its cost: once it exceeds every plain call's
-    whole cost (by HYSTERESIS), one call of each decides; a floor below plain's says nothing."""
+def test_auto_rule_decides_plain_from_one_call_each_when_lossy_cannot_gain_enough():
+    """A lossy call's floor (its codec time plus its bytes' least transfer) is a floor of its
+    cost: once it is within HYSTERESIS of plain's median cost, lossy could gain less than auto
+    acts on, and one call of each decides plain; a floor further below says nothing."""
     from hvd_lossy import auto
     assert auto._rule(None, [1.0], [3.0], floors=[1.2]) == auto.PLAIN
     assert auto._rule(None, [1.0], [3.0], floors=[1.2], plain_periods=[9.0],
                       lossy_periods=[8.0]) == auto.PLAIN  # a floor needs no second measure
-    assert auto._rule(None, [1.0], [3.0], floors=[1.04]) is None  # within HYSTERESIS
-    assert auto._rule(None, [1.0, 1.3], [3.0], floors=[1.2]) is None  # a plain call cost more
+    # lossy measured cheaper, but by at most 4% ...
+    assert auto._rule(None, [1.0], [0.97], floors=[0.96]) == auto.PLAIN
+    assert auto._rule(None, [1.0], [0.97], floors=[0.94]) is None  # ... or perhaps 6%: probe on
+    assert auto._rule(None, [1.0, 1.3], [0.99], floors=[0.98]) is None  # far below plain's median
+    assert auto._rule(None, [1.0, 1.3], [0.99], floors=[1.1 * 0.96]) is None
+    assert auto._rule(None, [1.0, 1.3], [1.12], floors=[1.1]) == auto.PLAIN
+    # the DLRM example on an unlimited link (ms): floor 5.3, whole cost 6.3, plain 5.2
+    assert auto._rule(None, [5.2], [6.3], floors=[5.3]) == auto.PLAIN
     assert auto._rule(None, [2.0], [1.0], floors=[0.5]) is None
+
+
+def test_auto_rule_decides_plain_from_one_call_each_when_lossy_cost_more_and_its_floor_is_close():
+    """A floor within FLOOR_MARGIN of plain's cost and a lossy call measured dearer decide plain
+    (the floor leaves out what a lossy call pays around its codec); a floor far below plain's
+    cost, as on a slow link, leaves one noisy lossy call undecided."""
+    from hvd_lossy import auto
+    # the example's first look on an unlimited link (ms): floor 0.94x plain's cost
+    assert auto._rule(None, [7.68], [11.49], floors=[7.23]) == auto.PLAIN
+    assert auto._rule(None, [7.68], [7.5], floors=[7.23]) is None  # lossy measured cheaper
+    # plain's cheapest call is the measure: a training's early steps slow some plain calls (the
+    # example's second look, a plain call at step 2 slowed 2x)
+    assert auto._rule(None, [11.66, 5.47], [7.89, 6.85], floors=[6.66, 5.18]) == auto.PLAIN
+    assert auto._rule(None, [11.66, 5.47], [5.6, 5.3], floors=[5.2, 5.18]) is None
+    margin = 1 - auto.FLOOR_MARGIN
+    assert auto._rule(None, [10.0], [12.0], floors=[10.0 * margin + 0.01]) == auto.PLAIN
+    assert auto._rule(None, [10.0], [12.0], floors=[10.0 * margin - 0.01]) is None
+    # 10 Gbit/s in the example: floor 0.43x plain's cost; a lossy call slowed 1.2x by noise
+    assert auto._rule(None, [12.8], [15.0], floors=[5.5]) is None
     assert auto._rule(None, [2.0, 2.1], [1.0, 1.1], floors=[0.5, 0.6]) == auto.LOSSY
     assert auto._rule(None, [], [3.0], floors=[1.2]) is None  # nothing to compare with
 
@@ -471,7 +497,7 @@ def test_auto_runs_lossy_once_after_the_warm_up_when_its_floor_is_above_plains_c
         else:
             report(1e-3)
         modes.append(mode)
-    assert modes[:auto.WARMUP] == [auto.LOSSY] * auto.WARMUP
+    assert modes[:auto.WARMUP] == [auto.LOSSY, auto.PLAIN]  # each mode's first call
     assert modes[auto.WARMUP:].count(auto.LOSSY) == 1, modes
     first_plain_for_good = auto.WARMUP + auto.FIRST_LOOK + auto.LAG
     assert modes[first_plain_for_good:] == [auto.PLAIN] * (30 - first_plain_for_good), modes
