@@ -28,10 +28,9 @@ was faster. With the yield the model's own work took the same time in both modes
 Each compressor with `auto=True` keeps, per process set, a *slot*:
 
   warm-up  the first WARMUP calls, one lossy then one plain, are not counted: a mode's first
-           call pays for allocation, the codec's caches and Horovod's buffers (in the DLRM example
-           the first plain call cost 1.3-2x the next one, the lossy calls after one lossy call
-           did not), and a training's first steps are slow too (the example's first two take
-           1.5-3x a later one);
+           call pays for allocation, the codec's caches and Horovod's buffers, so the first look
+           compares no mode's first call; and a training's first steps are slow (the DLRM
+           example's first two take 1.5-3x a later one);
   probe    then the calls alternate plain and lossy: plain, lossy (the first look), then plain,
            lossy, lossy, plain, and again, so that a trend in the step times (steps that still speed
            up after the warm-up) favours neither mode. After the first call of each (FIRST_LOOK),
@@ -63,11 +62,14 @@ gain less than auto acts on. Or within FLOOR_MARGIN of plain's cheapest call, wh
 calls' median cost is no lower than that call's: the floor leaves out the launch, Horovod's ticks
 and the Python around the codec, and in the DLRM example on an unlimited link a lossy call's
 whole cost ran 1.3-1.9x its floor. (The cheapest, as a training's early steps slow some plain
-calls: the example's plain calls at steps 2-4 cost up to 2x the later ones.) On a link slow enough for lossy to win clearly, the floor is far below
-plain's cost (0.41-0.47x at 10 Gbit/s, 0.08x at 1 Gbit/s in the example), so neither rule fires
-on one noisy call there. On a link about as fast as the codec or faster, the case where probing
-costs most, lossy then runs once after the warm-up (in the example: twice in 40 steps, both
-within the first four, where it ran four to eleven times before).
+calls: the example's plain calls at steps 2-4 cost up to 2x the later ones.) On a link slow
+enough for lossy to win clearly, the floor is far below plain's cost (0.41-0.47x at 10 Gbit/s,
+0.08x at 1 Gbit/s in the example), so neither rule fires on one noisy call there. On a link
+about as fast as the codec or faster, the case where probing costs most, lossy then runs once
+after its warm-up call. In the example on an unlimited or a 100 Gbit/s link (2026-12-05): 2-6
+lossy calls of 40, and 2 (both in the first four steps) in 30 runs of 50, where 5-12 ran
+before; with both warm-up calls lossy, the same rules ran 7-9 in 6 runs, the first look's plain
+call being its mode's first.
 
 The gradient all-to-all of an autograd alltoall *follows* the forward one (`pair`): each
 gradient call takes the mode of the forward compressor's latest call on that group, so an
