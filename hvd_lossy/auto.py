@@ -31,9 +31,11 @@ Each compressor with `auto=True` keeps, per process set, a *slot*:
            call pays for allocation, the codec's caches and Horovod's buffers, so the first look
            compares no mode's first call; and a training's first steps are slow (the DLRM
            example's first two take 1.5-3x a later one);
-  probe    then the calls alternate plain and lossy: plain, lossy (the first look), then plain,
-           lossy, lossy, plain, and again, so that a trend in the step times (steps that still speed
-           up after the warm-up) favours neither mode. After the first call of each (FIRST_LOOK),
+  probe    then the calls alternate lossy and plain: lossy, plain (the first look), then lossy,
+           plain, plain, lossy, and again, so that a trend in the step times (steps that still speed
+           up after the warm-up) favours neither mode; the call after the first look runs before
+           its agreement is read, and lossy costs less there on a slow link (a plain call cost 0.1 s
+           more than a lossy one at 1 Gbit/s in the DLRM example) than plain does on a fast one. After the first call of each (FIRST_LOOK),
            then every PROBE_CALLS calls, the ranks allgather, in the background, their size bucket
            and the costs of the latest calls of each mode (one tiny allgather, read LAG calls later,
            so nobody waits for it). Every rank applies the same rule to the same rows (`_rule`):
@@ -69,7 +71,10 @@ about as fast as the codec or faster, the case where probing costs most, lossy t
 after its warm-up call. In the example on an unlimited or a 100 Gbit/s link (2026-12-05): 2-6
 lossy calls of 40, and 2 (both in the first four steps) in 30 runs of 50, where 5-12 ran
 before; with both warm-up calls lossy, the same rules ran 7-9 in 6 runs, the first look's plain
-call being its mode's first.
+call being its mode's first. The clear case the other way is decided at the first look too:
+lossy, where its cost is under CLEAR times plain's and its period shorter by HYSTERESIS (at 1
+Gbit/s in the example a lossy call cost 9-12 ms against plain's 98-102), which saves a plain
+call of about 0.1 s there.
 
 The gradient all-to-all of an autograd alltoall *follows* the forward one (`pair`): each
 gradient call takes the mode of the forward compressor's latest call on that group, so an
@@ -104,6 +109,9 @@ HYSTERESIS = 0.05  # a decided slot switches only for a 5% lower median
 # A lossy call measured no cheaper than plain decides plain while its floor is within this of
 # plain's cost: its whole cost ran 1.3-1.9x its floor in the DLRM example on an unlimited link.
 FLOOR_MARGIN = 0.2
+# Lossy costing under this fraction of plain decides at the first look (its period shorter too):
+# 0.08-0.12 at 1 Gbit/s in the DLRM example, 0.5-0.9 at 10 Gbit/s, where the probe goes on.
+CLEAR = 0.5
 KEEP = MAX_PROBE  # costs kept per mode
 # Calls by which a slot whose sizes stay has decided: the last probe agreement is read then.
 DECIDED_WITHIN = WARMUP + 2 * MAX_PROBE + PROBE_CALLS + LAG
@@ -138,10 +146,16 @@ def _rule(decision, plain, lossy, floors=(), plain_periods=(), lossy_periods=())
 
 
 def _lossy_early(plain, lossy, plain_periods, lossy_periods):
-    """While probing, lossy on SEPARATE + 1 calls of each or more: every lossy cost below every
-    plain one, and lossy's shortest period HYSTERESIS below plain's shortest (the shortest: one
-    slow period would hold back a rule on all of them)."""
-    if min(len(plain), len(lossy), len(plain_periods), len(lossy_periods)) <= SEPARATE:
+    """While probing, lossy before SEPARATE calls of each where the case is clear: every lossy
+    cost below CLEAR times every plain one and every lossy period HYSTERESIS below every plain
+    one, a gap no call's noise closes; or on SEPARATE + 1 calls of each or more, every lossy cost
+    below every plain one and lossy's shortest period HYSTERESIS below plain's shortest (the
+    shortest: one slow period would hold back a rule on all of them)."""
+    calls = min(len(plain), len(lossy), len(plain_periods), len(lossy_periods))
+    if calls and max(lossy) < min(plain) * CLEAR and \
+            max(lossy_periods) < min(plain_periods) * (1 - HYSTERESIS):
+        return True
+    if calls <= SEPARATE:
         return False
     return max(lossy) < min(plain) and min(lossy_periods) < min(plain_periods) * (1 - HYSTERESIS)
 
@@ -233,8 +247,8 @@ class _Slot:
         if k < WARMUP:
             mode = LOSSY if k == 0 else PLAIN
         elif self.decision is None:
-            i = k - self.probe_from  # P, L (the first look), then P, L, L, P and again
-            mode = PLAIN if (i % 2 == 0 if i < 2 else (i - 2) % 4 in (0, 3)) else LOSSY
+            i = k - self.probe_from  # L, P (the first look), then L, P, P, L and again
+            mode = LOSSY if (i % 2 == 0 if i < 2 else (i - 2) % 4 in (0, 3)) else PLAIN
         elif k in (self.refresh_at, self.refresh_at + 1):
             mode = PLAIN if self.decision == LOSSY else LOSSY
             if k == self.refresh_at:  # judged by the refresh's calls, not the probe's old ones

@@ -375,6 +375,31 @@ def test_auto_rule_takes_lossy_early_on_three_calls_of_each_by_the_shortest_peri
                       lossy_periods=[13.0, 9.4, 9.9]) == auto.PLAIN
 
 
+def test_auto_rule_takes_lossy_from_one_call_each_in_a_clear_case():
+    """Every lossy cost under CLEAR times every plain one, and every lossy period HYSTERESIS
+    below every plain one: a gap no call's noise closes decides lossy at the first look."""
+    from hvd_lossy import auto
+    # 1 Gbit/s in the DLRM example (ms): cost 9.4 against 100, period 54 against 150
+    assert auto._rule(None, [100.0], [9.4], plain_periods=[150.0], lossy_periods=[54.0]) == auto.LOSSY
+    assert auto._rule(None, [100.0], [9.4], plain_periods=[150.0],
+                      lossy_periods=[146.0]) is None  # the iteration not clearly shorter
+    # 10 Gbit/s: lossy at 0.55x plain's cost is no clear case on one call each
+    assert auto._rule(None, [12.8], [7.0], plain_periods=[60.0], lossy_periods=[48.0]) is None
+    assert auto._rule(None, [100.0], [9.4]) is None  # no periods: one call each says nothing
+    assert auto._rule(auto.PLAIN, [100.0], [9.4], plain_periods=[150.0],
+                      lossy_periods=[54.0]) == auto.LOSSY  # decided: the medians, as before
+
+
+def test_auto_runs_plain_twice_after_the_warm_up_in_a_clear_case_for_lossy():
+    """On a slow link (a plain call 10x a lossy one) the first look decides lossy, so a short
+    run pays for its warm-up's plain call and the first look's alone."""
+    from hvd_lossy import auto
+    s = auto._Slot(0, "c", _OneRank())
+    modes = _drive(s, {auto.LOSSY: 0.01, auto.PLAIN: 0.1}.get, 30)
+    assert s.decision == auto.LOSSY
+    assert modes.count(auto.PLAIN) == 2, modes
+
+
 def test_auto_slot_measures_each_calls_period_and_decides_plain_when_lossy_iterations_are_slower():
     """The DLRM example's case: lossy's exchange costs less than plain's, but its iteration takes
     longer. The slot times each call's period itself and ends on plain within the probe."""
@@ -429,9 +454,9 @@ def test_auto_probes_plain_and_lossy_in_an_order_a_trend_does_not_favour():
     from hvd_lossy import auto
     s = auto._Slot(0, "c", _OneRank())
     modes = _drive(s, lambda mode: math.nan, auto.WARMUP + 10)[auto.WARMUP:]  # no cost decides
-    assert modes[:2] == [auto.PLAIN, auto.LOSSY]  # the first look
+    assert modes[:2] == [auto.LOSSY, auto.PLAIN]  # the first look
     p, l = auto.PLAIN, auto.LOSSY
-    assert modes[2:10] == [p, l, l, p, p, l, l, p]  # a linear trend cancels in each four
+    assert modes[2:10] == [l, p, p, l, l, p, p, l]  # a linear trend cancels in each four
 
 
 def test_auto_takes_each_calls_cheapest_rank_and_leaves_out_unfinished_calls():
@@ -482,9 +507,9 @@ def _stats(codec_s, wire, raw):
                      wire_bytes=wire, raw_bytes=raw)
 
 
-def test_auto_runs_lossy_once_after_the_warm_up_when_its_floor_leaves_it_no_gain():
-    """On a link faster than the codec the first look decides: one probed call of each, then
-    plain from the call that reads the agreement. The floor is the codec time (the gradient
+def test_auto_runs_lossy_twice_after_the_warm_up_when_its_floor_leaves_it_no_gain():
+    """On a link faster than the codec the first look decides: one probed call of each and the
+    call while its agreement travels (lossy), then plain from the call that reads the agreement. The floor is the codec time (the gradient
     call's too) plus the least the compressed bytes can take to travel: their share of the
     plain call's cost (here 0.9 + 0.25 * 1.0 ms, above 0.95 ms: lossy could not gain HYSTERESIS
     of plain's 1 ms). The warm-up runs each mode once, so neither look is a mode's first call."""
@@ -500,7 +525,7 @@ def test_auto_runs_lossy_once_after_the_warm_up_when_its_floor_leaves_it_no_gain
             report(1e-3)
         modes.append(mode)
     assert modes[:auto.WARMUP] == [auto.LOSSY, auto.PLAIN]  # each mode's first call
-    assert modes[auto.WARMUP:].count(auto.LOSSY) == 1, modes
+    assert modes[auto.WARMUP:].count(auto.LOSSY) == 2, modes
     first_plain_for_good = auto.WARMUP + auto.FIRST_LOOK + auto.LAG
     assert modes[first_plain_for_good:] == [auto.PLAIN] * (30 - first_plain_for_good), modes
     assert s.decision == auto.PLAIN and s.agreed["lossy_floor_ms"] == pytest.approx(1.15)
@@ -516,7 +541,7 @@ def test_auto_hands_a_lossy_calls_statistics_to_its_slot():
     auto._Timed(plain, 1.0, lambda s, rec: got.append(rec)).wait()
     assert got == [record, None]
     s = auto._Slot(0, "c", _OneRank())
-    for _ in range(auto.WARMUP + 2):
+    for _ in range(auto.WARMUP + 1):  # the first look's lossy call
         mode, report = s.choose(1 << 20)
     assert mode == auto.LOSSY
     report(2.0, record)
