@@ -31,11 +31,15 @@ Each compressor with `auto=True` keeps, per process set, a *slot*:
            call pays for allocation, the codec's caches and Horovod's buffers, so the first look
            compares no mode's first call; and a training's first steps are slow (the DLRM
            example's first two take 1.5-3x a later one);
-  probe    then the calls alternate lossy and plain: lossy, plain (the first look), then lossy,
-           plain, plain, lossy, and again, so that a trend in the step times (steps that still speed
-           up after the warm-up) favours neither mode; the call after the first look runs before
-           its agreement is read, and lossy costs less there on a slow link (a plain call cost 0.1 s
-           more than a lossy one at 1 Gbit/s in the DLRM example) than plain does on a fast one. After the first call of each (FIRST_LOOK),
+  probe    then the calls alternate lossy and plain: lossy, plain (the first look), then the
+           Thue-Morse sequence (lossy, plain, plain, lossy, plain, lossy, lossy, plain, ...). So a
+           trend in the step times (steps that still speed up after the warm-up) cancels in every
+           four calls, and work a training does every 2, 4 or 8 steps falls on both modes alike: a
+           sequence of period 4 put the DLRM example's slow step, every fourth (66-88 ms against
+           45-58), on the same mode's calls in every run, and it decided plain at 10 Gbit/s in
+           one run of eight. The call after the first look runs before its agreement is read:
+           lossy costs less there on a slow link (a plain call cost 0.1 s more than a lossy one
+           at 1 Gbit/s in the example) than plain does on a fast one. After the first call of each (FIRST_LOOK),
            then every PROBE_CALLS calls, the ranks allgather, in the background, their size bucket
            and the costs of the latest calls of each mode (one tiny allgather, read LAG calls later,
            so nobody waits for it). Every rank applies the same rule to the same rows (`_rule`):
@@ -247,8 +251,8 @@ class _Slot:
         if k < WARMUP:
             mode = LOSSY if k == 0 else PLAIN
         elif self.decision is None:
-            i = k - self.probe_from  # L, P (the first look), then L, P, P, L and again
-            mode = LOSSY if (i % 2 == 0 if i < 2 else (i - 2) % 4 in (0, 3)) else PLAIN
+            i = k - self.probe_from  # L, P (the first look), then Thue-Morse: L, P, P, L, P, ...
+            mode = LOSSY if (i == 0 if i < 2 else _thue_morse(i - 2) == 0) else PLAIN
         elif k in (self.refresh_at, self.refresh_at + 1):
             mode = PLAIN if self.decision == LOSSY else LOSSY
             if k == self.refresh_at:  # judged by the refresh's calls, not the probe's old ones
@@ -375,6 +379,11 @@ class _Slot:
 # costs; the lossy calls' codec times, then their wire shares; per mode the calls' periods.
 _FLOORS = 1 + 2 * (KEEP + 1)
 _PERIODS = _FLOORS + 2 * KEEP
+
+
+def _thue_morse(j):
+    """The j-th term of the Thue-Morse sequence: the parity of j's one bits."""
+    return bin(j).count("1") & 1
 
 
 def _padded(values):

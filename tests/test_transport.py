@@ -450,13 +450,24 @@ def test_auto_checks_a_decision_taken_on_slow_early_calls_against_the_current_on
     assert s.decision == auto.PLAIN and modes[-50:] == [auto.PLAIN] * 50
 
 
-def test_auto_probes_plain_and_lossy_in_an_order_a_trend_does_not_favour():
+def test_auto_probes_plain_and_lossy_in_an_order_neither_a_trend_nor_a_cadence_favours():
+    """A linear trend cancels in every four probed calls, and a step slowed every 2, 4 or 8
+    calls (a training's periodic work) falls on both modes alike."""
     from hvd_lossy import auto
     s = auto._Slot(0, "c", _OneRank())
-    modes = _drive(s, lambda mode: math.nan, auto.WARMUP + 10)[auto.WARMUP:]  # no cost decides
+    n = 2 + 32
+    modes = _drive(s, lambda mode: math.nan, auto.WARMUP + n)[auto.WARMUP:]  # no cost decides
     assert modes[:2] == [auto.LOSSY, auto.PLAIN]  # the first look
     p, l = auto.PLAIN, auto.LOSSY
-    assert modes[2:10] == [l, p, p, l, l, p, p, l]  # a linear trend cancels in each four
+    assert modes[2:10] == [l, p, p, l, p, l, l, p]
+    probe = modes[2:]
+    for start in range(0, len(probe), 4):
+        four = probe[start:start + 4]
+        assert sum(i for i, m in enumerate(four) if m == l) == 3 and four.count(l) == 2, four
+    for every in (2, 4, 8):
+        for phase in range(every):
+            hit = probe[phase::every]
+            assert hit.count(l) == hit.count(p), (every, phase, hit)
 
 
 def test_auto_takes_each_calls_cheapest_rank_and_leaves_out_unfinished_calls():
