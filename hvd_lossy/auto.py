@@ -36,11 +36,12 @@ Each compressor with `auto=True` keeps, per process set, a *slot*:
            trend in the step times (steps that still speed up after the warm-up) cancels in every
            four calls, and work a training does every 2, 4 or 8 steps falls on both modes alike: a
            sequence of period 4 put the DLRM example's slow step, every fourth (66-88 ms against
-           45-58), on the same mode's calls in every run, and it decided plain at 10 Gbit/s in
-           one run of eight. The call after the first look runs before its agreement is read:
+           46-59), on the same mode's calls in every run, and it decided plain at 10 Gbit/s in
+           one run of four. The call after the first look runs before its agreement is read:
            lossy costs less there on a slow link (a plain call cost 0.1 s more than a lossy one
-           at 1 Gbit/s in the example) than plain does on a fast one. After the first call of each (FIRST_LOOK),
-           then every PROBE_CALLS calls, the ranks allgather, in the background, their size bucket
+           at 1 Gbit/s in the example) than plain does on a fast one. After the first call of
+           each (FIRST_LOOK), then every PROBE_CALLS calls, the ranks allgather, in the
+           background, their size bucket
            and the costs of the latest calls of each mode (one tiny allgather, read LAG calls later,
            so nobody waits for it). Every rank applies the same rule to the same rows (`_rule`):
            with per-call costs as the cheapest rank's, a mode wins once its costs are all below the
@@ -71,14 +72,14 @@ whole cost ran 1.3-1.9x its floor. (The cheapest, as a training's early steps sl
 calls: the example's plain calls at steps 2-4 cost up to 2x the later ones.) On a link slow
 enough for lossy to win clearly, the floor is far below plain's cost (0.41-0.47x at 10 Gbit/s,
 0.08x at 1 Gbit/s in the example), so neither rule fires on one noisy call there. On a link
-about as fast as the codec or faster, the case where probing costs most, lossy then runs once
-after its warm-up call. In the example on an unlimited or a 100 Gbit/s link (2026-12-05): 2-6
-lossy calls of 40, and 2 (both in the first four steps) in 30 runs of 50, where 5-12 ran
-before; with both warm-up calls lossy, the same rules ran 7-9 in 6 runs, the first look's plain
-call being its mode's first. The clear case the other way is decided at the first look too:
-lossy, where its cost is under CLEAR times plain's and its period shorter by HYSTERESIS (at 1
-Gbit/s in the example a lossy call cost 9-12 ms against plain's 98-102), which saves a plain
-call of about 0.1 s there.
+about as fast as the codec or faster, the case where probing costs most, plain then runs from
+the fifth call. The clear case the other way is decided at the first look too: lossy, where its
+cost is under CLEAR times plain's and its period shorter by HYSTERESIS (at 1 Gbit/s in the
+example a lossy call cost 9-12 ms against plain's 86-107), so a slow link's run pays for two
+plain calls, each about 0.1 s there. In the example (2026-12-05, 40 steps): 3 lossy calls on
+an unlimited or a 100 Gbit/s link in 33 runs of 34, where 5-12 ran before (with both warm-up
+calls lossy, the same rules ran 7-9: the first look's plain call was its mode's first); 2
+plain calls at 1 Gbit/s in 17 runs of 17.
 
 The gradient all-to-all of an autograd alltoall *follows* the forward one (`pair`): each
 gradient call takes the mode of the forward compressor's latest call on that group, so an
@@ -100,7 +101,7 @@ import torch
 from hvd_lossy.backend import as_backend
 from hvd_lossy.collective import remote_bytes
 
-WARMUP = 2        # first calls, lossy then plain, not counted (each mode's first; a training's first steps)
+WARMUP = 2        # first calls, lossy then plain, not counted (each mode's first, early steps)
 PROBE_CALLS = 4   # calls between agreements while probing: 2 plain, 2 lossy
 FIRST_LOOK = 2    # probed calls before the first agreement: 1 plain, 1 lossy (the floor rule)
 LAG = 1           # calls between launching an agreement and reading it

@@ -380,7 +380,8 @@ def test_auto_rule_takes_lossy_from_one_call_each_in_a_clear_case():
     below every plain one: a gap no call's noise closes decides lossy at the first look."""
     from hvd_lossy import auto
     # 1 Gbit/s in the DLRM example (ms): cost 9.4 against 100, period 54 against 150
-    assert auto._rule(None, [100.0], [9.4], plain_periods=[150.0], lossy_periods=[54.0]) == auto.LOSSY
+    assert auto._rule(None, [100.0], [9.4], plain_periods=[150.0],
+                      lossy_periods=[54.0]) == auto.LOSSY
     assert auto._rule(None, [100.0], [9.4], plain_periods=[150.0],
                       lossy_periods=[146.0]) is None  # the iteration not clearly shorter
     # 10 Gbit/s: lossy at 0.55x plain's cost is no clear case on one call each
@@ -520,10 +521,11 @@ def _stats(codec_s, wire, raw):
 
 def test_auto_runs_lossy_twice_after_the_warm_up_when_its_floor_leaves_it_no_gain():
     """On a link faster than the codec the first look decides: one probed call of each and the
-    call while its agreement travels (lossy), then plain from the call that reads the agreement. The floor is the codec time (the gradient
-    call's too) plus the least the compressed bytes can take to travel: their share of the
-    plain call's cost (here 0.9 + 0.25 * 1.0 ms, above 0.95 ms: lossy could not gain HYSTERESIS
-    of plain's 1 ms). The warm-up runs each mode once, so neither look is a mode's first call."""
+    call while its agreement travels (lossy), then plain from the call that reads the agreement.
+    The floor is the codec time (the gradient call's too) plus the least the compressed bytes
+    can take to travel: their share of the plain call's cost (here 0.9 + 0.25 * 1.0 ms, above
+    0.95 ms: lossy could not gain HYSTERESIS of plain's 1 ms). The warm-up runs each mode once,
+    so neither look is a mode's first call."""
     from hvd_lossy import auto
     s = auto._Slot(0, "c", _OneRank())
     modes = []
