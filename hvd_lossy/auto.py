@@ -115,7 +115,8 @@ HYSTERESIS = 0.05  # a decided slot switches only for a 5% lower median
 # plain's cost: its whole cost ran 1.3-1.9x its floor in the DLRM example on an unlimited link.
 FLOOR_MARGIN = 0.2
 # Lossy costing under this fraction of plain decides at the first look (its period shorter too):
-# 0.08-0.12 at 1 Gbit/s in the DLRM example, 0.5-0.9 at 10 Gbit/s, where the probe goes on.
+# 0.10-0.11 there at 1 Gbit/s in the DLRM example; 0.49-0.94 at 10 Gbit/s, where the probe goes
+# on in all but one run of ten (lossy wins there too).
 CLEAR = 0.5
 KEEP = MAX_PROBE  # costs kept per mode
 # Calls by which a slot whose sizes stay has decided: the last probe agreement is read then.
