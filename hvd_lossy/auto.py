@@ -141,7 +141,8 @@ def _rule(decision, plain, lossy, floors=(), plain_periods=(), lossy_periods=())
     by_cost = _compare(decision, plain, lossy, floors, steady=True)
     if not plain_periods or not lossy_periods:
         return by_cost
-    if decision is None and _lossy_early(plain, lossy, plain_periods, lossy_periods):
+    if by_cost != PLAIN and decision is None and \
+            _lossy_early(plain, lossy, plain_periods, lossy_periods):
         return LOSSY
     by_period = _compare(decision, plain_periods, lossy_periods)
     if PLAIN in (by_cost, by_period):

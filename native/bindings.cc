@@ -1,5 +1,6 @@
 // pybind11 module hvd_lossy._C: converts arguments, releases the GIL, calls the codec. Tensors
 // cross as raw data pointers (torch's data_ptr()), so the module needs no torch headers.
+#include <iterator>
 #include <tuple>
 
 #include <pybind11/numpy.h>
@@ -434,7 +435,7 @@ PYBIND11_MODULE(_C, m) {
         "Instruction set of the CPU kernels: 0 portable, 1 AVX2 with FMA, 2 AVX-512.");
   m.def("simd_forced", [] {
           std::vector<std::string> names;
-          for (int k = 0; k < 2; ++k)
+          for (int k = 0; k < int(std::size(hl::cpu::kForcing)); ++k)
             if (hl::cpu::simd_forced() >> k & 1) names.push_back(hl::cpu::kForcing[k]);
           return names;
         },

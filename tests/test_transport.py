@@ -387,6 +387,8 @@ def test_auto_rule_takes_lossy_from_one_call_each_in_a_clear_case():
     # 10 Gbit/s: lossy at 0.55x plain's cost is no clear case on one call each
     assert auto._rule(None, [12.8], [7.0], plain_periods=[60.0], lossy_periods=[48.0]) is None
     assert auto._rule(None, [100.0], [9.4]) is None  # no periods: one call each says nothing
+    assert auto._rule(None, [100.0], [9.4], floors=[99.0], plain_periods=[150.0],
+                      lossy_periods=[54.0]) == auto.PLAIN  # the floor's plain still decides
     assert auto._rule(auto.PLAIN, [100.0], [9.4], plain_periods=[150.0],
                       lossy_periods=[54.0]) == auto.LOSSY  # decided: the medians, as before
 

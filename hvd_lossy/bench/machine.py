@@ -12,7 +12,6 @@ SIMD_FLAGS = ("sse4_2", "avx", "avx2", "bmi2", "avx512f", "avx512dq", "avx512cd"
               "avx512vl", "avx512vbmi", "avx512_vbmi2", "avx512ifma",
               "avx512_vnni", "avx512_bitalg", "avx512_vpopcntdq", "avx512_bf16")
 SIMD_LEVELS = {0: "portable", 1: "AVX2", 2: "AVX-512"}
-FORCING = ("HVD_LOSSY_NO_AVX512", "HVD_LOSSY_NO_AVX2")
 
 
 def _cpuinfo(path="/proc/cpuinfo"):
@@ -45,7 +44,7 @@ def describe(path="/proc/cpuinfo"):
             "cores": os.cpu_count(), "simd_level": level, "simd_path": SIMD_LEVELS.get(level),
             "simd_flags": [f for f in SIMD_FLAGS if f in have],
             # the codec's own reading of the forcing variables, their values as the run had them
-            "simd_forced": {k: os.environ.get(k) for k in FORCING if k in _C.simd_forced()}}
+            "simd_forced": {k: os.environ.get(k) for k in _C.simd_forced()}}
 
 
 def summary(info):
