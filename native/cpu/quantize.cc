@@ -246,15 +246,18 @@ struct Block {
 };
 
 // d bytes at a and b equal: 16 at a time and one branch (a row's compare almost always
-// succeeds: its candidate had its hash's tag).
+// succeeds: its candidate had its hash's tag). A tail under 16 bytes is the last 16 again,
+// overlapping: a call of memcmp, even of no bytes, cost a tenth of a d32 row's numbering.
 inline bool bytes_equal(const uint8_t* a, const uint8_t* b, uint64_t d) {
 #if defined(__SSE2__)
-  uint64_t i = 0;
-  __m128i eq = _mm_set1_epi8(-1);
-  for (; i + 16 <= d; i += 16)
-    eq = _mm_and_si128(eq, _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)),
-                                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i))));
-  return _mm_movemask_epi8(eq) == 0xffff && memcmp(a + i, b + i, d - i) == 0;
+  if (d < 16) return memcmp(a, b, d) == 0;
+  auto eq16 = [&](uint64_t i) {
+    return _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)),
+                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
+  };
+  __m128i eq = eq16(d - 16);
+  for (uint64_t i = 0; i + 16 <= d; i += 16) eq = _mm_and_si128(eq, eq16(i));
+  return _mm_movemask_epi8(eq) == 0xffff;
 #else
   return memcmp(a, b, d) == 0;
 #endif
