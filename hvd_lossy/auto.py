@@ -51,13 +51,17 @@ Each compressor with `auto=True` keeps, per process set, a *slot*:
            gain it cannot see; so does a lossy median cost HYSTERESIS above plain's after SEPARATE
            calls each, even where one slow plain call (a mode's first often is) keeps the costs
            overlapping. A rank without costs for its current size sends everyone back to probing;
-  decided  the decision holds until the next agreement, AGREE_EVERY calls later, which keeps it
-           unless the other mode's median is HYSTERESIS better. The losing mode runs twice
-           FIRST_REFRESH calls after the decision, then after twice as many calls each time,
-           up to every REFRESH, and is judged by those two calls alone: a decision taken on
-           the probe's early calls is checked against the current steps soon (in runs of 120
-           steps the example once kept lossy for 117 calls on the strength of its first plain
-           calls), and the decision follows a link or a load that changes.
+  decided  agreements come every AGREE_EVERY calls. The losing mode runs twice FIRST_REFRESH
+           calls after the decision, then after twice as many calls each time, up to every
+           REFRESH, and the agreement after those two calls judges it by them alone, against
+           the winner's latest calls: the decision switches where the other mode's median is
+           HYSTERESIS better. Between refreshes the loser has no call to judge it by, and the
+           decision holds: its older calls against the winner's latest would compare phases of
+           the run (an AVX2 run at 10 Gbit/s switched to plain after 23 lossy calls on the
+           probe's plain calls, 20 calls old). A decision taken on the probe's early calls is
+           checked against the current steps soon (in runs of 120 steps the example once kept
+           lossy for 117 calls on the strength of its first plain calls), and the decision
+           follows a link or a load that changes, a refresh gap later.
 
 Plain is also decided at the first look, after one call of each, from a lossy call's *floor*:
 its codec time (compressing and decoding, its call's statistics; the cheapest rank's) plus its
@@ -257,9 +261,7 @@ class _Slot:
             i = k - self.probe_from  # L, P (the first look), then Thue-Morse: L, P, P, L, P, ...
             mode = LOSSY if (i == 0 if i < 2 else _thue_morse(i - 2) == 0) else PLAIN
         elif k in (self.refresh_at, self.refresh_at + 1):
-            mode = PLAIN if self.decision == LOSSY else LOSSY
-            if k == self.refresh_at:  # judged by the refresh's calls, not the probe's old ones
-                self.fresh_from[mode] = k
+            mode = _other(self.decision)
         else:
             mode = self.decision
         self.counts[mode] += 1
@@ -331,6 +333,13 @@ class _Slot:
             floors = [min(r[_FLOORS + j] for r in rows) + min(r[_FLOORS + KEEP + j] for r in rows)
                       * least for j in range(n)]
             floors = [f for f in floors if not math.isnan(f)]
+        if costs is not None and self.decision is not None and self.buckets == buckets and \
+                costs[self.decision] and not costs[_other(self.decision)]:
+            # The losing mode has not run since the decision: nothing new to judge it by (its
+            # older calls, up to a refresh gap old, against the winner's latest would be a
+            # comparison across the run's phases).
+            self.next_agreement = k + AGREE_EVERY
+            return
         if costs is None or (self.decision is not None and not (costs[PLAIN] and costs[LOSSY])):
             self.decision, self.buckets, self.probe_from = None, None, k
             self._restart_refresh()
@@ -347,6 +356,7 @@ class _Slot:
             self.next_agreement = self.probe_from + PROBE_CALLS if first_look else k + PROBE_CALLS
             return
         self.decision, self.buckets = better, buckets
+        self.fresh_from[_other(better)] = k  # the loser is judged by its next (refresh) calls
         self.agreed = {"plain_ms": statistics.median(costs[PLAIN]) * 1e3,
                        "lossy_ms": statistics.median(costs[LOSSY]) * 1e3}
         if floors:
@@ -362,7 +372,7 @@ class _Slot:
     def _restart_refresh(self):
         """A new decision is checked soon again, each mode judged by all its latest calls."""
         self.refresh_gap = FIRST_REFRESH  # calls from a decision to the losing mode's next run
-        self.fresh_from = {}  # mode -> its first call the rule may use (a refresh's)
+        self.fresh_from = {}  # mode -> its first call the rule may use (the loser's: a refresh's)
 
     def report(self):
         key = self.backend.key
@@ -382,6 +392,10 @@ class _Slot:
 # costs; the lossy calls' codec times, then their wire shares; per mode the calls' periods.
 _FLOORS = 1 + 2 * (KEEP + 1)
 _PERIODS = _FLOORS + 2 * KEEP
+
+
+def _other(mode):
+    return PLAIN if mode == LOSSY else LOSSY
 
 
 def _thue_morse(j):

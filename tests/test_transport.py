@@ -453,6 +453,43 @@ def test_auto_checks_a_decision_taken_on_slow_early_calls_against_the_current_on
     assert s.decision == auto.PLAIN and modes[-50:] == [auto.PLAIN] * 50
 
 
+def test_auto_judges_the_losing_mode_only_by_its_calls_since_the_decision():
+    """A run's later phase can slow every call (here 2.4x after the decision). The winner's slower
+    calls are not weighed against the loser's probe calls from the faster phase: the decision holds
+    until the loser's refresh, whose calls, slowed alike, keep it."""
+    from hvd_lossy import auto
+    s = auto._Slot(0, "c", _OneRank())
+    decided_at = []
+
+    def cost_of(mode):
+        if s.decision is not None and not decided_at:
+            decided_at.append(s.calls)
+        slow = 2.4 if decided_at else 1.0
+        return slow * (0.005 if mode == auto.LOSSY else 0.010)
+
+    modes = _drive(s, cost_of, 160)
+    assert s.decision == auto.LOSSY
+    after = modes[decided_at[0]:]
+    # the refreshes' plain calls alone (two at FIRST_REFRESH, two a doubled gap later)
+    assert after.count(auto.PLAIN) == 4, after
+    runs = [i for i in range(1, len(after)) if after[i] == auto.PLAIN != after[i - 1]]
+    assert len(runs) == 2 and all(after[i + 1] == auto.PLAIN for i in runs), after
+
+
+def test_auto_switches_at_a_refresh_where_the_losing_mode_became_faster():
+    """The refresh still follows a link or a load that changes: plain, dearer in the probe,
+    cheaper from then on, is taken at the agreement after its refresh calls."""
+    from hvd_lossy import auto
+    s = auto._Slot(0, "c", _OneRank())
+    modes = _drive(s, lambda mode: 0.005 if mode == auto.LOSSY else
+                   (0.010 if s.decision is None else 0.002), 120)
+    first_lossy_decided = auto.WARMUP + auto.FIRST_LOOK + auto.LAG
+    assert s.decision == auto.PLAIN
+    switched = len(modes) - modes[::-1].index(auto.LOSSY)
+    assert switched <= first_lossy_decided + 2 * auto.PROBE_CALLS + auto.FIRST_REFRESH, modes
+    assert modes[-40:] == [auto.PLAIN] * 40
+
+
 def test_auto_probes_plain_and_lossy_in_an_order_neither_a_trend_nor_a_cadence_favours():
     """A linear trend cancels in every four probed calls, and a step slowed every 2, 4 or 8
     calls (a training's periodic work) falls on both modes alike."""
