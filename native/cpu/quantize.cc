@@ -247,7 +247,7 @@ struct Block {
 
 // d bytes at a and b equal: 16 at a time and one branch (a row's compare almost always
 // succeeds: its candidate had its hash's tag). A tail under 16 bytes is the last 16 again,
-// overlapping: a call of memcmp, even of no bytes, cost a tenth of a d32 row's numbering.
+// overlapping: perf put 5.6% of a d32 compress in calls of memcmp for the tail, mostly empty.
 inline bool bytes_equal(const uint8_t* a, const uint8_t* b, uint64_t d) {
 #if defined(__SSE2__)
   if (d < 16) return memcmp(a, b, d) == 0;
