@@ -219,6 +219,30 @@ def test_the_paired_speedup_is_the_median_of_each_rounds_back_to_back_ratio():
     assert "paired" in netlink.dlrm_table(netlink.summarise_dlrm(runs)).splitlines()[0]
 
 
+def test_the_rounds_spread_and_autos_decisions_stand_beside_each_paired_figure():
+    """One round of this machine moves a paired figure by several percent, and auto's figure
+    means little without what it ran: both are in the record and the table."""
+    steps = {0: (0.100, 0.090, "plain", 5), 1: (0.100, 0.110, "lossy", 112), 2: (0.120, 0.100,
+                                                                             "plain", 8)}
+    runs = []
+    for rep, (plain, auto_t, decision, lossy_calls) in steps.items():
+        runs.append(dict(_run(None, "uncompressed", plain), repeat=rep))
+        runs.append(dict(_run(None, "auto", auto_t), repeat=rep,
+                         auto=[{"decision": decision, "lossy_calls": lossy_calls, "calls": 120},
+                               {"follows": "c", "decision": decision, "lossy_calls": 0}]))
+    runs.append(dict(_run(None, "lossy", 0.1), repeat=0))
+    got = {r["mode"]: r for r in netlink.summarise_dlrm(runs)}
+    assert got["auto"]["paired_range"] == pytest.approx([0.100 / 0.110, 0.120 / 0.100])
+    assert got["auto"]["auto_decisions"] == [["plain", 5, 120], ["lossy", 112, 120],
+                                             ["plain", 8, 120]]  # the forward compressor's
+    assert got["lossy"]["paired_range"] == pytest.approx([1.0, 1.0])  # one round
+    assert got["lossy"]["auto_decisions"] is None
+    lines = netlink.dlrm_table(netlink.summarise_dlrm(runs)).splitlines()
+    assert "rounds" in lines[0]
+    auto_line = next(line for line in lines if " auto " in line)
+    assert "0.91-1.20" in auto_line and auto_line.endswith("lossy 1, plain 2 (5-112 lossy)")
+
+
 def test_the_ceiling_is_the_baselines_step_on_the_unlimited_link_over_its_step_at_the_rate():
     runs = [_run(1.0, "uncompressed", 0.4), _run(1.0, "lossy", 0.25), _run(10.0, "uncompressed", 0.12),
             _run(None, "uncompressed", 0.1), _run(None, "lossy", 0.11), _run(1.0, "lossy", 0.5, ranks=3)]
