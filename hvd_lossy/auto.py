@@ -77,7 +77,8 @@ calls: the example's plain calls at steps 2-4 cost up to 2x the later ones.) On 
 enough for lossy to win clearly, the floor is far below plain's cost (0.41-0.47x at 10 Gbit/s,
 0.08x at 1 Gbit/s in the example), so neither rule fires on one noisy call there. On a link
 about as fast as the codec or faster, the case where probing costs most, plain then runs from
-the fifth call. The clear case the other way is decided at the first look too: lossy, where its
+the sixth call, after three lossy ones (the warm-up's, the first look's and the one while its
+agreement travels). The clear case the other way is decided at the first look too: lossy, where its
 cost is under CLEAR times plain's and its period shorter by HYSTERESIS (at 1 Gbit/s in the
 example a lossy call cost 9-12 ms against plain's 86-107), so a slow link's run pays for two
 plain calls, each about 0.1 s there. In the example (2026-12-05, 40 steps): 3 lossy calls on

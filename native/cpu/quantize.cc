@@ -255,8 +255,9 @@ inline bool bytes_equal(const uint8_t* a, const uint8_t* b, uint64_t d) {
     return _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)),
                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
   };
-  __m128i eq = eq16(d - 16);
-  for (uint64_t i = 0; i + 16 <= d; i += 16) eq = _mm_and_si128(eq, eq16(i));
+  __m128i eq = eq16(0);
+  for (uint64_t i = 16; i + 16 <= d; i += 16) eq = _mm_and_si128(eq, eq16(i));
+  if (d % 16) eq = _mm_and_si128(eq, eq16(d - 16));
   return _mm_movemask_epi8(eq) == 0xffff;
 #else
   return memcmp(a, b, d) == 0;
