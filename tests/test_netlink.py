@@ -299,11 +299,43 @@ def test_reuse_is_an_example_mode_asked_for_by_name_whose_flags_the_example_acce
     assert (args.compression, args.error_bound, args.reuse, args.ids) == ("lossy", 0.03, True, True)
 
 
-def test_the_user_scripts_float16_gradient_mode_codes_the_lookups_and_casts_the_gradients(tmp_path):
+def _user_script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("user_dlrm", REPO / "benchmarks" / "user_dlrm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_user_script_feeds_its_top_mlp_dlrms_pairwise_dots_or_the_concatenation_by_setting():
+    import torch
+    user = _user_script()
+    bottom, emb = torch.randn(5, 4), torch.randn(5, 3, 4)
+    got = user.interact(bottom, emb, "dot")
+    feats = [bottom] + [emb[:, t] for t in range(3)]
+    pairs = [(i, j) for i in range(4) for j in range(i)]  # each pair once, no self-products
+    assert got.shape == (5, 4 + 6)
+    assert torch.allclose(got[:, :4], bottom)
+    for k, (i, j) in enumerate(pairs):
+        assert torch.allclose(got[:, 4 + k], (feats[i] * feats[j]).sum(1), atol=1e-6)
+    assert torch.equal(user.interact(bottom, emb, "cat"), torch.cat([bottom, emb.flatten(1)], 1))
+    assert user.parse([]).interaction == "dot"
+    for setting, flags in netlink.USER_SETTINGS.items():
+        assert setting.startswith("user-d128")
+        assert user.parse(flags).interaction == ("cat" if setting.endswith("-cat") else "dot")
+    assert netlink.parse(["--parts", "user"]).user_settings == [netlink.USER_SETTING]
+    assert netlink.parse(["--user-settings", "user-d128,user-d128-cat"]).user_settings == [
+        "user-d128", "user-d128-cat"]
+    with pytest.raises(SystemExit):
+        netlink.parse(["--user-settings", "user-d64"])
+
+
+@pytest.mark.parametrize("setting", sorted(netlink.USER_SETTINGS))
+def test_the_user_scripts_float16_gradient_mode_codes_the_lookups_and_casts_the_gradients(tmp_path, setting):
     from tests._launch import run_mpi
     out = tmp_path / "user.json"
     run_mpi("benchmarks/user_dlrm.py", args=[
-        *netlink.USER_MODES["lossy-fp16-backward"], "--steps", "2", "--tables", "4", "--dim", "8",
+        *netlink.USER_MODES["lossy-fp16-backward"], *netlink.USER_SETTINGS[setting], "--steps", "2", "--tables", "4", "--dim", "8",
         "--global-batch", "64", "--table-rows", "1000", "--json", str(out)])
     got = json.loads(out.read_text())
     assert got["mode"] == "lossy-fp16-backward" and len(got["step_seconds"]) == 2

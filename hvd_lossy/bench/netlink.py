@@ -93,6 +93,9 @@ USER_MODES = {"uncompressed": ["--mode", "plain"], "fp16": ["--mode", "fp16"],
               "auto": ["--mode", "auto", "--error-bound", "0.03"],
               "lossy-fp16-backward": ["--mode", "lossy-fp16-backward", "--error-bound", "0.03"]}
 DEFAULT_USER_MODES = ["uncompressed", "fp16", "lossy", "auto"]
+# user_dlrm.py's settings: DLRM's dot interaction, and the concatenation (3.6x the dense
+# parameters: the dense allreduce carries more of a step's bytes than the all-to-all)
+USER_SETTINGS = {"user-d128": [], "user-d128-cat": ["--interaction", "cat"]}
 USER_SETTING = "user-d128"
 README_BATCH = 128  # the example's default --batch-size
 
@@ -136,7 +139,7 @@ FIELDS = {
             "auc = mean over rounds; wire_bytes = median tx_bytes delta of the namespace's lo over a "
             "whole run (all ranks, every collective, start-up and evaluation included); "
             "a2a_bytes_sent = the example's own all-to-all count; status ok|failed (+ error); "
-            f"setting {USER_SETTING}: benchmarks/user_dlrm.py (no AUC, no a2a counts)",
+            "settings user-*: benchmarks/user_dlrm.py (no AUC, no a2a counts)",
     "alltoall": "per (bandwidth_gbit, ranks, mode, bytes): bytes = the message each rank hands to the "
                 "all-to-all (its own chunk included); ms_per_call = median over rounds of the slowest "
                 "rank's median call; wire_bytes = tx_bytes of lo per call (all ranks, headers and "
@@ -392,14 +395,14 @@ def run_dlrm(ns, rate, ranks, setting, mode, rep, opts, workdir):
                 train_seconds=m["train_seconds"], auto=m.get("auto") or None)
 
 
-def run_user(ns, rate, ranks, mode, rep, opts, workdir):
+def run_user(ns, rate, ranks, setting, mode, rep, opts, workdir):
     """One run of the user-style script: a record in the schema of run_dlrm's (no AUC; auto's
     report when it ran auto)."""
-    out = workdir / f"user_{rate}_{ranks}_{mode}_{rep}.json"
+    out = workdir / f"{setting}_{rate}_{ranks}_{mode}_{rep}.json"
     args = ["--dim", "128", "--global-batch", str(batch_for(1024, ranks)), "--steps", str(opts.steps),
-            *USER_MODES[mode]]
+            *USER_SETTINGS[setting], *USER_MODES[mode]]
     argv = [sys.executable, str(USER), *args, "--json", str(out)]
-    rec, m = _train(ns, rate, ranks, USER_SETTING, mode, rep, opts, argv, args, out)
+    rec, m = _train(ns, rate, ranks, setting, mode, rep, opts, argv, args, out)
     if m is None:
         return rec
     return dict(rec, **_step_fields(m["step_seconds"], opts.warmup), steps=len(m["step_seconds"]),
@@ -459,6 +462,9 @@ def parser():
                        ",".join(USER_MODES), ",".join(DEFAULT_USER_MODES)))
     p.add_argument("--settings", type=_choices(SETTINGS), default=None,
                    help="DLRM settings (default criteo-d128,readme)")
+    p.add_argument("--user-settings", type=_choices(USER_SETTINGS), default=[USER_SETTING],
+                   help="settings of the user script, of %s (default %s: DLRM's dot interaction; "
+                        "-cat: the concatenation)" % (",".join(USER_SETTINGS), USER_SETTING))
     p.add_argument("--sizes", type=lambda s: [float(v) for v in s.split(",")], default=None,
                    help="all-to-all message sizes in MiB a rank (default 0.0625,0.25,1,4,16,64)")
     p.add_argument("--iters", type=int, default=None, help="timed all-to-all calls per mode and round (default 5)")
@@ -528,6 +534,7 @@ def meta(opts, argv):
             "rates_gbit": opts.rates, "ranks": opts.ranks, "repeat": opts.repeat, "warmup_steps": opts.warmup,
             "dlrm_modes": {m: DLRM_MODES[m] for m in opts.dlrm_modes}, "a2a_modes": opts.a2a_modes,
             "user_modes": {m: USER_MODES[m] for m in opts.user_modes},
+            "user_settings": {s: USER_SETTINGS[s] for s in opts.user_settings},
             "train_args": opts.train_args,
             "fields": FIELDS}
 
@@ -550,13 +557,14 @@ def measure(ns, opts, log=print):
                     log(f"[{rate_label(rate)}, {ranks} ranks] all-to-all: {', '.join(opts.a2a_modes)}")
                     a2a += run_alltoall(ns, rate, ranks, opts, work)
                 for rep in range(opts.repeat if "user" in opts.parts else 0):
-                    for mode in turns(opts.user_modes, rep):
-                        rec = run_user(ns, rate, ranks, mode, rep, opts, work)
-                        log(f"[{rate_label(rate)}, {ranks} ranks] {USER_SETTING} {mode} #{rep}: " + (
-                            f"{1e3 * rec['iter_seconds_median']:.1f} ms/step, "
-                            f"{rec['wire_bytes'] / 1e6:.1f} MB on the link" if rec["status"] == "ok"
-                            else f"FAILED: {rec['error']}"))
-                        dlrm.append(rec)
+                    for setting in opts.user_settings:
+                        for mode in turns(opts.user_modes, rep):
+                            rec = run_user(ns, rate, ranks, setting, mode, rep, opts, work)
+                            log(f"[{rate_label(rate)}, {ranks} ranks] {setting} {mode} #{rep}: " + (
+                                f"{1e3 * rec['iter_seconds_median']:.1f} ms/step, "
+                                f"{rec['wire_bytes'] / 1e6:.1f} MB on the link" if rec["status"] == "ok"
+                                else f"FAILED: {rec['error']}"))
+                            dlrm.append(rec)
                 if "dlrm" not in opts.parts:
                     continue
                 for setting in opts.settings:
