@@ -273,7 +273,10 @@ def test_user_script_runs_are_summarised_beside_the_examples_without_auc():
     assert "user-d128" in netlink.dlrm_table(netlink.summarise_dlrm(runs))
     opts = netlink.parse(["--parts", "user", "--user-modes", "uncompressed,auto"])
     assert opts.parts == ["user"] and opts.user_modes == ["uncompressed", "auto"]
-    assert set(netlink.USER_MODES) == {"uncompressed", "fp16", "lossy", "auto", "lossy-fp16-backward"}
+    assert set(netlink.USER_MODES) == {"uncompressed", "fp16", "lossy", "auto", "lossy-fp16-backward",
+                                       "none"}
+    assert "none" not in netlink.parse(["--parts", "user"]).user_modes
+    assert "none" not in netlink.parse([]).dlrm_modes
     assert netlink.parse(["--parts", "user"]).user_modes == ["uncompressed", "fp16", "lossy", "auto"]
 
 
@@ -297,6 +300,9 @@ def test_reuse_is_an_example_mode_asked_for_by_name_whose_flags_the_example_acce
                                    + netlink.DLRM_MODES["reuse"] + netlink.COMMON_TRAIN)
     cli.check(args, 2)
     assert (args.compression, args.error_bound, args.reuse, args.ids) == ("lossy", 0.03, True, True)
+    args = cli.parser().parse_args(netlink.SETTINGS["criteo-d128"](opts, 2)
+                                   + netlink.DLRM_MODES["none"] + netlink.COMMON_TRAIN)
+    assert (args.compression, args.plain_horovod) == ("none", False)  # the drop-in, not Horovod's
 
 
 def _user_script():

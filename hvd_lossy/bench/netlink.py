@@ -86,11 +86,14 @@ DLRM_MODES["auto-fp16-backward"] = DLRM_MODES["lossy-fp16-backward"] + ["--auto"
 # lossy with the lookups reused from what the receiver holds, gradients summed by id (train.py
 # --reuse; RESULTS, "Rows the receiver already holds"); by name only
 DLRM_MODES["reuse"] = DLRM_MODES["lossy"] + ["--reuse"]
+# the drop-in with compression none: what hvd_lossy's own path costs beside Horovod's (the
+# floor of auto's cost where it decides plain); by name only
+DLRM_MODES["none"] = ["--compression", "none"]
 DEFAULT_DLRM_MODES = ["uncompressed", "fp16", "lossy", "adaptive", "auto"]
 # user_dlrm.py's modes, named as the example's so that one summary serves both.
 USER_MODES = {"uncompressed": ["--mode", "plain"], "fp16": ["--mode", "fp16"],
               "lossy": ["--mode", "lossy", "--error-bound", "0.03"],
-              "auto": ["--mode", "auto", "--error-bound", "0.03"],
+              "auto": ["--mode", "auto", "--error-bound", "0.03"], "none": ["--mode", "none"],
               "lossy-fp16-backward": ["--mode", "lossy-fp16-backward", "--error-bound", "0.03"]}
 DEFAULT_USER_MODES = ["uncompressed", "fp16", "lossy", "auto"]
 # user_dlrm.py's settings: DLRM's dot interaction, and the concatenation (3.6x the dense
@@ -545,6 +548,14 @@ def turns(modes, rep):
     return list(modes[k:]) + list(modes[:k])
 
 
+def _outcome(rec):
+    """A training run's line in the log: its median step, AUC (the example's) and link bytes."""
+    if rec["status"] != "ok":
+        return f"FAILED: {rec['error']}"
+    auc = f", AUC {rec['auc']:.4f}" if rec.get("auc") is not None else ""
+    return f"{1e3 * rec['iter_seconds_median']:.1f} ms/step{auc}, {rec['wire_bytes'] / 1e6:.1f} MB on the link"
+
+
 def measure(ns, opts, log=print):
     """Every measurement at every rate; returns (dlrm runs, all-to-all rows)."""
     dlrm, a2a = [], []
@@ -560,10 +571,7 @@ def measure(ns, opts, log=print):
                     for setting in opts.user_settings:
                         for mode in turns(opts.user_modes, rep):
                             rec = run_user(ns, rate, ranks, setting, mode, rep, opts, work)
-                            log(f"[{rate_label(rate)}, {ranks} ranks] {setting} {mode} #{rep}: " + (
-                                f"{1e3 * rec['iter_seconds_median']:.1f} ms/step, "
-                                f"{rec['wire_bytes'] / 1e6:.1f} MB on the link" if rec["status"] == "ok"
-                                else f"FAILED: {rec['error']}"))
+                            log(f"[{rate_label(rate)}, {ranks} ranks] {setting} {mode} #{rep}: {_outcome(rec)}")
                             dlrm.append(rec)
                 if "dlrm" not in opts.parts:
                     continue
@@ -571,10 +579,7 @@ def measure(ns, opts, log=print):
                     for rep in range(opts.repeat):
                         for mode in turns(opts.dlrm_modes, rep):
                             rec = run_dlrm(ns, rate, ranks, setting, mode, rep, opts, work)
-                            log(f"[{rate_label(rate)}, {ranks} ranks] dlrm {setting} {mode} #{rep}: " + (
-                                f"{1e3 * rec['iter_seconds_median']:.1f} ms/step, AUC {rec['auc']:.4f}, "
-                                f"{rec['wire_bytes'] / 1e6:.1f} MB on the link" if rec["status"] == "ok"
-                                else f"FAILED: {rec['error']}"))
+                            log(f"[{rate_label(rate)}, {ranks} ranks] dlrm {setting} {mode} #{rep}: {_outcome(rec)}")
                             dlrm.append(rec)
     return dlrm, a2a
 
