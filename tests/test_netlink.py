@@ -328,7 +328,9 @@ def test_the_user_script_feeds_its_top_mlp_dlrms_pairwise_dots_or_the_concatenat
     assert user.parse([]).interaction == "dot"
     for setting, flags in netlink.USER_SETTINGS.items():
         assert setting.startswith("user-d128")
-        assert user.parse(flags).interaction == ("cat" if setting.endswith("-cat") else "dot")
+        got = user.parse(flags)
+        assert got.interaction == ("cat" if setting.endswith("-cat") else "dot")
+        assert got.dense_fp16 == setting.endswith("-dense-fp16")
     assert netlink.parse(["--parts", "user"]).user_settings == [netlink.USER_SETTING]
     assert netlink.parse(["--user-settings", "user-d128,user-d128-cat"]).user_settings == [
         "user-d128", "user-d128-cat"]

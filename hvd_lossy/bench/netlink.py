@@ -96,9 +96,11 @@ USER_MODES = {"uncompressed": ["--mode", "plain"], "fp16": ["--mode", "fp16"],
               "auto": ["--mode", "auto", "--error-bound", "0.03"], "none": ["--mode", "none"],
               "lossy-fp16-backward": ["--mode", "lossy-fp16-backward", "--error-bound", "0.03"]}
 DEFAULT_USER_MODES = ["uncompressed", "fp16", "lossy", "auto"]
-# user_dlrm.py's settings: DLRM's dot interaction, and the concatenation (3.6x the dense
-# parameters: the dense allreduce carries more of a step's bytes than the all-to-all)
-USER_SETTINGS = {"user-d128": [], "user-d128-cat": ["--interaction", "cat"]}
+# user_dlrm.py's settings: DLRM's dot interaction, the concatenation (3.6x the dense parameters:
+# the dense allreduce carries more of a step's bytes than the all-to-all), and the dot one with
+# its dense allreduce as float16 (Horovod's DistributedOptimizer compression=, every mode)
+USER_SETTINGS = {"user-d128": [], "user-d128-cat": ["--interaction", "cat"],
+                 "user-d128-dense-fp16": ["--dense-fp16"]}
 USER_SETTING = "user-d128"
 README_BATCH = 128  # the example's default --batch-size
 
@@ -467,7 +469,7 @@ def parser():
                    help="DLRM settings (default criteo-d128,readme)")
     p.add_argument("--user-settings", type=_choices(USER_SETTINGS), default=[USER_SETTING],
                    help="settings of the user script, of %s (default %s: DLRM's dot interaction; "
-                        "-cat: the concatenation)" % (",".join(USER_SETTINGS), USER_SETTING))
+                        "-cat: the concatenation; -dense-fp16: the dense allreduce as float16)" % (",".join(USER_SETTINGS), USER_SETTING))
     p.add_argument("--sizes", type=lambda s: [float(v) for v in s.split(",")], default=None,
                    help="all-to-all message sizes in MiB a rank (default 0.0625,0.25,1,4,16,64)")
     p.add_argument("--iters", type=int, default=None, help="timed all-to-all calls per mode and round (default 5)")
