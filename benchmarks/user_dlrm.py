@@ -103,8 +103,9 @@ def main(argv=None):
     dense_params = list(bottom.parameters()) + list(top.parameters())
     named = [(f"b{i}", q) for i, q in enumerate(bottom.parameters())] + \
             [(f"t{i}", q) for i, q in enumerate(top.parameters())]
+    dense_compression = hvd.Compression.fp16 if args.dense_fp16 else hvd.Compression.none
     opt = hvd.DistributedOptimizer(torch.optim.Adagrad(dense_params, lr=0.01), named_parameters=named,
-                                   compression=hvd.Compression.fp16 if args.dense_fp16 else hvd.Compression.none)
+                                   compression=dense_compression)
     emb_opt = torch.optim.Adagrad(tables.parameters(), lr=0.01)
     hvd.broadcast_parameters(dict(named), root_rank=0)
     kw = {}

@@ -339,12 +339,13 @@ def test_the_user_script_feeds_its_top_mlp_dlrms_pairwise_dots_or_the_concatenat
 
 
 @pytest.mark.parametrize("setting", sorted(netlink.USER_SETTINGS))
-def test_the_user_scripts_float16_gradient_mode_codes_the_lookups_and_casts_the_gradients(tmp_path, setting):
+def test_the_user_scripts_float16_gradient_mode_codes_the_lookups_and_casts_the_gradients(tmp_path,
+                                                                                        setting):
     from tests._launch import run_mpi
     out = tmp_path / "user.json"
     run_mpi("benchmarks/user_dlrm.py", args=[
-        *netlink.USER_MODES["lossy-fp16-backward"], *netlink.USER_SETTINGS[setting], "--steps", "2", "--tables", "4", "--dim", "8",
-        "--global-batch", "64", "--table-rows", "1000", "--json", str(out)])
+        *netlink.USER_MODES["lossy-fp16-backward"], *netlink.USER_SETTINGS[setting], "--steps", "2",
+        "--tables", "4", "--dim", "8", "--global-batch", "64", "--table-rows", "1000", "--json", str(out)])
     got = json.loads(out.read_text())
     assert got["mode"] == "lossy-fp16-backward" and len(got["step_seconds"]) == 2
     report = got["report"]

@@ -469,7 +469,8 @@ def parser():
                    help="DLRM settings (default criteo-d128,readme)")
     p.add_argument("--user-settings", type=_choices(USER_SETTINGS), default=[USER_SETTING],
                    help="settings of the user script, of %s (default %s: DLRM's dot interaction; "
-                        "-cat: the concatenation; -dense-fp16: the dense allreduce as float16)" % (",".join(USER_SETTINGS), USER_SETTING))
+                        "-cat: the concatenation; -dense-fp16: the dense allreduce as float16)" % (
+                            ",".join(USER_SETTINGS), USER_SETTING))
     p.add_argument("--sizes", type=lambda s: [float(v) for v in s.split(",")], default=None,
                    help="all-to-all message sizes in MiB a rank (default 0.0625,0.25,1,4,16,64)")
     p.add_argument("--iters", type=int, default=None, help="timed all-to-all calls per mode and round (default 5)")
@@ -555,7 +556,8 @@ def _outcome(rec):
     if rec["status"] != "ok":
         return f"FAILED: {rec['error']}"
     auc = f", AUC {rec['auc']:.4f}" if rec.get("auc") is not None else ""
-    return f"{1e3 * rec['iter_seconds_median']:.1f} ms/step{auc}, {rec['wire_bytes'] / 1e6:.1f} MB on the link"
+    return (f"{1e3 * rec['iter_seconds_median']:.1f} ms/step{auc}, "
+            f"{rec['wire_bytes'] / 1e6:.1f} MB on the link")
 
 
 def measure(ns, opts, log=print):
@@ -573,7 +575,8 @@ def measure(ns, opts, log=print):
                     for setting in opts.user_settings:
                         for mode in turns(opts.user_modes, rep):
                             rec = run_user(ns, rate, ranks, setting, mode, rep, opts, work)
-                            log(f"[{rate_label(rate)}, {ranks} ranks] {setting} {mode} #{rep}: {_outcome(rec)}")
+                            log(f"[{rate_label(rate)}, {ranks} ranks] {setting} {mode} #{rep}: "
+                                f"{_outcome(rec)}")
                             dlrm.append(rec)
                 if "dlrm" not in opts.parts:
                     continue
@@ -581,7 +584,8 @@ def measure(ns, opts, log=print):
                     for rep in range(opts.repeat):
                         for mode in turns(opts.dlrm_modes, rep):
                             rec = run_dlrm(ns, rate, ranks, setting, mode, rep, opts, work)
-                            log(f"[{rate_label(rate)}, {ranks} ranks] dlrm {setting} {mode} #{rep}: {_outcome(rec)}")
+                            log(f"[{rate_label(rate)}, {ranks} ranks] dlrm {setting} {mode} #{rep}: "
+                                f"{_outcome(rec)}")
                             dlrm.append(rec)
     return dlrm, a2a
 
