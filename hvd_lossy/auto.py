@@ -334,18 +334,17 @@ class _Slot:
             floors = [min(r[_FLOORS + j] for r in rows) + min(r[_FLOORS + KEEP + j] for r in rows)
                       * least for j in range(n)]
             floors = [f for f in floors if not math.isnan(f)]
-        if costs is not None and self.decision is not None and self.buckets == buckets and \
-                costs[self.decision] and not costs[_other(self.decision)]:
-            # The losing mode has not run since the decision: nothing new to judge it by (its
-            # older calls, up to a refresh gap old, against the winner's latest would be a
-            # comparison across the run's phases).
-            self.next_agreement = k + AGREE_EVERY
+        if costs is None:
+            self._probe_again(k)
             return
-        if costs is None or (self.decision is not None and not (costs[PLAIN] and costs[LOSSY])):
-            self.decision, self.buckets, self.probe_from = None, None, k
-            self._restart_refresh()
-            self.next_agreement = k + FIRST_LOOK
-            self.agreed = None
+        if self.decision is not None and not (costs[PLAIN] and costs[LOSSY]):
+            if self.buckets == buckets and costs[self.decision]:
+                # The losing mode has not run since the decision: nothing new to judge it by
+                # (its older calls, up to a refresh gap old, against the winner's latest would
+                # be a comparison across the run's phases).
+                self.next_agreement = k + AGREE_EVERY
+            else:
+                self._probe_again(k)
             return
         if self.buckets != buckets:
             self.decision = None
@@ -369,6 +368,14 @@ class _Slot:
         if self.refresh_at < k:  # both calls well before the agreement that reads them
             self.refresh_at = k + self.refresh_gap - AGREE_EVERY // 2
             self.refresh_gap = min(2 * self.refresh_gap, REFRESH)
+
+    def _probe_again(self, k):
+        """Back to probing from call k: a rank's costs were cleared, or the decided mode has
+        none."""
+        self.decision, self.buckets, self.probe_from = None, None, k
+        self._restart_refresh()
+        self.next_agreement = k + FIRST_LOOK
+        self.agreed = None
 
     def _restart_refresh(self):
         """A new decision is checked soon again, each mode judged by all its latest calls."""
