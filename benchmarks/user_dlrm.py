@@ -75,6 +75,12 @@ def interact(bottom, emb, how):
     return torch.cat([bottom, torch.bmm(feats, feats.transpose(1, 2))[:, i, j]], dim=1)
 
 
+def dense_compression(hvd, args):
+    """What DistributedOptimizer sends the dense gradients with: Horovod's float16 cast with
+    --dense-fp16, else as they are."""
+    return hvd.Compression.fp16 if args.dense_fp16 else hvd.Compression.none
+
+
 def zipf(rng, n, size):
     """ids in [0, n) with P(k) ~ (k+1)^-1.1, by inverting the continuous power law."""
     u = rng.random(size)
@@ -97,15 +103,15 @@ def main(argv=None):
     tables = torch.nn.ModuleList(torch.nn.Embedding(rows[t], args.dim, sparse=True) for t in mine)
     for t in tables:
         torch.nn.init.uniform_(t.weight, -(1 / t.num_embeddings) ** 0.5, (1 / t.num_embeddings) ** 0.5)
-    n = args.tables + 1
-    top_in = args.dim * n if args.interaction == "cat" else args.dim + n * (n - 1) // 2
+    # the top MLP's width from interact itself, so the two cannot disagree
+    top_in = interact(torch.zeros(1, args.dim), torch.zeros(1, args.tables, args.dim),
+                      args.interaction).shape[1]
     bottom, top = mlp([13, 512, 256, args.dim]), mlp([top_in, 512, 256, 1])
     dense_params = list(bottom.parameters()) + list(top.parameters())
     named = [(f"b{i}", q) for i, q in enumerate(bottom.parameters())] + \
             [(f"t{i}", q) for i, q in enumerate(top.parameters())]
-    dense_compression = hvd.Compression.fp16 if args.dense_fp16 else hvd.Compression.none
     opt = hvd.DistributedOptimizer(torch.optim.Adagrad(dense_params, lr=0.01), named_parameters=named,
-                                   compression=dense_compression)
+                                   compression=dense_compression(hvd, args))
     emb_opt = torch.optim.Adagrad(tables.parameters(), lr=0.01)
     hvd.broadcast_parameters(dict(named), root_rank=0)
     kw = {}
