@@ -1,8 +1,13 @@
 // The row numbering of duplicate removal (dedup.cc and quantize.cc's second pass): rows
-// numbered by first occurrence of their content in an open-addressing table of hashes.
+// numbered by first occurrence of their content in an open-addressing table of hashes, and the
+// one test of a repeat that every numbering shares (rows_equal).
 #pragma once
 
 #include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <vector>
@@ -129,6 +134,29 @@ class Numbering {
   Buffer<uint64_t> slots_;  // (hash high 32 bits) | first row of a unique row
   uint64_t cap_ = 0;
 };
+
+// Whether `bytes` bytes at a and b are equal: the one test that makes a row a repeat, whichever
+// table proposed it (content hash, id or code). 16 bytes at a time and one branch (a proposed
+// row almost always is a repeat: its hash's tag matched); a tail under 16 bytes is the last 16
+// again, overlapping. perf put 5.6% of a d32 compress in calls of memcmp for the tail, mostly
+// empty.
+inline bool rows_equal(const void* a, const void* b, uint64_t bytes) {
+  const uint8_t* p = static_cast<const uint8_t*>(a);
+  const uint8_t* q = static_cast<const uint8_t*>(b);
+#if defined(__SSE2__)
+  if (bytes < 16) return memcmp(p, q, bytes) == 0;
+  auto eq16 = [&](uint64_t i) {
+    return _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)),
+                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
+  };
+  __m128i eq = eq16(0);
+  for (uint64_t i = 16; i + 16 <= bytes; i += 16) eq = _mm_and_si128(eq, eq16(i));
+  if (bytes % 16) eq = _mm_and_si128(eq, eq16(bytes - 16));
+  return _mm_movemask_epi8(eq) == 0xffff;
+#else
+  return memcmp(p, q, bytes) == 0;
+#endif
+}
 
 // Prefetches the start of a row that is about to be compared (or quantized): its first 1 KiB,
 // enough for the hardware prefetcher to carry on through longer rows.

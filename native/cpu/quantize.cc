@@ -245,25 +245,6 @@ struct Block {
       : z(rows * d), outlier(rows), narrow(rows), bytes(rows * d), hash(rows), cand(rows) {}
 };
 
-// d bytes at a and b equal: 16 at a time and one branch (a row's compare almost always
-// succeeds: its candidate had its hash's tag). A tail under 16 bytes is the last 16 again,
-// overlapping: perf put 5.6% of a d32 compress in calls of memcmp for the tail, mostly empty.
-inline bool bytes_equal(const uint8_t* a, const uint8_t* b, uint64_t d) {
-#if defined(__SSE2__)
-  if (d < 16) return memcmp(a, b, d) == 0;
-  auto eq16 = [&](uint64_t i) {
-    return _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)),
-                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
-  };
-  __m128i eq = eq16(0);
-  for (uint64_t i = 16; i + 16 <= d; i += 16) eq = _mm_and_si128(eq, eq16(i));
-  if (d % 16) eq = _mm_and_si128(eq, eq16(d - 16));
-  return _mm_movemask_epi8(eq) == 0xffff;
-#else
-  return memcmp(a, b, d) == 0;
-#endif
-}
-
 inline void copy_bytes(uint8_t* to, const uint8_t* from, uint64_t d) {
 #if defined(__SSE2__)
   uint64_t i = 0;
@@ -418,9 +399,9 @@ Coded code_distinct_rows(const Tensor<DT>& t, const DistinctRows* repeats, doubl
     uint32_t* bcand = b.cand.data();
     uint8_t* ub = ubytes.data();
     auto same = [&](uint64_t i, uint32_t u) {  // the tags matched: both rows narrow, or neither
-      if (bnarrow[i]) return bytes_equal(ub + (uint64_t)u * d, bbytes + i * d, d);
+      if (bnarrow[i]) return rows_equal(ub + (uint64_t)u * d, bbytes + i * d, d);
       const uint32_t* zi = &b.z[i * d];
-      if (memcmp(&ucodes[(uint64_t)u * d], zi, d * 4) != 0) return false;
+      if (!rows_equal(&ucodes[(uint64_t)u * d], zi, d * 4)) return false;
       return !b.outlier[i] ||
              outliers_match(zi, t.x + source[u] * d, t.x + row_of(b0 + i) * d, d);
     };
