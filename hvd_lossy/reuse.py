@@ -38,7 +38,8 @@ from hvd_lossy import _codec, _decode
 
 DEFAULT_MEMORY_BYTES = 256 << 20
 # A cache slot is one record (native/cpu/reuse.h Cache): int64 tag at byte 0, valid byte at 8,
-# the row at _RECORD_HEAD, the whole rounded up to 8 bytes so that every record's tag is aligned.
+# the row's largest magnitude at 12, the row at _RECORD_HEAD, the whole rounded up to 8 bytes so
+# that every record's tag is aligned.
 _RECORD_HEAD = 16
 
 
@@ -235,11 +236,11 @@ class PassBuffers:
 
 
 class Encoded:
-    """What the sender's pass made of a call: X^ of every piece's rows (as the peers will
-    decode them), the pass's hit byte a row (which rows decode to their held row's bits: store
-    leaves those records alone), whether each group's frame predicts, and each piece's
-    references and residuals (predicted rows decoded to the held row itself, and to a corrected
-    one)."""
+    """What the sender's pass made of a call: X^ of every piece's rows as the peers will
+    decode them (but for rows that decode to their held row's bits, which x_hat leaves as it
+    was), the pass's hit byte a row (which rows those are: store leaves their records alone),
+    whether each group's frame predicts, and each piece's references and residuals (predicted
+    rows decoded to the held row itself, and to a corrected one)."""
 
     def __init__(self, x_hat, hit, predicted, references, residuals):
         self.x_hat, self.hit, self.predicted = x_hat, hit, predicted

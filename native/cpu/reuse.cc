@@ -156,11 +156,15 @@ int64_t tag_of(const uint8_t* rec) {
   return tag;
 }
 
-// Prefetches slot s of cache c: the lines of its record's first 256 bytes (a lookup reads
-// the tag and the row's start; the hardware prefetcher carries on through longer rows).
+// Prefetches slot s of cache c: the lines of its record's first 256 bytes for a write (the
+// hardware prefetcher carries on through longer rows), of its first 1 KiB for a read. A lookup
+// reads only the head (tag, flag, the row's magnitude: held_row), and the sweep reads the row
+// later, a piece at a time: no read runs through the row in between to start the hardware's
+// stream, so the prefetch covers the whole row (up to 1 KiB: a d128 float32 record is 528 bytes).
 void prefetch_slot(const Cache& c, uint64_t s, bool write) {
   const uint8_t* rec = record_of(c, s);
-  const uint64_t n = c.stride < 256 ? c.stride : 256;
+  const uint64_t most = write ? 256 : 1024;
+  const uint64_t n = c.stride < most ? c.stride : most;
   for (uint64_t off = 0; off < n; off += 64) {
     if (write)
       __builtin_prefetch(rec + off, 1);
@@ -192,22 +196,35 @@ HL_REUSE_CLONES uint16_t max_abs_bits_16(const uint16_t* row, uint64_t d) {
   return max_abs_bits_of<uint16_t>(row, d, 0x7fff);
 }
 
+template <int DT>
+uint32_t max_abs_bits(const raw_of<DT>* row, uint64_t d) {
+  if constexpr (DT == HL_FLOAT32) return max_abs_bits_f32(row, d);
+  else return max_abs_bits_16(row, d);
+}
+
+// A record's largest magnitude, as max_abs_bits (a uint32 at kRecordMagnitude), written with its
+// row by store_piece: a lookup then reads the record's head, not its whole row.
+constexpr uint64_t kRecordMagnitude = 12;
+
+uint32_t magnitude_of(const uint8_t* rec) {
+  uint32_t m;
+  memcpy(&m, rec + kRecordMagnitude, sizeof m);
+  return m;
+}
+
 // The held row of `id` (in slot s) in cache c with its largest magnitude in *amax, or null when
 // c holds none for it or the held row has a NaN or Inf (X - Inf and Inf + R^ would lose X, so
 // such a row predicts nothing).
 template <int DT>
-const raw_of<DT>* held_row(const Cache& c, int64_t id, uint64_t s, uint64_t d, float* amax) {
+const raw_of<DT>* held_row(const Cache& c, int64_t id, uint64_t s, float* amax) {
   const uint8_t* rec = record_of(c, s);
   if (!rec[8] || tag_of(rec) != id) return nullptr;
-  const raw_of<DT>* row = reinterpret_cast<const raw_of<DT>*>(rec + kRecordHead);
-  raw_of<DT> m;
-  if constexpr (DT == HL_FLOAT32) m = max_abs_bits_f32(row, d);
-  else m = max_abs_bits_16(row, d);
+  const uint32_t m = magnitude_of(rec);
   // the bits of +Inf, the least a NaN or Inf can have
-  const raw_of<DT> inf = DT == HL_FLOAT32 ? 0x7f800000u : DT == HL_FLOAT16 ? 0x7c00 : 0x7f80;
+  const uint32_t inf = DT == HL_FLOAT32 ? 0x7f800000u : DT == HL_FLOAT16 ? 0x7c00 : 0x7f80;
   if (m >= inf) return nullptr;
-  *amax = as_float<DT>(m);
-  return row;
+  *amax = as_float<DT>((raw_of<DT>)m);
+  return reinterpret_cast<const raw_of<DT>*>(rec + kRecordHead);
 }
 
 // Each slot written once, by the last row of the piece on it (the rule store() states): rows
@@ -242,23 +259,26 @@ void store_piece(const raw_of<DT>* rows, const int64_t* ids, uint64_t d, const P
     if (!first_time((*slots)[r]) || as_is) continue;
     uint8_t* rec = record_of(c, (*slots)[r]);
     const int64_t id = ids[p.start + r];
+    const raw_of<DT>* row = rows + (p.start + r) * d;
+    const uint32_t m = max_abs_bits<DT>(row, d);
     memcpy(rec, &id, sizeof id);
     rec[8] = 1;
-    memcpy(rec + kRecordHead, rows + (p.start + r) * d, row_bytes);
+    memcpy(rec + kRecordMagnitude, &m, sizeof m);
+    memcpy(rec + kRecordHead, row, row_bytes);
   }
 }
 
-// The held rows of a piece's rows (null where none), fetched kSlotsAhead rows ahead; returns
-// the largest magnitude among them.
+// The held rows of a piece's rows (null where none), their records fetched kSlotsAhead rows
+// ahead; returns the largest magnitude among them (from the records' heads).
 template <int DT>
-double predict_piece(const int64_t* ids, uint64_t d, const Piece& p, const Cache& c,
+double predict_piece(const int64_t* ids, const Piece& p, const Cache& c,
                      std::vector<uint64_t>* slots, const raw_of<DT>** held) {
   slots_of(ids, p.start, p.rows, c.capacity, slots);
   float pmax = 0;
   for (uint64_t r = 0; r < p.rows; ++r) {
     if (r + kSlotsAhead < p.rows) prefetch_slot(c, (*slots)[r + kSlotsAhead], false);
     float m = 0;
-    held[r] = held_row<DT>(c, ids[p.start + r], (*slots)[r], d, &m);
+    held[r] = held_row<DT>(c, ids[p.start + r], (*slots)[r], &m);
     pmax = m > pmax ? m : pmax;
   }
   return pmax;
@@ -332,8 +352,7 @@ bool sweep_piece(const raw_of<DT>* x, uint64_t d, const Piece& p, size_t k, bool
       const raw_of<DT>* xr = x + (row0 + r) * d;
       raw_of<DT>* rr = residual + (row0 + r) * d;
       const raw_of<DT>* h = predicted ? held[a + r] : nullptr;
-      if (h && reference_row<DT>(xr, h, d, limit, rr)) {
-        memcpy(x_hat + (row0 + r) * d, h, row_bytes);
+      if (h && reference_row<DT>(xr, h, d, limit, rr)) {  // X^ is h: no copy (store skips it)
         hit[row0 + r] = kHitHeld;
         ++refs;
         ++predicted_rows;
@@ -407,7 +426,7 @@ bool encode_group(const raw_of<DT>* x, const int64_t* ids, uint64_t d, bool rel,
   for (size_t j = 0; j < mine.size(); ++j) {
     const Piece& p = pieces[mine[j]];
     // Prediction and bounds, from the caches as they are before this call.
-    const double pmax = predict_piece<DT>(ids, d, p, caches[p.cache], &slots, &held[first[j]]);
+    const double pmax = predict_piece<DT>(ids, p, caches[p.cache], &slots, &held[first[j]]);
     for (uint64_t r = first[j]; r < first[j + 1]; ++r) any_hit |= held[r] != nullptr;
     double lo, hi;
     cpu::finite_range(DT, x + p.start * d, p.rows * d, &lo, &hi);
@@ -469,7 +488,7 @@ void apply_dt(void* rowsv, const int64_t* ids, uint64_t d, const std::vector<Pie
       hit.assign(p.start + p.rows, kHitFresh);
       if (predicted[g]) {
         held.resize(p.rows);
-        predict_piece<DT>(ids, d, p, c, &slots, held.data());
+        predict_piece<DT>(ids, p, c, &slots, held.data());
         for (uint64_t r = 0; r < p.rows; ++r)
           if (held[r]) {
             raw_of<DT>* row = rows + (p.start + r) * d;

@@ -18,9 +18,11 @@ namespace hl {
 namespace reuse {
 
 // One (peer, segment) cache: `capacity` slots, each one record of `stride` bytes that holds the
-// slot's tag (the id, int64 at byte 0), its valid byte (at byte 8) and its row of row_len
-// elements of the call's dtype (at kRecordHead): a lookup is one random read of one or two cache
-// lines, not three (tag, flag and row apart). Memory the caller owns (a torch tensor).
+// slot's tag (the id, int64 at byte 0), its valid byte (at byte 8), the row's largest magnitude
+// (the bits of its largest |element|, uint32 at byte 12, written with the row) and its row of
+// row_len elements of the call's dtype (at kRecordHead): a lookup is one random read of one
+// cache line, not three (tag, flag and row apart), and not the whole row. Memory the caller owns
+// (a torch tensor).
 constexpr uint64_t kRecordHead = 16;
 
 struct Cache {
@@ -62,7 +64,8 @@ struct EncodeResult {
 // this call), R into `residual` and X^ into `x_hat` (both shaped like x), one hit byte a row
 // (kHit*: fresh, predicted, or predicted with X^ the held row's bits). A float32 row whose R
 // surely codes to zeros is a reference: its R is written as zeros, which is what the receiver
-// decodes (so the codec may take all such rows for one: hvd_lossy.reuse.codec_keys), and kHitHeld.
+// decodes (so the codec may take all such rows for one: hvd_lossy.reuse.codec_keys), and kHitHeld;
+// its X^ is the held row, and its row of x_hat is left as it was (store() reads no kHitHeld row).
 // A group whose `allow[g]` is 0 is coded fresh; so is one whose predicted rows would miss their
 // bound. Rows of no group (the own chunk) are not pieces. Changes no cache: store() does, once
 // the frames are final.
