@@ -136,15 +136,17 @@ class Numbering {
 };
 
 // Whether `bytes` bytes at a and b are equal: the one test that makes a row a repeat, whichever
-// table proposed it (content hash, id or code). 16 bytes at a time and one branch (a proposed
-// row almost always is a repeat: its hash's tag matched); a tail under 16 bytes is the last 16
-// again, overlapping. perf put 5.6% of a d32 compress in calls of memcmp for the tail, mostly
-// empty.
+// table proposed it (content hash, id or code). Rows up to 128 bytes 16 bytes at a time and one
+// branch (a proposed row almost always is a repeat: its hash's tag matched); a tail under 16
+// bytes is the last 16 again, overlapping. perf put 5.6% of a d32 compress in calls of memcmp
+// for the tail, mostly empty. Longer rows (raw float32 rows of d > 32) go to memcmp, as they
+// did before this function: its wider loads suit them, though a reused d128 call, whose
+// references are 512 bytes each, timed the same either way.
 inline bool rows_equal(const void* a, const void* b, uint64_t bytes) {
   const uint8_t* p = static_cast<const uint8_t*>(a);
   const uint8_t* q = static_cast<const uint8_t*>(b);
 #if defined(__SSE2__)
-  if (bytes < 16) return memcmp(p, q, bytes) == 0;
+  if (bytes < 16 || bytes > 128) return memcmp(p, q, bytes) == 0;
   auto eq16 = [&](uint64_t i) {
     return _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)),
                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
