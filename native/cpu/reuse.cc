@@ -177,33 +177,38 @@ void prefetch_slot(const Cache& c, uint64_t s, bool write) {
     __builtin_prefetch(rec + n - 1);
 }
 
-// The largest magnitude's bits of d elements (sign bits cleared, `abs` the mask): of finite
-// elements the bits order as the magnitudes do, and NaN and Inf have the largest, so one
-// integer max, which vectorizes, finds both the magnitude and whether every element is finite.
+// Copies d elements and returns the largest magnitude's bits among them (sign bits cleared,
+// `abs` the mask): of finite elements the bits order as the magnitudes do, and NaN and Inf have
+// the largest, so one integer max, which vectorizes, finds both the magnitude and whether every
+// element is finite. One pass: the store reads each row it writes once.
 template <typename T>
-inline __attribute__((always_inline)) T max_abs_bits_of(const T* row, uint64_t d, T abs) {
+inline __attribute__((always_inline)) T copy_max_abs_bits_of(T* __restrict to,
+                                                            const T* __restrict from, uint64_t d,
+                                                            T abs) {
   T m = 0;
   for (uint64_t i = 0; i < d; ++i) {
-    const T a = row[i] & abs;
+    const T v = from[i];
+    to[i] = v;
+    const T a = v & abs;
     m = a > m ? a : m;
   }
   return m;
 }
-HL_REUSE_CLONES uint32_t max_abs_bits_f32(const uint32_t* row, uint64_t d) {
-  return max_abs_bits_of<uint32_t>(row, d, 0x7fffffffu);
+HL_REUSE_CLONES uint32_t copy_max_abs_bits_f32(uint32_t* to, const uint32_t* from, uint64_t d) {
+  return copy_max_abs_bits_of<uint32_t>(to, from, d, 0x7fffffffu);
 }
-HL_REUSE_CLONES uint16_t max_abs_bits_16(const uint16_t* row, uint64_t d) {
-  return max_abs_bits_of<uint16_t>(row, d, 0x7fff);
+HL_REUSE_CLONES uint16_t copy_max_abs_bits_16(uint16_t* to, const uint16_t* from, uint64_t d) {
+  return copy_max_abs_bits_of<uint16_t>(to, from, d, 0x7fff);
 }
 
 template <int DT>
-uint32_t max_abs_bits(const raw_of<DT>* row, uint64_t d) {
-  if constexpr (DT == HL_FLOAT32) return max_abs_bits_f32(row, d);
-  else return max_abs_bits_16(row, d);
+uint32_t copy_max_abs_bits(raw_of<DT>* to, const raw_of<DT>* from, uint64_t d) {
+  if constexpr (DT == HL_FLOAT32) return copy_max_abs_bits_f32(to, from, d);
+  else return copy_max_abs_bits_16(to, from, d);
 }
 
-// A record's largest magnitude, as max_abs_bits (a uint32 at kRecordMagnitude), written with its
-// row by store_piece: a lookup then reads the record's head, not its whole row.
+// A record's largest magnitude as copy_max_abs_bits finds it (a uint32 at kRecordMagnitude),
+// written with its row by store_piece: a lookup then reads the record's head, not its row.
 constexpr uint64_t kRecordMagnitude = 12;
 
 uint32_t magnitude_of(const uint8_t* rec) {
@@ -235,7 +240,6 @@ template <int DT>
 void store_piece(const raw_of<DT>* rows, const int64_t* ids, uint64_t d, const Piece& p,
                  const Cache& c, const uint8_t* hit, std::vector<uint64_t>* slots,
                  std::vector<uint64_t>* seen) {
-  const uint64_t row_bytes = d * sizeof(raw_of<DT>);
   slots_of(ids, p.start, p.rows, c.capacity, slots);
   // Slots seen, open addressing at a load under one half (kFree marks an empty entry).
   constexpr uint64_t kFree = ~0ull;
@@ -259,12 +263,11 @@ void store_piece(const raw_of<DT>* rows, const int64_t* ids, uint64_t d, const P
     if (!first_time((*slots)[r]) || as_is) continue;
     uint8_t* rec = record_of(c, (*slots)[r]);
     const int64_t id = ids[p.start + r];
-    const raw_of<DT>* row = rows + (p.start + r) * d;
-    const uint32_t m = max_abs_bits<DT>(row, d);
+    const uint32_t m = copy_max_abs_bits<DT>(reinterpret_cast<raw_of<DT>*>(rec + kRecordHead),
+                                              rows + (p.start + r) * d, d);
     memcpy(rec, &id, sizeof id);
     rec[8] = 1;
     memcpy(rec + kRecordMagnitude, &m, sizeof m);
-    memcpy(rec + kRecordHead, row, row_bytes);
   }
 }
 
