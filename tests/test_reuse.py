@@ -53,6 +53,21 @@ def assert_same_state(enc, dec):
     for a, b in zip(enc.peer.caches, dec.peer.caches):
         assert torch.equal(a.tags, b.tags) and torch.equal(a.valid, b.valid)
         assert torch.equal(a.rows.view(torch.uint8), b.rows.view(torch.uint8))  # bits, NaN too
+        assert torch.equal(a.records, b.records)  # every byte, the rows' magnitudes too
+    assert sum(assert_magnitudes(c) for c in enc.peer.caches) > 0, "no held record to check"
+
+
+def assert_magnitudes(cache):
+    """A held record carries its row's largest magnitude (the bits of its largest |element|,
+    uint32 at byte 12: NaN and Inf above every finite one), which a lookup reads instead of
+    the row."""
+    held = cache.valid
+    wide = cache.rows.element_size() == 4
+    bits = cache.rows[held].view(torch.int32 if wide else torch.int16).to(torch.int64)
+    want = (bits & (0x7FFFFFFF if wide else 0x7FFF)).amax(1, keepdim=True).view(-1)
+    got = cache.records[held][:, 12:16].contiguous().view(torch.int32).view(-1).to(torch.int64)
+    assert torch.equal(got, want)
+    return int(held.sum())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
