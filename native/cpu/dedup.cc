@@ -38,7 +38,9 @@ DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads
   out.map = Buffer<uint32_t>(rows);
   Buffer<uint64_t> hashes(rows);
   Numbering num(hashes.data());
-  auto same = [&](uint64_t a, uint64_t b) { return rows_equal(t.x + a * d, t.x + b * d, row_bytes); };
+  auto same = [&](uint64_t a, uint64_t b) {
+    return rows_equal(t.x + a * d, t.x + b * d, row_bytes);
+  };
   const uint64_t block = std::max<uint64_t>(1, (256u << 10) / std::max<uint64_t>(row_bytes, 1));
   double lo_all = INFINITY, hi_all = -INFINITY;
   for (uint64_t b0 = 0; b0 < rows; b0 += block) {
@@ -83,7 +85,9 @@ DistinctRows distinct_rows_by_id(const Tensor<DT>& t, const int64_t* ids, bool n
   // lies cost speed, never the bound, and a probe reads no other row's id or class. Sized for
   // every row distinct: the table never doubles (a rehash read as much as the numbering itself).
   Numbering num(keys.data(), rows);
-  auto same = [&](uint64_t a, uint64_t b) { return rows_equal(t.x + a * d, t.x + b * d, row_bytes); };
+  auto same = [&](uint64_t a, uint64_t b) {
+    return rows_equal(t.x + a * d, t.x + b * d, row_bytes);
+  };
   auto fetch = [&](uint64_t f) { prefetch_row(t.x + f * d, row_bytes); };
   // Blocks of rows, as distinct_raw_rows takes them; the range from a whole block (a repeat has
   // its first row's values, so it cannot widen it), one call a block rather than one a run of
