@@ -10,6 +10,8 @@ ReuseEncoder against the mirror of what its peer holds, the peer's ReuseDecoder 
     without quantizing it, and hands it to the codec as a zero row under one key: same frame.
   - A predicted row that would reconstruct outside the bound sends its frame fresh.
   - Collisions on a slot resolve deterministically (the last row of the call wins).
+  - The sender's pass writes the same frames, rows and caches on every kernel path (its fused
+    float32 sweep of drifted rows is the general one's bits).
   - The memory of a rank's caches stays under its cap, also over 10^4 calls.
 """
 import pytest
@@ -17,7 +19,7 @@ import torch
 
 import hvd_lossy
 from hvd_lossy import _codec, reuse
-from tests._launch import assert_every_rank_passed, run_mpi
+from tests._launch import assert_every_rank_passed, run_mpi, same_on_every_kernel_path
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -226,6 +228,40 @@ def test_references_reach_the_codec_as_zero_rows_under_one_key_and_code_the_same
     truth, _ = hvd_lossy.compress_chunks(true_residual, [rows], [seen["code_eb"]], mode="abs",
                                          ids=ids)
     assert torch.equal(frame, truth)
+
+
+def test_the_pass_writes_the_same_frames_rows_and_caches_on_every_kernel_path(tmp_path):
+    """float32 rows drifting by a fraction of a bound up to many bounds (codes of a byte and
+    wider than the fused sweep reconstructs in single precision), rows near the edges of their
+    codes, NaN and Inf, lengths that are and are not a multiple of 8: the frames, the decoded
+    rows, the pass's X^ and every cache byte are the same with AVX-512, with AVX2 at most and
+    with the portable loops, which have no fused sweep."""
+    script = tmp_path / "paths.py"
+    script.write_text(
+        "import zlib, torch, hvd_lossy\n"
+        "from hvd_lossy import reuse\n"
+        "out = [hvd_lossy._C.simd_level()]\n"
+        "for d, scale in ((128, 1.0), (16, 1e-3), (12, 1.0)):\n"
+        "    g = torch.Generator().manual_seed(d)\n"
+        "    table = torch.randn(3, 300, d, generator=g) * scale\n"
+        "    enc, dec, digest = reuse.ReuseEncoder(0.02), reuse.ReuseDecoder(), 0\n"
+        "    for call in range(14):\n"
+        "        ids = torch.randint(0, 300, (3 * 200,), generator=g) ** 2 // 300\n"
+        "        seg = torch.arange(3).repeat_interleave(200)\n"
+        "        x = table[seg, ids].contiguous()\n"
+        "        if call == 9:\n"
+        "            x[5, 3], x[6, 0] = float('nan'), float('inf')\n"
+        "        frame, predicted = enc.encode(x, ids, [200] * 3)\n"
+        "        got = dec.decode(frame, ids, predicted)\n"
+        "        for part in (frame, got, enc.buffers._flat[1], *[c.records for c in enc.peer.caches]):\n"
+        "            digest = zlib.crc32(part.contiguous().view(torch.uint8).numpy().tobytes(), digest)\n"
+        "        out.append((call, enc.last['references'], enc.last['residuals'], digest))\n"
+        "        step = [0.1, 0.6, 3.0, 40.0][call % 4] * 0.02 * float(x.abs().max())\n"
+        "        table += step * torch.randn(table.shape, generator=g)\n"
+        "        table[:, :40] += 0.5 * step  # the same shift on many rows: codes at their edges\n"
+        "print(out)\n")
+    runs = same_on_every_kernel_path(script)
+    assert sum(r[2] for r in runs[0][1:]) > 0, "no row was coded against its held row"
 
 
 def test_a_frame_whose_predicted_rows_would_miss_the_bound_goes_fresh():

@@ -337,6 +337,70 @@ HL_AVX2 void dequantize_f32_avx2(const uint32_t* z, uint64_t n, double step,
   dequantize_impl<HL_FLOAT32>(z + i, n - i, step, out + i);
 }
 
+// Eight elements a step: the residual, its code by quantize8_fast (the general quantizer's code
+// wherever it is sure), the reconstruction as dequantize_f32_avx2 forms it where the code fits,
+// and for a held row the sum and the check in double (four lanes a half).
+template <bool Held>
+HL_AVX2 inline int coded_row8_f32(const float* x, const float* p, uint64_t d,
+                                  const QuantParams& qp, double eb, float* r, float* xh,
+                                  bool* same, bool* as_held) {
+  const uint32_t fits = f32_exact_codes(qp.step, false);
+  const FastF32 f = fast_f32(qp.step, qp.inv_step);
+  if (d % 8 || !fits || !f.on) return kRowUnsure;
+  const __m256i wide = _mm256_set1_epi32((int)~fits);
+  const __m256 stf = _mm256_set1_ps((float)qp.step);
+  const __m256d ebv = _mm256_set1_pd(eb);
+  const __m256d abs_mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffLL));
+  const __m256 abs_maskf = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  // The check in single precision where it cannot be wrong: |fl(X^ - X)| is within a factor
+  // (1 +- 2^-24) of |X^ - X| (exactly it where the difference is subnormal; NaN where either is
+  // Inf, which no ordered compare passes), so at most eb (1 - 2^-23) is within eb for sure. A
+  // group of eight with any lane above that takes the double check, the definition.
+  const double lo_d = eb * (1 - 0x1p-23);
+  float lo_f = (float)lo_d;
+  if ((double)lo_f > lo_d) lo_f = nextafterf(lo_f, 0.0f);
+  const __m256 eb_lo = _mm256_set1_ps(lo_f);
+  int within = 0xf, equal = 0xff, bits = 0xff;
+  for (uint64_t i = 0; i < d; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    const __m256 pv = Held ? _mm256_loadu_ps(p + i) : _mm256_setzero_ps();
+    _mm256_storeu_ps(r + i, Held ? _mm256_sub_ps(xv, pv) : xv);
+    __m256i zig;
+    if (!quantize8_fast<false>(r + i, f, _mm256_setzero_si256(), &zig) ||
+        !_mm256_testz_si256(zig, wide))
+      return kRowUnsure;
+    const __m256 rh = _mm256_mul_ps(_mm256_cvtepi32_ps(unzigzag8(zig)), stf);
+    if (!Held) {  // X^ is R^, within the bound R is coded at
+      _mm256_storeu_ps(xh + i, rh);
+      continue;
+    }
+    const __m256 xhv = _mm256_add_ps(pv, rh);
+    _mm256_storeu_ps(xh + i, xhv);
+    bits &= _mm256_movemask_ps(_mm256_castsi256_ps(
+        _mm256_cmpeq_epi32(_mm256_castps_si256(xhv), _mm256_castps_si256(pv))));
+    equal &= _mm256_movemask_ps(_mm256_cmp_ps(xhv, pv, _CMP_EQ_OQ));  // as in double: exact
+    const __m256 err_f = _mm256_and_ps(_mm256_sub_ps(xhv, xv), abs_maskf);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(err_f, eb_lo, _CMP_LE_OQ)) == 0xff) continue;
+    for (int half = 0; half < 2; ++half) {
+      const __m128 b4 = half ? _mm256_extractf128_ps(xhv, 1) : _mm256_castps256_ps128(xhv);
+      const __m128 x4 = half ? _mm256_extractf128_ps(xv, 1) : _mm256_castps256_ps128(xv);
+      const __m256d err = _mm256_and_pd(
+          _mm256_sub_pd(_mm256_cvtps_pd(b4), _mm256_cvtps_pd(x4)), abs_mask);
+      within &= _mm256_movemask_pd(_mm256_cmp_pd(err, ebv, _CMP_LE_OQ));  // false for NaN
+    }
+  }
+  *same = Held && equal == 0xff;
+  *as_held = Held && bits == 0xff;
+  return within == 0xf ? kRowWithin : kRowMiss;
+}
+
+HL_AVX2 int coded_row_f32_avx2(const float* x, const float* p, uint64_t d,
+                               const QuantParams& qp, double eb, float* r, float* xh,
+                               bool* same, bool* as_held) {
+  return p ? coded_row8_f32<true>(x, p, d, qp, eb, r, xh, same, as_held)
+           : coded_row8_f32<false>(x, p, d, qp, eb, r, xh, same, as_held);
+}
+
 HL_AVX2 void dequantize_dithered_f32_avx2(const uint32_t* z, uint64_t n,
                                           double step, uint32_t seed,
                                           uint64_t first, float* out) {

@@ -190,6 +190,15 @@ HL_CLONES void quantize_rows_narrow(uint8_t dtype, const void* x, const uint64_t
 #undef CALL
 }
 
+int coded_row_f32(const float* x, const float* p, uint64_t d, const QuantParams& qp, double eb,
+                  float* r, float* xh, bool* same, bool* as_held) {
+#ifdef HL_HAVE_AVX2_PATH
+  if (simd_level() >= 1 && !qp.dither)
+    return coded_row_f32_avx2(x, p, d, qp, eb, r, xh, same, as_held);
+#endif
+  return kRowUnsure;
+}
+
 HL_CLONES void raw_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t rows,
                         uint64_t row_len, uint32_t* z) {
 #define CALL(DT) raw_impl<DT>(x, idx, rows, row_len, z)

@@ -78,6 +78,22 @@ void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double step, void*
 void dequantize_dithered(uint8_t dtype, const uint32_t* z, uint64_t n, double step, uint32_t seed,
                          uint64_t first, void* out);
 
+// What coded_row_f32 made of a row: nothing of use (the general path must take it), or X^
+// within the bound of every element of X, or some element of X^ outside it.
+constexpr int kRowUnsure = 0, kRowWithin = 1, kRowMiss = 2;
+
+// A float32 row of reuse's sweep in one pass (native/cpu/reuse.cc), against its held row P or,
+// with p null, fresh: R = X - P (or X) into r, R's codes at qp (no dither) and their
+// reconstruction R^, X^ = P + R^ (or R^) into xh, and for a held row every element of X^
+// checked against X within eb in double, as check_row does; *same: X^ equals P in value,
+// *as_held: in bits. It answers only where every code is one that single precision decides for
+// sure (quantize_f32_fast.h), so never an outlier, and reconstructs exactly there
+// (f32_exact_codes): every bit it writes is then the general path's (quantize_rows, dequantize,
+// the sum and the check). Otherwise, for row lengths that are not a multiple of 8, and without
+// AVX2, kRowUnsure, having written nothing of use.
+int coded_row_f32(const float* x, const float* p, uint64_t d, const QuantParams& qp, double eb,
+                  float* r, float* xh, bool* same, bool* as_held);
+
 // Outputs of this many bytes or more are written with non-temporal (streaming) stores, which
 // save reading each line before it is written. An all-to-all decodes into a block the output
 // cache hands out while the previous call's output is still alive, and the model's work runs

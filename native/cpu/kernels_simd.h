@@ -33,6 +33,9 @@ HL_AVX2 void quantize_narrow_f32_avx2(const float* xs, const uint64_t* idx, uint
 HL_AVX2 void dequantize_f32_avx2(const uint32_t* z, uint64_t n, double step, float* out);
 HL_AVX2 void dequantize_dithered_f32_avx2(const uint32_t* z, uint64_t n, double step,
                                           uint32_t seed, uint64_t first, float* out);
+HL_AVX2 int coded_row_f32_avx2(const float* x, const float* p, uint64_t d,
+                               const QuantParams& qp, double eb, float* r, float* xh,
+                               bool* same, bool* as_held);
 // Copies whole 32-byte blocks with streaming stores; dst must be 32-byte aligned. Not fenced.
 HL_AVX2 void stream_copy_avx2(uint8_t* dst, const uint8_t* src, uint64_t bytes);
 

@@ -1,6 +1,8 @@
 // Reuse across iterations: see reuse.h. One sweep a piece: predict, subtract, settle the rows
 // that surely code to zeros (references) by one compare, quantize and dequantize the others with
-// the codec's kernels, reconstruct and check every element.
+// the codec's kernels, reconstruct and check every element. A float32 row whose codes single
+// precision decides takes all of that in one pass over it (cpu::coded_row_f32); the others, a
+// block at a time, in a pass each.
 #include "reuse.h"
 
 #include <math.h>
@@ -321,6 +323,18 @@ std::vector<std::vector<size_t>> pieces_by_group(const std::vector<Piece>& piece
   return by;
 }
 
+// cpu::coded_row_f32 for a float32 row (h null: fresh), kRowUnsure for the 16-bit dtypes.
+template <int DT>
+int fused_row(const raw_of<DT>* x, const raw_of<DT>* h, uint64_t d, const cpu::QuantParams& qp,
+              double eb, raw_of<DT>* r, raw_of<DT>* xh, bool* same, bool* as_held) {
+  if constexpr (DT == HL_FLOAT32)
+    return cpu::coded_row_f32(reinterpret_cast<const float*>(x),
+                              reinterpret_cast<const float*>(h), d, qp, eb,
+                              reinterpret_cast<float*>(r), reinterpret_cast<float*>(xh), same,
+                              as_held);
+  return cpu::kRowUnsure;
+}
+
 // sweep_piece's buffers, kept across a group's pieces: the block's rows that are not
 // references, and their codes and outlier flags.
 struct SweepScratch {
@@ -358,6 +372,19 @@ bool sweep_piece(const raw_of<DT>* x, uint64_t d, const Piece& p, size_t k, bool
         ++refs;
         ++predicted_rows;
         continue;
+      }
+      // Drifted held rows (most of them) and fresh ones in one pass, where its answer is sure.
+      if (!exact) {
+        bool same, as_held;
+        const int fused = fused_row<DT>(xr, h, d, qp, eb, rr, x_hat + (row0 + r) * d, &same,
+                                        &as_held);
+        if (fused == cpu::kRowMiss) return false;
+        if (fused == cpu::kRowWithin) {
+          hit[row0 + r] = !h ? kHitFresh : as_held ? kHitHeld : kHitResidual;
+          predicted_rows += h != nullptr;
+          refs += same;
+          continue;
+        }
       }
       if (h)
         for (uint64_t i = 0; i < d; ++i)
