@@ -339,7 +339,8 @@ HL_AVX2 void dequantize_f32_avx2(const uint32_t* z, uint64_t n, double step,
 
 // Eight elements a step: the residual, its code by quantize8_fast (the general quantizer's code
 // wherever it is sure), the reconstruction as dequantize_f32_avx2 forms it where the code fits,
-// and for a held row the sum and the check in double (four lanes a half).
+// and for a held row the sum and the check, in single precision where that is sure and in
+// double (four lanes a half) for a group of eight where it is not.
 template <bool Held>
 HL_AVX2 inline int coded_row8_f32(const float* x, const float* p, uint64_t d,
                                   const QuantParams& qp, double eb, float* r, float* xh,
