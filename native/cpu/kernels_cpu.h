@@ -85,7 +85,8 @@ constexpr int kRowUnsure = 0, kRowWithin = 1, kRowMiss = 2;
 // A float32 row of reuse's sweep in one pass (native/cpu/reuse.cc), against its held row P or,
 // with p null, fresh: R = X - P (or X) into r, R's codes at qp (no dither) and their
 // reconstruction R^, X^ = P + R^ (or R^) into xh, and for a held row every element of X^
-// checked against X within eb in double, as check_row does; *same: X^ equals P in value,
+// checked against X within eb with check_row's answer (in single precision where that cannot
+// differ from the double test, else in double); *same: X^ equals P in value,
 // *as_held: in bits. It answers only where every code is one that single precision decides for
 // sure (quantize_f32_fast.h), so never an outlier, and reconstructs exactly there
 // (f32_exact_codes): every bit it writes is then the general path's (quantize_rows, dequantize,
