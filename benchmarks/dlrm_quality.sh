@@ -41,11 +41,13 @@ MPIRUN=(mpirun --oversubscribe -np 2 --mca btl self,tcp --mca btl_tcp_if_include
 # adaptive-g0XX: adaptive lookups (paper policy, step schedule), gradients at 0.0XX, level 2
 # lossy-d0XX, adaptive-d0XX: as -g0XX with subtractive dither on the gradient frames
 # CONFIG-reuse: CONFIG with --reuse (lookups coded against what the receiver holds)
+# CONFIG-dense: CONFIG with --dense-compression same (the dense gradients coded as the all-to-all's)
 # adaptive-t0XX: adaptive per-table gradient bounds scaled to a gradient base 0.0XX, dithered, level 2
 # lossy-fp16:   rel EB on lookups, gradients as float16 (Compression.fp16: the fast-link recipe)
 config_args() {
   case "$1" in
     *-reuse) echo "$(config_args "${1%-reuse}") --reuse" ;;
+    *-dense) echo "$(config_args "${1%-dense}") --dense-compression same" ;;
     none) echo "--compression none" ;;
     lossy) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound same --dither none" ;;
     lossy-fp16) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound fp16 --level ${LEVEL:-2}" ;;
@@ -56,7 +58,7 @@ config_args() {
     adaptive-dither) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound same --dither backward" ;;
     adaptive-t0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound same --grad-base 0.0${1#*-t0} --level ${LEVEL:-2} --dither backward" ;;
     adaptive-g0*) echo "--compression adaptive --error-bound $EB --eb-mode rel --backward-error-bound 0.0${1#*-g0} --level ${LEVEL:-2} --dither none" ;;
-    *) echo "unknown config $1 (expected none, lossy, lossy-fp16, lossy-g0XX, lossy-d0XX, adaptive, adaptive-dither, adaptive-g0XX, adaptive-d0XX, adaptive-t0XX, each also with -reuse)" >&2; exit 2 ;;
+    *) echo "unknown config $1 (expected none, lossy, lossy-fp16, lossy-g0XX, lossy-d0XX, adaptive, adaptive-dither, adaptive-g0XX, adaptive-d0XX, adaptive-t0XX, each also with -reuse or -dense)" >&2; exit 2 ;;
   esac
 }
 

@@ -20,7 +20,9 @@ Model: DLRM's, with the reference DLRM's Criteo Kaggle MLP sizes (bottom 13-512-
 bottom output and the lookups), as the example has. `--interaction cat` feeds the top MLP the
 concatenation instead (dim x (tables + 1) inputs): 3.6x the dense parameters at dim 128, so the
 dense gradients' allreduce carries more of a step's bytes than the all-to-all does.
-`--dense-fp16` sends that allreduce as float16 (Horovod's own compression=, in every mode).
+`--dense-fp16` sends that allreduce as float16 (Horovod's own compression=, in every mode);
+`--dense-lossy` gives DistributedOptimizer the all-to-all's compressor in the lossy modes, which
+codes the dense gradients as it codes the embedding gradients (README, "Port your script").
 
 Data: ids Zipf-skewed (exponent 1.1) into tables of the Criteo Kaggle cardinalities capped at
 --table-rows, fresh each step from a seeded stream (the same on every rank and in every mode);
@@ -53,6 +55,9 @@ def parse(argv=None):
     p.add_argument("--dense-fp16", action="store_true",
                    help="the dense gradients' allreduce as float16 (DistributedOptimizer's "
                         "compression=hvd.Compression.fp16), in every mode")
+    p.add_argument("--dense-lossy", action="store_true",
+                   help="in the lossy modes, DistributedOptimizer(compression=) the all-to-all's "
+                        "compressor: the dense gradients coded as the embedding gradients")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write {'mode', 'step_seconds', 'report'} here (rank 0)")
     return p.parse_args(argv)
@@ -75,9 +80,12 @@ def interact(bottom, emb, how):
     return torch.cat([bottom, torch.bmm(feats, feats.transpose(1, 2))[:, i, j]], dim=1)
 
 
-def dense_compression(hvd, args):
-    """What DistributedOptimizer sends the dense gradients with: Horovod's float16 cast with
+def dense_compression(hvd, args, lossy):
+    """What DistributedOptimizer sends the dense gradients with: the all-to-all's compressor
+    `lossy` (None in the modes without one) with --dense-lossy, Horovod's float16 cast with
     --dense-fp16, else as they are."""
+    if args.dense_lossy and lossy is not None:
+        return lossy
     return hvd.Compression.fp16 if args.dense_fp16 else hvd.Compression.none
 
 
@@ -110,10 +118,6 @@ def main(argv=None):
     dense_params = list(bottom.parameters()) + list(top.parameters())
     named = [(f"b{i}", q) for i, q in enumerate(bottom.parameters())] + \
             [(f"t{i}", q) for i, q in enumerate(top.parameters())]
-    opt = hvd.DistributedOptimizer(torch.optim.Adagrad(dense_params, lr=0.01), named_parameters=named,
-                                   compression=dense_compression(hvd, args))
-    emb_opt = torch.optim.Adagrad(tables.parameters(), lr=0.01)
-    hvd.broadcast_parameters(dict(named), root_rank=0)
     kw = {}
     if args.mode in ("lossy", "auto", "lossy-fp16-backward"):
         # lossy-fp16-backward: the gradients as float16 (Horovod's cast), no segments of theirs
@@ -121,6 +125,10 @@ def main(argv=None):
                     else dict(backward_segments=tables_per_rank))
         kw["compression"] = hvd.Compression.lossy(args.error_bound, segments=len(mine),
                                                   auto=args.mode == "auto", **backward)
+    opt = hvd.DistributedOptimizer(torch.optim.Adagrad(dense_params, lr=0.01), named_parameters=named,
+                                   compression=dense_compression(hvd, args, kw.get("compression")))
+    emb_opt = torch.optim.Adagrad(tables.parameters(), lr=0.01)
+    hvd.broadcast_parameters(dict(named), root_rank=0)
     b = args.global_batch // size
     splits = [len(mine) * b] * size
     loss_fn = torch.nn.BCEWithLogitsLoss()

@@ -10,8 +10,9 @@ Everything horovod.torch offers is here unchanged, except:
     Compression.fp16 casts around it, Compression.lossy(...) sends error-bounded byte frames;
   - bfloat16, which Horovod's alltoall/allgather/broadcast reject, works: with Compression.none
     it travels as lossless frames (bit-identical result);
-  - the reductions (allreduce*, grouped_allreduce*, reducescatter*, DistributedOptimizer) raise
-    ValueError when given a lossy compressor, because compressed bytes cannot be summed;
+  - the reductions (allreduce*, grouped_allreduce*, reducescatter*) raise ValueError when given
+    a lossy compressor, because compressed bytes cannot be summed; DistributedOptimizer takes
+    one and sends each dense gradient as an allgather of frames (hvd_lossy.optimizer);
   - synchronize/poll also accept the handles of compressed operations;
   - comm_stats()/reset_comm_stats() report bytes, ratios and time per collective;
   - init() lets Open MPI yield the core while it polls (mpi_yield_when_idle, unless the launch
@@ -37,6 +38,7 @@ from hvd_lossy.protocol import Handle as _Handle  # noqa: E402
 from hvd_lossy.protocol import RankError  # noqa: E402,F401
 from hvd_lossy.compression import Compression, LossyCompressor, NoneCompressor, is_lossy  # noqa: E402,F401
 from hvd_lossy import auto as _auto  # noqa: E402
+from hvd_lossy import optimizer as _optimizer  # noqa: E402
 from hvd_lossy import stats as _stats  # noqa: E402
 from hvd_lossy.stats import reset_comm_stats  # noqa: E402,F401
 from hvd_lossy import FrameError  # noqa: E402,F401
@@ -78,8 +80,25 @@ def _reject_lossy(fn):
 for _name in ("allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
               "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_",
               "sparse_allreduce_async", "reducescatter", "reducescatter_async",
-              "grouped_reducescatter", "grouped_reducescatter_async", "DistributedOptimizer"):
+              "grouped_reducescatter", "grouped_reducescatter_async"):
     globals()[_name] = _reject_lossy(getattr(_hvd, _name))
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,  # noqa: N802
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
+    """Horovod's DistributedOptimizer; a lossy `compression` codes the dense gradients as its
+    all-to-all codes the embedding gradients (`compression.for_backward()`), each parameter's
+    as one frame a rank in an allgather, summed alike on every rank (hvd_lossy.optimizer)."""
+    if not is_lossy(compression):
+        return _hvd.DistributedOptimizer(
+            optimizer, named_parameters, compression, backward_passes_per_step, op,
+            gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set)
+    return _optimizer.distributed(optimizer, named_parameters, compression,
+                                  backward_passes_per_step, op, gradient_predivide_factor,
+                                  groups if groups is not None else (num_groups or None),
+                                  sparse_as_dense, process_set)
 
 
 def _backward_of(compression):

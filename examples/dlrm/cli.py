@@ -186,6 +186,11 @@ def parser():
                         "references or residuals (reuse=True, ids= and recv_ids=; implies --ids; "
                         "lookups only; gradients are never reused, and with lossy they travel "
                         "summed by id)")
+    c.add_argument("--dense-compression", choices=["none", "same"], default="none",
+                   help="the dense gradients' allreduce: none (Horovod's, as they are; default) or "
+                        "same: coded as the all-to-all's gradients are (--backward-error-bound, "
+                        "--dither), each parameter one frame a rank in an allgather "
+                        "(hvd_lossy.torch.DistributedOptimizer); Horovod, lossy or adaptive, no --auto")
     c.add_argument("--eval-compression", choices=["none", "same"], default="none",
                    help="evaluation lookups: uncompressed (default; measures the trained model) or "
                         "through the training compressor")
@@ -292,6 +297,12 @@ def check(args, world):
                          "would leave what each rank holds unknown to its peers)")
     if args.reuse:
         args.ids = True
+    if args.dense_compression != "none" and (args.compression not in ("lossy", "adaptive")
+                                             or args.backend != "horovod" or args.auto):
+        raise UsageError("--dense-compression %s needs --compression lossy or adaptive on the "
+                         "horovod backend without --auto, got --compression %s --backend %s%s"
+                         % (args.dense_compression, args.compression, args.backend,
+                            " --auto" if args.auto else ""))
     if args.plain_horovod and args.overlap:
         raise UsageError("--overlap needs hvd_lossy's differentiable alltoall_async; "
                          "horovod.torch.alltoall_async (--plain-horovod) has no autograd")

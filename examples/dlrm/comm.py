@@ -29,6 +29,17 @@ def backward_setting(args):
     return {"none": None, "fp16": Compression.fp16}.get(b, b) if isinstance(b, str) else b
 
 
+def dense_compression(args):
+    """DistributedOptimizer's compressor for --dense-compression same, which codes the dense
+    gradients as the all-to-all codes its gradients (for_backward()); None for none."""
+    if args.dense_compression == "none":
+        return None
+    from hvd_lossy.compression import Compression
+    dither = {"none": False, "backward": "backward", "all": True}[args.dither]
+    return Compression.lossy(args.error_bound, args.eb_mode, level=args.level,
+                             backward=backward_setting(args), dither=dither)
+
+
 def make_compression(args, owners, rank, world, cardinalities, total_steps):
     """(compressor, controller or None) for --compression; ValueError for bad settings."""
     from hvd_lossy.compression import Compression

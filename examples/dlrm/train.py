@@ -56,8 +56,11 @@ def build_model(args, source, rank, world, device=torch.device("cpu")):
     tables = LocalTables(source.cardinalities, owned, dim, args.seed).to(device)
     opt_cls = torch.optim.Adagrad if args.optimizer == "adagrad" else torch.optim.SGD
     # op=Sum: each rank's loss is already divided by the global batch (see the module docstring).
-    dense_opt = hvd.DistributedOptimizer(opt_cls(dense_arch.parameters(), lr=args.lr),
-                                         named_parameters=dense_arch.named_parameters(), op=hvd.Sum)
+    dense = comm.dense_compression(args)  # None: Horovod's own allreduce
+    coded = {} if dense is None else {"compression": dense}
+    dense_opt = (hvd if dense is None else backend.lossy()).DistributedOptimizer(
+        opt_cls(dense_arch.parameters(), lr=args.lr),
+        named_parameters=dense_arch.named_parameters(), op=hvd.Sum, **coded)
     emb_opt = opt_cls(tables.parameters(), lr=args.emb_lr) if owned else None
     return owners, owned, dense_arch, tables, dense_opt, emb_opt
 

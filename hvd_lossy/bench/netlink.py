@@ -98,9 +98,10 @@ USER_MODES = {"uncompressed": ["--mode", "plain"], "fp16": ["--mode", "fp16"],
 DEFAULT_USER_MODES = ["uncompressed", "fp16", "lossy", "auto"]
 # user_dlrm.py's settings: DLRM's dot interaction, the concatenation (3.6x the dense parameters:
 # the dense allreduce carries more of a step's bytes than the all-to-all), and the dot one with
-# its dense allreduce as float16 (Horovod's DistributedOptimizer compression=, every mode)
+# its dense allreduce as float16 (Horovod's DistributedOptimizer compression=, every mode) or, in
+# the lossy modes, coded by the all-to-all's compressor (hvd_lossy's DistributedOptimizer)
 USER_SETTINGS = {"user-d128": [], "user-d128-cat": ["--interaction", "cat"],
-                 "user-d128-dense-fp16": ["--dense-fp16"]}
+                 "user-d128-dense-fp16": ["--dense-fp16"], "user-d128-dense-lossy": ["--dense-lossy"]}
 USER_SETTING = "user-d128"
 README_BATCH = 128  # the example's default --batch-size
 
@@ -469,7 +470,8 @@ def parser():
                    help="DLRM settings (default criteo-d128,readme)")
     p.add_argument("--user-settings", type=_choices(USER_SETTINGS), default=[USER_SETTING],
                    help="settings of the user script, of %s (default %s: DLRM's dot interaction; "
-                        "-cat: the concatenation; -dense-fp16: the dense allreduce as float16)" % (
+                        "-cat: the concatenation; -dense-fp16: the dense allreduce as float16; "
+                        "-dense-lossy: the lossy modes' dense gradients coded too)" % (
                             ",".join(USER_SETTINGS), USER_SETTING))
     p.add_argument("--sizes", type=lambda s: [float(v) for v in s.split(",")], default=None,
                    help="all-to-all message sizes in MiB a rank (default 0.0625,0.25,1,4,16,64)")

@@ -1,0 +1,100 @@
+"""DistributedOptimizer with the dense gradients coded within a bound (hvd_lossy.torch's).
+
+Horovod's DistributedOptimizer allreduces each parameter's gradient as soon as backward has it,
+and step() waits for them. Compressed bytes cannot be summed, so here a parameter's gradient
+goes as an allgather instead: one frame a rank (hvd_lossy.gather), launched from the same hook
+at the same moment. Every rank decodes every rank's frame, its own included, and adds them in
+rank order: the same bits on every rank, so the replicas stay identical, and each rank's term
+within its bound of what that rank computed (the average within the bound of the true
+average, a sum within the sum of the ranks' bounds, up to the float rounding of the sum that
+Horovod's allreduce has too).
+
+Bytes: with 2 ranks the allgather moves each rank's frame once, as a ring allreduce moves the
+tensor once; with n ranks a rank receives n - 1 frames against the ring's 2(n - 1) / n tensors,
+so it moves fewer bytes while the ratio stays above n / 2.
+
+Which coding: the compressor's gradient coding, `compression.for_backward()`, the one its
+all-to-all sends the embedding gradients with (for Compression.lossy's defaults: relative 0.02
+with subtractive dither, each parameter its own range; dither makes a rank's error uniform and
+independent of the gradient, so it averages out over ranks and steps). A `backward=` that is
+Horovod's (Compression.fp16, or None: uncompressed) gives Horovod's own allreduce with it. With
+`auto=True` a step's dense gradients follow the all-to-all: lossy where its compressor's latest
+call on the process set ran lossy, Horovod's plain allreduce where it ran plain (the mode is
+agreed, the same on every rank); auto weighs the all-to-all's cost only.
+"""
+import horovod.torch as _hvd
+from horovod.torch.compression import Compression as _HorovodCompression
+from horovod.torch.optimizer import _DistributedOptimizer
+
+from hvd_lossy import auto as _auto
+from hvd_lossy import gather as _gather
+from hvd_lossy.backend import as_backend
+from hvd_lossy.compressor import NoneCompressor, is_lossy
+
+
+def _allgather_grad_async(self, p):
+    """The optimizer's _allreduce_grad_async: (a function giving the reduced gradient, None)."""
+    coding = _coding_now(self)
+    if coding is None:
+        return _DistributedOptimizer._allreduce_grad_async(self, p)
+    if p.grad is None:  # not computed here, but other ranks may have: send zeros, as Horovod
+        p.grad = p.data.new(p.size()).zero_()
+    if p.grad.is_sparse:
+        raise ValueError(f"parameter {self._parameter_names.get(p)!r} has a sparse gradient: "
+                         f"a lossy compressor codes dense gradients only")
+    grad, average = p.grad, self.op == _hvd.Average
+    if average and self.gradient_predivide_factor != 1.0:
+        grad = grad / self.gradient_predivide_factor
+    handle = _gather.allgather_start(grad.reshape(-1), "dense." + self._parameter_names[p],
+                                     coding, self.process_set)
+    size, shape = self.process_set.size(), p.grad.shape
+    scale = self.gradient_predivide_factor / size if average else 1.0
+
+    def reduced():
+        decoded = handle.wait().view(size, -1)
+        total = decoded[0].clone()
+        for rank_rows in decoded[1:]:  # in rank order: the same sums on every rank
+            total.add_(rank_rows)
+        return (total.mul_(scale) if scale != 1.0 else total).view(shape)
+
+    return reduced, None
+
+
+def _coding_now(self):
+    """The frame compressor for this step's gradients, or None for Horovod's allreduce."""
+    coding, forward = self._gradient_coding, self._forward_compression
+    if getattr(forward, "auto", False):
+        s = getattr(forward, "_auto_slots", {}).get(as_backend(self.process_set).key)
+        if s is not None and s.last_mode == _auto.PLAIN:
+            return None
+    return coding
+
+
+def distributed(optimizer, named_parameters, compression, backward_passes_per_step, op,
+                gradient_predivide_factor, groups, sparse_as_dense, process_set):
+    """hvd_lossy.torch.DistributedOptimizer for a lossy `compression` (the other arguments are
+    Horovod's)."""
+    coding = compression.for_backward()
+    if not is_lossy(coding):  # Horovod's cast or nothing: Horovod's optimizer as it is
+        plain = _HorovodCompression.none if coding is NoneCompressor else coding
+        return _hvd.DistributedOptimizer(
+            optimizer, named_parameters, plain, backward_passes_per_step, op,
+            gradient_predivide_factor, groups=groups, sparse_as_dense=sparse_as_dense,
+            process_set=process_set)
+    if op not in (_hvd.Average, _hvd.Sum):
+        raise ValueError(f"a lossy compressor reduces dense gradients with op=Average or op=Sum, "
+                         f"got op={op!r}")
+    if groups:
+        raise ValueError(f"groups={groups!r} is not supported with a lossy compressor: each "
+                         f"parameter travels as one frame a rank")
+    if backward_passes_per_step <= 0:
+        raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
+    # Horovod's optimizer made on the user's class, as Horovod makes it, but for the allreduce
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__, _allreduce_grad_async=_allgather_grad_async))
+    opt = cls(optimizer.param_groups, named_parameters, _HorovodCompression.none,
+              backward_passes_per_step, op, gradient_predivide_factor, None, sparse_as_dense,
+              process_set)
+    opt._gradient_coding = coding
+    opt._forward_compression = compression
+    return opt
