@@ -4,8 +4,8 @@
 `LossyCompressor` (hvd_lossy.compressor) and `Compression.adaptive(...)` an
 `AdaptiveCompressor` (hvd_lossy.adaptive): error-bounded compression into self-describing byte
 frames. Their payload is bytes, and bytes cannot be summed, so they serve alltoall, allgather
-and broadcast, never allreduce, reducescatter or DistributedOptimizer (those raise ValueError
-when handed one).
+and broadcast, never allreduce or reducescatter (those raise ValueError when handed one);
+DistributedOptimizer takes one and reduces the gradients by allgather (hvd_lossy.optimizer).
 
 This module stands above both compressors' modules, so importing it registers every
 compressor for compressor_from_config.

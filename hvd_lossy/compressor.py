@@ -2,8 +2,9 @@
 rebuilds compressors from their configs.
 
 A `LossyCompressor` compresses into self-describing byte frames. Its payload is bytes, and bytes
-cannot be summed, so it serves alltoall, allgather and broadcast, never allreduce,
-reducescatter or DistributedOptimizer (those raise ValueError when handed one).
+cannot be summed, so it serves alltoall, allgather and broadcast, never allreduce or
+reducescatter (those raise ValueError when handed one); DistributedOptimizer takes one and
+reduces the gradients by allgather (hvd_lossy.optimizer).
 
 Compressors are rebuilt from `get_config()` by `compressor_from_config`, which finds the class by
 the config's "id" in a registry, as numcodecs does: a subclass registers itself
