@@ -88,7 +88,9 @@ plain calls at 1 Gbit/s in 17 runs of 17.
 
 The gradient all-to-all of an autograd alltoall *follows* the forward one (`pair`): each
 gradient call takes the mode of the forward compressor's latest call on that group, so an
-iteration is all-lossy or all-plain, and its cost is added to that forward call's.
+iteration is all-lossy or all-plain, and its cost is added to that forward call's. The dense
+gradients of a DistributedOptimizer given the compressor follow and add to it the same way
+(hvd_lossy.optimizer), so the bytes a mode saves there count in its cost.
 
 Since every input of the rule is agreed, all ranks take the same path on every call: a plain
 call on one rank never meets a framed call on another. A rank whose message size leaves its

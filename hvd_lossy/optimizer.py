@@ -20,8 +20,10 @@ independent of the gradient, so it averages out over ranks and steps). A `backwa
 Horovod's (Compression.fp16, or None: uncompressed) gives Horovod's own allreduce with it. With
 `auto=True` a step's dense gradients follow the all-to-all: lossy where its compressor's latest
 call on the process set ran lossy, Horovod's plain allreduce where it ran plain (the mode is
-agreed, the same on every rank); auto weighs the all-to-all's cost only.
+agreed, the same on every rank), and their cost counts in that call's.
 """
+import time
+
 import horovod.torch as _hvd
 from horovod.torch.compression import Compression as _HorovodCompression
 from horovod.torch.optimizer import _DistributedOptimizer
@@ -34,9 +36,13 @@ from hvd_lossy.compressor import NoneCompressor, is_lossy
 
 def _allgather_grad_async(self, p):
     """The optimizer's _allreduce_grad_async: (a function giving the reduced gradient, None)."""
-    coding = _coding_now(self)
+    t0 = time.perf_counter()
+    coding, report = _coding_now(self)
     if coding is None:
-        return _DistributedOptimizer._allreduce_grad_async(self, p)
+        handle, ctx = _DistributedOptimizer._allreduce_grad_async(self, p)
+        if report is None:
+            return handle, ctx
+        return _timed(lambda: _hvd.synchronize(handle), t0, report, None), ctx
     if p.grad is None:  # not computed here, but other ranks may have: send zeros, as Horovod
         p.grad = p.data.new(p.size()).zero_()
     if p.grad.is_sparse:
@@ -57,17 +63,37 @@ def _allgather_grad_async(self, p):
             total.add_(rank_rows)
         return (total.mul_(scale) if scale != 1.0 else total).view(shape)
 
-    return reduced, None
+    return (reduced if report is None else _timed(reduced, t0, report, handle)), None
 
 
 def _coding_now(self):
-    """The frame compressor for this step's gradients, or None for Horovod's allreduce."""
+    """(the frame compressor for this step's gradients, or None for Horovod's allreduce; and
+    with auto, the function this step's cost goes to, else None). With auto the gradients take
+    the mode of the all-to-all's latest call, and their exchange cost (launch and wait) is added
+    to that call's, as its gradient all-to-all's is: auto then weighs the dense bytes a mode
+    saves too (hvd_lossy.auto)."""
     coding, forward = self._gradient_coding, self._forward_compression
-    if getattr(forward, "auto", False):
-        s = getattr(forward, "_auto_slots", {}).get(as_backend(self.process_set).key)
-        if s is not None and s.last_mode == _auto.PLAIN:
-            return None
-    return coding
+    if not getattr(forward, "auto", False):
+        return coding, None
+    s = getattr(forward, "_auto_slots", {}).get(as_backend(self.process_set).key)
+    if s is None:  # no all-to-all yet on this process set: nothing to follow or report to
+        return coding, None
+    k = s.calls - 1
+    return (None if s.last_mode == _auto.PLAIN else coding), \
+        lambda seconds, record: s.add_cost(k, seconds, record)
+
+
+def _timed(finish, t0, report, handle):
+    """`finish` reporting the call's cost when it runs: from t0 to now, plus its own time."""
+    launched = time.perf_counter() - t0
+
+    def timed():
+        t1 = time.perf_counter()
+        out = finish()
+        report(launched + time.perf_counter() - t1, getattr(handle, "record", None))
+        return out
+
+    return timed
 
 
 def distributed(optimizer, named_parameters, compression, backward_passes_per_step, op,

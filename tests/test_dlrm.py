@@ -545,6 +545,19 @@ def test_overlap_with_plain_horovod_is_a_usage_error():
         cli.check(args, 2)
 
 
+@pytest.mark.parametrize("flags,named", [
+    ([], "--compression none --backend horovod"),
+    (["--compression", "lossy", "--backend", "torch"], "--compression lossy --backend torch"),
+    (["--compression", "lossy", "--auto"], "--compression lossy --backend horovod --auto"),
+])
+def test_dense_compression_needs_a_lossy_all_to_all_on_horovod_without_auto(flags, named):
+    args = cli.parser().parse_args(["--dense-compression", "same", *flags])
+    with pytest.raises(cli.UsageError, match="--dense-compression same needs --compression lossy "
+                       "or adaptive on the horovod backend without --auto, got " + named):
+        cli.check(args, 2)
+    cli.check(cli.parser().parse_args(["--dense-compression", "same", "--compression", "lossy"]), 2)
+
+
 def test_one_row_tables_are_a_usage_error():
     with pytest.raises(cli.UsageError, match="--max-table-rows must be >= 2"):
         cli.check(cli.parser().parse_args(["--max-table-rows", "1"]), 2)

@@ -190,7 +190,8 @@ def parser():
                    help="the dense gradients' allreduce: none (Horovod's, as they are; default) or "
                         "same: coded as the all-to-all's gradients are (--backward-error-bound, "
                         "--dither), each parameter one frame a rank in an allgather "
-                        "(hvd_lossy.torch.DistributedOptimizer); Horovod, lossy or adaptive, no --auto")
+                        "(hvd_lossy.torch.DistributedOptimizer; its bytes count in the backward "
+                        "all-to-all's); Horovod, lossy or adaptive, no --auto")
     c.add_argument("--eval-compression", choices=["none", "same"], default="none",
                    help="evaluation lookups: uncompressed (default; measures the trained model) or "
                         "through the training compressor")

@@ -12,6 +12,7 @@ from transport_util import N, R, cases_of, run_cases
 
 import hvd_lossy.torch as hvd
 from hvd_lossy import reuse
+from hvd_lossy.backend import as_backend
 
 
 def model():
@@ -85,6 +86,17 @@ def test_with_auto_the_dense_gradients_follow_the_alltoalls_agreed_mode():
         "after a lossy all-to-all the gradients travel coded"
     assert run_steps(compression, steps=1, before_step=alltoall) <= 1e-6, \
         "after a plain one they travel as Horovod's allreduce"
+    # a call auto counts (after its warm-up): the dense gradients' exchange adds to its cost
+    slot = compression._auto_slots[as_backend(None).key]
+    seen = {}
+
+    def alltoall_and_note(step):
+        alltoall(step)
+        seen["call"] = slot.calls - 1
+        seen["cost"] = slot.costs[seen["call"]]
+
+    run_steps(compression, steps=1, before_step=alltoall_and_note)
+    assert slot.costs[seen["call"]] > seen["cost"], "the optimizer's exchange was not counted"
 
 
 def test_a_gradient_coding_that_is_horovods_gives_horovods_optimizer():
