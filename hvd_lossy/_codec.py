@@ -485,6 +485,8 @@ def _decode_new(buffer, sizes, max_output_bytes=None):
         typed = base.view(_CODE_DTYPES[parts[0][0]])
         rows = [shape[0] for _, shape, _ in parts]
         if trailing:  # the rows given, not -1: no rows and a 0 among the trailing dims cannot be inferred
+            if _numel((sum(rows), *trailing)) == 0:
+                return [_shaped(typed, (r, *trailing)) for r in rows]
             typed = typed.view(sum(rows), *trailing)
         return list(typed.split(rows))
     typed, tensors = {}, []  # one typed view of the block per dtype: two ops a piece, not three
@@ -494,8 +496,17 @@ def _decode_new(buffer, sizes, max_output_bytes=None):
         if view is None:  # parts start on 64-byte boundaries: the block's length is a multiple
             view = typed[code] = base.view(dtype)
         start = offset // dtype.itemsize
-        tensors.append(view[start:start + _numel(shape)].view(shape))
+        tensors.append(_shaped(view[start:start + _numel(shape)], shape))
     return tensors
+
+
+def _shaped(flat, shape):
+    """`flat` (1-D) viewed as `shape`. A shape that holds no element gets zero strides: its
+    other dims can be too large for torch's strides (a header may say (0, 26, 2^60), which
+    neither a view nor torch.empty can make), and a tensor of no element steps over nothing."""
+    if _numel(shape) == 0:
+        return flat[:0].as_strided(tuple(shape), (0,) * len(shape))
+    return flat.view(shape)
 
 
 def _numel(shape):

@@ -331,11 +331,17 @@ def test_the_user_script_feeds_its_top_mlp_dlrms_pairwise_dots_or_the_concatenat
         got = user.parse(flags)
         assert got.interaction == ("cat" if setting.endswith("-cat") else "dot")
         assert got.dense_fp16 == setting.endswith("-dense-fp16")
+        assert got.dense_lossy == setting.endswith("-dense-lossy")
     import horovod.torch
     import hvd_lossy.torch
     for hvd in (horovod.torch, hvd_lossy.torch):  # the plain modes' module and the drop-in's
-        assert user.dense_compression(hvd, user.parse(["--dense-fp16"])) is hvd.Compression.fp16
-        assert user.dense_compression(hvd, user.parse([])) is hvd.Compression.none
+        assert user.dense_compression(hvd, user.parse(["--dense-fp16"]), None) is hvd.Compression.fp16
+        assert user.dense_compression(hvd, user.parse([]), None) is hvd.Compression.none
+        # --dense-lossy: the all-to-all's compressor where the mode has one, else as without it
+        assert user.dense_compression(hvd, user.parse(["--dense-lossy"]), None) is hvd.Compression.none
+    lossy = hvd_lossy.torch.Compression.lossy(0.03)
+    assert user.dense_compression(hvd_lossy.torch, user.parse(["--dense-lossy"]), lossy) is lossy
+    assert user.dense_compression(hvd_lossy.torch, user.parse([]), lossy) is hvd_lossy.torch.Compression.none
     assert netlink.parse(["--parts", "user"]).user_settings == [netlink.USER_SETTING]
     assert netlink.parse(["--user-settings", "user-d128,user-d128-cat"]).user_settings == [
         "user-d128", "user-d128-cat"]
