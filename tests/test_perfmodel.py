@@ -102,6 +102,30 @@ def test_reuse_divides_the_compressed_forward_bytes_only():
         perfmodel.step_terms("lossy", workload(reuse_fewer=0), n, CALIB)
 
 
+def test_coded_dense_gradients_travel_as_an_allgather_of_frames_and_add_their_coding():
+    n = network(1.0, latency_s=0.0)
+    for ranks, fewer in ((2, 20.0), (64, 20.0)):
+        w = workload(ranks=ranks, batch=ranks * 64, dense_params=1_000_000)
+        coded = dict(w, dense_fewer=fewer)
+        for mode in ("lossy", "adaptive"):
+            before, after = (perfmodel.step_terms(mode, x, n, CALIB) for x in (w, coded))
+            # a ring allreduce moves 2 (P-1)/P of the dense bytes a rank, the allgather (P-1)/fewer
+            expected = (ranks - 1) / fewer / (2 * (ranks - 1) / ranks)
+            assert after["allreduce"] == pytest.approx(before["allreduce"] * expected)
+            raw = 1_000_000 * 4
+            coding = raw / 3e9 + ranks * raw / 8e9  # CALIB's gradient rates: one compress, P decodes
+            assert after["codec"] == pytest.approx(before["codec"] + coding)
+        for mode in ("plain", "fp16"):  # nothing to code the dense gradients with
+            assert perfmodel.step_terms(mode, coded, n, CALIB) == perfmodel.step_terms(mode, w, n, CALIB)
+    # 2 ranks: 20x fewer bytes; 64 ranks: 63 frames a rank against the ring's 2 tensors, 1.6x more
+    assert perfmodel.step_terms("lossy", dict(workload(ranks=64, batch=64 * 64, dense_params=10**6),
+                                              dense_fewer=20.0), n, CALIB)["allreduce"] > \
+        perfmodel.step_terms("lossy", workload(ranks=64, batch=64 * 64, dense_params=10**6), n,
+                             CALIB)["allreduce"]
+    with pytest.raises(ValueError, match="dense_fewer must be a number > 0, got 0"):
+        perfmodel.step_terms("lossy", workload(dense_fewer=0), n, CALIB)
+
+
 def test_gradients_summed_by_id_divide_lossys_gradient_bytes_and_adaptives_stay_per_lookup():
     w, n = workload(dim=64, batch=8 * 256), network(1.0, latency_s=0.0)
     summed = workload(dim=64, batch=8 * 256, reuse_grad_fewer=2.5)

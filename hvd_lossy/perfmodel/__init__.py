@@ -20,7 +20,11 @@ function:
   codec       compress + decompress of both all-to-alls (lossy/adaptive), or fp16's casts;
               with reuse the lookups' codec work costs "reuse_codec" (--reuse-codec) times as
               much (the reuse pass predicts, checks and reconstructs every row on both sides)
-  allreduce   the dense gradients' allreduce (ring: 2 (P-1)/P of the dense bytes a rank)
+  allreduce   the dense gradients' allreduce (ring: 2 (P-1)/P of the dense bytes a rank); with
+              them coded ("dense_fewer", --dense-fewer: how many times fewer bytes their frames
+              take; lossy and adaptive, hvd_lossy.torch.DistributedOptimizer given the
+              compressor) an allgather of one frame a rank, (P-1) frames a rank, whose coding
+              (one compress, P decodes) goes to the codec term
 
 The model predicts the iteration, the period from one step's start to the next (samples/s =
 batch / period), not train.py's timed step, which leaves out the host work and whatever the
@@ -185,6 +189,19 @@ def reuse_term(workload, name):
     return check_positive(name, workload.get(name, 1.0))
 
 
+def dense_fewer(mode, workload):
+    """Times fewer bytes the dense gradients take in `mode` (1: Horovod's allreduce of them)."""
+    fewer = check_positive("dense_fewer", workload.get("dense_fewer", 1.0))
+    return fewer if mode in ("lossy", "adaptive") else 1.0
+
+
+def dense_codec_work(raw, ranks, codec):
+    """CPU seconds a rank codes the dense gradients with: its own frame compressed, every
+    rank's decoded (its own too: all ranks sum the same decoded values), at the gradient rates."""
+    grad = codec["gradients"]
+    return raw / (grad["compress_gbps"] * 1e9) + ranks * raw / (grad["decompress_gbps"] * 1e9)
+
+
 def reuse_fewer(workload):
     """The reuse term: times fewer forward bytes of a reusing compressor (1: none)."""
     return reuse_term(workload, "reuse_fewer")
@@ -199,10 +216,12 @@ def step_terms(mode, workload, network, calibration):
             host_cores (None: a processor a rank), ids ("allgather" as the example, or
             "alltoall": each owner receives only its tables' ids), sharding ("table" as the
             example, or "balanced": every rank an equal share of every table's lookups),
-            optionally host_s (the host term, default 0), codec_s (see codec_term) and the
+            optionally host_s (the host term, default 0), codec_s (see codec_term), the
             reuse terms (reuse_term; each default 1: no reuse): reuse_fewer divides
             lossy/adaptive's forward bytes, reuse_grad_fewer lossy's gradient bytes, and
-            reuse_codec multiplies their lookups' codec work).
+            reuse_codec multiplies their lookups' codec work; and dense_fewer (default 1:
+            Horovod's allreduce): lossy/adaptive's dense gradients coded, an allgather of
+            frames that many times smaller).
         network: dict(bandwidth_gbit, link ("per_rank" | "shared"), latency_s (one
             collective call), efficiency (payload share of the line rate), and optionally
             allreduce_bytes_factor / allgather_bytes_factor (bytes moved over a ring's) and
@@ -259,8 +278,12 @@ def step_terms(mode, workload, network, calibration):
     # link, 1 elsewhere) are the bytes they really move over what a ring would.
     ids_sent = [x * network.get("allgather_bytes_factor", 1.0) for x in ids_sent]
     ids_recv = [x * network.get("allgather_bytes_factor", 1.0) for x in ids_recv]
-    dense = workload["dense_params"] * FLOAT_BYTES * network.get("allreduce_bytes_factor", 1.0)
-    ring = [2 * (P - 1) / P * dense] * P
+    dense_raw = workload["dense_params"] * FLOAT_BYTES
+    fewer = dense_fewer(mode, workload)
+    if fewer == 1.0:
+        ring = [2 * (P - 1) / P * dense_raw * network.get("allreduce_bytes_factor", 1.0)] * P
+    else:  # an allgather of one frame a rank: each sends its own and passes on P - 2
+        ring = [(P - 1) * dense_raw / fewer * network.get("allgather_bytes_factor", 1.0)] * P
     wire = {"ids": link_seconds(ids_sent, ids_recv, network),
             "fwd_a2a": link_seconds(shrink(sent, fwd_ratio), shrink(received, fwd_ratio), network),
             # gradients travel back: what a rank received it now sends
@@ -268,7 +291,10 @@ def step_terms(mode, workload, network, calibration):
             "allreduce": link_seconds(ring, ring, network)}
     terms = {"compute": workload["compute_s"], "host": workload.get("host_s", 0.0), "ids": lat + wire["ids"],
              "fwd_a2a": lat + wire["fwd_a2a"], "bwd_a2a": lat + wire["bwd_a2a"],
-             "codec": codec_term(mode, workload, sent, received, pieces, calibration["codec"]),
+             "codec": codec_term(mode, workload, sent, received, pieces, calibration["codec"])
+             + (0.0 if fewer == 1.0 else cpu_seconds(
+                 [dense_codec_work(dense_raw, P, calibration["codec"])] * P,
+                 workload.get("host_cores"))),
              "allreduce": lat + wire["allreduce"]}
     if network.get("burst_bytes"):
         terms.update(bucket_terms(wire, terms, lat, network))

@@ -55,6 +55,11 @@ def parser():
                    help="lossy/adaptive with reuse=True: times the lookups' codec work (e.g. "
                         "3: a reused row costs about 3x a coded row, benchmarks/RESULTS.md; "
                         "default 1)")
+    p.add_argument("--dense-fewer", type=float, default=None,
+                   help="lossy/adaptive with the dense gradients coded too (DistributedOptimizer "
+                        "given the compressor): times fewer bytes their frames take (e.g. 22 in "
+                        "the DLRM user script, benchmarks/RESULTS.md; default 1: Horovod's "
+                        "allreduce of them)")
     p.add_argument("--calibration", type=pathlib.Path, default=CALIBRATION)
     p.add_argument("--json", type=pathlib.Path, default=None, help="also write the predictions here")
     p.add_argument("--list", action="store_true", help="list the calibration's presets and exit")
@@ -74,7 +79,7 @@ def main(argv=None):
     overrides = {}
     if args.batch:
         overrides["batch"] = args.batch
-    for name in ("reuse_fewer", "reuse_grad_fewer", "reuse_codec"):
+    for name in ("reuse_fewer", "reuse_grad_fewer", "reuse_codec", "dense_fewer"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     if args.compute_ms is not None:
