@@ -31,6 +31,22 @@ def _numbers(kind):
     return parse
 
 
+# The workload's factors a flag sets (each default 1: the feature off), with their help.
+FACTORS = {
+    "reuse_fewer": "lossy/adaptive with reuse=True: times fewer forward bytes (measured by "
+                   "benchmarks/reuse_bytes.py, e.g. 3.3 with SGD, 1.9 with Adagrad; default 1: "
+                   "no reuse)",
+    "reuse_grad_fewer": "lossy with reuse=True: times fewer gradient bytes, summed by id "
+                        "(benchmarks/reuse_bytes.py --grad-by-id, e.g. 2.9; default 1)",
+    "reuse_codec": "lossy/adaptive with reuse=True: times the lookups' codec work (e.g. 3: a "
+                   "reused row costs about 3x a coded row, benchmarks/RESULTS.md; default 1)",
+    "dense_fewer": "lossy/adaptive with the dense gradients coded too (DistributedOptimizer "
+                   "given the compressor): times fewer bytes their frames take (e.g. 22 in the "
+                   "DLRM user script, benchmarks/RESULTS.md; default 1: Horovod's allreduce of "
+                   "them)",
+}
+
+
 def parser():
     p = argparse.ArgumentParser(prog="python -m hvd_lossy.perfmodel", description="Predicts a DLRM training step for plain, fp16, lossy, adaptive and auto.")
     p.add_argument("--preset", default="cluster-kaggle",
@@ -44,22 +60,8 @@ def parser():
                    help="codec rates of the calibration (default: the preset's; e.g. gpu-h200-one-launch)")
     p.add_argument("--batch", type=int, default=None, help="global batch (default: the preset's)")
     p.add_argument("--compute-ms", type=float, default=None, help="compute a step in ms (default: the preset's)")
-    p.add_argument("--reuse-fewer", type=float, default=None,
-                   help="lossy/adaptive with reuse=True: times fewer forward bytes (measured by "
-                        "benchmarks/reuse_bytes.py, e.g. 3.3 with SGD, 1.9 with Adagrad; "
-                        "default 1: no reuse)")
-    p.add_argument("--reuse-grad-fewer", type=float, default=None,
-                   help="lossy with reuse=True: times fewer gradient bytes, summed by id "
-                        "(benchmarks/reuse_bytes.py --grad-by-id, e.g. 2.9; default 1)")
-    p.add_argument("--reuse-codec", type=float, default=None,
-                   help="lossy/adaptive with reuse=True: times the lookups' codec work (e.g. "
-                        "3: a reused row costs about 3x a coded row, benchmarks/RESULTS.md; "
-                        "default 1)")
-    p.add_argument("--dense-fewer", type=float, default=None,
-                   help="lossy/adaptive with the dense gradients coded too (DistributedOptimizer "
-                        "given the compressor): times fewer bytes their frames take (e.g. 22 in "
-                        "the DLRM user script, benchmarks/RESULTS.md; default 1: Horovod's "
-                        "allreduce of them)")
+    for name, text in FACTORS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=None, help=text)
     p.add_argument("--calibration", type=pathlib.Path, default=CALIBRATION)
     p.add_argument("--json", type=pathlib.Path, default=None, help="also write the predictions here")
     p.add_argument("--list", action="store_true", help="list the calibration's presets and exit")
@@ -79,7 +81,7 @@ def main(argv=None):
     overrides = {}
     if args.batch:
         overrides["batch"] = args.batch
-    for name in ("reuse_fewer", "reuse_grad_fewer", "reuse_codec", "dense_fewer"):
+    for name in FACTORS:
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     if args.compute_ms is not None:
