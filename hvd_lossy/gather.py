@@ -41,20 +41,21 @@ def _lossy_compressor(tensor, compression):
 
 class Allgather(LossyCall):
     op = "allgather"
+    segments = None  # rows of each segment of a rank's frame (None: one); each its own bound
 
     def pack(self):
         check_lossy_tensor(self.tensor)
         t, c = self.tensor.detach(), self.compressor
-        rows, trailing = [t.shape[0]], list(t.shape[1:])
+        rows, trailing = self.segments or [t.shape[0]], list(t.shape[1:])
         ext = chunk_header.extension(header(t, None, 0, 0, self.pending, self.grank,
                                             self.settings))
-        send = torch.empty(hvd_lossy.max_grouped_bytes(rows, trailing, [1], 0),
+        send = torch.empty(hvd_lossy.max_grouped_bytes(rows, trailing, [len(rows)], 0),
                            dtype=torch.uint8, device=self.device)
         try:
             _sizes, (nbytes,) = hvd_lossy.compress_grouped(
-                t, rows, [c.error_bound], [1], 0, send, 0, mode=c.mode, level=c.level,
-                dedup=c.dedup, dither=c.next_dither_seed(self.grank, self.backend.global_size()),
-                extension=ext)
+                t, rows, [c.error_bound] * len(rows), [len(rows)], 0, send, 0, mode=c.mode,
+                level=c.level, dedup=c.dedup,
+                dither=c.next_dither_seed(self.grank, self.backend.global_size()), extension=ext)
         except Exception as e:
             raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
         limit = per_rank_limit(self.size)
@@ -215,15 +216,23 @@ class Broadcast(LossyCall):
         return output
 
 
-def allgather_start(tensor, name, compression, process_set=None):
+def allgather_start(tensor, name, compression, process_set=None, segments=None):
     """Starts an allgather; the Handle's wait() gives the concatenation along dim 0.
-    process_set: a Horovod ProcessSet (None: all ranks) or an hvd_lossy.backend backend."""
+    process_set: a Horovod ProcessSet (None: all ranks) or an hvd_lossy.backend backend.
+    segments: with a lossy compressor, the rows of each segment of a rank's frame (summing to
+    its rows), each coded within its own bound (a relative bound: of its own range)."""
     backend = as_backend(process_set)
     compressor = _lossy_compressor(tensor, compression)
     if compressor is None:
         return plain_start("allgather", tensor, compression,
                            lambda payload: backend.allgather_async(payload, name))
-    return Allgather(tensor, compressor, name, backend).start()
+    call = Allgather(tensor, compressor, name, backend)
+    if segments is not None:
+        if sum(segments) != tensor.shape[0] or min(segments, default=0) < 0:
+            raise ValueError(f"segments must be rows >= 0 summing to the tensor's "
+                             f"{tensor.shape[0]}, got {segments}")
+        call.segments = [int(r) for r in segments]
+    return call.start()
 
 
 def broadcast_start(tensor, root_rank, name, compression, process_set=None):

@@ -1,10 +1,12 @@
 """DistributedOptimizer with the dense gradients coded within a bound (hvd_lossy.torch's).
 
 Horovod's DistributedOptimizer allreduces each parameter's gradient as soon as backward has it,
-and step() waits for them. Compressed bytes cannot be summed, so here a parameter's gradient
-goes as an allgather instead: one frame a rank (hvd_lossy.gather), launched from the same hook
-at the same moment. Every rank decodes every rank's frame, its own included, and adds them in
-rank order: the same bits on every rank, so the replicas stay identical, and each rank's term
+and step() waits for them. Compressed bytes cannot be summed, so here a step's gradients go as
+one allgather instead (hvd_lossy.gather): each rank's frame holds every parameter's gradient as
+a segment of its own bound, coded and launched when synchronize() (step()) asks for them. One
+collective a step: one a parameter, from the hooks as Horovod does, cost 2.5x as much in the
+DLRM user script (benchmarks/RESULTS.md). Every rank decodes every rank's frame, its own
+included, and adds them in rank order: the same bits on every rank, so the replicas stay identical, and each rank's term
 within its bound of what that rank computed (the average within the bound of the true
 average, a sum within the sum of the ranks' bounds, up to the float rounding of the sum that
 Horovod's allreduce has too).
@@ -25,6 +27,7 @@ agreed, the same on every rank), and their cost counts in that call's.
 import time
 
 import horovod.torch as _hvd
+import torch
 from horovod.torch.compression import Compression as _HorovodCompression
 from horovod.torch.optimizer import _DistributedOptimizer
 
@@ -35,35 +38,72 @@ from hvd_lossy.compressor import NoneCompressor, is_lossy
 
 
 def _allgather_grad_async(self, p):
-    """The optimizer's _allreduce_grad_async: (a function giving the reduced gradient, None)."""
-    t0 = time.perf_counter()
+    """The optimizer's _allreduce_grad_async: with a frame compressor this step, (a function
+    giving p's reduced gradient, None); the step's gradients travel together (_Step)."""
     coding, report = _coding_now(self)
     if coding is None:
+        t0 = time.perf_counter()
         handle, ctx = _DistributedOptimizer._allreduce_grad_async(self, p)
         if report is None:
             return handle, ctx
-        return _timed(lambda: _hvd.synchronize(handle), t0, report, None), ctx
+        return _timed(lambda: _hvd.synchronize(handle), t0, report), ctx
     if p.grad is None:  # not computed here, but other ranks may have: send zeros, as Horovod
         p.grad = p.data.new(p.size()).zero_()
     if p.grad.is_sparse:
         raise ValueError(f"parameter {self._parameter_names.get(p)!r} has a sparse gradient: "
                          f"a lossy compressor codes dense gradients only")
-    grad, average = p.grad, self.op == _hvd.Average
-    if average and self.gradient_predivide_factor != 1.0:
-        grad = grad / self.gradient_predivide_factor
-    handle = _gather.allgather_start(grad.reshape(-1), "dense." + self._parameter_names[p],
-                                     coding, self.process_set)
-    size, shape = self.process_set.size(), p.grad.shape
-    scale = self.gradient_predivide_factor / size if average else 1.0
+    if self._step is None:
+        self._step = _Step(self, coding, report)
+    return self._step.add(p), None
 
-    def reduced():
+
+class _Step:
+    """One step's coded gradients: each parameter's a segment (its own bound) of one flat
+    tensor, one frame a rank in one allgather, launched when synchronize() asks for the first
+    result (by then every parameter is in: Horovod adds those without a gradient first). One
+    collective a step rather than one a parameter: each cost about 0.3 ms of Python and
+    protocol, more than the coding of most parameters."""
+
+    def __init__(self, opt, coding, report):
+        self.opt, self.coding, self.report = opt, coding, report
+        self.params, self.sums = [], None
+
+    def add(self, p):
+        self.params.append(p)
+        return lambda: self.result(p)
+
+    def result(self, p):
+        if self.sums is None:
+            self.opt._step = None  # the next step's hooks start another
+            t0 = time.perf_counter()
+            self.sums = self._reduce()
+            if self.report is not None:
+                self.report(time.perf_counter() - t0, self.record)
+        return self.sums[p]
+
+    def _reduce(self):
+        opt = self.opt
+        names = opt._parameter_names
+        params = sorted(self.params, key=lambda q: names[q])  # one order on every rank
+        flat = torch.cat([q.grad.reshape(-1) for q in params])
+        average = opt.op == _hvd.Average
+        if average and opt.gradient_predivide_factor != 1.0:
+            flat = flat / opt.gradient_predivide_factor
+        handle = _gather.allgather_start(flat, "dense." + names[params[0]], self.coding,
+                                         opt.process_set, [q.numel() for q in params])
+        size = opt.process_set.size()
         decoded = handle.wait().view(size, -1)
+        self.record = getattr(handle, "record", None)
         total = decoded[0].clone()
         for rank_rows in decoded[1:]:  # in rank order: the same sums on every rank
             total.add_(rank_rows)
-        return (total.mul_(scale) if scale != 1.0 else total).view(shape)
-
-    return (reduced if report is None else _timed(reduced, t0, report, handle)), None
+        if average:
+            total.mul_(opt.gradient_predivide_factor / size)
+        sums, at = {}, 0
+        for q in params:
+            sums[q] = total[at:at + q.numel()].view(q.grad.shape)
+            at += q.numel()
+        return sums
 
 
 def _coding_now(self):
@@ -83,14 +123,14 @@ def _coding_now(self):
         lambda seconds, record: s.add_cost(k, seconds, record)
 
 
-def _timed(finish, t0, report, handle):
+def _timed(finish, t0, report):
     """`finish` reporting the call's cost when it runs: from t0 to now, plus its own time."""
     launched = time.perf_counter() - t0
 
     def timed():
         t1 = time.perf_counter()
         out = finish()
-        report(launched + time.perf_counter() - t1, getattr(handle, "record", None))
+        report(launched + time.perf_counter() - t1, None)
         return out
 
     return timed
@@ -123,4 +163,5 @@ def distributed(optimizer, named_parameters, compression, backward_passes_per_st
               process_set)
     opt._gradient_coding = coding
     opt._forward_compression = compression
+    opt._step = None
     return opt

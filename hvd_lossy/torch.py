@@ -12,7 +12,7 @@ Everything horovod.torch offers is here unchanged, except:
     it travels as lossless frames (bit-identical result);
   - the reductions (allreduce*, grouped_allreduce*, reducescatter*) raise ValueError when given
     a lossy compressor, because compressed bytes cannot be summed; DistributedOptimizer takes
-    one and sends each dense gradient as an allgather of frames (hvd_lossy.optimizer);
+    one and sends a step's dense gradients as one allgather of frames (hvd_lossy.optimizer);
   - synchronize/poll also accept the handles of compressed operations;
   - comm_stats()/reset_comm_stats() report bytes, ratios and time per collective;
   - init() lets Open MPI yield the core while it polls (mpi_yield_when_idle, unless the launch
@@ -89,8 +89,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=global_process_set):
     """Horovod's DistributedOptimizer; a lossy `compression` codes the dense gradients as its
-    all-to-all codes the embedding gradients (`compression.for_backward()`), each parameter's
-    as one frame a rank in an allgather, summed alike on every rank (hvd_lossy.optimizer)."""
+    all-to-all codes the embedding gradients (`compression.for_backward()`), a step's as one
+    frame a rank (a segment a parameter) in one allgather, summed alike on every rank
+    (hvd_lossy.optimizer)."""
     if not is_lossy(compression):
         return _hvd.DistributedOptimizer(
             optimizer, named_parameters, compression, backward_passes_per_step, op,

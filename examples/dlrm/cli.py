@@ -189,7 +189,7 @@ def parser():
     c.add_argument("--dense-compression", choices=["none", "same"], default="none",
                    help="the dense gradients' allreduce: none (Horovod's, as they are; default) or "
                         "same: coded as the all-to-all's gradients are (--backward-error-bound, "
-                        "--dither), each parameter one frame a rank in an allgather "
+                        "--dither), a step's one frame a rank in one allgather "
                         "(hvd_lossy.torch.DistributedOptimizer; its bytes count in the backward "
                         "all-to-all's); Horovod, lossy or adaptive, no --auto")
     c.add_argument("--eval-compression", choices=["none", "same"], default="none",
