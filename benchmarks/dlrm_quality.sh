@@ -42,12 +42,14 @@ MPIRUN=(mpirun --oversubscribe -np 2 --mca btl self,tcp --mca btl_tcp_if_include
 # lossy-d0XX, adaptive-d0XX: as -g0XX with subtractive dither on the gradient frames
 # CONFIG-reuse: CONFIG with --reuse (lookups coded against what the receiver holds)
 # CONFIG-dense: CONFIG with --dense-compression same (the dense gradients coded as the all-to-all's)
+# CONFIG-dense0XX: CONFIG with the dense gradients coded at 0.0XX (--dense-compression 0.0XX)
 # adaptive-t0XX: adaptive per-table gradient bounds scaled to a gradient base 0.0XX, dithered, level 2
 # lossy-fp16:   rel EB on lookups, gradients as float16 (Compression.fp16: the fast-link recipe)
 config_args() {
   case "$1" in
     *-reuse) echo "$(config_args "${1%-reuse}") --reuse" ;;
     *-dense) echo "$(config_args "${1%-dense}") --dense-compression same" ;;
+    *-dense0*) echo "$(config_args "${1%-dense0*}") --dense-compression 0.0${1##*-dense0}" ;;
     none) echo "--compression none" ;;
     lossy) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound same --dither none" ;;
     lossy-fp16) echo "--compression lossy --error-bound $EB --eb-mode rel --backward-error-bound fp16 --level ${LEVEL:-2}" ;;

@@ -66,7 +66,7 @@ class _Step:
 
     def __init__(self, opt, coding, report):
         self.opt, self.coding, self.report = opt, coding, report
-        self.params, self.sums = [], None
+        self.params, self.sums, self.record = [], None, None
 
     def add(self, p):
         self.params.append(p)

@@ -558,6 +558,20 @@ def test_dense_compression_needs_a_lossy_all_to_all_on_horovod_without_auto(flag
     cli.check(cli.parser().parse_args(["--dense-compression", "same", "--compression", "lossy"]), 2)
 
 
+def test_dense_compression_takes_a_bound_of_its_own_for_the_optimizers_gradient_coding():
+    import comm
+    args = cli.parser().parse_args(["--compression", "lossy", "--dense-compression", "0.01"])
+    cli.check(args, 2)
+    coding = comm.dense_compression(args).for_backward()  # what the optimizer codes with
+    assert (coding.error_bound, coding.mode, coding.dither) == (0.01, "rel", True)
+    same = cli.parser().parse_args(["--compression", "lossy", "--dense-compression", "same"])
+    cli.check(same, 2)
+    assert comm.dense_compression(same).for_backward().error_bound == cli.DEFAULT_GRAD_BOUND
+    for bad in ("-0.5", "tight"):
+        with pytest.raises(SystemExit):
+            cli.parser().parse_args(["--dense-compression", bad])
+
+
 def test_one_row_tables_are_a_usage_error():
     with pytest.raises(cli.UsageError, match="--max-table-rows must be >= 2"):
         cli.check(cli.parser().parse_args(["--max-table-rows", "1"]), 2)

@@ -51,6 +51,18 @@ def _backward(text):
             "expected 'same', 'none', 'fp16' or a number, got %r" % text) from None
 
 
+def _dense(text):
+    if text in ("none", "same"):
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise argparse.ArgumentTypeError("expected 'none', 'same' or a bound >= 0, got %r" % text)
+    return value
+
+
 def launcher_size():
     """Processes the launcher started (1 without one)."""
     for name in SIZE_VARIABLES:
@@ -186,10 +198,11 @@ def parser():
                         "references or residuals (reuse=True, ids= and recv_ids=; implies --ids; "
                         "lookups only; gradients are never reused, and with lossy they travel "
                         "summed by id)")
-    c.add_argument("--dense-compression", choices=["none", "same"], default="none",
-                   help="the dense gradients' allreduce: none (Horovod's, as they are; default) or "
+    c.add_argument("--dense-compression", type=_dense, default="none",
+                   help="the dense gradients' allreduce: none (Horovod's, as they are; default), "
                         "same: coded as the all-to-all's gradients are (--backward-error-bound, "
-                        "--dither), a step's one frame a rank in one allgather "
+                        "--dither), or a bound of their own in --eb-mode (dithered as the "
+                        "gradients), a step's one frame a rank in one allgather "
                         "(hvd_lossy.torch.DistributedOptimizer; its bytes count in the backward "
                         "all-to-all's); Horovod, lossy or adaptive, no --auto")
     c.add_argument("--eval-compression", choices=["none", "same"], default="none",

@@ -30,14 +30,16 @@ def backward_setting(args):
 
 
 def dense_compression(args):
-    """DistributedOptimizer's compressor for --dense-compression same, which codes the dense
-    gradients as the all-to-all codes its gradients (for_backward()); None for none."""
+    """DistributedOptimizer's compressor for --dense-compression: one whose gradient coding
+    (for_backward(), which the optimizer uses) is the all-to-all's gradients' ("same") or at a
+    bound of its own; None for none."""
     if args.dense_compression == "none":
         return None
     from hvd_lossy.compression import Compression
     dither = {"none": False, "backward": "backward", "all": True}[args.dither]
-    return Compression.lossy(args.error_bound, args.eb_mode, level=args.level,
-                             backward=backward_setting(args), dither=dither)
+    own = args.dense_compression
+    return Compression.lossy(args.error_bound, args.eb_mode, level=args.level, dither=dither,
+                             backward=backward_setting(args) if own == "same" else own)
 
 
 def make_compression(args, owners, rank, world, cardinalities, total_steps):
