@@ -29,6 +29,11 @@ def backward_setting(args):
     return {"none": None, "fp16": Compression.fp16}.get(b, b) if isinstance(b, str) else b
 
 
+def dither_setting(args):
+    """--dither as the compressors' `dither` argument."""
+    return {"none": False, "backward": "backward", "all": True}[args.dither]
+
+
 def dense_compression(args):
     """DistributedOptimizer's compressor for --dense-compression: one whose gradient coding
     (for_backward(), which the optimizer uses) is the all-to-all's gradients' ("same") or at a
@@ -36,9 +41,9 @@ def dense_compression(args):
     if args.dense_compression == "none":
         return None
     from hvd_lossy.compression import Compression
-    dither = {"none": False, "backward": "backward", "all": True}[args.dither]
     own = args.dense_compression
-    return Compression.lossy(args.error_bound, args.eb_mode, level=args.level, dither=dither,
+    return Compression.lossy(args.error_bound, args.eb_mode, level=args.level,
+                             dither=dither_setting(args),
                              backward=backward_setting(args) if own == "same" else own)
 
 
@@ -46,7 +51,7 @@ def make_compression(args, owners, rank, world, cardinalities, total_steps):
     """(compressor, controller or None) for --compression; ValueError for bad settings."""
     from hvd_lossy.compression import Compression
     backward = backward_setting(args)
-    dither = {"none": False, "backward": "backward", "all": True}[args.dither]
+    dither = dither_setting(args)
     auto = args.auto
     reuse = getattr(args, "reuse", False)
     if args.compression == "none":
