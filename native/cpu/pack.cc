@@ -279,23 +279,24 @@ HL_AVX512 uint32_t block_umax_avx512(const uint32_t* v) {
   return _mm512_reduce_max_epu32(_mm512_max_epu32(_mm512_loadu_si512(v), _mm512_loadu_si512(v + 16)));
 }
 
-HL_AVX2 uint32_t block_umax_avx2(const uint32_t* v) {
-  const __m256i* p = reinterpret_cast<const __m256i*>(v);
-  __m256i m = _mm256_max_epu32(_mm256_max_epu32(_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1)),
-                               _mm256_max_epu32(_mm256_loadu_si256(p + 2), _mm256_loadu_si256(p + 3)));
-  __m128i h = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
-  h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4e));
-  h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xb1));
-  return (uint32_t)_mm_cvtsi128_si32(h);
+// A block's 32 values reduced to one: their largest (kMax) or their OR (as wide as the largest).
+template <bool kMax>
+HL_AVX2 inline __m256i reduce8(__m256i a, __m256i b) {
+  return kMax ? _mm256_max_epu32(a, b) : _mm256_or_si256(a, b);
 }
-
-HL_AVX2 uint32_t block_max_avx2(const uint32_t* v) {
+template <bool kMax>
+HL_AVX2 inline __m128i reduce4(__m128i a, __m128i b) {
+  return kMax ? _mm_max_epu32(a, b) : _mm_or_si128(a, b);
+}
+template <bool kMax>
+HL_AVX2 uint32_t block_reduce_avx2(const uint32_t* v) {
   const __m256i* p = reinterpret_cast<const __m256i*>(v);
-  __m256i m = _mm256_or_si256(_mm256_or_si256(_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1)),
-                              _mm256_or_si256(_mm256_loadu_si256(p + 2), _mm256_loadu_si256(p + 3)));
-  __m128i h = _mm_or_si128(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
-  h = _mm_or_si128(h, _mm_shuffle_epi32(h, 0x4e));
-  h = _mm_or_si128(h, _mm_shuffle_epi32(h, 0xb1));
+  const __m256i a = reduce8<kMax>(_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1));
+  const __m256i b = reduce8<kMax>(_mm256_loadu_si256(p + 2), _mm256_loadu_si256(p + 3));
+  const __m256i m = reduce8<kMax>(a, b);
+  __m128i h = reduce4<kMax>(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  h = reduce4<kMax>(h, _mm_shuffle_epi32(h, 0x4e));
+  h = reduce4<kMax>(h, _mm_shuffle_epi32(h, 0xb1));
   return (uint32_t)_mm_cvtsi128_si32(h);
 }
 #endif
@@ -325,7 +326,7 @@ void unpack_one(const uint8_t* in, uint32_t w, uint32_t* v, int level) {
 uint32_t values_max(const uint32_t* v, uint64_t count, int level) {
 #ifdef HL_HAVE_AVX512_PACK
   if (count == HL_BLOCK && level >= 2) return block_umax_avx512(v);
-  if (count == HL_BLOCK && level == 1) return block_umax_avx2(v);
+  if (count == HL_BLOCK && level == 1) return block_reduce_avx2<true>(v);
 #endif
   (void)level;
   uint32_t m = 0;
@@ -336,7 +337,7 @@ uint32_t values_max(const uint32_t* v, uint64_t count, int level) {
 uint32_t full_block_max(const uint32_t* v, int level) {
 #ifdef HL_HAVE_AVX512_PACK
   if (level >= 2) return block_max_avx512(v);
-  if (level == 1) return block_max_avx2(v);
+  if (level == 1) return block_reduce_avx2<false>(v);
 #endif
   (void)level;
   return block_max(v, HL_BLOCK);

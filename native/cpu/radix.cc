@@ -255,12 +255,8 @@ void radix_write(const RadixPlan& p, uint8_t* out, int threads) {
 
 namespace {
 
-struct Split {
+struct Split : RadixLayout {
   ChunkSink inner;
-  uint64_t n, G;
-  uint32_t g;
-  RadixDiv div;
-  int simd;
   std::atomic<bool> bad{false};
 
   // Values [first, first + count) of the section: their digits, lane by lane, to the inner sink,
@@ -294,32 +290,39 @@ struct Split {
 
 }  // namespace
 
-uint64_t radix_checked_span(uint32_t k, uint32_t g, uint64_t n, const char* what) {
+RadixLayout radix_layout(uint32_t k, uint32_t g, uint64_t n, const char* what) {
   const uint64_t span = radix_span(k, g);
   if (!radix_k_ok(k) || g == 0 || span == 0 || n == 0)
     throw FrameError(std::string("frame is corrupted: the ") + what + " has radix " +
                      std::to_string(k) + " in groups of " + std::to_string(g) + " for " +
                      std::to_string(n) + " codes");
-  return span;
+  RadixLayout l;
+  l.n = n;
+  l.G = hl_div_up(n, g);
+  l.span = span;
+  l.g = g;
+  l.div = radix_div_of(k);
+  l.simd = cpu::simd_level();
+  l.what = what;
+  return l;
+}
+
+void RadixLayout::check(bool bad) const {
+  if (bad)
+    throw FrameError(std::string("frame is corrupted: the ") + what + " (radix " +
+                     std::to_string(div.k) + ", groups of " + std::to_string(g) +
+                     ") holds a value of " + std::to_string(span) + " or more, or a " +
+                     "nonzero digit past its " + std::to_string(n) + " codes");
 }
 
 void radix_unpack_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, uint32_t g,
                      const char* what, int threads, ChunkSink sink) {
-  const uint64_t span = radix_checked_span(k, g, n, what);
   Split s;
+  static_cast<RadixLayout&>(s) = radix_layout(k, g, n, what);
   s.inner = sink;
-  s.n = n;
-  s.G = hl_div_up(n, g);
-  s.g = g;
-  s.div = radix_div_of(k);
-  s.simd = cpu::simd_level();
-  unpack_blocks_to(in, len, s.G, bit_width((uint32_t)(span - 1)), what, threads,
+  unpack_blocks_to(in, len, s.G, bit_width((uint32_t)(s.span - 1)), what, threads,
                    ChunkSink{&Split::run, &s});
-  if (s.bad.load())
-    throw FrameError(std::string("frame is corrupted: the ") + what + " (radix " +
-                     std::to_string(k) + ", groups of " + std::to_string(g) +
-                     ") holds a value of " + std::to_string(span) + " or more, or a " +
-                     "nonzero digit past its " + std::to_string(n) + " codes");
+  s.check(s.bad.load());
 }
 
 }  // namespace hl

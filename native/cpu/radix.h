@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "frame_fields.h"
 #include "pack.h"
 #include "scratch.h"
 
@@ -41,16 +42,26 @@ void radix_write(const RadixPlan& p, uint8_t* out, int threads);
 void radix_unpack_to(const uint8_t* in, uint64_t len, uint64_t n, uint32_t k, uint32_t g,
                      const char* what, int threads, ChunkSink sink);
 
-// The span (K^g) of a radix section of n codes with radix k and group g, after checking them;
-// FrameError, naming `what`, where they cannot describe a section.
-uint64_t radix_checked_span(uint32_t k, uint32_t g, uint64_t n, const char* what);
+// What a reader of a radix section of n codes with radix k and group g works from: G groups,
+// each value below span (K^g). radix_layout checks them first: FrameError, naming `what`, where
+// they cannot describe a section.
+struct RadixLayout {
+  uint64_t n, G, span;
+  uint32_t g;
+  RadixDiv div;
+  int simd;  // cpu::simd_level()
+  const char* what;
+
+  // FrameError where the reader met a value at or past span or a nonzero digit past the n
+  // codes (`bad`).
+  void check(bool bad) const;
+};
+RadixLayout radix_layout(uint32_t k, uint32_t g, uint64_t n, const char* what);
 
 }  // namespace hl
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
-
-#include "frame_fields.h"
 
 namespace hl {
 

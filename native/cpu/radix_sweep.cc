@@ -159,14 +159,10 @@ HL_AVX2 uint32_t top_avx2(const uint32_t* in, uint64_t count, const Table& tab, 
 
 // The ChunkSink of the section's values: whole spans (a chunk of unpack_blocks_to is one when
 // it starts on a span; any other is gathered into one first), each lane by lane into the sweep.
-struct Spans {
+struct Spans : RadixLayout {
   RowSweep<uint32_t>* sweep;
-  uint64_t n, G;
-  uint32_t g;
-  RadixDiv div;
   Table tab;
   int nt;    // table registers: ceil(K / 8)
-  int simd;  // cpu::simd_level()
   uint32_t stray = 0, top = 0;  // padding digits (must be 0), largest top digit (below K)
   uint32_t gathered[kSpan];     // a span's values arriving in pieces
   uint64_t have = 0;
@@ -206,7 +202,7 @@ struct Spans {
 
   // Span starting at value a, its L values at v: lane i is codes radix_code_of(G, g, a, i) on,
   // those below n to the sweep in order (lane after lane), the others padding.
-  void span(uint64_t a, const uint32_t* v, uint64_t L) {
+  void sweep_span(uint64_t a, const uint32_t* v, uint64_t L) {
     const uint32_t* in = v;
     for (uint32_t i = 0; i < g; ++i) {
       const uint64_t start = radix_code_of(G, g, a, i);
@@ -240,7 +236,7 @@ struct Spans {
       const uint64_t a = first - s.have;  // the span's first value
       const uint64_t L = s.span_len(a);
       if (s.have == 0 && count >= L) {  // a whole span in place
-        s.span(first, v, L);
+        s.sweep_span(first, v, L);
         first += L;
         v += L;
         count -= L;
@@ -254,7 +250,7 @@ struct Spans {
       count -= take;
       if (s.have == L) {
         s.have = 0;
-        s.span(a, s.gathered, L);
+        s.sweep_span(a, s.gathered, L);
       }
     }
   }
@@ -268,28 +264,18 @@ bool radix_sweep_applies(const SegmentView& h) {
 
 void radix_sweep_f32(const SegmentView& h, double step, RowSweep<uint32_t>* sweep) {
   const uint32_t k = h.radix_k, g = h.radix_g;
-  const char* what = "code section";
-  const uint64_t n = h.n_unique * h.row_len, span = radix_checked_span(k, g, n, what);
   Spans s;
+  static_cast<RadixLayout&>(s) = radix_layout(k, g, h.n_unique * h.row_len, "code section");
   s.sweep = sweep;
-  s.n = n;
-  s.G = hl_div_up(n, g);
-  s.g = g;
-  s.div = radix_div_of(k);
   s.nt = (int)hl_div_up(k, 8);
-  s.simd = cpu::simd_level();
   uint32_t codes[kMaxK] = {};
   for (uint32_t c = 0; c < k; ++c) codes[c] = c;
   float elements[kMaxK] = {};
   cpu::dequantize(HL_FLOAT32, codes, k, step, elements);
   memcpy(s.tab.t, elements, sizeof(elements));
   unpack_blocks_to(h.code + h.radix_head, h.code_bytes - h.radix_head, s.G,
-                   bit_width((uint32_t)(span - 1)), what, 1, ChunkSink{&Spans::run, &s});
-  if (s.stray || s.top >= k)
-    throw FrameError(std::string("frame is corrupted: the ") + what + " (radix " +
-                     std::to_string(k) + ", groups of " + std::to_string(g) +
-                     ") holds a value of " + std::to_string(span) + " or more, or a " +
-                     "nonzero digit past its " + std::to_string(n) + " codes");
+                   bit_width((uint32_t)(s.span - 1)), s.what, 1, ChunkSink{&Spans::run, &s});
+  s.check(s.stray || s.top >= k);
 }
 
 }  // namespace hl
