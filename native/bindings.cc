@@ -299,8 +299,8 @@ PYBIND11_MODULE(_C, m) {
           hl::CompressParams p = params(dtype, mode, level, dedup, 0.0, dither_seed);
           p.ids = ptr<const int64_t>(ids);
           std::vector<uint64_t> sizes = hl::compress_into_cpu(
-              ptr<const void>(in), p, rows, trailing, ebs, groups, prefix_bytes,
-              ptr<uint8_t>(out), out_cap, threads, ext, ext.empty() ? nullptr : &group_bytes,
+              ptr<const void>(in), p, {rows, trailing, ebs, groups, prefix_bytes, ext},
+              ptr<uint8_t>(out), out_cap, threads, ext.empty() ? nullptr : &group_bytes,
               ptr<double>(stats));
           sizes.insert(sizes.end(), group_bytes.begin(), group_bytes.end());
           return sizes;

@@ -55,9 +55,10 @@ void register_cuda(py::module_& m) {
           hl::CompressParams p = params(dtype, mode, 1, dedup, 0.0, dither_seed);
           std::vector<uint64_t> group_bytes;
           std::vector<uint64_t> sizes =
-              hl::compress_into_cuda(ptr<const void>(in), p, rows, trailing, ebs, groups,
-                                     prefix_bytes, ptr<uint8_t>(out), out_cap, ptr<void>(stream),
-                                     ext, &group_bytes, ptr<void>(scratch), scratch_bytes);
+              hl::compress_into_cuda(ptr<const void>(in), p,
+                                     {rows, trailing, ebs, groups, prefix_bytes, ext},
+                                     ptr<uint8_t>(out), out_cap, ptr<void>(stream), &group_bytes,
+                                     ptr<void>(scratch), scratch_bytes);
           return std::make_pair(sizes, group_bytes);
         },
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),

@@ -260,15 +260,15 @@ void run_grouped(std::mt19937_64& rng) {
   const uint64_t cap = hl::max_grouped_bytes(rows, trailing, groups, prefix);
   std::vector<uint8_t> cpu(cap, 0xab);
   std::vector<uint64_t> cpu_groups, gpu_groups;
-  std::vector<uint64_t> cs = hl::compress_into_cpu(c.data.data(), c.p, rows, trailing, ebs, groups,
-                                                   prefix, cpu.data(), cap, 1, ext, &cpu_groups);
+  const hl::GroupedCall call{rows, trailing, ebs, groups, prefix, ext};
+  std::vector<uint64_t> cs =
+      hl::compress_into_cpu(c.data.data(), c.p, call, cpu.data(), cap, 1, &cpu_groups);
   Dev in(c.data.size()), out(cap);
   in.put(c.data.data(), c.data.size());
   check(cudaMemset(out.p, 0xab, cap), "cudaMemset");
   std::vector<uint64_t> gs;
   try {
-    gs = hl::compress_into_cuda(in.p, c.p, rows, trailing, ebs, groups, prefix, out.p, cap,
-                                nullptr, ext, &gpu_groups);
+    gs = hl::compress_into_cuda(in.p, c.p, call, out.p, cap, nullptr, &gpu_groups);
   } catch (const std::exception& e) {
     return fail(c.describe() + ": compress_into_cuda error \"" + std::string(e.what()) + "\"");
   }

@@ -32,6 +32,18 @@ struct CompressParams {
   const int64_t* ids = nullptr;
 };
 
+// The pieces of a grouped call (compress_into_cpu, compress_into_cuda): piece i is rows[i] rows of
+// `trailing` dims, coded within error_bounds[i]; groups[g] consecutive pieces make group g's
+// frame, prefix_bytes left before each; ext is the transport's extension in every frame.
+struct GroupedCall {
+  const std::vector<int64_t>& rows;
+  const std::vector<int64_t>& trailing;
+  const std::vector<double>& error_bounds;
+  const std::vector<int64_t>& groups;
+  uint64_t prefix_bytes;
+  const std::string& ext;
+};
+
 // The absolute bound of a segment whose finite values span [lo, hi] (lo > hi when none are
 // finite) for the caller's bound eb_param: eb_param itself, or (rel) eb_param times the range,
 // 0 for a zero or empty range. Not finite when the product overflows a double (the caller

@@ -29,9 +29,9 @@ enum {
 };
 
 
-// The pieces grouped for an all-to-all: groups[g] pieces (in piece order, the counts summing to
-// rows.size()) form group g, and each group is ONE frame whose segments are its pieces (an
-// empty group writes no frame). prefix_bytes bytes are left untouched before each group (an
+// The pieces grouped for an all-to-all (GroupedCall): groups[g] pieces (in piece order, the
+// counts summing to rows.size()) form group g, and each group is ONE frame whose segments are its
+// pieces (an empty group writes no frame). prefix_bytes bytes are left untouched before each group (an
 // empty group still gets its prefix): the layout is [prefix][frame of group 0][prefix][frame of
 // group 1]... with no gaps, so the first groups.size() * prefix_bytes + sum(sizes) bytes of out
 // are the send buffer. out_cap must be at least max_grouped_bytes(rows, trailing, groups,
@@ -42,13 +42,8 @@ enum {
 // of no segments; *group_bytes gets each group's frame size. With stats, also fills
 // HL_STATS_PER_PIECE doubles a piece (HL_STAT_*).
 std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams& p,
-                                        const std::vector<int64_t>& rows,
-                                        const std::vector<int64_t>& trailing,
-                                        const std::vector<double>& error_bounds,
-                                        const std::vector<int64_t>& groups, uint64_t prefix_bytes,
-                                        uint8_t* out, uint64_t out_cap, int threads,
-                                        const std::string& ext = std::string(),
-                                        std::vector<uint64_t>* group_bytes = nullptr,
+                                        const GroupedCall& call, uint8_t* out, uint64_t out_cap,
+                                        int threads, std::vector<uint64_t>* group_bytes = nullptr,
                                         double* stats = nullptr);
 
 // The statistics of pieces of dim 0 (rows[i] rows each, trailing dims) without coding them, by

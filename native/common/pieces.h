@@ -81,17 +81,13 @@ inline uint64_t grouped_bound(const Pieces& c, size_t n_groups, uint64_t prefix_
 
 // compress_into's plan, the same for the CPU and CUDA encoders: the pieces, with the groups, the
 // transport's extension and the output's capacity checked against the layout's worst case.
-inline Pieces plan_grouped(const CompressParams& p, const std::vector<int64_t>& rows,
-                           const std::vector<int64_t>& trailing,
-                           const std::vector<double>& error_bounds,
-                           const std::vector<int64_t>& groups, uint64_t prefix_bytes,
-                           const std::string& ext, uint64_t out_cap) {
-  Pieces c = plan_pieces(p, rows, trailing, error_bounds);
-  check_groups(groups, rows.size());
-  if (ext.size() > HL_FRAME_MAX_EXT)
-    throw ArgumentError("a frame extension of " + std::to_string(ext.size()) +
+inline Pieces plan_grouped(const CompressParams& p, const GroupedCall& g, uint64_t out_cap) {
+  Pieces c = plan_pieces(p, g.rows, g.trailing, g.error_bounds);
+  check_groups(g.groups, g.rows.size());
+  if (g.ext.size() > HL_FRAME_MAX_EXT)
+    throw ArgumentError("a frame extension of " + std::to_string(g.ext.size()) +
                         " bytes, at most " + std::to_string(HL_FRAME_MAX_EXT) + " fit");
-  const uint64_t need = grouped_bound(c, groups.size(), prefix_bytes);
+  const uint64_t need = grouped_bound(c, g.groups.size(), g.prefix_bytes);
   if (need > out_cap)
     throw ArgumentError("output buffer holds " + std::to_string(out_cap) +
                         " bytes, the frames may need " + std::to_string(need));

@@ -288,20 +288,15 @@ uint64_t write_single(const void* input, const CompressParams& p,
 }  // namespace
 
 std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams& p,
-                                        const std::vector<int64_t>& rows,
-                                        const std::vector<int64_t>& trailing,
-                                        const std::vector<double>& error_bounds,
-                                        const std::vector<int64_t>& groups, uint64_t prefix_bytes,
-                                        uint8_t* out, uint64_t out_cap, int threads,
-                                        const std::string& ext,
-                                        std::vector<uint64_t>* group_bytes, double* stats) {
+                                        const GroupedCall& call, uint8_t* out, uint64_t out_cap,
+                                        int threads, std::vector<uint64_t>* group_bytes,
+                                        double* stats) {
   CompressParams q = p;
   q.want_range = q.want_range || stats != nullptr;
-  const Pieces c =
-      plan_grouped(q, rows, trailing, error_bounds, groups, prefix_bytes, ext, out_cap);
+  const Pieces c = plan_grouped(q, call, out_cap);
   auto place = [&](uint64_t) { return out; };
-  return build_and_place(input, q, c, groups, prefix_bytes, place, resolve_threads(threads), ext,
-                         trailing, group_bytes, stats);
+  return build_and_place(input, q, c, call.groups, call.prefix_bytes, place,
+                         resolve_threads(threads), call.ext, call.trailing, group_bytes, stats);
 }
 
 std::vector<uint64_t> compress_alloc_cpu(const void* input, const CompressParams& p,

@@ -32,12 +32,8 @@ typedef std::function<void*(uint64_t bytes)> DeviceAlloc;
 // (ArgumentError otherwise: the CPU encoder codes level 2; hvd_lossy's Python layer copies such
 // tensors to the host). No statistics.
 std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressParams& p,
-                                         const std::vector<int64_t>& rows,
-                                         const std::vector<int64_t>& trailing,
-                                         const std::vector<double>& error_bounds,
-                                         const std::vector<int64_t>& groups,
-                                         uint64_t prefix_bytes, uint8_t* out_dev, uint64_t out_cap,
-                                         void* stream, const std::string& ext = std::string(),
+                                         const GroupedCall& call, uint8_t* out_dev,
+                                         uint64_t out_cap, void* stream,
                                          std::vector<uint64_t>* group_bytes = nullptr,
                                          void* scratch_dev = nullptr, uint64_t scratch_bytes = 0);
 // Device scratch of a compress_into_cuda call of these arguments and n_groups groups (bytes).

@@ -157,23 +157,18 @@ Pieces one_piece(const CompressParams& p, const std::vector<int64_t>& shape) {
 }  // namespace gpu
 
 std::vector<uint64_t> compress_into_cuda(const void* input_dev, const CompressParams& p,
-                                         const std::vector<int64_t>& rows,
-                                         const std::vector<int64_t>& trailing,
-                                         const std::vector<double>& error_bounds,
-                                         const std::vector<int64_t>& groups,
-                                         uint64_t prefix_bytes, uint8_t* out_dev, uint64_t out_cap,
-                                         void* stream_v, const std::string& ext,
+                                         const GroupedCall& call, uint8_t* out_dev,
+                                         uint64_t out_cap, void* stream_v,
                                          std::vector<uint64_t>* group_bytes, void* scratch_dev,
                                          uint64_t scratch_bytes) {
   using namespace gpu;
   check_device_params(p);
-  const Pieces c =
-      plan_grouped(p, rows, trailing, error_bounds, groups, prefix_bytes, ext, out_cap);
+  const Pieces c = plan_grouped(p, call, out_cap);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
   DeviceScope scope(out_dev, "the output buffer");
-  Layout lay = encode_frames(static_cast<const uint8_t*>(input_dev), c, p.dedup, groups,
-                             prefix_bytes, ext, trailing, p.dtype, out_dev, scratch_dev,
-                             scratch_bytes, stream, [](uint64_t) {});
+  Layout lay = encode_frames(static_cast<const uint8_t*>(input_dev), c, p.dedup, call.groups,
+                             call.prefix_bytes, call.ext, call.trailing, p.dtype, out_dev,
+                             scratch_dev, scratch_bytes, stream, [](uint64_t) {});
   if (group_bytes) *group_bytes = lay.group_bytes;
   return lay.sizes;
 }

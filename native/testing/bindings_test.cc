@@ -277,8 +277,8 @@ py::tuple compress_into_batched_hd(const std::string& raw, int dtype,
                                    const std::vector<int64_t>& groups, uint64_t prefix_bytes,
                                    const std::string& ext, int64_t dither_seed) {
   const hl::CompressParams p = hl::py_util::params(dtype, mode, 1, dedup, 0.0, dither_seed);
-  const hl::Pieces c = hl::plan_grouped(p, rows, trailing, ebs, groups, prefix_bytes, ext,
-                                        UINT64_MAX);
+  const hl::Pieces c =
+      hl::plan_grouped(p, {rows, trailing, ebs, groups, prefix_bytes, ext}, UINT64_MAX);
   const uint64_t need = c.in_off.back() * hl_elem_bytes((uint8_t)dtype);
   if (raw.size() != need)
     throw hl::ArgumentError("input of " + std::to_string(raw.size()) + " bytes, the pieces need " +
