@@ -126,12 +126,9 @@ HL_HD bool quantize(typename Elem<DT>::raw_t raw, double inv_step, double step, 
 
 // murmur3's 32-bit finalizer, a bijection.
 HL_HD uint32_t mix32(uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x85ebca6bu;
-  h ^= h >> 13;
-  h *= 0xc2b2ae35u;
-  h ^= h >> 16;
-  return h;
+  h = (h ^ (h >> 16)) * 0x85ebca6bu;
+  h = (h ^ (h >> 13)) * 0xc2b2ae35u;
+  return h ^ (h >> 16);
 }
 
 // Offset of element i as a fraction of the step, in (-1/2, 1/2): 24 hashed bits, centred, exact
@@ -153,12 +150,9 @@ HL_HD uint32_t bit_width(uint32_t v) {
 
 // murmur3's 64-bit finalizer, a bijection (the row hashes of duplicate removal).
 HL_HD uint64_t mix64(uint64_t z) {
-  z ^= z >> 33;
-  z *= 0xff51afd7ed558ccdull;
-  z ^= z >> 33;
-  z *= 0xc4ceb9fe1a85ec53ull;
-  z ^= z >> 33;
-  return z;
+  z = (z ^ (z >> 33)) * 0xff51afd7ed558ccdull;
+  z = (z ^ (z >> 33)) * 0xc4ceb9fe1a85ec53ull;
+  return z ^ (z >> 33);
 }
 
 // ---- encoder rules both codecs apply (frames depend on them) ---------------------------------

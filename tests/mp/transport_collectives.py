@@ -4,11 +4,13 @@ under mpirun and horovodrun with 2 or 3 ranks."""
 import time
 
 import horovod.torch as horovod
+import pytest
 import torch
 from transport_util import (N, R, abs_bound, assert_within, cases_of, lookups, pieces_for,
                             run_cases, uneven_splits)
 
 import hvd_lossy.torch as hvd
+from hvd_lossy import gather as _gather
 from hvd_lossy.compression import LossyCompressor
 
 EB = 0.02
@@ -358,6 +360,26 @@ def test_allgather_delivers_every_rank_within_bound():
             assert torch.equal(hvd.allgather(x), torch.cat(refs))
     handle = hvd.allgather_async(lookups(R, 93, 2), compression=hvd.Compression.lossy(0.0))
     assert torch.equal(hvd.synchronize(handle), torch.cat([lookups(s, 93, 2) for s in range(N)]))
+
+
+def test_allgather_segments_are_each_coded_within_their_own_range():
+    # The lossy optimizer's use: a step's parameters as segments of one frame a rank. A first
+    # segment 1000x larger would give the whole frame a bound far looser than the second's own.
+    def rows_of(s):
+        x = lookups(s, 94, 7, (3,))
+        x[:2] *= 1000
+        return x
+    out = _gather.allgather_start(rows_of(R), "segments.94", hvd.Compression.lossy(EB),
+                                  segments=[2, 5]).wait()
+    for s in range(N):
+        mine, ref = out[7 * s:7 * s + 7], rows_of(s)
+        for a, b in ((0, 2), (2, 7)):
+            assert_within(mine[a:b], ref[a:b], abs_bound(ref[a:b], EB), f"rank {s} rows {a}:{b}")
+    for bad in ([2, 4], [8, -1]):
+        with pytest.raises(ValueError, match=r"segments must be rows >= 0 summing to the "
+                                             rf"tensor's 7, got \[{bad[0]}, {bad[1]}\]"):
+            _gather.allgather_start(rows_of(R), "segments.95", hvd.Compression.lossy(EB),
+                                    segments=bad)
 
 
 def test_broadcast_gives_all_ranks_the_same_values_within_bound():
