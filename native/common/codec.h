@@ -31,16 +31,16 @@ enum {
 
 // The pieces grouped for an all-to-all (GroupedCall): groups[g] pieces (in piece order, the
 // counts summing to rows.size()) form group g, and each group is ONE frame whose segments are its
-// pieces (an empty group writes no frame). prefix_bytes bytes are left untouched before each group (an
-// empty group still gets its prefix): the layout is [prefix][frame of group 0][prefix][frame of
-// group 1]... with no gaps, so the first groups.size() * prefix_bytes + sum(sizes) bytes of out
-// are the send buffer. out_cap must be at least max_grouped_bytes(rows, trailing, groups,
-// prefix_bytes). Each frame's bytes are written once, in place. Returns one size a piece: its
-// segment (descriptor and payload), the first piece of each group also counting the frame's
-// header, so each group's sizes add up to its frame. ext (at most HL_FRAME_MAX_EXT bytes): the
-// transport's extension (frame.h) in every group's frame, an empty group then getting a frame
-// of no segments; *group_bytes gets each group's frame size. With stats, also fills
-// HL_STATS_PER_PIECE doubles a piece (HL_STAT_*).
+// pieces (an empty group writes no frame). prefix_bytes bytes are left untouched before each
+// group (an empty group still gets its prefix): the layout is [prefix][frame of group 0]
+// [prefix][frame of group 1]... with no gaps, so the first groups.size() * prefix_bytes +
+// sum(sizes) bytes of out are the send buffer. out_cap must be at least max_grouped_bytes(rows,
+// trailing, groups, prefix_bytes). Each frame's bytes are written once, in place. Returns one
+// size a piece: its segment (descriptor and payload), the first piece of each group also
+// counting the frame's header, so each group's sizes add up to its frame. ext (at most
+// HL_FRAME_MAX_EXT bytes): the transport's extension (frame.h) in every group's frame, an empty
+// group then getting a frame of no segments; *group_bytes gets each group's frame size. With
+// stats, also fills HL_STATS_PER_PIECE doubles a piece (HL_STAT_*).
 std::vector<uint64_t> compress_into_cpu(const void* input, const CompressParams& p,
                                         const GroupedCall& call, uint8_t* out, uint64_t out_cap,
                                         int threads, std::vector<uint64_t>* group_bytes = nullptr,
