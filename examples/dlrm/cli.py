@@ -41,26 +41,26 @@ def _ints(text):
         raise argparse.ArgumentTypeError("expected comma-separated integers, got %r" % text) from None
 
 
-def _backward(text):
-    if text in ("same", "none", "fp16"):
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            "expected 'same', 'none', 'fp16' or a number, got %r" % text) from None
+def _word_or_number(*words, minimum=None):
+    """An argparse type: one of `words` as it is, else a number (at least `minimum`)."""
+    expected = ", ".join(repr(w) for w in words) + (
+        " or a number" if minimum is None else f" or a bound >= {minimum:g}")
+
+    def parse(text):
+        if text in words:
+            return text
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is None or (minimum is not None and value < minimum):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+    return parse
 
 
-def _dense(text):
-    if text in ("none", "same"):
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise argparse.ArgumentTypeError("expected 'none', 'same' or a bound >= 0, got %r" % text)
-    return value
+_backward = _word_or_number("same", "none", "fp16")
+_dense = _word_or_number("none", "same", minimum=0)
 
 
 def launcher_size():
