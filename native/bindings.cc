@@ -225,6 +225,14 @@ std::vector<hl::reuse::Cache> reuse_caches(const std::vector<ReuseCacheArg>& arg
   return out;
 }
 
+// A reuse pass over (rows, dtype, ids, n_rows, row_len, pieces, caches, *more), without the GIL.
+template <class F, class... More>
+void def_reuse_pass(py::module_& m, const char* name, F f, const char* doc, More... more) {
+  m.def(name, f, py::arg("rows"), py::arg("dtype"), py::arg("ids"), py::arg("n_rows"),
+        py::arg("row_len"), py::arg("pieces"), py::arg("caches"), more...,
+        py::call_guard<py::gil_scoped_release>(), doc);
+}
+
 }  // namespace
 
 #ifdef HL_WITH_CUDA
@@ -543,34 +551,33 @@ PYBIND11_MODULE(_C, m) {
         "X^ and a hit byte a row into the given buffers; returns (X's bound, the residual's "
         "bound, references, residuals) a piece and whether each group's frame predicts.");
 
-  m.def("reuse_store",
-        [](uintptr_t rows, int dtype, uintptr_t ids, uint64_t n_rows, uint64_t row_len,
-           const std::vector<ReusePieceArg>& pieces, const std::vector<ReuseCacheArg>& caches,
-           uintptr_t hit) {
-          hl::reuse::store((uint8_t)dtype, ptr<const void>(rows), ptr<const int64_t>(ids),
-                           row_len, reuse_pieces(pieces), reuse_caches(caches), n_rows,
-                           ptr<const uint8_t>(hit));
-        },
-        py::arg("rows"), py::arg("dtype"), py::arg("ids"), py::arg("n_rows"), py::arg("row_len"),
-        py::arg("pieces"), py::arg("caches"), py::arg("hit") = 0,
-        py::call_guard<py::gil_scoped_release>(),
-        "Each piece's rows replace what its cache holds for their ids (the last row of a slot "
-        "wins); hit: the address of reuse_encode's hit bytes for these rows (rows it marks as "
-        "decoding to their held row are left as held), or 0.");
+  // The store's and the receiver's passes take the rows with their ids and the call's
+  // pieces and caches first, as hvd_lossy.reuse passes them.
+  def_reuse_pass(
+      m, "reuse_store",
+      [](uintptr_t rows, int dtype, uintptr_t ids, uint64_t n_rows, uint64_t row_len,
+         const std::vector<ReusePieceArg>& pieces, const std::vector<ReuseCacheArg>& caches,
+         uintptr_t hit) {
+        hl::reuse::store((uint8_t)dtype, ptr<const void>(rows), ptr<const int64_t>(ids),
+                         row_len, reuse_pieces(pieces), reuse_caches(caches), n_rows,
+                         ptr<const uint8_t>(hit));
+      },
+      "Each piece's rows replace what its cache holds for their ids (the last row of a slot "
+      "wins); hit: the address of reuse_encode's hit bytes for these rows (rows it marks as "
+      "decoding to their held row are left as held), or 0.",
+      py::arg("hit") = 0);
 
-  m.def("reuse_apply",
-        [](uintptr_t rows, int dtype, uintptr_t ids, uint64_t n_rows, uint64_t row_len,
-           const std::vector<ReusePieceArg>& pieces, const std::vector<ReuseCacheArg>& caches,
-           const std::vector<uint8_t>& predicted, int threads) {
-          hl::reuse::apply((uint8_t)dtype, ptr<void>(rows), ptr<const int64_t>(ids), row_len,
-                           reuse_pieces(pieces), reuse_caches(caches), predicted, n_rows,
-                           threads);
-        },
-        py::arg("rows"), py::arg("dtype"), py::arg("ids"), py::arg("n_rows"), py::arg("row_len"),
-        py::arg("pieces"), py::arg("caches"), py::arg("predicted"), py::arg("threads") = 0,
-        py::call_guard<py::gil_scoped_release>(),
-        "The receiver's reuse pass: decoded residuals in rows become P + R^ where the group "
-        "predicts and the cache holds the id, then replace what the caches hold.");
+  def_reuse_pass(
+      m, "reuse_apply",
+      [](uintptr_t rows, int dtype, uintptr_t ids, uint64_t n_rows, uint64_t row_len,
+         const std::vector<ReusePieceArg>& pieces, const std::vector<ReuseCacheArg>& caches,
+         const std::vector<uint8_t>& predicted, int threads) {
+        hl::reuse::apply((uint8_t)dtype, ptr<void>(rows), ptr<const int64_t>(ids), row_len,
+                         reuse_pieces(pieces), reuse_caches(caches), predicted, n_rows, threads);
+      },
+      "The receiver's reuse pass: decoded residuals in rows become P + R^ where the group "
+      "predicts and the cache holds the id, then replace what the caches hold.",
+      py::arg("predicted"), py::arg("threads") = 0);
 
   m.def("number_keys",
         [](uintptr_t keys, const std::vector<int64_t>& seg_rows, uintptr_t inverse,

@@ -141,29 +141,23 @@ HL_AVX2 inline uint8_t* write_pair_avx2(const uint32_t* v, uint32_t wa, uint32_t
   return write_byte_pair_avx2(bytes_of_block_avx2(v), wa, wb, out);
 }
 
+// write_pair_avx2 of codes held as bytes.
+HL_AVX2 inline uint8_t* write_pair_avx2(const uint8_t* v, uint32_t wa, uint32_t wb, uint8_t* out) {
+  return write_byte_pair_avx2(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)), wa, wb,
+                              out);
+}
+
 // Full pairs from *p on while the room lasts (the loop inside the target function, so that the
-// pair is inlined): returns where the planes end, *p the first pair not written.
-HL_AVX2 uint8_t* write_pairs_avx2(const uint32_t* v, const uint8_t* w16, uint64_t* p,
-                                  uint64_t full, uint8_t* out, const uint8_t* end) {
+// pair is inlined): returns where the planes end, *p the first pair not written. T: codes
+// (uint32_t) or codes held as bytes (uint8_t).
+template <class T>
+HL_AVX2 uint8_t* write_pairs_avx2(const T* v, const uint8_t* w16, uint64_t* p, uint64_t full,
+                                  uint8_t* out, const uint8_t* end) {
   uint64_t q = *p;
   for (; q < full; ++q) {
     const uint32_t wa = w16[2 * q], wb = w16[2 * q + 1];
     if (out + 2 * wa + 2 * (wa > wb ? wa : wb) > end) break;
     out = write_pair_avx2(v + q * kPair, wa, wb, out);
-  }
-  *p = q;
-  return out;
-}
-
-// write_pairs_avx2 of codes held as bytes.
-HL_AVX2 uint8_t* write_byte_pairs_avx2(const uint8_t* v, const uint8_t* w16, uint64_t* p,
-                                       uint64_t full, uint8_t* out, const uint8_t* end) {
-  uint64_t q = *p;
-  for (; q < full; ++q) {
-    const uint32_t wa = w16[2 * q], wb = w16[2 * q + 1];
-    if (out + 2 * wa + 2 * (wa > wb ? wa : wb) > end) break;
-    out = write_byte_pair_avx2(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + q * kPair)), wa, wb, out);
   }
   *p = q;
   return out;
@@ -320,7 +314,7 @@ void write_pairs(const uint8_t* v, uint64_t n, const uint8_t* w16, uint64_t lo, 
                  uint8_t* out, uint8_t* end) {
 #ifdef HL_SHORT_SIMD
   const uint64_t full = n / kPair < hi ? n / kPair : hi;
-  if (cpu::simd_level() >= 1 && lo < full) out = write_byte_pairs_avx2(v, w16, &lo, full, out, end);
+  if (cpu::simd_level() >= 1 && lo < full) out = write_pairs_avx2(v, w16, &lo, full, out, end);
 #endif
   (void)end;
   const uint64_t nb = short_n_blocks(n);
