@@ -3,13 +3,13 @@
 Horovod's DistributedOptimizer allreduces each parameter's gradient as soon as backward has it,
 and step() waits for them. Compressed bytes cannot be summed, so here a step's gradients go as
 one allgather instead (hvd_lossy.gather): each rank's frame holds every parameter's gradient as
-a segment of its own bound, coded and launched when synchronize() (step()) asks for them. One
-collective a step: one a parameter, from the hooks as Horovod does, added 4.2-7.5 ms a step to
-the DLRM user script's dense part against 1.1-2.9 (benchmarks/RESULTS.md). Every rank decodes every rank's frame, its own
-included, and adds them in rank order: the same bits on every rank, so the replicas stay identical, and each rank's term
-within its bound of what that rank computed (the average within the bound of the true
-average, a sum within the sum of the ranks' bounds, up to the float rounding of the sum that
-Horovod's allreduce has too).
+a segment of its own bound, coded and launched once backward has every parameter's gradient
+(_Step). One collective a step: one a parameter, from each hook as Horovod does, added 4.2-7.5
+ms a step to the DLRM user script's dense part against 1.1-2.9 (benchmarks/RESULTS.md). Every
+rank decodes every rank's frame, its own included, and adds them in rank order: the same bits on
+every rank, so the replicas stay identical, and each rank's term within its bound of what that
+rank computed (the average within the bound of the true average, a sum within the sum of the
+ranks' bounds, up to the float rounding of the sum that Horovod's allreduce has too).
 
 Bytes: with 2 ranks the allgather moves each rank's frame once, as a ring allreduce moves the
 tensor once; with n ranks a rank receives n - 1 frames against the ring's 2(n - 1) / n tensors,
@@ -59,51 +59,65 @@ def _allgather_grad_async(self, p):
 
 class _Step:
     """One step's coded gradients: each parameter's a segment (its own bound) of one flat
-    tensor, one frame a rank in one allgather, launched when synchronize() asks for the first
-    result (by then every parameter is in: Horovod adds those without a gradient first). One
-    collective a step rather than one a parameter: each cost about 0.3 ms of Python and
-    protocol, more than the coding of most parameters."""
+    tensor, one frame a rank in one allgather. One collective a step rather than one a
+    parameter: each cost about 0.3 ms of Python and protocol, more than the coding of most
+    parameters. It is launched from the hook of the last parameter to get its gradient, as
+    Horovod launches each allreduce from its parameter's hook, so that it travels while the rest
+    of backward runs (in a DLRM, the embeddings' gradient all-to-all); or, where some parameter
+    got none this step, when synchronize() asks for the first result (Horovod adds those first)."""
 
     def __init__(self, opt, coding, report):
         self.opt, self.coding, self.report = opt, coding, report
         self.params, self.sums = [], None
+        self.handle = None
+        self.launch_seconds = 0.0
 
     def add(self, p):
         self.params.append(p)
+        if len(self.params) == len(self.opt._requires_update):
+            self._launch()
         return lambda: self.result(p)
 
     def result(self, p):
         if self.sums is None:
             self.opt._step = None  # the next step's hooks start another
+            if self.handle is None:
+                self._launch()
             t0 = time.perf_counter()
             self.sums, record = self._reduce()
             if self.report is not None:
-                self.report(time.perf_counter() - t0, record)
+                self.report(self.launch_seconds + time.perf_counter() - t0, record)
         return self.sums[p]
+
+    def _launch(self):
+        """Codes every parameter's gradient and starts the allgather."""
+        t0 = time.perf_counter()
+        opt = self.opt
+        names = opt._parameter_names
+        self.params.sort(key=lambda q: names[q])  # one order on every rank
+        flat = torch.cat([q.grad.reshape(-1) for q in self.params])
+        if opt.op == _hvd.Average and opt.gradient_predivide_factor != 1.0:
+            flat = flat / opt.gradient_predivide_factor
+        self.handle = _gather.allgather_start(flat, "dense." + names[self.params[0]],
+                                              self.coding, opt.process_set,
+                                              [q.numel() for q in self.params])
+        self.launch_seconds = time.perf_counter() - t0
 
     def _reduce(self):
         """({parameter: its reduced gradient}, the allgather's record for auto's cost)."""
         opt = self.opt
-        names = opt._parameter_names
-        params = sorted(self.params, key=lambda q: names[q])  # one order on every rank
-        flat = torch.cat([q.grad.reshape(-1) for q in params])
-        average = opt.op == _hvd.Average
-        if average and opt.gradient_predivide_factor != 1.0:
-            flat = flat / opt.gradient_predivide_factor
-        handle = _gather.allgather_start(flat, "dense." + names[params[0]], self.coding,
-                                         opt.process_set, [q.numel() for q in params])
         size = opt.process_set.size()
-        decoded = handle.wait().view(size, -1)
+        decoded = self.handle.wait().view(size, -1)
         total = decoded[0].clone()
         for rank_rows in decoded[1:]:  # in rank order: the same sums on every rank
             total.add_(rank_rows)
-        if average:
+        if opt.op == _hvd.Average:
             total.mul_(opt.gradient_predivide_factor / size)
         sums, at = {}, 0
-        for q in params:
+        for q in self.params:
             sums[q] = total[at:at + q.numel()].view(q.grad.shape)
             at += q.numel()
-        return sums, getattr(handle, "record", None)
+        return sums, getattr(self.handle, "record", None)
 
 
 def _coding_now(self):

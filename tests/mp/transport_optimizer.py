@@ -99,6 +99,51 @@ def test_with_auto_the_dense_gradients_follow_the_alltoalls_agreed_mode():
     assert slot.costs[seen["call"]] > seen["cost"], "the optimizer's exchange was not counted"
 
 
+class TwoBranch(torch.nn.Module):
+    """model() beside a branch that only rank 0's loss uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = model()
+        torch.manual_seed(6)
+        self.side = torch.nn.Linear(6, 1)
+
+    def loss(self, rank, step):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(32, 6, generator=g), torch.randn(32, 1, generator=g)
+        out = self.net(x) + (self.side(x) if rank == 0 else 0)
+        return ((out - y) ** 2).mean()
+
+
+def test_the_gradients_leave_from_the_last_hook_or_at_synchronize_where_one_got_none():
+    """The allgather starts as soon as backward has every parameter's gradient, so that it
+    travels while the rest of backward runs; a rank where some parameter got none starts it at
+    synchronize(), with zeros for that one, and the ranks still agree within the bound."""
+    m = TwoBranch()
+    lossy = hvd.Compression.lossy(0.03)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                   named_parameters=m.named_parameters(), compression=lossy)
+    for step in range(2):
+        opt.zero_grad()
+        m.loss(R, step).backward()
+        launched = opt._step is not None and opt._step.handle is not None
+        assert launched == (R == 0), f"rank {R}: launched before synchronize() is {launched}"
+        opt.synchronize()
+        twin = copy.deepcopy(m)
+        twin.loss(0, step).backward()  # only rank 0 gives the side branch a gradient
+        for p, q in zip(m.side.parameters(), twin.side.parameters()):
+            true = q.grad.double() / N
+            bound = reuse.absolute_bound(q.grad.reshape(-1), lossy.for_backward().error_bound,
+                                         lossy.for_backward().mode) / N
+            err = float((p.grad.double() - true).abs().max())
+            assert err <= bound + 2 * N * 2.0 ** -24 * float(true.abs().max()), \
+                f"error {err} over the bound {bound}"
+            row = p.grad.reshape(1, -1)
+            assert torch.equal(horovod.allgather(row), row.repeat(N, 1)), "ranks differ"
+        with opt.skip_synchronize():
+            opt.step()
+
+
 def test_a_gradient_coding_that_is_horovods_gives_horovods_optimizer():
     for backward, plain in ((hvd.Compression.fp16, hvd.Compression.fp16),
                             (None, hvd.Compression.none)):
