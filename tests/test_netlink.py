@@ -254,6 +254,64 @@ def test_the_ceiling_is_the_baselines_step_on_the_unlimited_link_over_its_step_a
     assert got[(1.0, "lossy", 3)]["ceiling"] is None  # no baseline with 3 ranks
 
 
+def _rounds(mode, pairs, rate=None):
+    """Runs of uncompressed and `mode` per round: pairs[k] = (plain's step, mode's step)."""
+    runs = []
+    for rep, (plain, other) in enumerate(pairs):
+        runs += [dict(_run(rate, "uncompressed", plain), repeat=rep),
+                 dict(_run(rate, mode, other), repeat=rep)]
+    return runs
+
+
+def test_a_cells_geometric_mean_and_its_95_interval_come_from_its_paired_rounds():
+    """A target within a few percent of 1 is judged by an interval over rounds, which the
+    record carries beside the median: the rounds' geometric mean and a bootstrap interval
+    that spans it, stays within the rounds, narrows with more of them and reads the same
+    twice."""
+    pairs = [(0.100, 0.095), (0.200, 0.190), (0.110, 0.100), (0.105, 0.120), (0.100, 0.098)]
+    ratios = [p / q for p, q in pairs]
+    got = {r["mode"]: r for r in netlink.summarise_dlrm(_rounds("lossy", pairs))}["lossy"]
+    geomean = (ratios[0] * ratios[1] * ratios[2] * ratios[3] * ratios[4]) ** (1 / 5)
+    assert got["speedup_geomean"] == pytest.approx(geomean)
+    low, high = got["speedup_interval"]
+    assert min(ratios) <= low < geomean < high <= max(ratios)
+    again = {r["mode"]: r for r in netlink.summarise_dlrm(_rounds("lossy", pairs))}["lossy"]
+    assert again["speedup_interval"] == got["speedup_interval"]
+    more = {r["mode"]: r for r in netlink.summarise_dlrm(_rounds("lossy", pairs * 8))}["lossy"]
+    assert more["speedup_geomean"] == pytest.approx(geomean)
+    assert more["speedup_interval"][1] - more["speedup_interval"][0] < (high - low) / 2
+    one = {r["mode"]: r for r in netlink.summarise_dlrm(_rounds("lossy", pairs[:1]))}["lossy"]
+    assert one["speedup_geomean"] is None and one["speedup_interval"] is None
+    line = next(x for x in netlink.dlrm_table(netlink.summarise_dlrm(_rounds("lossy", pairs)))
+                .splitlines() if " lossy " in x)
+    assert f"{geomean:.3f} [{low:.3f}-{high:.3f}]" in line
+
+
+def test_pool_summarises_several_runs_json_pairing_each_files_rounds_within_it(tmp_path,
+                                                                            monkeypatch, capsys):
+    """--pool reads --json outputs and measures nothing (no root, no namespace): their cells
+    pool, and a round's pair never crosses files, whose round numbers repeat."""
+    monkeypatch.setattr(netlink, "missing_requirements",
+                        lambda: pytest.fail("--pool must not need an emulated link"))
+    first = _rounds("auto", [(0.100, 0.100), (0.100, 0.125)])
+    second = _rounds("auto", [(0.200, 0.160), (0.200, 0.200)])
+    paths = []
+    for k, runs in enumerate((first, second)):
+        paths.append(tmp_path / f"run{k}.json")
+        paths[-1].write_text(json.dumps({"command": f"run {k}", "dlrm_runs": runs}))
+    out = tmp_path / "pooled.json"
+    assert netlink.main(["--pool", *map(str, paths), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    auto = next(r for r in report["dlrm"] if r["mode"] == "auto")
+    assert auto["runs"] == 4 and auto["paired_range"] == pytest.approx([0.8, 1.25])
+    assert auto["speedup_geomean"] == pytest.approx((1.0 * 0.8 * 1.25 * 1.0) ** 0.25)
+    assert report["commands"] == ["run 0", "run 1"]
+    assert "2 runs pooled" in capsys.readouterr().out
+    (tmp_path / "bad.json").write_text(json.dumps({"dlrm": []}))
+    with pytest.raises(SystemExit, match="bad.json: no 'dlrm_runs' list"):
+        netlink.main(["--pool", str(tmp_path / "bad.json")])
+
+
 def test_the_total_speedup_counts_every_step_so_probing_costs_show():
     runs = [_run(None, "uncompressed", 0.1), _run(None, "auto", 0.1)]
     runs[1]["steps_seconds_total"] = 1.25  # the median step ties, but probing cost 0.25 s in all

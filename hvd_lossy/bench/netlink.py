@@ -50,7 +50,7 @@ import time
 from hvd_lossy.backend import YIELD_VARIABLE
 from hvd_lossy.bench import _cli, machine
 from hvd_lossy.bench.netlink_summary import (DLRM_BASELINE, alltoall_table, dlrm_table,
-                                          rate_label, summarise_alltoall, summarise_dlrm,
+                                          pool_runs, rate_label, summarise_alltoall, summarise_dlrm,
                                           write_png)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -137,7 +137,9 @@ FIELDS = {
             "each run's median step (rank 0, warm-up steps left out); speedup = uncompressed's / this; "
             "speedup_paired = median over rounds of uncompressed's step / this mode's in the same "
             "round (back to back: a slow spell of the machine hits both); paired_range = the "
-            "least and largest of those rounds' ratios; auto_decisions = per run, in round order, "
+            "least and largest of those rounds' ratios; speedup_geomean, speedup_interval = their "
+            "geometric mean and its 95% bootstrap interval (10,000 resamples, seed 0; two rounds "
+            "or more); auto_decisions = per run, in round order, "
             "[decision, lossy calls, calls] of its forward auto compressor (None without auto); "
             "steps_seconds_total = median over rounds of a run's summed steps (warm-up included), "
             "speedup_total = uncompressed's / this (what auto's probing costs shows here); "
@@ -500,6 +502,10 @@ def parser():
                         "the tiny DLRM setting (explicit flags still win)")
     p.add_argument("--check", action="store_true",
                    help="only say whether this machine can emulate a link (exit 0) or why not (exit 3)")
+    p.add_argument("--pool", type=pathlib.Path, nargs="+", default=None, metavar="JSON",
+                   help="measure nothing: summarise the training runs of these --json outputs "
+                        "together (each file's rounds paired within it), for intervals over "
+                        "more rounds than one run has; with --json, write that summary")
     return p
 
 
@@ -592,9 +598,38 @@ def measure(ns, opts, log=print):
     return dlrm, a2a
 
 
+def pooled(paths, out=None):
+    """--pool: the training table of several runs' JSONs as one (no root, nothing launched)."""
+    reports = []
+    for path in paths:
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"netlink: --pool {path}: {e}") from None
+        if not isinstance(report, dict) or not isinstance(report.get("dlrm_runs"), list):
+            raise SystemExit(f"netlink: --pool {path}: no 'dlrm_runs' list: expected the --json "
+                             f"of a netlink run")
+        reports.append(report)
+    runs = pool_runs([r["dlrm_runs"] for r in reports])
+    dlrm = summarise_dlrm(runs)
+    print(f"DLRM training, {len(paths)} runs pooled ({', '.join(map(str, paths))}); each file's "
+          f"rounds paired within it\n" + dlrm_table(dlrm))
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"benchmark": "netlink", "pooled": [str(p) for p in paths],
+                                   "commands": [r.get("command") for r in reports],
+                                   "dates": [r.get("date") for r in reports],
+                                   "cpus": [r.get("cpu") for r in reports],
+                                   "fields": FIELDS, "dlrm": dlrm, "dlrm_runs": runs}, indent=1))
+        print(f"wrote {out}")
+    return 0
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     opts = parse(argv)
+    if opts.pool:
+        return pooled(opts.pool, opts.json)
     name = opts.namespace or f"hvdl-{os.getpid()}"
     try:
         if opts.check:

@@ -5,8 +5,11 @@ printed tables and the PNG. Pure functions of the records, so they read the JSON
 import collections
 import statistics
 
+import numpy as np
+
 DLRM_BASELINE = "uncompressed"
 A2A_BASELINE = "plain"
+BOOTSTRAP_RESAMPLES = 10_000
 
 
 def _median(xs):
@@ -64,6 +67,7 @@ def summarise_dlrm(runs):
         rec["speedup_paired"] = _median(ratios) or None
         # the rounds' spread: what a single round of this machine moves a paired figure by
         rec["paired_range"] = [min(ratios), max(ratios)] if ratios else None
+        rec["speedup_geomean"], rec["speedup_interval"] = paired_interval(ratios)
         rec["auto_decisions"] = _auto_decisions(runs, rec)
     for rec, base in zip(out, bases):  # what a user waits for, probing and warm-up included
         t0, t = base and base["steps_seconds_total"], rec["steps_seconds_total"]
@@ -91,6 +95,36 @@ def _paired_ratios(runs, rec, baseline):
                 and _same_cell(r, dict(rec, mode=mode))}
     mine, base = steps(rec["mode"]), steps(baseline)
     return [base[k] / mine[k] for k in sorted(k for k in mine if k is not None and k in base)]
+
+
+def paired_interval(ratios, resamples=BOOTSTRAP_RESAMPLES, seed=0):
+    """(the geometric mean of a cell's paired ratios, [low, high] its 95% bootstrap interval),
+    or (None, None) under two rounds. A target within a few percent of 1 is decided by the
+    interval, not by one round or the median of a few: rounds on a busy 2-core machine move
+    +-15-25% (the mean of logs, resampled with a fixed seed, so a summary reads the same twice)."""
+    if len(ratios) < 2:
+        return None, None
+    logs = np.log(np.asarray(ratios, dtype=np.float64))
+    picks = np.random.default_rng(seed).integers(0, len(logs), (resamples, len(logs)))
+    low, high = np.exp(np.percentile(logs[picks].mean(axis=1), [2.5, 97.5]))
+    return float(np.exp(logs.mean())), [float(low), float(high)]
+
+
+def pool_runs(run_lists):
+    """The training runs of several netlink JSONs (their "dlrm_runs") as one list to summarise:
+    each file's rounds renumbered apart, so a round's pair stays within its own run of the
+    benchmark and cells of the same (rate, ranks, setting, mode) pool their rounds."""
+    pooled = []
+    for k, runs in enumerate(run_lists):
+        for r in runs:
+            r = dict(r)
+            if r.get("repeat") is not None:
+                r["repeat"] = k * _POOL_STRIDE + r["repeat"]
+            pooled.append(r)
+    return pooled
+
+
+_POOL_STRIDE = 1_000_000  # rounds a file, at the most, when pooled
 
 
 def _auto_decisions(runs, rec):
@@ -147,9 +181,13 @@ def _range_text(pair):
     return "-" if not pair else f"{pair[0]:.2f}-{pair[1]:.2f}"
 
 
+def _interval_text(geomean, interval):
+    return "-" if geomean is None else f"{geomean:.3f} [{interval[0]:.3f}-{interval[1]:.3f}]"
+
+
 def dlrm_table(records):
     lines = [f"{'link':>12} {'ranks':>5} {'setting':>12} {'mode':>12} {'ms/step':>9} {'speedup':>8} "
-             f"{'paired':>8} {'rounds':>11} {'total x':>8} {'ceiling':>8} {'AUC':>7} {'dAUC':>8} "
+             f"{'paired':>8} {'rounds':>11} {'geomean [95%]':>20} {'total x':>8} {'ceiling':>8} {'AUC':>7} {'dAUC':>8} "
              f"{'link MB':>9} {'a2a ratio':>9}  auto"]
     for r in records:
         row = (f"{rate_label(r['bandwidth_gbit']):>12} {r['ranks']:>5} {r['setting']:>12} {r['mode']:>12} "
@@ -157,6 +195,7 @@ def dlrm_table(records):
                f"{_fmt(r['speedup'], '7.2f') + ('x' if r['speedup'] else ''):>8} "
                f"{_fmt(r.get('speedup_paired'), '7.2f') + ('x' if r.get('speedup_paired') else ''):>8} "
                f"{_range_text(r.get('paired_range')):>11} "
+               f"{_interval_text(r.get('speedup_geomean'), r.get('speedup_interval')):>20} "
                f"{_fmt(r['speedup_total'], '7.2f') + ('x' if r['speedup_total'] else ''):>8} "
                f"{_fmt(r['ceiling'], '7.2f') + ('x' if r['ceiling'] else ''):>8} "
                f"{_fmt(r['auc'], '.4f'):>7} {_fmt(r['auc_delta'], '+.4f'):>8} "
