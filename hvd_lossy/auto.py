@@ -50,7 +50,11 @@ Each compressor with `auto=True` keeps, per process set, a *slot*:
            MAX_PROBE calls of each, by the lower median. A tie goes to plain: auto never pays for a
            gain it cannot see; so does a lossy median cost HYSTERESIS above plain's after SEPARATE
            calls each, even where one slow plain call (a mode's first often is) keeps the costs
-           overlapping. A rank without costs for its current size sends everyone back to probing;
+           overlapping, and a lossy median cost no lower than plain's after NO_GAIN calls each:
+           where the two cost about the same (the user script on fast links, where a lossy step
+           ran about 4% longer), probing on to MAX_PROBE ran 11 lossy calls of 30 in 14 runs of
+           32, and the calls after NO_GAIN each could only find a gain too small to pay for
+           themselves. A rank without costs for its current size sends everyone back to probing;
   decided  agreements come every AGREE_EVERY calls. The losing mode runs twice FIRST_REFRESH
            calls after the decision, then after twice as many calls each time, up to every
            REFRESH, and the agreement after those two calls judges it by them alone, against
@@ -113,6 +117,7 @@ PROBE_CALLS = 4   # calls between agreements while probing: 2 plain, 2 lossy
 FIRST_LOOK = 2    # probed calls before the first agreement: 1 plain, 1 lossy (the floor rule)
 LAG = 1           # calls between launching an agreement and reading it
 SEPARATE = 2      # calls of each mode whose costs, all below the other's, decide
+NO_GAIN = SEPARATE + 1  # calls of each after which a lossy median cost >= plain's decides plain
 MAX_PROBE = 8     # calls of each mode after which the medians decide
 AGREE_EVERY = 16  # calls between agreements once decided
 FIRST_REFRESH = 3 * AGREE_EVERY  # calls from a decision to the losing mode's first run again
@@ -177,7 +182,8 @@ def _lossy_early(plain, lossy, plain_periods, lossy_periods):
 def _compare(decision, plain, lossy, floors=(), steady=False):
     """_rule on one measure. steady: the exchange cost, which takes plain as soon as lossy's
     median is HYSTERESIS above plain's (one slow plain call, such as a mode's first, would
-    otherwise keep the costs overlapping until MAX_PROBE). Otherwise the period, whose noise
+    otherwise keep the costs overlapping until MAX_PROBE), or no lower than plain's after
+    NO_GAIN calls each (MAX_PROBE would decide plain on it too). Otherwise the period, whose noise
     (+-15% a step) puts two calls of each in either order one time in six: lossy must win it by
     HYSTERESIS, or an even case would be called lossy that often."""
     margin = 0.0 if steady else HYSTERESIS
@@ -197,6 +203,9 @@ def _compare(decision, plain, lossy, floors=(), steady=False):
             return PLAIN
         if steady and statistics.median(lossy) > statistics.median(plain) * (1 + HYSTERESIS):
             return PLAIN
+        if steady and min(len(plain), len(lossy)) >= NO_GAIN and \
+                statistics.median(lossy) >= statistics.median(plain):
+            return PLAIN  # no gain in sight: more probing costs more than it could find
         if min(len(plain), len(lossy)) < MAX_PROBE:
             return None
         wins = statistics.median(lossy) < statistics.median(plain) * (1 - margin)

@@ -284,6 +284,23 @@ def test_auto_rule_decides_a_clear_case_after_a_few_calls_and_a_close_one_by_med
     assert auto._rule(auto.PLAIN, [1.0], [0.9]) == auto.LOSSY
 
 
+def test_auto_rule_decides_plain_once_lossy_shows_no_gain_after_no_gain_calls_each():
+    """Where a lossy call costs about a plain one (fast links), probing on to MAX_PROBE ran
+    lossy calls that could only find a gain too small to pay for them: a lossy median cost no
+    lower than plain's after NO_GAIN calls each decides plain, as MAX_PROBE would."""
+    from hvd_lossy import auto
+    plain = [8.0, 9.0, 10.0]
+    assert auto.NO_GAIN == 3 and len(plain) == auto.NO_GAIN
+    assert auto._rule(None, plain, [8.5, 9.2, 9.9]) == auto.PLAIN  # within HYSTERESIS, no lower
+    assert auto._rule(None, plain[::2], [8.6, 9.6]) is None  # two calls each: probe on
+    assert auto._rule(None, plain, [8.5, 8.8, 9.9]) is None  # lossy's median lower: probe on
+    # the cost, the steadier measure, decides it even where the periods favour lossy
+    assert auto._rule(None, plain, [8.5, 9.2, 9.9], plain_periods=[70, 72, 74],
+                      lossy_periods=[60, 62, 64]) == auto.PLAIN
+    n = auto.MAX_PROBE
+    assert auto._rule(None, [9.0] * n, [9.0] * n) == auto.PLAIN  # what MAX_PROBE decides
+
+
 def test_auto_rule_decides_plain_from_one_call_each_when_lossy_cannot_gain_enough():
     """A lossy call's floor (its codec time plus its bytes' least transfer) is a floor of its
     cost: once it is within HYSTERESIS of plain's median cost, lossy could gain less than auto
