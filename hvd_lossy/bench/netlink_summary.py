@@ -10,6 +10,7 @@ import numpy as np
 DLRM_BASELINE = "uncompressed"
 A2A_BASELINE = "plain"
 BOOTSTRAP_RESAMPLES = 10_000
+_POOL_STRIDE = 1_000_000  # rounds a file, at the most, when pooled
 
 
 def _median(xs):
@@ -124,9 +125,6 @@ def pool_runs(run_lists):
     return pooled
 
 
-_POOL_STRIDE = 1_000_000  # rounds a file, at the most, when pooled
-
-
 def _auto_decisions(runs, rec):
     """Per ok run of the cell, in round order, what its first auto compressor (the forward
     one) decided and how many of its calls were lossy: [decision, lossy_calls, calls]; None
@@ -187,7 +185,8 @@ def _interval_text(geomean, interval):
 
 def dlrm_table(records):
     lines = [f"{'link':>12} {'ranks':>5} {'setting':>12} {'mode':>12} {'ms/step':>9} {'speedup':>8} "
-             f"{'paired':>8} {'rounds':>11} {'geomean [95%]':>20} {'total x':>8} {'ceiling':>8} {'AUC':>7} {'dAUC':>8} "
+             f"{'paired':>8} {'rounds':>11} {'geomean [95%]':>20} {'total x':>8} {'ceiling':>8} "
+             f"{'AUC':>7} {'dAUC':>8} "
              f"{'link MB':>9} {'a2a ratio':>9}  auto"]
     for r in records:
         row = (f"{rate_label(r['bandwidth_gbit']):>12} {r['ranks']:>5} {r['setting']:>12} {r['mode']:>12} "
