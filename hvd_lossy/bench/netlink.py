@@ -615,14 +615,18 @@ def pooled(paths, out=None):
     print(f"DLRM training, {len(paths)} runs pooled ({', '.join(map(str, paths))}); each file's "
           f"rounds paired within it\n" + dlrm_table(dlrm))
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"benchmark": "netlink", "pooled": [str(p) for p in paths],
-                                   "commands": [r.get("command") for r in reports],
-                                   "dates": [r.get("date") for r in reports],
-                                   "cpus": [r.get("cpu") for r in reports],
-                                   "fields": FIELDS, "dlrm": dlrm, "dlrm_runs": runs}, indent=1))
-        print(f"wrote {out}")
+        _write_json(out, {"benchmark": "netlink", "pooled": [str(p) for p in paths],
+                          "commands": [r.get("command") for r in reports],
+                          "dates": [r.get("date") for r in reports],
+                          "cpus": [r.get("cpu") for r in reports],
+                          "fields": FIELDS, "dlrm": dlrm, "dlrm_runs": runs})
     return 0
+
+
+def _write_json(path, report):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1))
+    print(f"wrote {path}")
 
 
 def main(argv=None):
@@ -657,10 +661,8 @@ def main(argv=None):
         print(f"\nDLRM training (median step after {opts.warmup} warm-up steps, median over "
               f"{opts.repeat} rounds; link MB: bytes that crossed the link in a run)\n" + dlrm_table(dlrm))
     if opts.json:
-        report = dict(meta(opts, argv), dlrm=dlrm, alltoall=a2a, dlrm_runs=runs, alltoall_runs=rows)
-        opts.json.parent.mkdir(parents=True, exist_ok=True)
-        opts.json.write_text(json.dumps(report, indent=1))
-        print(f"wrote {opts.json}")
+        _write_json(opts.json, dict(meta(opts, argv), dlrm=dlrm, alltoall=a2a, dlrm_runs=runs,
+                                    alltoall_runs=rows))
     if opts.png:
         opts.png.parent.mkdir(parents=True, exist_ok=True)
         write_png(opts.png, dlrm, a2a)
