@@ -55,11 +55,12 @@ inline uintptr_t pick(bool c, uintptr_t a, uintptr_t b) {
   return (a & m) | (b & ~m);
 }
 
-// Where unique row v is: in the stage when it is at least done, else in kept.
+// Where unique row v is: in the stage when it is at least done, else kept at its slot.
 inline const uint8_t* source(const SweepRows& s, uint32_t v, uint64_t done) {
   const uintptr_t stage0 = (uintptr_t)s.stage - done * s.row_bytes;  // unique row 0's place
-  return reinterpret_cast<const uint8_t*>(pick(v >= done, stage0, (uintptr_t)s.kept) +
-                                          (uint64_t)v * s.row_bytes);
+  const bool staged = v >= done;
+  return reinterpret_cast<const uint8_t*>(pick(staged, stage0, (uintptr_t)s.kept) +
+                                          pick(staged, v, s.slot[v]) * s.row_bytes);
 }
 
 // What to prefetch for row r + kAhead: its source when it repeats an earlier chunk's row, else
@@ -68,7 +69,7 @@ inline const uint8_t* source(const SweepRows& s, uint32_t v, uint64_t done) {
 inline const uint8_t* ahead(const SweepRows& s, uint64_t r, uint64_t done) {
   const uint32_t v = s.map[r + kAhead < s.rows ? r + kAhead : s.rows - 1];
   return reinterpret_cast<const uint8_t*>(
-      pick(v < done, (uintptr_t)s.kept + (uint64_t)v * s.row_bytes, (uintptr_t)s.stage));
+      pick(v < done, (uintptr_t)s.kept + (uint64_t)s.slot[v] * s.row_bytes, (uintptr_t)s.stage));
 }
 
 uint64_t sweep_rows_portable(const SweepRows& sweep, uint64_t r, uint64_t done, uint64_t end) {

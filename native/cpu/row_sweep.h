@@ -6,7 +6,9 @@
 //
 // Decoding every unique row into an array and then copying each output row from it wrote and
 // read that array (a third to a half of the output) through memory; most unique rows of real
-// lookups occur once, and those that repeat fit in the caches. Writing each unique row into
+// lookups occur once (a fifth repeat in the realistic sets), and those that repeat fit in the
+// caches when kept side by side: numbered among themselves, they are written front to back and
+// read from a fifth of the memory that indexing them by unique row spread them over. Writing each unique row into
 // its first occurrence and copying repeats from the output (benchmarks/HISTORY.md) lost: the
 // repeats read back from the 4 KiB-paged output, scattered.
 #pragma once
@@ -46,8 +48,9 @@ inline void read_outlier(const SegmentView& h, int raw_bytes, uint64_t k, uint64
 struct SweepRows {
   uint8_t* out;
   const uint8_t* stage;
-  const uint8_t* kept;  // unique row u at u * row_bytes: those that repeat, once written
-  const uint32_t* map;  // checked by check_row_map
+  const uint8_t* kept;   // unique row u at slot[u] * row_bytes: those that repeat, once written
+  const uint32_t* slot;  // of each unique row, the repeating unique rows before it
+  const uint32_t* map;   // checked by check_row_map
   uint64_t rows, row_bytes;
   bool stream;  // write out with streaming stores (cpu::kStreamFrom)
 };
@@ -71,10 +74,16 @@ class RowSweep {
   // which also keep it from evicting the rows kept for repeats.
   RowSweep(const SegmentView& h, raw_t* out, const uint32_t* map, const uint8_t* repeated,
            bool stream)
-      : h_(h), repeated_(repeated), d_(h.row_len), kept_(h.n_unique * h.row_len),
-        stage_(kStage + h.row_len) {
+      : h_(h), repeated_(repeated), d_(h.row_len), slot_(h.n_unique), stage_(kStage + h.row_len) {
+    uint32_t kept = 0;
+    for (uint64_t u = 0; u < h.n_unique; ++u) {
+      slot_[u] = kept;
+      kept += repeated[u];
+    }
+    kept_ = Buffer<raw_t>((uint64_t)kept * d_);
     rows_.out = reinterpret_cast<uint8_t*>(out);
     rows_.kept = reinterpret_cast<const uint8_t*>(kept_.data());
+    rows_.slot = slot_.data();
     rows_.map = map;
     rows_.rows = h.n_rows;
     rows_.row_bytes = d_ * sizeof(raw_t);
@@ -99,7 +108,7 @@ class RowSweep {
     // Those that repeat are kept for their later repeats; then the output rows they complete.
     const size_t bytes = d_ * sizeof(raw_t);
     for (uint64_t k = 0; k < rows; ++k)
-      if (repeated_[done_ + k]) memcpy(kept_.data() + (done_ + k) * d_, s + k * d_, bytes);
+      if (repeated_[done_ + k]) memcpy(kept_.data() + slot_[done_ + k] * d_, s + k * d_, bytes);
     rows_.stage = reinterpret_cast<const uint8_t*>(s);
     cursor_ = sweep_rows(rows_, cursor_, done_, done_ + rows);
     done_ += rows;
@@ -119,7 +128,8 @@ class RowSweep {
   const SegmentView& h_;
   const uint8_t* repeated_;
   const uint64_t d_;
-  Buffer<raw_t> kept_;   // unique row u at u * d_, written only for those that repeat
+  Buffer<uint32_t> slot_;  // SweepRows::slot
+  Buffer<raw_t> kept_;     // the unique rows that repeat, at slot_ * d_
   Buffer<raw_t> stage_;  // decoded elements not yet written: held_ of a row begun, then new ones
   SweepRows rows_;
   uint64_t held_ = 0;
