@@ -8,9 +8,9 @@
 // read that array (a third to a half of the output) through memory; most unique rows of real
 // lookups occur once (a fifth repeat in the realistic sets), and those that repeat fit in the
 // caches when kept side by side: numbered among themselves, they are written front to back and
-// read from a fifth of the memory that indexing them by unique row spread them over. Writing each unique row into
-// its first occurrence and copying repeats from the output (benchmarks/HISTORY.md) lost: the
-// repeats read back from the 4 KiB-paged output, scattered.
+// read from a fifth of the memory that indexing them by unique row spread them over. Writing
+// each unique row into its first occurrence and copying repeats from the output
+// (benchmarks/HISTORY.md) lost: the repeats read back from the 4 KiB-paged output, scattered.
 #pragma once
 
 #include <stdint.h>
@@ -130,7 +130,7 @@ class RowSweep {
   const uint64_t d_;
   Buffer<uint32_t> slot_;  // SweepRows::slot
   Buffer<raw_t> kept_;     // the unique rows that repeat, at slot_ * d_
-  Buffer<raw_t> stage_;  // decoded elements not yet written: held_ of a row begun, then new ones
+  Buffer<raw_t> stage_;    // decoded elements not yet written: held_ of a row begun, then new ones
   SweepRows rows_;
   uint64_t held_ = 0;
   uint64_t done_ = 0;     // unique rows written
