@@ -3,6 +3,7 @@ after failures and signals, the summaries' arithmetic, the JSON/PNG of a real --
 the main job's emulated-link comparison. Tests that need root, ip and tc skip (with the reason)
 elsewhere; the refusal and summary tests run anywhere."""
 import json
+import math
 import os
 import pathlib
 import signal
@@ -285,6 +286,32 @@ def test_a_cells_geometric_mean_and_its_95_interval_come_from_its_paired_rounds(
     line = next(x for x in netlink.dlrm_table(netlink.summarise_dlrm(_rounds("lossy", pairs)))
                 .splitlines() if " lossy " in x)
     assert f"{geomean:.3f} [{low:.3f}-{high:.3f}]" in line
+
+
+def test_the_share_of_the_ceiling_at_a_rate_is_plains_unlimited_steps_over_the_modes_with_an_interval():
+    """The 1 Gbit/s target is a share of the ceiling (speedup over ceiling = plain's step on the
+    unlimited link over the mode's at the rate). Both come from rounds minutes apart, so the
+    record gives their geometric means' ratio with an interval from resampling each apart."""
+    free = [0.050, 0.055, 0.060, 0.052]
+    at_1g = [0.058, 0.054, 0.066, 0.057]
+    runs = _rounds("lossy", [(0.170, t) for t in at_1g], rate=1.0)
+    runs += [dict(_run(None, "uncompressed", t), repeat=k) for k, t in enumerate(free)]
+    got = {(r["bandwidth_gbit"], r["mode"]): r for r in netlink.summarise_dlrm(runs)}
+    lossy = got[(1.0, "lossy")]
+    geo = lambda xs: math.prod(xs) ** (1 / len(xs))  # noqa: E731
+    share = geo(free) / geo(at_1g)
+    assert lossy["ceiling_share"] == pytest.approx(share)
+    assert lossy["ceiling_share"] == pytest.approx(lossy["speedup_geomean"] / lossy["ceiling"],
+                                                   rel=0.05)  # medians there, means here
+    low, high = lossy["ceiling_share_interval"]
+    assert min(free) / max(at_1g) <= low < share < high <= max(free) / min(at_1g)
+    assert got[(1.0, "uncompressed")]["ceiling_share"] == pytest.approx(geo(free) / 0.170)
+    assert got[(None, "uncompressed")]["ceiling_share"] is None  # no rate: no share
+    alone = {(r["bandwidth_gbit"], r["mode"]): r for r in netlink.summarise_dlrm(runs[:8])}
+    assert alone[(1.0, "lossy")]["ceiling_share"] is None  # no unlimited link measured
+    line = next(x for x in netlink.dlrm_table(netlink.summarise_dlrm(runs)).splitlines()
+                if " lossy " in x)
+    assert f"{share:.3f} [{low:.3f}-{high:.3f}]" in line
 
 
 def test_pool_summarises_several_runs_json_pairing_each_files_rounds_within_it(tmp_path,

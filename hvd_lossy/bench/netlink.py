@@ -21,7 +21,8 @@ qdisc). At each rate, in one run, it measures
 
 Where the unlimited link is measured too, every training record carries its `ceiling`: the
 baseline's step on the unlimited link over its step at this rate, the speedup that free
-communication would give.
+communication would give; and at a limited rate its `ceiling_share`, the speedup over the
+ceiling, with a 95% interval.
 
 Within a rate the modes take turns, --repeat rounds, each round starting one mode later, so noise
 and a run's place in the round hit all of them alike. Every run
@@ -144,6 +145,10 @@ FIELDS = {
             "steps_seconds_total = median over rounds of a run's summed steps (warm-up included), "
             "speedup_total = uncompressed's / this (what auto's probing costs shows here); "
             "ceiling = uncompressed's on the unlimited link / uncompressed's at this rate; "
+            "ceiling_share, ceiling_share_interval = at a limited rate, the geometric mean of "
+            "uncompressed's steps on the unlimited link over that of this mode's here (speedup "
+            "over ceiling) and its 95% bootstrap interval, the two resampled apart (the rates "
+            "run one after another: no round pairs them); "
             "auc = mean over rounds; wire_bytes = median tx_bytes delta of the namespace's lo over a "
             "whole run (all ranks, every collective, start-up and evaluation included); "
             "a2a_bytes_sent = the example's own all-to-all count; status ok|failed (+ error); "

@@ -80,7 +80,15 @@ def summarise_dlrm(runs):
                      and b["ranks"] == rec["ranks"] and b["setting"] == rec["setting"]), None)
         t_free, t_here = free and free["iter_seconds_median"], base and base["iter_seconds_median"]
         rec["ceiling"] = t_here / t_free if t_free and t_here else None
+        rec["ceiling_share"], rec["ceiling_share_interval"] = (None, None) if free is None or \
+            rec["bandwidth_gbit"] is None else ratio_interval(_steps(runs, free), _steps(runs, rec))
     return out
+
+
+def _steps(runs, rec):
+    """The median steps of the cell's ok runs, every round."""
+    return [r["iter_seconds_median"] for r in runs
+            if r["status"] == "ok" and r.get("iter_seconds_median") and _same_cell(r, rec)]
 
 
 def _same_cell(r, rec):
@@ -109,6 +117,23 @@ def paired_interval(ratios, resamples=BOOTSTRAP_RESAMPLES, seed=0):
     picks = np.random.default_rng(seed).integers(0, len(logs), (resamples, len(logs)))
     low, high = np.exp(np.percentile(logs[picks].mean(axis=1), [2.5, 97.5]))
     return float(np.exp(logs.mean())), [float(low), float(high)]
+
+
+def ratio_interval(nums, dens, resamples=BOOTSTRAP_RESAMPLES, seed=0):
+    """(geomean(nums) / geomean(dens), [low, high] its 95% bootstrap interval), the two samples
+    resampled apart, or (None, None) under two of either. For a share of the ceiling, plain's
+    steps on the unlimited link over a mode's at a rate: their runs are minutes apart (rates
+    run one after another), so no round pairs them."""
+    if len(nums) < 2 or len(dens) < 2:
+        return None, None
+    rng = np.random.default_rng(seed)
+    logs = []
+    for xs in (nums, dens):
+        x = np.log(np.asarray(xs, dtype=np.float64))
+        logs.append((x.mean(), x[rng.integers(0, len(x), (resamples, len(x)))].mean(axis=1)))
+    (num, num_boot), (den, den_boot) = logs
+    low, high = np.exp(np.percentile(num_boot - den_boot, [2.5, 97.5]))
+    return float(np.exp(num - den)), [float(low), float(high)]
 
 
 def pool_runs(run_lists):
@@ -186,6 +211,7 @@ def _interval_text(geomean, interval):
 def dlrm_table(records):
     lines = [f"{'link':>12} {'ranks':>5} {'setting':>12} {'mode':>12} {'ms/step':>9} {'speedup':>8} "
              f"{'paired':>8} {'rounds':>11} {'geomean [95%]':>20} {'total x':>8} {'ceiling':>8} "
+             f"{'of ceiling [95%]':>20} "
              f"{'AUC':>7} {'dAUC':>8} "
              f"{'link MB':>9} {'a2a ratio':>9}  auto"]
     for r in records:
@@ -197,6 +223,7 @@ def dlrm_table(records):
                f"{_interval_text(r.get('speedup_geomean'), r.get('speedup_interval')):>20} "
                f"{_fmt(r['speedup_total'], '7.2f') + ('x' if r['speedup_total'] else ''):>8} "
                f"{_fmt(r['ceiling'], '7.2f') + ('x' if r['ceiling'] else ''):>8} "
+               f"{_interval_text(r.get('ceiling_share'), r.get('ceiling_share_interval')):>20} "
                f"{_fmt(r['auc'], '.4f'):>7} {_fmt(r['auc_delta'], '+.4f'):>8} "
                f"{_fmt(r['wire_bytes'] and r['wire_bytes'] / 1e6, '9.1f'):>9} "
                f"{_fmt(r['compression_ratio'], '8.1f') + ('x' if r['compression_ratio'] else ''):>9}"
