@@ -312,6 +312,13 @@ def test_the_share_of_the_ceiling_at_a_rate_is_plains_unlimited_steps_over_the_m
     line = next(x for x in netlink.dlrm_table(netlink.summarise_dlrm(runs)).splitlines()
                 if " lossy " in x)
     assert f"{share:.3f} [{low:.3f}-{high:.3f}]" in line
+    # pooled with a later run of the unlimited link alone, in a faster spell of the machine:
+    # a share pairs each run's own sides, so that run changes nothing
+    faster = [dict(_run(None, "uncompressed", t / 2), repeat=k) for k, t in enumerate(free)]
+    pooled = netlink.summarise_dlrm(netlink.pool_runs([runs, faster]))
+    again = {(r["bandwidth_gbit"], r["mode"]): r for r in pooled}[(1.0, "lossy")]
+    assert again["ceiling_share"] == pytest.approx(share)
+    assert again["ceiling_share_interval"] == pytest.approx([low, high])
 
 
 def test_pool_summarises_several_runs_json_pairing_each_files_rounds_within_it(tmp_path,

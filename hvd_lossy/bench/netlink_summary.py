@@ -81,14 +81,22 @@ def summarise_dlrm(runs):
         t_free, t_here = free and free["iter_seconds_median"], base and base["iter_seconds_median"]
         rec["ceiling"] = t_here / t_free if t_free and t_here else None
         rec["ceiling_share"], rec["ceiling_share_interval"] = (None, None) if free is None or \
-            rec["bandwidth_gbit"] is None else ratio_interval(_steps(runs, free), _steps(runs, rec))
+            rec["bandwidth_gbit"] is None else ratio_interval(_steps_by_run(runs, free, rec))
     return out
 
 
-def _steps(runs, rec):
-    """The median steps of the cell's ok runs, every round."""
-    return [r["iter_seconds_median"] for r in runs
-            if r["status"] == "ok" and r.get("iter_seconds_median") and _same_cell(r, rec)]
+def _steps_by_run(runs, num, den):
+    """Per run of the benchmark (one JSON; pool_runs numbers each file's rounds apart), the
+    median steps of cell num's ok runs and of cell den's: [(nums, dens)], runs with both."""
+    groups = {}
+    for r in runs:
+        if r["status"] != "ok" or not r.get("iter_seconds_median"):
+            continue
+        g = groups.setdefault((r.get("repeat") or 0) // _POOL_STRIDE, ([], []))
+        for side, rec in zip(g, (num, den)):
+            if _same_cell(r, rec):
+                side.append(r["iter_seconds_median"])
+    return [g for g in groups.values() if g[0] and g[1]]
 
 
 def _same_cell(r, rec):
@@ -119,21 +127,28 @@ def paired_interval(ratios, resamples=BOOTSTRAP_RESAMPLES, seed=0):
     return float(np.exp(logs.mean())), [float(low), float(high)]
 
 
-def ratio_interval(nums, dens, resamples=BOOTSTRAP_RESAMPLES, seed=0):
-    """(geomean(nums) / geomean(dens), [low, high] its 95% bootstrap interval), the two samples
-    resampled apart, or (None, None) under two of either. For a share of the ceiling, plain's
-    steps on the unlimited link over a mode's at a rate: their runs are minutes apart (rates
-    run one after another), so no round pairs them."""
-    if len(nums) < 2 or len(dens) < 2:
+def ratio_interval(groups, resamples=BOOTSTRAP_RESAMPLES, seed=0):
+    """The ratio of two samples' geometric means with its 95% bootstrap interval, the samples
+    resampled apart: (ratio, [low, high]), or (None, None) under two of either. For a share of
+    the ceiling, plain's steps on the unlimited link over a mode's at a rate: rates run one
+    after another, minutes apart, so no round pairs them, but a run of the benchmark does:
+    groups is [(nums, dens)] a run, each run's log ratio weighted by its dens (a slow batch of
+    the machine must not lift or sink only one side of a pooled figure)."""
+    groups = [(np.log(np.asarray(n, dtype=np.float64)), np.log(np.asarray(d, dtype=np.float64)))
+              for n, d in groups]
+    if sum(len(n) for n, _ in groups) < 2 or sum(len(d) for _, d in groups) < 2:
         return None, None
     rng = np.random.default_rng(seed)
-    logs = []
-    for xs in (nums, dens):
-        x = np.log(np.asarray(xs, dtype=np.float64))
-        logs.append((x.mean(), x[rng.integers(0, len(x), (resamples, len(x)))].mean(axis=1)))
-    (num, num_boot), (den, den_boot) = logs
-    low, high = np.exp(np.percentile(num_boot - den_boot, [2.5, 97.5]))
-    return float(np.exp(num - den)), [float(low), float(high)]
+    weights = np.array([len(d) for _, d in groups], dtype=np.float64)
+    weights /= weights.sum()
+
+    def resampled(x):
+        return x[rng.integers(0, len(x), (resamples, len(x)))].mean(axis=1)
+
+    point = sum(w * (n.mean() - d.mean()) for w, (n, d) in zip(weights, groups))
+    boot = sum(w * (resampled(n) - resampled(d)) for w, (n, d) in zip(weights, groups))
+    low, high = np.exp(np.percentile(boot, [2.5, 97.5]))
+    return float(np.exp(point)), [float(low), float(high)]
 
 
 def pool_runs(run_lists):
