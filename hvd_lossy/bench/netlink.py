@@ -148,7 +148,7 @@ FIELDS = {
             "ceiling_share, ceiling_share_interval = at a limited rate, the geometric mean of "
             "uncompressed's steps on the unlimited link over that of this mode's here (speedup "
             "over ceiling) and its 95% bootstrap interval, the two resampled apart (the rates "
-            "run one after another: no round pairs them); "
+            "run one after another: no round pairs them; pooled, each run's two sides together); "
             "auc = mean over rounds; wire_bytes = median tx_bytes delta of the namespace's lo over a "
             "whole run (all ranks, every collective, start-up and evaluation included); "
             "a2a_bytes_sent = the example's own all-to-all count; status ok|failed (+ error); "
