@@ -89,14 +89,17 @@ def _steps_by_run(runs, num, den):
     """Per run of the benchmark (one JSON; pool_runs numbers each file's rounds apart), the
     median steps of cell num's ok runs and of cell den's: [(nums, dens)], runs with both."""
     groups = {}
-    for r in runs:
-        if r["status"] != "ok" or not r.get("iter_seconds_median"):
-            continue
+    for r in filter(_timed, runs):
         g = groups.setdefault((r.get("repeat") or 0) // _POOL_STRIDE, ([], []))
         for side, rec in zip(g, (num, den)):
             if _same_cell(r, rec):
                 side.append(r["iter_seconds_median"])
     return [g for g in groups.values() if g[0] and g[1]]
+
+
+def _timed(r):
+    """Whether run r ended ok with a median step."""
+    return r["status"] == "ok" and bool(r.get("iter_seconds_median"))
 
 
 def _same_cell(r, rec):
@@ -108,8 +111,7 @@ def _paired_ratios(runs, rec, baseline):
     runs taken back to back (rounds where both ran)."""
     def steps(mode):
         return {r.get("repeat"): r["iter_seconds_median"] for r in runs
-                if r["status"] == "ok" and r.get("iter_seconds_median")
-                and _same_cell(r, dict(rec, mode=mode))}
+                if _timed(r) and _same_cell(r, dict(rec, mode=mode))}
     mine, base = steps(rec["mode"]), steps(baseline)
     return [base[k] / mine[k] for k in sorted(k for k in mine if k is not None and k in base)]
 
