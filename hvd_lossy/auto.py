@@ -54,7 +54,11 @@ Each compressor with `auto=True` keeps, per process set, a *slot*:
            where the two cost about the same (the user script on fast links, where a lossy step
            ran about 4% longer), probing on to MAX_PROBE ran 11 lossy calls of 30 in 14 runs of
            32, and the calls after NO_GAIN each could only find a gain too small to pay for
-           themselves. A rank without costs for its current size sends everyone back to probing;
+           themselves. So does, after NO_GAIN calls each, a lossy median cost that saves less
+           than GAIN_SHARE of plain's median period (`_saves_too_little`): the period, which lossy
+           must shorten by HYSTERESIS, holds the exchange, and a lossy cost a little below
+           plain's had kept those probes going. A rank without costs for its current size sends
+           everyone back to probing;
   decided  agreements come every AGREE_EVERY calls. The losing mode runs twice FIRST_REFRESH
            calls after the decision, then after twice as many calls each time, up to every
            REFRESH, and the agreement after those two calls judges it by them alone, against
@@ -126,6 +130,11 @@ HYSTERESIS = 0.05  # a decided slot switches only for a 5% lower median
 # A lossy call measured no cheaper than plain decides plain while its floor is within this of
 # plain's cost: its whole cost ran 1.3-1.9x its floor in the DLRM example on an unlimited link.
 FLOOR_MARGIN = 0.2
+# Lossy's exchange must save this share of plain's period, after NO_GAIN calls each, for the
+# probe to go on: half of HYSTERESIS, which its period must gain by to decide lossy. At 10
+# Gbit/s the user script's lossy calls saved 5-8 ms of 60-80 ms steps; on an unlimited link,
+# from 4 ms more to 3 ms less.
+GAIN_SHARE = HYSTERESIS / 2
 # Lossy costing under this fraction of plain decides at the first look (its period shorter too):
 # 0.10-0.11 there at 1 Gbit/s in the DLRM example; 0.49-0.94 at 10 Gbit/s, where the probe goes
 # on in all but one run of ten (lossy wins there too).
@@ -153,6 +162,8 @@ def _rule(decision, plain, lossy, floors=(), plain_periods=(), lossy_periods=())
     by_cost = _compare(decision, plain, lossy, floors, steady=True)
     if not plain_periods or not lossy_periods:
         return by_cost
+    if decision is None and _saves_too_little(plain, lossy, plain_periods):
+        return PLAIN
     if by_cost != PLAIN and decision is None and \
             _lossy_early(plain, lossy, plain_periods, lossy_periods):
         return LOSSY
@@ -162,6 +173,19 @@ def _rule(decision, plain, lossy, floors=(), plain_periods=(), lossy_periods=())
     if by_cost == by_period == LOSSY:
         return LOSSY
     return decision  # probing: None, go on; decided: keep it until both agree otherwise
+
+
+def _saves_too_little(plain, lossy, plain_periods):
+    """While probing, after NO_GAIN calls of each: whether lossy's median exchange cost saves
+    less than GAIN_SHARE of plain's median period. The period holds the exchange, so lossy can
+    shorten it by little more than the exchange saves; a call's period is noisier (+-15%) than
+    its cost, and where the two modes cost about the same, probing on to MAX_PROBE for a period
+    GAIN_SHARE shorter ran up to 11 lossy calls of 30 (the user script on an unlimited link,
+    where a lossy step ran 2-5% longer) and almost always ended on plain."""
+    if min(len(plain), len(lossy)) < NO_GAIN:
+        return False
+    saved = statistics.median(plain) - statistics.median(lossy)
+    return saved < GAIN_SHARE * statistics.median(plain_periods)
 
 
 def _lossy_early(plain, lossy, plain_periods, lossy_periods):

@@ -299,6 +299,31 @@ def test_auto_rule_decides_plain_once_lossy_shows_no_gain_after_no_gain_calls_ea
                       lossy_periods=[60, 62, 64]) == auto.PLAIN
 
 
+def test_auto_rule_decides_plain_after_no_gain_calls_each_when_lossy_saves_too_little_of_a_step():
+    """The period holds the exchange: a lossy call that saves under GAIN_SHARE of plain's period
+    cannot shorten it by the HYSTERESIS that deciding lossy needs, so after NO_GAIN calls each
+    the probe stops on plain, whatever the noisier periods show; a saving above it probes on."""
+    from hvd_lossy import auto
+    assert auto.GAIN_SHARE == auto.HYSTERESIS / 2 == 0.025
+    plain, periods = [8.0, 9.0, 10.0], [58.0, 60.0, 62.0]  # ms: the user script, unlimited link
+    saving = auto.GAIN_SHARE * 60.0  # 1.5 ms
+    lossy = [c - saving + 0.1 for c in plain]  # saves 1.4 ms of a 60 ms step: too little
+    assert auto._rule(None, plain, lossy) is None  # costs alone: lossy lower, probe on
+    assert auto._rule(None, plain, lossy, plain_periods=periods,
+                      lossy_periods=[50.0, 51.0, 52.0]) == auto.PLAIN
+    lossy = [c - saving - 0.1 for c in plain]  # saves 1.6 ms: enough to probe on
+    assert auto._rule(None, plain, lossy, plain_periods=periods,
+                      lossy_periods=[57.0, 59.0, 61.0]) is None
+    # two calls each say nothing yet; a decided slot is judged by HYSTERESIS as before
+    assert auto._rule(None, plain[:2], [7.9, 8.9], plain_periods=periods[:2],
+                      lossy_periods=[57.0, 59.0]) is None
+    assert auto._rule(auto.LOSSY, plain, [7.9, 8.9, 9.9], plain_periods=periods,
+                      lossy_periods=periods) == auto.LOSSY
+    # at 10 Gbit/s (ms): lossy saves 6 of 64, far above the share, and wins on both measures
+    assert auto._rule(None, [14.0, 14.5, 15.0], [8.0, 8.5, 9.0], plain_periods=[64.0, 65.0, 66.0],
+                      lossy_periods=[57.0, 58.0, 59.0]) == auto.LOSSY
+
+
 def test_auto_rule_decides_plain_from_one_call_each_when_lossy_cannot_gain_enough():
     """A lossy call's floor (its codec time plus its bytes' least transfer) is a floor of its
     cost: once it is within HYSTERESIS of plain's median cost, lossy could gain less than auto
@@ -381,7 +406,7 @@ def test_auto_rule_takes_lossy_early_on_three_calls_of_each_by_the_shortest_peri
                       lossy_periods=[13.0, 9.8, 9.7]) is None  # shortest only 3% below
     assert auto._rule(None, plain=[2.0, 2.1], lossy=[1.0, 1.1], plain_periods=[10.0, 10.2],
                       lossy_periods=[13.0, 9.0]) is None  # two calls each: too few
-    assert auto._rule(None, plain=[2.0, 0.9, 1.3], lossy=[1.0, 1.1, 1.05],  # costs not apart
+    assert auto._rule(None, plain=[2.0, 0.9, 1.4], lossy=[1.0, 1.1, 1.05],  # costs not apart
                       plain_periods=[10.0, 10.2, 10.1], lossy_periods=[13.0, 9.0, 9.1]) is None
     # not once decided: a decision is checked by the medians
     assert auto._rule(auto.PLAIN, **costs, plain_periods=[10.0, 10.2, 10.1],
