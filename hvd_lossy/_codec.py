@@ -528,8 +528,8 @@ def set_output_cache_bytes(n):
     """Bounds the memory kept for reuse by decompress/decompress_chunks without ``out``.
 
     Decoding into new memory pays a page fault per page on first touch, about as much as the
-    decoding itself. So the codec allocates decoded tensors itself (large ones on transparent huge
-    pages where the kernel allows) and, once every tensor using a block is gone, keeps the block
+    decoding itself. So the codec allocates decoded tensors itself (those from 16 MiB on transparent
+    huge pages where the kernel allows) and, once every tensor using a block is gone, keeps the block
     for the next call, up to ``n`` bytes in all (default 256 MiB; 0 keeps nothing). A block is
     reused only after nothing references it any more."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:

@@ -13,10 +13,18 @@
 namespace hl {
 namespace {
 
-// Blocks from this size on are mapped on their own, 2 MiB aligned, with MADV_HUGEPAGE: a
-// transparent huge page is one fault instead of 512 (the kernel still zeroes it).
+// Blocks from this size on are mapped on their own, 2 MiB aligned, so that the cache's trim
+// gives them back to the system.
 constexpr size_t kMapFrom = size_t(2) << 20;
 constexpr size_t kHuge = size_t(2) << 20;
+// ... and from this size on with MADV_HUGEPAGE. A transparent huge page is one fault instead of
+// 512, but on a VM a huge page the guest had not used before cost 5-15 ms to touch first: a
+// training's outputs (a few MB a call) filled 5.5 MB of fresh block in 14-45 ms against 3.2-3.4
+// on 4 KiB pages, which put 40-120 ms on a lossy run's first step. The cache makes that a
+// one-off either way; what huge pages keep buying is TLB reach, which 4 KiB pages lack only
+// for blocks beyond the second-level TLB's (6-12 MiB): a 64 MB decode into a cached block ran
+// at 4.6x the cast back on huge pages, 4.2x on small ones (benchmarks/RESULTS.md).
+constexpr size_t kHugeFrom = size_t(16) << 20;
 // Default cache: a few decoded all-to-all outputs of 64 MB, a small share of a training host.
 constexpr size_t kDefaultLimit = size_t(256) << 20;
 
@@ -54,7 +62,8 @@ OutputBlock new_block(size_t bytes) {
       if (head) munmap(p, head);
       if (kHuge - head) munmap((void*)(start + cap), kHuge - head);
 #ifdef MADV_HUGEPAGE
-      madvise((void*)start, cap, MADV_HUGEPAGE);  // advice only: without THP it is 4 KiB pages
+      if (cap >= kHugeFrom)  // advice only: without THP it is 4 KiB pages
+        madvise((void*)start, cap, MADV_HUGEPAGE);
 #endif
       b.data = (void*)start;
       b.capacity = cap;

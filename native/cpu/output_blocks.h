@@ -1,7 +1,7 @@
 // Memory for tensors the codec decodes into and hands to Python (decompress without `out`,
 // decompress_chunks). Fresh memory costs a page fault per 4 KiB page on first touch (about as
-// much as decoding into it), so large blocks are mapped with transparent huge pages advised,
-// and blocks the caller has let go of are kept, up to a settable total, for the next call.
+// much as decoding into it), so blocks the caller has let go of are kept, up to a settable
+// total, for the next call (and the largest mapped with transparent huge pages advised).
 #pragma once
 
 #include <stddef.h>
