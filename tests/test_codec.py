@@ -1214,7 +1214,7 @@ def _advised_huge(address):
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux smaps only")
 def test_output_blocks_take_huge_pages_only_from_16_mib():
     """A training's decoded outputs (a few MB a call) are on 4 KiB pages: on a VM a fresh
-    transparent huge page cost 5-15 ms to touch first, 40-120 ms on a lossy run's first step.
+    transparent huge page cost 5-15 ms to touch first, 55-105 ms on a lossy run's first step.
     Blocks from 16 MiB, beyond the TLB's reach in small pages, are advised huge pages."""
     limit, _ = _codec.output_cache_bytes()
     try:

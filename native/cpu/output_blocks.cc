@@ -20,10 +20,10 @@ constexpr size_t kHuge = size_t(2) << 20;
 // ... and from this size on with MADV_HUGEPAGE. A transparent huge page is one fault instead of
 // 512, but on a VM a huge page the guest had not used before cost 5-15 ms to touch first: a
 // training's outputs (a few MB a call) filled 5.5 MB of fresh block in 14-45 ms against 3.2-3.4
-// on 4 KiB pages, which put 40-120 ms on a lossy run's first step. The cache makes that a
-// one-off either way; what huge pages keep buying is TLB reach, which 4 KiB pages lack only
-// for blocks beyond the second-level TLB's (6-12 MiB): a 64 MB decode into a cached block ran
-// at 4.6x the cast back on huge pages, 4.2x on small ones (benchmarks/RESULTS.md).
+// on 4 KiB pages, which put 55-105 ms (medians) on a lossy run's first step. The cache makes
+// that a one-off either way; what huge pages keep buying is TLB reach, which 4 KiB pages lack
+// only for blocks beyond the second-level TLB's (6-12 MiB): a 64 MB decode into a cached block
+// ran at 4.6x the cast back on huge pages, 4.2x on small ones (benchmarks/RESULTS.md).
 constexpr size_t kHugeFrom = size_t(16) << 20;
 // Default cache: a few decoded all-to-all outputs of 64 MB, a small share of a training host.
 constexpr size_t kDefaultLimit = size_t(256) << 20;
