@@ -132,8 +132,8 @@ HYSTERESIS = 0.05  # a decided slot switches only for a 5% lower median
 FLOOR_MARGIN = 0.2
 # Lossy's exchange must save this share of plain's period, after NO_GAIN calls each, for the
 # probe to go on: half of HYSTERESIS, which its period must gain by to decide lossy. At 10
-# Gbit/s the user script's lossy calls saved 5-8 ms of 60-80 ms steps; on an unlimited link,
-# from 4 ms more to 3 ms less.
+# Gbit/s the user script's lossy calls saved 3-13 ms of 59-94 ms periods; on an unlimited link
+# they cost from 4 ms more to 3 ms less (benchmarks/RESULTS.md, "auto's own cost").
 GAIN_SHARE = HYSTERESIS / 2
 # Lossy costing under this fraction of plain decides at the first look (its period shorter too):
 # 0.10-0.11 there at 1 Gbit/s in the DLRM example; 0.49-0.94 at 10 Gbit/s, where the probe goes

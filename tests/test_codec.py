@@ -1222,7 +1222,8 @@ def test_output_blocks_take_huge_pages_only_from_16_mib():
         small = _codec.empty([(3 << 20) // 4], torch.float32)  # 3 MiB: mapped on its own
         large = _codec.empty([(16 << 20) // 4], torch.float32)
         assert not _advised_huge(small.data_ptr())
-        assert _advised_huge(large.data_ptr())
+        if os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):  # a kernel with THP
+            assert _advised_huge(large.data_ptr())
     finally:
         _codec.set_output_cache_bytes(limit)
 
