@@ -15,8 +15,8 @@ the same machine load, and each time is the median of --repeat calls. "dec new" 
 new tensor each call (its page faults included, as for the cast's half.float()), "dec into"
 into a reused one; the cast is also timed into reused tensors (copy_), the fair partner of
 "dec into" and of compress (whose frames land in reused codec-owned memory). For the realistic
-set, decoding into new memory three ways: the codec's cached blocks, its fresh huge-page blocks
-(cache off), a torch.empty tensor. Then 1 thread vs 2 on one call of 52 pieces (compress_chunks
+set, decoding into new memory three ways: the codec's cached blocks, its fresh blocks (cache
+off; on huge pages from 16 MiB, as the 64 MB set is), a torch.empty tensor. Then 1 thread vs 2 on one call of 52 pieces (compress_chunks
 of one frame of 52 segments, and decoding it), for the criteo chunks and for the realistic batch
 cut into 52. Frames are format 2, every piece of a call a segment of one frame, as the
 all-to-all sends a destination.
@@ -174,8 +174,9 @@ def print_ids(results):
 
 def bench_fresh_memory(x, eb, repeat):
     """What decoding into new memory costs, three ways, in the same rounds: the codec's own
-    blocks reused from its cache (the default), its fresh blocks on transparent huge pages
-    (cache off), and a torch.empty tensor (4 KiB pages, faulted in by the decoder)."""
+    blocks reused from its cache (the default), its fresh blocks (cache off; on transparent
+    huge pages from 16 MiB, as output_blocks.cc advises them), and a torch.empty tensor (4 KiB
+    pages, faulted in by the decoder)."""
     hvd_lossy.set_num_threads(1)
     torch.set_num_threads(1)
     frame = hvd_lossy.compress(x, eb)
