@@ -1197,6 +1197,26 @@ def test_a_decode_larger_than_the_cache_limit_gives_its_memory_back():
         _codec.set_output_cache_bytes(limit)
 
 
+def test_output_cache_lends_a_kept_block_only_to_a_request_of_half_its_size_or_more():
+    """A small decode does not take a large kept block: it would stay tied up there while the
+    next large decode maps fresh memory. The same rule picks the codec's scratch blocks."""
+    limit, _ = _codec.output_cache_bytes()
+    try:
+        _codec.set_output_cache_bytes(0)  # empty the cache
+        _codec.set_output_cache_bytes(256 << 20)
+        big = _codec.empty([(32 << 20) // 4], torch.float32)
+        kept = big.data_ptr()
+        del big
+        assert _codec.output_cache_bytes()[1] == 32 << 20
+        small = _codec.empty([(15 << 20) // 4], torch.float32)
+        assert small.data_ptr() != kept and _codec.output_cache_bytes()[1] == 32 << 20
+        half = _codec.empty([(16 << 20) // 4], torch.float32)
+        assert half.data_ptr() == kept and _codec.output_cache_bytes()[1] == 0
+        del small, half
+    finally:
+        _codec.set_output_cache_bytes(limit)
+
+
 def _advised_huge(address):
     """Whether the mapping holding `address` is advised MADV_HUGEPAGE (smaps' VmFlags "hg")."""
     with open("/proc/self/smaps") as f:

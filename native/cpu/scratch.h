@@ -5,22 +5,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <iterator>
-#include <map>
 #include <new>
 
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
+#include "blocks.h"
 
 namespace hl {
 
-// Scratch memory kept per thread between calls. Fresh megabytes from the allocator arrive as
-// untouched pages, and faulting them in cost a quarter of a 64 MB compress; an all-to-all calls
-// the codec every iteration with similar sizes, so blocks are reused. At most kPoolBytes stay
-// cached per thread; larger blocks go back to the system. Blocks under kSmall come from malloc,
-// whose heap is reused without new faults: through the pool's map (a node allocated and a tree
-// rebalanced a block) the dozens of small buffers of a small piece cost a fifth of its compress.
+// Scratch memory kept per thread between calls (blocks.h: fresh megabytes faulted in cost a
+// quarter of a 64 MB compress; an all-to-all calls the codec every iteration with similar
+// sizes). At most kPoolBytes stay cached per thread; larger blocks go back to the system. Blocks
+// under kSmall come from malloc, whose heap is reused without new faults: through the shelf (a
+// node allocated and a tree rebalanced a block) the dozens of small buffers of a small piece
+// cost a fifth of its compress.
 class ScratchPool {
  public:
   static constexpr size_t kSmall = size_t(64) << 10;
@@ -29,15 +25,8 @@ class ScratchPool {
       *got = bytes;
       return ::operator new(bytes);
     }
-    Pool& pool = instance();
-    auto it = pool.blocks.lower_bound(bytes);
-    if (it != pool.blocks.end() && it->first <= 2 * bytes + 4096) {
-      void* p = it->second;
-      *got = it->first;
-      pool.cached -= it->first;
-      pool.blocks.erase(it);
-      return p;
-    }
+    void* p;
+    if (instance().shelf.take(bytes, &p, got)) return p;
     return fresh(bytes, got);
   }
   static void put(void* p, size_t bytes) {
@@ -45,57 +34,35 @@ class ScratchPool {
       ::operator delete(p);
       return;
     }
-    Pool& pool = instance();
-    pool.blocks.emplace(bytes, p);
-    pool.cached += bytes;
-    while (pool.cached > kPoolBytes) {  // drop the largest blocks first
-      auto last = std::prev(pool.blocks.end());
-      pool.cached -= last->first;
-      release(last->second, last->first);
-      pool.blocks.erase(last);
-    }
+    Shelf<void*>& shelf = instance().shelf;
+    shelf.put(bytes, p);
+    shelf.trim(kPoolBytes, release);
   }
 
  private:
   static constexpr size_t kPoolBytes = size_t(256) << 20;
-  // Blocks from 2 MiB on are mapped on their own, on 2 MiB boundaries, with MADV_HUGEPAGE
-  // (as output_blocks.cc's): the dedup table, the unique rows and codes are read at random, and
-  // with 4 KiB pages most of those reads also miss the TLB. A block's size says how it came.
-  static constexpr size_t kHuge = size_t(2) << 20;
+  // Blocks from a huge page on are mapped on their own with MADV_HUGEPAGE, from 2 MiB where
+  // output_blocks.cc waits for 16: the dedup table, the unique rows and codes are read at
+  // random, and with 4 KiB pages most of those reads also miss the TLB; the pool keeps them, so
+  // a fresh huge page's slow first touch on a VM is paid once. A block's size says how it came.
   static void* fresh(size_t bytes, size_t* got) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (bytes >= kHuge) {
-      const size_t cap = (bytes + kHuge - 1) / kHuge * kHuge;
-      void* p = mmap(nullptr, cap + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                     -1, 0);
-      if (p == MAP_FAILED) throw std::bad_alloc();
-      const uintptr_t start = ((uintptr_t)p + kHuge - 1) / kHuge * kHuge;
-      const size_t head = start - (uintptr_t)p;
-      if (head) munmap(p, head);
-      munmap((void*)(start + cap), kHuge - head);
-      madvise((void*)start, cap, MADV_HUGEPAGE);  // advice only: without THP, 4 KiB pages
-      *got = cap;
-      return (void*)start;
+    if (bytes >= kHugePage) {
+      void* p = map_block(bytes, true, got);
+      if (!p) throw std::bad_alloc();
+      return p;
     }
-#endif
     *got = bytes;
     return ::operator new(bytes);
   }
   static void release(void* p, size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (bytes >= kHuge) {
-      munmap(p, bytes);
-      return;
-    }
-#endif
-    ::operator delete(p);
+    if (bytes >= kHugePage)
+      unmap_block(p, bytes);
+    else
+      ::operator delete(p);
   }
   struct Pool {
-    std::multimap<size_t, void*> blocks;
-    size_t cached = 0;
-    ~Pool() {
-      for (auto& b : blocks) release(b.second, b.first);
-    }
+    Shelf<void*> shelf;
+    ~Pool() { shelf.trim(0, release); }
   };
   static Pool& instance() {
     static thread_local Pool pool;
