@@ -372,6 +372,35 @@ def test_user_script_runs_are_summarised_beside_the_examples_without_auc():
     assert netlink.parse(["--parts", "user"]).user_modes == ["uncompressed", "fp16", "lossy", "auto"]
 
 
+@pytest.mark.parametrize("part", ["dlrm", "user"])
+def test_keep_metrics_keeps_each_scripts_own_json_with_its_step_times(tmp_path, monkeypatch, part):
+    """A summary keeps a run's median step; where a run lost its time (a probing step, a slow
+    first step) is only in the script's own JSON, which --keep-metrics keeps for both scripts."""
+    steps = [0.3, 0.1, 0.1]
+    own = ({"iter_seconds": steps, "steps": 3, "auc": 0.7, "logloss": 0.5, "a2a_bytes_sent": 1,
+            "a2a_bytes_plain": 2, "compression_ratio": 2.0, "train_seconds": 0.5}
+           if part == "dlrm" else {"mode": "plain", "step_seconds": steps, "report": None})
+
+    def fake_run(ns, ranks, argv, opts, timeout):
+        out = argv[argv.index("--metrics-out" if part == "dlrm" else "--json") + 1]
+        pathlib.Path(out).write_text(json.dumps(own))
+        return {"rc": 0, "wire_bytes": 5, "seconds": 1.0, "output": ""}
+    monkeypatch.setattr(netlink, "run_in", fake_run)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    opts = netlink.parse(["--parts", part, "--keep-metrics", str(kept), "--steps", "3",
+                          "--warmup", "1"])
+    run = netlink.run_dlrm if part == "dlrm" else netlink.run_user
+    setting = "criteo-d128" if part == "dlrm" else netlink.USER_SETTING
+    rec = run(None, 10.0, 2, setting, "uncompressed", 0, opts, work)
+    assert rec["status"] == "ok" and rec["iter_seconds_median"] == pytest.approx(0.1)
+    files = list(kept.iterdir())
+    assert len(files) == 1 and json.loads(files[0].read_text()) == own
+    assert not list(work.iterdir())  # moved, not copied
+
+
 def test_lossy_lookups_with_float16_gradients_are_a_mode_of_both_scripts_asked_for_by_name():
     assert netlink.DLRM_MODES["lossy-fp16-backward"][-2:] == ["--backward-error-bound", "fp16"]
     assert "lossy-fp16-backward" not in netlink.parse([]).dlrm_modes

@@ -376,13 +376,17 @@ def run_alltoall(ns, rate, ranks, opts, workdir):
 
 def _train(ns, rate, ranks, setting, mode, rep, opts, argv, args, out):
     """Launches one training run that writes its JSON to `out`: (its record, that JSON), the
-    JSON None for a failed run, whose record then carries the error instead of numbers."""
+    JSON None for a failed run, whose record then carries the error instead of numbers. With
+    --keep-metrics the JSON moves there (its per-step times are what a summary leaves out)."""
     run = run_in(ns, ranks, argv, opts, opts.timeout)
     rec = {"bandwidth_gbit": rate, "ranks": ranks, "setting": setting, "mode": mode, "repeat": rep,
            "train_args": args, "wire_bytes": run["wire_bytes"], "wall_seconds": run["seconds"]}
     if run["rc"] != 0 or not out.exists():
         return dict(rec, status="failed", error=error_of(run["output"], run["rc"])), None
-    return rec, json.loads(out.read_text())
+    m = json.loads(out.read_text())
+    if opts.keep_metrics:
+        out.rename(opts.keep_metrics / out.name)
+    return rec, m
 
 
 def _step_fields(steps, warmup):
@@ -400,8 +404,6 @@ def run_dlrm(ns, rate, ranks, setting, mode, rep, opts, workdir):
     rec, m = _train(ns, rate, ranks, setting, mode, rep, opts, argv, args, metrics)
     if m is None:
         return rec
-    if opts.keep_metrics:
-        metrics.rename(opts.keep_metrics / metrics.name)
     return dict(rec, **_step_fields(m["iter_seconds"], opts.warmup), steps=m["steps"], auc=m["auc"],
                 logloss=m["logloss"], a2a_bytes_sent=m["a2a_bytes_sent"],
                 a2a_bytes_plain=m["a2a_bytes_plain"], compression_ratio=m["compression_ratio"],
@@ -501,7 +503,8 @@ def parser():
     p.add_argument("--json", type=pathlib.Path, default=None)
     p.add_argument("--png", type=pathlib.Path, default=None)
     p.add_argument("--keep-metrics", type=pathlib.Path, default=None, metavar="DIR",
-                   help="keep every DLRM run's metrics JSON here")
+                   help="keep every training run's JSON here (the example's metrics, the user "
+                        "script's step times and comm_stats)")
     p.add_argument("--quick", action="store_true",
                    help="a tiny run for tests: 1 Gbit/s, 2 ranks, 1 round, 64 KiB and 1 MiB messages, "
                         "the tiny DLRM setting (explicit flags still win)")
