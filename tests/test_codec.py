@@ -1199,7 +1199,8 @@ def test_a_decode_larger_than_the_cache_limit_gives_its_memory_back():
 
 def test_output_cache_lends_a_kept_block_only_to_a_request_of_half_its_size_or_more():
     """A small decode does not take a large kept block: it would stay tied up there while the
-    next large decode maps fresh memory. The same rule picks the codec's scratch blocks."""
+    next large decode maps fresh memory (native/cpu/blocks.h's Shelf, which the codec's scratch
+    pool uses too)."""
     limit, _ = _codec.output_cache_bytes()
     try:
         _codec.set_output_cache_bytes(0)  # empty the cache

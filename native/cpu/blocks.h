@@ -44,11 +44,13 @@ inline void unmap_block(void* p, size_t cap) { munmap(p, cap); }
 template <class Block>
 class Shelf {
  public:
-  bool take(size_t bytes, Block* block, size_t* cap) {
+  // A kept block for `bytes` into *block (and its capacity into *cap, where the block does not
+  // say it), or false.
+  bool take(size_t bytes, Block* block, size_t* cap = nullptr) {
     auto it = blocks_.lower_bound(bytes);
     if (it == blocks_.end() || it->first > 2 * bytes + 4096) return false;
     *block = it->second;
-    *cap = it->first;
+    if (cap) *cap = it->first;
     held_ -= it->first;
     blocks_.erase(it);
     return true;

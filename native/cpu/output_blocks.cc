@@ -62,8 +62,7 @@ OutputBlock acquire_output(size_t bytes) {
   {
     std::lock_guard<std::mutex> g(c.lock);
     OutputBlock b;
-    size_t cap;
-    if (c.shelf.take(bytes ? bytes : 1, &b, &cap)) return b;
+    if (c.shelf.take(bytes ? bytes : 1, &b)) return b;
   }
   return new_block(bytes);
 }

@@ -11,9 +11,9 @@
 
 namespace hl {
 
-// Scratch memory kept per thread between calls (blocks.h: fresh megabytes faulted in cost a
-// quarter of a 64 MB compress; an all-to-all calls the codec every iteration with similar
-// sizes). At most kPoolBytes stay cached per thread; larger blocks go back to the system. Blocks
+// Scratch memory kept per thread between calls, on blocks.h's shelf: fresh megabytes faulted in
+// cost a quarter of a 64 MB compress, and an all-to-all calls the codec every iteration with
+// similar sizes. At most kPoolBytes stay cached per thread; larger blocks go back to the system. Blocks
 // under kSmall come from malloc, whose heap is reused without new faults: through the shelf (a
 // node allocated and a tree rebalanced a block) the dozens of small buffers of a small piece
 // cost a fifth of its compress.
