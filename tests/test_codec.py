@@ -440,7 +440,7 @@ def test_dedup_hashes_follow_one_rule_on_every_kernel_path(tmp_path):
 def test_the_range_pass_leaves_out_nan_and_inf_wherever_they_fall_on_every_kernel_path(tmp_path):
     """The finite range (the relative bound's base and STAT_MIN/MAX) is the same on every kernel
     path and equals numpy's over the finite elements, with NaN and +-Inf at the start, middle and
-    end of the AVX2 pass's 2048-element blocks and of its 16- and 8-element steps, at lengths on
+    end of the AVX2 pass's 2048-element blocks and of its 32-, 16- and 8-element steps, at lengths on
     both sides of those sizes, and with nothing finite at all."""
     script = tmp_path / "ranges.py"
     script.write_text(
@@ -451,7 +451,8 @@ def test_the_range_pass_leaves_out_nan_and_inf_wherever_they_fall_on_every_kerne
         "for n in list(range(1, 41)) + [2047, 2048, 2049, 4096 + 15, 6144 + 9, 20000]:\n"
         "    base = (rng.standard_normal(n) * 3).astype(np.float32)\n"
         "    places = sorted({0, n // 2, n - 1, min(n - 1, 2047), min(n - 1, 2048),\n"
-        "                     min(n - 1, 15), min(n - 1, 16), min(n - 1, 8)})\n"
+        "                     min(n - 1, 15), min(n - 1, 16), min(n - 1, 8),\n"
+        "                     min(n - 1, 31), min(n - 1, 32), min(n - 1, 33)})\n"
         "    for special in (np.nan, np.inf, -np.inf, None):\n"
         "        for p in places:\n"
         "            x = base.copy()\n"

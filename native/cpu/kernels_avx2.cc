@@ -13,14 +13,15 @@
 namespace hl {
 namespace cpu {
 
-HL_AVX2 void range_f32_avx2(const float* x, uint64_t n, double* lo_out,
-                            double* hi_out) {
+namespace {
+
+// The finite range with the infinities' masks: where range_f32_avx2 finds an infinity.
+HL_AVX2 void masked_range_f32_avx2(const float* x, uint64_t n, double* lo_out, double* hi_out) {
   const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
   const __m256 pinf = _mm256_set1_ps(INFINITY), ninf = _mm256_set1_ps(-INFINITY);
   __m256 lo = pinf, hi = ninf;
   uint64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    if (i % 16 == 0) prefetch_stream(x, i * 4, n * 4);  // once a line
     __m256 v = _mm256_loadu_ps(x + i);
     __m256 bad = _mm256_castsi256_ps(
         _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), exp_mask), exp_mask));
@@ -36,6 +37,50 @@ HL_AVX2 void range_f32_avx2(const float* x, uint64_t n, double* lo_out,
     tl = l[k] < tl ? l[k] : tl;
     th = h[k] > th ? h[k] : th;
   }
+  *lo_out = tl;
+  *hi_out = th;
+}
+
+}  // namespace
+
+// Plain min and max, four chains of each: one chain's latency held the masked loop to 8
+// floats a few cycles, and the training step's calls, whose data are in the caches, spent 13%
+// of their codec time here (AVX2 EPYC). NaN is left out by operand order (min_ps returns its
+// second operand when either is NaN, and the chains never hold one); an infinity is not, so
+// a result with one (rare: a tensor holding an infinity) is taken again by the masked pass.
+// Zeros' signs may differ from it, which no user of the range sees (it is a width and a
+// largest magnitude).
+HL_AVX2 void range_f32_avx2(const float* x, uint64_t n, double* lo_out, double* hi_out) {
+  const __m256 pinf = _mm256_set1_ps(INFINITY), ninf = _mm256_set1_ps(-INFINITY);
+  __m256 lo0 = pinf, lo1 = pinf, lo2 = pinf, lo3 = pinf;
+  __m256 hi0 = ninf, hi1 = ninf, hi2 = ninf, hi3 = ninf;
+  uint64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    prefetch_stream(x, i * 4, n * 4);
+    prefetch_stream(x, i * 4 + 64, n * 4);
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8),
+                 c = _mm256_loadu_ps(x + i + 16), e = _mm256_loadu_ps(x + i + 24);
+    lo0 = _mm256_min_ps(a, lo0);
+    hi0 = _mm256_max_ps(a, hi0);
+    lo1 = _mm256_min_ps(b, lo1);
+    hi1 = _mm256_max_ps(b, hi1);
+    lo2 = _mm256_min_ps(c, lo2);
+    hi2 = _mm256_max_ps(c, hi2);
+    lo3 = _mm256_min_ps(e, lo3);
+    hi3 = _mm256_max_ps(e, hi3);
+  }
+  const __m256 lo = _mm256_min_ps(_mm256_min_ps(lo0, lo1), _mm256_min_ps(lo2, lo3));
+  const __m256 hi = _mm256_max_ps(_mm256_max_ps(hi0, hi1), _mm256_max_ps(hi2, hi3));
+  float l[8], h[8];
+  _mm256_storeu_ps(l, lo);
+  _mm256_storeu_ps(h, hi);
+  double tl, th;
+  range_impl<HL_FLOAT32>(x + i, n - i, &tl, &th);  // the tail: finite values only
+  for (int k = 0; k < 8; ++k) {
+    tl = l[k] < tl ? l[k] : tl;
+    th = h[k] > th ? h[k] : th;
+  }
+  if (tl == -INFINITY || th == INFINITY) return masked_range_f32_avx2(x, n, lo_out, hi_out);
   *lo_out = tl;
   *hi_out = th;
 }
