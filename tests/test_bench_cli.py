@@ -82,6 +82,24 @@ def test_codec_reuse_reports_the_reuse_share_and_bytes_and_times_a_row_each_way(
     assert timed["reused_call"]["residuals"] == 0
 
 
+def test_codec_step_times_each_part_of_a_training_step_beside_the_cast_of_the_same_tensor(tmp_path):
+    out = tmp_path / "step.json"
+    proc = bench("codec", "--step", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = json.loads(out.read_text())
+    step = got["step"]
+    parts = ("lookups", "gradients", "dense")
+    kinds = ("compress", "decode", "cast", "cast back")
+    assert set(step["seconds"]) == {f"{p} {k}" for p in parts for k in kinds}
+    assert all(t > 0 for t in step["seconds"].values())
+    # the user script's rank 0: 11 tables x 512 rows x d128 to the other rank, 490,000 dense
+    assert step["bytes"]["lookups"]["raw"] == step["bytes"]["gradients"]["raw"] == 11 * 512 * 128 * 4
+    assert step["bytes"]["dense"]["raw"] == 490_000 * 4
+    # lookups repeat (Zipf ids): dedup takes them well below the gradients' bytes
+    assert 0 < step["bytes"]["lookups"]["wire"] < step["bytes"]["gradients"]["wire"] < 11 * 512 * 128 * 4
+    assert "x of the cast" in proc.stdout and got["cpu"]["simd_level"] in (0, 1, 2)
+
+
 def test_codec_modes_time_each_configuration_at_the_same_bound_with_and_without_the_range(tmp_path):
     out = tmp_path / "codec.json"
     proc = bench("codec", "--quick", "--workloads", "realistic", "--modes", "rel", "abs",

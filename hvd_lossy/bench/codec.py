@@ -43,7 +43,7 @@ import torch
 
 import hvd_lossy
 from hvd_lossy import _C, _codec
-from hvd_lossy.bench import _cli, machine, reuse_share
+from hvd_lossy.bench import _cli, machine, reuse_share, step
 from hvd_lossy.bench.criteo import criteo_batch_lookups, realistic_lookups, synthetic_lookups
 
 
@@ -363,8 +363,19 @@ def main(argv=None):
                         help="--reuse: how far every row moves between calls, in bounds")
     parser.add_argument("--reuse-calls", type=_cli.number(1, kind=int), default=40,
                         help="--reuse: calls of one destination's chunk")
+    parser.add_argument("--step", action="store_true",
+                        help="only one rank's codec work in a training step of the DLRM user "
+                             "script, its inputs just written, beside the fp16 cast of the same "
+                             "tensors (hvd_lossy.bench.step)")
     parser.add_argument("--json", default="benchmarks/out/codec.json", help="where to write results")
     args = parser.parse_args(argv)
+    if args.step:
+        result = step.measure(repeat=3 if args.quick else max(args.repeat, 100))
+        step.print_step(result)
+        print(machine.summary(machine.describe()))
+        _write(args.json, {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(),
+                           "step": result, "cpu": machine.describe()})
+        return 0
     if args.reuse:
         calls = 8 if args.quick else args.reuse_calls
         result = reuse_share.measure(calls=calls, step=args.reuse_step, bound=args.error_bound,
@@ -375,14 +386,9 @@ def main(argv=None):
                                        rows=64 if args.quick else 512)
         reuse_share.print_time(timing)
         print(machine.summary(machine.describe()))
-        if args.json:
-            os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-            with open(args.json, "w") as f:
-                json.dump({"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(),
+        _write(args.json, {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(),
                            "error_bound_rel": args.error_bound, "step_bounds": args.reuse_step,
-                           "reuse": result, "reuse_time": timing,
-                           "cpu": machine.describe()}, f, indent=2)
-            print(f"wrote {args.json}")
+                           "reuse": result, "reuse_time": timing, "cpu": machine.describe()})
         return 0
     if args.quick:
         args.realistic_mb, args.table_rows, args.repeat, args.levels = 4, 20_000, 1, [1]
@@ -430,9 +436,13 @@ def main(argv=None):
     print(machine.summary(results["cpu"]))
     print(f"load average before / after: {results['load_average_before'][0]:.2f} / "
           f"{results['load_average_after'][0]:.2f} (on {results['cores']} cores)")
-    if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"wrote {args.json}")
+    _write(args.json, results)
     return 0
+
+
+def _write(path, results):
+    if path:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(results, f, indent=2)
+        print(f"wrote {path}")
