@@ -2,6 +2,7 @@
 one line with exit status 2, printed once however many ranks run them."""
 import os
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -98,6 +99,24 @@ def test_codec_step_times_each_part_of_a_training_step_beside_the_cast_of_the_sa
     # lookups repeat (Zipf ids): dedup takes them well below the gradients' bytes
     assert 0 < step["bytes"]["lookups"]["wire"] < step["bytes"]["gradients"]["wire"] < 11 * 512 * 128 * 4
     assert "x of the cast" in proc.stdout and got["cpu"]["simd_level"] in (0, 1, 2)
+
+
+def test_codec_step_against_another_build_times_both_in_turn_and_compares_their_frames(tmp_path):
+    import hvd_lossy
+    built = pathlib.Path(hvd_lossy._C.__file__).parent.parent  # this build, loaded a second time
+    out = tmp_path / "step.json"
+    proc = bench("codec", "--step", "--quick", "--against", str(built), "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    step = json.loads(out.read_text())["step"]
+    assert step["same_frames"] is True
+    assert set(step["against_over_this"]) == set(step["seconds"]) == set(step["against_seconds"])
+    assert all(r > 0 for r in step["against_over_this"].values())
+    assert "the same frames: yes" in proc.stdout
+    missing = bench("codec", "--step", "--quick", "--against", str(tmp_path))
+    assert missing.returncode == 2 and "no hvd_lossy/_C*.so under" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    alone = bench("codec", "--against", str(built))
+    assert alone.returncode == 2 and "--step only" in alone.stderr
 
 
 def test_codec_modes_time_each_configuration_at_the_same_bound_with_and_without_the_range(tmp_path):

@@ -367,10 +367,19 @@ def main(argv=None):
                         help="only one rank's codec work in a training step of the DLRM user "
                              "script, its inputs just written, beside the fp16 cast of the same "
                              "tensors (hvd_lossy.bench.step)")
+    parser.add_argument("--against", metavar="PATH",
+                        help="--step: also time another checkout's built codec "
+                             "(PATH/hvd_lossy/_C*.so), step by step in turn with this one")
     parser.add_argument("--json", default="benchmarks/out/codec.json", help="where to write results")
     args = parser.parse_args(argv)
+    if args.against and not args.step:
+        parser.error("--against times builds side by side in --step only")
     if args.step:
-        result = step.measure(repeat=3 if args.quick else max(args.repeat, 100))
+        try:
+            against = step.load_build(args.against) if args.against else None
+        except FileNotFoundError as e:
+            parser.error(str(e))
+        result = step.measure(repeat=3 if args.quick else max(args.repeat, 100), against=against)
         step.print_step(result)
         print(machine.summary(machine.describe()))
         _write(args.json, {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(),

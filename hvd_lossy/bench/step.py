@@ -16,7 +16,15 @@ compress_grouped into a reused send buffer and decoded into a reused tensor; the
 are `half.copy_(x)` for a compress and `x.copy_(half)` for a decode, each also right after its
 input was written. One thread; medians of --repeat steps; every decoded element is checked
 against its bound.
+
+With --against PATH every step also runs on another checkout's compiled codec
+(PATH/hvd_lossy/_C*.so, built there in place), the two taking turns step by step (A, B, B, A,
+...), so that both meet the same moments of a noisy machine: the other build's time over this
+one's, per part, and whether the two wrote the same frames.
 """
+import glob
+import importlib.util
+import os
 import statistics
 import time
 
@@ -24,6 +32,7 @@ import numpy as np
 import torch
 
 import hvd_lossy
+from hvd_lossy import _codec
 from hvd_lossy.bench.criteo import KAGGLE_CARDINALITIES
 
 PARTS = ("lookups", "gradients", "dense")
@@ -57,9 +66,22 @@ def step_tensors(seed=0, tables=21, dim=128, batch=1024, table_rows=200_000, den
             "dense": (dense_x, [dense_x.shape[0]], 0.02, 9)}
 
 
-def measure(repeat=100, seed=0):
+def load_build(path):
+    """The compiled codec of another checkout: PATH/hvd_lossy/_C*.so, loaded beside this one."""
+    found = sorted(glob.glob(os.path.join(path, "hvd_lossy", "_C*.so")))
+    if not found:
+        raise FileNotFoundError(f"no hvd_lossy/_C*.so under {path!r}: build it there first "
+                                f"(python setup.py build_ext --inplace)")
+    spec = importlib.util.spec_from_file_location("hvd_lossy_against._C", found[0])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure(repeat=100, seed=0, against=None):
     """Median seconds a step of each part's compress and decode and of their casts, with the
-    bytes on the wire; every decode checked against its bound."""
+    bytes on the wire; every decode checked against its bound. against: another build's _C
+    (load_build), timed step by step in turn with this one."""
     hvd_lossy.set_num_threads(1)
     torch.set_num_threads(1)
     parts = step_tensors(seed)
@@ -68,39 +90,60 @@ def measure(repeat=100, seed=0):
         cap = hvd_lossy.max_grouped_bytes(segs, list(x.shape[1:]), [len(segs)], 0)
         state[name] = dict(src=torch.empty_like(x), buf=torch.empty(cap, dtype=torch.uint8),
                            out=torch.empty_like(x), half=torch.empty(x.shape, dtype=torch.float16))
-    times = {f"{name} {what}": [] for name in parts
-             for what in ("compress", "decode", "cast", "cast back")}
-    sizes = {}
+    builds = {"this": _codec._C, **({"against": against} if against is not None else {})}
+    times = {b: {f"{name} {what}": [] for name in parts
+                 for what in ("compress", "decode", "cast", "cast back")} for b in builds}
+    sizes, frames = {}, {}
 
-    def timed(key, fn):
+    def timed(build, key, fn):
         t0 = time.perf_counter()
         result = fn()
-        times[key].append(time.perf_counter() - t0)
+        times[build][key].append(time.perf_counter() - t0)
         return result
 
-    for _ in range(repeat + 2):  # the first two warm the buffers and the codec's caches
+    def one_step(build):
         for name, (x, segs, eb, dither) in parts.items():
             s = state[name]
             s["src"].copy_(x)  # written by its producer just before
-            n = sum(timed(f"{name} compress", lambda: hvd_lossy.compress_grouped(
+            n = sum(timed(build, f"{name} compress", lambda: hvd_lossy.compress_grouped(
                 s["src"], segs, [eb] * len(segs), [len(segs)], 0, s["buf"], 0, dither=dither)))
-            timed(f"{name} decode", lambda: hvd_lossy.decompress(s["buf"][:n], out=s["out"]))
+            timed(build, f"{name} decode", lambda: hvd_lossy.decompress(s["buf"][:n], out=s["out"]))
             sizes[name] = n
+            frames[build, name] = s["buf"][:n].clone()
             s["src"].copy_(x)
-            timed(f"{name} cast", lambda: s["half"].copy_(s["src"]))
-            timed(f"{name} cast back", lambda: s["out"].copy_(s["half"]))
-    for name, (x, segs, eb, dither) in parts.items():
-        s = state[name]
-        hvd_lossy.decompress(s["buf"][:sizes[name]], out=s["out"])
-        for xs, ys in zip(x.split(segs), s["out"].split(segs)):
-            finite = xs[torch.isfinite(xs)]
-            bound = eb * float(finite.max() - finite.min())
-            err = float((xs.double() - ys.double()).abs().max())
-            if err > bound:
-                raise AssertionError(f"{name}: a decoded element is {err} off, over its bound {bound}")
-    med = {k: statistics.median(v[2:]) for k, v in times.items()}
-    return {"repeat": repeat, "seconds": med,
-            "bytes": {name: {"raw": parts[name][0].numel() * 4, "wire": sizes[name]} for name in parts}}
+            timed(build, f"{name} cast", lambda: s["half"].copy_(s["src"]))
+            timed(build, f"{name} cast back", lambda: s["out"].copy_(s["half"]))
+        for name, (x, segs, eb, dither) in parts.items():  # each build's frames by its decoder
+            check(name, x, segs, eb, hvd_lossy.decompress(frames[build, name]))
+
+    order = list(builds)
+    try:
+        for k in range(repeat + 2):  # the first two warm the buffers and the codec's caches
+            for build in order if k % 2 == 0 else order[::-1]:
+                _codec._C = builds[build]
+                one_step(build)
+    finally:
+        _codec._C = builds["this"]
+    med = {b: {k: statistics.median(v[2:]) for k, v in t.items()} for b, t in times.items()}
+    result = {"repeat": repeat, "seconds": med["this"],
+              "bytes": {name: {"raw": parts[name][0].numel() * 4, "wire": sizes[name]}
+                        for name in parts}}
+    if against is not None:
+        result["against_seconds"] = med["against"]
+        result["against_over_this"] = {k: med["against"][k] / med["this"][k] for k in med["this"]}
+        result["same_frames"] = all(torch.equal(frames["this", n], frames["against", n])
+                                    for n in parts)
+    return result
+
+
+def check(name, x, segs, eb, y):
+    """Every decoded element of each segment within eb of the segment's finite range."""
+    for xs, ys in zip(x.split(segs), y.split(segs)):
+        finite = xs[torch.isfinite(xs)]
+        bound = eb * float(finite.max() - finite.min())
+        err = float((xs.double() - ys.double()).abs().max())
+        if err > bound:
+            raise AssertionError(f"{name}: a decoded element is {err} off, over its bound {bound}")
 
 
 def print_step(r):
@@ -120,3 +163,8 @@ def print_step(r):
     print(f"  step      compress {total['compress'] * 1e3:.3f} ms + decode {total['decode'] * 1e3:.3f}"
           f" ms = {(total['compress'] + total['decode']) * 1e3:.3f} ms; the casts "
           f"{(total['cast'] + total['cast back']) * 1e3:.3f} ms")
+    if "against_over_this" in r:
+        q = r["against_over_this"]
+        print("  --against's time over this build's: " + ", ".join(
+            f"{name} compress {q[name + ' compress']:.3f} decode {q[name + ' decode']:.3f}"
+            for name in PARTS) + f"; the same frames: {'yes' if r['same_frames'] else 'NO'}")
