@@ -30,6 +30,9 @@ pass over the values for their range, which is what separates the two.
 With --reuse calls of drifting rows go through hvd_lossy.reuse and the share of rows sent as
 references, residuals and fresh is reported with the bytes against today's; then one call is
 timed coded as today, fresh through reuse and reused (hvd_lossy.bench.reuse_share).
+With --step one rank's codec work in a DLRM training step, at its sizes and with its inputs just
+written (in the caches, as training hands them over), beside the fp16 cast of the same tensors;
+--against PATH times another checkout's build step by step in turn (hvd_lossy.bench.step).
 Throughput counts the uncompressed bytes (GB = 1e9 bytes).
 """
 import json
