@@ -43,11 +43,12 @@ HL_AVX2 void masked_range_f32_avx2(const float* x, uint64_t n, double* lo_out, d
 
 }  // namespace
 
-// Plain min and max, four chains of each: one chain's latency held the masked loop to 8
-// floats a few cycles, and the training step's calls, whose data are in the caches, spent 13%
-// of their codec time here (AVX2 EPYC). NaN is left out by operand order (min_ps returns its
-// second operand when either is NaN, and the chains never hold one); an infinity is not, so
-// a result with one (rare: a tensor holding an infinity) is taken again by the masked pass.
+// Plain min and max, four chains of each: the masked loop's one chain of blends and min/max
+// held it to about 15 GB/s on data in the caches, where this runs at about 38 (0.38-0.42 of the
+// time at 2.9-8 MB on an AVX2 EPYC; the same at 64 MB, where memory sets the pace;
+// benchmarks/results/session_2026-12-07c.txt). NaN is left out by operand order (min_ps returns
+// its second operand when either is NaN, and the chains never hold one); an infinity is not,
+// so a result with one (rare: a tensor holding an infinity) is taken again by the masked pass.
 // Zeros' signs may differ from it, which no user of the range sees (it is a width and a
 // largest magnitude).
 HL_AVX2 void range_f32_avx2(const float* x, uint64_t n, double* lo_out, double* hi_out) {
