@@ -180,6 +180,23 @@ def _ids_address(host_ids):
     return 0 if host_ids is None or not host_ids.numel() else host_ids.data_ptr()
 
 
+def _zero_rows_address(zero_rows, ids, tensor):
+    """The address of `_zero_rows` for the CPU encoder (0 without): hvd_lossy.reuse's one byte
+    a row, nonzero for a row it filled with +0.0 (a reference), which the codec takes with the
+    other such rows of its piece for one row, unread (CompressParams::zero_rows). A promise the
+    codec cannot check, so it is no public argument. It needs ids (the rows' numbering)."""
+    if zero_rows is None:
+        return 0
+    if ids is None:
+        raise ValueError("_zero_rows needs ids (the numbering it takes part in)")
+    if (zero_rows.dtype != torch.uint8 or zero_rows.device.type != "cpu"
+            or not zero_rows.is_contiguous() or tuple(zero_rows.shape) != (tensor.shape[0],)):
+        raise ValueError(f"_zero_rows must be a contiguous CPU uint8 tensor of shape "
+                         f"({tensor.shape[0]},), got {zero_rows.dtype} of shape "
+                         f"{tuple(zero_rows.shape)} on {zero_rows.device}")
+    return zero_rows.data_ptr() if zero_rows.numel() else 0
+
+
 def max_frame_bytes(rows, row_len, ndim):
     """Worst-case size in bytes of the frame of a tensor of ``ndim`` (0..8) dimensions with
     ``rows`` rows of ``row_len`` elements (the frame's header holds up to 8 dimensions)."""
@@ -256,7 +273,7 @@ def _compress_into_cuda(src, code, rows, ebs, m, dedup, groups, prefix_bytes, ou
 
 
 def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True, dither=None,
-                    ids=None):
+                    ids=None, _zero_rows=None):
     """Compresses consecutive pieces of dim 0 into ONE frame whose segments they are, each with
     its own bound, in one native call.
 
@@ -305,7 +322,8 @@ def compress_chunks(tensor, rows, error_bounds, mode="rel", level=1, dedup=True,
     if not src.is_cuda:  # the frame built first, then written once into memory of its size
         keys = _host_ids(keys)
         block, _ = _C.compress_many_new(src.data_ptr(), code, rows, trailing, ebs, m, lv,
-                                        bool(dedup), _threads, seed, _ids_address(keys))
+                                        bool(dedup), _threads, seed, _ids_address(keys),
+                                        _zero_rows_address(_zero_rows, keys, src))
         return torch.from_numpy(block), [block.size]
     # ONE frame of all the pieces: compress_into of one group
     cap = max_grouped_bytes(rows, trailing, [len(rows)], 0)
@@ -543,7 +561,8 @@ def output_cache_bytes():
 
 
 def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offset=0, mode="rel",
-                     level=1, dedup=True, dither=None, extension=None, stats=None, ids=None):
+                     level=1, dedup=True, dither=None, extension=None, stats=None, ids=None,
+                     _zero_rows=None):
     """Compresses pieces of dim 0 of a tensor straight into a send buffer, in groups.
 
     The bytes written at ``out[offset:]`` are ``[prefix][frame of group 0][prefix][frame of
@@ -611,7 +630,8 @@ def compress_grouped(tensor, rows, error_bounds, groups, prefix_bytes, out, offs
                                   _check_level(level), bool(dedup), [int(g) for g in groups],
                                   int(prefix_bytes), out.data_ptr() + offset,
                                   out.numel() - offset, _threads, seed, ext,
-                                  0 if stats is None else stats.ctypes.data, _ids_address(keys)))
+                                  0 if stats is None else stats.ctypes.data, _ids_address(keys),
+                                  _zero_rows_address(_zero_rows, keys, src)))
     if not ext:
         return sizes
     return sizes[:len(sizes) - len(groups)], sizes[len(sizes) - len(groups):]

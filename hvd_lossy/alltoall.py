@@ -155,11 +155,12 @@ class Alltoall(LossyCall):
                                         "predicts from its cache by them")
         r = self.reusing = reuse_exchange.Reusing(self, keys, self.recv_ids)
 
-        def code(residual, plan, row_keys):
+        def code(residual, plan, row_keys, zero):
             parts = [(range(self.me + 1), residual[:lo], row_keys[:lo]),
                      (range(self.me + 1, self.size), residual[hi:], row_keys[hi:])]
+            zeros = None if zero is None else [zero[:lo], zero[hi:]]
             send, sizes = self._pack_frames(parts, None, mode="abs", plan=plan,
-                                            block=r.block())
+                                            block=r.block(), zero_rows=zeros)
             return send, sizes, self.send_splits.tolist()
 
         send, sizes = r.encode(code)
@@ -167,10 +168,11 @@ class Alltoall(LossyCall):
         r.after_send(send, chunk_header.offsets_of(counts), counts)
         return send, sizes
 
-    def _pack_frames(self, parts, seed, mode=None, plan=None, block=None):
+    def _pack_frames(self, parts, seed, mode=None, plan=None, block=None, zero_rows=None):
         """One frame a destination straight into the send buffer, each carrying the protocol
         fields in its header (the same for every destination). A reusing call passes its
-        residuals as `parts`, their absolute bounds in `plan` and its header `block`."""
+        residuals as `parts`, their absolute bounds in `plan`, its header `block` and its
+        references' zero rows a part (hvd_lossy.reuse.zero_rows)."""
         c = self.compressor
         trailing = list(self.tensor.shape[1:])
         fields = header(self.tensor, None, 0, 0, self.pending, self.grank, self.settings)
@@ -184,14 +186,15 @@ class Alltoall(LossyCall):
                   for pieces, g in zip(plans, groups))
         send = torch.empty(cap, dtype=torch.uint8, device=self.device)
         sizes, offset, chunk_bytes = [], 0, []
-        for (dests, rows, ids), pieces, g in zip(parts, plans, groups):
+        for k, ((dests, rows, ids), pieces, g) in enumerate(zip(parts, plans, groups)):
             stats = (np.empty((len(pieces), hvd_lossy.STATS_PER_PIECE)) if self.want_stats
                      else None)
             try:
                 got, frames = hvd_lossy.compress_grouped(
                     rows.detach(), [p[1] for p in pieces], [p[2] for p in pieces], g,
                     0, send, offset, mode=mode or c.mode, level=c.level, dedup=c.dedup,
-                    dither=seed, extension=ext, stats=stats, ids=ids)
+                    dither=seed, extension=ext, stats=stats, ids=ids,
+                    _zero_rows=None if zero_rows is None else zero_rows[k])
             except Exception as e:
                 raise _LocalError(7, detail=f"{type(e).__name__}: {e}") from e
             if seed is not None:

@@ -4,7 +4,7 @@ For each (peer, segment) the sender keeps a *mirror* of what the receiver holds,
 cache of decoded rows keyed by id; the receiver keeps the *cache* it mirrors. For a row whose id
 is held, the prediction P is the held row, else P = 0. The sender codes R = X - P with the
 codec at the ABSOLUTE bound X itself would get; the receiver decodes R^ and forms X^ = P + R^.
-A held row within the bound codes to all-zero codes (the codec's dedup folds them into one row:
+A held row within the bound codes to all-zero codes (the codec takes them for one row, unread:
 a reference); a drifted row codes to small codes (a residual); a new row is coded fresh.
 
 The per-row work is one native pass over all of a call's pieces (native/cpu/reuse.h): the
@@ -247,27 +247,25 @@ class Encoded:
         self.references, self.residuals = references, residuals
 
 
-# The native pass's hit byte of a row whose X^ is its held row's bits (reuse.h kHitHeld).
-_HIT_HELD = 2
-# The key the codec gets for such a row: the pass writes a reference's residual as zeros, so one
-# key for them all lets the codec take each as a repeat of the first (checking its bits) rather
-# than quantize and number every one. A held row the full sweep settled keeps a residual of its
-# own; the codec then finds its bits differ and codes it as a row of its own.
-REFERENCE_KEY = -(2 ** 63)
+# The native pass's hit byte of a reference (reuse.h kHitReference): a held row whose residual
+# it wrote as +0.0 without quantizing it. A held row the full sweep settled (kHitHeld) keeps a
+# residual of its own and is coded as any other row.
+_HIT_REFERENCE = 3
 
 
-def codec_keys(ids, hit):
-    """The keys the codec dedups a call's residual rows by: `ids`, REFERENCE_KEY where the
-    pass settled the row to its held one."""
-    return ids.masked_fill(hit == _HIT_HELD, REFERENCE_KEY)
+def zero_rows(hit):
+    """The codec's `_zero_rows` of a call (one byte a row, nonzero for a reference): it takes
+    all of a piece's references for one row of zeros without reading or numbering them (a
+    d128 call of references compared 512 bytes a row with the first, its slowest part)."""
+    return (hit == _HIT_REFERENCE).view(torch.uint8)
 
 
 def encode_with_prediction(x, ids, pieces, groups, rel, code, buffers=None):
     """Codes x (a CPU tensor, one int64 id a row) against its prediction: `code(residual,
-    code_bounds, predicted, keys)` codes the residual rows of the pieces (their absolute bounds
-    in piece order, predicted[g] whether group g's frame predicts, the rows' keys for the codec's
-    dedup: codec_keys) and returns (result, the frames' lossless flags a piece, as the codec
-    chose them). The native pass is rerun with those flags (R^ = R there) and, if it then
+    code_bounds, predicted, ids, zero)` codes the residual rows of the pieces (their absolute
+    bounds in piece order, predicted[g] whether group g's frame predicts, the rows' ids for the
+    codec's dedup and its `_zero_rows`, zero_rows(hit), or None without references) and returns
+    (result, the frames' lossless flags a piece, as the codec chose them). The native pass is rerun with those flags (R^ = R there) and, if it then
     sends a group fresh, the residual re-coded; groups only ever go from predicted to fresh, so
     this ends. Returns (result, Encoded); the caches are not changed (store, once the frames are
     sent). `buffers`: a PassBuffers the residual and X^ are made in (else fresh tensors); the
@@ -282,8 +280,8 @@ def encode_with_prediction(x, ids, pieces, groups, rel, code, buffers=None):
             hit.data_ptr())
         predicted = [bool(p) for p in predicted]
         if predicted != coded_for:
-            keys = codec_keys(ids, hit) if any(refs) else ids  # (refs: held rows a piece)
-            result, flags = code(residual, code_ebs, predicted, keys)
+            zero = zero_rows(hit) if any(refs) else None  # (refs: held rows a piece)
+            result, flags = code(residual, code_ebs, predicted, ids, zero)
             coded_for = predicted
         if not pieces.set_lossless(flags):
             return result, Encoded(x_hat, hit, predicted, refs, resids)
@@ -349,9 +347,9 @@ class ReuseEncoder:
         caches = self.peer.ensure(len(seg_rows), _row_len(x), x.dtype)
         pieces.add_group(0, 0, seg_rows, [self.error_bound] * len(seg_rows), caches)
 
-        def code(residual, code_ebs, _predicted, keys):
+        def code(residual, code_ebs, _predicted, keys, zero):
             frame, _ = _codec.compress_chunks(residual, seg_rows, code_ebs, mode="abs",
-                                              level=self.level, ids=keys)
+                                              level=self.level, ids=keys, _zero_rows=zero)
             return frame, _codec.segments_lossless(frame, [(0, frame.numel())])
 
         frame, enc = encode_with_prediction(x, ids, pieces, 1, self.mode == "rel", code,

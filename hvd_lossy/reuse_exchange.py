@@ -122,15 +122,16 @@ class Reusing:
         return (tuple(self.send_check), tuple(self.recv_check), tuple(self.predicted))
 
     def encode(self, code):
-        """Runs `code(residual, plan, keys) -> (send, sizes, counts)`, the frames of the
+        """Runs `code(residual, plan, keys, zero) -> (send, sizes, counts)`, the frames of the
         residual rows (hvd_lossy.reuse.encode_with_prediction) with the plan's bounds the
-        residuals' (absolute) ones and the rows' keys for the codec, until the frames agree with
-        the pass; `code` reads block() for the header. Returns (send, sizes)."""
-        def attempt(residual, code_ebs, predicted, keys):
+        residuals' (absolute) ones, the rows' keys and the references' zero rows for the codec
+        (or None), until the frames agree with the pass; `code` reads block() for the header.
+        Returns (send, sizes)."""
+        def attempt(residual, code_ebs, predicted, keys, zero):
             self.predicted = list(predicted)
             it = iter(code_ebs)
             plan = [(d, rows, next(it) if self._coded(d) else e) for d, rows, e in self.plan]
-            send, sizes, counts = code(residual, plan, keys)
+            send, sizes, counts = code(residual, plan, keys, zero)
             offsets = np.cumsum([0] + counts).tolist()
             frames = [(offsets[d], counts[d]) for d in range(self.size) if self._coded(d)]
             return (send, sizes), _codec.segments_lossless(send, frames)

@@ -302,10 +302,11 @@ PYBIND11_MODULE(_C, m) {
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
            int level, bool dedup, const std::vector<int64_t>& groups, uint64_t prefix_bytes,
            uintptr_t out, uint64_t out_cap, int threads, int64_t dither_seed,
-           const std::string& ext, uintptr_t stats, uintptr_t ids) {
+           const std::string& ext, uintptr_t stats, uintptr_t ids, uintptr_t zero_rows) {
           std::vector<uint64_t> group_bytes;
           hl::CompressParams p = params(dtype, mode, level, dedup, 0.0, dither_seed);
           p.ids = ptr<const int64_t>(ids);
+          p.zero_rows = ptr<const uint8_t>(zero_rows);
           std::vector<uint64_t> sizes = hl::compress_into_cpu(
               ptr<const void>(in), p, {rows, trailing, ebs, groups, prefix_bytes, ext},
               ptr<uint8_t>(out), out_cap, threads, ext.empty() ? nullptr : &group_bytes,
@@ -318,7 +319,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("groups"), py::arg("prefix_bytes"), py::arg("out"), py::arg("out_cap"),
         py::arg("threads") = 0, py::arg("dither_seed") = -1,
         py::arg("extension") = std::string(), py::arg("stats") = 0, py::arg("ids") = 0,
-        py::call_guard<py::gil_scoped_release>(),
+        py::arg("zero_rows") = 0, py::call_guard<py::gil_scoped_release>(),
         "compress_many with the pieces in groups, one frame a group, prefix_bytes left untouched "
         "before each group: out holds [prefix][frame of group 0][prefix][frame of group 1]... "
         "with no gaps. Returns a size a piece (its segment, a group's first also counting the "
@@ -328,7 +329,10 @@ PYBIND11_MODULE(_C, m) {
         "with what it learnt (STAT_MIN, STAT_MAX, STAT_UNIQUE; NaN where not computed). "
         "ids, when not 0, is the address of one int64 key per row of dim 0 (pieces of shape "
         "(rows, row_len) only): rows of a piece with equal keys are duplicates once their "
-        "bits are confirmed equal (the same frames, found without hashing rows).");
+        "bits are confirmed equal (the same frames, found without hashing rows). "
+        "zero_rows, when not 0 (with ids), is the address of one byte a row, nonzero for a row "
+        "the caller has filled with +0.0: those of a piece are taken as one row unread "
+        "(CompressParams::zero_rows; hvd_lossy.reuse's references).");
   m.attr("STATS_PER_PIECE") = (int)hl::HL_STATS_PER_PIECE;
   m.attr("STAT_MIN") = (int)hl::HL_STAT_MIN;
   m.attr("STAT_MAX") = (int)hl::HL_STAT_MAX;
@@ -403,9 +407,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("compress_many_new",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& rows,
            const std::vector<int64_t>& trailing, const std::vector<double>& ebs, int mode,
-           int level, bool dedup, int threads, int64_t dither_seed, uintptr_t ids) {
+           int level, bool dedup, int threads, int64_t dither_seed, uintptr_t ids,
+           uintptr_t zero_rows) {
           hl::CompressParams p = params(dtype, mode, level, dedup, 0.0, dither_seed);
           p.ids = ptr<const int64_t>(ids);
+          p.zero_rows = ptr<const uint8_t>(zero_rows);
           auto done = with_new_block([&](const std::function<uint8_t*(uint64_t)>& alloc) {
             return hl::compress_alloc_cpu(ptr<const void>(in), p, rows, trailing, ebs, alloc,
                                           threads);
@@ -415,8 +421,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("input"), py::arg("dtype"), py::arg("rows"), py::arg("trailing"),
         py::arg("error_bounds"), py::arg("mode"), py::arg("level"), py::arg("dedup"),
         py::arg("threads") = 0, py::arg("dither_seed") = -1, py::arg("ids") = 0,
+        py::arg("zero_rows") = 0,
         "compress_many into new memory of exactly the frame's size: (uint8 array, sizes); "
-        "ids as for compress_into.");
+        "ids and zero_rows as for compress_into.");
 
   m.def("empty_block",
         [](uint64_t bytes) { return block_array(hl::acquire_output(bytes), bytes); },

@@ -9,6 +9,9 @@
     apart there, which the second stage (equal codes) joins again.
   - Bad ids raise naming the value and what was expected; in a collective, on every rank
     (tests/mp/transport_ids.py under mpirun, tests/mp/dist_ids.py under torchrun).
+  - Rows flagged in `_zero_rows` (hvd_lossy.reuse's references, filled with +0.0) are taken
+    for one row each piece, in their place in the numbering, without being read: the same
+    frames as their zeros coded by id.
 """
 import _hl_test  # the test-only native hooks (tests/_hooks.py)
 import pytest
@@ -183,6 +186,66 @@ def test_first_stage_numbers_rows_by_id_and_keeps_rows_that_differ_apart():
     # id 5: rows 0, 1, 6 (row 3 claims it but differs: a row of its own); id 7: rows 2, 5;
     # id 9: row 4, equal in bits to id 5's row but apart at this stage
     assert (got_map, got_first) == ([0, 0, 1, 2, 3, 1, 0], [0, 2, 3, 4])
+
+
+def test_first_stage_takes_flagged_zero_rows_for_one_row_in_their_place_unread():
+    a, b = torch.randn(2, 8, generator=torch.Generator().manual_seed(5))
+    nan = torch.full((8,), float("nan"))
+    zero = torch.zeros(8)
+    # rows 1, 3, 4 flagged: only the first is read (zeros), the others' memory is never looked at
+    x = torch.stack([a, zero, b, nan, nan, a])
+    ids = torch.tensor([5, 8, 7, 9, 8, 5])
+    flags = torch.tensor([0, 1, 0, 1, 1, 0], dtype=torch.uint8)
+    got = _hl_test.distinct_rows_by_id_f32(x.data_ptr(), 6, 8, ids.data_ptr(), flags.data_ptr())
+    assert got == ([0, 1, 2, 1, 1, 0], [0, 1, 2])
+    # without the flags the NaN rows are rows of their own
+    assert _hl_test.distinct_rows_by_id_f32(x.data_ptr(), 6, 8, ids.data_ptr()) == (
+        [0, 1, 2, 3, 4, 0], [0, 1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("level,eb,mode", [(1, 0.03, "rel"), (2, 0.25, "abs"), (1, 0.0, "abs")])
+def test_flagged_zero_rows_code_the_frames_of_their_zeros_under_one_id(dtype, level, eb, mode):
+    """The frame of the zeros coded with one id for all flagged rows; lossy, also the frame of
+    the caller's ids (equal codes merge), where lossless keeps rows of two ids apart."""
+    x, ids = drawn(dtype=dtype)
+    flags = torch.zeros(600, dtype=torch.uint8)
+    flags[torch.randperm(600, generator=torch.Generator().manual_seed(2))[:400]] = 1
+    x[flags.bool()] = 0
+    one_id = ids.masked_fill(flags.bool(), -1)
+    rows = [100, 0, 250, 250]
+    by_id, _ = hvd_lossy.compress_chunks(x, rows, eb, mode=mode, level=level, ids=one_id)
+    flagged, _ = hvd_lossy.compress_chunks(x, rows, eb, mode=mode, level=level, ids=ids,
+                                           _zero_rows=flags)
+    assert torch.equal(flagged, by_id)
+    if eb > 0:
+        assert torch.equal(flagged, hvd_lossy.compress_chunks(x, rows, eb, mode=mode,
+                                                              level=level, ids=ids)[0])
+    assert hvd_lossy.frame_info(flagged)["segments"][0]["n_unique"] < 100 - 60
+    cap = hvd_lossy.max_grouped_bytes(rows, [16], [2, 2], 4)
+    grouped, plain = torch.zeros(cap, dtype=torch.uint8), torch.zeros(cap, dtype=torch.uint8)
+    assert (hvd_lossy.compress_grouped(x, rows, [eb] * 4, [2, 2], 4, grouped, mode=mode,
+                                       level=level, ids=ids, _zero_rows=flags)
+            == hvd_lossy.compress_grouped(x, rows, [eb] * 4, [2, 2], 4, plain, mode=mode,
+                                          level=level, ids=one_id))
+    assert torch.equal(grouped, plain)
+    out = hvd_lossy.decompress(flagged)
+    assert torch.equal(out[flags.bool()], torch.zeros(400, 16, dtype=dtype))
+
+
+@pytest.mark.parametrize("zero,error,named", [
+    (torch.zeros(600, dtype=torch.bool), ValueError, "_zero_rows must be a contiguous CPU uint8 "
+                                                     "tensor of shape (600,), got torch.bool"),
+    (torch.zeros(599, dtype=torch.uint8), ValueError, "of shape (600,), got torch.uint8 of "
+                                                      "shape (599,)"),
+])
+def test_bad_zero_rows_raise_naming_the_value_and_what_was_expected(zero, error, named):
+    x, ids = drawn()
+    with pytest.raises(error) as e:
+        hvd_lossy.compress_chunks(x, [600], 0.03, ids=ids, _zero_rows=zero)
+    assert named in str(e.value)
+    with pytest.raises(ValueError, match=r"_zero_rows needs ids"):
+        hvd_lossy.compress_chunks(x, [600], 0.03, _zero_rows=torch.zeros(600, dtype=torch.uint8))
 
 
 @pytest.mark.parametrize("ids,error,named", [

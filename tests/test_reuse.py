@@ -182,12 +182,12 @@ def test_held_rows_within_the_bound_cost_nearly_nothing_and_drifted_rows_less_th
     assert_same_state(enc, dec)
 
 
-def test_references_reach_the_codec_as_zero_rows_under_one_key_and_code_the_same_frame():
+def test_references_reach_the_codec_as_flagged_zero_rows_and_code_the_same_frame():
     """The pass settles a held float32 row whose residual surely codes to zeros (within the
     code bound by a 2^-20 margin) without quantizing it: the codec gets it as a row of zeros
-    keyed REFERENCE_KEY, so it takes all of them for one row. The frame must be the very bytes
-    the true residuals with the caller's ids code to, and rows that drifted further keep their
-    own residual and id."""
+    flagged in `_zero_rows`, so it takes all of them for one row unread. The frame must be the
+    very bytes the true residuals with the caller's ids code to, and rows that drifted further
+    keep their own residual and are not flagged."""
     g = torch.Generator().manual_seed(5)
     rows, dim, bound = 600, 32, 0.03
     ids = torch.arange(rows) * 7 + 3
@@ -202,9 +202,11 @@ def test_references_reach_the_codec_as_zero_rows_under_one_key_and_code_the_same
     pieces.add_group(0, 0, [rows], [bound], enc.peer.ensure(1, dim, x.dtype))
     seen = {}
 
-    def code(residual, code_ebs, _predicted, keys):
-        seen.update(residual=residual.clone(), keys=keys.clone(), code_eb=code_ebs[0])
-        frame, _ = hvd_lossy.compress_chunks(residual, [rows], code_ebs, mode="abs", ids=keys)
+    def code(residual, code_ebs, _predicted, keys, zero):
+        seen.update(residual=residual.clone(), keys=keys.clone(), zero=zero.clone(),
+                    code_eb=code_ebs[0])
+        frame, _ = hvd_lossy.compress_chunks(residual, [rows], code_ebs, mode="abs", ids=keys,
+                                             _zero_rows=zero)
         return frame, _codec.segments_lossless(frame, [(0, frame.numel())])
 
     frame, encoded = reuse.encode_with_prediction(x, ids, pieces, 1, True, code)
@@ -216,14 +218,14 @@ def test_references_reach_the_codec_as_zero_rows_under_one_key_and_code_the_same
     assert settled[:400].sum() > 380 and not settled[400:].any()
     assert torch.equal(seen["residual"][settled], torch.zeros(int(settled.sum()), dim))
     assert torch.equal(seen["residual"][~settled], true_residual[~settled])
-    assert (seen["keys"][settled] == reuse.REFERENCE_KEY).all()
-    assert torch.equal(seen["keys"][~settled], ids[~settled])
+    assert torch.equal(seen["zero"], settled.to(torch.uint8))
+    assert torch.equal(seen["keys"], ids)
     # the peer decodes a settled row to its held row, and every other row to the pass's X^
     # (which x_hat holds only for those: store leaves the settled rows' records alone)
     decoded = dec.decode(frame, ids, encoded.predicted[0])
     assert torch.equal(decoded[settled], held[settled])
     assert torch.equal(encoded.x_hat[~settled], decoded[~settled])
-    assert (encoded.hit[settled] == 2).all()
+    assert (encoded.hit[settled] == 3).all()
     assert sum(encoded.references) == settled.sum() and sum(encoded.residuals) > 180
     truth, _ = hvd_lossy.compress_chunks(true_residual, [rows], [seen["code_eb"]], mode="abs",
                                          ids=ids)

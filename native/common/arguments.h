@@ -30,6 +30,12 @@ struct CompressParams {
   // encoder ignores them). Only for pieces of shape (rows, row_len), where a row is an entry
   // of dim 0; plan_pieces points each piece at its own keys.
   const int64_t* ids = nullptr;
+  // With ids, or null: one byte a row (dim 0), nonzero for a row the caller has filled with +0.0
+  // (hvd_lossy.reuse's references, written so by its native pass). Such rows of a piece are
+  // taken as one row without being read or numbered: only the first is read (and quantized).
+  // A promise, not a check, so only the codec's own callers set it; plan_pieces points each
+  // piece at its own bytes.
+  const uint8_t* zero_rows = nullptr;
 };
 
 // The pieces of a grouped call (compress_into_cpu, compress_into_cuda): piece i is rows[i] rows of

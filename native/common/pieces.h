@@ -24,7 +24,7 @@ struct Pieces {
 
 // The pieces of dim 0 of rows[i] rows each and trailing dims: error_bounds[i] (when given)
 // overrides p.error_bound, piece i's dither seed is p.dither_seed + i (mod HL_DITHER_SEEDS),
-// its ids (when p.ids) start at its first row.
+// its ids and zero rows (when given) start at its first row.
 // Throws ArgumentError for a bad argument.
 inline Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& rows,
                           const std::vector<int64_t>& trailing,
@@ -49,6 +49,7 @@ inline Pieces plan_pieces(const CompressParams& p, const std::vector<int64_t>& r
     }
     c.params[i].dither_seed = (uint32_t)((p.dither_seed + i) % HL_DITHER_SEEDS);
     if (p.ids) c.params[i].ids = p.ids + first_row;
+    if (p.zero_rows) c.params[i].zero_rows = p.zero_rows + first_row;
     first_row += (uint64_t)rows[i];
     c.shapes[i].push_back(rows[i]);
     c.shapes[i].insert(c.shapes[i].end(), trailing.begin(), trailing.end());

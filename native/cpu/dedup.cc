@@ -71,8 +71,9 @@ DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads
 }
 
 template <int DT>
-DistinctRows distinct_rows_by_id(const Tensor<DT>& t, const int64_t* ids, bool need_range,
-                                 double* lo, double* hi) {
+DistinctRows distinct_rows_by_id(const Tensor<DT>& t, const int64_t* ids,
+                                 const uint8_t* zero_rows, bool need_range, double* lo,
+                                 double* hi) {
   typedef typename Elem<DT>::raw_t raw_t;
   const uint64_t rows = t.n_rows, d = t.row_len, row_bytes = d * sizeof(raw_t);
   Buffer<uint64_t> keys(rows);  // a row hashes as its id: no row is read to number it
@@ -94,15 +95,37 @@ DistinctRows distinct_rows_by_id(const Tensor<DT>& t, const int64_t* ids, bool n
   // distinct rows.
   const uint64_t block = std::max<uint64_t>(1, (256u << 10) / std::max<uint64_t>(row_bytes, 1));
   double lo_all = INFINITY, hi_all = -INFINITY;
+  uint32_t* map = out.map.data();
+  constexpr uint32_t kNoZero = ~0u;
+  uint32_t zero_u = kNoZero;  // the zero rows' unique row, once the first is met
   for (uint64_t b0 = 0; b0 < rows; b0 += block) {
     const uint64_t b1 = std::min(rows, b0 + block);
-    if (need_range) {
+    if (need_range) {  // zero rows hold +0.0 (the caller's promise): read with the others
       double l, h;
       cpu::finite_range(DT, t.x + b0 * d, (b1 - b0) * d, &l, &h);
       lo_all = std::min(lo_all, l);
       hi_all = std::max(hi_all, h);
     }
-    num.add_range(b0, b1, same, fetch, out.map.data());
+    if (!zero_rows) {
+      num.add_range(b0, b1, same, fetch, map);
+      continue;
+    }
+    // Runs of other rows numbered as above, zero rows settled between them in row order, so
+    // the unique rows come in the same order as if the zero rows had been compared.
+    for (uint64_t r = b0; r < b1;) {
+      if (zero_rows[r]) {
+        if (zero_u == kNoZero)
+          zero_u = num.add_apart(r, map);
+        else
+          map[r] = zero_u;
+        ++r;
+        continue;
+      }
+      uint64_t e = r + 1;
+      while (e < b1 && !zero_rows[e]) ++e;
+      num.add_range(r, e, same, fetch, map);
+      r = e;
+    }
   }
   if (need_range) {
     *lo = lo_all;
@@ -121,9 +144,9 @@ template void finite_range<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, int, double*
 template DistinctRows distinct_raw_rows<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, bool, int, double*, double*);
 template DistinctRows distinct_raw_rows<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, bool, int, double*, double*);
 template DistinctRows distinct_raw_rows<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, bool, int, double*, double*);
-template DistinctRows distinct_rows_by_id<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, const int64_t*, bool, double*, double*);
-template DistinctRows distinct_rows_by_id<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, const int64_t*, bool, double*, double*);
-template DistinctRows distinct_rows_by_id<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, const int64_t*, bool, double*, double*);
+template DistinctRows distinct_rows_by_id<HL_FLOAT32>(const Tensor<HL_FLOAT32>&, const int64_t*, const uint8_t*, bool, double*, double*);
+template DistinctRows distinct_rows_by_id<HL_FLOAT16>(const Tensor<HL_FLOAT16>&, const int64_t*, const uint8_t*, bool, double*, double*);
+template DistinctRows distinct_rows_by_id<HL_BFLOAT16>(const Tensor<HL_BFLOAT16>&, const int64_t*, const uint8_t*, bool, double*, double*);
 
 }  // namespace enc
 }  // namespace hl

@@ -92,6 +92,16 @@ class Numbering {
     }
   }
 
+  // Row r as a unique row whose repeats the caller settles itself (zero rows): numbered in
+  // order with the others but not put in the table, so no row is compared with it (a grow puts
+  // it in; a row it then proposes is still confirmed by its bits).
+  uint32_t add_apart(uint64_t r, uint32_t* map) {
+    map[r] = (uint32_t)first.size();
+    first.push_back(r);
+    if (2 * first.size() > cap_) grow();
+    return map[r];
+  }
+
   std::vector<uint64_t> first;
 
  private:

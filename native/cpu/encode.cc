@@ -51,7 +51,7 @@ Prepared prepare(const Tensor<DT>& t, const CompressParams& p, const std::vector
   DistinctRows by_id;
   const bool use_ids = dedup && p.ids;
   if (use_ids)
-    by_id = enc::distinct_rows_by_id(t, p.ids, need_range, &lo, &hi);
+    by_id = enc::distinct_rows_by_id(t, p.ids, p.zero_rows, need_range, &lo, &hi);
   else if (need_range)
     enc::finite_range(t, threads, &lo, &hi);
   // The frame stores 24 bits of the bound: code with exactly that, rounded down, value.

@@ -64,10 +64,12 @@ DistinctRows distinct_raw_rows(const Tensor<DT>& t, bool need_range, int threads
 // equals distinct_raw_rows' up to rows repeated under different ids, which code_distinct_rows'
 // merging of equal codes joins again in lossy frames: the frame is the same bytes. One thread:
 // what is left is the serial part of distinct_raw_rows (its numbering and comparisons), whose
-// parallel part (hashing every row) it skips.
+// parallel part (hashing every row) it skips. zero_rows (or null): CompressParams::zero_rows,
+// rows taken as one distinct row, the first of them, with no read and no probe.
 template <int DT>
-DistinctRows distinct_rows_by_id(const Tensor<DT>& t, const int64_t* ids, bool need_range,
-                                 double* lo, double* hi);
+DistinctRows distinct_rows_by_id(const Tensor<DT>& t, const int64_t* ids,
+                                 const uint8_t* zero_rows, bool need_range, double* lo,
+                                 double* hi);
 
 // ---- quantize.cc --------------------------------------------------------------------------
 

@@ -102,9 +102,9 @@ void check_row<HL_FLOAT32>(const uint32_t* x, const uint32_t* xh, const uint32_t
 // A held row whose residual surely codes to zeros: every |X - P| (in float, as sweep_piece forms
 // R) at most `limit` (zero_code_limit) and no -0 in P. Then R^ is +0 everywhere and X^ = P + 0
 // is P's bits, within X's bound: the row is a reference, found without quantizing it. Its
-// residual is written as zeros (what R^ is, lossy or stored exactly), so that every reference
-// row of a call is the same row to the codec (hvd_lossy.reuse.codec_keys). float32 only; the
-// 16-bit dtypes take the full sweep.
+// residual is written as zeros (what R^ is, lossy or stored exactly), the promise that lets the
+// codec take every reference of a piece for one row, unread (hvd_lossy.reuse.zero_rows).
+// float32 only; the 16-bit dtypes take the full sweep.
 HL_REUSE_CLONES bool reference_row_f32(const float* x, const float* p, uint64_t d, float limit,
                                        float* r) {
   uint32_t miss = 0;
@@ -234,9 +234,12 @@ const raw_of<DT>* held_row(const Cache& c, int64_t id, uint64_t s, float* amax) 
   return reinterpret_cast<const raw_of<DT>*>(rec + kRecordHead);
 }
 
+// Whether a row's record already holds its X^ (encode's hit byte): store() skips it.
+inline bool held_as_is(uint8_t hit) { return hit == kHitHeld || hit == kHitReference; }
+
 // Each slot written once, by the last row of the piece on it (the rule store() states): rows
 // are taken last first and a slot seen already is skipped. A winning row whose record already
-// holds it (hit[r] == kHitHeld: X^ is the held row's bits) is not even read, so a call of
+// holds it (held_as_is: X^ is the held row's bits) is not even read, so a call of
 // references touches no record here.
 template <int DT>
 void store_piece(const raw_of<DT>* rows, const int64_t* ids, uint64_t d, const Piece& p,
@@ -259,8 +262,8 @@ void store_piece(const raw_of<DT>* rows, const int64_t* ids, uint64_t d, const P
   };
   for (uint64_t k = 0; k < p.rows; ++k) {
     const uint64_t r = p.rows - 1 - k;
-    const bool as_is = hit && hit[p.start + r] == kHitHeld;
-    if (r >= kSlotsAhead && !(hit && hit[p.start + r - kSlotsAhead] == kHitHeld))
+    const bool as_is = hit && held_as_is(hit[p.start + r]);
+    if (r >= kSlotsAhead && !(hit && held_as_is(hit[p.start + r - kSlotsAhead])))
       prefetch_slot(c, (*slots)[r - kSlotsAhead], true);
     if (!first_time((*slots)[r]) || as_is) continue;
     uint8_t* rec = record_of(c, (*slots)[r]);
@@ -368,7 +371,7 @@ bool sweep_piece(const raw_of<DT>* x, uint64_t d, const Piece& p, size_t k, bool
       raw_of<DT>* rr = residual + (row0 + r) * d;
       const raw_of<DT>* h = predicted ? held[a + r] : nullptr;
       if (h && reference_row<DT>(xr, h, d, limit, rr)) {  // X^ is h: no copy (store skips it)
-        hit[row0 + r] = kHitHeld;
+        hit[row0 + r] = kHitReference;
         ++refs;
         ++predicted_rows;
         continue;

@@ -48,8 +48,9 @@ struct Piece {
 uint64_t slot_of(int64_t id, uint64_t capacity);
 
 // What encode says of each row in `hit`: coded fresh, coded against its held row, or that and
-// decoded to the held row's bits (its record then needs no store).
-constexpr uint8_t kHitFresh = 0, kHitResidual = 1, kHitHeld = 2;
+// decoded to the held row's bits (its record then needs no store), and of those the references
+// whose residual it wrote as +0.0 (the codec's CompressParams::zero_rows).
+constexpr uint8_t kHitFresh = 0, kHitResidual = 1, kHitHeld = 2, kHitReference = 3;
 
 // What encode learnt, a piece (eb: X's absolute bound as the frame stores it; code_eb: the bound
 // R is coded at; references / residuals: predicted rows decoded to the held row itself / to a
@@ -64,8 +65,9 @@ struct EncodeResult {
 // this call), R into `residual` and X^ into `x_hat` (both shaped like x), one hit byte a row
 // (kHit*: fresh, predicted, or predicted with X^ the held row's bits). A float32 row whose R
 // surely codes to zeros is a reference: its R is written as zeros, which is what the receiver
-// decodes (so the codec may take all such rows for one: hvd_lossy.reuse.codec_keys), and kHitHeld;
-// its X^ is the held row, and its row of x_hat is left as it was (store() reads no kHitHeld row).
+// decodes (so the codec takes all such rows for one, unread: hvd_lossy.reuse.zero_rows), and
+// kHitReference; its X^ is the held row, and its row of x_hat is left as it was (store() reads
+// no kHitHeld or kHitReference row).
 // A group whose `allow[g]` is 0 is coded fresh; so is one whose predicted rows would miss their
 // bound. Rows of no group (the own chunk) are not pieces. Changes no cache: store() does, once
 // the frames are final.
@@ -76,7 +78,8 @@ EncodeResult encode(uint8_t dtype, const void* x, const int64_t* ids, uint64_t r
 
 // Every piece's rows of `rows` (X^) replace what its cache holds for their ids; rows of one call
 // that share a slot resolve by one rule, the last such row wins. `hit`: encode's for these rows
-// (rows marked kHitHeld are not written: their records hold them already), or null.
+// (rows marked kHitHeld or kHitReference are not written: their records hold them already), or
+// null.
 void store(uint8_t dtype, const void* rows, const int64_t* ids, uint64_t row_len,
            const std::vector<Piece>& pieces, const std::vector<Cache>& caches, uint64_t n_rows,
            const uint8_t* hit);

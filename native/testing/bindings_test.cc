@@ -298,13 +298,14 @@ py::tuple compress_into_batched_hd(const std::string& raw, int dtype,
 // The encoder's first stage with ids (dedup.cc) on float32 rows: (map, first), each row's
 // distinct row and each distinct row's first row, before code_distinct_rows merges equal codes.
 py::tuple distinct_rows_by_id_f32(uintptr_t rows, uint64_t n_rows, uint64_t row_len,
-                                  uintptr_t ids) {
+                                  uintptr_t ids, uintptr_t zero_rows) {
   const hl::enc::Tensor<HL_FLOAT32> t{ptr<const uint32_t>(rows), n_rows, row_len};
   double lo, hi;
   hl::enc::DistinctRows d;
   {
     py::gil_scoped_release free;
-    d = hl::enc::distinct_rows_by_id(t, ptr<const int64_t>(ids), true, &lo, &hi);
+    d = hl::enc::distinct_rows_by_id(t, ptr<const int64_t>(ids), ptr<const uint8_t>(zero_rows),
+                                     true, &lo, &hi);
   }
   return py::make_tuple(std::vector<uint32_t>(d.map.data(), d.map.data() + n_rows), d.first);
 }
@@ -343,7 +344,7 @@ PYBIND11_MODULE(_hl_test, m) {
   });
 
   m.def("distinct_rows_by_id_f32", &distinct_rows_by_id_f32, py::arg("rows"), py::arg("n_rows"),
-        py::arg("row_len"), py::arg("ids"),
+        py::arg("row_len"), py::arg("ids"), py::arg("zero_rows") = 0,
         "dedup.cc's rows numbered by id (addresses of float32 rows and int64 ids): (map, first).");
   m.def("check_row_map",
         [](const std::vector<uint32_t>& map, uint64_t n_unique) {
