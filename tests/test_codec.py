@@ -437,6 +437,38 @@ def test_dedup_hashes_follow_one_rule_on_every_kernel_path(tmp_path):
     same_on_every_kernel_path(script)
 
 
+def test_segments_of_byte_codes_write_the_same_frames_on_every_kernel_path(tmp_path):
+    """A bounded segment whose codes all fit a byte (rel 0.03 of values in [-1, 1]) takes the
+    AVX2 quantizer's runs of byte codes, tested once a run; a run with a lane it is not sure of
+    (a value on a rounding edge, NaN, Inf) is done again the general way, from the middle of a
+    row or of a dithered tile on. The frames are the portable loops' bytes at row lengths below,
+    at and above a run (256), with and without a rest of 32, dithered or not, and they decode
+    within the bound."""
+    script = tmp_path / "byte_runs.py"
+    script.write_text(
+        "import hashlib, math, torch, hvd_lossy\n"
+        "torch.manual_seed(3)\n"
+        "out = [hvd_lossy._C.simd_level()]\n"
+        "for d in (16, 32, 100, 128, 288, 640):\n"
+        "    x = torch.rand(300, d) * 2 - 1\n"
+        "    x[0, 0], x[0, 1] = -1.0, 1.0  # the range, so that the edges below stay edges\n"
+        "    step = 2 * hvd_lossy.frame_info(hvd_lossy.compress(x, 0.03))['eb_abs']\n"
+        "    edges = ((torch.randint(-7, 7, (60,)).double() + 0.5) * step).float()\n"
+        "    x.view(-1)[torch.randint(2, x.numel(), (60,))] = edges\n"
+        "    x[7, d // 2], x[9, d - 1] = math.nan, math.inf\n"
+        "    x[20:40] = x[0:20]  # repeats\n"
+        "    for dither in (None, 5):\n"
+        "        for rows in ([300], [100, 200]):\n"
+        "            f, _ = hvd_lossy.compress_chunks(x, rows, 0.03, dither=dither)\n"
+        "            y = hvd_lossy.decompress(f)\n"
+        "            err = (x.double() - y.double()).abs()[torch.isfinite(x)].max().item()\n"
+        "            assert err <= step / 2, (d, dither, err, step)\n"
+        "            out.append(hashlib.sha1(f.numpy().tobytes()).hexdigest())\n"
+        "print(repr(out))\n")
+
+    same_on_every_kernel_path(script)
+
+
 def test_the_range_pass_leaves_out_nan_and_inf_wherever_they_fall_on_every_kernel_path(tmp_path):
     """The finite range (the relative bound's base and STAT_MIN/MAX) is the same on every kernel
     path and equals numpy's over the finite elements, with NaN and +-Inf at the start, middle and

@@ -42,6 +42,9 @@ namespace {
 struct FastF32 {
   bool on = false;  // step within [2^-100, 2^100]
   bool bounded = false;  // |s_f| <= L for every finite element: no need to check it
+  // bounded with L <= 128: a sure lane's code q has |q| <= 127 (|s_f| <= L - 1/2 even
+  // dithered, and sure lanes are within 1/2 of q), so q fits a signed byte and its zigzag a byte
+  bool byte_codes = false;
   __m256 inv, limit, edge;  // edge: the bounded kernel's (one L for all lanes)
 };
 
@@ -53,6 +56,7 @@ __attribute__((target("avx2,fma"))) inline FastF32 fast_f32(double step, double 
   double l = 4096.0;  // L: a power of two, so that the edge below is exact in float
   if (f.bounded)
     for (l = 1.0; l < max_abs * inv_step + 1.0;) l *= 2.0;
+  f.byte_codes = f.on && f.bounded && l <= 128.0;
   f.inv = _mm256_set1_ps((float)inv_step);
   f.limit = _mm256_set1_ps(4096.0f);
   f.edge = _mm256_set1_ps((float)(0.5 - 0x1p-21 * l));
@@ -94,6 +98,40 @@ __attribute__((target("avx2,fma"))) inline bool quantize8_fast(const float* x, c
   const __m256i q = _mm256_cvtps_epi32(r);
   *zig = _mm256_xor_si256(_mm256_slli_epi32(q, 1), _mm256_srai_epi32(q, 31));
   return true;
+}
+
+// The code of eight elements (x - u with dither bits, as quantize8_fast) as the bounded kernel
+// rounds it, before zigzag, and its lanes' sureness and'ed into *sure (all ones: sure).
+template <bool Dither>
+__attribute__((target("avx2,fma"), always_inline)) inline __m256i bounded_q8(
+    const float* x, const FastF32& f, __m256i bits, __m256* sure) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 v = _mm256_loadu_ps(x);
+  __m256 s;
+  if (Dither) {
+    const __m256 d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(bits), _mm256_set1_ps(0x1p-24f),
+                                     _mm256_set1_ps(-(0.5f - 0x1p-25f)));
+    s = _mm256_fmsub_ps(v, f.inv, d);
+  } else {
+    s = _mm256_mul_ps(v, f.inv);
+  }
+  const __m256 r = _mm256_round_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 frac = _mm256_and_ps(_mm256_sub_ps(s, r), abs_mask);
+  *sure = _mm256_and_ps(*sure, _mm256_cmp_ps(frac, f.edge, _CMP_LE_OQ));  // false for NaN
+  return _mm256_cvtps_epi32(r);
+}
+
+// 32 codes as bytes (FastF32::byte_codes, every lane sure): the signed codes packed to bytes
+// (exact: |q| <= 127) in the order the kernels store them (the packs work within 128-bit lanes,
+// the permutation restores it), then zigzagged a byte at a time (q + q, xor q's sign: AVX2 has
+// no byte shift), four times the lanes of zigzag in 32 bits. The same bytes as zigzag first,
+// then unsigned packs.
+__attribute__((target("avx2"), always_inline)) inline __m256i zigzag_bytes32(__m256i a, __m256i b,
+                                                                          __m256i c, __m256i e) {
+  const __m256i q = _mm256_permutevar8x32_epi32(
+      _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, e)),
+      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  return _mm256_xor_si256(_mm256_add_epi8(q, q), _mm256_cmpgt_epi8(_mm256_setzero_si256(), q));
 }
 
 }  // namespace
