@@ -244,10 +244,10 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows
   const __m256i inner = _mm256_set1_epi32(one_run ? (int)di.of(qp.first) : 0),
                 eight = _mm256_set1_epi32(8), lanes07 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   // Segments of byte codes (FastF32::byte_codes: bounded, and every sure code fits a byte, as
-  // lookups' and gradients' do at the usual bounds) take each 32 elements with one test: codes
-  // packed as signed bytes and zigzagged there, with no `any` to keep. 32 elements with a lane
-  // that was not sure (NaN, Inf, a value near an edge: about one in 2^15) are done again the
-  // general way below.
+  // lookups' and gradients' do at the usual bounds) take runs of elements with one test each:
+  // codes packed as signed bytes and zigzagged there, with no `any` to keep. A run with a lane
+  // that was not sure (NaN, Inf, a value within 2^-21 L of an edge: about one in 2^16 at L = 16)
+  // is done again the general way.
   const bool byte_rows = Bounded && fast.byte_codes && (!Dither || one_run);
   constexpr uint64_t kByteRun = 256;
   const __m256 all_sure = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
@@ -258,53 +258,6 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows
     uint8_t* b = bytes + r * d;
     __m256i any = _mm256_setzero_si256(), lanes = lanes0;
     __m256i lo = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)(qp.first + r * d)), lanes07);
-    uint64_t i = 0;  // the general path below starts here
-    if (byte_rows) {
-      // runs of up to kByteRun elements, each tested once at its end (a test every 32 cost a
-      // d128 row a fifth of its time); from a run with a lane not sure on, the general path
-      const uint64_t whole = d / 32 * 32;
-      __m256i l = lo, h = lanes;
-      __m256 sure;
-      auto q8 = [&](uint64_t k) HL_AVX2_LAMBDA -> __m256i {
-        __m256i bits = none;
-        if (Dither) {  // one run: the inner mix is one value, the indices step by eight
-          bits = dither_mix8(_mm256_xor_si256(l, inner));
-          l = _mm256_add_epi32(l, eight);
-        }
-        return bounded_q8<Dither>(x + k, fast, bits, &sure);
-      };
-      while (i < whole) {
-        const uint64_t end = whole - i > kByteRun ? i + kByteRun : whole;
-        const __m256i l0 = l, h0 = h;
-        sure = all_sure;
-        for (uint64_t j = i; j < end; j += 32) {
-          prefetch_within(x, j * 4, d * 4);
-          prefetch_within(x, j * 4 + 64, d * 4);
-          const __m256i a = q8(j), c = q8(j + 8), e = q8(j + 16), f = q8(j + 24);
-          const __m256i w = zigzag_bytes32(a, c, e, f);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(b + j), w);
-          if (Hash) h = _mm256_mullo_epi32(_mm256_xor_si256(h, w), mul);
-        }
-        if (_mm256_movemask_ps(sure) != 0xff) {
-          l = l0;
-          h = h0;
-          break;
-        }
-        i = end;
-      }
-      lo = l;
-      lanes = h;
-      if (i == d) {
-        narrow[r] = 1;
-        row_outlier[r] = 0;
-        if (Hash) {
-          alignas(32) uint32_t lane[8];
-          _mm256_store_si256(reinterpret_cast<__m256i*>(lane), lanes);
-          hashes[r] = narrow_hash_finish(lane, b + d, 0, d);
-        }
-        continue;
-      }
-    }
     bool redo = false;  // dither indices that cross 2^32: the row goes to the kernel above
     auto group = [&](uint64_t i) HL_AVX2_LAMBDA -> __m256i {
       __m256i zig;
@@ -325,18 +278,70 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows
       any = _mm256_or_si256(any, zig);
       return zig;
     };
-    for (; i + 32 <= d; i += 32) {
-      prefetch_within(x, i * 4, d * 4);
-      prefetch_within(x, i * 4 + 64, d * 4);
-      const __m256i a = group(i), c = group(i + 8), e = group(i + 16), f = group(i + 24);
-      // signed saturation keeps codes below 256 (a larger one makes the row wide anyway);
-      // the packs work within 128-bit lanes, the permutation restores the order
-      const __m256i w = _mm256_permutevar8x32_epi32(
-          _mm256_packus_epi16(_mm256_packs_epi32(a, c), _mm256_packs_epi32(e, f)),
-          _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b + i), w);
-      // a wide row's saturated bytes hash to nothing of use: it is hashed again below
-      if (Hash) lanes = _mm256_mullo_epi32(_mm256_xor_si256(lanes, w), mul);
+    const uint64_t whole = d / 32 * 32;
+    uint64_t i = 0, general_to = byte_rows ? 0 : whole;  // a run from general_to on: all fast
+    for (;;) {
+      if (byte_rows) {
+        // runs of up to kByteRun elements, each tested once at its end (a test every 32
+        // elements cost a d128 row about a fifth more); a run with a lane not sure is done the
+        // general way below, and the runs go on after it
+        __m256i l = lo, h = lanes;
+        __m256 sure;
+        auto q8 = [&](uint64_t k) HL_AVX2_LAMBDA -> __m256i {
+          __m256i bits = none;
+          if (Dither) {  // one run: the inner mix is one value, the indices step by eight
+            bits = dither_mix8(_mm256_xor_si256(l, inner));
+            l = _mm256_add_epi32(l, eight);
+          }
+          return bounded_q8<Dither>(x + k, fast, bits, &sure);
+        };
+        while (i < whole) {
+          const uint64_t end = whole - i > kByteRun ? i + kByteRun : whole;
+          const __m256i l0 = l, h0 = h;
+          sure = all_sure;
+          for (uint64_t j = i; j < end; j += 32) {
+            prefetch_within(x, j * 4, d * 4);
+            prefetch_within(x, j * 4 + 64, d * 4);
+            const __m256i a = q8(j), c = q8(j + 8), e = q8(j + 16), f = q8(j + 24);
+            const __m256i w = zigzag_bytes32(a, c, e, f);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(b + j), w);
+            if (Hash) h = _mm256_mullo_epi32(_mm256_xor_si256(h, w), mul);
+          }
+          if (_mm256_movemask_ps(sure) != 0xff) {
+            l = l0;
+            h = h0;
+            general_to = end;
+            break;
+          }
+          i = end;
+        }
+        lo = l;
+        lanes = h;
+      }
+      for (; i < general_to; i += 32) {
+        prefetch_within(x, i * 4, d * 4);
+        prefetch_within(x, i * 4 + 64, d * 4);
+        const __m256i a = group(i), c = group(i + 8), e = group(i + 16), f = group(i + 24);
+        // signed saturation keeps codes below 256 (a larger one makes the row wide anyway);
+        // the packs work within 128-bit lanes, the permutation restores the order
+        const __m256i w = _mm256_permutevar8x32_epi32(
+            _mm256_packus_epi16(_mm256_packs_epi32(a, c), _mm256_packs_epi32(e, f)),
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(b + i), w);
+        // a wide row's saturated bytes hash to nothing of use: it is hashed again below
+        if (Hash) lanes = _mm256_mullo_epi32(_mm256_xor_si256(lanes, w), mul);
+      }
+      if (i >= whole) break;
+    }
+    if (byte_rows && general_to == 0 && i == d) {  // every run fast: no `any`, no tail
+      narrow[r] = 1;
+      row_outlier[r] = 0;
+      if (Hash) {
+        alignas(32) uint32_t lane[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lane), lanes);
+        hashes[r] = narrow_hash_finish(lane, b + d, 0, d);
+      }
+      continue;
     }
     const uint64_t hashed = i;  // narrow_hash's rest: the bytes from here on
     for (; i + 8 <= d; i += 8) {

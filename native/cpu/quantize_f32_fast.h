@@ -63,39 +63,53 @@ __attribute__((target("avx2,fma"))) inline FastF32 fast_f32(double step, double 
   return f;
 }
 
+// s_f of eight elements, rounded to the nearest (r) and how far it is from that (|s_f - r|):
+// x * fl(1 / step), less the dither's offset in steps d_f when `bits` carries dither_bits8's
+// 24-bit hashes.
+struct Scaled8 {
+  __m256 s, r, frac;
+};
+template <bool Dither>
+__attribute__((target("avx2,fma"), always_inline)) inline Scaled8 scaled8(const float* x,
+                                                                         const FastF32& f,
+                                                                         __m256i bits) {
+  const __m256 v = _mm256_loadu_ps(x);
+  Scaled8 o;
+  if (Dither) {
+    const __m256 d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(bits), _mm256_set1_ps(0x1p-24f),
+                                     _mm256_set1_ps(-(0.5f - 0x1p-25f)));
+    o.s = _mm256_fmsub_ps(v, f.inv, d);
+  } else {
+    o.s = _mm256_mul_ps(v, f.inv);
+  }
+  o.r = _mm256_round_ps(o.s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  o.frac = _mm256_and_ps(_mm256_sub_ps(o.s, o.r),
+                         _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+  return o;
+}
+
 // Zigzag codes of eight elements (x - u when `bits` carries dither_bits8's 24-bit hashes, else
 // x) into *zig; false when some lane is near an edge and the group must go to the double kernel
 // (*zig then holds nothing of use).
 template <bool Dither, bool Bounded = false>
 __attribute__((target("avx2,fma"))) inline bool quantize8_fast(const float* x, const FastF32& f,
                                                            __m256i bits, __m256i* zig) {
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 v = _mm256_loadu_ps(x);
-  __m256 s;
-  if (Dither) {
-    const __m256 d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(bits), _mm256_set1_ps(0x1p-24f),
-                                     _mm256_set1_ps(-(0.5f - 0x1p-25f)));
-    s = _mm256_fmsub_ps(v, f.inv, d);
-  } else {
-    s = _mm256_mul_ps(v, f.inv);
-  }
-  const __m256 r = _mm256_round_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 frac = _mm256_and_ps(_mm256_sub_ps(s, r), abs_mask);
+  const Scaled8 q8 = scaled8<Dither>(x, f, bits);
   // ordered compares: false for NaN
   __m256 sure;
   if (Bounded) {
-    sure = _mm256_cmp_ps(frac, f.edge, _CMP_LE_OQ);
+    sure = _mm256_cmp_ps(q8.frac, f.edge, _CMP_LE_OQ);
   } else {
     // Each lane its own margin, from L = |s_f| + 1: 1/2 - 2^-20 * L, one FMA from exact
     // operands whose rounding (2^-26 at most) stays inside the 2^-21 * L it has to spare.
-    const __m256 a = _mm256_and_ps(s, abs_mask);
+    const __m256 a = _mm256_and_ps(q8.s, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
     const __m256 edge =
         _mm256_fnmadd_ps(a, _mm256_set1_ps(0x1p-20f), _mm256_set1_ps(0.5f - 0x1p-20f));
     sure = _mm256_and_ps(_mm256_cmp_ps(a, f.limit, _CMP_LE_OQ),
-                         _mm256_cmp_ps(frac, edge, _CMP_LE_OQ));
+                         _mm256_cmp_ps(q8.frac, edge, _CMP_LE_OQ));
   }
   if (_mm256_movemask_ps(sure) != 0xff) return false;
-  const __m256i q = _mm256_cvtps_epi32(r);
+  const __m256i q = _mm256_cvtps_epi32(q8.r);
   *zig = _mm256_xor_si256(_mm256_slli_epi32(q, 1), _mm256_srai_epi32(q, 31));
   return true;
 }
@@ -105,20 +119,9 @@ __attribute__((target("avx2,fma"))) inline bool quantize8_fast(const float* x, c
 template <bool Dither>
 __attribute__((target("avx2,fma"), always_inline)) inline __m256i bounded_q8(
     const float* x, const FastF32& f, __m256i bits, __m256* sure) {
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 v = _mm256_loadu_ps(x);
-  __m256 s;
-  if (Dither) {
-    const __m256 d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(bits), _mm256_set1_ps(0x1p-24f),
-                                     _mm256_set1_ps(-(0.5f - 0x1p-25f)));
-    s = _mm256_fmsub_ps(v, f.inv, d);
-  } else {
-    s = _mm256_mul_ps(v, f.inv);
-  }
-  const __m256 r = _mm256_round_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 frac = _mm256_and_ps(_mm256_sub_ps(s, r), abs_mask);
-  *sure = _mm256_and_ps(*sure, _mm256_cmp_ps(frac, f.edge, _CMP_LE_OQ));  // false for NaN
-  return _mm256_cvtps_epi32(r);
+  const Scaled8 q8 = scaled8<Dither>(x, f, bits);
+  *sure = _mm256_and_ps(*sure, _mm256_cmp_ps(q8.frac, f.edge, _CMP_LE_OQ));  // false for NaN
+  return _mm256_cvtps_epi32(q8.r);
 }
 
 // 32 codes as bytes (FastF32::byte_codes, every lane sure): the signed codes packed to bytes
