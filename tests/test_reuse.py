@@ -332,13 +332,19 @@ def test_rows_sharing_a_slot_resolve_to_the_last_row_of_the_call():
 
 
 def test_the_native_slot_is_the_documented_hash():
-    """slot = (id * 2^64/phi wrapped, xor itself >> 29) mod capacity, in int64 as torch does."""
-    ids = torch.tensor([0, 1, -1, 7, 1 << 40, -(1 << 62), (1 << 63) - 1])
-    for capacity in (1, 7, 4096, 1 << 20):
+    """slot = (id * 2^64/phi wrapped, xor itself >> 29) mod capacity, in int64 as torch does,
+    for extreme and random ids and capacities from 1 to past 2^40; no slots is refused."""
+    g = torch.Generator().manual_seed(9)
+    ids = torch.cat([torch.tensor([0, 1, -1, 7, 1 << 40, -(1 << 62), (1 << 63) - 1, -(1 << 63)]),
+                     torch.randint(-(1 << 63), (1 << 63) - 1, (2000,), generator=g)])
+    for capacity in (1, 2, 3, 7, 4096, 16383, 1 << 20, 12345677, (1 << 40) + 3, (1 << 62) - 57):
         h = ids * -7046029254386353131
         want = torch.remainder(h ^ (h >> 29), capacity)
-        cache = reuse.DirectMappedCache(capacity, 1, torch.float32)
-        assert [cache.slot(int(i)) for i in ids] == want.tolist()
+        assert [_codec.reuse_slot(int(i), capacity) for i in ids] == want.tolist(), capacity
+    cache = reuse.DirectMappedCache(4096, 1, torch.float32)
+    assert cache.slot(7) == _codec.reuse_slot(7, 4096)
+    with pytest.raises(ValueError, match="at least one slot, got capacity 0"):
+        _codec.reuse_slot(1, 0)
 
 
 def test_collisions_make_the_same_caches_on_every_run():

@@ -546,6 +546,7 @@ void check_dtype(uint8_t dtype) {
 }  // namespace
 
 uint64_t slot_of(int64_t id, uint64_t capacity) {
+  if (capacity == 0) throw ArgumentError("a reuse cache has at least one slot, got capacity 0");
   // int64 arithmetic as torch does it: the product wraps, >> is arithmetic, remainder >= 0.
   int64_t h = (int64_t)((uint64_t)id * (uint64_t)(int64_t)-7046029254386353131LL);
   h ^= h >> 29;
