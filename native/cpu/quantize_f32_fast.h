@@ -63,6 +63,10 @@ __attribute__((target("avx2,fma"))) inline FastF32 fast_f32(double step, double 
   return f;
 }
 
+__attribute__((target("avx2"), always_inline)) inline __m256 abs_mask_ps() {
+  return _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+}
+
 // s_f of eight elements, rounded to the nearest (r) and how far it is from that (|s_f - r|):
 // x * fl(1 / step), less the dither's offset in steps d_f when `bits` carries dither_bits8's
 // 24-bit hashes.
@@ -83,8 +87,7 @@ __attribute__((target("avx2,fma"), always_inline)) inline Scaled8 scaled8(const 
     o.s = _mm256_mul_ps(v, f.inv);
   }
   o.r = _mm256_round_ps(o.s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  o.frac = _mm256_and_ps(_mm256_sub_ps(o.s, o.r),
-                         _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+  o.frac = _mm256_and_ps(_mm256_sub_ps(o.s, o.r), abs_mask_ps());
   return o;
 }
 
@@ -102,7 +105,7 @@ __attribute__((target("avx2,fma"))) inline bool quantize8_fast(const float* x, c
   } else {
     // Each lane its own margin, from L = |s_f| + 1: 1/2 - 2^-20 * L, one FMA from exact
     // operands whose rounding (2^-26 at most) stays inside the 2^-21 * L it has to spare.
-    const __m256 a = _mm256_and_ps(q8.s, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+    const __m256 a = _mm256_and_ps(q8.s, abs_mask_ps());
     const __m256 edge =
         _mm256_fnmadd_ps(a, _mm256_set1_ps(0x1p-20f), _mm256_set1_ps(0.5f - 0x1p-20f));
     sure = _mm256_and_ps(_mm256_cmp_ps(a, f.limit, _CMP_LE_OQ),
