@@ -408,7 +408,10 @@ def test_dedup_hashes_follow_one_rule_on_every_kernel_path(tmp_path):
     """The quantizer that serves dedup hashes each row as the scalar rule says (narrow_hash of a
     narrow row's bytes, wide_hash of a wide row's codes and outliers), on every kernel path and at
     row lengths with and without whole blocks of 32 and a rest of 8 or fewer codes; and a narrow
-    row's hash covers every code: one code changed anywhere in the row changes it."""
+    row's hash covers every code: one code changed anywhere in the row changes it. Bounded rows
+    (a range pass's max |x| given, every code within a byte) are quantized in runs, each row's
+    hash folded from its lanes in registers, and hash by the same rule, rows with a rounding
+    edge in a run (done the general way) too."""
     from tests._hooks import OUT
 
     script = tmp_path / "hashes.py"
@@ -432,6 +435,16 @@ def test_dedup_hashes_follow_one_rule_on_every_kernel_path(tmp_path):
         "        y[at] += 0.2\n"
         "        _, h2, ref2 = _hl_test.narrow_hashes_f32(rows[0] + y, d, 0.1)\n"
         "        assert list(h2) == list(ref2) and h2[1] != h2[0], (d, at)\n"
+        "for d in (32, 40, 64, 256, 288):  # bounded rows: the byte runs and their hash's fold\n"
+        "    rows = [[rng.uniform(-1, 1) for _ in range(d)] for _ in range(5)]\n"
+        "    rows[1] = rows[0][:]\n"
+        "    rows[2][d - 1] = 0.25  # a rounding edge at step 0.1: that run the general way\n"
+        "    rows[3][0] = -0.75  # an edge whose rounding misses the bound: an outlier, wide\n"
+        "    x = [v for r in rows for v in r]\n"
+        "    narrow, h, ref = _hl_test.narrow_hashes_f32(x, d, 0.05, max(map(abs, x)))\n"
+        "    assert list(narrow) == [1, 1, 1, 0, 1] and h[0] == h[1] and len(set(h)) == 4, (d, h)\n"
+        "    assert list(h) == list(ref), d\n"
+        "    out.append(list(h))\n"
         "print(repr(out))\n")
 
     same_on_every_kernel_path(script)

@@ -112,6 +112,19 @@ HL_AVX2 inline bool dither8_avx2(DitherInner& di, uint64_t first,
   return true;
 }
 
+// hash_finish's fold of the eight lanes (kernels_scalar.h), with no words left to mix in.
+HL_AVX2 inline uint64_t fold_lanes(__m256i v) {
+  const __m256i even = _mm256_mul_epu32(
+      v, _mm256_setr_epi32((int)kFoldMul[0], 0, (int)kFoldMul[2], 0, (int)kFoldMul[4], 0,
+                           (int)kFoldMul[6], 0));
+  const __m256i odd = _mm256_mul_epu32(
+      _mm256_srli_epi64(v, 32), _mm256_setr_epi32((int)kFoldMul[1], 0, (int)kFoldMul[3], 0,
+                                                  (int)kFoldMul[5], 0, (int)kFoldMul[7], 0));
+  const __m256i x = _mm256_xor_si256(even, _mm256_shuffle_epi32(odd, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m128i y = _mm_xor_si128(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+  return (uint64_t)_mm_cvtsi128_si64(_mm_xor_si128(y, _mm_unpackhi_epi64(y, y)));
+}
+
 // Four elements: zigzag codes (or the outlier mark) and the lanes that miss (all ones). Codes
 // x - u and reconstructs q * step + u (hl::quantize); plain frames pass u = 0, which changes no
 // bit. The miss mask is built from the complements of hl::quantize's tests (NLE_UQ is true for
@@ -336,11 +349,7 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows
     if (byte_rows && general_to == 0 && i == d) {  // every run fast: no `any`, no tail
       narrow[r] = 1;
       row_outlier[r] = 0;
-      if (Hash) {
-        alignas(32) uint32_t lane[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(lane), lanes);
-        hashes[r] = narrow_hash_finish(lane, b + d, 0, d);
-      }
+      if (Hash) hashes[r] = mix64(d ^ fold_lanes(lanes)) & ~(1ull << 32);  // narrow_hash
       continue;
     }
     const uint64_t hashed = i;  // narrow_hash's rest: the bytes from here on

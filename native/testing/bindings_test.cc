@@ -249,13 +249,16 @@ py::tuple quantized_f32(const std::vector<float>& x, double eb_abs, bool dither,
 
 // cpu::quantize_rows_narrow (whichever simd_level runs) over rows of d float32 elements, beside
 // the scalar rule of its dedup hashes (narrow_hash of a narrow row's bytes, wide_hash of a wide
-// row's codes): (narrow flags, hashes, reference hashes).
-py::tuple narrow_hashes_f32(const std::vector<float>& x, uint64_t d, double eb_abs) {
+// row's codes): (narrow flags, hashes, reference hashes). max_abs: the bound on |x| a relative
+// bound's range pass hands the quantizer (finite: its bounded lanes and byte runs).
+py::tuple narrow_hashes_f32(const std::vector<float>& x, uint64_t d, double eb_abs,
+                            double max_abs) {
   if (d == 0 || x.size() % d != 0)
     throw hl::ArgumentError("rows of d = " + std::to_string(d) + " elements, got " +
                             std::to_string(x.size()) + " elements");
   const uint64_t rows = x.size() / d;
-  const hl::cpu::QuantParams qp = hl::cpu::quant_params(eb_abs);
+  hl::cpu::QuantParams qp = hl::cpu::quant_params(eb_abs);
+  qp.max_abs = max_abs;
   std::vector<uint32_t> z(x.size());
   std::vector<uint8_t> outlier(rows), narrow(rows), bytes(x.size());
   std::vector<uint64_t> hashes(rows), ref(rows);
@@ -423,6 +426,7 @@ PYBIND11_MODULE(_hl_test, m) {
         "elements first, first + 1, ... (codes: zigzag or the outlier mark; decode of the "
         "reference codes, outliers as 0).");
   m.def("narrow_hashes_f32", &narrow_hashes_f32, py::arg("x"), py::arg("d"), py::arg("eb_abs"),
+        py::arg("max_abs") = INFINITY,
         "(narrow flags, dedup hashes, reference hashes) of rows of d float32 elements through "
         "the quantizer that serves dedup.");
   m.def("dequantized_f32", &dequantized_f32, py::arg("codes"), py::arg("step"),
