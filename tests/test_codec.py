@@ -664,7 +664,7 @@ def test_outputs_written_with_streaming_stores_are_the_same_on_every_kernel_path
     """From 1 MiB of output on, the decoder writes rows with streaming stores (its one-thread
     sweep and its threaded row copy) and so does an all-to-all's copy of its own rows
     (`copy_rows`): the same bytes as the portable path's memcpy, at outputs just below and above
-    that size, rows of 128 and 512 bytes, destinations on and off a 64-byte line, and copies
+    that size, rows of 64, 128 and 512 bytes, destinations on and off a 64-byte line, and copies
     that leave every byte around them alone."""
     script = tmp_path / "streams.py"
     script.write_text(
@@ -672,7 +672,7 @@ def test_outputs_written_with_streaming_stores_are_the_same_on_every_kernel_path
         "g = torch.Generator().manual_seed(3)\n"
         "out = [hvd_lossy._C.simd_level()]\n"
         "digest = lambda t: hashlib.sha1(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()\n"
-        "for dim in (32, 128):\n"
+        "for dim in (16, 32, 128):\n"
         "    for rows in ((1 << 20) // (4 * dim) - 3, 3 * (1 << 20) // (8 * dim)):  # below, above\n"
         "        x = torch.randn(rows // 4 + 1, dim, generator=g)\n"
         "        x = x[torch.randint(0, x.shape[0], (rows,), generator=g)]  # repeated rows\n"

@@ -67,6 +67,9 @@ inline const uint8_t* source(const SweepRows& s, uint32_t v, uint64_t done) {
 // the stage (in L1 anyway: a prefetch of a kept row that is never written is a memory read
 // for nothing).
 inline const uint8_t* ahead(const SweepRows& s, uint64_t r, uint64_t done) {
+  // slot[] (a word a unique row: past L2 at d16) of the row twice as far on, so that this row's
+  // address does not wait on it (d16 decode into 0.83-0.88 of its time)
+  __builtin_prefetch(&s.slot[s.map[r + 2 * kAhead < s.rows ? r + 2 * kAhead : s.rows - 1]]);
   const uint32_t v = s.map[r + kAhead < s.rows ? r + kAhead : s.rows - 1];
   return reinterpret_cast<const uint8_t*>(
       pick(v < done, (uintptr_t)s.kept + (uint64_t)s.slot[v] * s.row_bytes, (uintptr_t)s.stage));
@@ -110,6 +113,7 @@ __attribute__((target("avx2"))) uint64_t sweep_rows_avx2(const SweepRows& sweep,
 template <bool Stream>
 uint64_t sweep_rows_avx2_by_size(const SweepRows& s, uint64_t r, uint64_t done, uint64_t end) {
   switch (s.row_bytes) {  // the usual rows at a fixed size: their copies unrolled
+    case 64: return sweep_rows_avx2<64, Stream>(s, r, done, end);
     case 128: return sweep_rows_avx2<128, Stream>(s, r, done, end);
     case 512: return sweep_rows_avx2<512, Stream>(s, r, done, end);
     default: return sweep_rows_avx2<0, Stream>(s, r, done, end);
