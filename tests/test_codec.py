@@ -404,6 +404,37 @@ def test_dither_kernels_match_the_scalar_rule_at_every_element_index(tmp_path):
     same_on_every_kernel_path(script)
 
 
+@pytest.mark.parametrize("mode", ["rel", "abs"])
+def test_rows_past_the_point_where_dedup_cannot_pay_are_stored_as_without_dedup(mode):
+    """dedup_pays only falls as unique rows are found, so once the rows numbered so far fail it
+    the whole piece stores every row: the encoder stops numbering there (one thread: 2,048 rows
+    of d16 a block; here after about 11,000 of 20,000 rows) and the frame is the bytes of the
+    frame without dedup, with wide rows (abs: codes of 256 or more), outliers (NaN) and repeats
+    among the rows past that point, and decodes within the bound."""
+    g = torch.Generator().manual_seed(5)
+    distinct = torch.rand(14000, 16, generator=g) * 2 - 1
+    x = torch.cat([distinct, distinct[torch.randint(0, 14000, (6000,), generator=g)]])
+    x[17000, 5] = float("nan")
+    eb = 0.01
+    if mode == "abs":
+        x[15000:15003, 3] = 40.0  # 2,000 steps: wide rows
+        x[15003] = x[15000]  # a wide repeat
+    before = hvd_lossy.get_num_threads()
+    try:
+        hvd_lossy.set_num_threads(1)
+        frame = hvd_lossy.compress(x, eb, mode=mode)
+        assert torch.equal(frame, hvd_lossy.compress(x, eb, mode=mode, dedup=False))
+        assert hvd_lossy.frame_info(frame)["n_unique"] == len(x)
+    finally:
+        hvd_lossy.set_num_threads(before)
+    y = hvd_lossy.decompress(frame)
+    finite = ~x.isnan()
+    values = x[finite].double()
+    bound = eb if mode == "abs" else eb * (values.max() - values.min()).item()
+    assert (values - y[finite].double()).abs().max().item() <= bound
+    assert y[17000, 5].isnan()
+
+
 def test_dedup_hashes_follow_one_rule_on_every_kernel_path(tmp_path):
     """The quantizer that serves dedup hashes each row as the scalar rule says (narrow_hash of a
     narrow row's bytes, wide_hash of a wide row's codes and outliers), on every kernel path and at

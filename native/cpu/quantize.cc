@@ -380,6 +380,12 @@ Coded code_distinct_rows(const Tensor<DT>& t, const DistinctRows* repeats, doubl
   Block b(std::min(block, m), d);
   cpu::QuantParams qp = cpu::quant_params(eb_abs);
   qp.max_abs = max_abs;
+  // Whether rows are still numbered. dedup_pays only falls as unique rows are found, so once it
+  // fails for those found so far the frame stores every row whatever the rest hold: the rest
+  // are quantized without hashes and taken as unique rows of their own, which the every_row
+  // expansion below turns into the same frame (at d16 with 55% of rows distinct, the table's
+  // probes for the last ~40% of the rows were spent on a map no frame kept).
+  bool numbering = true;
   for (uint64_t b0 = 0; b0 < m; b0 += block) {
     const uint64_t nb = std::min(block, m - b0);
     {
@@ -389,8 +395,9 @@ Coded code_distinct_rows(const Tensor<DT>& t, const DistinctRows* repeats, doubl
         split_range(nb, part, parts, &a, &e);
         cpu::quantize_rows_narrow(DT, pick ? t.x : t.x + (b0 + a) * d,
                                   pick ? pick + b0 + a : nullptr, e - a, d, qp,
-                                  b.z.data() + a * d, b.outlier.data() + a, b.hash.data() + a,
-                                  b.narrow.data() + a, b.bytes.data() + a * d);
+                                  b.z.data() + a * d, b.outlier.data() + a,
+                                  numbering ? b.hash.data() + a : nullptr, b.narrow.data() + a,
+                                  b.bytes.data() + a * d);
       });
     }
     const uint8_t* bnarrow = b.narrow.data();
@@ -416,6 +423,20 @@ Coded code_distinct_rows(const Tensor<DT>& t, const DistinctRows* repeats, doubl
       else
         prefetch_row(ub + at, d);
     };
+    auto add = [&](uint64_t i) {  // row i as a new unique row
+      const uint32_t u = n++;
+      if (bnarrow[i]) {
+        copy_bytes(ub + (uint64_t)u * d, bbytes + i * d, d);
+      } else {
+        memcpy(&ucodes[(uint64_t)u * d], &b.z[i * d], d * 4);
+        any_wide = true;
+      }
+      uout[u] = b.outlier[i];
+      uhash[u] = numbering ? bhash[i] : (uint64_t)!bnarrow[i] << 32;  // the tag bit: wide
+      source[u] = row_of(b0 + i);
+      map[b0 + i] = u;
+      return u;
+    };
     auto resolve = [&](uint64_t i) {
       // The table holds one unique row a content: a candidate that is the same row is the one
       // find would return.
@@ -430,25 +451,20 @@ Coded code_distinct_rows(const Tensor<DT>& t, const DistinctRows* repeats, doubl
         map[b0 + i] = table.at(s);
         return;
       }
-      const uint32_t u = n++;
-      if (bnarrow[i]) {
-        copy_bytes(ub + (uint64_t)u * d, bbytes + i * d, d);
-      } else {
-        memcpy(&ucodes[(uint64_t)u * d], &b.z[i * d], d * 4);
-        any_wide = true;
-      }
-      uout[u] = b.outlier[i];
-      uhash[u] = h;
-      source[u] = row_of(b0 + i);
-      map[b0 + i] = u;
-      table.put(s, h, u);
+      table.put(s, h, add(i));
     };
+    if (!numbering) {
+      for (uint64_t i = 0; i < nb; ++i) add(i);
+      widths_up_to((uint64_t)n * d / (2 * HL_SHORT_BLOCK) * (2 * HL_SHORT_BLOCK));
+      continue;
+    }
     // Every row's candidate first, its compact codes fetched while the other rows probe: the
     // compares below then read cached rows. Only a row with no candidate (new, or first seen
     // in this block) or a false one (a tag collision) probes again.
     for (uint64_t i = 0; i < nb; ++i) look(i);
     for (uint64_t i = 0; i < nb; ++i) resolve(i);
     widths_up_to((uint64_t)n * d / (2 * HL_SHORT_BLOCK) * (2 * HL_SHORT_BLOCK));
+    numbering = dedup_pays(rows, n, d);
   }
 
   if (repeats) {  // a row repeated bit for bit takes its distinct row's unique row
