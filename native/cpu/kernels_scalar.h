@@ -92,8 +92,8 @@ HL_INLINE void range_impl(const void* xv, uint64_t n, double* lo_out, double* hi
 // row would make the hash latency-bound).
 // The lanes join as the xor of their 64-bit products with kFoldMul (an odd lane's with its
 // halves swapped, so that its low bits reach the table's slot index), in the form of the AVX2
-// quantizer's fold_lanes (two widening multiplies a vector, not eight extracts and four 64-bit
-// multiplies: at d32 the finish was half of the quantizer's time).
+// quantizer's fold_lanes (two widening multiplies a vector rather than eight extracts and four
+// 64-bit multiplies: d32 compress 1.03-1.06x faster, benchmarks/RESULTS.md).
 constexpr uint32_t kFoldMul[8] = {0x9e3779b1u, 0x85ebca77u, 0xc2b2ae3du, 0x27d4eb2fu,
                                   0x165667b1u, 0xd3a2646du, 0xfd7046c5u, 0xb55a4f09u};
 

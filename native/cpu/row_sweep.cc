@@ -68,7 +68,8 @@ inline const uint8_t* source(const SweepRows& s, uint32_t v, uint64_t done) {
 // for nothing).
 inline const uint8_t* ahead(const SweepRows& s, uint64_t r, uint64_t done) {
   // slot[] (a word a unique row: past L2 at d16) of the row twice as far on, so that this row's
-  // address does not wait on it (d16 decode into 0.83-0.88 of its time)
+  // address does not wait on it (with the 64-byte copies, d16 decode into 1.14-1.20x faster:
+  // benchmarks/RESULTS.md)
   __builtin_prefetch(&s.slot[s.map[r + 2 * kAhead < s.rows ? r + 2 * kAhead : s.rows - 1]]);
   const uint32_t v = s.map[r + kAhead < s.rows ? r + kAhead : s.rows - 1];
   return reinterpret_cast<const uint8_t*>(
