@@ -87,13 +87,10 @@ HL_INLINE void range_impl(const void* xv, uint64_t n, double* lo_out, double* hi
   *hi_out = hi;
 }
 
-// hash_codes from its eight lanes after the row's full groups of eight (the rest, d % 8 codes,
-// still to mix in): independent multiplies, then one finalizer (a chain of mix64 calls per
-// row would make the hash latency-bound).
-// The lanes join as the xor of their 64-bit products with kFoldMul (an odd lane's with its
-// halves swapped, so that its low bits reach the table's slot index), in the form of the AVX2
-// quantizer's fold_lanes (two widening multiplies a vector rather than eight extracts and four
-// 64-bit multiplies: d32 compress 1.03-1.06x faster, benchmarks/RESULTS.md).
+// A row hash's eight lanes join as the xor of their 64-bit products with kFoldMul (an odd
+// lane's with its halves swapped, so that its low bits reach the table's slot index), in the
+// form of the AVX2 quantizer's fold_lanes (two widening multiplies a vector rather than eight
+// extracts and four 64-bit multiplies: d32 compress 1.03-1.06x faster, benchmarks/RESULTS.md).
 constexpr uint32_t kFoldMul[8] = {0x9e3779b1u, 0x85ebca77u, 0xc2b2ae3du, 0x27d4eb2fu,
                                   0x165667b1u, 0xd3a2646du, 0xfd7046c5u, 0xb55a4f09u};
 
@@ -102,6 +99,9 @@ HL_INLINE uint64_t fold_lane(uint32_t lane, int k) {
   return (k & 1) ? (p >> 32 | p << 32) : p;
 }
 
+// hash_codes from its eight lanes after the row's full groups of eight (the rest, d % 8 codes,
+// still to mix in): independent multiplies, then one finalizer (a chain of mix64 calls per
+// row would make the hash latency-bound).
 HL_INLINE uint64_t hash_finish(uint32_t* lane, const uint32_t* rest, uint64_t n_rest, uint64_t d) {
   for (uint64_t k = 0; k < n_rest; ++k) lane[k] = (lane[k] ^ rest[k]) * 0x85ebca6bu;
   uint64_t h = d;
