@@ -391,65 +391,74 @@ HL_AVX2 void narrow_f32_avx2(const float* xs, const uint64_t* idx, uint64_t rows
   }
 }
 
-// quantize_rows_narrow of rows of 16 float32 elements (the DLRM example's default width), two
-// rows a group of 32 bytes: narrow_f32_avx2 takes such a row the general way, eight elements a
-// test, and finishes its hash in scalar code (28 ns a d16 row against 16 for a d32 row). For
-// bounded segments of byte codes without dither (dedup's rows); a pair with a lane not sure, and
-// an odd last row, go to narrow_f32_avx2. Each row's hash is narrow_hash's rule
-// (kernels_scalar.h): its four words mixed into lanes 0-3, lanes 4-7 as they start, folded.
-template <bool Hash>
-HL_AVX2 void narrow16_pairs_avx2(const float* xs, const uint64_t* idx, uint64_t rows,
-                                 const QuantParams& qp, const FastF32& fast, uint32_t* codes,
-                                 uint8_t* row_outlier, uint64_t* hashes, uint8_t* narrow,
-                                 uint8_t* bytes) {
-  constexpr uint64_t d = 16;
+// quantize_rows_narrow of rows of D = 16 or 32 float32 elements (16: the DLRM example's default
+// width) as groups of 32 byte codes, two rows or one a group, one sureness test each, and each
+// row's hash folded in registers: narrow_f32_avx2 takes a d16 row the general way, eight elements
+// a test, with a scalar hash finish (28 ns a d16 row against 16 for a d32 row), and a d32 row
+// with a run's bookkeeping. For bounded segments of byte codes without dither (dedup's rows); a
+// group with a lane not sure, and an odd last d16 row, go to narrow_f32_avx2. The hashes follow
+// narrow_hash (kernels_scalar.h): a d32 row's eight words one multiply into the lanes, a d16
+// row's four words mixed into lanes 0-3 as hash_finish's rest, lanes 4-7 as they start.
+template <uint64_t D, bool Hash>
+HL_AVX2 void narrow_small_avx2(const float* xs, const uint64_t* idx, uint64_t rows,
+                               const QuantParams& qp, const FastF32& fast, uint32_t* codes,
+                               uint8_t* row_outlier, uint64_t* hashes, uint8_t* narrow,
+                               uint8_t* bytes) {
+  static_assert(D == 16 || D == 32, "rows of 16 or 32 elements");
+  constexpr uint64_t per = 32 / D;  // rows a group
   const __m256i none = _mm256_setzero_si256();
   const __m256 all_sure = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-  const __m256i start = _mm256_setr_epi32((int)kHashLanes[0], (int)kHashLanes[1],
-                                          (int)kHashLanes[2], (int)kHashLanes[3],
-                                          (int)kHashLanes[0], (int)kHashLanes[1],
-                                          (int)kHashLanes[2], (int)kHashLanes[3]);
-  const __m256i word_mul = _mm256_set1_epi32((int)0x85ebca6bu);
+  const __m256i lanes0 = D == 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kHashLanes))
+                                 : _mm256_setr_epi32((int)kHashLanes[0], (int)kHashLanes[1],
+                                                     (int)kHashLanes[2], (int)kHashLanes[3],
+                                                     (int)kHashLanes[0], (int)kHashLanes[1],
+                                                     (int)kHashLanes[2], (int)kHashLanes[3]);
+  const __m256i word_mul = _mm256_set1_epi32(D == 32 ? (int)kHashMul : (int)0x85ebca6bu);
   const __m256i even_mul = _mm256_setr_epi32((int)kFoldMul[0], 0, (int)kFoldMul[2], 0,
                                              (int)kFoldMul[0], 0, (int)kFoldMul[2], 0);
   const __m256i odd_mul = _mm256_setr_epi32((int)kFoldMul[1], 0, (int)kFoldMul[3], 0,
                                             (int)kFoldMul[1], 0, (int)kFoldMul[3], 0);
-  uint64_t high = d;  // the fold of d and of lanes 4-7, which a 16-byte row leaves as they start
+  uint64_t high = D;  // d16: the fold of d and of lanes 4-7, which a 16-byte row leaves as they start
   for (int k = 4; k < 8; ++k) high ^= fold_lane(kHashLanes[k], k);
   auto general = [&](uint64_t r, uint64_t n) HL_AVX2_LAMBDA {
-    narrow_f32_avx2<false, true, Hash>(idx ? xs : xs + r * d, idx ? idx + r : nullptr, n, d, qp,
-                                       codes + r * d, row_outlier + r,
-                                       Hash ? hashes + r : nullptr, narrow + r, bytes + r * d);
+    narrow_f32_avx2<false, true, Hash>(idx ? xs : xs + r * D, idx ? idx + r : nullptr, n, D, qp,
+                                       codes + r * D, row_outlier + r,
+                                       Hash ? hashes + r : nullptr, narrow + r, bytes + r * D);
   };
   uint64_t r = 0;
-  for (; r + 2 <= rows; r += 2) {
-    prefetch_ahead(xs, idx, r, rows, d * 4);
-    prefetch_ahead(xs, idx, r + 1, rows, d * 4);
-    const float* a = xs + (idx ? idx[r] : r) * d;
-    const float* b = xs + (idx ? idx[r + 1] : r + 1) * d;
+  for (; r + per <= rows; r += per) {
+    prefetch_ahead(xs, idx, r, rows, D * 4);
+    if (per == 2) prefetch_ahead(xs, idx, r + 1, rows, D * 4);
+    const float* a = xs + (idx ? idx[r] : r) * D;
+    const float* b = per == 2 ? xs + (idx ? idx[r + 1] : r + 1) * D : a + 16;
     __m256 sure = all_sure;
     const __m256i q0 = bounded_q8<false>(a, fast, none, &sure);
     const __m256i q1 = bounded_q8<false>(a + 8, fast, none, &sure);
     const __m256i q2 = bounded_q8<false>(b, fast, none, &sure);
     const __m256i q3 = bounded_q8<false>(b + 8, fast, none, &sure);
     if (_mm256_movemask_ps(sure) != 0xff) {
-      general(r, 2);
+      general(r, per);
       continue;
     }
-    const __m256i w = zigzag_bytes32(q0, q1, q2, q3);  // row r's 16 bytes, then row r + 1's
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bytes + r * d), w);
-    narrow[r] = narrow[r + 1] = 1;
-    row_outlier[r] = row_outlier[r + 1] = 0;
-    if (Hash) {
-      const __m256i l = _mm256_mullo_epi32(_mm256_xor_si256(start, w), word_mul);
-      const __m256i x = _mm256_xor_si256(
-          _mm256_mul_epu32(l, even_mul),
-          _mm256_shuffle_epi32(_mm256_mul_epu32(_mm256_srli_epi64(l, 32), odd_mul),
-                               _MM_SHUFFLE(2, 3, 0, 1)));
-      const __m256i y = _mm256_xor_si256(x, _mm256_unpackhi_epi64(x, x));  // a row a half
-      hashes[r] = mix64(high ^ (uint64_t)_mm256_extract_epi64(y, 0)) & ~(1ull << 32);
-      hashes[r + 1] = mix64(high ^ (uint64_t)_mm256_extract_epi64(y, 2)) & ~(1ull << 32);
+    const __m256i w = zigzag_bytes32(q0, q1, q2, q3);  // d16: row r's 16 bytes, then row r + 1's
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bytes + r * D), w);
+    for (uint64_t k = 0; k < per; ++k) {
+      narrow[r + k] = 1;
+      row_outlier[r + k] = 0;
     }
+    if (!Hash) continue;
+    const __m256i l = _mm256_mullo_epi32(_mm256_xor_si256(lanes0, w), word_mul);
+    if (D == 32) {
+      hashes[r] = mix64(D ^ fold_lanes(l)) & ~(1ull << 32);
+      continue;
+    }
+    const __m256i x = _mm256_xor_si256(
+        _mm256_mul_epu32(l, even_mul),
+        _mm256_shuffle_epi32(_mm256_mul_epu32(_mm256_srli_epi64(l, 32), odd_mul),
+                             _MM_SHUFFLE(2, 3, 0, 1)));
+    const __m256i y = _mm256_xor_si256(x, _mm256_unpackhi_epi64(x, x));  // a row a half
+    hashes[r] = mix64(high ^ (uint64_t)_mm256_extract_epi64(y, 0)) & ~(1ull << 32);
+    hashes[r + 1] = mix64(high ^ (uint64_t)_mm256_extract_epi64(y, 2)) & ~(1ull << 32);
   }
   if (r < rows) general(r, rows - r);
 }
@@ -466,13 +475,17 @@ HL_AVX2 void quantize_f32_avx2_rows<true>(
     if (bounded) HL_NARROW(true, true, false);
     HL_NARROW(true, false, false);
   }
+#define HL_SMALL(D, H) \
+  return narrow_small_avx2<D, H>(xs, idx, rows, qp, fast, codes, row_outlier, hashes, narrow, bytes)
   if (d == 16 && fast.byte_codes) {
-    if (hashes)
-      return narrow16_pairs_avx2<true>(xs, idx, rows, qp, fast, codes, row_outlier, hashes,
-                                       narrow, bytes);
-    return narrow16_pairs_avx2<false>(xs, idx, rows, qp, fast, codes, row_outlier, hashes, narrow,
-                                      bytes);
+    if (hashes) HL_SMALL(16, true);
+    HL_SMALL(16, false);
   }
+  if (d == 32 && fast.byte_codes) {
+    if (hashes) HL_SMALL(32, true);
+    HL_SMALL(32, false);
+  }
+#undef HL_SMALL
   if (bounded) {
     if (hashes) HL_NARROW(false, true, true);
     HL_NARROW(false, true, false);
