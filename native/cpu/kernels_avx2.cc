@@ -418,7 +418,8 @@ HL_AVX2 void narrow_small_avx2(const float* xs, const uint64_t* idx, uint64_t ro
                                              (int)kFoldMul[0], 0, (int)kFoldMul[2], 0);
   const __m256i odd_mul = _mm256_setr_epi32((int)kFoldMul[1], 0, (int)kFoldMul[3], 0,
                                             (int)kFoldMul[1], 0, (int)kFoldMul[3], 0);
-  uint64_t high = D;  // d16: the fold of d and of lanes 4-7, which a 16-byte row leaves as they start
+  // d16: the fold of d and of lanes 4-7, which a 16-byte row leaves as they start
+  uint64_t high = D;
   for (int k = 4; k < 8; ++k) high ^= fold_lane(kHashLanes[k], k);
   auto general = [&](uint64_t r, uint64_t n) HL_AVX2_LAMBDA {
     narrow_f32_avx2<false, true, Hash>(idx ? xs : xs + r * D, idx ? idx + r : nullptr, n, D, qp,
