@@ -267,9 +267,10 @@ def encode_with_prediction(x, ids, pieces, groups, rel, code, buffers=None):
     codec's dedup and its `_zero_rows`, zero_rows(hit), or None without references) and returns
     (result, the frames' lossless flags a piece, as the codec chose them). The native pass is
     rerun with those flags (R^ = R there) and, if it then sends a group fresh, the residual
-    re-coded; groups only ever go from predicted to fresh, so this ends. Returns (result, Encoded); the caches are not changed (store, once the frames are
-    sent). `buffers`: a PassBuffers the residual and X^ are made in (else fresh tensors); the
-    Encoded's X^ is then valid until the next call with them."""
+    re-coded; groups only ever go from predicted to fresh, so this ends. Returns (result,
+    Encoded); the caches are not changed (store, once the frames are sent). `buffers`: a
+    PassBuffers the residual and X^ are made in (else fresh tensors); the Encoded's X^ is then
+    valid until the next call with them."""
     residual, x_hat = (buffers or PassBuffers()).pair(x)
     hit = torch.zeros(x.shape[0], dtype=torch.uint8)
     allow, coded_for, result, flags = [1] * groups, None, None, None

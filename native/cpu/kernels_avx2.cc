@@ -112,15 +112,24 @@ HL_AVX2 inline bool dither8_avx2(DitherInner& di, uint64_t first,
   return true;
 }
 
+// fold_lane (kernels_scalar.h) of each 128-bit half's four lanes, with kFoldMul[First0..+3] in
+// the low half and kFoldMul[First1..+3] in the high, as four 64-bit words still to xor: <0, 4>
+// a whole row's eight lanes, <0, 0> two d16 rows' lanes 0-3, a row a half.
+template <int First0, int First1>
+HL_AVX2 inline __m256i fold_words(__m256i v) {
+  const __m256i even = _mm256_mul_epu32(
+      v, _mm256_setr_epi32((int)kFoldMul[First0], 0, (int)kFoldMul[First0 + 2], 0,
+                           (int)kFoldMul[First1], 0, (int)kFoldMul[First1 + 2], 0));
+  const __m256i odd = _mm256_mul_epu32(
+      _mm256_srli_epi64(v, 32),
+      _mm256_setr_epi32((int)kFoldMul[First0 + 1], 0, (int)kFoldMul[First0 + 3], 0,
+                        (int)kFoldMul[First1 + 1], 0, (int)kFoldMul[First1 + 3], 0));
+  return _mm256_xor_si256(even, _mm256_shuffle_epi32(odd, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
 // hash_finish's fold of the eight lanes (kernels_scalar.h), with no words left to mix in.
 HL_AVX2 inline uint64_t fold_lanes(__m256i v) {
-  const __m256i even = _mm256_mul_epu32(
-      v, _mm256_setr_epi32((int)kFoldMul[0], 0, (int)kFoldMul[2], 0, (int)kFoldMul[4], 0,
-                           (int)kFoldMul[6], 0));
-  const __m256i odd = _mm256_mul_epu32(
-      _mm256_srli_epi64(v, 32), _mm256_setr_epi32((int)kFoldMul[1], 0, (int)kFoldMul[3], 0,
-                                                  (int)kFoldMul[5], 0, (int)kFoldMul[7], 0));
-  const __m256i x = _mm256_xor_si256(even, _mm256_shuffle_epi32(odd, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m256i x = fold_words<0, 4>(v);
   const __m128i y = _mm_xor_si128(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
   return (uint64_t)_mm_cvtsi128_si64(_mm_xor_si128(y, _mm_unpackhi_epi64(y, y)));
 }
@@ -414,13 +423,10 @@ HL_AVX2 void narrow_small_avx2(const float* xs, const uint64_t* idx, uint64_t ro
                                                      (int)kHashLanes[0], (int)kHashLanes[1],
                                                      (int)kHashLanes[2], (int)kHashLanes[3]);
   const __m256i word_mul = _mm256_set1_epi32(D == 32 ? (int)kHashMul : (int)0x85ebca6bu);
-  const __m256i even_mul = _mm256_setr_epi32((int)kFoldMul[0], 0, (int)kFoldMul[2], 0,
-                                             (int)kFoldMul[0], 0, (int)kFoldMul[2], 0);
-  const __m256i odd_mul = _mm256_setr_epi32((int)kFoldMul[1], 0, (int)kFoldMul[3], 0,
-                                            (int)kFoldMul[1], 0, (int)kFoldMul[3], 0);
   // d16: the fold of d and of lanes 4-7, which a 16-byte row leaves as they start
   uint64_t high = D;
-  for (int k = 4; k < 8; ++k) high ^= fold_lane(kHashLanes[k], k);
+  if (D == 16)
+    for (int k = 4; k < 8; ++k) high ^= fold_lane(kHashLanes[k], k);
   auto general = [&](uint64_t r, uint64_t n) HL_AVX2_LAMBDA {
     narrow_f32_avx2<false, true, Hash>(idx ? xs : xs + r * D, idx ? idx + r : nullptr, n, D, qp,
                                        codes + r * D, row_outlier + r,
@@ -453,10 +459,7 @@ HL_AVX2 void narrow_small_avx2(const float* xs, const uint64_t* idx, uint64_t ro
       hashes[r] = mix64(D ^ fold_lanes(l)) & ~(1ull << 32);
       continue;
     }
-    const __m256i x = _mm256_xor_si256(
-        _mm256_mul_epu32(l, even_mul),
-        _mm256_shuffle_epi32(_mm256_mul_epu32(_mm256_srli_epi64(l, 32), odd_mul),
-                             _MM_SHUFFLE(2, 3, 0, 1)));
+    const __m256i x = fold_words<0, 0>(l);
     const __m256i y = _mm256_xor_si256(x, _mm256_unpackhi_epi64(x, x));  // a row a half
     hashes[r] = mix64(high ^ (uint64_t)_mm256_extract_epi64(y, 0)) & ~(1ull << 32);
     hashes[r + 1] = mix64(high ^ (uint64_t)_mm256_extract_epi64(y, 2)) & ~(1ull << 32);

@@ -49,7 +49,7 @@ HL_INLINE void prefetch_ahead(const void* base, const uint64_t* idx, uint64_t r,
                               uint64_t row_bytes) {
   if (!idx) {
     if (row_bytes == 0 || row_bytes > kStreamAhead / 4) return;
-    // kStreamAhead bytes on (a division for a row count cost more than the row at d32)
+    // kStreamAhead bytes on, in bytes rather than rows: no division a row
     const uint64_t ahead = r * row_bytes + kStreamAhead;
     if (ahead + row_bytes > rows * row_bytes) return;
     // the lines that begin within those row_bytes: each line once, rows under 64 bytes included
