@@ -172,6 +172,23 @@ def test_radix_section_is_the_bytes_frame_h_describes(n):
     assert torch.equal(hvd_lossy.decompress(frame), x)
 
 
+@pytest.mark.parametrize("k", [17, 300])  # codes held as bytes; codes of 256 and more
+@pytest.mark.parametrize("spans, short", [(2, 0), (2, 1), (2, 2), (3, 0)])
+def test_sections_of_whole_spans_and_a_padded_last_span_are_the_reference_bytes(k, spans, short):
+    # The encoder builds a span whose g lanes are all whole codes in registers, and any other
+    # span digit by digit (frame.h: only the last span's last lanes carry padding). `short`
+    # codes fewer than spans * 2048 * g leave the last span 2048 values long, yet padded: it
+    # must not be taken for a whole one.
+    n = spans * 2048 * reference_group(k, 10 ** 6) - short
+    g = reference_group(k, n)
+    assert -(-n // g) == spans * 2048 and (n % g == 0) == (short == 0)
+    x, z = integer_rows(k, n=n, dim=1, seed=k + short)
+    frame = level1_frame(x, 0.5, dedup=False)
+    assert hvd_lossy.frame_info(frame)["segments"][0]["radix"] == k
+    assert code_section(frame) == radix_section(z.tolist())
+    assert torch.equal(hvd_lossy.decompress(frame), x)
+
+
 def patterned_codes(k, n, pattern, rng):
     """n codes below k (k - 1 among them): uniform; small (geometric) but for one eighth of the
     segment that is uniform ("hot i"); or uniform but for one eighth that is zero ("cold i")."""

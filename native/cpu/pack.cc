@@ -193,6 +193,29 @@ HL_AVX512 uint32_t block_max_avx512(const uint32_t* v) {
 // packing any width 32 values a plane (one movemask of a register of byte lanes).
 #define HL_AVX2 __attribute__((target("avx2")))
 
+// Plane J of 32 byte lanes: an immediate shift and a movemask.
+template <int J>
+HL_AVX2 inline void byte_plane_to(__m256i bytes, uint8_t* out) {
+  store_u32(out + 4 * J, (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(bytes, 7 - J)));
+}
+
+// Planes 0 to planes - 1 (at most 8) of 32 byte lanes. A loop over the planes with the shift
+// count in a register (a move to a vector register and a shift by it, a plane) held packing
+// radix values to about 3 cycles a plane.
+HL_AVX2 inline void byte_planes_avx2(__m256i bytes, uint32_t planes, uint8_t* out) {
+  switch (planes) {
+    case 8: byte_plane_to<7>(bytes, out); [[fallthrough]];
+    case 7: byte_plane_to<6>(bytes, out); [[fallthrough]];
+    case 6: byte_plane_to<5>(bytes, out); [[fallthrough]];
+    case 5: byte_plane_to<4>(bytes, out); [[fallthrough]];
+    case 4: byte_plane_to<3>(bytes, out); [[fallthrough]];
+    case 3: byte_plane_to<2>(bytes, out); [[fallthrough]];
+    case 2: byte_plane_to<1>(bytes, out); [[fallthrough]];
+    case 1: byte_plane_to<0>(bytes, out); [[fallthrough]];
+    default: break;
+  }
+}
+
 HL_AVX2 void pack_block_avx2(const uint32_t* v, uint32_t w, uint8_t* out) {
   if (w > 8) {
     // Blocks over 8 bits (radix sections' values are 17 to 32): the values' bytes regrouped so
@@ -216,7 +239,8 @@ HL_AVX2 void pack_block_avx2(const uint32_t* v, uint32_t w, uint8_t* out) {
         _mm256_permutevar8x32_epi32(_mm256_unpackhi_epi64(ab_lo, cd_lo), order),
         _mm256_permutevar8x32_epi32(_mm256_unpacklo_epi64(ab_hi, cd_hi), order),
         _mm256_permutevar8x32_epi32(_mm256_unpackhi_epi64(ab_hi, cd_hi), order)};
-    for (uint32_t j = 0; j < w; ++j) store_u32(out + 4 * j, byte_plane_avx2(bytes[j >> 3], j & 7));
+    for (uint32_t q = 0; q * 8 < w; ++q)
+      byte_planes_avx2(bytes[q], w - q * 8 < 8 ? w - q * 8 : 8, out + 32 * q);
     return;
   }
   const __m256i bytes = bytes_of_block_avx2(v);
