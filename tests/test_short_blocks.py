@@ -111,6 +111,22 @@ def test_rows_of_changing_scale_with_nan_inf_and_outliers_decode_bit_exact_like_
     assert torch.equal(torch.isnan(x), torch.isnan(y))
 
 
+@pytest.mark.parametrize("rows", [2, 3, 4, 31, 64, 65, 257])
+@pytest.mark.parametrize("widest", [3, 8])
+def test_the_pair_writer_leaves_every_byte_past_its_frame_as_it_was(rows, widest):
+    # A pair's planes go out 16 bytes at a time, past the pair's own (the next pair writes over
+    # them), so the writer must stop in time where its section ends: here the frame's last.
+    x, _ = scaled_codes(rows, seed=rows + widest, widest=widest)
+    cap = hvd_lossy.max_grouped_bytes([x.shape[0]], [16], [1], 0)
+    out = torch.full((cap + 64,), 0xAB, dtype=torch.uint8)
+    n, = hvd_lossy.compress_grouped(x, [x.shape[0]], [0.5], [1], 0, out, 0, mode="abs", level=1,
+                                    dedup=False)
+    seg = hvd_lossy.frame_info(out[:n])["segments"][0]
+    assert seg["short_blocks"] and seg["n_outliers"] == 0, seg  # the code section ends the frame
+    assert out[n:].tolist() == [0xAB] * (cap + 64 - n)
+    assert torch.equal(hvd_lossy.decompress(out[:n]), x)
+
+
 @pytest.mark.parametrize("widest", [6, 8])  # codes held as bytes, 8 bits: the byte writer's widest
 def test_a_segment_too_large_for_one_thread_codes_and_decodes_alike_on_many(widest):
     x, z = scaled_codes(20000, seed=9, widest=widest)  # 320,000 codes: 10,000 pairs, > 4096

@@ -268,16 +268,7 @@ HL_AVX2 inline __m256i byte_group_avx2(const uint8_t* in, uint32_t planes) {
                                            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   x = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(x, by_byte),
                                   _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  // bit 8r + c (plane r, value c of the eight) to bit 8c + r
-  __m256i t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi64(x, 7)),
-                               _mm256_set1_epi64x(0x00AA00AA00AA00AALL));
-  x = _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi64(t, 7)));
-  t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi64(x, 14)),
-                       _mm256_set1_epi64x(0x0000CCCC0000CCCCLL));
-  x = _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi64(t, 14)));
-  t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi64(x, 28)),
-                       _mm256_set1_epi64x(0x00000000F0F0F0F0LL));
-  return _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi64(t, 28)));
+  return transpose_bits8x8_avx2(x);  // plane r, value c of the eight: bit 8r + c to 8c + r
 }
 
 HL_AVX2 void unpack_block_avx2(const uint8_t* in, uint32_t w, uint32_t* v) {

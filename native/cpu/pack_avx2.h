@@ -23,6 +23,20 @@ HL_PACK_AVX2 inline __m256i bytes_of_block_avx2(const uint32_t* v) {
                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+// An 8x8 bit matrix in each 64-bit lane transposed (three delta swaps): bit 8r + c to bit 8c + r.
+// Byte r holding bit c of eight values becomes byte c holding plane c of those values, and back.
+HL_PACK_AVX2 inline __m256i transpose_bits8x8_avx2(__m256i x) {
+  __m256i t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi64(x, 7)),
+                               _mm256_set1_epi64x(0x00AA00AA00AA00AALL));
+  x = _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi64(t, 7)));
+  t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi64(x, 14)),
+                       _mm256_set1_epi64x(0x0000CCCC0000CCCCLL));
+  x = _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi64(t, 14)));
+  t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi64(x, 28)),
+                       _mm256_set1_epi64x(0x00000000F0F0F0F0LL));
+  return _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi64(t, 28)));
+}
+
 // Bit plane j (< 8) of those bytes: bit j of each byte moved to its sign bit, then movemask.
 HL_PACK_AVX2 inline uint32_t byte_plane_avx2(__m256i bytes, uint32_t j) {
   return (uint32_t)_mm256_movemask_epi8(_mm256_sll_epi16(bytes, _mm_cvtsi32_si128((int)(7 - j))));
