@@ -69,13 +69,29 @@ HL_AVX2 inline void pair_words_avx2(const uint8_t* a, uint32_t wa, uint32_t wb, 
                                              _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(pb, 1)), 16)));
 }
 
-// A pair's 32 codes from its joined words, codes of up to 8 bits (the usual case) in byte lanes
-// here, as block packing's AVX2 kernel does a block; wider ones through that kernel. (Calling
-// the kernel for every pair took 1.2x block packing's time: benchmarks/RESULTS.md.)
-HL_AVX2 inline void unpack_pair_avx2(const uint32_t* words, uint32_t wm, uint32_t* out) {
-  const uint8_t* planes = reinterpret_cast<const uint8_t*>(words);
-  if (wm > 8) return unpack_block32(planes, wm, out);
-  unpack_narrow_block_avx2(planes, wm, out);
+// A pair of codes of up to 8 bits (the usual case), all eight planes of each block at once, as
+// the writer writes them (short_blocks.cc): each block's plane words (those past its width
+// masked off), one shuffle a 128-bit lane making byte c of each 64-bit lane plane c of eight
+// codes, then the 8x8 bit transpose turning those into the codes' bytes. No loop on the width,
+// whose trip count changes from pair to pair.
+HL_AVX2 inline void decode_byte_pair_avx2(const uint8_t* a, uint32_t wa, uint32_t wb,
+                                          uint32_t* out) {
+  const __m128i pa = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
+                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(ones16 + 16 - wa)));
+  const __m128i pb = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 2 * wa)),
+                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(ones16 + 16 - wb)));
+  // word c of a block: plane c of its codes 0-7 (low byte) and 8-15 (high byte)
+  const __m256i planes = _mm256_shuffle_epi8(
+      _mm256_inserti128_si256(_mm256_castsi128_si256(pa), pb, 1),
+      _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                       0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+  const __m256i codes = transpose_bits8x8_avx2(planes);  // plane c's bit r to code r's bit c
+  const __m128i lo = _mm256_castsi256_si128(codes), hi = _mm256_extracti128_si256(codes, 1);
+  __m256i* o = reinterpret_cast<__m256i*>(out);
+  _mm256_storeu_si256(o, _mm256_cvtepu8_epi32(lo));
+  _mm256_storeu_si256(o + 1, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+  _mm256_storeu_si256(o + 2, _mm256_cvtepu8_epi32(hi));
+  _mm256_storeu_si256(o + 3, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
 }
 
 // Pairs from *p to hi while the section has room for whole-vector loads (the loop inside the
@@ -86,10 +102,14 @@ HL_AVX2 uint32_t* decode_pairs_avx2(const uint8_t* nibbles, const uint8_t* paylo
   uint64_t q = *p, at = *off;
   alignas(32) uint32_t words[16];
   for (; q < hi; ++q, out += kPair) {
-    const uint32_t wa = nibbles[q] & 0xf, wb = nibbles[q] >> 4;
+    const uint32_t wa = nibbles[q] & 0xf, wb = nibbles[q] >> 4, wm = wa > wb ? wa : wb;
     if (at + 2 * (wa + wb) + 32 > payload_len) break;
-    pair_words_avx2(payload + at, wa, wb, words);
-    unpack_pair_avx2(words, wa > wb ? wa : wb, out);
+    if (wm <= 8) {
+      decode_byte_pair_avx2(payload + at, wa, wb, out);
+    } else {
+      pair_words_avx2(payload + at, wa, wb, words);
+      unpack_block32(reinterpret_cast<const uint8_t*>(words), wm, out);
+    }
     at += 2u * (wa + wb);
   }
   *p = q;
