@@ -51,6 +51,16 @@ HL_PACK_AVX2 inline void pack_bytes_avx2(const uint8_t* v, uint32_t w, uint8_t* 
   }
 }
 
+// 32 bytes widened to 32 uint32 values at v.
+HL_PACK_AVX2 inline void store_bytes_u32_avx2(__m256i bytes, uint32_t* v) {
+  const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
+  __m256i* o = reinterpret_cast<__m256i*>(v);
+  _mm256_storeu_si256(o, _mm256_cvtepu8_epi32(lo));
+  _mm256_storeu_si256(o + 1, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+  _mm256_storeu_si256(o + 2, _mm256_cvtepu8_epi32(hi));
+  _mm256_storeu_si256(o + 3, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
 // 32 values from w <= 8 bit planes of 4 bytes at `in` (bit i of plane j = bit j of value i),
 // into 32 byte lanes: byte i of a broadcast plane word picks byte i / 8 of the word, then tests
 // bit i % 8.
@@ -66,12 +76,7 @@ HL_PACK_AVX2 inline void unpack_narrow_block_avx2(const uint8_t* in, uint32_t w,
     const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(x, bit), bit);
     acc = _mm256_or_si256(acc, _mm256_and_si256(set, _mm256_set1_epi8((char)(1u << j))));
   }
-  const __m128i lo = _mm256_castsi256_si128(acc), hi = _mm256_extracti128_si256(acc, 1);
-  __m256i* o = reinterpret_cast<__m256i*>(v);
-  _mm256_storeu_si256(o, _mm256_cvtepu8_epi32(lo));
-  _mm256_storeu_si256(o + 1, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-  _mm256_storeu_si256(o + 2, _mm256_cvtepu8_epi32(hi));
-  _mm256_storeu_si256(o + 3, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+  store_bytes_u32_avx2(acc, v);
 }
 
 }  // namespace hl

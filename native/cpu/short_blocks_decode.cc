@@ -1,7 +1,8 @@
 // Short-block sections on the host (short_blocks.h): the decoder, chosen at load time
 // (cpu::simd_level). A pair of blocks (32 codes) decodes as block packing decodes a block of 32,
-// one instruction a plane (AVX-512 and AVX2), or a block of 16 at a time (the portable loops);
-// codes go to the caller's sink a chunk at a time. The encoder is short_blocks.cc.
+// one instruction a plane (AVX-512; AVX2 for codes over 8 bits), all eight planes at once
+// through a bit transpose (AVX2, codes of up to 8 bits), or a block of 16 at a time (the portable
+// loops); codes go to the caller's sink a chunk at a time. The encoder is short_blocks.cc.
 #include <string>
 
 #include "pack.h"
@@ -69,6 +70,8 @@ HL_AVX2 inline void pair_words_avx2(const uint8_t* a, uint32_t wa, uint32_t wb, 
                                              _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(pb, 1)), 16)));
 }
 
+inline __m128i loadu128(const void* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+
 // A pair of codes of up to 8 bits (the usual case), all eight planes of each block at once, as
 // the writer writes them (short_blocks.cc): each block's plane words (those past its width
 // masked off), one shuffle a 128-bit lane making byte c of each 64-bit lane plane c of eight
@@ -76,22 +79,14 @@ HL_AVX2 inline void pair_words_avx2(const uint8_t* a, uint32_t wa, uint32_t wb, 
 // whose trip count changes from pair to pair.
 HL_AVX2 inline void decode_byte_pair_avx2(const uint8_t* a, uint32_t wa, uint32_t wb,
                                           uint32_t* out) {
-  const __m128i pa = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
-                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(ones16 + 16 - wa)));
-  const __m128i pb = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 2 * wa)),
-                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(ones16 + 16 - wb)));
+  const __m128i pa = _mm_and_si128(loadu128(a), loadu128(ones16 + 16 - wa));
+  const __m128i pb = _mm_and_si128(loadu128(a + 2 * wa), loadu128(ones16 + 16 - wb));
   // word c of a block: plane c of its codes 0-7 (low byte) and 8-15 (high byte)
   const __m256i planes = _mm256_shuffle_epi8(
       _mm256_inserti128_si256(_mm256_castsi128_si256(pa), pb, 1),
       _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
                        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
-  const __m256i codes = transpose_bits8x8_avx2(planes);  // plane c's bit r to code r's bit c
-  const __m128i lo = _mm256_castsi256_si128(codes), hi = _mm256_extracti128_si256(codes, 1);
-  __m256i* o = reinterpret_cast<__m256i*>(out);
-  _mm256_storeu_si256(o, _mm256_cvtepu8_epi32(lo));
-  _mm256_storeu_si256(o + 1, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-  _mm256_storeu_si256(o + 2, _mm256_cvtepu8_epi32(hi));
-  _mm256_storeu_si256(o + 3, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+  store_bytes_u32_avx2(transpose_bits8x8_avx2(planes), out);  // plane c's bit r: code r's bit c
 }
 
 // Pairs from *p to hi while the section has room for whole-vector loads (the loop inside the
