@@ -203,8 +203,8 @@ HL_AVX2 inline void byte_plane_to(__m256i bytes, uint8_t* out) {
 // planes are mostly whole: a loop over the planes with the count in a register (a move to a
 // vector register and a shift by it, a plane) held packing radix values to about 3 cycles a
 // plane. Narrow blocks keep the loop: their widths change from block to block, and the same
-// switch in the short blocks' pair writer, whose jumps then miss, made gradients compress
-// 1.02-1.03x slower.
+// switch tried in the short blocks' pair writer, whose jumps then missed, made gradients
+// compress 1.02-1.03x slower (that writer now transposes: short_blocks.cc).
 HL_AVX2 inline void byte_planes_avx2(__m256i bytes, uint32_t planes, uint8_t* out) {
   switch (planes) {
     case 8: byte_plane_to<7>(bytes, out); [[fallthrough]];

@@ -70,7 +70,9 @@ HL_AVX2 inline void pair_words_avx2(const uint8_t* a, uint32_t wa, uint32_t wb, 
                                              _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(pb, 1)), 16)));
 }
 
-inline __m128i loadu128(const void* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+inline __m128i loadu128(const void* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
 
 // A pair of codes of up to 8 bits (the usual case), all eight planes of each block at once, as
 // the writer writes them (short_blocks.cc): each block's plane words (those past its width
