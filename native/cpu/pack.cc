@@ -299,23 +299,10 @@ HL_AVX512 uint32_t block_umax_avx512(const uint32_t* v) {
 
 // A block's 32 values reduced to one: their largest (kMax) or their OR (as wide as the largest).
 template <bool kMax>
-HL_AVX2 inline __m256i reduce8(__m256i a, __m256i b) {
-  return kMax ? _mm256_max_epu32(a, b) : _mm256_or_si256(a, b);
-}
-template <bool kMax>
-HL_AVX2 inline __m128i reduce4(__m128i a, __m128i b) {
-  return kMax ? _mm_max_epu32(a, b) : _mm_or_si128(a, b);
-}
-template <bool kMax>
 HL_AVX2 uint32_t block_reduce_avx2(const uint32_t* v) {
   const __m256i* p = reinterpret_cast<const __m256i*>(v);
-  const __m256i a = reduce8<kMax>(_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1));
-  const __m256i b = reduce8<kMax>(_mm256_loadu_si256(p + 2), _mm256_loadu_si256(p + 3));
-  const __m256i m = reduce8<kMax>(a, b);
-  __m128i h = reduce4<kMax>(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
-  h = reduce4<kMax>(h, _mm_shuffle_epi32(h, 0x4e));
-  h = reduce4<kMax>(h, _mm_shuffle_epi32(h, 0xb1));
-  return (uint32_t)_mm_cvtsi128_si32(h);
+  return block_reduce4_avx2<kMax>(_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1),
+                                  _mm256_loadu_si256(p + 2), _mm256_loadu_si256(p + 3));
 }
 #endif
 

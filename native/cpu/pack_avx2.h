@@ -1,6 +1,7 @@
 // Block packing's AVX2 kernels for blocks of 32 values below 256 (lossy codes of a few bits, the
 // usual case), inline so that other loops compiled for AVX2 take them without a call: pack.cc's
-// blocks and short_blocks{,_decode}.cc's pairs of short blocks, which are such blocks too.
+// blocks and short_blocks{,_decode}.cc's pairs of short blocks, which are such blocks too; and a
+// block's reduction to its OR or largest value, which radix.cc's spans take their widths from.
 #pragma once
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_AVX2_PATH)
@@ -77,6 +78,28 @@ HL_PACK_AVX2 inline void unpack_narrow_block_avx2(const uint8_t* in, uint32_t w,
     acc = _mm256_or_si256(acc, _mm256_and_si256(set, _mm256_set1_epi8((char)(1u << j))));
   }
   store_bytes_u32_avx2(acc, v);
+}
+
+// Two vectors of a block's values reduced lane by lane: their largest (kMax) or their OR.
+template <bool kMax>
+HL_PACK_AVX2 inline __m256i reduce8_avx2(__m256i a, __m256i b) {
+  return kMax ? _mm256_max_epu32(a, b) : _mm256_or_si256(a, b);
+}
+template <bool kMax>
+HL_PACK_AVX2 inline __m128i reduce4_avx2(__m128i a, __m128i b) {
+  return kMax ? _mm_max_epu32(a, b) : _mm_or_si128(a, b);
+}
+
+// The 32 values of a block held in four vectors reduced to one: their largest (kMax) or their
+// OR (as wide as the largest): block packing's widths and largest codes, and the widths of the
+// radix spans built in registers (radix.cc).
+template <bool kMax>
+HL_PACK_AVX2 inline uint32_t block_reduce4_avx2(__m256i a, __m256i b, __m256i c, __m256i e) {
+  const __m256i m = reduce8_avx2<kMax>(reduce8_avx2<kMax>(a, b), reduce8_avx2<kMax>(c, e));
+  __m128i h = reduce4_avx2<kMax>(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  h = reduce4_avx2<kMax>(h, _mm_shuffle_epi32(h, 0x4e));
+  h = reduce4_avx2<kMax>(h, _mm_shuffle_epi32(h, 0xb1));
+  return (uint32_t)_mm_cvtsi128_si32(h);
 }
 
 }  // namespace hl

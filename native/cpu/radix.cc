@@ -11,8 +11,10 @@
 #include "frame_fields.h"
 #include "level1_sections.h"
 #include "kernels_cpu.h"
+#include "pack_avx2.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES) && \
+    defined(HL_HAVE_PACK_AVX2)  // whole_span_avx2 takes its widths from pack_avx2.h
 #include <immintrin.h>
 #define HL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #define HL_RADIX_SIMD 1
@@ -159,11 +161,7 @@ HL_AVX2 void whole_span_avx2(const T* const* lane, uint32_t g, uint32_t k, uint6
     _mm256_storeu_si256(o + 1, b);
     _mm256_storeu_si256(o + 2, c);
     _mm256_storeu_si256(o + 3, e);
-    const __m256i m = _mm256_or_si256(_mm256_or_si256(a, b), _mm256_or_si256(c, e));
-    __m128i h = _mm_or_si128(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
-    h = _mm_or_si128(h, _mm_shuffle_epi32(h, 0x4e));
-    h = _mm_or_si128(h, _mm_shuffle_epi32(h, 0xb1));
-    widths[t / HL_BLOCK] = (uint8_t)bit_width((uint32_t)_mm_cvtsi128_si32(h));
+    widths[t / HL_BLOCK] = (uint8_t)bit_width(block_reduce4_avx2<false>(a, b, c, e));
   }
 }
 #endif
