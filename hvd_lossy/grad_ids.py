@@ -42,6 +42,7 @@ class Keyed:
         # Numbered by first occurrence a segment, in segment order (one native pass, no sort):
         # both ends see a chunk's rows in one order, so they number them alike.
         self.inverse, self.first, counts = _codec.number_keys(keys, flat)
+        self._flat = flat
         it = iter(counts)
         self.unique_rows = [[next(it) for _ in rows] for rows in self.seg_rows]
 
@@ -53,20 +54,21 @@ class Keyed:
         """Distinct (segment, id) of each peer's chunk."""
         return [sum(rows) for rows in self.unique_rows]
 
-    def sum(self, rows):
-        """(distinct ids, ...) sums of `rows` (rows, ...) per (segment, id), in order of first
-        occurrence."""
-        out = torch.zeros((self.first.numel(), *rows.shape[1:]), dtype=rows.dtype)
-        return out.index_add_(0, self.inverse, rows)
+    def sum(self, rows, spans=False):
+        """(sums, spans): `rows` (rows, ...) summed per (segment, id), in order of first
+        occurrence, as index_add_ into zeros sums them; with spans=True also each segment's
+        finite range max - min (0.0 without a finite element) as the codec's rel bound takes
+        it (NaN and +-Inf travel as outliers and must not set the bound), else None. One native
+        pass: each segment's range, then its sums while its rows are in cache."""
+        sums, found = _codec.sum_rows(rows, self.inverse, self._flat, self.first.numel(), spans)
+        return sums, (None if found is None else [0.0 if s != s else s for s in found])
 
     def expand(self, sums):
         """(rows, ...) with each (segment, id)'s sum on its first row, zeros elsewhere."""
         if sums.shape[0] != self.first.numel():
             raise RuntimeError(f"got {sums.shape[0]} summed gradient rows, expected one a "
                                f"distinct (segment, id) of the rows sent: {self.first.numel()}")
-        out = torch.zeros((self.inverse.numel(), *sums.shape[1:]), dtype=sums.dtype)
-        out[self.first] = sums
-        return out
+        return _codec.expand_rows(sums, self.inverse, self.first)
 
 
 class CallIds:
@@ -77,17 +79,25 @@ class CallIds:
         self.sent, self.received, self.me = sent, received, me
 
 
-def plan(compressor, received, grad):
-    """The gradient call's frames, (destination, rows, absolute bound) a segment, or None where
-    the compressor's own plan does not cut the chunks as the forward's segments are (the
-    gradients then travel one row a lookup). grad: the gradient rows, as received forward."""
+def _cut_as_forward(compressor, received):
+    """The compressor's plan of the chunks, or None where it does not cut them as the forward's
+    segments are (the gradients then travel one row a lookup)."""
     base = compressor.plan(received.peer_rows())
     pieces = [(d, r) for d, rows in enumerate(received.seg_rows) for r in rows]
     if [(d, r) for d, r, _e in base if r] != [(d, r) for d, r in pieces if r]:
         return None
+    return base
+
+
+def plan(compressor, received, spans):
+    """The gradient call's frames, (destination, rows, absolute bound) a segment, or None where
+    _cut_as_forward says the per-lookup path. spans: each segment's finite range (Keyed.sum's),
+    read for a rel bound."""
+    base = _cut_as_forward(compressor, received)
+    if base is None:
+        return None
     ebs = iter(e for _d, r, e in base if r)
-    ranges = iter(_finite_ranges(grad, [r for rows in received.seg_rows for r in rows])
-                  if compressor.mode == "rel" else [])
+    ranges = iter(spans if compressor.mode == "rel" else [])
     out = []
     for d, (rows, unique) in enumerate(zip(received.seg_rows, received.unique_rows)):
         if not rows:
@@ -102,15 +112,6 @@ def plan(compressor, received, grad):
     return out
 
 
-def _finite_ranges(grad, rows):
-    """max - min of each piece's finite values (0 without any), pieces of `rows` rows of grad,
-    as the codec's rel bound takes them (its range pass, in one native call): NaN and +-Inf
-    travel as outliers and must not set the bound."""
-    stats = _codec.piece_stats(grad, rows, ranges_only=True)
-    span = stats[:, _codec.STAT_MAX] - stats[:, _codec.STAT_MIN]
-    return [0.0 if s != s else float(s) for s in span]
-
-
 def backward(ids, grad, compressor, start):
     """The gradient of the forward input, with the gradients summed by id on the wire.
 
@@ -123,10 +124,10 @@ def backward(ids, grad, compressor, start):
     Returns:
         the gradient rows of the forward input, or None where plan() says the per-lookup path.
     """
-    frames = plan(compressor, ids.received, grad)
-    if frames is None:
+    if _cut_as_forward(compressor, ids.received) is None:
         return None
-    handle = start(ids.received.sum(grad), ids.received.peer_unique(), frames)
+    sums, spans = ids.received.sum(grad, spans=compressor.mode == "rel")
+    handle = start(sums, ids.received.peer_unique(), plan(compressor, ids.received, spans))
     # The call's raw bytes: what its gradients are uncompressed, one row a lookup (so that a
     # ratio against plain Horovod counts the summing too).
     me, rows = ids.me, ids.received.peer_rows()

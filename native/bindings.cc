@@ -11,6 +11,7 @@
 #include "codec.h"
 #include "frame_io.h"
 #include "kernels_cpu.h"
+#include "keyed.h"
 #include "output_blocks.h"
 #include "pack.h"
 #include "parallel.h"
@@ -589,14 +590,40 @@ PYBIND11_MODULE(_C, m) {
   m.def("number_keys",
         [](uintptr_t keys, const std::vector<int64_t>& seg_rows, uintptr_t inverse,
            uintptr_t first) {
-          return hl::reuse::number_keys(ptr<const int64_t>(keys), seg_rows, ptr<int64_t>(inverse),
+          return hl::keyed::number_keys(ptr<const int64_t>(keys), seg_rows, ptr<int64_t>(inverse),
                                         ptr<int64_t>(first));
         },
         py::arg("keys"), py::arg("seg_rows"), py::arg("inverse"), py::arg("first"),
         py::call_guard<py::gil_scoped_release>(),
-        "Each segment's distinct keys numbered by first occurrence (native/cpu/reuse.h "
+        "Each segment's distinct keys numbered by first occurrence (native/cpu/keyed.h "
         "number_keys): fills inverse and first (int64, one a row), returns each segment's "
         "count.");
+
+  m.def("sum_rows",
+        [](int dtype, uintptr_t rows, uint64_t row_len, uintptr_t inverse,
+           const std::vector<int64_t>& seg_rows, uint64_t n_unique, uintptr_t out,
+           uintptr_t spans) {
+          hl::keyed::sum_rows((uint8_t)dtype, ptr<const void>(rows), row_len,
+                              ptr<const int64_t>(inverse), seg_rows, n_unique, ptr<void>(out),
+                              ptr<double>(spans));
+        },
+        py::arg("dtype"), py::arg("rows"), py::arg("row_len"), py::arg("inverse"),
+        py::arg("seg_rows"), py::arg("n_unique"), py::arg("out"), py::arg("spans"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Rows summed by number_keys' numbering, with each segment's finite range when spans "
+        "is not 0 (native/cpu/keyed.h sum_rows).");
+
+  m.def("expand_rows",
+        [](int dtype, uintptr_t sums, uint64_t row_len, uintptr_t inverse, uintptr_t first,
+           uint64_t n_rows, uint64_t n_unique, uintptr_t out) {
+          hl::keyed::expand_rows((uint8_t)dtype, ptr<const void>(sums), row_len,
+                                 ptr<const int64_t>(inverse), ptr<const int64_t>(first), n_rows,
+                                 n_unique, ptr<void>(out));
+        },
+        py::arg("dtype"), py::arg("sums"), py::arg("row_len"), py::arg("inverse"),
+        py::arg("first"), py::arg("n_rows"), py::arg("n_unique"), py::arg("out"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Each number's sum on its first row, zeros elsewhere (native/cpu/keyed.h expand_rows).");
 
   m.def("reuse_slot", &hl::reuse::slot_of, py::arg("id"), py::arg("capacity"),
         "The cache slot of an id (native/cpu/reuse.h slot_of).");

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import hvd_lossy
-from hvd_lossy import _codec, reuse
+from hvd_lossy import _codec, grad_ids, reuse
 from tests._launch import assert_every_rank_passed, run_mpi, same_on_every_kernel_path
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -477,11 +477,12 @@ def test_gradients_summed_by_segment_and_id_come_back_on_each_ids_first_row():
     side = grad_ids.Keyed(keys, [[4], [3], [3]])  # 3 peers, one segment each
     assert side.unique_rows == [[3], [2], [2]] and side.peer_unique() == [3, 2, 2]
     rows = torch.arange(10.0).unsqueeze(1)
-    sums = side.sum(rows)
+    sums, spans = side.sum(rows)
     assert sums.flatten().tolist() == [0.0 + 2, 1, 3, 4 + 5, 6, 7 + 9, 8]  # ids 5,3,7 | 3,9 | 1,2
+    assert spans is None and side.sum(rows, spans=True)[1] == [3.0, 2.0, 2.0]
     back = side.expand(sums)
     assert back.flatten().tolist() == [2.0, 1, 0, 3, 9, 0, 6, 16, 8, 0]
-    assert torch.equal(side.sum(back), sums)
+    assert torch.equal(side.sum(back)[0], sums)
     # the same id in two segments is two rows; ids far apart are numbered alike
     big = grad_ids.Keyed(torch.tensor([2 ** 62, -2 ** 62, 2 ** 62, 5, -2 ** 62]), [[2, 3]])
     assert big.unique_rows == [[2, 3]] and big.first.tolist() == [0, 1, 2, 3, 4]
@@ -519,6 +520,48 @@ def test_keys_are_numbered_by_first_occurrence_a_segment_as_a_dict_would():
     assert list(counts) == want_counts and want_counts[-1] == 64
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_rows_summed_by_key_are_index_add_s_sums_bit_for_bit_and_expand_back(dtype):
+    """The native sum by (segment, id) adds as torch's index_add_ into zeros does, bit for bit
+    (row order, in the dtype, -0 made +0), with each segment's finite range as the codec's range
+    pass finds it; the expansion puts each sum on its first row and +0 on the others."""
+    g = torch.Generator().manual_seed(5)
+    seg_rows = [0, 300, 1, 2000, 0, 77]
+    keys = torch.randint(0, 50, (sum(seg_rows),), generator=g)
+    rows = (torch.randn(sum(seg_rows), 24, generator=g) * 1e3).to(dtype)
+    rows[5, :4] = torch.tensor([-0.0, float("inf"), float("nan"), -float("inf")])
+    rows[301, 3] = -0.0  # segment 2, one row: its sum is 0 + (-0) = +0
+    side = grad_ids.Keyed(keys, [seg_rows])
+    sums, spans = side.sum(rows, spans=True)
+    want = torch.zeros(side.first.numel(), 24, dtype=dtype).index_add_(0, side.inverse, rows)
+    finite = want.isfinite()
+    assert torch.equal(sums[finite].view(torch.int16 if dtype != torch.float32 else torch.int32),
+                       want[finite].view(torch.int16 if dtype != torch.float32 else torch.int32))
+    assert torch.equal(sums.isnan(), want.isnan()) and torch.equal(sums[~finite & ~want.isnan()],
+                                                                   want[~finite & ~want.isnan()])
+    stats = _codec.piece_stats(rows, seg_rows, ranges_only=True)
+    span = stats[:, _codec.STAT_MAX] - stats[:, _codec.STAT_MIN]
+    assert spans == [0.0 if s != s else float(s) for s in span]
+    back = side.expand(sums)
+    want_back = torch.zeros_like(rows)
+    want_back[side.first] = sums
+    assert torch.equal(back.isnan(), want_back.isnan())
+    assert torch.equal(back.nan_to_num(0.5).view(torch.uint8), want_back.nan_to_num(0.5).view(torch.uint8))
+
+
+def test_rows_summed_by_key_refuse_a_numbering_that_is_not_by_first_occurrence():
+    """sum_rows and expand_rows take number_keys' numbering; other numbers are refused by name."""
+    rows = torch.ones(3, 2)
+    with pytest.raises(ValueError, match="row 0 has number 1, expected a number met before or 0"):
+        _codec.sum_rows(rows, torch.tensor([1, 0, 0]), [3], 2)
+    with pytest.raises(ValueError, match="the rows have 1 numbers, expected 2"):
+        _codec.sum_rows(rows, torch.tensor([0, 0, 0]), [3], 2)
+    with pytest.raises(ValueError, match="row 2 has number 5, expected one below 2"):
+        _codec.expand_rows(torch.ones(2, 2), torch.tensor([0, 1, 5]), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="dtype"):
+        _codec.sum_rows(rows.double(), torch.tensor([0, 1, 1]), [3], 2)
+
+
 def test_summed_gradients_take_a_rel_bound_from_the_finite_range_of_their_segment():
     """A segment's absolute bound is rel x the range of its finite gradient rows, as the codec's
     rel rule: an Inf or NaN gradient travels as an outlier and does not widen the bound."""
@@ -527,11 +570,15 @@ def test_summed_gradients_take_a_rel_bound_from_the_finite_range_of_their_segmen
     comp = Compression.lossy(0.1)
     received = grad_ids.Keyed(torch.tensor([1, 1, 2, 3, 4, 5]), [[3], [3]])  # 2 peers
     grad = torch.tensor([[0.0], [4.0], [2.0], [1.0], [3.0], [7.0]])
-    frames = grad_ids.plan(comp, received, grad)
+    frames = grad_ids.plan(comp, received, received.sum(grad, spans=True)[1])
     assert [(d, u) for d, u, _ in frames] == [(0, 2), (1, 3)]  # one row a distinct id
     assert [e for _, _, e in frames] == pytest.approx([0.4, 0.6])
     grad[1, 0], grad[4, 0] = float("inf"), float("nan")
-    assert [e for _, _, e in grad_ids.plan(comp, received, grad)] == pytest.approx([0.2, 0.6])
+    spans = received.sum(grad, spans=True)[1]
+    assert [e for _, _, e in grad_ids.plan(comp, received, spans)] == pytest.approx([0.2, 0.6])
+    grad[3:, 0] = float("nan")  # a segment without a finite element: range 0, bound 0
+    spans = received.sum(grad, spans=True)[1]
+    assert [e for _, _, e in grad_ids.plan(comp, received, spans)] == pytest.approx([0.2, 0.0])
 
 
 def test_a_reference_on_a_slot_another_row_of_the_call_took_wins_it_back_if_last():

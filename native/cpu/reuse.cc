@@ -13,7 +13,6 @@
 
 #include "arguments.h"
 #include "codec_common.h"
-#include "dedup.h"
 #include "errors.h"
 #include "kernels_cpu.h"
 #include "pack.h"
@@ -606,37 +605,6 @@ void apply(uint8_t dtype, void* rows, const int64_t* ids, uint64_t row_len,
     default:
       return apply_dt<HL_BFLOAT16>(rows, ids, row_len, pieces, caches, predicted, n_rows, threads);
   }
-}
-
-std::vector<uint64_t> number_keys(const int64_t* keys, const std::vector<int64_t>& seg_rows,
-                                  int64_t* inverse, int64_t* first) {
-  int64_t most = 0;
-  for (size_t k = 0; k < seg_rows.size(); ++k) {
-    if (seg_rows[k] < 0 || seg_rows[k] > (int64_t)UINT32_MAX)  // Numbering's rows fit 32 bits
-      throw ArgumentError("segment " + std::to_string(k) + " has " +
-                          std::to_string(seg_rows[k]) + " rows, expected 0 to 2^32 - 1");
-    most = std::max(most, seg_rows[k]);
-  }
-  std::vector<uint64_t> counts;
-  counts.reserve(seg_rows.size());
-  Buffer<uint64_t> hashes((uint64_t)most);
-  Buffer<uint32_t> map((uint64_t)most);
-  uint64_t start = 0, base = 0;
-  for (size_t k = 0; k < seg_rows.size(); ++k) {
-    const uint64_t n = (uint64_t)seg_rows[k];
-    const int64_t* key = keys + start;
-    for (uint64_t r = 0; r < n; ++r) hashes[r] = mix64((uint64_t)key[r]);
-    std::vector<uint64_t> firsts;
-    enc::number_rows(
-        n, hashes.data(), [&](uint64_t a, uint64_t b) { return key[a] == key[b]; },
-        [](uint64_t) {}, map.data(), &firsts);
-    for (uint64_t r = 0; r < n; ++r) inverse[start + r] = (int64_t)(base + map[r]);
-    for (uint64_t u = 0; u < firsts.size(); ++u) first[base + u] = (int64_t)(start + firsts[u]);
-    counts.push_back(firsts.size());
-    start += n;
-    base += firsts.size();
-  }
-  return counts;
 }
 
 }  // namespace reuse

@@ -91,13 +91,5 @@ void apply(uint8_t dtype, void* rows, const int64_t* ids, uint64_t row_len,
            const std::vector<Piece>& pieces, const std::vector<Cache>& caches,
            const std::vector<uint8_t>& predicted, uint64_t n_rows, int threads);
 
-// The distinct (segment, key) of a call's rows, numbered by first occurrence (hvd_lossy.grad_ids:
-// both ends of a pair see one chunk's rows in one order, so they number them alike). Segment k
-// holds seg_rows[k] consecutive rows of keys. inverse[r] is the number of row r's (segment, key),
-// first[u] the first row of number u (room for every row); returns each segment's count.
-// ArgumentError for a negative segment.
-std::vector<uint64_t> number_keys(const int64_t* keys, const std::vector<int64_t>& seg_rows,
-                                  int64_t* inverse, int64_t* first);
-
 }  // namespace reuse
 }  // namespace hl

@@ -1,0 +1,165 @@
+// Rows keyed by id: see keyed.h.
+#include "keyed.h"
+
+#include <math.h>
+#include <string.h>
+
+#include <algorithm>
+#include <string>
+
+#include "codec_common.h"
+#include "dedup.h"
+#include "errors.h"
+#include "kernels_cpu.h"
+#include "scratch.h"
+
+namespace hl {
+namespace keyed {
+namespace {
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
+#define HL_KEYED_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define HL_KEYED_CLONES
+#endif
+
+// A number's first row into its sum: 0 + x, as index_add_ into zeros makes it (-0 becomes +0).
+HL_KEYED_CLONES void start_f32(float* acc, const float* x, uint64_t d) {
+  for (uint64_t i = 0; i < d; ++i) acc[i] = 0.0f + x[i];
+}
+HL_KEYED_CLONES void add_f32(float* acc, const float* x, uint64_t d) {
+  for (uint64_t i = 0; i < d; ++i) acc[i] += x[i];
+}
+
+// Every dtype is added in float, as index_add_ adds (the 16-bit ones rounded once, at the end).
+template <int DT>
+void widen(const typename Elem<DT>::raw_t* x, uint64_t d, float* f) {
+  for (uint64_t i = 0; i < d; ++i) f[i] = (float)Elem<DT>::to_double(x[i]);
+}
+
+template <int DT>
+void sum_dt(const void* rowsv, uint64_t d, const int64_t* inverse,
+            const std::vector<int64_t>& seg_rows, uint64_t n_unique, void* outv, double* spans) {
+  using raw_t = typename Elem<DT>::raw_t;
+  constexpr bool kF32 = DT == HL_FLOAT32;
+  const raw_t* rows = static_cast<const raw_t*>(rowsv);
+  // float32 sums straight into out; the 16-bit ones in float, each row widened on the way
+  Buffer<float> wide(kF32 ? 0 : n_unique * d), row(kF32 ? 0 : d);
+  float* acc = kF32 ? static_cast<float*>(outv) : wide.data();
+  // Numbers come in order of first occurrence: the next new one is `next`, and any other is
+  // one met already (a larger one is not number_keys' numbering).
+  uint64_t start = 0, next = 0;
+  for (size_t k = 0; k < seg_rows.size(); ++k) {
+    const uint64_t n = (uint64_t)seg_rows[k];
+    if (spans) {
+      double lo = INFINITY, hi = -INFINITY;
+      if (n && d) cpu::finite_range(DT, rows + start * d, n * d, &lo, &hi);
+      spans[k] = lo <= hi ? hi - lo : NAN;
+    }
+    for (uint64_t r = start; r < start + n; ++r) {
+      const uint64_t u = (uint64_t)inverse[r];
+      if (u > next || u >= n_unique)
+        throw ArgumentError("row " + std::to_string(r) + " has number " +
+                            std::to_string(inverse[r]) + ", expected a number met before or " +
+                            std::to_string(next) + " (numbered by first occurrence, below " +
+                            std::to_string(n_unique) + ")");
+      const float* x = reinterpret_cast<const float*>(rows + r * d);
+      if constexpr (!kF32) {
+        widen<DT>(rows + r * d, d, row.data());
+        x = row.data();
+      }
+      if (u == next) {
+        start_f32(acc + u * d, x, d);
+        ++next;
+      } else {
+        add_f32(acc + u * d, x, d);
+      }
+    }
+    start += n;
+  }
+  if (next != n_unique)
+    throw ArgumentError("the rows have " + std::to_string(next) + " numbers, expected " +
+                        std::to_string(n_unique));
+  if constexpr (!kF32) {
+    raw_t* out = static_cast<raw_t*>(outv);
+    for (uint64_t i = 0; i < n_unique * d; ++i) out[i] = Elem<DT>::from_float(acc[i]);
+  }
+}
+
+void check_dtype(uint8_t dtype) {
+  if (dtype > HL_BFLOAT16)
+    throw ArgumentError("unsupported dtype code " + std::to_string(dtype) +
+                        ", expected float32 (0), float16 (1) or bfloat16 (2)");
+}
+
+}  // namespace
+
+std::vector<uint64_t> number_keys(const int64_t* keys, const std::vector<int64_t>& seg_rows,
+                                  int64_t* inverse, int64_t* first) {
+  int64_t most = 0;
+  for (size_t k = 0; k < seg_rows.size(); ++k) {
+    if (seg_rows[k] < 0 || seg_rows[k] > (int64_t)UINT32_MAX)  // Numbering's rows fit 32 bits
+      throw ArgumentError("segment " + std::to_string(k) + " has " +
+                          std::to_string(seg_rows[k]) + " rows, expected 0 to 2^32 - 1");
+    most = std::max(most, seg_rows[k]);
+  }
+  std::vector<uint64_t> counts;
+  counts.reserve(seg_rows.size());
+  Buffer<uint64_t> hashes((uint64_t)most);
+  Buffer<uint32_t> map((uint64_t)most);
+  uint64_t start = 0, base = 0;
+  for (size_t k = 0; k < seg_rows.size(); ++k) {
+    const uint64_t n = (uint64_t)seg_rows[k];
+    const int64_t* key = keys + start;
+    for (uint64_t r = 0; r < n; ++r) hashes[r] = mix64((uint64_t)key[r]);
+    std::vector<uint64_t> firsts;
+    enc::number_rows(
+        n, hashes.data(), [&](uint64_t a, uint64_t b) { return key[a] == key[b]; },
+        [](uint64_t) {}, map.data(), &firsts);
+    for (uint64_t r = 0; r < n; ++r) inverse[start + r] = (int64_t)(base + map[r]);
+    for (uint64_t u = 0; u < firsts.size(); ++u) first[base + u] = (int64_t)(start + firsts[u]);
+    counts.push_back(firsts.size());
+    start += n;
+    base += firsts.size();
+  }
+  return counts;
+}
+
+
+void sum_rows(uint8_t dtype, const void* rows, uint64_t row_len, const int64_t* inverse,
+              const std::vector<int64_t>& seg_rows, uint64_t n_unique, void* out, double* spans) {
+  check_dtype(dtype);
+  for (size_t k = 0; k < seg_rows.size(); ++k)
+    if (seg_rows[k] < 0)
+      throw ArgumentError("segment " + std::to_string(k) + " has " +
+                          std::to_string(seg_rows[k]) + " rows, expected 0 or more");
+#define CALL(DT) sum_dt<DT>(rows, row_len, inverse, seg_rows, n_unique, out, spans)
+  switch (dtype) {
+    case HL_FLOAT32: CALL(HL_FLOAT32); break;
+    case HL_FLOAT16: CALL(HL_FLOAT16); break;
+    default: CALL(HL_BFLOAT16);
+  }
+#undef CALL
+}
+
+void expand_rows(uint8_t dtype, const void* sums, uint64_t row_len, const int64_t* inverse,
+                 const int64_t* first, uint64_t n_rows, uint64_t n_unique, void* out) {
+  check_dtype(dtype);
+  const uint64_t row_bytes = row_len * hl_elem_bytes(dtype);
+  const uint8_t* from = static_cast<const uint8_t*>(sums);
+  uint8_t* to = static_cast<uint8_t*>(out);
+  for (uint64_t r = 0; r < n_rows; ++r) {
+    const uint64_t u = (uint64_t)inverse[r];
+    if (u >= n_unique)
+      throw ArgumentError("row " + std::to_string(r) + " has number " +
+                          std::to_string(inverse[r]) + ", expected one below " +
+                          std::to_string(n_unique));
+    if ((uint64_t)first[u] == r)
+      memcpy(to + r * row_bytes, from + u * row_bytes, row_bytes);
+    else
+      memset(to + r * row_bytes, 0, row_bytes);
+  }
+}
+
+}  // namespace keyed
+}  // namespace hl
