@@ -688,56 +688,6 @@ def piece_stats(tensor, rows, ranges_only=False):
     return out
 
 
-def number_keys(keys, seg_rows):
-    """The distinct keys of each segment (seg_rows[k] consecutive rows of the 1-D int64 `keys`),
-    numbered by first occurrence, segment after segment.
-
-    Returns:
-        (inverse, first, counts): int64 tensors, each row's number and each number's first
-        row, and each segment's count of distinct keys.
-    """
-    keys = keys.to("cpu", torch.int64).contiguous()
-    inverse = torch.empty(keys.numel(), dtype=torch.int64)
-    first = torch.empty(keys.numel(), dtype=torch.int64)
-    counts = _C.number_keys(keys.data_ptr() if keys.numel() else 0, [int(r) for r in seg_rows],
-                            inverse.data_ptr(), first.data_ptr())
-    return inverse, first[:sum(counts)], counts
-
-
-def sum_rows(rows, inverse, seg_rows, n_unique, spans=False):
-    """The rows (a contiguous CPU tensor, dim 0 the rows) summed by number_keys' numbering
-    `inverse` of the segments `seg_rows`, as ``torch.zeros(n_unique, ...).index_add_(0, inverse,
-    rows)`` sums them, in one native pass (native/cpu/keyed.h).
-
-    Returns:
-        (sums, spans): sums shaped (n_unique, *rows.shape[1:]); with spans=True each segment's
-        finite range max - min as the codec's range pass finds it (NaN without a finite
-        element), else None.
-    """
-    code = _dtype_code(rows)
-    rows = rows.contiguous()
-    out = torch.empty((int(n_unique), *rows.shape[1:]), dtype=rows.dtype)
-    seg_rows = [int(r) for r in seg_rows]
-    found = np.empty(len(seg_rows)) if spans else None
-    _C.sum_rows(code, rows.data_ptr() if rows.numel() else 0, rows[:1].numel(),
-                inverse.data_ptr() if inverse.numel() else 0, seg_rows, int(n_unique),
-                out.data_ptr() if out.numel() else 0, found.ctypes.data if spans else 0)
-    return out, (found.tolist() if spans else None)
-
-
-def expand_rows(sums, inverse, first):
-    """(len(inverse), ...) rows holding each number's row of `sums` on its first row
-    (first[inverse[r]] == r) and zeros elsewhere, in one native pass (native/cpu/keyed.h)."""
-    code = _dtype_code(sums)
-    sums = sums.contiguous()
-    out = torch.empty((inverse.numel(), *sums.shape[1:]), dtype=sums.dtype)
-    _C.expand_rows(code, sums.data_ptr() if sums.numel() else 0, sums[:1].numel(),
-                   inverse.data_ptr() if inverse.numel() else 0,
-                   first.data_ptr() if first.numel() else 0, inverse.numel(), sums.shape[0],
-                   out.data_ptr() if out.numel() else 0)
-    return out
-
-
 def chunk_heads(buffer, chunks, verify=False):
     """The frame header of each ``(offset, length)`` chunk of the 1-D CPU uint8 tensor
     ``buffer`` that one frame fills exactly: ``(dtype code, ndim, trailing, rows, frame

@@ -21,9 +21,69 @@ Measured by benchmarks/reuse_bytes.py --grad-by-id: 2.9x fewer gradient bytes on
 recipe (benchmarks/RESULTS.md). Plain compressors only: an adaptive compressor's controller
 reads per-table statistics of per-lookup frames, so its gradients stay per lookup.
 """
+import numpy as np
 import torch
 
-from hvd_lossy import _codec
+from hvd_lossy import _C, _codec
+
+
+def number_keys(keys, seg_rows):
+    """The distinct keys of each segment (seg_rows[k] consecutive rows of the 1-D int64 `keys`),
+    numbered by first occurrence, segment after segment.
+
+    Returns:
+        (inverse, first, counts): int64 tensors, each row's number and each number's first
+        row, and each segment's count of distinct keys.
+    """
+    keys = keys.to("cpu", torch.int64).contiguous()
+    inverse = torch.empty(keys.numel(), dtype=torch.int64)
+    first = torch.empty(keys.numel(), dtype=torch.int64)
+    counts = _C.number_keys(keys.data_ptr() if keys.numel() else 0, [int(r) for r in seg_rows],
+                            inverse.data_ptr(), first.data_ptr())
+    return inverse, first[:sum(counts)], counts
+
+
+def _host(t, name):
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU tensor (the native passes read host memory), got "
+                         f"one on {t.device}")
+    return t.contiguous()
+
+
+def sum_rows(rows, inverse, seg_rows, n_unique, spans=False):
+    """The rows (a contiguous CPU tensor, dim 0 the rows) summed by number_keys' numbering
+    `inverse` of the segments `seg_rows`, as ``torch.zeros(n_unique, ...).index_add_(0, inverse,
+    rows)`` sums them, in one native pass (native/cpu/keyed.h).
+
+    Returns:
+        (sums, spans): sums shaped (n_unique, *rows.shape[1:]); with spans=True each segment's
+        finite range max - min as the codec's range pass finds it (NaN without a finite
+        element), else None.
+    """
+    code = _codec._dtype_code(rows)
+    rows, inverse = _host(rows, "rows"), _host(inverse, "inverse").to(torch.int64)
+    out = torch.empty((int(n_unique), *rows.shape[1:]), dtype=rows.dtype)
+    seg_rows = [int(r) for r in seg_rows]
+    found = np.empty(len(seg_rows)) if spans else None
+    _C.sum_rows(code, rows.data_ptr() if rows.numel() else 0, rows[:1].numel(),
+                inverse.data_ptr() if inverse.numel() else 0, seg_rows, int(n_unique),
+                out.data_ptr() if out.numel() else 0, found.ctypes.data if spans else 0)
+    return out, (found.tolist() if spans else None)
+
+
+def expand_rows(sums, inverse, first):
+    """(len(inverse), ...) rows holding each number's row of `sums` on its first row
+    (first[inverse[r]] == r) and zeros elsewhere, in one native pass (native/cpu/keyed.h)."""
+    code = _codec._dtype_code(sums)
+    sums = _host(sums, "sums")
+    inverse, first = (_host(t, name).to(torch.int64) for t, name in ((inverse, "inverse"),
+                                                                     (first, "first")))
+    out = torch.empty((inverse.numel(), *sums.shape[1:]), dtype=sums.dtype)
+    _C.expand_rows(code, sums.data_ptr() if sums.numel() else 0, sums[:1].numel(),
+                   inverse.data_ptr() if inverse.numel() else 0,
+                   first.data_ptr() if first.numel() else 0, inverse.numel(), sums.shape[0],
+                   out.data_ptr() if out.numel() else 0)
+    return out
 
 
 class Keyed:
@@ -41,7 +101,7 @@ class Keyed:
             raise ValueError(f"segments of {sum(flat)} rows for {keys.numel()} keys")
         # Numbered by first occurrence a segment, in segment order (one native pass, no sort):
         # both ends see a chunk's rows in one order, so they number them alike.
-        self.inverse, self.first, counts = _codec.number_keys(keys, flat)
+        self.inverse, self.first, counts = number_keys(keys, flat)
         self._flat = flat
         it = iter(counts)
         self.unique_rows = [[next(it) for _ in rows] for rows in self.seg_rows]
@@ -60,7 +120,7 @@ class Keyed:
         finite range max - min (0.0 without a finite element) as the codec's rel bound takes
         it (NaN and +-Inf travel as outliers and must not set the bound), else None. One native
         pass: each segment's range, then its sums while its rows are in cache."""
-        sums, found = _codec.sum_rows(rows, self.inverse, self._flat, self.first.numel(), spans)
+        sums, found = sum_rows(rows, self.inverse, self._flat, self.first.numel(), spans)
         return sums, (None if found is None else [0.0 if s != s else s for s in found])
 
     def expand(self, sums):
@@ -68,7 +128,7 @@ class Keyed:
         if sums.shape[0] != self.first.numel():
             raise RuntimeError(f"got {sums.shape[0]} summed gradient rows, expected one a "
                                f"distinct (segment, id) of the rows sent: {self.first.numel()}")
-        return _codec.expand_rows(sums, self.inverse, self.first)
+        return expand_rows(sums, self.inverse, self.first)
 
 
 class CallIds:

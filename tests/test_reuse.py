@@ -472,7 +472,6 @@ def test_gradients_summed_by_segment_and_id_come_back_on_each_ids_first_row():
     """hvd_lossy.grad_ids: a chunk's rows summed per (segment, id), in order of first
     occurrence a segment; expanded, each sum sits on its id's first row and the id's other rows
     are zero, so summing by id again gives the same sums."""
-    from hvd_lossy import grad_ids
     keys = torch.tensor([5, 3, 5, 7, 3, 3, 9, 1, 2, 1])
     side = grad_ids.Keyed(keys, [[4], [3], [3]])  # 3 peers, one segment each
     assert side.unique_rows == [[3], [2], [2]] and side.peer_unique() == [3, 2, 2]
@@ -499,12 +498,11 @@ def test_gradients_summed_by_segment_and_id_come_back_on_each_ids_first_row():
 def test_keys_are_numbered_by_first_occurrence_a_segment_as_a_dict_would():
     """grad_ids' numbering (one native pass) against the obvious Python: across segments the
     same key is another number, and a segment's numbers follow its keys' first rows."""
-    from hvd_lossy import _codec
     g = torch.Generator().manual_seed(3)
     seg_rows = [0, 1, 700, 3, 0, 5000, 64]
     keys = torch.randint(-40, 40, (sum(seg_rows),), generator=g) * (2 ** 40 + 1)
     keys[-64:] = torch.arange(64)  # a segment of distinct keys
-    inverse, first, counts = _codec.number_keys(keys, seg_rows)
+    inverse, first, counts = grad_ids.number_keys(keys, seg_rows)
     want_inverse, want_first, want_counts, start = [], [], [], 0
     for n in seg_rows:
         seen = {}
@@ -553,19 +551,18 @@ def test_rows_summed_by_key_refuse_a_numbering_that_is_not_by_first_occurrence()
     """sum_rows and expand_rows take number_keys' numbering; other numbers are refused by name."""
     rows = torch.ones(3, 2)
     with pytest.raises(ValueError, match="row 0 has number 1, expected a number met before or 0"):
-        _codec.sum_rows(rows, torch.tensor([1, 0, 0]), [3], 2)
+        grad_ids.sum_rows(rows, torch.tensor([1, 0, 0]), [3], 2)
     with pytest.raises(ValueError, match="the rows have 1 numbers, expected 2"):
-        _codec.sum_rows(rows, torch.tensor([0, 0, 0]), [3], 2)
+        grad_ids.sum_rows(rows, torch.tensor([0, 0, 0]), [3], 2)
     with pytest.raises(ValueError, match="row 2 has number 5, expected one below 2"):
-        _codec.expand_rows(torch.ones(2, 2), torch.tensor([0, 1, 5]), torch.tensor([0, 1]))
+        grad_ids.expand_rows(torch.ones(2, 2), torch.tensor([0, 1, 5]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="dtype"):
-        _codec.sum_rows(rows.double(), torch.tensor([0, 1, 1]), [3], 2)
+        grad_ids.sum_rows(rows.double(), torch.tensor([0, 1, 1]), [3], 2)
 
 
 def test_summed_gradients_take_a_rel_bound_from_the_finite_range_of_their_segment():
     """A segment's absolute bound is rel x the range of its finite gradient rows, as the codec's
     rel rule: an Inf or NaN gradient travels as an outlier and does not widen the bound."""
-    from hvd_lossy import grad_ids
     from hvd_lossy.compression import Compression
     comp = Compression.lossy(0.1)
     received = grad_ids.Keyed(torch.tensor([1, 1, 2, 3, 4, 5]), [[3], [3]])  # 2 peers
