@@ -62,8 +62,11 @@ def sum_rows(rows, inverse, seg_rows, n_unique, spans=False):
     """
     code = _codec._dtype_code(rows)
     rows, inverse = _host(rows, "rows"), _host(inverse, "inverse").to(torch.int64)
-    out = torch.empty((int(n_unique), *rows.shape[1:]), dtype=rows.dtype)
     seg_rows = [int(r) for r in seg_rows]
+    if not sum(seg_rows) == inverse.numel() == rows.shape[0]:
+        raise ValueError(f"segments of {sum(seg_rows)} rows, {inverse.numel()} numbers and "
+                         f"{rows.shape[0]} rows, expected one count")
+    out = torch.empty((int(n_unique), *rows.shape[1:]), dtype=rows.dtype)
     found = np.empty(len(seg_rows)) if spans else None
     _C.sum_rows(code, rows.data_ptr() if rows.numel() else 0, rows[:1].numel(),
                 inverse.data_ptr() if inverse.numel() else 0, seg_rows, int(n_unique),
@@ -78,6 +81,8 @@ def expand_rows(sums, inverse, first):
     sums = _host(sums, "sums")
     inverse, first = (_host(t, name).to(torch.int64) for t, name in ((inverse, "inverse"),
                                                                      (first, "first")))
+    if first.numel() != sums.shape[0]:
+        raise ValueError(f"{first.numel()} first rows for {sums.shape[0]} sums, expected one a sum")
     out = torch.empty((inverse.numel(), *sums.shape[1:]), dtype=sums.dtype)
     _C.expand_rows(code, sums.data_ptr() if sums.numel() else 0, sums[:1].numel(),
                    inverse.data_ptr() if inverse.numel() else 0,

@@ -547,8 +547,9 @@ def test_rows_summed_by_key_are_index_add_s_sums_bit_for_bit_and_expand_back(dty
     assert torch.equal(back.nan_to_num(0.5).view(torch.uint8), want_back.nan_to_num(0.5).view(torch.uint8))
 
 
-def test_rows_summed_by_key_refuse_a_numbering_that_is_not_by_first_occurrence():
-    """sum_rows and expand_rows take number_keys' numbering; other numbers are refused by name."""
+def test_rows_summed_by_key_refuse_other_numberings_and_counts_that_disagree():
+    """sum_rows and expand_rows take number_keys' numbering, with as many numbers as rows and a
+    first row a sum; anything else is refused, naming the bad value."""
     rows = torch.ones(3, 2)
     with pytest.raises(ValueError, match="row 0 has number 1, expected a number met before or 0"):
         grad_ids.sum_rows(rows, torch.tensor([1, 0, 0]), [3], 2)
@@ -558,6 +559,10 @@ def test_rows_summed_by_key_refuse_a_numbering_that_is_not_by_first_occurrence()
         grad_ids.expand_rows(torch.ones(2, 2), torch.tensor([0, 1, 5]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="dtype"):
         grad_ids.sum_rows(rows.double(), torch.tensor([0, 1, 1]), [3], 2)
+    with pytest.raises(ValueError, match="segments of 4 rows, 3 numbers and 3 rows"):
+        grad_ids.sum_rows(rows, torch.tensor([0, 1, 1]), [4], 2)
+    with pytest.raises(ValueError, match="1 first rows for 2 sums"):
+        grad_ids.expand_rows(torch.ones(2, 2), torch.tensor([0, 1]), torch.tensor([0]))
 
 
 def test_summed_gradients_take_a_rel_bound_from_the_finite_range_of_their_segment():

@@ -63,11 +63,8 @@ void sum_dt(const void* rowsv, uint64_t d, const int64_t* inverse,
                             std::to_string(inverse[r]) + ", expected a number met before or " +
                             std::to_string(next) + " (numbered by first occurrence, below " +
                             std::to_string(n_unique) + ")");
-      const float* x = reinterpret_cast<const float*>(rows + r * d);
-      if constexpr (!kF32) {
-        widen<DT>(rows + r * d, d, row.data());
-        x = row.data();
-      }
+      const float* x = kF32 ? reinterpret_cast<const float*>(rows + r * d) : row.data();
+      if constexpr (!kF32) widen<DT>(rows + r * d, d, row.data());
       if (u == next) {
         start_f32(acc + u * d, x, d);
         ++next;
@@ -124,7 +121,6 @@ std::vector<uint64_t> number_keys(const int64_t* keys, const std::vector<int64_t
   }
   return counts;
 }
-
 
 void sum_rows(uint8_t dtype, const void* rows, uint64_t row_len, const int64_t* inverse,
               const std::vector<int64_t>& seg_rows, uint64_t n_unique, void* out, double* spans) {

@@ -19,9 +19,10 @@ namespace keyed {
 std::vector<uint64_t> number_keys(const int64_t* keys, const std::vector<int64_t>& seg_rows,
                                   int64_t* inverse, int64_t* first);
 
-// out[u] = the sum of the rows r with inverse[r] == u (n_rows rows of row_len elements of the
-// codec dtype `dtype`), added in row order in the dtype as torch's index_add_ into zeros adds
-// them, bit for bit: every u in [0, n_unique) has a row (number_keys' numbering). With spans
+// out[u] = the sum of the rows r with inverse[r] == u (the segments' rows, row_len elements of
+// the codec dtype `dtype` each), added in row order in float (a 16-bit dtype rounded to it once,
+// at the end) as torch's index_add_ into zeros adds them, bit for bit: every u in [0, n_unique)
+// has a row (number_keys' numbering; other numbers are an ArgumentError). With spans
 // non-null, also each segment's finite range max - min in spans[k] (NaN without a finite
 // element), as the codec's range pass finds it: seg_rows cut the rows as number_keys' did.
 // One pass, a segment at a time: its range, then its sums while its rows are in cache.
