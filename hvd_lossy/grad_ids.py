@@ -159,8 +159,11 @@ def plan(compressor, received, spans):
     _cut_as_forward says the per-lookup path. spans: each segment's finite range (Keyed.sum's),
     read for a rel bound."""
     base = _cut_as_forward(compressor, received)
-    if base is None:
-        return None
+    return None if base is None else _frames(base, compressor, received, spans)
+
+
+def _frames(base, compressor, received, spans):
+    """plan's frames from the compressor's plan `base` of the chunks (_cut_as_forward's)."""
     ebs = iter(e for _d, r, e in base if r)
     ranges = iter(spans if compressor.mode == "rel" else [])
     out = []
@@ -189,10 +192,12 @@ def backward(ids, grad, compressor, start):
     Returns:
         the gradient rows of the forward input, or None where plan() says the per-lookup path.
     """
-    if _cut_as_forward(compressor, ids.received) is None:
+    base = _cut_as_forward(compressor, ids.received)
+    if base is None:  # before the sums: they would be of no use
         return None
     sums, spans = ids.received.sum(grad, spans=compressor.mode == "rel")
-    handle = start(sums, ids.received.peer_unique(), plan(compressor, ids.received, spans))
+    handle = start(sums, ids.received.peer_unique(),
+                   _frames(base, compressor, ids.received, spans))
     # The call's raw bytes: what its gradients are uncompressed, one row a lookup (so that a
     # ratio against plain Horovod counts the summing too).
     me, rows = ids.me, ids.received.peer_rows()

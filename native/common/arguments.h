@@ -58,11 +58,16 @@ HL_HD double absolute_bound(bool rel, double eb_param, double lo, double hi) {
   return rel ? (hi > lo ? eb_param * (hi - lo) : 0.0) : eb_param;
 }
 
+// Throws ArgumentError unless `dtype` is one of the codec's dtype codes.
+inline void check_dtype_code(uint8_t dtype) {
+  if (dtype > HL_BFLOAT16)
+    throw ArgumentError("unsupported dtype code " + std::to_string(dtype) +
+                        ", expected float32 (0), float16 (1) or bfloat16 (2)");
+}
+
 // Checks the parameters and throws ArgumentError naming the bad value.
 inline void check_params(const CompressParams& p) {
-  if (p.dtype > HL_BFLOAT16)
-    throw ArgumentError("unsupported dtype code " + std::to_string(p.dtype) +
-                        ", expected float32, float16 or bfloat16");
+  check_dtype_code(p.dtype);
   if (p.mode != HL_MODE_ABS && p.mode != HL_MODE_REL)
     throw ArgumentError("unsupported mode code " + std::to_string(p.mode) +
                         ", expected abs (0) or rel (1)");

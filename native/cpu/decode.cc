@@ -338,9 +338,7 @@ std::vector<std::string> decompress_into_cpu(const uint8_t* buffer, uint64_t buf
                                              void* out, uint64_t out_bytes, int threads,
                                              std::vector<uint8_t>* mismatched) {
   threads = resolve_threads(threads);
-  if (dtype > HL_BFLOAT16)
-    throw ArgumentError("unsupported dtype code " + std::to_string(dtype) +
-                        ", expected float32 (0), float16 (1) or bfloat16 (2)");
+  check_dtype_code(dtype);
   uint64_t row_elems = 1;
   for (int64_t t : trailing) {
     if (t < 0) throw ArgumentError("negative dimension " + std::to_string(t) + " in trailing");

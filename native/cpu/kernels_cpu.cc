@@ -9,12 +9,6 @@
 #include "kernels_scalar.h"
 #include "kernels_simd.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
-#define HL_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define HL_CLONES
-#endif
-
 namespace hl {
 namespace cpu {
 namespace {
@@ -122,7 +116,7 @@ int simd_level() {
     case HL_BFLOAT16: CALL(HL_BFLOAT16); break;  \
   }
 
-HL_CLONES void finite_range(uint8_t dtype, const void* x, uint64_t n, double* lo, double* hi) {
+HL_AVX2_CLONES void finite_range(uint8_t dtype, const void* x, uint64_t n, double* lo, double* hi) {
 #ifdef HL_HAVE_AVX2_PATH
   if (cpu_has_avx512()) return range_avx512(dtype, x, n, lo, hi);
   if (dtype == HL_FLOAT32 && cpu_has_avx2())
@@ -133,7 +127,7 @@ HL_CLONES void finite_range(uint8_t dtype, const void* x, uint64_t n, double* lo
 #undef CALL
 }
 
-HL_CLONES void quantize_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t rows,
+HL_AVX2_CLONES void quantize_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t rows,
                              uint64_t row_len, const QuantParams& qp, uint32_t* z,
                              uint8_t* row_outlier, uint64_t* hashes) {
 #ifdef HL_HAVE_AVX2_PATH
@@ -175,7 +169,7 @@ HL_INLINE void narrow_impl(const void* xv, const uint64_t* idx, uint64_t rows, u
 
 }  // namespace
 
-HL_CLONES void quantize_rows_narrow(uint8_t dtype, const void* x, const uint64_t* idx,
+HL_AVX2_CLONES void quantize_rows_narrow(uint8_t dtype, const void* x, const uint64_t* idx,
                                     uint64_t rows, uint64_t row_len, const QuantParams& qp,
                                     uint32_t* z, uint8_t* row_outlier, uint64_t* hashes,
                                     uint8_t* narrow, uint8_t* bytes) {
@@ -199,14 +193,14 @@ int coded_row_f32(const float* x, const float* p, uint64_t d, const QuantParams&
   return kRowUnsure;
 }
 
-HL_CLONES void raw_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t rows,
+HL_AVX2_CLONES void raw_rows(uint8_t dtype, const void* x, const uint64_t* idx, uint64_t rows,
                         uint64_t row_len, uint32_t* z) {
 #define CALL(DT) raw_impl<DT>(x, idx, rows, row_len, z)
   HL_DISPATCH(dtype, CALL)
 #undef CALL
 }
 
-HL_CLONES void hash_raw_rows(const uint8_t* x, uint64_t rows, uint64_t row_bytes,
+HL_AVX2_CLONES void hash_raw_rows(const uint8_t* x, uint64_t rows, uint64_t row_bytes,
                              uint64_t* hashes) {
   const uint64_t words = row_bytes / 4;
   for (uint64_t r = 0; r < rows; ++r) {
@@ -228,7 +222,8 @@ HL_CLONES void hash_raw_rows(const uint8_t* x, uint64_t rows, uint64_t row_bytes
   }
 }
 
-HL_CLONES void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double step, void* out) {
+HL_AVX2_CLONES void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double step,
+                               void* out) {
 #ifdef HL_HAVE_AVX2_PATH
   if (cpu_has_avx512()) return dequantize_avx512(dtype, z, n, step, false, 0, 0, out);
   if (dtype == HL_FLOAT32 && cpu_has_avx2())
@@ -239,7 +234,7 @@ HL_CLONES void dequantize(uint8_t dtype, const uint32_t* z, uint64_t n, double s
 #undef CALL
 }
 
-HL_CLONES void dequantize_dithered(uint8_t dtype, const uint32_t* z, uint64_t n, double step,
+HL_AVX2_CLONES void dequantize_dithered(uint8_t dtype, const uint32_t* z, uint64_t n, double step,
                                    uint32_t seed, uint64_t first, void* out) {
 #ifdef HL_HAVE_AVX2_PATH
   if (cpu_has_avx512()) return dequantize_avx512(dtype, z, n, step, true, seed, first, out);

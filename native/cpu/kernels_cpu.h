@@ -6,6 +6,14 @@
 #include <math.h>
 #include <stdint.h>
 
+// Loops left to the compiler's vectorizer, built for AVX2 and for the baseline, the clone picked
+// at load: the simple loops beside the hand-written kernels, in every file that has them.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
+#define HL_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define HL_AVX2_CLONES
+#endif
+
 namespace hl {
 namespace cpu {
 

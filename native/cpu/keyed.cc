@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "arguments.h"
 #include "codec_common.h"
 #include "errors.h"
 #include "kernels_cpu.h"
@@ -16,17 +17,11 @@ namespace hl {
 namespace keyed {
 namespace {
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
-#define HL_KEYED_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define HL_KEYED_CLONES
-#endif
-
 // A number's first row into its sum: 0 + x, as index_add_ into zeros makes it (-0 becomes +0).
-HL_KEYED_CLONES void start_f32(float* acc, const float* x, uint64_t d) {
+HL_AVX2_CLONES void start_f32(float* acc, const float* x, uint64_t d) {
   for (uint64_t i = 0; i < d; ++i) acc[i] = 0.0f + x[i];
 }
-HL_KEYED_CLONES void add_f32(float* acc, const float* x, uint64_t d) {
+HL_AVX2_CLONES void add_f32(float* acc, const float* x, uint64_t d) {
   for (uint64_t i = 0; i < d; ++i) acc[i] += x[i];
 }
 
@@ -82,12 +77,6 @@ void sum_dt(const void* rowsv, uint64_t d, const int64_t* inverse,
   }
 }
 
-void check_dtype(uint8_t dtype) {
-  if (dtype > HL_BFLOAT16)
-    throw ArgumentError("unsupported dtype code " + std::to_string(dtype) +
-                        ", expected float32 (0), float16 (1) or bfloat16 (2)");
-}
-
 }  // namespace
 
 std::vector<uint64_t> number_keys(const int64_t* keys, const std::vector<int64_t>& seg_rows,
@@ -136,7 +125,7 @@ std::vector<uint64_t> number_keys(const int64_t* keys, const std::vector<int64_t
 
 void sum_rows(uint8_t dtype, const void* rows, uint64_t row_len, const int64_t* inverse,
               const std::vector<int64_t>& seg_rows, uint64_t n_unique, void* out, double* spans) {
-  check_dtype(dtype);
+  check_dtype_code(dtype);
   for (size_t k = 0; k < seg_rows.size(); ++k)
     if (seg_rows[k] < 0)
       throw ArgumentError("segment " + std::to_string(k) + " has " +
@@ -152,7 +141,7 @@ void sum_rows(uint8_t dtype, const void* rows, uint64_t row_len, const int64_t* 
 
 void expand_rows(uint8_t dtype, const void* sums, uint64_t row_len, const int64_t* inverse,
                  const int64_t* first, uint64_t n_rows, uint64_t n_unique, void* out) {
-  check_dtype(dtype);
+  check_dtype_code(dtype);
   const uint64_t row_bytes = row_len * hl_elem_bytes(dtype);
   const uint8_t* from = static_cast<const uint8_t*>(sums);
   uint8_t* to = static_cast<uint8_t*>(out);

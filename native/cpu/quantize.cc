@@ -20,14 +20,8 @@ namespace hl {
 namespace enc {
 namespace {
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
-#define HL_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define HL_CLONES
-#endif
-
 // Codes held as bytes as codes.
-HL_CLONES void widen_codes(const uint8_t* b, uint64_t n, uint32_t* z) {
+HL_AVX2_CLONES void widen_codes(const uint8_t* b, uint64_t n, uint32_t* z) {
   for (uint64_t i = 0; i < n; ++i) z[i] = b[i];
 }
 

@@ -42,15 +42,9 @@ float as_float(raw_of<DT> r) {
   return (float)Elem<DT>::to_double(r);
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HL_NO_CLONES)
-#define HL_REUSE_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define HL_REUSE_CLONES
-#endif
-
 // float32, the common case, as float adds eight lanes at a time where the CPU has AVX2 (the
 // receiver's apply reconstructs every predicted row): the same adds, so the same bits.
-HL_REUSE_CLONES bool reconstruct_row_f32(const float* p, const float* r_hat, uint64_t d,
+HL_AVX2_CLONES bool reconstruct_row_f32(const float* p, const float* r_hat, uint64_t d,
                                          float* out) {
   uint32_t differ = 0;
   for (uint64_t i = 0; i < d; ++i) {
@@ -106,7 +100,7 @@ void check_row(const raw_of<DT>* x, const raw_of<DT>* xh, const raw_of<DT>* p, u
 }
 
 // float32, the common case, with AVX2 where the CPU has it (4 doubles a step).
-HL_REUSE_CLONES void check_row_f32(const float* x, const float* xh, const float* p, uint64_t d,
+HL_AVX2_CLONES void check_row_f32(const float* x, const float* xh, const float* p, uint64_t d,
                                    double eb, bool* within, bool* same) {
   check_row_of(x, xh, p, d, eb, within, same, [](float e) { return (double)e; });
 }
@@ -124,7 +118,7 @@ void check_row<HL_FLOAT32>(const uint32_t* x, const uint32_t* xh, const uint32_t
 // residual is written as zeros (what R^ is, lossy or stored exactly), the promise that lets the
 // codec take every reference of a piece for one row, unread (hvd_lossy.reuse.zero_rows).
 // float32 only; the 16-bit dtypes take the full sweep.
-HL_REUSE_CLONES bool reference_row_f32(const float* x, const float* p, uint64_t d, float limit,
+HL_AVX2_CLONES bool reference_row_f32(const float* x, const float* p, uint64_t d, float limit,
                                        float* r) {
   uint32_t miss = 0;
   for (uint64_t i = 0; i < d; ++i) {
@@ -215,10 +209,10 @@ inline __attribute__((always_inline)) T copy_max_abs_bits_of(T* __restrict to,
   }
   return m;
 }
-HL_REUSE_CLONES uint32_t copy_max_abs_bits_f32(uint32_t* to, const uint32_t* from, uint64_t d) {
+HL_AVX2_CLONES uint32_t copy_max_abs_bits_f32(uint32_t* to, const uint32_t* from, uint64_t d) {
   return copy_max_abs_bits_of<uint32_t>(to, from, d, 0x7fffffffu);
 }
-HL_REUSE_CLONES uint16_t copy_max_abs_bits_16(uint16_t* to, const uint16_t* from, uint64_t d) {
+HL_AVX2_CLONES uint16_t copy_max_abs_bits_16(uint16_t* to, const uint16_t* from, uint64_t d) {
   return copy_max_abs_bits_of<uint16_t>(to, from, d, 0x7fff);
 }
 
@@ -556,12 +550,6 @@ void apply_dt(void* rowsv, const int64_t* ids, uint64_t d, const std::vector<Pie
   });
 }
 
-void check_dtype(uint8_t dtype) {
-  if (dtype > HL_BFLOAT16)
-    throw ArgumentError("unsupported dtype code " + std::to_string(dtype) +
-                        ", expected float32 (0), float16 (1) or bfloat16 (2)");
-}
-
 }  // namespace
 
 uint64_t slot_of(int64_t id, uint64_t capacity) {
@@ -577,7 +565,7 @@ EncodeResult encode(uint8_t dtype, const void* x, const int64_t* ids, uint64_t r
                     const std::vector<Piece>& pieces, const std::vector<Cache>& caches,
                     const std::vector<uint8_t>& allow, void* residual, void* x_hat,
                     uint8_t* hit, uint64_t n_rows, int threads) {
-  check_dtype(dtype);
+  check_dtype_code(dtype);
   switch (dtype) {
     case HL_FLOAT32:
       return encode_dt<HL_FLOAT32>(x, ids, row_len, rel, pieces, caches, allow, residual, x_hat,
@@ -594,7 +582,7 @@ EncodeResult encode(uint8_t dtype, const void* x, const int64_t* ids, uint64_t r
 void store(uint8_t dtype, const void* rows, const int64_t* ids, uint64_t row_len,
            const std::vector<Piece>& pieces, const std::vector<Cache>& caches, uint64_t n_rows,
            const uint8_t* hit) {
-  check_dtype(dtype);
+  check_dtype_code(dtype);
   size_t groups = 0;
   for (const Piece& p : pieces) groups = std::max<size_t>(groups, (size_t)p.group + 1);
   pieces_by_group(pieces, caches, groups, n_rows, row_len * hl_elem_bytes(dtype));  // the checks
@@ -616,7 +604,7 @@ void store(uint8_t dtype, const void* rows, const int64_t* ids, uint64_t row_len
 void apply(uint8_t dtype, void* rows, const int64_t* ids, uint64_t row_len,
            const std::vector<Piece>& pieces, const std::vector<Cache>& caches,
            const std::vector<uint8_t>& predicted, uint64_t n_rows, int threads) {
-  check_dtype(dtype);
+  check_dtype_code(dtype);
   switch (dtype) {
     case HL_FLOAT32:
       return apply_dt<HL_FLOAT32>(rows, ids, row_len, pieces, caches, predicted, n_rows, threads);
